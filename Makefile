@@ -1,0 +1,40 @@
+# outboxchat: `make demo` runs the lab's demo; `make test` runs every test.
+# Both install PostgreSQL, Redis (and Chromium for the browser test) with
+# apt-get when they are missing: see scripts/install-deps.sh.
+
+GO ?= go
+BIN := bin/outboxchat
+TESTFLAGS ?= -race -timeout 12m
+
+.PHONY: all build demo up test lint deps bench clean
+
+all: build
+
+deps:
+	./scripts/install-deps.sh --browser
+
+build:
+	$(GO) build -o $(BIN) ./cmd/outboxchat
+
+demo: build
+	./scripts/install-deps.sh
+	./$(BIN) lab demo
+
+up: build
+	./scripts/install-deps.sh
+	./$(BIN) lab up
+
+test: deps
+	$(GO) vet ./...
+	$(GO) test $(TESTFLAGS) ./...
+
+bench: deps
+	$(GO) test -run '^$$' -bench . -benchtime 2s ./...
+
+lint:
+	gofmt -l . | tee /dev/stderr | (! read)
+	$(GO) vet ./...
+	staticcheck ./...
+
+clean:
+	rm -rf bin

@@ -1,0 +1,101 @@
+package chat
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxchat/outboxchat/redisq"
+)
+
+// dualWriter is the write-up's v1, kept for the lab to show what the outbox
+// fixes: commit the message, then add the job to Redis from the API process.
+// An add that fails is kept in this process's memory and retried, as
+// ioredis's offline queue did; a redeploy loses whatever is waiting. Never
+// use this outside the lab.
+type dualWriter struct {
+	store   *Store
+	pub     *redisq.Publisher
+	log     *slog.Logger
+	mu      sync.Mutex
+	pending []redisq.Job
+	cancel  context.CancelFunc
+	done    chan struct{}
+}
+
+func newDualWriter(store *Store, pub *redisq.Publisher, log *slog.Logger) *dualWriter {
+	return &dualWriter{store: store, pub: pub, log: log.With("component", "chat.v1")}
+}
+
+func (d *dualWriter) send(ctx context.Context, chatID int64, body string) (Message, error) {
+	m := Message{ChatID: chatID, Body: body, From: d.store.service}
+	err := pgx.BeginFunc(ctx, d.store.pool, func(tx pgx.Tx) error {
+		if err := tx.QueryRow(ctx, d.store.q.nextSeq, chatID).Scan(&m.Seq); err != nil {
+			return fmt.Errorf("next seq: %w", err)
+		}
+		return tx.QueryRow(ctx, d.store.q.insertMessage, chatID, m.Seq, body).Scan(&m.ID, &m.SentAt)
+	})
+	if err != nil {
+		return Message{}, fmt.Errorf("send: %w", err)
+	}
+	if d.store.afterCommit != nil {
+		d.store.afterCommit(chatID)
+	}
+	payload, _ := json.Marshal(m)
+	job := redisq.Job{ID: m.ID, Name: EventMessageCreated, Payload: payload}
+	if _, err := d.pub.Add(ctx, job); err != nil {
+		d.log.Warn("queue add failed; kept in memory for retry", "message_id", m.ID, "err", err)
+		d.mu.Lock()
+		d.pending = append(d.pending, job)
+		d.mu.Unlock()
+	}
+	return m, nil
+}
+
+func (d *dualWriter) start(ctx context.Context) {
+	ctx, d.cancel = context.WithCancel(context.WithoutCancel(ctx))
+	d.done = make(chan struct{})
+	go func() {
+		defer close(d.done)
+		t := time.NewTicker(250 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			d.mu.Lock()
+			jobs := d.pending
+			d.pending = nil
+			d.mu.Unlock()
+			if len(jobs) == 0 {
+				continue
+			}
+			if _, err := d.pub.Add(ctx, jobs...); err != nil {
+				d.mu.Lock()
+				d.pending = append(jobs, d.pending...)
+				d.mu.Unlock()
+			}
+		}
+	}()
+}
+
+// stop drops whatever is still pending: exactly the loss the write-up shows.
+func (d *dualWriter) stop(context.Context) error {
+	if d.cancel != nil {
+		d.cancel()
+		<-d.done
+	}
+	d.mu.Lock()
+	if n := len(d.pending); n > 0 {
+		d.log.Warn("stopping with queue adds still in memory: they are lost", "count", n)
+	}
+	d.mu.Unlock()
+	return nil
+}

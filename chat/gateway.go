@@ -1,0 +1,457 @@
+package chat
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgxlisten"
+)
+
+// Gateway defaults.
+const (
+	DefaultGatewayPoll   = time.Second
+	DefaultGapTimeout    = 30 * time.Second
+	DefaultClientBuffer  = 1024
+	gatewayPageSize      = 500
+	gatewayReconnectWait = 250 * time.Millisecond
+)
+
+// GatewayConfig configures a Gateway. A zero field means its default.
+type GatewayConfig struct {
+	// Channels are the NOTIFY channels that signal new rows: the service's
+	// inbox channel (payload: comma-separated chat ids, or empty for "any")
+	// and its outbox channel (empty payload). Required.
+	Channels []string
+	// PollInterval is the fallback re-read of every room with subscribers,
+	// catching any lost wake-up. Default DefaultGatewayPoll (1 s).
+	PollInterval time.Duration
+	// GapTimeout is how long a room holds received messages behind a missing
+	// seq (one still in flight, e.g. a reclaimed job) before giving up on it
+	// and moving on. Default DefaultGapTimeout (30 s).
+	GapTimeout time.Duration
+	// ClientBuffer is the number of frames queued per subscriber; a
+	// subscriber that falls further behind is evicted (it reconnects and
+	// catches up by seq). Default DefaultClientBuffer (1024).
+	ClientBuffer int
+	// Logger; nil means slog.Default().
+	Logger *slog.Logger
+}
+
+// Gateway pushes a service's chat messages to live subscribers, room by room
+// (one room per chat id). It learns of new rows from Postgres only — LISTEN on
+// the configured channels, a poll fallback, and a re-read after every
+// reconnect — never from another component's memory, so a crash between an
+// inbox commit and the push loses nothing (invariant 7).
+//
+// Each subscriber has its own cursors (last seq seen of this service's
+// messages and of the other's); the single gateway goroutine advances them,
+// so a subscriber sees every message once, each origin in seq order and
+// received messages without gaps. Gateway is safe for concurrent use.
+type Gateway struct {
+	pool     *pgxpool.Pool
+	service  string
+	cfg      GatewayConfig
+	log      *slog.Logger
+	query    string
+	mu       sync.Mutex
+	rooms    map[int64]map[*Subscription]struct{}
+	dirty    map[int64]struct{}
+	allDirty bool
+	wake     chan struct{}
+	cancel   context.CancelFunc
+	wg       sync.WaitGroup
+}
+
+// Subscription is one live subscriber of a room. Frames (JSON-encoded
+// Message values) arrive on C in order. Evicted is closed when the
+// subscriber fell ClientBuffer frames behind; the caller should then close
+// the connection so the client reconnects with its cursors. Close
+// unsubscribes; it is idempotent.
+type Subscription struct {
+	C       <-chan []byte
+	Evicted <-chan struct{}
+
+	g       *Gateway
+	chatID  int64
+	c       chan []byte
+	evicted chan struct{}
+	once    sync.Once
+	// Owned by the gateway goroutine after Subscribe returns.
+	sent, recv int64
+	gapSince   time.Time
+}
+
+// NewGateway returns a Gateway for service on pool.
+func NewGateway(pool *pgxpool.Pool, service string, cfg *GatewayConfig) (*Gateway, error) {
+	if err := checkService(service); err != nil {
+		return nil, err
+	}
+	var c GatewayConfig
+	if cfg != nil {
+		c = *cfg
+	}
+	if len(c.Channels) == 0 {
+		return nil, errors.New("chat: gateway needs at least one channel")
+	}
+	if c.PollInterval <= 0 {
+		c.PollInterval = DefaultGatewayPoll
+	}
+	if c.GapTimeout <= 0 {
+		c.GapTimeout = DefaultGapTimeout
+	}
+	if c.ClientBuffer <= 0 {
+		c.ClientBuffer = DefaultClientBuffer
+	}
+	log := c.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	s := pgx.Identifier{service}.Sanitize()
+	page := strconv.Itoa(gatewayPageSize)
+	// One round trip reads every dirty room: a LATERAL page per room and
+	// origin, from the subscribers' lowest cursors on.
+	q := `SELECT r.chat_id, false, m.id::text, m.seq, m.body, m.created_at, NULL::timestamptz, $4::text
+		FROM unnest($1::bigint[], $2::bigint[]) AS r(chat_id, after)
+		CROSS JOIN LATERAL (SELECT id, seq, body, created_at FROM ` + s + `.messages
+			WHERE chat_id = r.chat_id AND seq > r.after ORDER BY seq LIMIT ` + page + `) m
+		UNION ALL
+		SELECT r.chat_id, true, i.message_id::text, i.seq, i.body, i.sent_at, i.received_at, i.sender
+		FROM unnest($1::bigint[], $3::bigint[]) AS r(chat_id, after)
+		CROSS JOIN LATERAL (SELECT message_id, seq, body, sent_at, received_at, sender FROM ` + s + `.inbox
+			WHERE chat_id = r.chat_id AND seq > r.after ORDER BY seq LIMIT ` + page + `) i`
+	return &Gateway{
+		pool: pool, service: service, cfg: c, query: q,
+		log:   log.With("component", "chat.gateway", "service", service),
+		rooms: map[int64]map[*Subscription]struct{}{}, dirty: map[int64]struct{}{},
+		wake: make(chan struct{}, 1),
+	}, nil
+}
+
+// Start starts the LISTEN loop and the push loop. It does not block.
+func (g *Gateway) Start(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	g.cancel = cancel
+	l := &pgxlisten.Listener{
+		Connect: func(ctx context.Context) (*pgx.Conn, error) {
+			cc := g.pool.Config().ConnConfig.Copy()
+			cc.RuntimeParams["application_name"] = "outboxchat-gateway"
+			return pgx.ConnectConfig(ctx, cc)
+		},
+		LogError: func(ctx context.Context, err error) {
+			if ctx.Err() == nil {
+				g.log.Warn("listen", "err", err)
+			}
+		},
+		ReconnectDelay: gatewayReconnectWait,
+	}
+	for _, ch := range g.cfg.Channels {
+		l.Handle(ch, listenHandler{g})
+	}
+	g.wg.Add(2)
+	go func() { defer g.wg.Done(); _ = l.Listen(ctx) }()
+	go func() { defer g.wg.Done(); g.loop(ctx) }()
+	return nil
+}
+
+// Stop stops both loops and waits for them. Subscriptions stay open; their
+// owners close them. Stop is idempotent.
+func (g *Gateway) Stop(ctx context.Context) error {
+	if g.cancel == nil {
+		return nil
+	}
+	g.cancel()
+	done := make(chan struct{})
+	go func() { g.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("gateway stop: %w", ctx.Err())
+	}
+}
+
+type listenHandler struct{ g *Gateway }
+
+func (h listenHandler) HandleNotification(_ context.Context, n *pgconn.Notification, _ *pgx.Conn) error {
+	if n.Payload == "" {
+		h.g.WakeAll()
+		return nil
+	}
+	for _, f := range strings.Split(n.Payload, ",") {
+		id, err := strconv.ParseInt(f, 10, 64)
+		if err != nil {
+			h.g.WakeAll()
+			return nil
+		}
+		h.g.Wake(id)
+	}
+	return nil
+}
+
+// HandleBacklog runs after every (re)connect of the LISTEN connection:
+// whatever was committed while it was down is read now.
+func (h listenHandler) HandleBacklog(context.Context, string, *pgx.Conn) error {
+	h.g.WakeAll()
+	return nil
+}
+
+// Wake marks chat chatID as changed. It never blocks.
+func (g *Gateway) Wake(chatID int64) {
+	g.mu.Lock()
+	if _, ok := g.rooms[chatID]; ok {
+		g.dirty[chatID] = struct{}{}
+	}
+	g.mu.Unlock()
+	g.signal()
+}
+
+// WakeAll marks every room as changed. It never blocks.
+func (g *Gateway) WakeAll() {
+	g.mu.Lock()
+	g.allDirty = true
+	g.mu.Unlock()
+	g.signal()
+}
+
+func (g *Gateway) signal() {
+	select {
+	case g.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Subscribe joins room chatID. afterSent and afterReceived are the last seqs
+// the subscriber has already seen of this service's own messages and of the
+// other service's; everything after them is pushed first (catch-up), then
+// live messages.
+func (g *Gateway) Subscribe(chatID, afterSent, afterReceived int64) *Subscription {
+	c := make(chan []byte, g.cfg.ClientBuffer)
+	ev := make(chan struct{})
+	s := &Subscription{C: c, Evicted: ev, g: g, chatID: chatID, c: c, evicted: ev, sent: afterSent, recv: afterReceived}
+	g.mu.Lock()
+	room := g.rooms[chatID]
+	if room == nil {
+		room = map[*Subscription]struct{}{}
+		g.rooms[chatID] = room
+	}
+	room[s] = struct{}{}
+	g.dirty[chatID] = struct{}{}
+	g.mu.Unlock()
+	g.signal()
+	return s
+}
+
+// Close leaves the room. Idempotent.
+func (s *Subscription) Close() {
+	s.once.Do(func() {
+		g := s.g
+		g.mu.Lock()
+		if room := g.rooms[s.chatID]; room != nil {
+			delete(room, s)
+			if len(room) == 0 {
+				delete(g.rooms, s.chatID)
+				delete(g.dirty, s.chatID)
+			}
+		}
+		g.mu.Unlock()
+	})
+}
+
+// Subscribers returns the number of live subscriptions (for metrics).
+func (g *Gateway) Subscribers() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	n := 0
+	for _, r := range g.rooms {
+		n += len(r)
+	}
+	return n
+}
+
+func (g *Gateway) loop(ctx context.Context) {
+	tick := time.NewTicker(g.cfg.PollInterval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-g.wake:
+		case <-tick.C:
+			g.mu.Lock()
+			g.allDirty = true
+			g.mu.Unlock()
+		}
+		more, err := g.push(ctx)
+		if err != nil && ctx.Err() == nil {
+			g.log.Warn("read new messages", "err", err)
+			// Try again at the next wake-up or tick; the cursors did not move.
+			g.mu.Lock()
+			g.allDirty = true
+			g.mu.Unlock()
+			continue
+		}
+		if more {
+			g.signal()
+		}
+	}
+}
+
+type roomRows struct{ sent, recv []Message }
+
+// push reads the dirty rooms from their subscribers' lowest cursors and
+// hands each subscriber what it has not seen. It reports whether a page was
+// full (more to read).
+func (g *Gateway) push(ctx context.Context) (bool, error) {
+	g.mu.Lock()
+	var ids, afterSent, afterRecv []int64
+	subs := map[int64][]*Subscription{}
+	for id, room := range g.rooms {
+		if _, ok := g.dirty[id]; !ok && !g.allDirty {
+			continue
+		}
+		first := true
+		var ms, mr int64
+		for s := range room {
+			subs[id] = append(subs[id], s)
+			if first || s.sent < ms {
+				ms = s.sent
+			}
+			if first || s.recv < mr {
+				mr = s.recv
+			}
+			first = false
+		}
+		ids, afterSent, afterRecv = append(ids, id), append(afterSent, ms), append(afterRecv, mr)
+	}
+	g.dirty = map[int64]struct{}{}
+	g.allDirty = false
+	g.mu.Unlock()
+	if len(ids) == 0 {
+		return false, nil
+	}
+	qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	rows, err := g.pool.Query(qctx, g.query, ids, afterSent, afterRecv, g.service)
+	if err != nil {
+		g.markDirty(ids)
+		return false, err
+	}
+	byRoom := map[int64]*roomRows{}
+	for rows.Next() {
+		var m Message
+		var received bool
+		var recvAt *time.Time
+		if err := rows.Scan(&m.ChatID, &received, &m.ID, &m.Seq, &m.Body, &m.SentAt, &recvAt, &m.From); err != nil {
+			rows.Close()
+			g.markDirty(ids)
+			return false, err
+		}
+		m.ReceivedAt = recvAt
+		rr := byRoom[m.ChatID]
+		if rr == nil {
+			rr = &roomRows{}
+			byRoom[m.ChatID] = rr
+		}
+		if received {
+			rr.recv = append(rr.recv, m)
+		} else {
+			rr.sent = append(rr.sent, m)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		g.markDirty(ids)
+		return false, err
+	}
+	more := false
+	now := time.Now()
+	for id, rr := range byRoom {
+		sort.Slice(rr.sent, func(i, j int) bool { return rr.sent[i].Seq < rr.sent[j].Seq })
+		sort.Slice(rr.recv, func(i, j int) bool { return rr.recv[i].Seq < rr.recv[j].Seq })
+		if len(rr.sent) == gatewayPageSize || len(rr.recv) == gatewayPageSize {
+			more = true
+			g.markDirty([]int64{id})
+		}
+		for _, s := range subs[id] {
+			if g.deliver(s, rr, now) {
+				// A held gap: look again at the next tick.
+				g.markDirty([]int64{id})
+			}
+		}
+	}
+	return more, nil
+}
+
+func (g *Gateway) markDirty(ids []int64) {
+	g.mu.Lock()
+	for _, id := range ids {
+		g.dirty[id] = struct{}{}
+	}
+	g.mu.Unlock()
+}
+
+// deliver queues to s the rows after its cursors, merged by sent_at. It
+// reports whether received rows are held back behind a seq gap.
+func (g *Gateway) deliver(s *Subscription, rr *roomRows, now time.Time) (held bool) {
+	var out []Message
+	for _, m := range rr.sent {
+		if m.Seq == s.sent+1 {
+			out = append(out, m)
+			s.sent = m.Seq
+		}
+	}
+	for _, m := range rr.recv {
+		if m.Seq <= s.recv {
+			continue
+		}
+		if m.Seq != s.recv+1 {
+			// A gap: an earlier message of the other side is not in the inbox
+			// yet (in flight, or reclaimed after a crash). Hold, up to
+			// GapTimeout, so the room shows that side's messages in seq order.
+			if s.gapSince.IsZero() {
+				s.gapSince = now
+			}
+			if now.Sub(s.gapSince) < g.cfg.GapTimeout {
+				held = true
+				break
+			}
+			g.log.Warn("gave up waiting for a missing message", "chat_id", s.chatID, "missing_seq", s.recv+1, "next_seq", m.Seq)
+		}
+		s.gapSince = time.Time{}
+		out = append(out, m)
+		s.recv = m.Seq
+	}
+	sort.SliceStable(out, func(i, j int) bool { return out[i].SentAt.Before(out[j].SentAt) })
+	for _, m := range out {
+		b, err := json.Marshal(m)
+		if err != nil {
+			continue
+		}
+		select {
+		case s.c <- b:
+		default:
+			s.evict()
+			return false
+		}
+	}
+	return held
+}
+
+func (s *Subscription) evict() {
+	select {
+	case <-s.evicted:
+	default:
+		close(s.evicted)
+	}
+	s.Close()
+}

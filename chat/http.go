@@ -1,0 +1,237 @@
+package chat
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/coder/websocket"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// HTTP defaults.
+const (
+	DefaultHistoryLimit = 1000
+	maxHistoryLimit     = 10000
+	wsWriteTimeout      = 5 * time.Second
+)
+
+// API serves one service's HTTP endpoints:
+//
+//	POST /api/chats/{chat_id}/messages   {"body": "..."} → 201 Message
+//	GET  /api/chats/{chat_id}/messages?after_seq=N[&after_consumers=N&after_workers=N][&limit=N]
+//	     → 200 {"messages": [Message…], "more": bool}
+//	GET  /ws?chat_id=ID[&after_consumers=N&after_workers=N]   WebSocket: pushes Message frames
+//
+// Bad input gets 400 {"error": "...", "field": "..."}; nothing is stored. A
+// database that cannot be reached gets 503 (nothing half-written: the send
+// transaction rolled back). API is safe for concurrent use.
+type API struct {
+	store   *Store
+	gateway *Gateway
+	service string
+	maxBody int
+	log     *slog.Logger
+	// onSend, when set, runs instead of the store's Send (the lab's v1 naive
+	// dual write). It must validate nothing: the body is already valid.
+	onSend func(ctx context.Context, chatID int64, body string) (Message, error)
+}
+
+// Register adds the API's routes to mux.
+func (a *API) Register(mux *http.ServeMux) {
+	mux.HandleFunc("POST /api/chats/{chat_id}/messages", a.handleSend)
+	mux.HandleFunc("GET /api/chats/{chat_id}/messages", a.handleHistory)
+	mux.HandleFunc("GET /ws", a.handleWS)
+}
+
+type errorBody struct {
+	Error string `json:"error"`
+	Field string `json:"field,omitempty"`
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+func writeError(w http.ResponseWriter, err error) {
+	var fe *FieldError
+	if errors.As(err, &fe) {
+		writeJSON(w, http.StatusBadRequest, errorBody{Error: fe.Error(), Field: fe.Field})
+		return
+	}
+	writeJSON(w, http.StatusServiceUnavailable, errorBody{Error: "database unavailable, nothing was stored: " + err.Error()})
+}
+
+func (a *API) handleSend(w http.ResponseWriter, r *http.Request) {
+	chatID, err := ParseChatID(r.PathValue("chat_id"))
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	// Read at most the body limit plus room for JSON escaping and the key.
+	data, err := io.ReadAll(http.MaxBytesReader(w, r.Body, int64(a.maxBody)*6+1024))
+	if err != nil {
+		writeError(w, &FieldError{Field: "body", Msg: "request too large or unreadable"})
+		return
+	}
+	req, err := DecodeSendRequest(data, a.maxBody)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	m, err := a.send(r.Context(), chatID, req.Body)
+	if err != nil {
+		a.sendFailed(w, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, m)
+}
+
+func (a *API) send(ctx context.Context, chatID int64, body string) (Message, error) {
+	if a.onSend != nil {
+		return a.onSend(ctx, chatID, body)
+	}
+	return a.store.Send(ctx, chatID, body)
+}
+
+func (a *API) sendFailed(w http.ResponseWriter, err error) {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && (pgErr.Code[:2] == "22" || pgErr.Code[:2] == "23") {
+		// Input the validator let through but the database refused.
+		writeJSON(w, http.StatusBadRequest, errorBody{Error: pgErr.Message, Field: "body"})
+		return
+	}
+	a.log.Warn("send failed", "err", err)
+	writeJSON(w, http.StatusServiceUnavailable, errorBody{Error: "could not store the message, nothing was stored: " + err.Error()})
+}
+
+// cursors reads after_seq (both origins), after_consumers and after_workers
+// and returns (own, other).
+func (a *API) cursors(r *http.Request) (own, other int64, err error) {
+	q := r.URL.Query()
+	base, err := ParseSeq("after_seq", q.Get("after_seq"))
+	if err != nil {
+		return 0, 0, err
+	}
+	by := map[string]int64{Consumers: base, Workers: base}
+	for _, s := range []string{Consumers, Workers} {
+		if v := q.Get("after_" + s); v != "" {
+			if by[s], err = ParseSeq("after_"+s, v); err != nil {
+				return 0, 0, err
+			}
+		}
+	}
+	return by[a.service], by[Peer(a.service)], nil
+}
+
+func (a *API) handleHistory(w http.ResponseWriter, r *http.Request) {
+	chatID, err := ParseChatID(r.PathValue("chat_id"))
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	own, other, err := a.cursors(r)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	limit := DefaultHistoryLimit
+	if v := r.URL.Query().Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > maxHistoryLimit {
+			writeError(w, &FieldError{Field: "limit", Msg: "must be an integer from 1 to 10000"})
+			return
+		}
+		limit = n
+	}
+	h, err := a.store.History(r.Context(), chatID, own, other, limit)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	msgs := append(append(make([]Message, 0, len(h.Sent)+len(h.Received)), h.Sent...), h.Received...)
+	sortBySentAt(msgs)
+	writeJSON(w, http.StatusOK, map[string]any{"messages": msgs, "more": h.More})
+}
+
+func (a *API) handleWS(w http.ResponseWriter, r *http.Request) {
+	chatID, err := ParseChatID(r.URL.Query().Get("chat_id"))
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	own, other, err := a.cursors(r)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	c, err := websocket.Accept(w, r, nil)
+	if err != nil {
+		return // Accept wrote the HTTP error.
+	}
+	c.SetReadLimit(int64(a.maxBody)*6 + 1024)
+	sub := a.gateway.Subscribe(chatID, own, other)
+	defer sub.Close()
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel()
+	// Reader: a client may send {"body": "..."} frames; each is a send, and
+	// errors come back as {"error": ..., "field": ...} frames.
+	replies := make(chan []byte, 8)
+	go func() {
+		defer cancel()
+		for {
+			_, data, err := c.Read(ctx)
+			if err != nil {
+				return
+			}
+			req, err := DecodeSendRequest(data, a.maxBody)
+			if err == nil {
+				_, err = a.send(ctx, chatID, req.Body)
+			}
+			if err != nil {
+				var fe *FieldError
+				eb := errorBody{Error: err.Error()}
+				if errors.As(err, &fe) {
+					eb.Field = fe.Field
+				}
+				b, _ := json.Marshal(eb)
+				select {
+				case replies <- b:
+				case <-ctx.Done():
+					return
+				}
+			}
+		}
+	}()
+	for {
+		var frame []byte
+		select {
+		case <-ctx.Done():
+			c.Close(websocket.StatusNormalClosure, "")
+			return
+		case <-sub.Evicted:
+			c.Close(websocket.StatusPolicyViolation, "too slow: reconnect with your cursors")
+			return
+		case frame = <-sub.C:
+		case frame = <-replies:
+		}
+		wctx, wcancel := context.WithTimeout(ctx, wsWriteTimeout)
+		err := c.Write(wctx, websocket.MessageText, frame)
+		wcancel()
+		if err != nil {
+			var ne net.Error
+			if !errors.As(err, &ne) {
+				c.CloseNow()
+			}
+			return
+		}
+	}
+}

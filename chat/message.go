@@ -1,0 +1,213 @@
+package chat
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/google/uuid"
+)
+
+// EventMessageCreated is the outbox event name of a sent message.
+const EventMessageCreated = "message.created"
+
+// DefaultMaxBodyBytes is the default limit on a message body, in bytes of UTF-8.
+const DefaultMaxBodyBytes = 4096
+
+// Message is a chat message as the API, the WebSocket and the event payload
+// show it (JSON, snake_case). It is also the outbox event payload: unknown
+// fields are ignored on decode, so the format can grow.
+//
+//   - ID: the message id, a UUID chosen by the sending service's database; it
+//     is the queue's idempotency key and the receiver's inbox key.
+//   - ChatID: positive 64-bit chat id.
+//   - Seq: the sender's per-chat sequence number: 1, 2, 3 … with no gaps.
+//   - Body: the text, valid UTF-8 without NUL, 1..max bytes.
+//   - SentAt: the sender's commit-time clock (RFC 3339, microseconds, UTC).
+//   - From: the sending service (Consumers or Workers).
+//   - ReceivedAt: set only on messages this service received (inbox rows):
+//     when its inbox stored it. A receipt, not shown for own messages.
+type Message struct {
+	ID         string     `json:"id"`
+	ChatID     int64      `json:"chat_id"`
+	Seq        int64      `json:"seq"`
+	Body       string     `json:"body"`
+	SentAt     time.Time  `json:"sent_at"`
+	From       string     `json:"from"`
+	ReceivedAt *time.Time `json:"received_at,omitempty"`
+}
+
+// MarshalJSON encodes times as RFC 3339 with microseconds in UTC.
+func (m Message) MarshalJSON() ([]byte, error) {
+	type wire struct {
+		ID         string `json:"id"`
+		ChatID     int64  `json:"chat_id"`
+		Seq        int64  `json:"seq"`
+		Body       string `json:"body"`
+		SentAt     string `json:"sent_at"`
+		From       string `json:"from"`
+		ReceivedAt string `json:"received_at,omitempty"`
+	}
+	w := wire{ID: m.ID, ChatID: m.ChatID, Seq: m.Seq, Body: m.Body, SentAt: formatTime(m.SentAt), From: m.From}
+	if m.ReceivedAt != nil {
+		w.ReceivedAt = formatTime(*m.ReceivedAt)
+	}
+	return json.Marshal(w)
+}
+
+const timeLayout = "2006-01-02T15:04:05.000000Z07:00"
+
+func formatTime(t time.Time) string { return t.UTC().Format(timeLayout) }
+
+// FieldError is a rejected input: Field names the offending field ("body",
+// "chat_id", "after_seq", or "" for the document as a whole), Msg says why.
+// HTTP handlers turn it into 400 {"error": Msg, "field": Field}.
+type FieldError struct {
+	Field string
+	Msg   string
+}
+
+func (e *FieldError) Error() string {
+	if e.Field == "" {
+		return e.Msg
+	}
+	return e.Field + ": " + e.Msg
+}
+
+// ErrMalformedEvent wraps every error of DecodeEvent.
+var ErrMalformedEvent = errors.New("malformed message event")
+
+// ValidateBody checks a message body: non-empty, at most maxBytes bytes (0
+// means DefaultMaxBodyBytes), valid UTF-8, no NUL character. It returns a
+// *FieldError for field "body", or nil.
+func ValidateBody(body string, maxBytes int) error {
+	if maxBytes <= 0 {
+		maxBytes = DefaultMaxBodyBytes
+	}
+	switch {
+	case body == "":
+		return &FieldError{Field: "body", Msg: "must not be empty"}
+	case len(body) > maxBytes:
+		return &FieldError{Field: "body", Msg: fmt.Sprintf("is %d bytes, over the limit of %d", len(body), maxBytes)}
+	case !utf8.ValidString(body):
+		return &FieldError{Field: "body", Msg: "is not valid UTF-8"}
+	case strings.IndexByte(body, 0) >= 0:
+		return &FieldError{Field: "body", Msg: "must not contain NUL characters"}
+	}
+	return nil
+}
+
+// ParseChatID parses a chat id: a positive 64-bit decimal integer. It returns
+// a *FieldError for field "chat_id".
+func ParseChatID(s string) (int64, error) {
+	id, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || id <= 0 || strconv.FormatInt(id, 10) != s {
+		return 0, &FieldError{Field: "chat_id", Msg: "must be a positive 64-bit integer"}
+	}
+	return id, nil
+}
+
+// ParseSeq parses a non-negative seq cursor for field name field ("" = 0).
+func ParseSeq(field, s string) (int64, error) {
+	if s == "" {
+		return 0, nil
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || n < 0 {
+		return 0, &FieldError{Field: field, Msg: "must be a non-negative 64-bit integer"}
+	}
+	return n, nil
+}
+
+// SendRequest is the body of POST /api/chats/{chat_id}/messages.
+type SendRequest struct {
+	Body string `json:"body"`
+}
+
+// DecodeSendRequest decodes and validates a send request body: exactly one
+// JSON object with the single field "body" (unknown fields rejected), the
+// body valid per ValidateBody. Errors are *FieldError values naming the field.
+func DecodeSendRequest(data []byte, maxBodyBytes int) (SendRequest, error) {
+	var req SendRequest
+	if !utf8.Valid(data) {
+		return req, &FieldError{Field: "body", Msg: "request is not valid UTF-8"}
+	}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	var raw struct {
+		Body *string `json:"body"`
+	}
+	if err := dec.Decode(&raw); err != nil {
+		var ute *json.UnmarshalTypeError
+		switch {
+		case errors.As(err, &ute) && ute.Field != "":
+			return req, &FieldError{Field: ute.Field, Msg: "must be a " + ute.Type.String()}
+		case strings.HasPrefix(err.Error(), "json: unknown field "):
+			name := strings.Trim(strings.TrimPrefix(err.Error(), "json: unknown field "), `"`)
+			return req, &FieldError{Field: name, Msg: "unknown field"}
+		default:
+			return req, &FieldError{Field: "", Msg: "malformed JSON: " + err.Error()}
+		}
+	}
+	if dec.More() {
+		return req, &FieldError{Field: "", Msg: "malformed JSON: more than one value"}
+	}
+	if _, err := dec.Token(); err == nil {
+		return req, &FieldError{Field: "", Msg: "malformed JSON: trailing data"}
+	}
+	if raw.Body == nil {
+		return req, &FieldError{Field: "body", Msg: "is required"}
+	}
+	req.Body = *raw.Body
+	if err := ValidateBody(req.Body, maxBodyBytes); err != nil {
+		return req, err
+	}
+	return req, nil
+}
+
+// DecodeEvent decodes a message.created payload from the queue and checks it:
+// id a UUID, chat_id > 0, seq > 0, body valid (any length up to 1 MiB, valid
+// UTF-8, no NUL), sent_at present, from a known service. Unknown fields are
+// ignored. Every error wraps ErrMalformedEvent.
+func DecodeEvent(data []byte) (Message, error) {
+	var m Message
+	var raw struct {
+		ID     string  `json:"id"`
+		ChatID int64   `json:"chat_id"`
+		Seq    int64   `json:"seq"`
+		Body   *string `json:"body"`
+		SentAt string  `json:"sent_at"`
+		From   string  `json:"from"`
+	}
+	if err := json.Unmarshal(data, &raw); err != nil {
+		return m, fmt.Errorf("%w: %v", ErrMalformedEvent, err)
+	}
+	if _, err := uuid.Parse(raw.ID); err != nil || len(raw.ID) != 36 {
+		return m, fmt.Errorf("%w: id %q is not a UUID", ErrMalformedEvent, raw.ID)
+	}
+	if raw.ChatID <= 0 {
+		return m, fmt.Errorf("%w: chat_id must be positive", ErrMalformedEvent)
+	}
+	if raw.Seq <= 0 {
+		return m, fmt.Errorf("%w: seq must be positive", ErrMalformedEvent)
+	}
+	if raw.Body == nil {
+		return m, fmt.Errorf("%w: body missing", ErrMalformedEvent)
+	}
+	if err := ValidateBody(*raw.Body, 1<<20); err != nil {
+		return m, fmt.Errorf("%w: %v", ErrMalformedEvent, err)
+	}
+	t, err := time.Parse(time.RFC3339Nano, raw.SentAt)
+	if err != nil {
+		return m, fmt.Errorf("%w: sent_at: %v", ErrMalformedEvent, err)
+	}
+	if Peer(raw.From) == "" {
+		return m, fmt.Errorf("%w: from %q is not a known service", ErrMalformedEvent, raw.From)
+	}
+	return Message{ID: strings.ToLower(raw.ID), ChatID: raw.ChatID, Seq: raw.Seq, Body: *raw.Body, SentAt: t, From: raw.From}, nil
+}

@@ -1,0 +1,407 @@
+package chat
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/outboxchat/outboxchat/chat/web"
+	"github.com/outboxchat/outboxchat/inbox"
+	"github.com/outboxchat/outboxchat/outbox"
+	"github.com/outboxchat/outboxchat/redisq"
+)
+
+// Roles a service process can run.
+const (
+	RoleAPI    = "api"    // HTTP API, WebSocket gateway and chat page
+	RoleRelay  = "relay"  // outbox → Redis stream
+	RoleWorker = "worker" // Redis stream → inbox
+)
+
+// Modes of the send path.
+const (
+	// ModeOutbox (v2): message and outbox row in one transaction; the relay
+	// publishes.
+	ModeOutbox = "v2"
+	// ModeDualWrite (v1, the write-up's naive first version, for the lab
+	// only): insert the message, then add the job to Redis from the API
+	// process, keeping failed adds in memory to retry — lost on a redeploy.
+	ModeDualWrite = "v1"
+)
+
+// Config configures Serve. Zero fields mean defaults.
+type Config struct {
+	// Service is Consumers or Workers. Required.
+	Service string
+	// Roles to run; nil or empty means all three.
+	Roles []string
+	// DatabaseURL is the service role's Postgres URL. Required.
+	DatabaseURL string
+	// RedisURL is the Redis URL. Required for the relay and worker roles and
+	// for ModeDualWrite.
+	RedisURL string
+	// HTTPAddr is the API's listen address. Default "127.0.0.1:8080" for
+	// consumers and "127.0.0.1:8081" for workers.
+	HTTPAddr string
+	// Mode is ModeOutbox (default) or ModeDualWrite.
+	Mode string
+	// Wake is the outbox wake-up mode. Default outbox.WakeAfterCommit.
+	Wake outbox.WakeMode
+	// PollOnly turns the relay's LISTEN off (poll every PollInterval).
+	PollOnly bool
+	// PollInterval is the relay's poll fallback. Default 1 s.
+	PollInterval time.Duration
+	// LockDuration is how long a job may stay unacknowledged before another
+	// worker may take it (stalled job). Default redisq.DefaultLockDuration.
+	LockDuration time.Duration
+	// ConsumerName names this worker in the consumer group; it must be
+	// stable across restarts of one instance so a restarted worker finishes
+	// its own pending jobs first. Default "<service>-<hostname>".
+	ConsumerName string
+	// MaxBodyBytes limits a message body. Default DefaultMaxBodyBytes.
+	MaxBodyBytes int
+	// RedisPrefix prefixes every Redis key (several deployments on one
+	// Redis). Default "outboxchat:".
+	RedisPrefix string
+	// Fault is a fault-injection spec for the lab (see ParseFault); "" = none.
+	Fault string
+	// Logger; nil means slog.Default().
+	Logger *slog.Logger
+	// Listening, when set, is called with the bound HTTP address.
+	Listening func(addr string)
+}
+
+// QueueName is the Redis queue carrying messages from service from to its peer.
+func QueueName(from string) string { return from + "-to-" + Peer(from) }
+
+func (c *Config) has(role string) bool {
+	if len(c.Roles) == 0 {
+		return true
+	}
+	for _, r := range c.Roles {
+		if r == role {
+			return true
+		}
+	}
+	return false
+}
+
+// ParseRoles parses "api,relay,worker" (any subset, any order).
+func ParseRoles(s string) ([]string, error) {
+	if s == "" {
+		return nil, nil
+	}
+	var out []string
+	for _, r := range strings.Split(s, ",") {
+		r = strings.TrimSpace(r)
+		switch r {
+		case RoleAPI, RoleRelay, RoleWorker:
+			out = append(out, r)
+		default:
+			return nil, fmt.Errorf("unknown role %q (want api, relay, worker)", r)
+		}
+	}
+	return out, nil
+}
+
+// Serve runs one service process until ctx is done, then stops gracefully in
+// the order: stop taking requests and jobs, finish in-flight work, ack, close
+// connections. Migrations are applied at start.
+func Serve(ctx context.Context, cfg Config) error {
+	if err := checkService(cfg.Service); err != nil {
+		return err
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	log = log.With("service", cfg.Service)
+	if cfg.Mode == "" {
+		cfg.Mode = ModeOutbox
+	}
+	if cfg.Mode != ModeOutbox && cfg.Mode != ModeDualWrite {
+		return fmt.Errorf("unknown mode %q (want v1 or v2)", cfg.Mode)
+	}
+	if cfg.MaxBodyBytes <= 0 {
+		cfg.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if cfg.RedisPrefix == "" {
+		cfg.RedisPrefix = "outboxchat:"
+	}
+	if cfg.HTTPAddr == "" {
+		cfg.HTTPAddr = map[string]string{Consumers: "127.0.0.1:8080", Workers: "127.0.0.1:8081"}[cfg.Service]
+	}
+	if cfg.ConsumerName == "" {
+		host, _ := os.Hostname()
+		cfg.ConsumerName = cfg.Service + "-" + host
+	}
+	fault, err := ParseFault(cfg.Fault)
+	if err != nil {
+		return err
+	}
+	if cfg.DatabaseURL == "" {
+		return errors.New("serve: no database URL (--database-url or DATABASE_URL)")
+	}
+	pcfg, err := pgxpool.ParseConfig(cfg.DatabaseURL)
+	if err != nil {
+		return fmt.Errorf("serve: database url: %w", err)
+	}
+	if pcfg.MaxConns < 16 {
+		pcfg.MaxConns = 16
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		return fmt.Errorf("serve: connect postgres: %w", err)
+	}
+	defer pool.Close()
+	if n, err := Migrate(ctx, pool, cfg.Service); err != nil {
+		return fmt.Errorf("serve: %w", err)
+	} else if n > 0 {
+		log.Info("migrations applied", "count", n)
+	}
+
+	var rdb *redis.Client
+	needRedis := cfg.has(RoleRelay) || cfg.has(RoleWorker) || (cfg.Mode == ModeDualWrite && cfg.has(RoleAPI))
+	if needRedis {
+		if cfg.RedisURL == "" {
+			return errors.New("serve: no redis URL (--redis-url or REDIS_URL)")
+		}
+		if rdb, err = redisq.NewClient(cfg.RedisURL); err != nil {
+			return fmt.Errorf("serve: %w", err)
+		}
+		defer rdb.Close()
+		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		if err := redisq.CheckDurability(cctx, rdb, log); err != nil && !errors.Is(err, redisq.ErrNotDurable) {
+			log.Warn("could not check redis durability (redis down?); continuing", "err", err)
+		}
+		cancel()
+	}
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	var stops []func(context.Context) error
+	stopAll := func() {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		for i := len(stops) - 1; i >= 0; i-- {
+			if err := stops[i](sctx); err != nil {
+				log.Warn("stop", "err", err)
+			}
+		}
+	}
+	defer stopAll()
+
+	writer, err := outbox.NewWriter(pool, &outbox.WriterConfig{
+		Table: cfg.Service + ".outbox", Channel: OutboxChannel(cfg.Service), Mode: cfg.Wake, Logger: log,
+	})
+	if err != nil {
+		return err
+	}
+
+	// Worker: stream → inbox. Started first at stop time last: it must
+	// finish and ack its batch before connections close.
+	if cfg.has(RoleWorker) {
+		h, err := NewInboxHandler(cfg.Service)
+		if err != nil {
+			return err
+		}
+		qc, err := redisq.NewConsumer(rdb, &redisq.ConsumerConfig{
+			Queue: QueueName(Peer(cfg.Service)), Prefix: cfg.RedisPrefix, Group: cfg.Service,
+			Consumer: cfg.ConsumerName, LockDuration: cfg.LockDuration, Logger: log,
+		})
+		if err != nil {
+			return err
+		}
+		var src inbox.Source = redisSource{qc}
+		var handler inbox.Handler = h
+		if fault != nil {
+			src, handler = fault.wrapSource(src, log), fault.wrapHandler(handler, log)
+		}
+		ic, err := inbox.NewConsumer(pool, src, handler, &inbox.Config{Logger: log})
+		if err != nil {
+			return err
+		}
+		if err := ic.Start(ctx); err != nil {
+			return err
+		}
+		stops = append(stops, ic.Stop)
+		registerInboxMetrics(reg, ic)
+		log.Info("worker started", "queue", QueueName(Peer(cfg.Service)), "consumer", cfg.ConsumerName)
+	}
+
+	if cfg.has(RoleRelay) && cfg.Mode == ModeOutbox {
+		pub, err := redisq.NewPublisher(rdb, &redisq.PublisherConfig{Queue: QueueName(cfg.Service), Prefix: cfg.RedisPrefix, Logger: log})
+		if err != nil {
+			return err
+		}
+		var p outbox.Publisher = redisPublisher{pub}
+		if fault != nil {
+			p = fault.wrapPublisher(p, log)
+		}
+		relay, err := outbox.NewRelay(pool, &outbox.RelayConfig{
+			Table: cfg.Service + ".outbox", Channel: OutboxChannel(cfg.Service), Publisher: p,
+			PollInterval: cfg.PollInterval, DisableListen: cfg.PollOnly, Logger: log,
+		})
+		if err != nil {
+			return err
+		}
+		if err := relay.Start(ctx); err != nil {
+			return err
+		}
+		stops = append(stops, relay.Stop)
+		log.Info("relay started", "queue", QueueName(cfg.Service), "poll_only", cfg.PollOnly)
+	}
+
+	if !cfg.has(RoleAPI) {
+		<-ctx.Done()
+		log.Info("stopping")
+		return nil
+	}
+
+	if err := writer.Start(ctx); err != nil {
+		return err
+	}
+	stops = append(stops, writer.Stop)
+	store, err := NewStore(pool, cfg.Service, writer)
+	if err != nil {
+		return err
+	}
+	gw, err := NewGateway(pool, cfg.Service, &GatewayConfig{
+		Channels: []string{InboxChannel(cfg.Service), OutboxChannel(cfg.Service)}, Logger: log,
+	})
+	if err != nil {
+		return err
+	}
+	if err := gw.Start(ctx); err != nil {
+		return err
+	}
+	stops = append(stops, gw.Stop)
+	store.afterCommit = gw.Wake
+	api := &API{store: store, gateway: gw, service: cfg.Service, maxBody: cfg.MaxBodyBytes, log: log}
+	if cfg.Mode == ModeDualWrite {
+		pub, err := redisq.NewPublisher(rdb, &redisq.PublisherConfig{Queue: QueueName(cfg.Service), Prefix: cfg.RedisPrefix, Logger: log})
+		if err != nil {
+			return err
+		}
+		dw := newDualWriter(store, pub, log)
+		dw.start(ctx)
+		stops = append(stops, dw.stop)
+		api.onSend = dw.send
+	}
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "outboxchat_ws_subscribers", Help: "Live WebSocket subscribers.",
+	}, func() float64 { return float64(gw.Subscribers()) }))
+
+	mux := http.NewServeMux()
+	api.Register(mux)
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		pctx, cancel := context.WithTimeout(r.Context(), time.Second)
+		defer cancel()
+		if err := pool.Ping(pctx); err != nil {
+			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "database unavailable", "error": err.Error()})
+			return
+		}
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+	})
+	mux.Handle("GET /", web.Handler(cfg.Service))
+
+	ln, err := net.Listen("tcp", cfg.HTTPAddr)
+	if err != nil {
+		return fmt.Errorf("serve: listen %s: %w", cfg.HTTPAddr, err)
+	}
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("http", "err", err)
+		}
+	}()
+	log.Info("listening", "addr", ln.Addr().String(), "mode", cfg.Mode, "wake", cfg.Wake.String())
+	if cfg.Listening != nil {
+		cfg.Listening(ln.Addr().String())
+	}
+	<-ctx.Done()
+	log.Info("stopping")
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	// WebSocket handlers are hijacked: Shutdown does not wait for them; Close does end them.
+	_ = srv.Shutdown(sctx)
+	_ = srv.Close()
+	wg.Wait()
+	return nil
+}
+
+func registerInboxMetrics(reg *prometheus.Registry, ic *inbox.Consumer) {
+	for name, f := range map[string]func(inbox.Stats) int64{
+		"outboxchat_inbox_applied_total":       func(s inbox.Stats) int64 { return s.Applied },
+		"outboxchat_inbox_duplicates_total":    func(s inbox.Stats) int64 { return s.Duplicates },
+		"outboxchat_inbox_dead_lettered_total": func(s inbox.Stats) int64 { return s.DeadLettered },
+	} {
+		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: "Inbox deliveries by outcome."},
+			func() float64 { return float64(f(ic.Stats())) }))
+	}
+}
+
+// redisSource adapts a redisq.Consumer to inbox.Source.
+type redisSource struct{ c *redisq.Consumer }
+
+func (s redisSource) Fetch(ctx context.Context, max int) ([]inbox.Delivery, error) {
+	ds, err := s.c.Fetch(ctx, max)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]inbox.Delivery, len(ds))
+	for i, d := range ds {
+		out[i] = inbox.Delivery{Ref: d.StreamID, ID: d.ID, Name: d.Name, Payload: d.Payload}
+	}
+	return out, nil
+}
+
+func (s redisSource) Ack(ctx context.Context, refs ...string) error { return s.c.Ack(ctx, refs...) }
+
+func (s redisSource) DeadLetter(ctx context.Context, d inbox.Delivery, reason string) error {
+	return s.c.DeadLetter(ctx, redisq.Delivery{Job: redisq.Job{ID: d.ID, Name: d.Name, Payload: d.Payload}, StreamID: d.Ref}, reason)
+}
+
+var _ inbox.Source = redisSource{}
+
+// redisPublisher adapts a redisq.Publisher to outbox.Publisher.
+type redisPublisher struct{ p *redisq.Publisher }
+
+func (p redisPublisher) Publish(ctx context.Context, msgs []outbox.Message) error {
+	jobs := make([]redisq.Job, len(msgs))
+	for i, m := range msgs {
+		jobs[i] = redisq.Job{ID: m.ID, Name: m.Event, Payload: m.Payload}
+	}
+	_, err := p.p.Add(ctx, jobs...)
+	return err
+}
+
+var _ outbox.Publisher = redisPublisher{}
+
+// killSelf ends the process at once, as a crash would: no deferred
+// functions, no graceful stop (the lab's fault hooks).
+func killSelf() {
+	_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+	select {}
+}

@@ -1,0 +1,152 @@
+// Command outboxchat runs the chat services, applies their schema, and runs
+// the lab that proves and measures the outbox's guarantees.
+//
+//	outboxchat serve   --service consumers|workers [--role api,relay,worker] [--database-url URL] [--redis-url URL] [--http ADDR]
+//	outboxchat migrate --service consumers|workers [--database-url URL]
+//	outboxchat lab up|chaos|latency|bench|demo [flags]
+//
+// See the README and DESIGN.md for the contracts.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxchat/outboxchat/chat"
+	"github.com/outboxchat/outboxchat/lab"
+	"github.com/outboxchat/outboxchat/outbox"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	if err != nil {
+		if !errors.Is(err, flag.ErrHelp) {
+			fmt.Fprintln(os.Stderr, "outboxchat:", err)
+		}
+		os.Exit(1)
+	}
+}
+
+const usage = `usage: outboxchat <command> [flags]
+
+commands:
+  serve    run a service (consumers or workers)
+  migrate  create the service's role and schema, apply migrations
+  lab      up | chaos | latency | bench | demo: private servers, fault experiments, measurements
+`
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return errors.New("no command")
+	}
+	switch args[0] {
+	case "serve":
+		return serve(ctx, args[1:], stderr)
+	case "migrate":
+		return migrate(ctx, args[1:], stdout, stderr)
+	case "lab":
+		return lab.Run(ctx, args[1:], stdout, stderr)
+	case "-h", "--help", "help":
+		fmt.Fprint(stdout, usage)
+		return nil
+	}
+	fmt.Fprint(stderr, usage)
+	return fmt.Errorf("unknown command %q", args[0])
+}
+
+func newLogger(w io.Writer, format string) *slog.Logger {
+	if format == "json" {
+		return slog.New(slog.NewJSONHandler(w, nil))
+	}
+	return slog.New(slog.NewTextHandler(w, nil))
+}
+
+func serve(ctx context.Context, args []string, stderr io.Writer) error {
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	service := fs.String("service", "", "consumers or workers (required)")
+	roles := fs.String("role", "", "roles to run: any of api,relay,worker (default all)")
+	dbURL := fs.String("database-url", os.Getenv("DATABASE_URL"), "Postgres URL of the service's role (default $DATABASE_URL)")
+	redisURL := fs.String("redis-url", os.Getenv("REDIS_URL"), "Redis URL (default $REDIS_URL)")
+	httpAddr := fs.String("http", "", "HTTP listen address (default 127.0.0.1:8080 consumers, 127.0.0.1:8081 workers)")
+	mode := fs.String("mode", chat.ModeOutbox, "send path: v2 (transactional outbox) or v1 (naive dual write, lab only)")
+	wake := fs.String("wake", "after-commit", "relay wake-up: after-commit (fast), in-tx (NOTIFY in the send transaction) or none (poll only)")
+	pollOnly := fs.Bool("poll-only", false, "relay: no LISTEN, poll every --poll-interval")
+	poll := fs.Duration("poll-interval", time.Second, "relay poll fallback interval")
+	lock := fs.Duration("lock-duration", 30*time.Second, "how long a job may stay unacknowledged before it is handed out again")
+	consumer := fs.String("consumer-name", "", "this worker's name in the consumer group, stable across restarts (default <service>-<hostname>)")
+	maxBody := fs.Int("max-body-bytes", chat.DefaultMaxBodyBytes, "message body limit in bytes")
+	prefix := fs.String("redis-prefix", "outboxchat:", "prefix of every Redis key")
+	fault := fs.String("fault", os.Getenv("OUTBOXCHAT_FAULT"), "fault injection for the lab, KIND:SEQ (default $OUTBOXCHAT_FAULT; off)")
+	logFormat := fs.String("log-format", "text", "log format: text or json")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	r, err := chat.ParseRoles(*roles)
+	if err != nil {
+		return err
+	}
+	var wm outbox.WakeMode
+	switch *wake {
+	case "after-commit":
+		wm = outbox.WakeAfterCommit
+	case "in-tx":
+		wm = outbox.WakeInTx
+	case "none":
+		wm = outbox.WakeNone
+	default:
+		return fmt.Errorf("--wake %q: want after-commit, in-tx or none", *wake)
+	}
+	return chat.Serve(ctx, chat.Config{
+		Service: *service, Roles: r, DatabaseURL: *dbURL, RedisURL: *redisURL, HTTPAddr: *httpAddr,
+		Mode: *mode, Wake: wm, PollOnly: *pollOnly, PollInterval: *poll, LockDuration: *lock,
+		ConsumerName: *consumer, MaxBodyBytes: *maxBody, RedisPrefix: *prefix, Fault: *fault,
+		Logger: newLogger(stderr, *logFormat),
+	})
+}
+
+func migrate(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("migrate", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	service := fs.String("service", "", "consumers or workers (required)")
+	dbURL := fs.String("database-url", os.Getenv("DATABASE_URL"), "Postgres URL; a superuser URL also creates the role and schema (default $DATABASE_URL)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *dbURL == "" {
+		return errors.New("migrate: no database URL (--database-url or DATABASE_URL)")
+	}
+	pool, err := pgxpool.New(ctx, *dbURL)
+	if err != nil {
+		return fmt.Errorf("migrate: %w", err)
+	}
+	defer pool.Close()
+	var canCreate bool
+	if err := pool.QueryRow(ctx, `SELECT rolsuper OR rolcreaterole FROM pg_roles WHERE rolname = current_user`).Scan(&canCreate); err != nil {
+		return fmt.Errorf("migrate: %w", err)
+	}
+	if canCreate {
+		if err := chat.Bootstrap(ctx, pool, *service); err != nil {
+			return err
+		}
+	}
+	n, err := chat.Migrate(ctx, pool, *service)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "%s: %d migration(s) applied\n", *service, n)
+	return nil
+}

@@ -1,0 +1,518 @@
+package inbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Defaults for Config fields left zero.
+const (
+	// DefaultBatchSize is the default Config.BatchSize.
+	DefaultBatchSize = 100
+	// DefaultRetryBackoff is the default Config.RetryBackoff.
+	DefaultRetryBackoff = 100 * time.Millisecond
+	// DefaultMaxRetryBackoff is the default Config.MaxRetryBackoff.
+	DefaultMaxRetryBackoff = 2 * time.Second
+	// DefaultBatchTimeout is the default Config.BatchTimeout.
+	DefaultBatchTimeout = 30 * time.Second
+)
+
+var (
+	// ErrMalformed marks input that can never succeed (undecodable payload,
+	// missing id). A Handler wraps it, before touching the transaction; the
+	// Consumer dead-letters the delivery. See Handler.
+	ErrMalformed = errors.New("inbox: malformed delivery")
+
+	// ErrInvalidConfig is returned (wrapped) by NewConsumer for a nil
+	// dependency or an out-of-range Config field.
+	ErrInvalidConfig = errors.New("inbox: invalid config")
+
+	// ErrStarted is returned by Start when the Consumer was already started
+	// or stopped: a Consumer runs at most once.
+	ErrStarted = errors.New("inbox: consumer already started")
+)
+
+// Metrics are optional hooks the Consumer calls after the events they name;
+// a nil field is skipped. They are called from the Consumer's goroutine (or
+// from the ProcessBatch caller's) and must not block. The app wires them to
+// Prometheus; this package imports no metrics library.
+type Metrics struct {
+	// Applied is called with the number of new inbox rows after each commit
+	// that recorded at least one.
+	Applied func(n int)
+	// Duplicates is called with the number of deliveries skipped as
+	// duplicates (inbox row already present) after each commit that saw any.
+	Duplicates func(n int)
+	// DeadLettered is called with the number of deliveries moved to the dead
+	// letter after each successful DeadLetter call (n is 1).
+	DeadLettered func(n int)
+	// BatchDuration is called once per batch attempt (success or failure)
+	// with the wall time from begin to commit and ack, including the
+	// one-per-transaction re-run that isolates a poison delivery.
+	BatchDuration func(d time.Duration)
+}
+
+// Config configures a Consumer. A nil *Config means all defaults; a zero
+// field means its default.
+type Config struct {
+	// BatchSize is the maximum number of deliveries fetched and applied in
+	// one transaction. Default DefaultBatchSize (100). Must not be negative.
+	BatchSize int
+
+	// RetryBackoff is the wait after the first transient error (a failed
+	// Fetch, or a batch rolled back for a non-permanent error); it doubles
+	// after each further consecutive error up to MaxRetryBackoff and resets
+	// after a success. Default DefaultRetryBackoff (100 ms). Must not be
+	// negative.
+	RetryBackoff time.Duration
+
+	// MaxRetryBackoff caps the doubling of RetryBackoff. Default
+	// DefaultMaxRetryBackoff (2 s), or RetryBackoff when that is larger.
+	// When set, it must not be less than RetryBackoff.
+	MaxRetryBackoff time.Duration
+
+	// BatchTimeout bounds one batch attempt: begin, every Apply, commit, ack
+	// and dead letters (so a hung network cannot stall the consumer). An
+	// attempt that times out is rolled back and retried as transient; if the
+	// commit itself timed out, the retry sees duplicates. Default
+	// DefaultBatchTimeout (30 s); negative means no timeout.
+	BatchTimeout time.Duration
+
+	// Logger receives the Consumer's logs, with attribute
+	// component=inbox. Default slog.Default().
+	Logger *slog.Logger
+
+	// Metrics are optional hooks; the zero value disables them.
+	Metrics Metrics
+}
+
+// Stats are cumulative counters of a Consumer, counted after the commit
+// that made them durable (DeadLettered: after the DeadLetter call
+// succeeded).
+type Stats struct {
+	// Applied is the number of deliveries recorded as new inbox rows.
+	Applied int64
+	// Duplicates is the number of deliveries skipped because their inbox
+	// row already existed.
+	Duplicates int64
+	// DeadLettered is the number of deliveries moved to the dead letter.
+	DeadLettered int64
+}
+
+// Consumer moves deliveries from a Source into the inbox: Fetch, apply the
+// batch in one transaction, commit, then Ack. See the package doc for the
+// invariants and failure modes.
+//
+// Start runs one goroutine; Stop stops it. Stats is safe for concurrent use.
+type Consumer struct {
+	pool     *pgxpool.Pool
+	src      Source
+	h        Handler
+	batch    int
+	backoff  time.Duration
+	maxBack  time.Duration
+	timeout  time.Duration
+	log      *slog.Logger
+	metrics  Metrics
+	applied  atomic.Int64
+	dups     atomic.Int64
+	deadLets atomic.Int64
+
+	mu         sync.Mutex
+	started    bool
+	stopFetch  context.CancelFunc // stop fetching and backing off
+	cancelWork context.CancelFunc // abort the in-flight batch too
+	done       chan struct{}      // closed when the run goroutine returned
+}
+
+// NewConsumer returns a Consumer that reads from src and applies deliveries
+// with h in transactions on pool. It validates eagerly and returns an error
+// wrapping ErrInvalidConfig for a nil pool, src or h, or an out-of-range
+// Config field. It does not touch the network. The Consumer does not close
+// pool or src.
+func NewConsumer(pool *pgxpool.Pool, src Source, h Handler, cfg *Config) (*Consumer, error) {
+	switch {
+	case pool == nil:
+		return nil, fmt.Errorf("creating inbox consumer: nil pool: %w", ErrInvalidConfig)
+	case src == nil:
+		return nil, fmt.Errorf("creating inbox consumer: nil source: %w", ErrInvalidConfig)
+	case h == nil:
+		return nil, fmt.Errorf("creating inbox consumer: nil handler: %w", ErrInvalidConfig)
+	}
+	if cfg == nil {
+		cfg = &Config{}
+	}
+	if cfg.BatchSize < 0 {
+		return nil, fmt.Errorf("creating inbox consumer: BatchSize %d < 0: %w", cfg.BatchSize, ErrInvalidConfig)
+	}
+	if cfg.RetryBackoff < 0 {
+		return nil, fmt.Errorf("creating inbox consumer: RetryBackoff %v < 0: %w", cfg.RetryBackoff, ErrInvalidConfig)
+	}
+	if cfg.MaxRetryBackoff < 0 {
+		return nil, fmt.Errorf("creating inbox consumer: MaxRetryBackoff %v < 0: %w", cfg.MaxRetryBackoff, ErrInvalidConfig)
+	}
+	c := &Consumer{
+		pool:    pool,
+		src:     src,
+		h:       h,
+		batch:   orDefault(cfg.BatchSize, DefaultBatchSize),
+		backoff: orDefault(cfg.RetryBackoff, DefaultRetryBackoff),
+		maxBack: cfg.MaxRetryBackoff,
+		timeout: orDefault(cfg.BatchTimeout, DefaultBatchTimeout),
+		log:     cfg.Logger,
+		metrics: cfg.Metrics,
+	}
+	switch {
+	case c.maxBack == 0:
+		c.maxBack = max(DefaultMaxRetryBackoff, c.backoff)
+	case c.maxBack < c.backoff:
+		return nil, fmt.Errorf("creating inbox consumer: MaxRetryBackoff %v < RetryBackoff %v: %w",
+			c.maxBack, c.backoff, ErrInvalidConfig)
+	}
+	if c.log == nil {
+		c.log = slog.Default()
+	}
+	c.log = c.log.With("component", "inbox")
+	return c, nil
+}
+
+// orDefault returns v, or def when v is zero.
+func orDefault[T int | time.Duration](v, def T) T {
+	if v == 0 {
+		return def
+	}
+	return v
+}
+
+// Start starts the Consumer's goroutine and returns at once: it fetches up
+// to BatchSize deliveries, applies them in one transaction, commits, acks,
+// and repeats; on a transient error it backs off and retries the same batch.
+//
+// ctx bounds the Consumer's whole life: cancelling it aborts fetching and
+// any in-flight batch (rolled back; the deliveries come back later). Use
+// Stop for a graceful shutdown. Start returns ErrStarted if called twice or
+// after Stop. Safe for concurrent use with Stop.
+func (c *Consumer) Start(ctx context.Context) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.started {
+		return ErrStarted
+	}
+	c.started = true
+	workCtx, cancelWork := context.WithCancel(ctx)
+	fetchCtx, stopFetch := context.WithCancel(workCtx)
+	c.cancelWork, c.stopFetch = cancelWork, stopFetch
+	c.done = make(chan struct{})
+	go c.run(fetchCtx, workCtx)
+	return nil
+}
+
+// Stop stops fetching, lets the in-flight batch finish (commit, ack, dead
+// letters) and waits for the goroutine to return. A batch waiting to be
+// retried after a transient error is abandoned: it was not acknowledged and
+// comes back from the queue.
+//
+// If ctx ends first, Stop aborts the in-flight batch (rolled back,
+// redelivered later), still waits for the goroutine, and returns an error
+// wrapping ctx.Err(). Stop is idempotent and safe for concurrent use; Stop
+// before Start returns nil and makes a later Start fail.
+func (c *Consumer) Stop(ctx context.Context) error {
+	c.mu.Lock()
+	if !c.started {
+		c.started = true
+		c.mu.Unlock()
+		return nil
+	}
+	done, stopFetch, cancelWork := c.done, c.stopFetch, c.cancelWork
+	c.mu.Unlock()
+	if done == nil {
+		return nil // stopped before it was started
+	}
+	stopFetch()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		cancelWork()
+		<-done
+		return fmt.Errorf("stopping inbox consumer: %w", ctx.Err())
+	}
+}
+
+// Stats returns the cumulative counters. Safe for concurrent use.
+func (c *Consumer) Stats() Stats {
+	return Stats{
+		Applied:      c.applied.Load(),
+		Duplicates:   c.dups.Load(),
+		DeadLettered: c.deadLets.Load(),
+	}
+}
+
+// ProcessBatch applies ds in one transaction in order, commits, acks the
+// applied and duplicate deliveries and dead-letters the malformed ones, as
+// the running Consumer does for each fetched batch. A permanent SQL error
+// makes it re-run ds one delivery per transaction to isolate the poison.
+//
+// It returns nil once every delivery is durably handled (recorded, skipped
+// as duplicate, or set aside for the dead letter), even when Ack or
+// DeadLetter then failed (logged; those deliveries come back). It returns a
+// transient error (wrapped) when some deliveries were neither committed nor
+// acknowledged: retry them. It is exported for tests and benchmarks; do not
+// call it on a Source the running Consumer is using unless the Source is
+// safe for concurrent use.
+func (c *Consumer) ProcessBatch(ctx context.Context, ds []Delivery) error {
+	_, err := c.process(ctx, ds)
+	return err
+}
+
+// run is the Consumer's goroutine. fetchCtx ends on Stop; workCtx ends when
+// the Start ctx ends or Stop gives up waiting.
+func (c *Consumer) run(fetchCtx, workCtx context.Context) {
+	defer close(c.done)
+	defer c.cancelWork()
+	var pending []Delivery // a batch to retry before fetching anything new
+	failures := 0
+	for fetchCtx.Err() == nil {
+		if len(pending) == 0 {
+			ds, err := c.src.Fetch(fetchCtx, c.batch)
+			if err != nil {
+				if fetchCtx.Err() != nil {
+					return
+				}
+				wait := retryDelay(c.backoff, c.maxBack, failures)
+				failures++
+				c.log.Warn("fetch failed", "err", err, "retry_in", wait, "failures", failures)
+				if !sleep(fetchCtx, wait) {
+					return
+				}
+				continue
+			}
+			pending = ds
+			if len(pending) == 0 {
+				continue
+			}
+		}
+		rest, err := c.process(workCtx, pending)
+		if err == nil {
+			pending, failures = nil, 0
+			continue
+		}
+		if workCtx.Err() != nil {
+			return
+		}
+		pending = rest
+		wait := retryDelay(c.backoff, c.maxBack, failures)
+		failures++
+		c.log.Warn("batch failed, not acknowledged, will retry", "err", err,
+			"deliveries", len(rest), "retry_in", wait, "failures", failures)
+		if !sleep(fetchCtx, wait) {
+			c.log.Info("stopping with a batch not acknowledged; the queue delivers it again",
+				"deliveries", len(rest))
+			return
+		}
+	}
+}
+
+// sleep waits d or until ctx ends; it reports whether d elapsed.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// retryDelay is base doubled failures times, capped at limit.
+func retryDelay(base, limit time.Duration, failures int) time.Duration {
+	d := base
+	for range failures {
+		if d >= limit/2 {
+			return limit
+		}
+		d *= 2
+	}
+	return min(d, limit)
+}
+
+// IsPermanent reports whether err can never succeed when retried: it wraps
+// ErrMalformed, or a Postgres error of SQLSTATE class 22 (data exception)
+// or 23 (integrity constraint violation). Everything else (connection
+// errors, timeouts, serialization failures, deadlocks, context errors) is
+// transient.
+func IsPermanent(err error) bool {
+	if errors.Is(err, ErrMalformed) {
+		return true
+	}
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return false
+	}
+	return strings.HasPrefix(pgErr.Code, "22") || strings.HasPrefix(pgErr.Code, "23")
+}
+
+// outcome is what became of one delivery in a committed transaction.
+type outcome int
+
+const (
+	outcomeApplied outcome = iota
+	outcomeDuplicate
+	outcomeDead // dead-letter after the commit
+)
+
+type result struct {
+	d       Delivery
+	outcome outcome
+	reason  string // for outcomeDead
+}
+
+// process handles one batch attempt. On a transient error it returns the
+// deliveries still to be retried (not committed, not acknowledged).
+func (c *Consumer) process(ctx context.Context, ds []Delivery) ([]Delivery, error) {
+	if len(ds) == 0 {
+		return nil, nil
+	}
+	start := time.Now()
+	if c.metrics.BatchDuration != nil {
+		defer func() { c.metrics.BatchDuration(time.Since(start)) }()
+	}
+	if c.timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, c.timeout)
+		defer cancel()
+	}
+	results, err := c.apply(ctx, ds)
+	if err == nil {
+		c.finish(ctx, results)
+		return nil, nil
+	}
+	if !IsPermanent(err) || ctx.Err() != nil {
+		return ds, err
+	}
+	c.log.Info("batch hit a permanent error; re-running one delivery per transaction",
+		"err", err, "deliveries", len(ds))
+	return c.isolate(ctx, ds)
+}
+
+// isolate applies ds one delivery per transaction, dead-letters those that
+// fail permanently and stops at the first transient error, returning the
+// deliveries from there on.
+func (c *Consumer) isolate(ctx context.Context, ds []Delivery) ([]Delivery, error) {
+	var done []result
+	for i, d := range ds {
+		rs, err := c.apply(ctx, ds[i:i+1])
+		switch {
+		case err == nil:
+			done = append(done, rs...)
+		case IsPermanent(err):
+			done = append(done, result{d: d, outcome: outcomeDead, reason: err.Error()})
+		default:
+			c.finish(ctx, done)
+			return ds[i:], err
+		}
+	}
+	c.finish(ctx, done)
+	return nil, nil
+}
+
+// beginSQL opens the inbox transaction and refuses synchronous_commit=off
+// for it (invariant 4: the ack follows a durable commit). Stronger settings
+// (local, on, remote_write, remote_apply) are kept. Sent as one simple-protocol
+// message, so the guard costs no extra round trip.
+const beginSQL = `BEGIN; SELECT set_config('synchronous_commit', 'on', true) ` +
+	`WHERE current_setting('synchronous_commit') = 'off'`
+
+// apply runs ds through the Handler in one transaction and commits it.
+func (c *Consumer) apply(ctx context.Context, ds []Delivery) (results []result, err error) {
+	tx, err := c.pool.BeginTx(ctx, pgx.TxOptions{BeginQuery: beginSQL})
+	if err != nil {
+		return nil, fmt.Errorf("beginning inbox transaction: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			_ = tx.Rollback(ctx) // the error that made us roll back is the one to report
+		}
+	}()
+	results = make([]result, 0, len(ds))
+	for _, d := range ds {
+		if d.Err != nil { // the Source could not read it: never reaches the Handler
+			results = append(results, result{d: d, outcome: outcomeDead, reason: d.Err.Error()})
+			continue
+		}
+		fresh, err := c.h.Apply(ctx, tx, d)
+		switch {
+		case err == nil && fresh:
+			results = append(results, result{d: d, outcome: outcomeApplied})
+		case err == nil:
+			results = append(results, result{d: d, outcome: outcomeDuplicate})
+		case errors.Is(err, ErrMalformed):
+			results = append(results, result{d: d, outcome: outcomeDead, reason: err.Error()})
+		default:
+			return nil, fmt.Errorf("applying delivery %s (ref %s): %w", d.ID, d.Ref, err)
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return nil, fmt.Errorf("committing inbox transaction: %w", err)
+	}
+	return results, nil
+}
+
+// finish runs after the commit of results: counts, logs, acks the applied
+// and duplicate deliveries, then dead-letters the rest. Ack and DeadLetter
+// failures are logged, not returned: the entries stay pending and come back.
+func (c *Consumer) finish(ctx context.Context, results []result) {
+	var refs []string
+	var applied, dups int
+	var dead []result
+	for _, r := range results {
+		switch r.outcome {
+		case outcomeApplied:
+			applied++
+			refs = append(refs, r.d.Ref)
+		case outcomeDuplicate:
+			dups++
+			refs = append(refs, r.d.Ref)
+			c.log.Info("duplicate skipped", "message_id", r.d.ID, "ref", r.d.Ref)
+		case outcomeDead:
+			dead = append(dead, r)
+		}
+	}
+	c.applied.Add(int64(applied))
+	c.dups.Add(int64(dups))
+	if applied > 0 && c.metrics.Applied != nil {
+		c.metrics.Applied(applied)
+	}
+	if dups > 0 && c.metrics.Duplicates != nil {
+		c.metrics.Duplicates(dups)
+	}
+	if len(refs) > 0 {
+		if err := c.src.Ack(ctx, refs...); err != nil {
+			c.log.Warn("ack failed after commit; the deliveries come back and are skipped as duplicates",
+				"err", err, "deliveries", len(refs))
+		}
+	}
+	for _, r := range dead {
+		if err := c.src.DeadLetter(ctx, r.d, r.reason); err != nil {
+			c.log.Warn("dead letter failed; the delivery comes back", "err", err,
+				"message_id", r.d.ID, "ref", r.d.Ref)
+			continue
+		}
+		c.deadLets.Add(1)
+		if c.metrics.DeadLettered != nil {
+			c.metrics.DeadLettered(1)
+		}
+		c.log.Warn("delivery dead-lettered", "message_id", r.d.ID, "ref", r.d.Ref, "reason", r.reason)
+	}
+}

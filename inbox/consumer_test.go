@@ -1,0 +1,480 @@
+package inbox_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/outboxchat/outboxchat/inbox"
+	"github.com/outboxchat/outboxchat/internal/testenv"
+	"github.com/outboxchat/outboxchat/redisq"
+)
+
+func TestMain(m *testing.M) { testenv.Main(m) }
+
+const waitTimeout = 15 * time.Second
+
+func TestConsumerAppliesJob(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.add(t, job("hello"))
+	c := e.consumer(t, e.source(t, "w1"), testHandler, nil)
+	if err := c.Start(context.Background()); err != nil {
+		t.Fatalf("Start: %v", err)
+	}
+	testenv.WaitFor(t, waitTimeout, "job applied and acked", func() bool {
+		return c.Stats().Applied == 1 && e.pending(t) == 0
+	})
+	if n := e.rows(t); n != 1 {
+		t.Fatalf("inbox rows = %d, want 1", n)
+	}
+	if got, want := c.Stats(), (inbox.Stats{Applied: 1}); got != want {
+		t.Fatalf("Stats = %+v, want %+v", got, want)
+	}
+}
+
+func TestConsumerSkipsDuplicate(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	j := job("twice")
+	e.xadd(t, j) // bypass the dedupe key: the same job arrives twice
+	e.xadd(t, j)
+	e.add(t, job("other"))
+	c := e.consumer(t, e.source(t, "w1"), testHandler, nil)
+	if err := c.Start(context.Background()); err != nil {
+		t.Fatalf("Start: %v", err)
+	}
+	testenv.WaitFor(t, waitTimeout, "three deliveries handled and acked", func() bool {
+		s := c.Stats()
+		return s.Applied+s.Duplicates == 3 && e.pending(t) == 0
+	})
+	if got, want := c.Stats(), (inbox.Stats{Applied: 2, Duplicates: 1}); got != want {
+		t.Fatalf("Stats = %+v, want %+v", got, want)
+	}
+	if n := e.rows(t); n != 2 {
+		t.Fatalf("inbox rows = %d, want 2", n)
+	}
+	// The lab counts duplicates from this exact log line.
+	recs := e.logs.records(t, "duplicate skipped")
+	if len(recs) != 1 || recs[0]["message_id"] != j.ID || recs[0]["level"] != "INFO" {
+		t.Fatalf(`"duplicate skipped" records = %v, want one at INFO with message_id %s`, recs, j.ID)
+	}
+}
+
+func TestConsumerDeadLettersMalformed(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.add(t,
+		rawJob(`{"id": "not json`),
+		job("good 1"),
+		rawJob(`{"chat_id": 1, "seq": 1, "body": "no id"}`),
+		job("good 2"),
+		job("good 3"),
+	)
+	// An entry not written by Publisher.Add (no payload field): redisq marks
+	// it with Delivery.Err and it never reaches the Handler.
+	if err := e.rdb.XAdd(context.Background(), &redis.XAddArgs{
+		Stream: e.keys.Stream, Values: []any{"id", "x", "name", "message.created"},
+	}).Err(); err != nil {
+		t.Fatalf("XADD: %v", err)
+	}
+	c := e.consumer(t, e.source(t, "w1"), testHandler, nil)
+	if err := c.Start(context.Background()); err != nil {
+		t.Fatalf("Start: %v", err)
+	}
+	testenv.WaitFor(t, waitTimeout, "good jobs applied, malformed dead-lettered, nothing pending", func() bool {
+		s := c.Stats()
+		return s.Applied == 3 && s.DeadLettered == 3 && e.pending(t) == 0
+	})
+	if n := e.deadLen(t); n != 3 {
+		t.Fatalf("dead stream length = %d, want 3", n)
+	}
+	if n := e.rows(t); n != 3 {
+		t.Fatalf("inbox rows = %d, want 3", n)
+	}
+	// Nothing is blocked: a job added afterwards goes through.
+	e.add(t, job("after"))
+	testenv.WaitFor(t, waitTimeout, "later job applied", func() bool { return c.Stats().Applied == 4 })
+}
+
+func TestConsumerIsolatesPoison(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		name, chatID string
+	}{
+		{"check violation 23514", `"-7"`},
+		{"invalid text 22P02", `"abc"`},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t)
+			poison := rawJob(fmt.Sprintf(`{"id": "%s", "chat_id": %s, "seq": 1, "body": "poison"}`,
+				"00000000-0000-4000-8000-000000000001", tc.chatID))
+			e.add(t, job("before"), poison, job("after 1"), job("after 2"))
+			c := e.consumer(t, e.source(t, "w1"), testHandler, nil)
+			if err := c.Start(context.Background()); err != nil {
+				t.Fatalf("Start: %v", err)
+			}
+			testenv.WaitFor(t, waitTimeout, "poison dead-lettered, others applied", func() bool {
+				s := c.Stats()
+				return s.Applied == 3 && s.DeadLettered == 1 && e.pending(t) == 0
+			})
+			if n := e.rows(t); n != 3 {
+				t.Fatalf("inbox rows = %d, want 3", n)
+			}
+			if n := e.deadLen(t); n != 1 {
+				t.Fatalf("dead stream length = %d, want 1", n)
+			}
+			recs := e.logs.records(t, "delivery dead-lettered")
+			if len(recs) != 1 || recs[0]["message_id"] != poison.ID {
+				t.Fatalf("dead-letter log records = %v, want one for %s", recs, poison.ID)
+			}
+		})
+	}
+}
+
+func TestConsumerPostgresDown(t *testing.T) {
+	t.Parallel()
+	srv := testenv.PrivatePostgres(t)
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, srv.AdminURL())
+	if err != nil {
+		t.Fatalf("pgxpool.New: %v", err)
+	}
+	t.Cleanup(pool.Close)
+	e := newEnvWithPool(t, pool)
+	if err := srv.Stop(ctx); err != nil {
+		t.Fatalf("stopping postgres: %v", err)
+	}
+
+	j := job("while postgres is down")
+	e.add(t, j)
+	var attempts atomic.Int64
+	c := e.consumer(t, e.source(t, "w1"), testHandler, &inbox.Config{
+		Metrics: inbox.Metrics{BatchDuration: func(time.Duration) { attempts.Add(1) }},
+	})
+	if err := c.Start(ctx); err != nil {
+		t.Fatalf("Start: %v", err)
+	}
+	testenv.WaitFor(t, waitTimeout, "several failed attempts", func() bool { return attempts.Load() >= 3 })
+	if p := e.pending(t); p != 1 {
+		t.Fatalf("pending = %d while postgres is down, want 1 (delivered, not acked)", p)
+	}
+	if s := c.Stats(); s != (inbox.Stats{}) {
+		t.Fatalf("Stats = %+v while postgres is down, want zero", s)
+	}
+
+	if err := srv.Restart(ctx); err != nil {
+		t.Fatalf("restarting postgres: %v", err)
+	}
+	testenv.WaitFor(t, waitTimeout, "job applied after restart and acked", func() bool {
+		return c.Stats().Applied == 1 && e.pending(t) == 0
+	})
+	if n := e.rows(t); n != 1 {
+		t.Fatalf("inbox rows = %d, want 1", n)
+	}
+	if s := c.Stats(); s.Duplicates != 0 {
+		t.Fatalf("Stats = %+v, want no duplicates", s)
+	}
+}
+
+var errCrash = errors.New("injected crash between commit and ack")
+
+// crashBeforeAck is a Source whose Ack fails as if the process died right
+// after the inbox commit.
+type crashBeforeAck struct{ inbox.Source }
+
+func (crashBeforeAck) Ack(context.Context, ...string) error {
+	return fmt.Errorf("acking: %w", errCrash)
+}
+
+func TestConsumerCrashAfterCommitBeforeAck(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	j := job("committed, not acked")
+	e.add(t, j)
+
+	src := e.source(t, "w1")
+	ds := fetchAll(t, src, 1)
+	first := e.consumer(t, crashBeforeAck{src}, testHandler, nil)
+	if err := first.ProcessBatch(context.Background(), ds); err != nil {
+		t.Fatalf("ProcessBatch with failing ack = %v, want nil (commit was durable)", err)
+	}
+	if n, p := e.rows(t), e.pending(t); n != 1 || p != 1 {
+		t.Fatalf("after crash: rows = %d, pending = %d; want 1, 1", n, p)
+	}
+
+	// The restarted worker, same consumer name, reads its pending entry first.
+	second := e.consumer(t, e.source(t, "w1"), testHandler, nil)
+	if err := second.Start(context.Background()); err != nil {
+		t.Fatalf("Start: %v", err)
+	}
+	testenv.WaitFor(t, waitTimeout, "pending entry skipped as duplicate and acked", func() bool {
+		return second.Stats().Duplicates == 1 && e.pending(t) == 0
+	})
+	if got, want := second.Stats(), (inbox.Stats{Duplicates: 1}); got != want {
+		t.Fatalf("Stats = %+v, want %+v", got, want)
+	}
+	if n := e.rows(t); n != 1 {
+		t.Fatalf("inbox rows = %d, want 1", n)
+	}
+	if recs := e.logs.records(t, "duplicate skipped"); len(recs) != 1 || recs[0]["message_id"] != j.ID {
+		t.Fatalf(`"duplicate skipped" records = %v, want one for %s`, recs, j.ID)
+	}
+}
+
+// fetchCtxSource remembers the ctx of the last Fetch that returned
+// deliveries, so a test can see when Stop cancelled fetching.
+type fetchCtxSource struct {
+	inbox.Source
+	mu  sync.Mutex
+	ctx context.Context
+}
+
+func (s *fetchCtxSource) Fetch(ctx context.Context, max int) ([]inbox.Delivery, error) {
+	ds, err := s.Source.Fetch(ctx, max)
+	if len(ds) > 0 {
+		s.mu.Lock()
+		s.ctx = ctx
+		s.mu.Unlock()
+	}
+	return ds, err
+}
+
+func (s *fetchCtxSource) fetchStopped() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.ctx != nil && s.ctx.Err() != nil
+}
+
+// blockingHandler applies like testHandler after the test releases it.
+type blockingHandler struct {
+	entered chan struct{} // closed by the first Apply
+	once    sync.Once
+	release chan struct{}
+}
+
+func newBlockingHandler() *blockingHandler {
+	return &blockingHandler{entered: make(chan struct{}), release: make(chan struct{})}
+}
+
+func (h *blockingHandler) Apply(ctx context.Context, tx pgx.Tx, d inbox.Delivery) (bool, error) {
+	h.once.Do(func() { close(h.entered) })
+	select {
+	case <-h.release:
+	case <-ctx.Done():
+		return false, ctx.Err()
+	}
+	return applyInbox(ctx, tx, d)
+}
+
+func TestConsumerStopFinishesInFlightBatch(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.add(t, job("in flight 1"), job("in flight 2"))
+	src := &fetchCtxSource{Source: e.source(t, "w1")}
+	h := newBlockingHandler()
+	c := e.consumer(t, src, h, nil)
+	if err := c.Start(context.Background()); err != nil {
+		t.Fatalf("Start: %v", err)
+	}
+	<-h.entered
+
+	stopped := make(chan error, 1)
+	go func() { stopped <- c.Stop(context.Background()) }()
+	testenv.WaitFor(t, waitTimeout, "Stop cancelled fetching", src.fetchStopped)
+	select {
+	case err := <-stopped:
+		t.Fatalf("Stop returned %v before the in-flight batch finished", err)
+	default:
+	}
+	close(h.release)
+	if err := <-stopped; err != nil {
+		t.Fatalf("Stop: %v", err)
+	}
+	if got := c.Stats().Applied; got != 2 {
+		t.Fatalf("Applied = %d after Stop, want 2", got)
+	}
+	if n, p := e.rows(t), e.pending(t); n != 2 || p != 0 {
+		t.Fatalf("after Stop: rows = %d, pending = %d; want 2, 0", n, p)
+	}
+	if err := c.Stop(context.Background()); err != nil {
+		t.Fatalf("second Stop: %v", err)
+	}
+	if err := c.Start(context.Background()); !errors.Is(err, inbox.ErrStarted) {
+		t.Fatalf("Start after Stop = %v, want ErrStarted", err)
+	}
+}
+
+func TestConsumerStopDeadlineAbortsBatch(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.add(t, job("aborted"))
+	h := newBlockingHandler()
+	c := e.consumer(t, e.source(t, "w1"), h, nil)
+	if err := c.Start(context.Background()); err != nil {
+		t.Fatalf("Start: %v", err)
+	}
+	<-h.entered
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel() // give up at once: the in-flight batch is aborted
+	if err := c.Stop(ctx); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Stop with done ctx = %v, want context.Canceled", err)
+	}
+	if n, p := e.rows(t), e.pending(t); n != 0 || p != 1 {
+		t.Fatalf("after aborted Stop: rows = %d, pending = %d; want 0, 1 (redelivered later)", n, p)
+	}
+}
+
+func TestConsumerRefusesAsyncCommit(t *testing.T) {
+	t.Parallel()
+	base := testenv.Pool(t)
+	cfg := base.Config().Copy()
+	cfg.ConnConfig.RuntimeParams["synchronous_commit"] = "off"
+	ctx := context.Background()
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatalf("pgxpool.NewWithConfig: %v", err)
+	}
+	t.Cleanup(pool.Close)
+	var outside string
+	if err := pool.QueryRow(ctx, `SHOW synchronous_commit`).Scan(&outside); err != nil || outside != "off" {
+		t.Fatalf("pool synchronous_commit = %q, %v; want off", outside, err)
+	}
+	e := newEnvWithPool(t, pool)
+	e.add(t, job("durable"))
+	src := e.source(t, "w1")
+	var inside string
+	h := inbox.HandlerFunc(func(ctx context.Context, tx pgx.Tx, d inbox.Delivery) (bool, error) {
+		if err := tx.QueryRow(ctx, `SHOW synchronous_commit`).Scan(&inside); err != nil {
+			return false, err
+		}
+		return applyInbox(ctx, tx, d)
+	})
+	c := e.consumer(t, src, h, nil)
+	if err := c.ProcessBatch(ctx, fetchAll(t, src, 1)); err != nil {
+		t.Fatalf("ProcessBatch: %v", err)
+	}
+	if inside != "on" {
+		t.Fatalf("synchronous_commit inside the inbox transaction = %q, want on", inside)
+	}
+}
+
+func TestConsumerKeepsStrongerSyncCommit(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	if _, err := e.pool.Exec(ctx, `ALTER DATABASE `+currentDB(t, e)+` SET synchronous_commit = remote_apply`); err != nil {
+		t.Fatalf("setting database default: %v", err)
+	}
+	e.pool.Reset() // new connections pick up the database default
+	e.add(t, job("remote apply"))
+	src := e.source(t, "w1")
+	var inside string
+	h := inbox.HandlerFunc(func(ctx context.Context, tx pgx.Tx, d inbox.Delivery) (bool, error) {
+		if err := tx.QueryRow(ctx, `SHOW synchronous_commit`).Scan(&inside); err != nil {
+			return false, err
+		}
+		return applyInbox(ctx, tx, d)
+	})
+	c := e.consumer(t, src, h, nil)
+	if err := c.ProcessBatch(ctx, fetchAll(t, src, 1)); err != nil {
+		t.Fatalf("ProcessBatch: %v", err)
+	}
+	if inside != "remote_apply" {
+		t.Fatalf("synchronous_commit inside = %q, want remote_apply (left alone)", inside)
+	}
+}
+
+func currentDB(t *testing.T, e *env) string {
+	t.Helper()
+	var db string
+	if err := e.pool.QueryRow(context.Background(), `SELECT quote_ident(current_database())`).Scan(&db); err != nil {
+		t.Fatalf("current_database: %v", err)
+	}
+	return db
+}
+
+// TestConsumerAppliesInOrder checks that one batch is applied in Fetch order.
+func TestConsumerAppliesInOrder(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	var jobs []redisq.Job
+	for i := range 50 {
+		jobs = append(jobs, job(fmt.Sprint(i)))
+	}
+	e.add(t, jobs...)
+	var mu sync.Mutex
+	var order []string
+	h := inbox.HandlerFunc(func(ctx context.Context, tx pgx.Tx, d inbox.Delivery) (bool, error) {
+		mu.Lock()
+		order = append(order, d.ID)
+		mu.Unlock()
+		return applyInbox(ctx, tx, d)
+	})
+	c := e.consumer(t, e.source(t, "w1"), h, &inbox.Config{BatchSize: 7})
+	if err := c.Start(context.Background()); err != nil {
+		t.Fatalf("Start: %v", err)
+	}
+	testenv.WaitFor(t, waitTimeout, "all applied", func() bool { return c.Stats().Applied == 50 })
+	mu.Lock()
+	defer mu.Unlock()
+	for i, j := range jobs {
+		if order[i] != j.ID {
+			t.Fatalf("apply #%d = %s, want %s", i, order[i], j.ID)
+		}
+	}
+}
+
+func TestNewConsumerValidates(t *testing.T) {
+	t.Parallel()
+	pool := testenv.Pool(t)
+	src := redisSource{}
+	cases := []struct {
+		name    string
+		pool    *pgxpool.Pool
+		src     inbox.Source
+		h       inbox.Handler
+		cfg     *inbox.Config
+		wantErr bool
+	}{
+		{"nil config", pool, src, testHandler, nil, false},
+		{"zero config", pool, src, testHandler, &inbox.Config{}, false},
+		{"large backoff raises max", pool, src, testHandler, &inbox.Config{RetryBackoff: 5 * time.Second}, false},
+		{"negative timeout means none", pool, src, testHandler, &inbox.Config{BatchTimeout: -1}, false},
+		{"nil pool", nil, src, testHandler, nil, true},
+		{"nil source", pool, nil, testHandler, nil, true},
+		{"nil handler", pool, src, nil, nil, true},
+		{"negative batch", pool, src, testHandler, &inbox.Config{BatchSize: -1}, true},
+		{"negative backoff", pool, src, testHandler, &inbox.Config{RetryBackoff: -1}, true},
+		{"negative max backoff", pool, src, testHandler, &inbox.Config{MaxRetryBackoff: -1}, true},
+		{"max below backoff", pool, src, testHandler,
+			&inbox.Config{RetryBackoff: time.Second, MaxRetryBackoff: time.Millisecond}, true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := inbox.NewConsumer(tc.pool, tc.src, tc.h, tc.cfg)
+			if tc.wantErr {
+				if !errors.Is(err, inbox.ErrInvalidConfig) || c != nil {
+					t.Fatalf("NewConsumer = %v, %v; want nil, ErrInvalidConfig", c, err)
+				}
+				return
+			}
+			if err != nil || c == nil {
+				t.Fatalf("NewConsumer = %v, %v; want a consumer", c, err)
+			}
+			if err := c.Stop(context.Background()); err != nil {
+				t.Fatalf("Stop before Start: %v", err)
+			}
+		})
+	}
+}

@@ -1,0 +1,75 @@
+package inbox
+
+import (
+	"context"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Delivery is one job received from the queue, before decoding.
+//
+// Ref is the broker's handle used to acknowledge it (for redisq: the stream
+// entry id). ID is the idempotency key the sender chose (the message id).
+// Payload is the raw job body. Err is nil unless the Source could not read
+// the entry completely (e.g. a stream entry lacking fields): the Consumer
+// then dead-letters it with reason Err.Error() without calling the Handler.
+type Delivery struct {
+	Ref     string
+	ID      string
+	Name    string
+	Payload []byte
+	Err     error
+}
+
+// Source is the queue side the Consumer reads from. Implementations must be
+// safe for use by one Consumer goroutine at a time.
+//
+// Fetch blocks until at least one delivery is available, ctx is done, or an
+// internal block timeout elapses (then it returns an empty slice and nil).
+// It returns at most max deliveries, the caller's own pending (unacknowledged)
+// deliveries first. Ack acknowledges deliveries by Ref after the inbox
+// transaction committed. DeadLetter moves a delivery that can never succeed
+// (malformed) out of the way, with the reason, and acknowledges it.
+type Source interface {
+	Fetch(ctx context.Context, max int) ([]Delivery, error)
+	Ack(ctx context.Context, refs ...string) error
+	DeadLetter(ctx context.Context, d Delivery, reason string) error
+}
+
+// Handler applies one delivery inside the inbox transaction.
+//
+// Apply must record d in the inbox table keyed by its idempotency key with
+// INSERT ... ON CONFLICT DO NOTHING and report fresh=true only when the row
+// is new; it must apply any side effects (e.g. a NOTIFY for a gateway) only
+// when fresh. It must not commit or roll back tx.
+//
+// Errors:
+//   - An error wrapping ErrMalformed means the input can never succeed
+//     (undecodable payload, missing id). Apply must return it BEFORE touching
+//     tx: decode and validate first, then write. The Consumer keeps using tx
+//     for the other deliveries of the batch and dead-letters d after the
+//     commit. (Touching tx and then returning ErrMalformed may leave tx
+//     aborted; the batch then fails with SQLSTATE 25P02 and is retried
+//     forever.)
+//   - A Postgres error of SQLSTATE class 22 (data exception) or 23
+//     (integrity constraint violation), returned as is or wrapped, is
+//     permanent: the batch is rolled back and re-run one delivery per
+//     transaction, and the failing delivery is dead-lettered.
+//   - Any other error is transient: the batch is rolled back, nothing is
+//     acknowledged, and the batch is retried after a backoff.
+//
+// Apply is called by one goroutine at a time per Consumer, in delivery
+// order.
+type Handler interface {
+	Apply(ctx context.Context, tx pgx.Tx, d Delivery) (fresh bool, err error)
+}
+
+// HandlerFunc adapts a function to Handler.
+type HandlerFunc func(ctx context.Context, tx pgx.Tx, d Delivery) (bool, error)
+
+// Apply calls f(ctx, tx, d).
+func (f HandlerFunc) Apply(ctx context.Context, tx pgx.Tx, d Delivery) (bool, error) {
+	return f(ctx, tx, d)
+}
+
+var _ Handler = HandlerFunc(nil)

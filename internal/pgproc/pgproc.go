@@ -1,0 +1,525 @@
+// Package pgproc runs private, throw-away PostgreSQL servers for tests and
+// the lab. A server listens only on 127.0.0.1 on a free (or chosen) port,
+// keeps its data in a temp directory, and never touches the system server on
+// port 5432.
+//
+// When the current process runs as root, initdb and postgres (which refuse to
+// run as root) are run as the "postgres" user, or "nobody" if that user does
+// not exist; the data directory is chowned to that user.
+//
+// Every server process is started in its own process group (so a Ctrl-C on
+// the controlling terminal does not reach it) with a parent-death signal of
+// SIGKILL, so it does not outlive the Go process; see proc.go for why this is
+// reliable.
+package pgproc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// DefaultDatabase is the database that Start creates on every server.
+const DefaultDatabase = "outboxchat"
+
+// defaultStartTimeout bounds readiness waits when ctx has no deadline.
+const defaultStartTimeout = 60 * time.Second
+
+// Options configures Start. The zero value (or a nil *Options) is valid.
+type Options struct {
+	// Dir is the base directory of the server. The cluster lives in
+	// Dir/data and the server log in Dir/postgres.log. If Dir/data already
+	// holds a cluster it is reused (no initdb). "" (default) creates a new
+	// temp directory that Close removes; a caller-provided Dir is never
+	// removed. When running as root Dir must be traversable by the
+	// postgres user (Start chmods a temp dir to 0755 itself).
+	Dir string
+	// Port is the TCP port on 127.0.0.1. 0 (default) picks a free port;
+	// Start then retries with another port if it loses a bind race.
+	Port int
+	// Logger receives lifecycle messages. nil (default) discards them.
+	Logger *slog.Logger
+	// Fsync sets the postgres fsync parameter. The default false makes
+	// tests fast, and data still survives a postgres crash (Kill) because
+	// the OS page cache survives; it only risks data on an OS crash or
+	// power loss. Set true to measure realistic commit latency.
+	Fsync bool
+	// BinDir is the directory holding initdb and postgres. "" (default)
+	// searches PATH, then the newest /usr/lib/postgresql/*/bin.
+	BinDir string
+	// StartTimeout bounds how long Start and Restart wait for the server to
+	// accept connections when ctx has no deadline. 0 means 60s.
+	StartTimeout time.Duration
+}
+
+// Server is a running (or stopped) private PostgreSQL server. All methods are
+// safe for concurrent use; lifecycle methods (Stop, Kill, Restart, Close) are
+// serialized.
+type Server struct {
+	port         int
+	dir          string
+	dataDir      string
+	logPath      string
+	ownDir       bool
+	fsync        bool
+	binDir       string
+	startTimeout time.Duration
+	log          *slog.Logger
+	cred         *syscall.Credential
+
+	mu     sync.Mutex
+	run    *run // nil when not running
+	closed bool
+}
+
+// run is one postmaster process.
+type run struct {
+	cmd    *exec.Cmd
+	exited chan struct{} // closed after cmd.Wait returns
+	err    error         // cmd.Wait result, valid after exited is closed
+}
+
+// Start creates (initdb: trust auth, UTF8, superuser "postgres") or reuses a
+// cluster, starts postgres listening on 127.0.0.1 only, waits until it
+// accepts connections and creates the database DefaultDatabase ("outboxchat")
+// if missing. ctx bounds the whole start; on error everything started is torn
+// down and a temp dir is removed. The error includes the tail of the server
+// log when postgres exits early.
+func Start(ctx context.Context, opts *Options) (*Server, error) {
+	if opts == nil {
+		opts = &Options{}
+	}
+	s := &Server{
+		fsync:        opts.Fsync,
+		log:          opts.Logger,
+		startTimeout: opts.StartTimeout,
+	}
+	if s.log == nil {
+		s.log = slog.New(slog.DiscardHandler)
+	}
+	if s.startTimeout <= 0 {
+		s.startTimeout = defaultStartTimeout
+	}
+	var err error
+	if s.binDir, err = findBinDir(opts.BinDir); err != nil {
+		return nil, err
+	}
+	if os.Geteuid() == 0 {
+		if s.cred, err = unprivilegedCred(); err != nil {
+			return nil, err
+		}
+	}
+	if opts.Dir == "" {
+		d, err := os.MkdirTemp("", "pgproc-")
+		if err != nil {
+			return nil, fmt.Errorf("pgproc: create temp dir: %w", err)
+		}
+		s.dir, s.ownDir = d, true
+	} else {
+		if s.dir, err = filepath.Abs(opts.Dir); err != nil {
+			return nil, fmt.Errorf("pgproc: %w", err)
+		}
+		if err := os.MkdirAll(s.dir, 0o755); err != nil {
+			return nil, fmt.Errorf("pgproc: create dir: %w", err)
+		}
+	}
+	s.dataDir = filepath.Join(s.dir, "data")
+	s.logPath = filepath.Join(s.dir, "postgres.log")
+	ok := false
+	defer func() {
+		if !ok {
+			_ = s.Close()
+		}
+	}()
+	if s.ownDir {
+		if err := os.Chmod(s.dir, 0o755); err != nil {
+			return nil, fmt.Errorf("pgproc: chmod dir: %w", err)
+		}
+	}
+	if err := s.initdb(ctx); err != nil {
+		return nil, err
+	}
+
+	for attempt := 0; ; attempt++ {
+		s.port = opts.Port
+		if s.port == 0 {
+			if s.port, err = freePort(); err != nil {
+				return nil, fmt.Errorf("pgproc: %w", err)
+			}
+		}
+		s.mu.Lock()
+		err = s.startLocked(ctx)
+		s.mu.Unlock()
+		if err == nil {
+			break
+		}
+		if opts.Port != 0 || attempt >= 4 || !errors.Is(err, errBind) || ctx.Err() != nil {
+			return nil, err
+		}
+		s.log.Warn("pgproc: port taken, retrying", "port", s.port)
+	}
+	if err := s.createDB(ctx, DefaultDatabase); err != nil {
+		return nil, err
+	}
+	ok = true
+	s.log.Info("pgproc: started", "port", s.port, "dir", s.dir)
+	return s, nil
+}
+
+var errBind = errors.New("could not bind port")
+
+func findBinDir(dir string) (string, error) {
+	if dir != "" {
+		return dir, nil
+	}
+	if p, err := exec.LookPath("postgres"); err == nil {
+		if _, err := exec.LookPath("initdb"); err == nil {
+			return filepath.Dir(p), nil
+		}
+	}
+	m, _ := filepath.Glob("/usr/lib/postgresql/*/bin/postgres")
+	sort.Slice(m, func(i, j int) bool {
+		vi, _ := strconv.Atoi(filepath.Base(filepath.Dir(filepath.Dir(m[i]))))
+		vj, _ := strconv.Atoi(filepath.Base(filepath.Dir(filepath.Dir(m[j]))))
+		return vi > vj
+	})
+	if len(m) > 0 {
+		return filepath.Dir(m[0]), nil
+	}
+	return "", errors.New("pgproc: postgres binaries not found on PATH or in /usr/lib/postgresql/*/bin")
+}
+
+func unprivilegedCred() (*syscall.Credential, error) {
+	u, err := user.Lookup("postgres")
+	if err != nil {
+		if u, err = user.Lookup("nobody"); err != nil {
+			return nil, fmt.Errorf("pgproc: running as root and no postgres/nobody user: %w", err)
+		}
+	}
+	uid, err1 := strconv.ParseUint(u.Uid, 10, 32)
+	gid, err2 := strconv.ParseUint(u.Gid, 10, 32)
+	if err1 != nil || err2 != nil {
+		return nil, fmt.Errorf("pgproc: bad uid/gid for user %s", u.Username)
+	}
+	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid), NoSetGroups: true}, nil
+}
+
+func (s *Server) command(name string, args ...string) *exec.Cmd {
+	cmd := exec.Command(filepath.Join(s.binDir, name), args...)
+	cmd.Dir = s.dir
+	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "LC_ALL=C", "LANG=C", "TZ=UTC"}
+	if s.cred != nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: s.cred}
+	}
+	return cmd
+}
+
+// initdb creates the cluster unless Dir/data already holds one.
+func (s *Server) initdb(ctx context.Context) error {
+	if _, err := os.Stat(filepath.Join(s.dataDir, "PG_VERSION")); err == nil {
+		s.log.Debug("pgproc: reusing cluster", "dir", s.dataDir)
+		return nil
+	}
+	if err := os.MkdirAll(s.dataDir, 0o700); err != nil {
+		return fmt.Errorf("pgproc: create data dir: %w", err)
+	}
+	if s.cred != nil {
+		if err := os.Chown(s.dataDir, int(s.cred.Uid), int(s.cred.Gid)); err != nil {
+			return fmt.Errorf("pgproc: chown data dir: %w", err)
+		}
+	}
+	cmd := s.command("initdb", "-D", s.dataDir, "-U", "postgres", "-A", "trust",
+		"-E", "UTF8", "--locale=C", "--no-sync", "--no-instructions")
+	out, err := os.Create(filepath.Join(s.dir, "initdb.log"))
+	if err != nil {
+		return fmt.Errorf("pgproc: %w", err)
+	}
+	defer out.Close()
+	cmd.Stdout, cmd.Stderr = out, out
+	start := time.Now()
+	if err := startCmd(cmd); err != nil {
+		return fmt.Errorf("pgproc: start initdb: %w", err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err = <-done:
+	case <-ctx.Done():
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		<-done
+		return fmt.Errorf("pgproc: initdb: %w", ctx.Err())
+	}
+	if err != nil {
+		return fmt.Errorf("pgproc: initdb: %w: %s", err, tailFile(out.Name(), 2048))
+	}
+	s.log.Debug("pgproc: initdb done", "dir", s.dataDir, "took", time.Since(start))
+	return nil
+}
+
+// startLocked starts the postmaster and waits for readiness. s.mu is held.
+func (s *Server) startLocked(ctx context.Context) error {
+	fsync := "off"
+	if s.fsync {
+		fsync = "on"
+	}
+	cmd := s.command("postgres", "-D", s.dataDir, "-p", strconv.Itoa(s.port),
+		"-c", "listen_addresses=127.0.0.1",
+		"-c", "unix_socket_directories=",
+		"-c", "max_connections=300",
+		"-c", "shared_buffers=128MB",
+		"-c", "fsync="+fsync,
+		"-c", "synchronous_commit=on",
+		"-c", "log_min_messages=warning",
+		"-c", "logging_collector=off",
+		"-c", "log_destination=stderr",
+		"-c", "TimeZone=UTC",
+	)
+	logf, err := os.OpenFile(s.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return fmt.Errorf("pgproc: open log: %w", err)
+	}
+	defer logf.Close() // the child keeps its own copy of the descriptor
+	st, _ := logf.Stat()
+	var logOff int64
+	if st != nil {
+		logOff = st.Size()
+	}
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := startCmd(cmd); err != nil {
+		return fmt.Errorf("pgproc: start postgres: %w", err)
+	}
+	r := &run{cmd: cmd, exited: make(chan struct{})}
+	go func() {
+		r.err = cmd.Wait()
+		close(r.exited)
+	}()
+	s.run = r
+	if err := s.waitReady(ctx, r); err != nil {
+		s.killLocked()
+		logTail := tailSince(s.logPath, logOff)
+		if strings.Contains(logTail, "could not bind") || strings.Contains(logTail, "Address already in use") {
+			err = fmt.Errorf("%w %d: %v", errBind, s.port, err)
+		}
+		return fmt.Errorf("pgproc: postgres on port %d not ready: %w; log: %s", s.port, err, logTail)
+	}
+	return nil
+}
+
+func tailSince(path string, off int64) string {
+	t := tailFile(path, 4096)
+	if b, err := os.ReadFile(path); err == nil && int64(len(b)) >= off {
+		if s := strings.TrimSpace(string(b[off:])); len(s) <= 4096 {
+			return s
+		}
+	}
+	return t
+}
+
+// waitReady pings until the server accepts connections, the process exits, or
+// the deadline (ctx or StartTimeout) passes.
+func (s *Server) waitReady(ctx context.Context, r *run) error {
+	ctx, cancel := context.WithTimeout(ctx, s.startTimeout)
+	defer cancel()
+	dsn := s.URL("postgres") + "&connect_timeout=2"
+	var last error
+	for {
+		cctx, ccancel := context.WithTimeout(ctx, 2*time.Second)
+		conn, err := pgx.Connect(cctx, dsn)
+		if err == nil {
+			// Make sure we reached our own server, not another one that
+			// happens to own the port.
+			var dataDir string
+			err = conn.QueryRow(cctx, "SHOW data_directory").Scan(&dataDir)
+			_ = conn.Close(cctx)
+			if err == nil && dataDir != s.dataDir {
+				err = fmt.Errorf("port %d is served by another postgres (data_directory %s)", s.port, dataDir)
+			}
+		}
+		ccancel()
+		if err == nil {
+			return nil
+		}
+		last = err
+		t := time.NewTimer(20 * time.Millisecond)
+		select {
+		case <-r.exited:
+			t.Stop()
+			return fmt.Errorf("postgres exited: %v", r.err)
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("%w (last error: %v)", ctx.Err(), last)
+		case <-t.C:
+		}
+	}
+}
+
+func (s *Server) createDB(ctx context.Context, name string) error {
+	conn, err := pgx.Connect(ctx, s.URL("postgres"))
+	if err != nil {
+		return fmt.Errorf("pgproc: connect: %w", err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	var exists bool
+	if err := conn.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)", name).Scan(&exists); err != nil {
+		return fmt.Errorf("pgproc: check database: %w", err)
+	}
+	if exists {
+		return nil
+	}
+	if _, err := conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
+		return fmt.Errorf("pgproc: create database %s: %w", name, err)
+	}
+	return nil
+}
+
+// URL returns a connection URL for database db as the superuser, e.g.
+// "postgres://postgres@127.0.0.1:PORT/db?sslmode=disable". No password is
+// needed (trust auth).
+func (s *Server) URL(db string) string {
+	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/%s?sslmode=disable", s.port, url.PathEscape(db))
+}
+
+// AdminURL returns URL(DefaultDatabase).
+func (s *Server) AdminURL() string { return s.URL(DefaultDatabase) }
+
+// Port returns the TCP port on 127.0.0.1. It does not change across Restart.
+func (s *Server) Port() int { return s.port }
+
+// Dir returns the base directory (data in Dir()/data, log in
+// Dir()/postgres.log).
+func (s *Server) Dir() string { return s.dir }
+
+// LogPath returns the path of the server log file.
+func (s *Server) LogPath() string { return s.logPath }
+
+// Running reports whether the postmaster process is currently alive.
+func (s *Server) Running() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.aliveLocked()
+}
+
+func (s *Server) aliveLocked() bool {
+	if s.run == nil {
+		return false
+	}
+	select {
+	case <-s.run.exited:
+		return false
+	default:
+		return true
+	}
+}
+
+// Stop shuts the server down cleanly using fast mode (SIGINT: open
+// transactions are rolled back, a checkpoint is written) and waits for the
+// postmaster and its children to exit. If ctx ends first, the process group
+// is SIGKILLed and ctx's error returned. Stopping a stopped server is a no-op.
+func (s *Server) Stop(ctx context.Context) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.stopLocked(ctx)
+}
+
+func (s *Server) stopLocked(ctx context.Context) error {
+	r := s.run
+	if r == nil {
+		return nil
+	}
+	pid := r.cmd.Process.Pid
+	_ = syscall.Kill(pid, syscall.SIGINT)
+	select {
+	case <-r.exited:
+	case <-ctx.Done():
+		s.killLocked()
+		return fmt.Errorf("pgproc: stop: %w (killed)", ctx.Err())
+	}
+	waitGroupGone(pid, 10*time.Second)
+	s.run = nil
+	s.log.Info("pgproc: stopped", "port", s.port)
+	return nil
+}
+
+// Kill simulates a crash: it SIGKILLs the postmaster's whole process group
+// and waits until the postmaster is reaped and no member of the group is
+// alive, so Restart can reuse the data directory immediately. Killing a
+// stopped server is a no-op. It returns an error only if processes survive
+// for more than 10s.
+func (s *Server) Kill() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.killLocked()
+}
+
+func (s *Server) killLocked() error {
+	r := s.run
+	if r == nil {
+		return nil
+	}
+	pid := r.cmd.Process.Pid
+	_ = syscall.Kill(-pid, syscall.SIGKILL)
+	<-r.exited
+	s.run = nil
+	if !waitGroupGone(pid, 10*time.Second) {
+		return fmt.Errorf("pgproc: processes of group %d still alive after SIGKILL", pid)
+	}
+	s.log.Info("pgproc: killed", "port", s.port)
+	return nil
+}
+
+// Restart starts the server again on the same port and data directory and
+// waits until it accepts connections (after a Kill this includes crash
+// recovery). A running server is stopped first. Restart after Close fails.
+func (s *Server) Restart(ctx context.Context) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return errors.New("pgproc: restart of closed server")
+	}
+	if err := s.stopLocked(ctx); err != nil {
+		return err
+	}
+	if err := s.startLocked(ctx); err != nil {
+		return err
+	}
+	s.log.Info("pgproc: restarted", "port", s.port)
+	return nil
+}
+
+// Close stops the server if it is running (fast shutdown, SIGKILL after
+// 15s) and removes the directory if Start created it. It is idempotent and
+// safe to call concurrently; later calls return nil.
+func (s *Server) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil
+	}
+	s.closed = true
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	err := s.stopLocked(ctx)
+	if s.run != nil { // stop failed; make sure nothing is left
+		_ = s.killLocked()
+	}
+	if s.ownDir && s.dir != "" {
+		if rerr := os.RemoveAll(s.dir); rerr != nil && err == nil {
+			err = fmt.Errorf("pgproc: remove dir: %w", rerr)
+		}
+	}
+	return err
+}

@@ -1,0 +1,169 @@
+package pgproc
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+func connect(t *testing.T, ctx context.Context, url string) *pgx.Conn {
+	t.Helper()
+	c, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatalf("connect %s: %v", url, err)
+	}
+	t.Cleanup(func() { c.Close(context.Background()) })
+	return c
+}
+
+func TestLifecycle(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	s, err := Start(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if s.Port() == 5432 || s.Port() == 0 {
+		t.Fatalf("bad port %d", s.Port())
+	}
+	if _, err := os.Stat(filepath.Join(s.Dir(), "data", "PG_VERSION")); err != nil {
+		t.Fatal(err)
+	}
+
+	c := connect(t, ctx, s.AdminURL())
+	var db string
+	if err := c.QueryRow(ctx, "SELECT current_database()").Scan(&db); err != nil || db != "outboxchat" {
+		t.Fatalf("db=%q err=%v", db, err)
+	}
+	if _, err := c.Exec(ctx, "CREATE TABLE t (v text); INSERT INTO t VALUES ('before-kill')"); err != nil {
+		t.Fatal(err)
+	}
+	c.Close(ctx)
+
+	// Crash: committed data must survive crash recovery.
+	if err := s.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	if s.Running() {
+		t.Fatal("running after Kill")
+	}
+	if _, err := pgx.Connect(ctx, s.AdminURL()); err == nil {
+		t.Fatal("connect succeeded after Kill")
+	}
+	if err := s.Kill(); err != nil { // no-op
+		t.Fatal(err)
+	}
+	if err := s.Restart(ctx); err != nil {
+		t.Fatal(err)
+	}
+	c = connect(t, ctx, s.AdminURL())
+	if _, err := c.Exec(ctx, "INSERT INTO t VALUES ('before-stop')"); err != nil {
+		t.Fatal(err)
+	}
+	c.Close(ctx)
+
+	// Clean stop and restart on the same port.
+	port := s.Port()
+	if err := s.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Stop(ctx); err != nil { // no-op
+		t.Fatal(err)
+	}
+	if err := s.Restart(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if s.Port() != port {
+		t.Fatalf("port changed %d -> %d", port, s.Port())
+	}
+	c = connect(t, ctx, s.AdminURL())
+	var n int
+	if err := c.QueryRow(ctx, "SELECT count(*) FROM t").Scan(&n); err != nil || n != 2 {
+		t.Fatalf("rows=%d err=%v", n, err)
+	}
+	c.Close(ctx)
+
+	dir := s.Dir()
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil { // idempotent
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Fatalf("dir %s not removed: %v", dir, err)
+	}
+	if err := s.Restart(ctx); err == nil {
+		t.Fatal("Restart after Close succeeded")
+	}
+}
+
+func TestCallerDirKeptAndReused(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	// The postgres user must be able to traverse every parent, so do not
+	// use t.TempDir (its parent is 0700).
+	base, err := os.MkdirTemp("", "pgproc-test-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(base)
+	if err := os.Chmod(base, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(base, "pg")
+	s, err := Start(ctx, &Options{Dir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := connect(t, ctx, s.AdminURL())
+	if _, err := c.Exec(ctx, "CREATE TABLE keep (v int); INSERT INTO keep VALUES (7)"); err != nil {
+		t.Fatal(err)
+	}
+	c.Close(ctx)
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "data", "PG_VERSION")); err != nil {
+		t.Fatalf("caller dir removed: %v", err)
+	}
+	s2, err := Start(ctx, &Options{Dir: dir, Port: s.Port()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s2.Close()
+	c = connect(t, ctx, s2.AdminURL())
+	var v int
+	if err := c.QueryRow(ctx, "SELECT v FROM keep").Scan(&v); err != nil || v != 7 {
+		t.Fatalf("v=%d err=%v", v, err)
+	}
+	if s2.URL("x") != "postgres://postgres@127.0.0.1:"+itoa(s2.Port())+"/x?sslmode=disable" {
+		t.Fatal(s2.URL("x"))
+	}
+}
+
+func itoa(i int) string { return strconv.Itoa(i) }
+
+func TestPortInUse(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	s, err := Start(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	_, err = Start(ctx, &Options{Port: s.Port()})
+	if err == nil {
+		t.Fatal("second server on same port started")
+	}
+	t.Logf("expected error: %v", err)
+}

@@ -1,0 +1,144 @@
+package redisproc
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// Process-spawning helpers. This file is intentionally self-contained (it is a copy of
+// internal/pgproc/proc.go) so both packages stay independent.
+//
+// Pdeathsig design: the Linux parent-death signal is delivered when the
+// *thread* that forked the child exits, not when the process exits. The Go
+// runtime may retire OS threads (notably when a goroutine that called
+// runtime.LockOSThread returns without unlocking), which would SIGKILL our
+// servers at a random time. To make Pdeathsig both safe and effective, every
+// child is started from one dedicated goroutine that locks its OS thread and
+// never returns, so that thread lives exactly as long as the process. If the
+// Go process dies (even by SIGKILL), the kernel SIGKILLs the child.
+
+type spawnReq struct {
+	cmd  *exec.Cmd
+	done chan error
+}
+
+var (
+	spawnOnce sync.Once
+	spawnCh   chan spawnReq
+)
+
+// spawnLoop runs forever on a locked OS thread; see the file comment.
+func spawnLoop(ch <-chan spawnReq) {
+	runtime.LockOSThread()
+	for r := range ch {
+		r.done <- r.cmd.Start()
+	}
+}
+
+// startCmd starts cmd on the spawner thread with Setpgid and Pdeathsig set.
+func startCmd(cmd *exec.Cmd) error {
+	if cmd.SysProcAttr == nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{}
+	}
+	cmd.SysProcAttr.Setpgid = true // own process group: terminal Ctrl-C does not reach it
+	cmd.SysProcAttr.Pdeathsig = syscall.SIGKILL
+	spawnOnce.Do(func() {
+		spawnCh = make(chan spawnReq)
+		go spawnLoop(spawnCh)
+	})
+	done := make(chan error, 1)
+	spawnCh <- spawnReq{cmd: cmd, done: done}
+	return <-done
+}
+
+// freePort asks the kernel for a free TCP port on 127.0.0.1. The port is
+// released before returning, so a race with other processes is possible;
+// callers retry on bind failure.
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, fmt.Errorf("pick free port: %w", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// groupAlive reports whether any non-zombie process is in process group pgid.
+// Zombies are ignored because reparented children may never be reaped if
+// PID 1 does not reap.
+func groupAlive(pgid int) bool {
+	if err := syscall.Kill(-pgid, 0); errors.Is(err, syscall.ESRCH) {
+		return false
+	}
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return true
+	}
+	for _, e := range ents {
+		if _, err := strconv.Atoi(e.Name()); err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil {
+			continue
+		}
+		// Format: pid (comm) state ppid pgrp ...; comm may contain spaces.
+		i := bytes.LastIndexByte(b, ')')
+		if i < 0 {
+			continue
+		}
+		f := strings.Fields(string(b[i+1:]))
+		if len(f) < 3 || f[0] == "Z" || f[0] == "X" {
+			continue
+		}
+		if pg, _ := strconv.Atoi(f[2]); pg == pgid {
+			return true
+		}
+	}
+	return false
+}
+
+// waitGroupGone polls until process group pgid has no live members or the
+// timeout elapses. It reports whether the group is gone.
+func waitGroupGone(pgid int, timeout time.Duration) bool {
+	deadline := time.Now().Add(timeout)
+	for groupAlive(pgid) {
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return true
+}
+
+// tailFile returns up to n bytes from the end of the file at path, for error
+// messages.
+func tailFile(path string, n int64) string {
+	f, err := os.Open(path)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return ""
+	}
+	off := st.Size() - n
+	if off < 0 {
+		off = 0
+	}
+	buf := make([]byte, st.Size()-off)
+	_, _ = f.ReadAt(buf, off)
+	return strings.TrimSpace(string(buf))
+}

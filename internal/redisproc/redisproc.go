@@ -1,0 +1,365 @@
+// Package redisproc runs private, throw-away Redis servers for tests and the
+// lab. A server listens only on 127.0.0.1 on a free (or chosen) port, keeps
+// its append-only file in a temp directory, and never touches the system
+// server on port 6379.
+//
+// The server is started in its own process group with a parent-death signal
+// of SIGKILL, so it does not outlive the Go process; see proc.go.
+package redisproc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+const defaultStartTimeout = 30 * time.Second
+
+// Options configures Start. The zero value (or a nil *Options) is valid.
+type Options struct {
+	// Dir is the Redis working directory (--dir): the AOF lives in
+	// Dir/appendonlydir and the log in Dir/redis.log. An existing AOF is
+	// loaded on start. "" (default) creates a new temp directory that Close
+	// removes; a caller-provided Dir is never removed.
+	Dir string
+	// Port is the TCP port on 127.0.0.1. 0 (default) picks a free port;
+	// Start then retries with another port if it loses a bind race.
+	Port int
+	// Logger receives lifecycle messages. nil (default) discards them.
+	Logger *slog.Logger
+	// Binary is the redis-server executable. "" (default) searches PATH,
+	// then /usr/bin/redis-server.
+	Binary string
+	// StartTimeout bounds how long Start and Restart wait for PING to
+	// succeed when ctx has no deadline. 0 means 30s.
+	StartTimeout time.Duration
+}
+
+// Server is a running (or stopped) private Redis server. All methods are safe
+// for concurrent use; lifecycle methods (Stop, Kill, Restart, Close) are
+// serialized.
+type Server struct {
+	port         int
+	dir          string
+	logPath      string
+	ownDir       bool
+	binary       string
+	startTimeout time.Duration
+	log          *slog.Logger
+
+	mu     sync.Mutex
+	run    *run // nil when not running
+	closed bool
+}
+
+type run struct {
+	cmd    *exec.Cmd
+	exited chan struct{}
+	err    error
+}
+
+var errBind = errors.New("could not bind port")
+
+// Start runs redis-server on 127.0.0.1 with appendonly yes, appendfsync
+// everysec, no RDB snapshots and maxmemory-policy noeviction, and waits until
+// it answers PING. ctx bounds the whole start; on error everything started
+// is torn down and a temp dir is removed. The error includes the tail of the
+// server log when redis exits early.
+func Start(ctx context.Context, opts *Options) (*Server, error) {
+	if opts == nil {
+		opts = &Options{}
+	}
+	s := &Server{log: opts.Logger, binary: opts.Binary, startTimeout: opts.StartTimeout}
+	if s.log == nil {
+		s.log = slog.New(slog.DiscardHandler)
+	}
+	if s.startTimeout <= 0 {
+		s.startTimeout = defaultStartTimeout
+	}
+	if s.binary == "" {
+		p, err := exec.LookPath("redis-server")
+		if err != nil {
+			p = "/usr/bin/redis-server"
+		}
+		s.binary = p
+	}
+	var err error
+	if opts.Dir == "" {
+		if s.dir, err = os.MkdirTemp("", "redisproc-"); err != nil {
+			return nil, fmt.Errorf("redisproc: create temp dir: %w", err)
+		}
+		s.ownDir = true
+	} else {
+		if s.dir, err = filepath.Abs(opts.Dir); err != nil {
+			return nil, fmt.Errorf("redisproc: %w", err)
+		}
+		if err := os.MkdirAll(s.dir, 0o755); err != nil {
+			return nil, fmt.Errorf("redisproc: create dir: %w", err)
+		}
+	}
+	s.logPath = filepath.Join(s.dir, "redis.log")
+	for attempt := 0; ; attempt++ {
+		s.port = opts.Port
+		if s.port == 0 {
+			if s.port, err = freePort(); err != nil {
+				_ = s.Close()
+				return nil, fmt.Errorf("redisproc: %w", err)
+			}
+		}
+		s.mu.Lock()
+		err = s.startLocked(ctx)
+		s.mu.Unlock()
+		if err == nil {
+			break
+		}
+		if opts.Port != 0 || attempt >= 4 || !errors.Is(err, errBind) || ctx.Err() != nil {
+			_ = s.Close()
+			return nil, err
+		}
+		s.log.Warn("redisproc: port taken, retrying", "port", s.port)
+	}
+	s.log.Info("redisproc: started", "port", s.port, "dir", s.dir)
+	return s, nil
+}
+
+func (s *Server) startLocked(ctx context.Context) error {
+	var logOff int64
+	if st, err := os.Stat(s.logPath); err == nil {
+		logOff = st.Size()
+	}
+	cmd := exec.Command(s.binary,
+		"--port", strconv.Itoa(s.port),
+		"--bind", "127.0.0.1",
+		"--dir", s.dir,
+		"--appendonly", "yes",
+		"--appendfsync", "everysec",
+		"--save", "",
+		"--maxmemory-policy", "noeviction",
+		"--daemonize", "no",
+		"--logfile", s.logPath,
+	)
+	cmd.Dir = s.dir
+	cmd.Env = []string{"PATH=" + os.Getenv("PATH")}
+	if err := startCmd(cmd); err != nil {
+		return fmt.Errorf("redisproc: start redis-server: %w", err)
+	}
+	r := &run{cmd: cmd, exited: make(chan struct{})}
+	go func() {
+		r.err = cmd.Wait()
+		close(r.exited)
+	}()
+	s.run = r
+	if err := s.waitReady(ctx, r); err != nil {
+		_ = s.killLocked()
+		logTail := tailSince(s.logPath, logOff)
+		if strings.Contains(logTail, "Address already in use") {
+			err = fmt.Errorf("%w %d: %v", errBind, s.port, err)
+		}
+		return fmt.Errorf("redisproc: redis on port %d not ready: %w; log: %s", s.port, err, logTail)
+	}
+	return nil
+}
+
+func tailSince(path string, off int64) string {
+	if b, err := os.ReadFile(path); err == nil && int64(len(b)) >= off {
+		if s := strings.TrimSpace(string(b[off:])); len(s) <= 4096 {
+			return s
+		}
+	}
+	return tailFile(path, 4096)
+}
+
+// waitReady PINGs until the server answers, the process exits, or the
+// deadline (ctx or StartTimeout) passes. While the AOF is loading Redis
+// answers LOADING, which counts as not ready.
+func (s *Server) waitReady(ctx context.Context, r *run) error {
+	ctx, cancel := context.WithTimeout(ctx, s.startTimeout)
+	defer cancel()
+	var last error
+	for {
+		last = s.ping(ctx, r)
+		if last == nil {
+			return nil
+		}
+		t := time.NewTimer(10 * time.Millisecond)
+		select {
+		case <-r.exited:
+			t.Stop()
+			return fmt.Errorf("redis-server exited: %v", r.err)
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("%w (last error: %v)", ctx.Err(), last)
+		case <-t.C:
+		}
+	}
+}
+
+// ping sends one PING over a fresh connection and checks, via INFO, that the
+// answering server is our process (another server could own the port).
+func (s *Server) ping(ctx context.Context, r *run) error {
+	c := redis.NewClient(&redis.Options{
+		Addr:            s.Addr(),
+		DialTimeout:     time.Second,
+		ReadTimeout:     time.Second,
+		WriteTimeout:    time.Second,
+		MaxRetries:      -1,
+		PoolSize:        1,
+		DisableIdentity: true,
+		Protocol:        2,
+	})
+	defer c.Close()
+	if err := c.Ping(ctx).Err(); err != nil {
+		return err
+	}
+	info, err := c.Info(ctx, "server").Result()
+	if err != nil {
+		return err
+	}
+	want := "process_id:" + strconv.Itoa(r.cmd.Process.Pid)
+	if !strings.Contains(info, want+"\r\n") && !strings.Contains(info, want+"\n") {
+		return fmt.Errorf("port %d is served by another redis", s.port)
+	}
+	return nil
+}
+
+// URL returns the server URL for database 0, "redis://127.0.0.1:PORT/0",
+// suitable for redis.ParseURL.
+func (s *Server) URL() string { return fmt.Sprintf("redis://%s/0", s.Addr()) }
+
+// Addr returns "127.0.0.1:PORT".
+func (s *Server) Addr() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(s.port)) }
+
+// Port returns the TCP port on 127.0.0.1. It does not change across Restart.
+func (s *Server) Port() int { return s.port }
+
+// Dir returns the Redis working directory (AOF and redis.log).
+func (s *Server) Dir() string { return s.dir }
+
+// LogPath returns the path of the server log file.
+func (s *Server) LogPath() string { return s.logPath }
+
+// Running reports whether the redis-server process is currently alive.
+func (s *Server) Running() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.run == nil {
+		return false
+	}
+	select {
+	case <-s.run.exited:
+		return false
+	default:
+		return true
+	}
+}
+
+// Stop shuts the server down gracefully: SIGTERM makes Redis fsync and close
+// the AOF (like SHUTDOWN), then Stop waits for the process to exit. If ctx
+// ends first the process is SIGKILLed and ctx's error returned. Stopping a
+// stopped server is a no-op.
+func (s *Server) Stop(ctx context.Context) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.stopLocked(ctx)
+}
+
+func (s *Server) stopLocked(ctx context.Context) error {
+	r := s.run
+	if r == nil {
+		return nil
+	}
+	pid := r.cmd.Process.Pid
+	_ = syscall.Kill(pid, syscall.SIGTERM)
+	select {
+	case <-r.exited:
+	case <-ctx.Done():
+		_ = s.killLocked()
+		return fmt.Errorf("redisproc: stop: %w (killed)", ctx.Err())
+	}
+	waitGroupGone(pid, 10*time.Second)
+	s.run = nil
+	s.log.Info("redisproc: stopped", "port", s.port)
+	return nil
+}
+
+// Kill simulates a crash: SIGKILL to the server's process group, then waits
+// until it is reaped. Writes not yet fsynced to the AOF (up to ~1s with
+// appendfsync everysec) may be lost only if the OS also crashes; data
+// already written to the AOF file survives. Killing a stopped server is a
+// no-op. It returns an error only if processes survive for more than 10s.
+func (s *Server) Kill() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.killLocked()
+}
+
+func (s *Server) killLocked() error {
+	r := s.run
+	if r == nil {
+		return nil
+	}
+	pid := r.cmd.Process.Pid
+	_ = syscall.Kill(-pid, syscall.SIGKILL)
+	<-r.exited
+	s.run = nil
+	if !waitGroupGone(pid, 10*time.Second) {
+		return fmt.Errorf("redisproc: processes of group %d still alive after SIGKILL", pid)
+	}
+	s.log.Info("redisproc: killed", "port", s.port)
+	return nil
+}
+
+// Restart starts the server again on the same port and directory, so the AOF
+// is reloaded, and waits until it answers PING. A running server is stopped
+// first. Restart after Close fails.
+func (s *Server) Restart(ctx context.Context) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return errors.New("redisproc: restart of closed server")
+	}
+	if err := s.stopLocked(ctx); err != nil {
+		return err
+	}
+	if err := s.startLocked(ctx); err != nil {
+		return err
+	}
+	s.log.Info("redisproc: restarted", "port", s.port)
+	return nil
+}
+
+// Close stops the server if running (SIGTERM, SIGKILL after 10s) and removes
+// the directory if Start created it. It is idempotent and safe to call
+// concurrently; later calls return nil.
+func (s *Server) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil
+	}
+	s.closed = true
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	err := s.stopLocked(ctx)
+	if s.run != nil {
+		_ = s.killLocked()
+	}
+	if s.ownDir && s.dir != "" {
+		if rerr := os.RemoveAll(s.dir); rerr != nil && err == nil {
+			err = fmt.Errorf("redisproc: remove dir: %w", rerr)
+		}
+	}
+	return err
+}

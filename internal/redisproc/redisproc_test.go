@@ -1,0 +1,142 @@
+package redisproc
+
+import (
+	"context"
+	"os"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+func client(t *testing.T, s *Server) *redis.Client {
+	t.Helper()
+	o, err := redis.ParseURL(s.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := redis.NewClient(o)
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func TestLifecycle(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	s, err := Start(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if s.Port() == 6379 || s.Port() == 0 {
+		t.Fatalf("bad port %d", s.Port())
+	}
+	if s.URL() != "redis://127.0.0.1:"+strconv.Itoa(s.Port())+"/0" || s.Addr() != "127.0.0.1:"+strconv.Itoa(s.Port()) {
+		t.Fatal(s.URL(), s.Addr())
+	}
+	c := client(t, s)
+	if err := c.Set(ctx, "graceful", "1", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if v, _ := c.ConfigGet(ctx, "appendonly").Result(); v["appendonly"] != "yes" {
+		t.Fatalf("appendonly=%v", v)
+	}
+
+	// Graceful stop flushes the AOF (appendfsync everysec is irrelevant).
+	port := s.Port()
+	if err := s.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if s.Running() {
+		t.Fatal("running after Stop")
+	}
+	if err := s.Restart(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if s.Port() != port {
+		t.Fatal("port changed")
+	}
+	if v, err := c.Get(ctx, "graceful").Result(); err != nil || v != "1" {
+		t.Fatalf("after Stop/Restart: %q %v", v, err)
+	}
+
+	// Crash: with appendfsync always every acknowledged write is in the AOF.
+	if err := c.ConfigSet(ctx, "appendfsync", "always").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Set(ctx, "crash", "2", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Ping(ctx).Err(); err == nil {
+		t.Fatal("PING succeeded after Kill")
+	}
+	if err := s.Restart(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"graceful", "crash"} {
+		if _, err := c.Get(ctx, k).Result(); err != nil {
+			t.Fatalf("key %s after Kill/Restart: %v", k, err)
+		}
+	}
+
+	dir := s.Dir()
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Fatalf("dir %s not removed: %v", dir, err)
+	}
+	if err := s.Restart(ctx); err == nil {
+		t.Fatal("Restart after Close succeeded")
+	}
+}
+
+func TestPortInUse(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	s, err := Start(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	s2, err := Start(ctx, &Options{Port: s.Port()})
+	if err == nil {
+		s2.Close()
+		t.Fatal("second server on same port started")
+	}
+	t.Logf("expected error: %v", err)
+}
+
+func TestCallerDirKept(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	dir := t.TempDir()
+	s, err := Start(ctx, &Options{Dir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := client(t, s).Set(ctx, "k", "v", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s2, err := Start(ctx, &Options{Dir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s2.Close()
+	if v, err := client(t, s2).Get(ctx, "k").Result(); err != nil || v != "v" {
+		t.Fatalf("%q %v", v, err)
+	}
+}

@@ -1,0 +1,75 @@
+// Package outbox implements the transactional outbox on PostgreSQL (pgx v5):
+// a Writer that enqueues events inside the caller's transaction, and a Relay
+// that moves committed events to a broker through a Publisher.
+//
+// # Table
+//
+// The outbox table is created by the application's migrations from TableDDL:
+// identity id, event, idempotency_key, jsonb payload, created_at, sent_at
+// (NULL while unsent), attempts and last_error, plus a partial index on the
+// unsent rows.
+//
+// # Writer
+//
+// Writer.Enqueue inserts events with one statement in the caller's pgx.Tx
+// and never commits. The relay is woken by one of three WakeModes:
+// WakeAfterCommit (default; the caller calls Writer.Committed after commit
+// and a background goroutine sends one coalesced pg_notify per burst),
+// WakeInTx (pg_notify inside the transaction, as in the original write-up;
+// it serialises all notifying commits on a database-wide lock) or WakeNone
+// (poll only).
+//
+// # Relay
+//
+// A pass (Relay.RunOnce) is one transaction: BEGIN; set transaction-local
+// lock_timeout, statement_timeout and idle_in_transaction_session_timeout;
+// claim up to BatchSize unsent rows ORDER BY id FOR UPDATE; Publish; mark
+// them sent; COMMIT. The first three statements share one round trip, the
+// last two another. The running relay (Relay.Start) LISTENs on a dedicated
+// connection and runs passes on each notification, on Relay.Wake, and every
+// PollInterval without one, until a pass comes back less than full.
+//
+// # Invariants
+//
+//   - Atomic write: an event is committed with the caller's data or not at
+//     all; enqueueing touches only PostgreSQL, so it works while the broker
+//     is down.
+//   - The relay holds nothing in memory between passes: a pass either
+//     commits sent_at for every row it published, or rolls back and leaves
+//     them all unsent for the next pass. Failed passes increment attempts and
+//     set last_error on the claimed rows (best effort, after the rollback).
+//   - At-least-once publication, idempotent by Message.ID: a relay that
+//     crashes (or loses its connection) between Publish and COMMIT leaves the
+//     rows unsent and they are published again; the Publisher must treat a
+//     repeated ID as a successful no-op.
+//   - Order: rows are claimed and published in id order. For rows whose
+//     enqueuing transactions lock a common row (the chat's per-chat counter)
+//     id order equals commit order, so a chat's events are published in
+//     sequence. Claims use plain FOR UPDATE, not SKIP LOCKED: a second relay
+//     (rolling deploy) waits for the first one's pass instead of publishing
+//     later rows in parallel.
+//   - Every step is bounded: PublishTimeout on Publish, and lock_timeout,
+//     statement_timeout and idle_in_transaction_session_timeout on every
+//     relay transaction; the LISTEN connection's connect and health checks
+//     have fixed bounds.
+//
+// # Failure modes
+//
+//   - Broker down: Publish fails fast (the Publisher must not queue offline),
+//     the pass rolls back, the relay backs off (50 ms doubling to 1 s) and
+//     retries; rows wait in the table.
+//   - PostgreSQL down or a relay session killed: the pass fails and rolls
+//     back (or its commit's outcome is unknown: then the rows are published
+//     again, idempotently).
+//   - LISTEN connection lost: passes still run every PollInterval; the relay
+//     reconnects with capped backoff (50 ms doubling to 5 s) and runs a
+//     catch-up pass after each reconnect, since notifications sent meanwhile
+//     are gone.
+//   - Lost wake-up (WakeAfterCommit process crash after commit, failed
+//     notify): caught by the next poll.
+//   - Two relays on one table: the second one's claim waits on the first
+//     one's row locks (at most LockTimeout, then it fails and retries); each
+//     ID is published by one of them (or by both, after a failure).
+//   - A row that can never be published (poison) is retried forever and
+//     blocks the rows after it; attempts and last_error show it.
+package outbox

@@ -1,0 +1,46 @@
+package outbox
+
+import (
+	"context"
+	"time"
+)
+
+// Message is one outbox row as handed to a Publisher.
+//
+// ID is the idempotency key (for the chat: the message UUID as a string);
+// a Publisher must treat a second publish of the same ID as a successful
+// no-op. Event is the event name (for the chat: "message.created"). Payload
+// is the JSON document stored in the row, unchanged.
+type Message struct {
+	// RowID is the outbox row's identity value (bigint), increasing in commit
+	// order of the enqueuing transactions' inserts.
+	RowID int64
+	// ID is the idempotency key, taken from Event.ID at enqueue time.
+	ID string
+	// Event is the event name.
+	Event string
+	// Payload is the JSON payload as stored (jsonb text form).
+	Payload []byte
+	// CreatedAt is when the row was inserted (database clock).
+	CreatedAt time.Time
+}
+
+// Publisher moves a batch of outbox messages to the broker.
+//
+// Publish must be idempotent per Message.ID (at-least-once relay: a batch
+// whose mark-sent commit failed is published again) and must either return
+// nil after every message is durably accepted by the broker, or an error. It
+// must not buffer messages in memory for a later retry: on error the relay
+// rolls back and the rows stay unsent. Publish must honour ctx's deadline.
+// Messages are passed in outbox order; a Publisher must keep that order.
+type Publisher interface {
+	Publish(ctx context.Context, msgs []Message) error
+}
+
+// PublisherFunc adapts a function to Publisher.
+type PublisherFunc func(ctx context.Context, msgs []Message) error
+
+// Publish calls f(ctx, msgs).
+func (f PublisherFunc) Publish(ctx context.Context, msgs []Message) error { return f(ctx, msgs) }
+
+var _ Publisher = PublisherFunc(nil)

@@ -1,0 +1,645 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Relay defaults. A zero RelayConfig field means the matching default.
+const (
+	// DefaultBatchSize is the maximum number of rows claimed per pass.
+	DefaultBatchSize = 100
+	// DefaultPollInterval is how long the relay waits without a wake-up
+	// before it looks at the table anyway.
+	DefaultPollInterval = time.Second
+	// DefaultPublishTimeout is the deadline given to Publisher.Publish.
+	DefaultPublishTimeout = 2 * time.Second
+	// DefaultLockTimeout is the relay transactions' lock_timeout.
+	DefaultLockTimeout = 2 * time.Second
+	// DefaultStatementTimeout is the relay transactions' statement_timeout.
+	DefaultStatementTimeout = 5 * time.Second
+	// DefaultIdleInTxTimeout is the relay transactions'
+	// idle_in_transaction_session_timeout.
+	DefaultIdleInTxTimeout = 10 * time.Second
+	// DefaultListenApplicationName is the application_name of the relay's
+	// LISTEN connection when the pool's config sets none.
+	DefaultListenApplicationName = "outbox_relay_listen"
+)
+
+// Internal tunables (not configurable).
+const (
+	errBackoffMin    = 50 * time.Millisecond // first pause after a failed pass
+	errBackoffMax    = time.Second           // cap of the doubling pause
+	listenBackoffMin = 50 * time.Millisecond // first pause before a LISTEN reconnect
+	listenBackoffMax = 5 * time.Second       // cap of the reconnect pause
+	listenConnectMax = 5 * time.Second       // bound on connect + LISTEN
+	listenPingEvery  = 30 * time.Second      // health check of an idle LISTEN connection
+	listenPingMax    = 5 * time.Second       // bound on that health check
+	recordMax        = 2 * time.Second       // bound on recording a failure
+	lastErrorMax     = 1000                  // bytes of last_error kept
+)
+
+// RelayMetrics receives relay events, e.g. to feed Prometheus. Every field is
+// optional (nil = ignored); set fields must be cheap, must not block and must
+// be safe for concurrent use.
+type RelayMetrics struct {
+	// Published is called after a pass that claimed n ≥ 1 rows published
+	// them and committed; d is the pass's duration (claim to commit).
+	Published func(n int, d time.Duration)
+	// Failed is called when a pass fails (the error RunOnce returns; its
+	// rows stay unsent) or the LISTEN connection fails. stage is "claim",
+	// "publish", "mark_sent" or "listen".
+	Failed func(stage string, err error)
+	// Listening is called with true when the LISTEN connection is
+	// established and false when it is lost.
+	Listening func(up bool)
+}
+
+// RelayConfig configures NewRelay. Publisher and Table are required, so a nil
+// *RelayConfig is invalid.
+type RelayConfig struct {
+	// Table is the outbox table, "ident" or "schema.ident" (lower case,
+	// [a-z_][a-z0-9_]*). Required.
+	Table string
+	// Channel is the LISTEN channel. Default "": Table with '.' replaced by
+	// '_' (the Writer's default too).
+	Channel string
+	// Publisher receives each claimed batch. Required.
+	Publisher Publisher
+	// BatchSize is the maximum number of rows claimed per pass. Default 0
+	// means DefaultBatchSize (100).
+	BatchSize int
+	// PollInterval is the fallback poll period: the relay runs a pass when
+	// it has had no wake-up for this long. Default 0 means
+	// DefaultPollInterval (1 s).
+	PollInterval time.Duration
+	// DisableListen turns LISTEN off: the relay only polls (and reacts to
+	// Relay.Wake). Default false.
+	DisableListen bool
+	// PublishTimeout is the context deadline given to Publisher.Publish.
+	// Default 0 means DefaultPublishTimeout (2 s).
+	PublishTimeout time.Duration
+	// LockTimeout, StatementTimeout and IdleInTxTimeout are set (as
+	// transaction-local lock_timeout, statement_timeout and
+	// idle_in_transaction_session_timeout, millisecond precision) in every
+	// relay transaction, so that nothing it does while holding row locks can
+	// hang. Defaults 0 mean DefaultLockTimeout (2 s), DefaultStatementTimeout
+	// (5 s) and DefaultIdleInTxTimeout (10 s). IdleInTxTimeout should exceed
+	// PublishTimeout.
+	LockTimeout      time.Duration
+	StatementTimeout time.Duration
+	IdleInTxTimeout  time.Duration
+	// Logger receives pass failures (Warn) and LISTEN state changes (Info,
+	// Warn) with component=outbox.relay. Default nil means slog.Default().
+	Logger *slog.Logger
+	// Metrics is an optional hook; see RelayMetrics.
+	Metrics RelayMetrics
+}
+
+// Relay moves unsent outbox rows to a Publisher: claim (FOR UPDATE) in id
+// order, publish, mark sent, commit; see the package doc for its invariants.
+// Create it with NewRelay. RunOnce, Wake and Listening are safe for
+// concurrent use; Start and Stop are serialised.
+type Relay struct {
+	pool      *pgxpool.Pool
+	pub       Publisher
+	channel   string
+	batchSize int
+	poll      time.Duration
+	listen    bool
+	pubTO     time.Duration
+	timeouts  [3]string // lock, statement, idle-in-tx, as "<n>ms"
+	log       *slog.Logger
+	m         RelayMetrics
+
+	claimSQL, markSQL, recordSQL string
+
+	wake      chan struct{} // 1-buffered pending wake-up
+	listening atomic.Bool
+
+	mu  sync.Mutex
+	run *relayRun // nil unless started
+}
+
+type relayRun struct {
+	cancel   context.CancelFunc // hard stop: cancels in-flight work
+	stopping chan struct{}      // closed by Stop: no new passes
+	stopOnce sync.Once
+	done     chan struct{} // closed when every goroutine has returned
+}
+
+// NewRelay validates cfg and returns a stopped Relay. Errors wrap
+// ErrInvalidConfig.
+func NewRelay(pool *pgxpool.Pool, cfg *RelayConfig) (*Relay, error) {
+	if cfg == nil {
+		return nil, fmt.Errorf("outbox: new relay: config with Table and Publisher is required: %w", ErrInvalidConfig)
+	}
+	if pool == nil {
+		return nil, fmt.Errorf("outbox: new relay: nil pool: %w", ErrInvalidConfig)
+	}
+	if cfg.Publisher == nil {
+		return nil, fmt.Errorf("outbox: new relay: Publisher is required: %w", ErrInvalidConfig)
+	}
+	t, err := parseTable(cfg.Table)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: new relay: %w", err)
+	}
+	r := &Relay{
+		pool:      pool,
+		pub:       cfg.Publisher,
+		channel:   cfg.Channel,
+		batchSize: cfg.BatchSize,
+		poll:      cfg.PollInterval,
+		listen:    !cfg.DisableListen,
+		pubTO:     cfg.PublishTimeout,
+		log:       cfg.Logger,
+		m:         cfg.Metrics,
+		wake:      make(chan struct{}, 1),
+	}
+	if r.channel == "" {
+		r.channel = defaultChannel(t)
+	}
+	if err := checkChannel(r.channel); err != nil {
+		return nil, fmt.Errorf("outbox: new relay: %w", err)
+	}
+	if r.batchSize < 0 {
+		return nil, fmt.Errorf("outbox: new relay: negative BatchSize: %w", ErrInvalidConfig)
+	}
+	if r.batchSize == 0 {
+		r.batchSize = DefaultBatchSize
+	}
+	durs := []struct {
+		name string
+		v    *time.Duration
+		def  time.Duration
+	}{
+		{"PollInterval", &r.poll, DefaultPollInterval},
+		{"PublishTimeout", &r.pubTO, DefaultPublishTimeout},
+	}
+	lock, stmt, idle := cfg.LockTimeout, cfg.StatementTimeout, cfg.IdleInTxTimeout
+	durs = append(durs, []struct {
+		name string
+		v    *time.Duration
+		def  time.Duration
+	}{
+		{"LockTimeout", &lock, DefaultLockTimeout},
+		{"StatementTimeout", &stmt, DefaultStatementTimeout},
+		{"IdleInTxTimeout", &idle, DefaultIdleInTxTimeout},
+	}...)
+	for _, d := range durs {
+		if *d.v < 0 {
+			return nil, fmt.Errorf("outbox: new relay: negative %s: %w", d.name, ErrInvalidConfig)
+		}
+		if *d.v == 0 {
+			*d.v = d.def
+		}
+	}
+	r.timeouts = [3]string{pgMillis(lock), pgMillis(stmt), pgMillis(idle)}
+	if r.log == nil {
+		r.log = slog.Default()
+	}
+	r.log = r.log.With(slog.String("component", "outbox.relay"))
+
+	// Plain FOR UPDATE, not SKIP LOCKED: a chat's events must be published
+	// in id order. During a rolling deploy two relays run at once; with SKIP
+	// LOCKED the second would claim the rows after the first one's batch and
+	// publish them in parallel, out of order. With FOR UPDATE it waits (at
+	// most lock_timeout, then retries) until the first one commits; rows the
+	// first one marked sent then fail the re-checked WHERE and are skipped.
+	// ORDER BY id over the partial index locks the rows in id order.
+	r.claimSQL = "SELECT id, idempotency_key, event, payload, created_at FROM " + t.quoted +
+		" WHERE sent_at IS NULL ORDER BY id LIMIT $1 FOR UPDATE"
+	r.markSQL = "UPDATE " + t.quoted + " SET sent_at = now() WHERE id = ANY($1)"
+	// Best effort, after the rollback: the claimed rows are unlocked again,
+	// so this may wait for another relay (bounded by lock_timeout).
+	r.recordSQL = "UPDATE " + t.quoted +
+		" SET attempts = attempts + 1, last_error = $2 WHERE id = ANY($1) AND sent_at IS NULL"
+	return r, nil
+}
+
+// pgMillis renders d as a PostgreSQL duration setting in whole milliseconds
+// (at least 1 ms; 0 would mean "no timeout").
+func pgMillis(d time.Duration) string {
+	ms := d.Milliseconds()
+	if ms < 1 {
+		ms = 1
+	}
+	return strconv.FormatInt(ms, 10) + "ms"
+}
+
+// Channel returns the channel the relay listens on.
+func (r *Relay) Channel() string { return r.channel }
+
+// Wake asks the running relay for a pass now. It never blocks; wake-ups
+// coalesce (one pending at most), and one that arrives during a pass causes
+// another pass. Safe for concurrent use; a no-op effect until Start.
+func (r *Relay) Wake() {
+	select {
+	case r.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Listening reports whether the LISTEN connection is currently established
+// (always false with DisableListen or when stopped). Safe for concurrent use.
+func (r *Relay) Listening() bool { return r.listening.Load() }
+
+// setTimeoutsSQL applies the relay's bounds to the current transaction only.
+const setTimeoutsSQL = "SELECT set_config('lock_timeout', $1, true), " +
+	"set_config('statement_timeout', $2, true), " +
+	"set_config('idle_in_transaction_session_timeout', $3, true)"
+
+// RunOnce runs one pass and returns the number of rows published (0 to
+// BatchSize). In one round trip it sends BEGIN, the transaction-local
+// timeouts and the claim (the unsent rows in id order, at most BatchSize,
+// locked FOR UPDATE); then it calls the Publisher with PublishTimeout; then,
+// in one more round trip, marks the rows sent and commits. An empty pass
+// costs two round trips.
+//
+// On any error it rolls back, so the rows stay unsent (nothing is kept in
+// memory); if rows had been claimed it then records attempts+1 and
+// last_error on them in a separate short transaction (best effort), and
+// returns the error wrapped "outbox: relay: <stage>: ...". If the commit's
+// outcome is unknown (connection lost) the rows may or may not be marked;
+// either way they are published at least once. ctx cancels the pass.
+// Safe for concurrent use, also while the relay is started (passes then
+// serialise on the row locks).
+func (r *Relay) RunOnce(ctx context.Context) (n int, err error) {
+	start := time.Now()
+	conn, err := r.pool.Acquire(ctx)
+	if err != nil {
+		return 0, r.fail("claim", fmt.Errorf("outbox: relay: claim: acquire connection: %w", err))
+	}
+	defer conn.Release() // destroys the connection if a transaction is left open
+
+	inTx := false
+	defer func() {
+		if inTx {
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recordMax)
+			if _, rbErr := conn.Exec(rctx, "ROLLBACK"); rbErr != nil {
+				_ = conn.Conn().Close(rctx) // the pool drops it on Release
+			}
+			cancel()
+		}
+	}()
+
+	b := &pgx.Batch{}
+	b.Queue("BEGIN")
+	b.Queue(setTimeoutsSQL, r.timeouts[0], r.timeouts[1], r.timeouts[2])
+	b.Queue(r.claimSQL, r.batchSize)
+	br := conn.SendBatch(ctx, b)
+	inTx = true
+	msgs, err := r.readClaim(br)
+	if cerr := br.Close(); err == nil && cerr != nil {
+		err = cerr
+	}
+	if err != nil {
+		return 0, r.fail("claim", fmt.Errorf("outbox: relay: claim: %w", err))
+	}
+	if len(msgs) == 0 {
+		if _, err := conn.Exec(ctx, "COMMIT"); err != nil {
+			return 0, r.fail("claim", fmt.Errorf("outbox: relay: claim: commit empty pass: %w", err))
+		}
+		inTx = false
+		return 0, nil
+	}
+	ids := make([]int64, len(msgs))
+	for i, m := range msgs {
+		ids[i] = m.RowID
+	}
+
+	pctx, cancel := context.WithTimeout(ctx, r.pubTO)
+	err = r.pub.Publish(pctx, msgs)
+	cancel()
+	if err != nil {
+		err = fmt.Errorf("outbox: relay: publish %d rows: %w", len(msgs), err)
+		r.rollbackAndRecord(ctx, conn, &inTx, ids, err)
+		return 0, r.fail("publish", err)
+	}
+
+	b = &pgx.Batch{}
+	b.Queue(r.markSQL, ids)
+	b.Queue("COMMIT")
+	br = conn.SendBatch(ctx, b)
+	_, err = br.Exec()
+	var tag string
+	if err == nil {
+		var ct pgconn.CommandTag
+		ct, err = br.Exec()
+		if err == nil {
+			tag = ct.String()
+		}
+	}
+	if cerr := br.Close(); err == nil && cerr != nil {
+		err = cerr
+	}
+	if err == nil && tag != "COMMIT" {
+		err = fmt.Errorf("commit ended in %q", tag)
+	}
+	if err != nil {
+		err = fmt.Errorf("outbox: relay: mark %d rows sent: %w", len(msgs), err)
+		r.rollbackAndRecord(ctx, conn, &inTx, ids, err)
+		return 0, r.fail("mark_sent", err)
+	}
+	inTx = false
+	if r.m.Published != nil {
+		r.m.Published(len(msgs), time.Since(start))
+	}
+	return len(msgs), nil
+}
+
+// readClaim reads the results of BEGIN, set_config and the claim query.
+func (r *Relay) readClaim(br pgx.BatchResults) ([]Message, error) {
+	if _, err := br.Exec(); err != nil {
+		return nil, fmt.Errorf("begin: %w", err)
+	}
+	if _, err := br.Exec(); err != nil {
+		return nil, fmt.Errorf("set timeouts: %w", err)
+	}
+	rows, err := br.Query()
+	if err != nil {
+		return nil, err
+	}
+	var msgs []Message
+	for rows.Next() {
+		var m Message
+		if err := rows.Scan(&m.RowID, &m.ID, &m.Event, &m.Payload, &m.CreatedAt); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("scan: %w", err)
+		}
+		msgs = append(msgs, m)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return msgs, nil
+}
+
+// rollbackAndRecord rolls back the pass's transaction and then, best effort,
+// records the failure on the claimed rows in a short transaction of its own.
+func (r *Relay) rollbackAndRecord(ctx context.Context, conn *pgxpool.Conn, inTx *bool, ids []int64, cause error) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recordMax)
+	defer cancel()
+	if _, err := conn.Exec(rctx, "ROLLBACK"); err != nil {
+		_ = conn.Conn().Close(rctx)
+		*inTx = false
+		// The connection is gone; record on a fresh one.
+		if c2, err := r.pool.Acquire(rctx); err == nil {
+			defer c2.Release()
+			conn = c2
+		} else {
+			return
+		}
+	}
+	*inTx = false
+	msg := cause.Error()
+	if len(msg) > lastErrorMax {
+		msg = msg[:lastErrorMax]
+	}
+	b := &pgx.Batch{}
+	b.Queue("BEGIN")
+	b.Queue(setTimeoutsSQL, r.timeouts[0], r.timeouts[1], r.timeouts[2])
+	b.Queue(r.recordSQL, ids, msg)
+	b.Queue("COMMIT")
+	if err := conn.SendBatch(rctx, b).Close(); err != nil {
+		r.log.Debug("recording a failed pass failed", slog.Int("rows", len(ids)), slog.Any("err", err))
+		_, _ = conn.Exec(rctx, "ROLLBACK")
+	}
+}
+
+func (r *Relay) fail(stage string, err error) error {
+	if r.m.Failed != nil {
+		r.m.Failed(stage, err)
+	}
+	return err
+}
+
+// Start starts the relay's loop (and, unless DisableListen, its LISTEN
+// connection) and returns at once; the first pass runs immediately. It runs
+// until Stop, or until ctx is cancelled (a hard stop that also cancels the
+// in-flight pass; the rows then stay unsent). ErrAlreadyStarted if running.
+func (r *Relay) Start(ctx context.Context) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.run != nil {
+		return fmt.Errorf("outbox: start relay: %w", ErrAlreadyStarted)
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("outbox: start relay: %w", err)
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	run := &relayRun{cancel: cancel, stopping: make(chan struct{}), done: make(chan struct{})}
+	r.run = run
+	r.Wake()
+
+	var wg sync.WaitGroup
+	listenCtx, stopListen := context.WithCancel(runCtx)
+	if r.listen {
+		wg.Go(func() { r.listenLoop(listenCtx) })
+	}
+	go func() {
+		r.loop(runCtx, run.stopping)
+		// Stop order: no more passes, the in-flight one finished, then the
+		// LISTEN connection is closed.
+		stopListen()
+		wg.Wait()
+		cancel()
+		close(run.done)
+	}()
+	return nil
+}
+
+// Stop stops claiming, lets the in-flight pass finish (publish and commit),
+// closes the LISTEN connection and waits for every goroutine. If ctx expires
+// first, the in-flight pass is cancelled (its rows stay unsent), Stop still
+// waits for the goroutines to return and then returns ctx's error.
+// Idempotent; nil if not started. Start may be called again afterwards.
+func (r *Relay) Stop(ctx context.Context) error {
+	r.mu.Lock()
+	run := r.run
+	r.mu.Unlock()
+	if run == nil {
+		return nil
+	}
+	run.stopOnce.Do(func() { close(run.stopping) })
+	var err error
+	select {
+	case <-run.done:
+	case <-ctx.Done():
+		err = fmt.Errorf("outbox: stop relay: %w", ctx.Err())
+		run.cancel()
+		<-run.done
+	}
+	r.mu.Lock()
+	if r.run == run {
+		r.run = nil
+	}
+	r.mu.Unlock()
+	return err
+}
+
+// loop runs passes on wake-ups and poll ticks until stopping is closed or
+// ctx is cancelled.
+func (r *Relay) loop(ctx context.Context, stopping <-chan struct{}) {
+	poll := time.NewTimer(r.poll)
+	defer poll.Stop()
+	backoff := time.Duration(0)
+	for {
+		select {
+		case <-stopping:
+			return
+		case <-ctx.Done():
+			return
+		case <-r.wake:
+		case <-poll.C:
+		}
+		// Drain: keep passing while passes come back full. A wake-up that
+		// arrives meanwhile sits in r.wake and causes one more pass.
+		for {
+			select {
+			case <-stopping:
+				return
+			default:
+			}
+			n, err := r.RunOnce(ctx)
+			if err != nil {
+				if ctx.Err() != nil {
+					return
+				}
+				backoff = min(max(2*backoff, errBackoffMin), errBackoffMax)
+				r.log.Warn("pass failed; rows stay unsent for the next pass",
+					slog.Any("err", err), slog.Duration("retry_in", backoff))
+				if !sleep(ctx, stopping, backoff) {
+					return
+				}
+				continue
+			}
+			backoff = 0
+			if n < r.batchSize {
+				break
+			}
+		}
+		poll.Reset(r.poll)
+	}
+}
+
+// sleep waits d; false if stopping or ctx ended first.
+func sleep(ctx context.Context, stopping <-chan struct{}, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-stopping:
+		return false
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// listenLoop keeps a LISTEN connection open until ctx ends, turning each
+// notification into a Wake; after each (re)connect it wakes the loop for a
+// catch-up pass, because notifications sent while it was down are lost.
+func (r *Relay) listenLoop(ctx context.Context) {
+	backoff := time.Duration(0)
+	for ctx.Err() == nil {
+		conn, err := r.connectListen(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			backoff = min(max(2*backoff, listenBackoffMin), listenBackoffMax)
+			r.fail("listen", err)
+			r.log.Warn("listen connection failed; polling meanwhile",
+				slog.Any("err", err), slog.Duration("retry_in", backoff))
+			if !sleep(ctx, nil, backoff) {
+				return
+			}
+			continue
+		}
+		backoff = 0
+		r.setListening(true)
+		r.Wake() // catch up on what was committed while not listening
+		err = r.waitNotifications(ctx, conn)
+		r.setListening(false)
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), listenPingMax)
+		_ = conn.Close(cctx)
+		cancel()
+		if ctx.Err() != nil {
+			return
+		}
+		r.fail("listen", err)
+		r.log.Warn("listen connection lost; reconnecting", slog.Any("err", err))
+	}
+}
+
+func (r *Relay) setListening(up bool) {
+	r.listening.Store(up)
+	if r.m.Listening != nil {
+		r.m.Listening(up)
+	}
+}
+
+// connectListen opens a dedicated connection (not from the pool, so it does
+// not reduce the pool's capacity) and runs LISTEN on it.
+func (r *Relay) connectListen(ctx context.Context) (*pgx.Conn, error) {
+	ctx, cancel := context.WithTimeout(ctx, listenConnectMax)
+	defer cancel()
+	cfg := r.pool.Config().ConnConfig // a copy
+	if cfg.RuntimeParams == nil {
+		cfg.RuntimeParams = map[string]string{}
+	}
+	if cfg.RuntimeParams["application_name"] == "" {
+		cfg.RuntimeParams["application_name"] = DefaultListenApplicationName
+	}
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: relay: listen: connect: %w", err)
+	}
+	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{r.channel}.Sanitize()); err != nil {
+		_ = conn.Close(ctx)
+		return nil, fmt.Errorf("outbox: relay: listen: %w", err)
+	}
+	return conn, nil
+}
+
+// waitNotifications wakes the loop on every notification until the
+// connection fails (returned) or ctx ends (nil). An idle connection is
+// pinged every listenPingEvery so that a silently dead one is noticed.
+func (r *Relay) waitNotifications(ctx context.Context, conn *pgx.Conn) error {
+	for {
+		wctx, cancel := context.WithTimeout(ctx, listenPingEvery)
+		_, err := conn.WaitForNotification(wctx)
+		cancel()
+		if ctx.Err() != nil {
+			return nil
+		}
+		if err == nil {
+			r.Wake()
+			continue
+		}
+		if !errors.Is(err, context.DeadlineExceeded) || conn.IsClosed() {
+			return fmt.Errorf("outbox: relay: listen: wait: %w", err)
+		}
+		pctx, cancel := context.WithTimeout(ctx, listenPingMax)
+		err = conn.Ping(pctx)
+		cancel()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("outbox: relay: listen: ping: %w", err)
+		}
+	}
+}

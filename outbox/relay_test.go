@@ -1,0 +1,523 @@
+package outbox_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/outboxchat/outboxchat/outbox"
+)
+
+func TestEnqueueCommitPublishedOnce(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := setup(t)
+	w := newWriter(t, pool, outbox.WakeNone)
+	rec := &recorder{}
+	r := newRelay(t, pool, outbox.RelayConfig{Publisher: rec})
+
+	enqueue(t, pool, w, ev("a"), ev("b"), ev("c")) // multi-row insert
+	enqueue(t, pool, w, outbox.Event{ID: "d", Name: "other", Payload: []byte(`{"n": [1, 2], "s": "x"}`)})
+
+	n, err := r.RunOnce(ctx)
+	if err != nil || n != 4 {
+		t.Fatalf("RunOnce = %d, %v; want 4, nil", n, err)
+	}
+	if got := rec.ids(); !slices.Equal(got, []string{"a", "b", "c", "d"}) {
+		t.Fatalf("published %v, want [a b c d] in enqueue order", got)
+	}
+	d := rec.all[3]
+	if d.Event != "other" || !jsonEqual(d.Payload, []byte(`{"s":"x","n":[1,2]}`)) || d.RowID <= rec.all[2].RowID || d.CreatedAt.IsZero() {
+		t.Errorf("message d = %+v (payload %s)", d, d.Payload)
+	}
+	for _, row := range rows(t, pool) {
+		if !row.sent || row.attempts != 0 {
+			t.Errorf("row %+v: want sent, 0 attempts", row)
+		}
+	}
+	if n, err := r.RunOnce(ctx); err != nil || n != 0 {
+		t.Fatalf("second RunOnce = %d, %v; want 0, nil", n, err)
+	}
+	if got := len(rec.ids()); got != 4 {
+		t.Fatalf("published %d messages in total, want 4", got)
+	}
+}
+
+func TestRollbackPublishesNothing(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := setup(t)
+	w := newWriter(t, pool, outbox.WakeInTx)
+	rec := &recorder{}
+	r := newRelay(t, pool, outbox.RelayConfig{Publisher: rec})
+
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Enqueue(ctx, tx, ev("x"), ev("y")); err != nil {
+		t.Fatalf("enqueue: %v", err)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := r.RunOnce(ctx); err != nil || n != 0 {
+		t.Fatalf("RunOnce = %d, %v; want 0, nil", n, err)
+	}
+	if len(rows(t, pool)) != 0 || len(rec.ids()) != 0 {
+		t.Fatal("rolled back events were stored or published")
+	}
+}
+
+func TestEnqueueInvalidEventLeavesTxUsable(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := setup(t)
+	w := newWriter(t, pool, outbox.WakeInTx)
+	bad := []outbox.Event{
+		{Name: "n", Payload: []byte(`{}`)},
+		{ID: "i", Payload: []byte(`{}`)},
+		{ID: "i", Name: "n"},
+		{ID: "i", Name: "n", Payload: []byte(`{"a":`)},
+	}
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		for i, e := range bad {
+			err := w.Enqueue(ctx, tx, ev("ok1"), e)
+			if !errors.Is(err, outbox.ErrInvalidEvent) || !strings.HasPrefix(err.Error(), "outbox: enqueue: ") {
+				t.Errorf("bad event %d: err = %v, want outbox: enqueue: ... ErrInvalidEvent", i, err)
+			}
+		}
+		if err := w.Enqueue(ctx, tx); err != nil {
+			t.Errorf("enqueue of nothing: %v", err)
+		}
+		return w.Enqueue(ctx, tx, ev("ok2"))
+	})
+	if err != nil {
+		t.Fatalf("tx after invalid events: %v", err)
+	}
+	if got := rows(t, pool); len(got) != 1 || got[0].id != "ok2" {
+		t.Fatalf("rows = %+v, want only ok2", got)
+	}
+}
+
+func TestPublisherErrorRowsStayUnsent(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := setup(t)
+	w := newWriter(t, pool, outbox.WakeNone)
+	brokerDown := errors.New("broker down")
+	rec := &recorder{hook: func(_ context.Context, call int, _ []outbox.Message) error {
+		if call <= 2 {
+			return brokerDown
+		}
+		return nil
+	}}
+	var failedStages []string
+	var mu sync.Mutex
+	r := newRelay(t, pool, outbox.RelayConfig{Publisher: rec, Metrics: outbox.RelayMetrics{
+		Failed: func(stage string, _ error) { mu.Lock(); failedStages = append(failedStages, stage); mu.Unlock() },
+	}})
+	enqueue(t, pool, w, ev("p1"), ev("p2"))
+
+	for attempt := 1; attempt <= 2; attempt++ {
+		n, err := r.RunOnce(ctx)
+		if !errors.Is(err, brokerDown) || n != 0 {
+			t.Fatalf("pass %d: RunOnce = %d, %v; want 0, broker down", attempt, n, err)
+		}
+		for _, row := range rows(t, pool) {
+			if row.sent || row.attempts != attempt || row.lastError == nil || !strings.Contains(*row.lastError, "broker down") {
+				t.Fatalf("pass %d: row %+v, want unsent with attempts %d and last_error", attempt, row, attempt)
+			}
+		}
+	}
+	if n, err := r.RunOnce(ctx); err != nil || n != 2 {
+		t.Fatalf("pass 3: RunOnce = %d, %v; want 2, nil", n, err)
+	}
+	if got := rec.ids(); !slices.Equal(got, []string{"p1", "p2"}) {
+		t.Fatalf("published %v, want [p1 p2]", got)
+	}
+	if unsent(t, pool) != 0 {
+		t.Fatal("rows unsent after a successful pass")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if !slices.Equal(failedStages, []string{"publish", "publish"}) {
+		t.Errorf("Failed stages = %v, want [publish publish]", failedStages)
+	}
+}
+
+// terminateRelayBackend kills the session that holds the claim transaction
+// open (it is idle in transaction while Publish runs) and waits for it to go.
+func terminateRelayBackend(ctx context.Context, pool interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}) error {
+	var ok bool
+	err := pool.QueryRow(ctx, `SELECT coalesce(bool_and(pg_terminate_backend(pid, 5000)), false)
+		FROM pg_stat_activity
+		WHERE datname = current_database() AND pid <> pg_backend_pid()
+		  AND state = 'idle in transaction' AND query LIKE 'SELECT id, idempotency_key%'`).Scan(&ok)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		return errors.New("no relay backend found")
+	}
+	return nil
+}
+
+func TestCrashBetweenPublishAndCommit(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := setup(t)
+	w := newWriter(t, pool, outbox.WakeNone)
+	other := newPool(t, pool, 2)
+	rec := &recorder{}
+	// The first relay publishes (the broker records), then "crashes": its
+	// session dies before mark-sent and COMMIT.
+	first := newRelay(t, pool, outbox.RelayConfig{Publisher: outbox.PublisherFunc(func(ctx context.Context, msgs []outbox.Message) error {
+		if err := rec.Publish(ctx, msgs); err != nil {
+			return err
+		}
+		if err := terminateRelayBackend(ctx, other); err != nil {
+			return fmt.Errorf("terminate: %w", err)
+		}
+		return nil
+	})})
+	enqueue(t, pool, w, ev("c1"), ev("c2"), ev("c3"))
+
+	n, err := first.RunOnce(ctx)
+	if err == nil || n != 0 || strings.Contains(err.Error(), "terminate:") {
+		t.Fatalf("crashing RunOnce = %d, %v; want 0 and a mark-sent error", n, err)
+	}
+	if unsent(t, pool) != 3 {
+		t.Fatal("rows marked sent although the relay died before COMMIT")
+	}
+	restarted := newRelay(t, pool, outbox.RelayConfig{Publisher: rec})
+	if n, err := restarted.RunOnce(ctx); err != nil || n != 3 {
+		t.Fatalf("restarted RunOnce = %d, %v; want 3, nil", n, err)
+	}
+	if got := rec.ids(); !slices.Equal(got, []string{"c1", "c2", "c3", "c1", "c2", "c3"}) {
+		t.Fatalf("broker log %v, want each ID published twice", got)
+	}
+	if got := rec.distinct(); !slices.Equal(got, []string{"c1", "c2", "c3"}) {
+		t.Fatalf("after dedupe by ID %v, want [c1 c2 c3]", got)
+	}
+	for _, row := range rows(t, pool) {
+		if !row.sent || row.attempts != 1 {
+			t.Errorf("row %+v: want sent after 1 failed attempt", row)
+		}
+	}
+}
+
+// TestNotifyWakeUp proves LISTEN/NOTIFY works in both wake modes: the poll
+// interval is an hour, and besides notifications only the start and the
+// LISTEN (re)connect trigger passes (two at most), so of three events
+// enqueued one after another at least one is published by a notification.
+func TestNotifyWakeUp(t *testing.T) {
+	t.Parallel()
+	for _, mode := range []outbox.WakeMode{outbox.WakeAfterCommit, outbox.WakeInTx} {
+		t.Run(mode.String(), func(t *testing.T) {
+			t.Parallel()
+			pool := setup(t)
+			w := newWriter(t, pool, mode)
+			rec := &recorder{}
+			r := newRelay(t, pool, outbox.RelayConfig{Publisher: rec, PollInterval: time.Hour})
+			startRelay(t, r)
+			waitFor(t, 5*time.Second, "relay listening", r.Listening)
+			for i := range 3 {
+				id := "n" + strconv.Itoa(i)
+				enqueue(t, pool, w, ev(id))
+				waitFor(t, 2*time.Second, "published "+id, func() bool { return rec.has(id) })
+			}
+		})
+	}
+}
+
+func listenPID(t testing.TB, pool interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}) int {
+	var pid int
+	err := pool.QueryRow(context.Background(), `SELECT coalesce(max(pid), 0) FROM pg_stat_activity
+		WHERE datname = current_database() AND application_name = $1 AND query LIKE 'LISTEN%'`,
+		outbox.DefaultListenApplicationName).Scan(&pid)
+	if err != nil {
+		t.Fatalf("find listen backend: %v", err)
+	}
+	return pid
+}
+
+func TestListenConnectionKilled(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := setup(t)
+	w := newWriter(t, pool, outbox.WakeAfterCommit)
+	rec := &recorder{}
+	var ups, downs int
+	var mu sync.Mutex
+	r := newRelay(t, pool, outbox.RelayConfig{Publisher: rec, PollInterval: time.Hour, Metrics: outbox.RelayMetrics{
+		Listening: func(up bool) {
+			mu.Lock()
+			defer mu.Unlock()
+			if up {
+				ups++
+			} else {
+				downs++
+			}
+		},
+	}})
+	startRelay(t, r)
+	var pid int
+	waitFor(t, 5*time.Second, "listen backend", func() bool { pid = listenPID(t, pool); return pid != 0 })
+
+	if _, err := pool.Exec(ctx, "SELECT pg_terminate_backend($1, 5000)", pid); err != nil {
+		t.Fatalf("terminate listen backend: %v", err)
+	}
+	// Committed while the listener is down or reconnecting: its notification
+	// may be lost; the reconnect's catch-up pass publishes it.
+	enqueue(t, pool, w, ev("during"))
+	waitFor(t, 5*time.Second, "published during outage", func() bool { return rec.has("during") })
+	waitFor(t, 5*time.Second, "new listen backend", func() bool {
+		p := listenPID(t, pool)
+		return p != 0 && p != pid && r.Listening()
+	})
+	// Back at NOTIFY speed (see TestNotifyWakeUp for the counting argument).
+	for i := range 3 {
+		id := "after" + strconv.Itoa(i)
+		enqueue(t, pool, w, ev(id))
+		waitFor(t, 2*time.Second, "published "+id, func() bool { return rec.has(id) })
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if ups < 2 || downs < 1 {
+		t.Errorf("Listening hook: %d ups, %d downs; want ≥2 and ≥1", ups, downs)
+	}
+}
+
+func TestPollOnly(t *testing.T) {
+	t.Parallel()
+	pool := setup(t)
+	w := newWriter(t, pool, outbox.WakeNone)
+	rec := &recorder{}
+	r := newRelay(t, pool, outbox.RelayConfig{Publisher: rec, DisableListen: true, PollInterval: 20 * time.Millisecond})
+	startRelay(t, r)
+	for i := range 3 {
+		id := "poll" + strconv.Itoa(i)
+		enqueue(t, pool, w, ev(id))
+		waitFor(t, 5*time.Second, "published "+id, func() bool { return rec.has(id) })
+	}
+	if r.Listening() {
+		t.Error("Listening() = true with DisableListen")
+	}
+	if listenPID(t, pool) != 0 {
+		t.Error("a LISTEN connection exists with DisableListen")
+	}
+}
+
+// TestTwoRelaysOrder runs a rolling-deploy overlap: two relays (own pools, as
+// two processes) on one table while 20 writers enqueue 50 events each across
+// 5 chats, each event numbered by the chat's counter row locked in its
+// transaction. Every ID must be published, and each chat's first
+// publications must come in seq order.
+func TestTwoRelaysOrder(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	const writers, perWriter, chats = 20, 50, 5
+	pool := setup(t)
+	if _, err := pool.Exec(ctx, `CREATE TABLE ob.chats (chat_id int PRIMARY KEY, last_seq int NOT NULL);
+		INSERT INTO ob.chats SELECT g, 0 FROM generate_series(0, 4) g`); err != nil {
+		t.Fatal(err)
+	}
+	wpool := newPool(t, pool, 8)
+	w := newWriter(t, wpool, outbox.WakeAfterCommit)
+	rec := &recorder{}
+	for i := range 2 {
+		// Small batches make the relays interleave often.
+		r := newRelay(t, newPool(t, pool, 2), outbox.RelayConfig{Publisher: rec, BatchSize: 7 + i})
+		startRelay(t, r)
+	}
+
+	var wg sync.WaitGroup
+	errs := make(chan error, writers)
+	for g := range writers {
+		wg.Go(func() {
+			for i := range perWriter {
+				chat := (g + i) % chats
+				err := pgx.BeginFunc(ctx, wpool, func(tx pgx.Tx) error {
+					var seq int
+					if err := tx.QueryRow(ctx, "UPDATE ob.chats SET last_seq = last_seq + 1 WHERE chat_id = $1 RETURNING last_seq",
+						chat).Scan(&seq); err != nil {
+						return err
+					}
+					id := fmt.Sprintf("%d/%d", chat, seq)
+					return w.Enqueue(ctx, tx, outbox.Event{ID: id, Name: "msg", Payload: []byte(fmt.Sprintf(`{"chat":%d,"seq":%d}`, chat, seq))})
+				})
+				if err != nil {
+					errs <- err
+					return
+				}
+				w.Committed()
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatalf("writer: %v", err)
+	}
+	waitFor(t, 20*time.Second, "all events published", func() bool {
+		return len(rec.distinct()) == writers*perWriter
+	})
+	next := make([]int, chats)
+	for _, id := range rec.distinct() {
+		var chat, seq int
+		if _, err := fmt.Sscanf(id, "%d/%d", &chat, &seq); err != nil {
+			t.Fatalf("bad id %q", id)
+		}
+		next[chat]++
+		if seq != next[chat] {
+			t.Fatalf("chat %d: first publication of seq %d came where seq %d was due", chat, seq, next[chat])
+		}
+	}
+	if n := unsent(t, pool); n != 0 {
+		t.Fatalf("%d rows unsent", n)
+	}
+	t.Logf("%d publications for %d IDs", len(rec.ids()), writers*perWriter)
+}
+
+func TestLockTimeoutBoundsClaim(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := setup(t)
+	w := newWriter(t, pool, outbox.WakeNone)
+	rec := &recorder{}
+	r := newRelay(t, pool, outbox.RelayConfig{Publisher: rec, LockTimeout: 100 * time.Millisecond})
+	enqueue(t, pool, w, ev("l1"))
+
+	foreign, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer foreign.Rollback(ctx)
+	if _, err := foreign.Exec(ctx, "SELECT id FROM ob.outbox FOR UPDATE"); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	n, err := r.RunOnce(ctx)
+	elapsed := time.Since(start)
+	var pgErr *pgconn.PgError
+	if n != 0 || !errors.As(err, &pgErr) || pgErr.Code != "55P03" {
+		t.Fatalf("blocked RunOnce = %d, %v; want 0, lock_not_available (55P03)", n, err)
+	}
+	// Generous bound: the point is "returns", not how fast.
+	if elapsed > 5*time.Second {
+		t.Fatalf("blocked RunOnce took %v with a 100ms lock timeout", elapsed)
+	}
+	if err := foreign.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := r.RunOnce(ctx); err != nil || n != 1 {
+		t.Fatalf("RunOnce after release = %d, %v; want 1, nil", n, err)
+	}
+	if got := rows(t, pool); got[0].attempts != 0 {
+		t.Errorf("attempts = %d; a failed claim has no rows to record", got[0].attempts)
+	}
+}
+
+// TestRelayTimeoutsAreTransactionLocal checks that the pool's sessions keep
+// their defaults after relay passes.
+func TestRelayTimeoutsAreTransactionLocal(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := newPool(t, setup(t), 1) // one connection: the relay's
+	w := newWriter(t, pool, outbox.WakeNone)
+	var inTx string
+	r := newRelay(t, pool, outbox.RelayConfig{Publisher: outbox.PublisherFunc(func(context.Context, []outbox.Message) error { return nil }),
+		LockTimeout: 1234 * time.Millisecond})
+	enqueue(t, pool, w, ev("t1"))
+	if _, err := r.RunOnce(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := pool.QueryRow(ctx, "SELECT current_setting('lock_timeout')").Scan(&inTx); err != nil {
+		t.Fatal(err)
+	}
+	if inTx != "0" {
+		t.Errorf("session lock_timeout after a pass = %q, want the default 0", inTx)
+	}
+}
+
+func TestStopFinishesInflightPass(t *testing.T) {
+	t.Parallel()
+	pool := setup(t)
+	w := newWriter(t, pool, outbox.WakeNone)
+	entered := make(chan struct{})
+	release := make(chan struct{})
+	r := newRelay(t, pool, outbox.RelayConfig{Publisher: outbox.PublisherFunc(func(ctx context.Context, _ []outbox.Message) error {
+		close(entered)
+		select {
+		case <-release:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}), PollInterval: time.Hour})
+	enqueue(t, pool, w, ev("s1"))
+	if err := r.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Start(context.Background()); !errors.Is(err, outbox.ErrAlreadyStarted) {
+		t.Errorf("second Start: %v, want ErrAlreadyStarted", err)
+	}
+	<-entered
+	stopped := make(chan error, 1)
+	go func() { stopped <- r.Stop(context.Background()) }()
+	close(release)
+	if err := <-stopped; err != nil {
+		t.Fatalf("Stop: %v", err)
+	}
+	if err := r.Stop(context.Background()); err != nil {
+		t.Fatalf("second Stop: %v", err)
+	}
+	if unsent(t, pool) != 0 {
+		t.Fatal("in-flight pass was not finished by Stop")
+	}
+}
+
+func TestStopDeadlineCancelsInflightPass(t *testing.T) {
+	t.Parallel()
+	pool := setup(t)
+	w := newWriter(t, pool, outbox.WakeNone)
+	entered := make(chan struct{})
+	r := newRelay(t, pool, outbox.RelayConfig{Publisher: outbox.PublisherFunc(func(ctx context.Context, _ []outbox.Message) error {
+		close(entered)
+		<-ctx.Done() // a stuck broker
+		return ctx.Err()
+	}), PollInterval: time.Hour, PublishTimeout: time.Hour})
+	enqueue(t, pool, w, ev("h1"))
+	if err := r.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	<-entered
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := r.Stop(ctx); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Stop(cancelled ctx) = %v, want context.Canceled", err)
+	}
+	got := rows(t, pool)
+	if got[0].sent || got[0].attempts != 1 {
+		t.Fatalf("row %+v: want unsent with the cancelled attempt recorded", got[0])
+	}
+	// A stopped relay can start again and finish the job.
+	rec := &recorder{}
+	r2 := newRelay(t, pool, outbox.RelayConfig{Publisher: rec})
+	startRelay(t, r2)
+	waitFor(t, 5*time.Second, "published after restart", func() bool { return rec.has("h1") })
+}

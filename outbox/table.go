@@ -1,0 +1,100 @@
+package outbox
+
+import (
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// ErrInvalidConfig is wrapped by NewWriter and NewRelay when a Config field is
+// invalid (bad table or channel name, missing Publisher, negative duration).
+var ErrInvalidConfig = errors.New("invalid config")
+
+// identRe matches one unquoted lower-case identifier part.
+var identRe = regexp.MustCompile(`^[a-z_][a-z0-9_]*$`)
+
+// maxIdentLen is PostgreSQL's NAMEDATALEN-1: longer names are truncated by
+// the server, which would silently make two names equal.
+const maxIdentLen = 63
+
+// table is a validated outbox table name.
+type table struct {
+	name   string // as given: "ident" or "schema.ident"
+	quoted string // pgx.Identifier-sanitized, safe to splice into SQL
+	flat   string // name with '.' replaced by '_'
+}
+
+// parseTable validates name as ident or schema.ident, each part matching
+// [a-z_][a-z0-9_]* and at most 63 bytes long.
+func parseTable(name string) (table, error) {
+	parts := strings.Split(name, ".")
+	if len(parts) > 2 {
+		return table{}, fmt.Errorf("table %q: want ident or schema.ident: %w", name, ErrInvalidConfig)
+	}
+	for _, p := range parts {
+		if !identRe.MatchString(p) || len(p) > maxIdentLen {
+			return table{}, fmt.Errorf("table %q: each part must match [a-z_][a-z0-9_]* and be at most %d bytes: %w",
+				name, maxIdentLen, ErrInvalidConfig)
+		}
+	}
+	return table{
+		name:   name,
+		quoted: pgx.Identifier(parts).Sanitize(),
+		flat:   strings.ReplaceAll(name, ".", "_"),
+	}, nil
+}
+
+// defaultChannel is the NOTIFY channel used when a Config leaves Channel
+// empty: the table name with '.' replaced by '_'.
+func defaultChannel(t table) string { return t.flat }
+
+// checkChannel validates a NOTIFY channel name: 1 to 63 bytes, no NUL. It is
+// always quoted with pgx.Identifier where it is spliced into SQL (LISTEN).
+func checkChannel(ch string) error {
+	if ch == "" || len(ch) > maxIdentLen || strings.ContainsRune(ch, 0) {
+		return fmt.Errorf("channel %q: must be 1 to %d bytes without NUL: %w", ch, maxIdentLen, ErrInvalidConfig)
+	}
+	return nil
+}
+
+// TableDDL returns the CREATE TABLE and CREATE INDEX statements (separated by
+// ";\n", ending in ";\n") for an outbox table named table, which must be
+// "ident" or "schema.ident" with each part matching [a-z_][a-z0-9_]* (at most
+// 63 bytes). The schema must already exist. Include the result in a migration:
+//
+//	CREATE TABLE <table> (
+//	  id              bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+//	  event           text        NOT NULL,
+//	  idempotency_key text        NOT NULL,
+//	  payload         jsonb       NOT NULL,
+//	  created_at      timestamptz NOT NULL DEFAULT now(),
+//	  sent_at         timestamptz,
+//	  attempts        integer     NOT NULL DEFAULT 0,
+//	  last_error      text
+//	);
+//	CREATE INDEX <table with '.' as '_'>_unsent ON <table> (id) WHERE sent_at IS NULL;
+//
+// The partial index keeps the relay's claim query cheap however many sent
+// rows the table holds. TableDDL panics if table is invalid: the name is a
+// constant of the calling program, so an invalid one is a programming error.
+func TableDDL(table string) string {
+	t, err := parseTable(table)
+	if err != nil {
+		panic("outbox: TableDDL: " + err.Error())
+	}
+	idx := pgx.Identifier{t.flat + "_unsent"}.Sanitize()
+	return "CREATE TABLE " + t.quoted + ` (
+  id              bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+  event           text        NOT NULL,
+  idempotency_key text        NOT NULL,
+  payload         jsonb       NOT NULL,
+  created_at      timestamptz NOT NULL DEFAULT now(),
+  sent_at         timestamptz,
+  attempts        integer     NOT NULL DEFAULT 0,
+  last_error      text
+);
+CREATE INDEX ` + idx + " ON " + t.quoted + " (id) WHERE sent_at IS NULL;\n"
+}

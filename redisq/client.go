@@ -1,0 +1,130 @@
+package redisq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/maintnotifications"
+)
+
+// Timeouts of the client returned by NewClient.
+const (
+	// ClientDialTimeout bounds establishing one connection.
+	ClientDialTimeout = 500 * time.Millisecond
+	// ClientReadTimeout bounds waiting for one reply (blocking commands such
+	// as XREADGROUP BLOCK get their block time added by go-redis).
+	ClientReadTimeout = time.Second
+	// ClientWriteTimeout bounds writing one command.
+	ClientWriteTimeout = time.Second
+	// ClientPoolTimeout bounds waiting for a free pooled connection.
+	ClientPoolTimeout = time.Second
+)
+
+// NewClient returns a fail-fast *redis.Client for url
+// ("redis://[user:password@]host:port[/db]", also "rediss://" and "unix://").
+//
+// The client never retries a command (MaxRetries -1) and dials once per
+// attempt (no dial retries); dial timeout ClientDialTimeout, read and write
+// timeouts ClientReadTimeout and ClientWriteTimeout, pool timeout
+// ClientPoolTimeout, and it honours ctx deadlines (ContextTimeoutEnabled). It
+// sends no CLIENT SETINFO and no maintenance-notification handshake.
+//
+// go-redis has no offline queue: a command issued while Redis is unreachable
+// fails at once (after at most the dial timeout) and is not kept in memory
+// for later. The outbox relay relies on that (DESIGN.md invariant 2: only the
+// relay writes to the broker and it holds nothing in memory; on error its
+// transaction rolls back and the rows stay unsent).
+//
+// url's query parameters (e.g. "?dial_timeout=2s") are applied first and then
+// overridden by the settings above. The caller owns the client and must Close
+// it. Errors: a malformed url.
+func NewClient(url string) (*redis.Client, error) {
+	opt, err := redis.ParseURL(url)
+	if err != nil {
+		return nil, fmt.Errorf("redisq: parsing redis url: %w", err)
+	}
+	opt.MaxRetries = -1
+	opt.DialerRetries = 1
+	opt.DialTimeout = ClientDialTimeout
+	opt.ReadTimeout = ClientReadTimeout
+	opt.WriteTimeout = ClientWriteTimeout
+	opt.PoolTimeout = ClientPoolTimeout
+	opt.ContextTimeoutEnabled = true
+	opt.DisableIdentity = true
+	opt.MaintNotificationsConfig = &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
+	return redis.NewClient(opt), nil
+}
+
+// ErrNotDurable is matched (errors.Is) by the *DurabilityError CheckDurability
+// returns when the server may lose queued jobs.
+var ErrNotDurable = errors.New("redisq: redis is not configured for durability")
+
+// DurabilityError reports server settings under which queued jobs can be
+// lost: appendonly other than "yes" (a restart loses everything since the
+// last RDB snapshot) or a maxmemory-policy other than "noeviction" (Redis
+// may evict stream or dedupe keys under memory pressure).
+type DurabilityError struct {
+	// AppendOnly is the server's "appendonly" setting ("yes" or "no").
+	AppendOnly string
+	// MaxMemoryPolicy is the server's "maxmemory-policy" (e.g. "noeviction").
+	MaxMemoryPolicy string
+}
+
+// Error describes the unsafe settings.
+func (e *DurabilityError) Error() string {
+	var problems []string
+	if e.AppendOnly != "yes" {
+		problems = append(problems, fmt.Sprintf("appendonly is %q, want \"yes\" (a restart loses queued jobs)", e.AppendOnly))
+	}
+	if e.MaxMemoryPolicy != "noeviction" {
+		problems = append(problems, fmt.Sprintf("maxmemory-policy is %q, want \"noeviction\" (keys may be evicted)", e.MaxMemoryPolicy))
+	}
+	return "redisq: redis may lose jobs: " + strings.Join(problems, "; ")
+}
+
+// Is reports whether target is ErrNotDurable.
+func (e *DurabilityError) Is(target error) bool { return target == ErrNotDurable }
+
+// CheckDurability reads the server's appendonly and maxmemory-policy
+// settings (CONFIG GET) and tells whether queued jobs survive a restart and
+// memory pressure (DESIGN.md invariant 8).
+//
+// It returns nil when appendonly is "yes" and maxmemory-policy is
+// "noeviction". Otherwise it logs a warning on logger (nil = slog.Default())
+// and returns a *DurabilityError (matching ErrNotDurable): the warning is
+// deliberately loud, so callers that only want the log line may ignore the
+// error. When the server refuses CONFIG (renamed, disabled or not permitted),
+// it logs that durability could not be checked and returns nil. A connection
+// error is returned wrapped. Safe for concurrent use.
+func CheckDurability(ctx context.Context, rdb redis.UniversalClient, logger *slog.Logger) error {
+	if logger == nil {
+		logger = slog.Default()
+	}
+	logger = logger.With("component", "redisq")
+	settings := map[string]string{}
+	for _, name := range []string{"appendonly", "maxmemory-policy"} {
+		vals, err := rdb.ConfigGet(ctx, name).Result()
+		if err != nil {
+			var rerr redis.Error
+			if errors.As(err, &rerr) {
+				logger.WarnContext(ctx, "could not check redis durability settings: CONFIG GET refused", "err", err)
+				return nil
+			}
+			return fmt.Errorf("redisq: checking durability: config get %s: %w", name, err)
+		}
+		settings[name] = vals[name]
+	}
+	derr := &DurabilityError{AppendOnly: settings["appendonly"], MaxMemoryPolicy: settings["maxmemory-policy"]}
+	if derr.AppendOnly == "yes" && derr.MaxMemoryPolicy == "noeviction" {
+		return nil
+	}
+	logger.WarnContext(ctx, "REDIS IS NOT DURABLE: queued jobs can be lost",
+		"appendonly", derr.AppendOnly, "maxmemory_policy", derr.MaxMemoryPolicy,
+		"want", "appendonly yes, maxmemory-policy noeviction")
+	return derr
+}

@@ -1,0 +1,591 @@
+package redisq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Consumer defaults.
+const (
+	// DefaultBlock is ConsumerConfig.Block's default: how long one Fetch
+	// waits for new entries (XREADGROUP BLOCK).
+	DefaultBlock = time.Second
+	// DefaultLockDuration is ConsumerConfig.LockDuration's default: how long
+	// a delivery may stay unacknowledged before another consumer reclaims it.
+	DefaultLockDuration = 30 * time.Second
+	// DefaultTrimInterval is ConsumerConfig.TrimInterval's default: the
+	// least time between two trims of acknowledged entries.
+	DefaultTrimInterval = time.Second
+)
+
+// maxClaimRounds bounds the XAUTOCLAIM calls one Fetch makes while scanning
+// a long pending list for stalled entries (each call scans up to 10×max).
+const maxClaimRounds = 4
+
+// ErrMalformedEntry is wrapped by Delivery.Err for a stream entry that lacks
+// the id, name or payload field (written by something other than Add).
+var ErrMalformedEntry = errors.New("redisq: malformed stream entry")
+
+// ConsumerConfig configures a Consumer. Queue, Group and Consumer are
+// required; zero durations take their defaults.
+type ConsumerConfig struct {
+	// Queue names the queue (required; must match the PublisherConfig's).
+	Queue string
+	// Prefix is prepended to every key (default ""; must match the
+	// PublisherConfig's).
+	Prefix string
+	// Group is the consumer group (required). Every group gets every entry;
+	// the consumers of one group share them.
+	Group string
+	// Consumer is this consumer's name within Group (required). Keep it
+	// stable across restarts of the same instance (e.g. the host name), so a
+	// restarted consumer finds and finishes its own pending entries first.
+	Consumer string
+	// Block is how long Fetch waits for new entries (XREADGROUP BLOCK,
+	// millisecond resolution; default DefaultBlock). It is also the longest
+	// Fetch takes to notice that ctx was cancelled.
+	Block time.Duration
+	// LockDuration is how long an entry may stay pending (delivered, not
+	// acknowledged) on any consumer before Fetch reclaims it with XAUTOCLAIM
+	// (millisecond resolution; default DefaultLockDuration; DESIGN.md
+	// invariant 6). Keep it above the longest time a batch takes to process,
+	// or entries still being processed are handed out twice.
+	LockDuration time.Duration
+	// ClaimInterval is the least time between two scans for stalled entries
+	// (default LockDuration/2).
+	ClaimInterval time.Duration
+	// TrimInterval is the least time between two trims of acknowledged
+	// entries, done by Ack (default DefaultTrimInterval).
+	TrimInterval time.Duration
+	// Logger receives warnings and debug logs (default slog.Default()).
+	Logger *slog.Logger
+	// Metrics receives counts (default none).
+	Metrics Metrics
+}
+
+// Consumer reads one queue as one member of a consumer group.
+//
+// Fetch must be called by one goroutine at a time (it keeps a read cursor);
+// Ack, DeadLetter and Stats are safe to call concurrently with it and with
+// each other. A Consumer runs no goroutines and needs no Start or Stop; the
+// caller keeps owning rdb.
+type Consumer struct {
+	rdb    redis.UniversalClient
+	keys   Keys
+	queue  string
+	group  string
+	name   string
+	block  time.Duration
+	lock   time.Duration
+	claimI time.Duration
+	trimI  time.Duration
+	logger *slog.Logger
+	m      Metrics
+
+	mu sync.Mutex // guards the fields below
+	// groupReady is set once XGROUP CREATE succeeded or found the group.
+	groupReady bool
+	// drained is set once this consumer's own pending list has been read
+	// through (from cursor) without finding anything.
+	drained bool
+	// cursor is the last own-pending id returned while draining.
+	cursor string
+	// outstanding holds the stream ids handed out by Fetch and not yet
+	// acknowledged or dead-lettered by this Consumer.
+	outstanding map[string]struct{}
+	// claimCursor is where the next XAUTOCLAIM scan continues ("0-0": start).
+	claimCursor string
+	// lastClaim is when the last complete XAUTOCLAIM scan ended.
+	lastClaim time.Time
+	// lastTrim is when Ack last ran the trim script.
+	lastTrim time.Time
+}
+
+// NewConsumer returns a Consumer of cfg.Group named cfg.Consumer on
+// cfg.Queue through rdb (use NewClient for a fail-fast client). It does not
+// touch Redis: the group is created by the first Fetch. Errors wrap
+// ErrInvalidConfig: nil rdb or cfg, missing Queue, Group or Consumer, or a
+// negative or sub-millisecond duration.
+func NewConsumer(rdb redis.UniversalClient, cfg *ConsumerConfig) (*Consumer, error) {
+	if rdb == nil {
+		return nil, fmt.Errorf("redisq: new consumer: nil redis client: %w", ErrInvalidConfig)
+	}
+	if cfg == nil || cfg.Queue == "" || cfg.Group == "" || cfg.Consumer == "" {
+		return nil, fmt.Errorf("redisq: new consumer: Queue, Group and Consumer are required: %w", ErrInvalidConfig)
+	}
+	durations := []struct {
+		name string
+		v    *time.Duration
+		def  time.Duration
+	}{
+		{"Block", &cfg.Block, DefaultBlock},
+		{"LockDuration", &cfg.LockDuration, DefaultLockDuration},
+		{"ClaimInterval", &cfg.ClaimInterval, 0},
+		{"TrimInterval", &cfg.TrimInterval, DefaultTrimInterval},
+	}
+	vals := make([]time.Duration, len(durations))
+	for i, d := range durations {
+		v := *d.v
+		if v == 0 {
+			v = d.def
+			if d.name == "ClaimInterval" {
+				v = vals[1] / 2
+			}
+		}
+		if v < time.Millisecond {
+			return nil, fmt.Errorf("redisq: new consumer: %s %v below 1ms: %w", d.name, *d.v, ErrInvalidConfig)
+		}
+		vals[i] = v
+	}
+	logger := cfg.Logger
+	if logger == nil {
+		logger = slog.Default()
+	}
+	return &Consumer{
+		rdb:         rdb,
+		keys:        NewKeys(cfg.Prefix, cfg.Queue),
+		queue:       cfg.Queue,
+		group:       cfg.Group,
+		name:        cfg.Consumer,
+		block:       vals[0],
+		lock:        vals[1],
+		claimI:      vals[2],
+		trimI:       vals[3],
+		logger:      logger.With("component", "redisq", "queue", cfg.Queue, "group", cfg.Group, "consumer", cfg.Consumer),
+		m:           cfg.Metrics,
+		cursor:      "0",
+		outstanding: map[string]struct{}{},
+		claimCursor: "0-0",
+	}, nil
+}
+
+// Keys returns the queue's key names.
+func (c *Consumer) Keys() Keys { return c.keys }
+
+// Fetch returns up to max deliveries (max >= 1), in this order of
+// preference:
+//
+//  1. this consumer's own pending entries (XREADGROUP ... 0): those left by
+//     a previous run under the same Consumer name, and those an earlier Fetch
+//     of this Consumer returned that were neither acknowledged nor
+//     dead-lettered since (they are handed out again, so a batch the caller
+//     failed to process is retried first);
+//  2. entries pending on any consumer for longer than LockDuration, taken
+//     over with XAUTOCLAIM (scanned at most every ClaimInterval);
+//  3. new entries (XREADGROUP ... COUNT max BLOCK Block ">").
+//
+// It returns (nil, nil) when no entry arrived within Block (or before ctx's
+// deadline, whichever is sooner). The first call creates the group at "0"
+// with MKSTREAM if it does not exist, so entries added before any consumer
+// started are delivered too; the group is created again if it vanished
+// (e.g. Redis restarted without AOF).
+//
+// An entry whose fields are missing is still returned, with the fields that
+// could be read and Err wrapping ErrMalformedEntry, so the caller can
+// dead-letter it. Entries deleted from the stream while pending are
+// acknowledged away and not returned. Within each source entries come in
+// stream order. Errors: invalid max, ctx done, any Redis error (wrapped); a
+// failed Fetch hands nothing out.
+func (c *Consumer) Fetch(ctx context.Context, max int) ([]Delivery, error) {
+	if max < 1 {
+		return nil, fmt.Errorf("redisq: fetching: max %d must be at least 1", max)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("redisq: fetching: %w", err)
+	}
+	ds, err := c.fetch(ctx, max)
+	if redis.HasErrorPrefix(err, "NOGROUP") {
+		c.mu.Lock()
+		c.groupReady = false
+		c.mu.Unlock()
+		c.logger.WarnContext(ctx, "consumer group vanished; creating it again", "err", err)
+		ds, err = c.fetch(ctx, max)
+	}
+	if err != nil {
+		// Entries may have been delivered to us without reaching the
+		// caller: look at the pending list again next time.
+		c.mu.Lock()
+		c.drained = false
+		c.cursor = "0"
+		c.mu.Unlock()
+		return nil, fmt.Errorf("redisq: fetching: %w", err)
+	}
+	c.mu.Lock()
+	for _, d := range ds {
+		c.outstanding[d.StreamID] = struct{}{}
+	}
+	c.mu.Unlock()
+	return ds, nil
+}
+
+func (c *Consumer) fetch(ctx context.Context, max int) ([]Delivery, error) {
+	if err := c.ensureGroup(ctx); err != nil {
+		return nil, err
+	}
+	ds, err := c.fetchOwnPending(ctx, max)
+	if err != nil || len(ds) > 0 {
+		return ds, err
+	}
+	ds, err = c.fetchStalled(ctx, max)
+	if err != nil || len(ds) > 0 {
+		return ds, err
+	}
+	return c.fetchNew(ctx, max)
+}
+
+func (c *Consumer) ensureGroup(ctx context.Context) error {
+	c.mu.Lock()
+	ready := c.groupReady
+	c.mu.Unlock()
+	if ready {
+		return nil
+	}
+	err := c.rdb.XGroupCreateMkStream(ctx, c.keys.Stream, c.group, "0").Err()
+	if err != nil && !redis.HasErrorPrefix(err, "BUSYGROUP") {
+		return fmt.Errorf("creating consumer group: %w", err)
+	}
+	c.mu.Lock()
+	c.groupReady = true
+	// A new group (or a first Fetch) starts with a fresh look at the
+	// pending list.
+	c.drained = false
+	c.cursor = "0"
+	c.mu.Unlock()
+	return nil
+}
+
+// fetchOwnPending reads this consumer's pending list from the cursor.
+func (c *Consumer) fetchOwnPending(ctx context.Context, max int) ([]Delivery, error) {
+	c.mu.Lock()
+	if len(c.outstanding) > 0 {
+		// Deliveries handed out and not settled: read the list again
+		// from the start, so they are retried before anything new.
+		clear(c.outstanding)
+		c.drained = false
+		c.cursor = "0"
+	}
+	drained, cursor := c.drained, c.cursor
+	c.mu.Unlock()
+	for !drained {
+		msgs, err := c.readGroup(ctx, cursor, max, -1)
+		if err != nil {
+			return nil, err
+		}
+		if len(msgs) == 0 {
+			c.mu.Lock()
+			c.drained = true
+			c.mu.Unlock()
+			return nil, nil
+		}
+		cursor = msgs[len(msgs)-1].ID
+		c.mu.Lock()
+		c.cursor = cursor
+		c.mu.Unlock()
+		live, err := c.dropDeleted(ctx, msgs, nil)
+		if err != nil {
+			return nil, err
+		}
+		if len(live) > 0 {
+			return c.deliveries(ctx, live, true), nil
+		}
+	}
+	return nil, nil
+}
+
+// fetchStalled takes over entries idle for longer than LockDuration.
+func (c *Consumer) fetchStalled(ctx context.Context, max int) ([]Delivery, error) {
+	c.mu.Lock()
+	due := time.Since(c.lastClaim) >= c.claimI
+	start := c.claimCursor
+	c.mu.Unlock()
+	if !due {
+		return nil, nil
+	}
+	for round := 0; round < maxClaimRounds; round++ {
+		msgs, next, deleted, err := c.rdb.XAutoClaimWithDeleted(ctx, &redis.XAutoClaimArgs{
+			Stream:   c.keys.Stream,
+			Group:    c.group,
+			Consumer: c.name,
+			MinIdle:  c.lock,
+			Start:    start,
+			Count:    int64(max),
+		}).Result()
+		if err != nil {
+			return nil, fmt.Errorf("reclaiming stalled entries: %w", err)
+		}
+		c.mu.Lock()
+		c.claimCursor = next
+		if next == "0-0" {
+			c.lastClaim = time.Now()
+		}
+		c.mu.Unlock()
+		live, err := c.dropDeleted(ctx, msgs, deleted)
+		if err != nil {
+			return nil, err
+		}
+		if len(live) > 0 {
+			c.logger.InfoContext(ctx, "reclaimed stalled entries", "count", len(live), "lock_duration", c.lock)
+			if c.m != nil {
+				c.m.JobsReclaimed(c.queue, len(live))
+			}
+			return c.deliveries(ctx, live, true), nil
+		}
+		if next == "0-0" {
+			break
+		}
+		start = next
+	}
+	return nil, nil
+}
+
+// fetchNew waits up to Block for entries never delivered to the group.
+func (c *Consumer) fetchNew(ctx context.Context, max int) ([]Delivery, error) {
+	block := c.block
+	if deadline, ok := ctx.Deadline(); ok {
+		// Leave room for the reply, so a short ctx deadline ends the
+		// block cleanly instead of timing out the connection.
+		left := time.Until(deadline) - 50*time.Millisecond
+		if left < time.Millisecond {
+			return nil, nil
+		}
+		block = min(block, left)
+	}
+	msgs, err := c.readGroup(ctx, ">", max, block)
+	if err != nil {
+		return nil, err
+	}
+	return c.deliveries(ctx, msgs, false), nil
+}
+
+// readGroup runs XREADGROUP from id; block < 0 omits BLOCK. A timed-out
+// block yields no messages and no error.
+func (c *Consumer) readGroup(ctx context.Context, id string, max int, block time.Duration) ([]redis.XMessage, error) {
+	streams, err := c.rdb.XReadGroup(ctx, &redis.XReadGroupArgs{
+		Group:    c.group,
+		Consumer: c.name,
+		Streams:  []string{c.keys.Stream, id},
+		Count:    int64(max),
+		Block:    block,
+	}).Result()
+	if errors.Is(err, redis.Nil) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading group from %s: %w", id, err)
+	}
+	if len(streams) == 0 {
+		return nil, nil
+	}
+	return streams[0].Messages, nil
+}
+
+// dropDeleted acknowledges entries that are pending but no longer in the
+// stream (nil fields, or listed by XAUTOCLAIM as deleted) and returns the
+// others.
+func (c *Consumer) dropDeleted(ctx context.Context, msgs []redis.XMessage, deleted []string) ([]redis.XMessage, error) {
+	live := msgs[:0:0]
+	gone := append([]string(nil), deleted...)
+	for _, m := range msgs {
+		if m.Values == nil {
+			gone = append(gone, m.ID)
+			continue
+		}
+		live = append(live, m)
+	}
+	if len(gone) > 0 {
+		if err := c.rdb.XAck(ctx, c.keys.Stream, c.group, gone...).Err(); err != nil {
+			return nil, fmt.Errorf("acknowledging deleted entries: %w", err)
+		}
+		c.logger.WarnContext(ctx, "acknowledged pending entries deleted from the stream", "count", len(gone))
+	}
+	return live, nil
+}
+
+// deliveries converts msgs. For redelivered entries it looks up the
+// delivery counts (XPENDING); if that fails they are left at 1.
+func (c *Consumer) deliveries(ctx context.Context, msgs []redis.XMessage, redelivered bool) []Delivery {
+	if len(msgs) == 0 {
+		return nil
+	}
+	ds := make([]Delivery, len(msgs))
+	for i, m := range msgs {
+		ds[i] = decodeEntry(m.ID, m.Values)
+	}
+	if !redelivered {
+		return ds
+	}
+	pending, err := c.rdb.XPendingExt(ctx, &redis.XPendingExtArgs{
+		Stream:   c.keys.Stream,
+		Group:    c.group,
+		Consumer: c.name,
+		Start:    msgs[0].ID,
+		End:      msgs[len(msgs)-1].ID,
+		Count:    int64(len(msgs)) + 1000,
+	}).Result()
+	if err != nil {
+		c.logger.DebugContext(ctx, "could not read delivery counts", "err", err)
+		return ds
+	}
+	counts := make(map[string]int64, len(pending))
+	for _, p := range pending {
+		counts[p.ID] = p.RetryCount
+	}
+	for i := range ds {
+		if n, ok := counts[ds[i].StreamID]; ok {
+			ds[i].Deliveries = n
+		}
+	}
+	return ds
+}
+
+// decodeEntry turns one stream entry's fields into a Delivery. It never
+// fails: a missing or non-string field leaves that part empty and sets Err.
+func decodeEntry(streamID string, values map[string]any) Delivery {
+	d := Delivery{StreamID: streamID, Deliveries: 1}
+	var missing []string
+	field := func(name string) (string, bool) {
+		v, ok := values[name]
+		if !ok {
+			missing = append(missing, name)
+			return "", false
+		}
+		s, ok := v.(string)
+		if !ok {
+			missing = append(missing, name)
+			return "", false
+		}
+		return s, true
+	}
+	d.ID, _ = field("id")
+	d.Name, _ = field("name")
+	if p, ok := field("payload"); ok {
+		d.Payload = []byte(p)
+	}
+	if d.ID == "" && len(missing) == 0 {
+		missing = append(missing, "id")
+	}
+	if len(missing) > 0 {
+		d.Err = fmt.Errorf("%w %s: missing or empty fields %v", ErrMalformedEntry, streamID, missing)
+	}
+	return d
+}
+
+// Ack acknowledges streamIDs for the group (XACK): they will not be
+// delivered again. Unknown or already acknowledged ids are ignored; no ids is
+// a no-op. At most every TrimInterval it then trims entries every group has
+// acknowledged (scripts/trim.lua); a failed trim is logged, not returned,
+// and retried by a later Ack. Errors: Redis errors, wrapped; after an error
+// the entries may or may not be acknowledged (an unacknowledged one is
+// delivered again). Safe for concurrent use.
+func (c *Consumer) Ack(ctx context.Context, streamIDs ...string) error {
+	if len(streamIDs) == 0 {
+		return nil
+	}
+	if err := c.rdb.XAck(ctx, c.keys.Stream, c.group, streamIDs...).Err(); err != nil {
+		return fmt.Errorf("redisq: acknowledging %d entries: %w", len(streamIDs), err)
+	}
+	c.settled(streamIDs...)
+	c.mu.Lock()
+	due := time.Since(c.lastTrim) >= c.trimI
+	if due {
+		c.lastTrim = time.Now()
+	}
+	c.mu.Unlock()
+	if due {
+		if _, err := c.Trim(ctx); err != nil {
+			c.logger.WarnContext(ctx, "trimming acknowledged entries failed", "err", err)
+		}
+	}
+	return nil
+}
+
+// Trim deletes the entries every consumer group of the stream has
+// acknowledged (scripts/trim.lua) and returns how many it deleted. Ack calls
+// it at most every TrimInterval; call it directly to force a trim. Safe for
+// concurrent use.
+func (c *Consumer) Trim(ctx context.Context) (int64, error) {
+	n, err := trimScript.Run(ctx, c.rdb, []string{c.keys.Stream}).Int64()
+	if err != nil {
+		return 0, fmt.Errorf("redisq: trimming stream: %w", err)
+	}
+	if n > 0 && c.m != nil {
+		c.m.JobsTrimmed(c.queue, n)
+	}
+	return n, nil
+}
+
+func (c *Consumer) settled(ids ...string) {
+	c.mu.Lock()
+	for _, id := range ids {
+		delete(c.outstanding, id)
+	}
+	c.mu.Unlock()
+}
+
+// DeadLetter moves d out of the way: in one MULTI/EXEC it XADDs d to the
+// dead-letter stream (Keys().Dead) with fields id, name, payload, reason and
+// stream_id, and acknowledges d.StreamID. Use it for entries that can never
+// be processed (malformed, poison). The dead-letter stream is not trimmed;
+// operators inspect and clear it. Errors: empty d.StreamID, Redis errors
+// (wrapped; then neither step happened). Safe for concurrent use.
+func (c *Consumer) DeadLetter(ctx context.Context, d Delivery, reason string) error {
+	if d.StreamID == "" {
+		return fmt.Errorf("redisq: dead-lettering: empty stream id")
+	}
+	_, err := c.rdb.TxPipelined(ctx, func(pipe redis.Pipeliner) error {
+		pipe.XAdd(ctx, &redis.XAddArgs{
+			Stream: c.keys.Dead,
+			Values: []any{"id", d.ID, "name", d.Name, "payload", d.Payload, "reason", reason, "stream_id", d.StreamID},
+		})
+		pipe.XAck(ctx, c.keys.Stream, c.group, d.StreamID)
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("redisq: dead-lettering %s: %w", d.StreamID, err)
+	}
+	c.settled(d.StreamID)
+	c.logger.WarnContext(ctx, "dead-lettered entry", "stream_id", d.StreamID, "message_id", d.ID, "reason", reason)
+	return nil
+}
+
+// Stats is a snapshot of a queue's size.
+type Stats struct {
+	// StreamLen is the number of entries in the stream (XLEN): pending,
+	// undelivered and acknowledged-but-not-yet-trimmed ones.
+	StreamLen int64
+	// Pending is the number of entries delivered to the group and not yet
+	// acknowledged (XPENDING); 0 if the group does not exist yet.
+	Pending int64
+	// DeadLetters is the number of entries in the dead-letter stream.
+	DeadLetters int64
+}
+
+// Stats reads the queue's sizes in one round trip. Errors: Redis errors,
+// wrapped. Safe for concurrent use.
+func (c *Consumer) Stats(ctx context.Context) (Stats, error) {
+	pipe := c.rdb.Pipeline()
+	xlen := pipe.XLen(ctx, c.keys.Stream)
+	pending := pipe.XPending(ctx, c.keys.Stream, c.group)
+	dead := pipe.XLen(ctx, c.keys.Dead)
+	_, _ = pipe.Exec(ctx)
+	var s Stats
+	var err error
+	if s.StreamLen, err = xlen.Result(); err != nil {
+		return Stats{}, fmt.Errorf("redisq: reading stats: %w", err)
+	}
+	if p, err := pending.Result(); err == nil {
+		s.Pending = p.Count
+	} else if !redis.HasErrorPrefix(err, "NOGROUP") {
+		return Stats{}, fmt.Errorf("redisq: reading stats: %w", err)
+	}
+	if s.DeadLetters, err = dead.Result(); err != nil {
+		return Stats{}, fmt.Errorf("redisq: reading stats: %w", err)
+	}
+	return s, nil
+}

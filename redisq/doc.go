@@ -1,0 +1,70 @@
+// Package redisq is a small job queue on Redis Streams (Redis 7.0 or later)
+// built on go-redis v9: idempotent (bulk) add, push delivery to consumer
+// groups, acknowledgement, reclaiming of stalled jobs, dead letters and
+// trimming of acknowledged entries.
+//
+// A Publisher adds Jobs to a queue's stream; a Consumer reads them as one
+// named member of a consumer group. Every group gets every job; the members
+// of a group share them. Key names are built in keys.go (NewKeys); the Lua
+// scripts live in scripts/*.lua, each with a header stating KEYS, ARGV and
+// return values.
+//
+// # Invariants
+//
+//   - Idempotent add. Add runs scripts/add.lua per job: SET <dedupe key> NX
+//     PX <DedupeTTL>, then XADD. A job whose ID was added within DedupeTTL
+//     is not added again and counts as success, so a caller that does not
+//     know whether an Add went through simply repeats it. If the XADD fails
+//     the dedupe key is deleted again, so the retry is not swallowed.
+//   - Order. Add keeps slice order; a stream hands entries out in the order
+//     they were added. Redeliveries (own pending, reclaimed) come before new
+//     entries, so a redelivered job may arrive after later ones: receivers
+//     that need order must tolerate that (the chat orders by seq).
+//   - At-least-once delivery. An entry stays in the group's pending list
+//     from delivery until Ack or DeadLetter. A Consumer first hands out its
+//     own pending entries (left by a previous run under the same name, or
+//     handed out by an earlier Fetch and not settled), then stalled ones,
+//     then new ones. The same entry can therefore be delivered more than
+//     once; receivers deduplicate by Job.ID (the inbox).
+//   - Stalled entries are reclaimed. An entry pending on any consumer for
+//     longer than LockDuration is taken over by the next Consumer of the
+//     group that scans for it (XAUTOCLAIM, at most every ClaimInterval).
+//   - An entry leaves the stream only after every group acknowledged it:
+//     the trim script computes, for each group, the lowest id it may still
+//     need (its first pending id or the one after its last-delivered id) and
+//     trims below the lowest of those. A group created later starts at what
+//     is still in the stream.
+//   - Fail fast, hold nothing. NewClient's client never retries and never
+//     queues commands while disconnected; Add, Fetch and Ack keep nothing in
+//     memory across calls except Fetch's read cursor.
+//
+// # Failure modes
+//
+//   - Redis down or unreachable: Add, Fetch, Ack and DeadLetter return an
+//     error within about a second (dial timeout 500 ms, read timeout 1 s);
+//     nothing is buffered. A failed Add may have added some of its jobs: the
+//     caller retries all of them.
+//   - Redis restarted with appendonly yes (AOF): the stream, the group's
+//     pending lists and the dedupe keys come back; nothing is lost (with
+//     appendfsync everysec, at most the last second of writes can be lost
+//     on a host crash; with always, nothing). The Lua script cache is empty
+//     after a restart; Add reloads it (NOSCRIPT handling).
+//   - Redis restarted without AOF: queued jobs and dedupe keys are lost; the
+//     group is recreated by the next Fetch. CheckDurability warns loudly at
+//     start when appendonly is not "yes" or maxmemory-policy is not
+//     "noeviction" (eviction could drop the stream or dedupe keys).
+//   - A consumer dies mid-batch: its entries stay pending; it finishes them
+//     first when it restarts under the same name, or another consumer
+//     reclaims them after LockDuration.
+//   - A malformed entry (fields missing, e.g. written by hand) is returned
+//     with Delivery.Err set, so the caller can DeadLetter it; it never
+//     crashes the consumer, is never skipped silently and does not block the
+//     entries behind it.
+//
+// # Memory
+//
+// A dedupe key (a few dozen bytes) lives DedupeTTL per job id. Entries are
+// trimmed once every group has acknowledged them (checked at most every
+// TrimInterval by Ack), so the stream holds only the backlog, not history.
+// The dead-letter stream is never trimmed by this package.
+package redisq

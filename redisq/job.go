@@ -1,0 +1,28 @@
+package redisq
+
+// Job is one queue entry.
+//
+// ID is the idempotency key: adding a Job whose ID the queue has seen within
+// the dedupe TTL is a successful no-op. Name is the event name (e.g.
+// "message.created"). Payload is opaque bytes (JSON for the chat).
+type Job struct {
+	ID      string
+	Name    string
+	Payload []byte
+}
+
+// Delivery is a Job handed to a consumer-group member.
+//
+// StreamID is the Redis stream entry id ("1700000000000-0"), used to ack.
+// Deliveries is how many times Redis has handed this entry out (1 on the
+// first delivery; from XPENDING/XAUTOCLAIM bookkeeping where known, else 1).
+type Delivery struct {
+	Job
+	StreamID   string
+	Deliveries int64
+	// Err is nil for a well-formed entry. For an entry lacking the id, name
+	// or payload field (not written by Publisher.Add) it wraps
+	// ErrMalformedEntry, and Job holds whatever fields could be read: the
+	// caller should DeadLetter it.
+	Err error
+}

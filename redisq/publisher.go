@@ -1,0 +1,177 @@
+package redisq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// DefaultDedupeTTL is PublisherConfig.DedupeTTL's default: how long an added
+// job id is remembered, so that re-adding it is a no-op.
+const DefaultDedupeTTL = 24 * time.Hour
+
+// ErrInvalidJob is returned (wrapped) by Publisher.Add for a job that cannot
+// be added at all (an empty ID). Nothing of that call is sent.
+var ErrInvalidJob = errors.New("redisq: invalid job")
+
+// ErrInvalidConfig is returned (wrapped) by NewPublisher and NewConsumer for
+// a config that cannot work.
+var ErrInvalidConfig = errors.New("redisq: invalid config")
+
+// PublisherConfig configures a Publisher. A nil *PublisherConfig is not
+// allowed (Queue is required); zero fields take their defaults.
+type PublisherConfig struct {
+	// Queue names the queue (required; the "{<queue>}" hash tag of its keys).
+	Queue string
+	// Prefix is prepended to every key (default ""; e.g. "test42:").
+	Prefix string
+	// DedupeTTL is how long an added job id is remembered (millisecond
+	// resolution; default DefaultDedupeTTL). A job re-added after its dedupe
+	// key expired is added again.
+	DedupeTTL time.Duration
+	// Logger receives debug logs (default slog.Default()).
+	Logger *slog.Logger
+	// Metrics receives counts (default none).
+	Metrics Metrics
+}
+
+// Metrics receives queue counters. Implementations must be safe for
+// concurrent use and must not block; the app adapts them to Prometheus.
+type Metrics interface {
+	// JobsAdded is called after every successful Add: added new entries and
+	// duplicates skipped (both >= 0).
+	JobsAdded(queue string, added, duplicates int)
+	// JobsReclaimed is called when Fetch took over n > 0 stalled entries
+	// from other consumers (XAUTOCLAIM).
+	JobsReclaimed(queue string, n int)
+	// JobsTrimmed is called when Ack trimmed n > 0 acknowledged entries.
+	JobsTrimmed(queue string, n int64)
+}
+
+// Publisher adds jobs to one queue. It is safe for concurrent use and holds
+// no state besides its configuration: nothing is buffered between calls.
+type Publisher struct {
+	rdb    redis.UniversalClient
+	keys   Keys
+	queue  string
+	ttlMS  int64
+	logger *slog.Logger
+	m      Metrics
+}
+
+// NewPublisher returns a Publisher adding to cfg.Queue through rdb (use
+// NewClient for a fail-fast client; the caller keeps owning rdb). Errors
+// wrap ErrInvalidConfig: nil rdb or cfg, empty Queue, negative DedupeTTL or
+// one below a millisecond.
+func NewPublisher(rdb redis.UniversalClient, cfg *PublisherConfig) (*Publisher, error) {
+	if rdb == nil {
+		return nil, fmt.Errorf("redisq: new publisher: nil redis client: %w", ErrInvalidConfig)
+	}
+	if cfg == nil || cfg.Queue == "" {
+		return nil, fmt.Errorf("redisq: new publisher: Queue is required: %w", ErrInvalidConfig)
+	}
+	ttl := cfg.DedupeTTL
+	if ttl == 0 {
+		ttl = DefaultDedupeTTL
+	}
+	if ttl < time.Millisecond {
+		return nil, fmt.Errorf("redisq: new publisher: DedupeTTL %v below 1ms: %w", cfg.DedupeTTL, ErrInvalidConfig)
+	}
+	logger := cfg.Logger
+	if logger == nil {
+		logger = slog.Default()
+	}
+	return &Publisher{
+		rdb:    rdb,
+		keys:   NewKeys(cfg.Prefix, cfg.Queue),
+		queue:  cfg.Queue,
+		ttlMS:  ttl.Milliseconds(),
+		logger: logger.With("component", "redisq", "queue", cfg.Queue),
+		m:      cfg.Metrics,
+	}, nil
+}
+
+// Keys returns the queue's key names.
+func (p *Publisher) Keys() Keys { return p.keys }
+
+// Add adds jobs to the stream in slice order, each through scripts/add.lua
+// (SET <dedupe key> NX PX <DedupeTTL>, then XADD with fields id, name,
+// payload), all pipelined in one round trip. It returns how many jobs were
+// new; the others were duplicates of ids seen within DedupeTTL (or repeated
+// within jobs), which count as success. Add with no jobs returns (0, nil).
+//
+// On error (Redis down, timeout, OOM, ctx done) some of the jobs may have
+// been added and others not: the caller must retry all of them, which is
+// safe because adds are idempotent; added is then 0. Nothing is kept in
+// memory for a later retry. A job with an empty ID fails the whole call
+// with ErrInvalidJob before anything is sent. If the server answers
+// NOSCRIPT (script cache empty after a restart), Add loads the script and
+// retries those jobs once. Safe for concurrent use.
+func (p *Publisher) Add(ctx context.Context, jobs ...Job) (added int, err error) {
+	if len(jobs) == 0 {
+		return 0, nil
+	}
+	for i, j := range jobs {
+		if j.ID == "" {
+			return 0, fmt.Errorf("redisq: adding jobs: job %d has an empty ID: %w", i, ErrInvalidJob)
+		}
+	}
+	todo := make([]int, len(jobs))
+	for i := range todo {
+		todo[i] = i
+	}
+	for attempt := 0; ; attempt++ {
+		n, missing, err := p.addOnce(ctx, jobs, todo)
+		if err != nil {
+			return 0, err
+		}
+		added += n
+		if len(missing) == 0 {
+			break
+		}
+		if attempt > 0 {
+			return 0, fmt.Errorf("redisq: adding jobs: script still missing after SCRIPT LOAD")
+		}
+		if err := addScript.Load(ctx, p.rdb).Err(); err != nil {
+			return 0, fmt.Errorf("redisq: adding jobs: loading add script: %w", err)
+		}
+		todo = missing
+	}
+	if p.m != nil {
+		p.m.JobsAdded(p.queue, added, len(jobs)-added)
+	}
+	return added, nil
+}
+
+// addOnce pipelines EVALSHA add.lua for jobs[todo...]. It returns how many
+// were added and the indices whose EVALSHA failed with NOSCRIPT.
+func (p *Publisher) addOnce(ctx context.Context, jobs []Job, todo []int) (int, []int, error) {
+	sha := addScript.Hash()
+	pipe := p.rdb.Pipeline()
+	cmds := make([]*redis.Cmd, len(todo))
+	for k, i := range todo {
+		j := jobs[i]
+		cmds[k] = pipe.EvalSha(ctx, sha, []string{p.keys.Dedupe(j.ID), p.keys.Stream},
+			p.ttlMS, j.ID, j.Name, j.Payload)
+	}
+	// Exec's error is the first failed command's; inspect each instead.
+	_, _ = pipe.Exec(ctx)
+	added := 0
+	var missing []int
+	for k, cmd := range cmds {
+		n, err := cmd.Int()
+		switch {
+		case err == nil:
+			added += n
+		case redis.HasErrorPrefix(err, "NOSCRIPT"):
+			missing = append(missing, todo[k])
+		default:
+			return 0, nil, fmt.Errorf("redisq: adding job %q: %w", jobs[todo[k]].ID, err)
+		}
+	}
+	return added, missing, nil
+}

@@ -1,0 +1,82 @@
+-- trim.lua: remove stream entries that every consumer group has acknowledged.
+--
+-- KEYS[1]  stream key (<prefix>q:{<queue>}:stream)
+-- ARGV     none
+--
+-- For every group of the stream (XINFO GROUPS) the lowest entry id it still
+-- needs is min(first pending id (XPENDING summary), last-delivered-id + 1):
+-- pending entries may be redelivered, undelivered ones are still to come.
+-- The stream is trimmed with XTRIM MINID <lowest id over all groups> (exact,
+-- not "~"), so entries below it, acknowledged by every group, are deleted.
+-- A stream without groups is left alone (nobody has acknowledged anything).
+--
+-- Returns  the number of entries deleted (integer >= 0).
+
+-- cmp compares two decimal strings without leading zeros: -1, 0 or 1.
+local function cmp(a, b)
+  if #a ~= #b then return (#a < #b) and -1 or 1 end
+  if a == b then return 0 end
+  return (a < b) and -1 or 1
+end
+
+-- split turns "ms-seq" into its two decimal parts.
+local function split(id)
+  local ms, seq = string.match(id, '^(%d+)-(%d+)$')
+  return ms, seq
+end
+
+local function idcmp(a, b)
+  local ams, aseq = split(a)
+  local bms, bseq = split(b)
+  local c = cmp(ams, bms)
+  if c ~= 0 then return c end
+  return cmp(aseq, bseq)
+end
+
+-- incr adds one to a decimal string exactly (sequence numbers are 64-bit,
+-- beyond what a Lua number holds).
+local function incr(s)
+  local digits = {}
+  for i = 1, #s do digits[i] = string.byte(s, i) - 48 end
+  local i = #digits
+  while i >= 1 do
+    if digits[i] < 9 then
+      digits[i] = digits[i] + 1
+      break
+    end
+    digits[i] = 0
+    i = i - 1
+  end
+  local out = {}
+  if i == 0 then out[1] = '1' end
+  for j = 1, #digits do out[#out + 1] = tostring(digits[j]) end
+  return table.concat(out)
+end
+
+local function next_id(id)
+  local ms, seq = split(id)
+  return ms .. '-' .. incr(seq)
+end
+
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+local groups = redis.call('XINFO', 'GROUPS', KEYS[1])
+if #groups == 0 then return 0 end
+
+local lowest = nil
+for _, g in ipairs(groups) do
+  local name, pending, last
+  for i = 1, #g, 2 do
+    if g[i] == 'name' then name = g[i + 1]
+    elseif g[i] == 'pending' then pending = g[i + 1]
+    elseif g[i] == 'last-delivered-id' then last = g[i + 1] end
+  end
+  local need = next_id(last)
+  if pending > 0 then
+    local summary = redis.call('XPENDING', KEYS[1], name)
+    local first = summary[2]
+    if first and idcmp(first, need) < 0 then need = first end
+  end
+  if lowest == nil or idcmp(need, lowest) < 0 then lowest = need end
+end
+
+return redis.call('XTRIM', KEYS[1], 'MINID', lowest)

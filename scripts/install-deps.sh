@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Installs what outboxchat's tests and lab need when it is missing:
+# PostgreSQL server binaries (initdb, postgres), redis-server, and — with
+# --browser — Chromium for the browser test. Debian/Ubuntu only (apt-get);
+# elsewhere it says what to install. It never starts or touches a system
+# server: the tests and the lab run private servers on free ports.
+set -euo pipefail
+
+want_browser=0
+[ "${1:-}" = "--browser" ] && want_browser=1
+
+have_pg() {
+  command -v initdb >/dev/null 2>&1 && command -v postgres >/dev/null 2>&1 && return 0
+  ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1
+}
+have_redis() { command -v redis-server >/dev/null 2>&1; }
+have_chromium() { command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || command -v google-chrome >/dev/null 2>&1; }
+
+pkgs=()
+have_pg || pkgs+=(postgresql)
+have_redis || pkgs+=(redis-server)
+if [ "$want_browser" = 1 ] && ! have_chromium; then pkgs+=(chromium); fi
+[ ${#pkgs[@]} -eq 0 ] && exit 0
+
+if ! command -v apt-get >/dev/null 2>&1; then
+  echo "outboxchat needs: ${pkgs[*]} (PostgreSQL 15+ server binaries, Redis 7+, Chromium). Install them with your package manager and run again." >&2
+  exit 1
+fi
+sudo=""
+if [ "$(id -u)" != 0 ]; then
+  command -v sudo >/dev/null 2>&1 || { echo "need root or sudo to apt-get install ${pkgs[*]}" >&2; exit 1; }
+  sudo="sudo"
+fi
+echo "installing ${pkgs[*]} with apt-get…" >&2
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -qq
+$sudo apt-get install -y -qq --no-install-recommends "${pkgs[@]}" >/dev/null
