@@ -400,13 +400,14 @@ func (g *Gateway) markDirty(ids []int64) {
 	g.mu.Unlock()
 }
 
-// deliver queues to s the rows after its cursors, merged by sent_at. It
+// deliver queues to s the rows after its cursors, merged by sent_at
+// (mergeBySentAt keeps each origin in seq order). It
 // reports whether received rows are held back behind a seq gap.
 func (g *Gateway) deliver(s *Subscription, rr *roomRows, now time.Time) (held bool) {
-	var out []Message
+	var sent, recv []Message
 	for _, m := range rr.sent {
 		if m.Seq == s.sent+1 {
-			out = append(out, m)
+			sent = append(sent, m)
 			s.sent = m.Seq
 		}
 	}
@@ -428,11 +429,10 @@ func (g *Gateway) deliver(s *Subscription, rr *roomRows, now time.Time) (held bo
 			g.log.Warn("gave up waiting for a missing message", "chat_id", s.chatID, "missing_seq", s.recv+1, "next_seq", m.Seq)
 		}
 		s.gapSince = time.Time{}
-		out = append(out, m)
+		recv = append(recv, m)
 		s.recv = m.Seq
 	}
-	sort.SliceStable(out, func(i, j int) bool { return out[i].SentAt.Before(out[j].SentAt) })
-	for _, m := range out {
+	for _, m := range mergeBySentAt(sent, recv) {
 		b, err := json.Marshal(m)
 		if err != nil {
 			continue

@@ -157,8 +157,7 @@ func (a *API) handleHistory(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	msgs := append(append(make([]Message, 0, len(h.Sent)+len(h.Received)), h.Sent...), h.Received...)
-	sortBySentAt(msgs)
+	msgs := mergeBySentAt(h.Sent, h.Received)
 	writeJSON(w, http.StatusOK, map[string]any{"messages": msgs, "more": h.More})
 }
 

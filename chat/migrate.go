@@ -90,19 +90,14 @@ func Bootstrap(ctx context.Context, pool *pgxpool.Pool, service string) error {
 		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext('outboxchat.bootstrap'))`); err != nil {
 			return fmt.Errorf("bootstrap %s: lock: %w", service, err)
 		}
-		var exists bool
-		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = $1)`, service).Scan(&exists); err != nil {
-			return fmt.Errorf("bootstrap %s: look up role: %w", service, err)
+		// Roles are cluster-wide and advisory locks per database: another
+		// database's bootstrap may create the role at the same moment.
+		stmts := []string{
+			`DO $$ BEGIN CREATE ROLE ` + id + ` LOGIN;
+			EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL; END $$`,
+			"CREATE SCHEMA IF NOT EXISTS " + id + " AUTHORIZATION " + id,
+			"GRANT CONNECT ON DATABASE " + pgx.Identifier{currentDatabase(ctx, tx)}.Sanitize() + " TO " + id,
 		}
-		stmts := []string{}
-		if !exists {
-			stmts = append(stmts, "CREATE ROLE "+id+" LOGIN")
-		}
-		stmts = append(stmts,
-			"CREATE SCHEMA IF NOT EXISTS "+id+" AUTHORIZATION "+id,
-			"GRANT CONNECT ON DATABASE "+pgx.Identifier{currentDatabase(ctx, tx)}.Sanitize()+" TO "+id,
-			"ALTER ROLE "+id+" SET search_path = "+id,
-		)
 		for _, s := range stmts {
 			if _, err := tx.Exec(ctx, s); err != nil {
 				return fmt.Errorf("bootstrap %s: %s: %w", service, s, err)

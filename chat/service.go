@@ -68,6 +68,11 @@ type Config struct {
 	// LockDuration is how long a job may stay unacknowledged before another
 	// worker may take it (stalled job). Default redisq.DefaultLockDuration.
 	LockDuration time.Duration
+	// GapTimeout is how long the WebSocket gateway holds received messages
+	// behind a missing seq (a job still in flight or being reclaimed). Default
+	// min(DefaultGapTimeout, 2×LockDuration): a reclaim takes at most about
+	// 1.5×LockDuration, so a shorter lock (the lab's 5 s) shortens the hold.
+	GapTimeout time.Duration
 	// ConsumerName names this worker in the consumer group; it must be
 	// stable across restarts of one instance so a restarted worker finishes
 	// its own pending jobs first. Default "<service>-<hostname>".
@@ -83,6 +88,11 @@ type Config struct {
 	Logger *slog.Logger
 	// Listening, when set, is called with the bound HTTP address.
 	Listening func(addr string)
+
+	// Test hooks (package tests only): wrap the relay's publisher and the
+	// worker's source to inject faults in-process.
+	wrapPublisher func(outbox.Publisher) outbox.Publisher
+	wrapSource    func(inbox.Source) inbox.Source
 }
 
 // QueueName is the Redis queue carrying messages from service from to its peer.
@@ -231,6 +241,9 @@ func Serve(ctx context.Context, cfg Config) error {
 		if fault != nil {
 			src, handler = fault.wrapSource(src, log), fault.wrapHandler(handler, log)
 		}
+		if cfg.wrapSource != nil {
+			src = cfg.wrapSource(src)
+		}
 		ic, err := inbox.NewConsumer(pool, src, handler, &inbox.Config{Logger: log})
 		if err != nil {
 			return err
@@ -251,6 +264,9 @@ func Serve(ctx context.Context, cfg Config) error {
 		var p outbox.Publisher = redisPublisher{pub}
 		if fault != nil {
 			p = fault.wrapPublisher(p, log)
+		}
+		if cfg.wrapPublisher != nil {
+			p = cfg.wrapPublisher(p)
 		}
 		relay, err := outbox.NewRelay(pool, &outbox.RelayConfig{
 			Table: cfg.Service + ".outbox", Channel: OutboxChannel(cfg.Service), Publisher: p,
@@ -280,8 +296,15 @@ func Serve(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return err
 	}
+	if cfg.GapTimeout <= 0 {
+		lock := cfg.LockDuration
+		if lock <= 0 {
+			lock = redisq.DefaultLockDuration
+		}
+		cfg.GapTimeout = min(DefaultGapTimeout, 2*lock)
+	}
 	gw, err := NewGateway(pool, cfg.Service, &GatewayConfig{
-		Channels: []string{InboxChannel(cfg.Service), OutboxChannel(cfg.Service)}, Logger: log,
+		Channels: []string{InboxChannel(cfg.Service), OutboxChannel(cfg.Service)}, GapTimeout: cfg.GapTimeout, Logger: log,
 	})
 	if err != nil {
 		return err

@@ -1,16 +1,49 @@
-// Package lab runs the outboxchat experiments on real processes: private
-// Postgres and Redis servers, both services as OS processes of this binary,
-// faults injected by signals and restarts, and an invariant checker that
-// reads the database and a WebSocket client.
 package lab
 
 import (
 	"context"
+	"errors"
+	"flag"
 	"fmt"
 	"io"
 )
 
-// Run runs `outboxchat lab <args>`: up, chaos, latency, bench or demo.
+const usage = `usage: outboxchat lab <command> [flags]
+
+commands:
+  up      start private Postgres and Redis and both services; print their URLs; Ctrl-C stops all
+  chaos   the write-up's fault experiment: --variant v1|v2 [--json]; or --scenario NAME; --list
+  demo    chaos v1, then chaos v2 (then the latency table when available); fails unless results are as expected
+`
+
+// Run runs `outboxchat lab <args>` (up, chaos, demo, …). The report goes to
+// stdout, progress to stderr. It returns flag.ErrHelp for -h, and an error
+// for unknown commands, failed setups and (demo, scenarios) unexpected
+// results. Cancelling ctx (Ctrl-C) stops the run and removes every private
+// server and process it started.
 func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	return fmt.Errorf("lab: not built yet")
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return errors.New("lab: no command")
+	}
+	switch args[0] {
+	case "up":
+		return runUp(ctx, args[1:], stdout, stderr)
+	case "chaos":
+		return runChaosCmd(ctx, args[1:], stdout, stderr)
+	case "demo":
+		return runDemo(ctx, args[1:], stdout, stderr)
+	case "-h", "--help", "help":
+		fmt.Fprint(stdout, usage)
+		return flag.ErrHelp
+	}
+	if f, ok := extraCommands[args[0]]; ok {
+		return f(ctx, args[1:], stdout, stderr)
+	}
+	fmt.Fprint(stderr, usage)
+	return fmt.Errorf("lab: unknown command %q", args[0])
 }
+
+// extraCommands are lab subcommands added by other files of this package
+// (e.g. latency, bench) through an init function: name → runner.
+var extraCommands = map[string]func(ctx context.Context, args []string, stdout, stderr io.Writer) error{}

@@ -255,9 +255,14 @@ func (r *Relay) Wake() {
 func (r *Relay) Listening() bool { return r.listening.Load() }
 
 // setTimeoutsSQL applies the relay's bounds to the current transaction only.
+// It also forces custom plans: pgx prepares the claim and mark-sent
+// statements once per connection, and a generic plan made while the table was
+// small (a sequential scan for "id = ANY($1)") would otherwise be reused as
+// the table grows, making every pass O(table) until the next ANALYZE.
 const setTimeoutsSQL = "SELECT set_config('lock_timeout', $1, true), " +
 	"set_config('statement_timeout', $2, true), " +
-	"set_config('idle_in_transaction_session_timeout', $3, true)"
+	"set_config('idle_in_transaction_session_timeout', $3, true), " +
+	"set_config('plan_cache_mode', 'force_custom_plan', true)"
 
 // RunOnce runs one pass and returns the number of rows published (0 to
 // BatchSize). In one round trip it sends BEGIN, the transaction-local

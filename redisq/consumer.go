@@ -162,6 +162,7 @@ func NewConsumer(rdb redis.UniversalClient, cfg *ConsumerConfig) (*Consumer, err
 		cursor:      "0",
 		outstanding: map[string]struct{}{},
 		claimCursor: "0-0",
+		lastTrim:    time.Now(),
 	}, nil
 }
 

@@ -124,11 +124,16 @@ func Start(ctx context.Context, opts *Options) (*Server, error) {
 		}
 	}
 	if opts.Dir == "" {
+		reapStale("pgproc-", s.log)
 		d, err := os.MkdirTemp("", "pgproc-")
 		if err != nil {
 			return nil, fmt.Errorf("pgproc: create temp dir: %w", err)
 		}
 		s.dir, s.ownDir = d, true
+		if err := writeOwner(d); err != nil {
+			_ = os.RemoveAll(d)
+			return nil, fmt.Errorf("pgproc: %w", err)
+		}
 	} else {
 		if s.dir, err = filepath.Abs(opts.Dir); err != nil {
 			return nil, fmt.Errorf("pgproc: %w", err)
@@ -477,6 +482,9 @@ func (s *Server) killLocked() error {
 	if !waitGroupGone(pid, 10*time.Second) {
 		return fmt.Errorf("pgproc: processes of group %d still alive after SIGKILL", pid)
 	}
+	// The whole server is dead, so its lock file is stale. Remove it so a
+	// recycled pid cannot make postgres refuse to start on Restart.
+	_ = os.Remove(filepath.Join(s.dataDir, "postmaster.pid"))
 	s.log.Info("pgproc: killed", "port", s.port)
 	return nil
 }

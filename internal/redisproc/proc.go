@@ -142,3 +142,36 @@ func tailFile(path string, n int64) string {
 	_, _ = f.ReadAt(buf, off)
 	return strings.TrimSpace(string(buf))
 }
+
+// ownerFile, written into every temp dir this package creates, holds the pid
+// of the creating Go process. If that process dies without Close (SIGKILL,
+// test timeout), Pdeathsig kills the server but the dir stays behind;
+// reapStale removes such dirs on a later Start.
+const ownerFile = "owner.pid"
+
+func writeOwner(dir string) error {
+	return os.WriteFile(filepath.Join(dir, ownerFile), []byte(strconv.Itoa(os.Getpid())), 0o644)
+}
+
+// reapStale removes temp dirs named prefix* whose owner process is gone.
+// Dirs without an owner file (being created right now, or not ours) are left
+// alone. Errors are ignored: this is best-effort housekeeping.
+func reapStale(prefix string, log interface{ Info(string, ...any) }) {
+	m, _ := filepath.Glob(filepath.Join(os.TempDir(), prefix+"*"))
+	for _, d := range m {
+		b, err := os.ReadFile(filepath.Join(d, ownerFile))
+		if err != nil {
+			continue
+		}
+		pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+		if err != nil || pid <= 0 || pid == os.Getpid() {
+			continue
+		}
+		if err := syscall.Kill(pid, 0); !errors.Is(err, syscall.ESRCH) {
+			continue
+		}
+		if err := os.RemoveAll(d); err == nil {
+			log.Info("removed stale dir", "dir", d, "owner_pid", pid)
+		}
+	}
+}

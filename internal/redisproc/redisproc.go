@@ -97,10 +97,15 @@ func Start(ctx context.Context, opts *Options) (*Server, error) {
 	}
 	var err error
 	if opts.Dir == "" {
+		reapStale("redisproc-", s.log)
 		if s.dir, err = os.MkdirTemp("", "redisproc-"); err != nil {
 			return nil, fmt.Errorf("redisproc: create temp dir: %w", err)
 		}
 		s.ownDir = true
+		if err := writeOwner(s.dir); err != nil {
+			_ = os.RemoveAll(s.dir)
+			return nil, fmt.Errorf("redisproc: %w", err)
+		}
 	} else {
 		if s.dir, err = filepath.Abs(opts.Dir); err != nil {
 			return nil, fmt.Errorf("redisproc: %w", err)
@@ -209,6 +214,14 @@ func (s *Server) waitReady(ctx context.Context, r *run) error {
 // ping sends one PING over a fresh connection and checks, via INFO, that the
 // answering server is our process (another server could own the port).
 func (s *Server) ping(ctx context.Context, r *run) error {
+	// A plain TCP probe first keeps go-redis from logging dial failures
+	// while the server is still starting.
+	d := net.Dialer{Timeout: time.Second}
+	nc, err := d.DialContext(ctx, "tcp", s.Addr())
+	if err != nil {
+		return err
+	}
+	_ = nc.Close()
 	c := redis.NewClient(&redis.Options{
 		Addr:            s.Addr(),
 		DialTimeout:     time.Second,
