@@ -118,7 +118,7 @@ func (f *fault) wrapPublisher(p outbox.Publisher, log *slog.Logger) outbox.Publi
 // the message with the fault's seq. Fetch remembers each ref's seq.
 type faultSource struct {
 	inbox.Source
-	f    *fault
+	f   *fault
 	log *slog.Logger
 }
 

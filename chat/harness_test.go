@@ -119,7 +119,10 @@ func (r *running) stop() {
 
 type testWriter struct{ t testing.TB }
 
-func (w testWriter) Write(p []byte) (int, error) { w.t.Log(string(bytes.TrimSpace(p))); return len(p), nil }
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(string(bytes.TrimSpace(p)))
+	return len(p), nil
+}
 
 // send posts body to chat and fails the test unless it gets 201.
 func send(t testing.TB, base string, chat int64, body string) Message {

@@ -164,6 +164,12 @@ func DecodeSendRequest(data []byte, maxBodyBytes int) (SendRequest, error) {
 		return req, &FieldError{Field: "body", Msg: "is required"}
 	}
 	req.Body = *raw.Body
+	// encoding/json turns an unpaired surrogate escape ("\ud800") into
+	// U+FFFD; refuse rather than silently change the text.
+	if strings.ContainsRune(req.Body, utf8.RuneError) && !bytes.ContainsRune(data, utf8.RuneError) &&
+		!bytes.Contains(bytes.ToLower(data), []byte(`\ufffd`)) {
+		return req, &FieldError{Field: "body", Msg: "contains an invalid \\u escape (unpaired surrogate)"}
+	}
 	if err := ValidateBody(req.Body, maxBodyBytes); err != nil {
 		return req, err
 	}

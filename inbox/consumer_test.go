@@ -134,6 +134,9 @@ func TestConsumerIsolatesPoison(t *testing.T) {
 			if n := e.deadLen(t); n != 1 {
 				t.Fatalf("dead stream length = %d, want 1", n)
 			}
+			if recs := e.logs.records(t, "batch hit a permanent error; re-running one delivery per transaction"); len(recs) != 1 {
+				t.Fatalf("isolation log records = %v, want one (all four jobs in one batch)", recs)
+			}
 			recs := e.logs.records(t, "delivery dead-lettered")
 			if len(recs) != 1 || recs[0]["message_id"] != poison.ID {
 				t.Fatalf("dead-letter log records = %v, want one for %s", recs, poison.ID)

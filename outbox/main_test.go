@@ -11,10 +11,11 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outboxchat/outboxchat/internal/testenv"
 	"github.com/outboxchat/outboxchat/outbox"
 )
 
-func TestMain(m *testing.M) { testMain(m) }
+func TestMain(m *testing.M) { testenv.Main(m) }
 
 // testTable is the outbox table every test creates in its own database.
 const testTable = "ob.outbox"
@@ -23,7 +24,7 @@ const testTable = "ob.outbox"
 // returns a pool to it.
 func setup(t testing.TB) *pgxpool.Pool {
 	t.Helper()
-	pool := testPool(t)
+	pool := testenv.Pool(t)
 	if _, err := pool.Exec(context.Background(), "CREATE SCHEMA ob;\n"+outbox.TableDDL(testTable)); err != nil {
 		t.Fatalf("create table: %v", err)
 	}

@@ -255,14 +255,22 @@ func (r *Relay) Wake() {
 func (r *Relay) Listening() bool { return r.listening.Load() }
 
 // setTimeoutsSQL applies the relay's bounds to the current transaction only.
-// It also forces custom plans: pgx prepares the claim and mark-sent
-// statements once per connection, and a generic plan made while the table was
-// small (a sequential scan for "id = ANY($1)") would otherwise be reused as
-// the table grows, making every pass O(table) until the next ANALYZE.
+//
+// It also steers the planner, for this transaction only, to index scans. The
+// outbox is a queue table: every pass leaves dead entries in the partial
+// index (the old, unsent row versions) until vacuum, and between ANALYZE runs
+// the statistics badly underestimate them. The planner then picks a bitmap
+// scan plus sort for the claim, which visits every dead entry on every pass,
+// and a sequential scan for "id = ANY($1)"; both make a pass O(table) until
+// autovacuum catches up. An ordered index scan on the partial index stops
+// after BatchSize live rows and lets btree mark dead entries so later scans
+// skip them; the primary-key lookup is O(BatchSize). Every relay statement is
+// an index lookup, so nothing else is affected.
 const setTimeoutsSQL = "SELECT set_config('lock_timeout', $1, true), " +
 	"set_config('statement_timeout', $2, true), " +
 	"set_config('idle_in_transaction_session_timeout', $3, true), " +
-	"set_config('plan_cache_mode', 'force_custom_plan', true)"
+	"set_config('enable_seqscan', 'off', true), " +
+	"set_config('enable_bitmapscan', 'off', true)"
 
 // RunOnce runs one pass and returns the number of rows published (0 to
 // BatchSize). In one round trip it sends BEGIN, the transaction-local

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/outboxchat/outboxchat/internal/testenv"
 	"github.com/outboxchat/outboxchat/outbox"
 )
 
@@ -232,11 +233,11 @@ func TestNotifyWakeUp(t *testing.T) {
 			rec := &recorder{}
 			r := newRelay(t, pool, outbox.RelayConfig{Publisher: rec, PollInterval: time.Hour})
 			startRelay(t, r)
-			waitFor(t, 5*time.Second, "relay listening", r.Listening)
+			testenv.WaitFor(t, 5*time.Second, "relay listening", r.Listening)
 			for i := range 3 {
 				id := "n" + strconv.Itoa(i)
 				enqueue(t, pool, w, ev(id))
-				waitFor(t, 2*time.Second, "published "+id, func() bool { return rec.has(id) })
+				testenv.WaitFor(t, 2*time.Second, "published "+id, func() bool { return rec.has(id) })
 			}
 		})
 	}
@@ -276,7 +277,7 @@ func TestListenConnectionKilled(t *testing.T) {
 	}})
 	startRelay(t, r)
 	var pid int
-	waitFor(t, 5*time.Second, "listen backend", func() bool { pid = listenPID(t, pool); return pid != 0 })
+	testenv.WaitFor(t, 5*time.Second, "listen backend", func() bool { pid = listenPID(t, pool); return pid != 0 })
 
 	if _, err := pool.Exec(ctx, "SELECT pg_terminate_backend($1, 5000)", pid); err != nil {
 		t.Fatalf("terminate listen backend: %v", err)
@@ -284,8 +285,8 @@ func TestListenConnectionKilled(t *testing.T) {
 	// Committed while the listener is down or reconnecting: its notification
 	// may be lost; the reconnect's catch-up pass publishes it.
 	enqueue(t, pool, w, ev("during"))
-	waitFor(t, 5*time.Second, "published during outage", func() bool { return rec.has("during") })
-	waitFor(t, 5*time.Second, "new listen backend", func() bool {
+	testenv.WaitFor(t, 5*time.Second, "published during outage", func() bool { return rec.has("during") })
+	testenv.WaitFor(t, 5*time.Second, "new listen backend", func() bool {
 		p := listenPID(t, pool)
 		return p != 0 && p != pid && r.Listening()
 	})
@@ -293,7 +294,7 @@ func TestListenConnectionKilled(t *testing.T) {
 	for i := range 3 {
 		id := "after" + strconv.Itoa(i)
 		enqueue(t, pool, w, ev(id))
-		waitFor(t, 2*time.Second, "published "+id, func() bool { return rec.has(id) })
+		testenv.WaitFor(t, 2*time.Second, "published "+id, func() bool { return rec.has(id) })
 	}
 	mu.Lock()
 	defer mu.Unlock()
@@ -312,7 +313,7 @@ func TestPollOnly(t *testing.T) {
 	for i := range 3 {
 		id := "poll" + strconv.Itoa(i)
 		enqueue(t, pool, w, ev(id))
-		waitFor(t, 5*time.Second, "published "+id, func() bool { return rec.has(id) })
+		testenv.WaitFor(t, 5*time.Second, "published "+id, func() bool { return rec.has(id) })
 	}
 	if r.Listening() {
 		t.Error("Listening() = true with DisableListen")
@@ -373,7 +374,7 @@ func TestTwoRelaysOrder(t *testing.T) {
 	for err := range errs {
 		t.Fatalf("writer: %v", err)
 	}
-	waitFor(t, 20*time.Second, "all events published", func() bool {
+	testenv.WaitFor(t, 20*time.Second, "all events published", func() bool {
 		return len(rec.distinct()) == writers*perWriter
 	})
 	next := make([]int, chats)
@@ -519,5 +520,5 @@ func TestStopDeadlineCancelsInflightPass(t *testing.T) {
 	rec := &recorder{}
 	r2 := newRelay(t, pool, outbox.RelayConfig{Publisher: rec})
 	startRelay(t, r2)
-	waitFor(t, 5*time.Second, "published after restart", func() bool { return rec.has("h1") })
+	testenv.WaitFor(t, 5*time.Second, "published after restart", func() bool { return rec.has("h1") })
 }

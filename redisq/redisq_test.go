@@ -267,6 +267,7 @@ func TestFetchEndsBlockBeforeCtxDeadline(t *testing.T) {
 	if _, err := c.Fetch(ctx, 0); err == nil {
 		t.Fatal("Fetch with max 0 succeeded")
 	}
+	ctx, cancel = context.WithCancel(context.Background())
 	cancel()
 	if _, err := c.Fetch(ctx, 1); !errors.Is(err, context.Canceled) {
 		t.Fatalf("Fetch after cancel: %v", err)

@@ -476,12 +476,27 @@ func (s *Server) killLocked() error {
 		return nil
 	}
 	pid := r.cmd.Process.Pid
+	// Postgres children call setsid(), so they are not in the postmaster's
+	// process group. Freeze the postmaster (it cannot fork while stopped),
+	// collect its descendants, then SIGKILL all of them.
+	_ = syscall.Kill(pid, syscall.SIGSTOP)
+	procs := append(descendants(pid), pid)
 	_ = syscall.Kill(-pid, syscall.SIGKILL)
+	for _, p := range procs {
+		_ = syscall.Kill(p, syscall.SIGKILL)
+	}
 	<-r.exited
 	s.run = nil
-	if !waitGroupGone(pid, 10*time.Second) {
-		return fmt.Errorf("pgproc: processes of group %d still alive after SIGKILL", pid)
+	deadline := time.Now().Add(10 * time.Second)
+	for _, p := range procs {
+		for alive(p) {
+			if time.Now().After(deadline) {
+				return fmt.Errorf("pgproc: server process %d still alive after SIGKILL", p)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
 	}
+	waitGroupGone(pid, time.Second)
 	// The whole server is dead, so its lock file is stale. Remove it so a
 	// recycled pid cannot make postgres refuse to start on Restart.
 	_ = os.Remove(filepath.Join(s.dataDir, "postmaster.pid"))
@@ -530,4 +545,57 @@ func (s *Server) Close() error {
 		}
 	}
 	return err
+}
+
+// procStat returns the state and ppid of pid from /proc/pid/stat.
+func procStat(pid int) (state string, ppid int, ok bool) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return "", 0, false
+	}
+	i := strings.LastIndexByte(string(b), ')')
+	if i < 0 {
+		return "", 0, false
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 2 {
+		return "", 0, false
+	}
+	ppid, _ = strconv.Atoi(f[1])
+	return f[0], ppid, true
+}
+
+// alive reports whether pid exists and is not a zombie.
+func alive(pid int) bool {
+	st, _, ok := procStat(pid)
+	return ok && st != "Z" && st != "X"
+}
+
+// descendants returns the live descendants of root, found via /proc.
+func descendants(root int) []int {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil
+	}
+	children := map[int][]int{}
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if st, ppid, ok := procStat(pid); ok && st != "Z" && st != "X" {
+			children[ppid] = append(children[ppid], pid)
+		}
+	}
+	var out []int
+	queue := []int{root}
+	for len(queue) > 0 {
+		p := queue[0]
+		queue = queue[1:]
+		for _, c := range children[p] {
+			out = append(out, c)
+			queue = append(queue, c)
+		}
+	}
+	return out
 }

@@ -1,0 +1,314 @@
+package lab
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/outboxchat/outboxchat/chat"
+	"github.com/outboxchat/outboxchat/internal/pgproc"
+	"github.com/outboxchat/outboxchat/internal/redisproc"
+	"github.com/outboxchat/outboxchat/redisq"
+)
+
+// Variants of the send path and relay wake-up the lab can run.
+const (
+	VariantV1     = "v1"      // naive dual write from the API (--mode v1)
+	VariantV2     = "v2"      // outbox, wake-up after commit (default)
+	VariantV2Poll = "v2-poll" // outbox, relay polls only (--poll-only --wake none)
+	VariantV2InTx = "v2-intx" // outbox, NOTIFY inside the send transaction (--wake in-tx)
+)
+
+// DefaultLockDuration is the lock duration the lab gives the workers (the
+// write-up's test used 5 s; the services' default is 30 s).
+const DefaultLockDuration = 5 * time.Second
+
+// Process names in an Env (relay processes add "-relay", then "-2", "-3"…).
+const (
+	ProcConsumers = chat.Consumers
+	ProcWorkers   = chat.Workers
+)
+
+// EnvOptions configures StartEnv. The zero value is valid: v2, every role in
+// one process per service, lock duration 5 s, temp dir.
+type EnvOptions struct {
+	// Variant is VariantV1, VariantV2 (default ""), VariantV2Poll or
+	// VariantV2InTx.
+	Variant string
+	// ConsumersRelays and WorkersRelays are the number of separate relay
+	// processes (`--role relay`) per service. 0 (default) runs the relay
+	// role inside the service's main process. In v1 no relay runs.
+	ConsumersRelays, WorkersRelays int
+	// LockDuration is the workers' --lock-duration. Default
+	// DefaultLockDuration (5 s).
+	LockDuration time.Duration
+	// ExtraArgs are appended to every serve command line.
+	ExtraArgs []string
+	// Faults maps a process name (e.g. "workers", "consumers-relay") to a
+	// fault spec KIND:SEQ passed as --fault to that process's first start.
+	Faults map[string]string
+	// Dir holds the process logs. "" (default) makes a temp dir that Close
+	// removes; a given Dir is kept.
+	Dir string
+	// Progress receives progress lines ("lab: …"). nil discards them.
+	Progress io.Writer
+}
+
+// Env is a running lab environment: a private Postgres and Redis and both
+// services as child processes. Close removes everything. Fields are set by
+// StartEnv and must not be changed; the Procs and servers are safe for
+// concurrent use.
+type Env struct {
+	Postgres *pgproc.Server
+	Redis    *redisproc.Server
+	// Consumers and Workers are the services' main processes (api and
+	// worker roles, plus relay when no separate relay process runs).
+	Consumers, Workers *Proc
+	// ConsumersRelays and WorkersRelays are separate relay processes.
+	ConsumersRelays, WorkersRelays []*Proc
+	// ConsumersURL and WorkersURL are the services' HTTP base URLs
+	// ("http://127.0.0.1:PORT"), fixed across restarts.
+	ConsumersURL, WorkersURL string
+	// DatabaseURL is the superuser URL of the lab database; RedisURL the
+	// private Redis's URL.
+	DatabaseURL, RedisURL string
+	// Dir holds the process logs (<name>.log).
+	Dir string
+	// Variant is the variant the services run.
+	Variant string
+	// LockDuration is the workers' lock duration.
+	LockDuration time.Duration
+
+	admin   *pgxpool.Pool
+	rdb     *redis.Client
+	ownDir  bool
+	closeMu sync.Mutex
+	closed  bool
+}
+
+// variantArgs returns the serve flags of a variant.
+func variantArgs(v string) ([]string, error) {
+	switch v {
+	case VariantV1:
+		return []string{"--mode", "v1"}, nil
+	case VariantV2:
+		return []string{"--mode", "v2", "--wake", "after-commit"}, nil
+	case VariantV2Poll:
+		return []string{"--mode", "v2", "--poll-only", "--wake", "none"}, nil
+	case VariantV2InTx:
+		return []string{"--mode", "v2", "--wake", "in-tx"}, nil
+	}
+	return nil, fmt.Errorf("lab: unknown variant %q (want v1, v2, v2-poll or v2-intx)", v)
+}
+
+// StartEnv starts a private Postgres and Redis (appendonly yes), creates and
+// migrates both services' roles and schemas, starts the service processes
+// and waits until each is ready. On error everything started is removed.
+// ctx bounds the start only; the Env lives until Close.
+func StartEnv(ctx context.Context, opts EnvOptions) (_ *Env, err error) {
+	if opts.Variant == "" {
+		opts.Variant = VariantV2
+	}
+	vargs, err := variantArgs(opts.Variant)
+	if err != nil {
+		return nil, err
+	}
+	if opts.LockDuration <= 0 {
+		opts.LockDuration = DefaultLockDuration
+	}
+	if opts.ConsumersRelays < 0 || opts.WorkersRelays < 0 {
+		return nil, errors.New("lab: negative relay count")
+	}
+	progress := opts.Progress
+	if progress == nil {
+		progress = io.Discard
+	}
+	e := &Env{Dir: opts.Dir, Variant: opts.Variant, LockDuration: opts.LockDuration}
+	if e.Dir == "" {
+		if e.Dir, err = os.MkdirTemp("", "outboxchat-lab-"); err != nil {
+			return nil, fmt.Errorf("lab: temp dir: %w", err)
+		}
+		e.ownDir = true
+	} else if err := os.MkdirAll(e.Dir, 0o755); err != nil {
+		return nil, fmt.Errorf("lab: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			_ = e.Close()
+		}
+	}()
+
+	fmt.Fprintln(progress, "lab: starting private Postgres and Redis")
+	var wg sync.WaitGroup
+	var pgErr, rdErr error
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		e.Postgres, pgErr = pgproc.Start(ctx, nil)
+	}()
+	go func() {
+		defer wg.Done()
+		e.Redis, rdErr = redisproc.Start(ctx, nil)
+	}()
+	wg.Wait()
+	if err := errors.Join(pgErr, rdErr); err != nil {
+		return nil, fmt.Errorf("lab: start servers: %w", err)
+	}
+	e.DatabaseURL = e.Postgres.AdminURL()
+	e.RedisURL = e.Redis.URL()
+	if e.admin, err = pgxpool.New(ctx, e.DatabaseURL); err != nil {
+		return nil, fmt.Errorf("lab: connect postgres: %w", err)
+	}
+	if e.rdb, err = redisq.NewClient(e.RedisURL); err != nil {
+		return nil, fmt.Errorf("lab: %w", err)
+	}
+	for _, s := range []string{chat.Consumers, chat.Workers} {
+		if err := chat.Bootstrap(ctx, e.admin, s); err != nil {
+			return nil, fmt.Errorf("lab: %w", err)
+		}
+		if _, err := chat.Migrate(ctx, e.admin, s); err != nil {
+			return nil, fmt.Errorf("lab: %w", err)
+		}
+	}
+
+	newProc := func(service, name, roles string, api bool) (*Proc, error) {
+		args := []string{"--service", service, "--role", roles,
+			"--database-url", e.ServiceDatabaseURL(service), "--redis-url", e.RedisURL,
+			"--lock-duration", opts.LockDuration.String(), "--consumer-name", service + "-1"}
+		args = append(args, vargs...)
+		args = append(args, opts.ExtraArgs...)
+		if f := opts.Faults[name]; f != "" {
+			args = append(args, "--fault", f)
+		}
+		cfg := &ProcConfig{Args: args, API: api, LogPath: filepath.Join(e.Dir, name+".log")}
+		if !api {
+			cfg.ReadyMsg = "relay started"
+		}
+		return NewProc(name, cfg)
+	}
+	relayNames := func(service string, n int) []string {
+		var out []string
+		for i := 1; i <= n; i++ {
+			name := service + "-relay"
+			if i > 1 {
+				name += "-" + strconv.Itoa(i)
+			}
+			out = append(out, name)
+		}
+		return out
+	}
+	for _, s := range []struct {
+		service string
+		relays  int
+		main    **Proc
+		rel     *[]*Proc
+	}{
+		{chat.Consumers, opts.ConsumersRelays, &e.Consumers, &e.ConsumersRelays},
+		{chat.Workers, opts.WorkersRelays, &e.Workers, &e.WorkersRelays},
+	} {
+		roles := "api,worker,relay"
+		if s.relays > 0 || opts.Variant == VariantV1 {
+			roles = "api,worker"
+		}
+		if *s.main, err = newProc(s.service, s.service, roles, true); err != nil {
+			return nil, err
+		}
+		if opts.Variant == VariantV1 {
+			continue
+		}
+		for _, name := range relayNames(s.service, s.relays) {
+			p, err := newProc(s.service, name, "relay", false)
+			if err != nil {
+				return nil, err
+			}
+			*s.rel = append(*s.rel, p)
+		}
+	}
+	e.ConsumersURL, e.WorkersURL = e.Consumers.URL(), e.Workers.URL()
+
+	fmt.Fprintf(progress, "lab: starting %d service processes (%s)\n", len(e.Procs()), opts.Variant)
+	errs := make([]error, len(e.Procs()))
+	for i, p := range e.Procs() {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = p.StartReady(ctx)
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	return e, nil
+}
+
+// Procs returns every service process: consumers, its relays, workers, its
+// relays.
+func (e *Env) Procs() []*Proc {
+	var out []*Proc
+	for _, p := range append([]*Proc{e.Consumers}, e.ConsumersRelays...) {
+		if p != nil {
+			out = append(out, p)
+		}
+	}
+	for _, p := range append([]*Proc{e.Workers}, e.WorkersRelays...) {
+		if p != nil {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// ServiceDatabaseURL returns the URL a service connects with: its own role
+// (trust auth on the private server).
+func (e *Env) ServiceDatabaseURL(service string) string {
+	return fmt.Sprintf("postgres://%s@127.0.0.1:%d/%s?sslmode=disable", service, e.Postgres.Port(), pgproc.DefaultDatabase)
+}
+
+// Admin returns a superuser pool on the lab database (owned by the Env).
+func (e *Env) Admin() *pgxpool.Pool { return e.admin }
+
+// RedisClient returns a Redis client on the private Redis (owned by the
+// Env; fail-fast settings of redisq.NewClient).
+func (e *Env) RedisClient() *redis.Client { return e.rdb }
+
+// Close kills every process, closes the connections, stops and removes the
+// private servers and the temp dir. It is idempotent and returns the first
+// error.
+func (e *Env) Close() error {
+	e.closeMu.Lock()
+	defer e.closeMu.Unlock()
+	if e.closed {
+		return nil
+	}
+	e.closed = true
+	var errs []error
+	for _, p := range e.Procs() {
+		errs = append(errs, p.Close())
+	}
+	if e.admin != nil {
+		e.admin.Close()
+	}
+	if e.rdb != nil {
+		errs = append(errs, e.rdb.Close())
+	}
+	if e.Redis != nil {
+		errs = append(errs, e.Redis.Close())
+	}
+	if e.Postgres != nil {
+		errs = append(errs, e.Postgres.Close())
+	}
+	if e.ownDir {
+		errs = append(errs, os.RemoveAll(e.Dir))
+	}
+	return errors.Join(errs...)
+}

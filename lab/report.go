@@ -1,0 +1,326 @@
+package lab
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/outboxchat/outboxchat/chat"
+	"github.com/outboxchat/outboxchat/redisq"
+)
+
+// eventLog prints one line per event in the write-up's form
+// ("%5.1fs  %-10s %s": elapsed seconds since the first send, actor, event).
+// Safe for concurrent use.
+type eventLog struct {
+	mu sync.Mutex
+	w  io.Writer
+	t0 time.Time
+}
+
+func (l *eventLog) start() {
+	l.mu.Lock()
+	l.t0 = time.Now()
+	l.mu.Unlock()
+}
+
+// at logs an event that happened at time t.
+func (l *eventLog) at(t time.Time, actor, format string, args ...any) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	el := 0.0
+	if !l.t0.IsZero() {
+		el = t.Sub(l.t0).Seconds()
+	}
+	fmt.Fprintf(l.w, "%5.1fs  %-10s %s\n", el, actor+":", fmt.Sprintf(format, args...))
+}
+
+func (l *eventLog) add(actor, format string, args ...any) {
+	l.at(time.Now(), actor, format, args...)
+}
+
+// asyncEvents runs event-producing callbacks (which may query the database)
+// off the log-reader and watcher goroutines, in order, on one goroutine it
+// owns until close.
+type asyncEvents struct {
+	mu     sync.Mutex
+	closed bool
+	ch     chan func()
+	done   chan struct{}
+}
+
+func newAsyncEvents() *asyncEvents {
+	a := &asyncEvents{ch: make(chan func(), 4096), done: make(chan struct{})}
+	go func() {
+		defer close(a.done)
+		for f := range a.ch {
+			f()
+		}
+	}()
+	return a
+}
+
+func (a *asyncEvents) do(f func()) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.closed {
+		return
+	}
+	select {
+	case a.ch <- f:
+	default: // a flood of events: drop rather than block a reader
+	}
+}
+
+func (a *asyncEvents) close() {
+	a.mu.Lock()
+	if !a.closed {
+		a.closed = true
+		close(a.ch)
+	}
+	a.mu.Unlock()
+	<-a.done
+}
+
+// sender posts messages to a service's HTTP API.
+type sender struct {
+	client *http.Client
+}
+
+func newSender() *sender {
+	return &sender{client: &http.Client{Timeout: 5 * time.Second}}
+}
+
+// send posts body to chat chatID on baseURL. It returns the stored message
+// on 201, else an error naming the status and the API's error text.
+func (s *sender) send(ctx context.Context, baseURL string, chatID int64, body string) (chat.Message, error) {
+	var m chat.Message
+	b, _ := json.Marshal(chat.SendRequest{Body: body})
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost,
+		baseURL+"/api/chats/"+strconv.FormatInt(chatID, 10)+"/messages", bytes.NewReader(b))
+	if err != nil {
+		return m, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := s.client.Do(req)
+	if err != nil {
+		return m, err
+	}
+	defer resp.Body.Close()
+	data, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if resp.StatusCode != http.StatusCreated {
+		var e struct {
+			Error string `json:"error"`
+		}
+		_ = json.Unmarshal(data, &e)
+		return m, fmt.Errorf("%d %s", resp.StatusCode, e.Error)
+	}
+	if err := json.Unmarshal(data, &m); err != nil {
+		return m, fmt.Errorf("decode reply: %w", err)
+	}
+	return m, nil
+}
+
+// Figures are the numbers a run reports, read from the database and the
+// watcher, never from the lab's own bookkeeping of what it sent.
+type Figures struct {
+	// Saved is count(consumers.messages).
+	Saved int `json:"saved"`
+	// Received is the number of distinct consumers' messages the watcher
+	// on workers' /ws saw.
+	Received int `json:"received"`
+	// DuplicatesSkipped is count(workers.inbox_duplicates).
+	DuplicatesSkipped int `json:"duplicates_skipped"`
+	// Lost lists the message numbers ("msg N" → N; the seq when the body
+	// has no number) saved but never seen, in seq order.
+	Lost []int `json:"lost"`
+	// Unsent is count(consumers.outbox where sent_at is null).
+	Unsent int `json:"unsent"`
+	// DuplicatesShown is the number of frames that showed a message again
+	// (not in the JSON: the scenarios' invariant).
+	DuplicatesShown int `json:"-"`
+	// OrderViolations describes frames shown out of per-chat seq order.
+	OrderViolations []string `json:"-"`
+}
+
+// WriteSummary prints the three summary lines of DESIGN.md.
+func (f *Figures) WriteSummary(w io.Writer) {
+	fmt.Fprintf(w, "saved by consumers: %d   received by workers: %d   duplicates skipped: %d\n",
+		f.Saved, f.Received, f.DuplicatesSkipped)
+	if len(f.Lost) == 0 {
+		fmt.Fprintln(w, "lost: none")
+	} else {
+		parts := make([]string, len(f.Lost))
+		for i, n := range f.Lost {
+			parts[i] = "msg " + strconv.Itoa(n)
+		}
+		fmt.Fprintln(w, "lost: "+strings.Join(parts, ", "))
+	}
+	fmt.Fprintf(w, "unsent in outbox: %d\n", f.Unsent)
+}
+
+// CheckInvariants returns an error describing every broken invariant:
+// something lost, something shown twice, a chat's order broken.
+func (f *Figures) CheckInvariants() error {
+	var problems []string
+	if len(f.Lost) > 0 {
+		problems = append(problems, fmt.Sprintf("lost %v", f.Lost))
+	}
+	if f.DuplicatesShown > 0 {
+		problems = append(problems, fmt.Sprintf("%d message(s) shown twice", f.DuplicatesShown))
+	}
+	if len(f.OrderViolations) > 0 {
+		problems = append(problems, "order broken: "+strings.Join(f.OrderViolations, "; "))
+	}
+	if f.Unsent > 0 {
+		problems = append(problems, fmt.Sprintf("%d outbox row(s) unsent", f.Unsent))
+	}
+	if len(problems) == 0 {
+		return nil
+	}
+	return fmt.Errorf("invariants broken: %s", strings.Join(problems, "; "))
+}
+
+// msgNumber returns N for a body "msg N", else fallback.
+func msgNumber(body string, fallback int64) int {
+	if s, ok := strings.CutPrefix(body, "msg "); ok {
+		if n, err := strconv.Atoi(s); err == nil {
+			return n
+		}
+	}
+	return int(fallback)
+}
+
+// label returns "msg N" for a consumers' message id, looked up in
+// consumers.messages ("message <id>" when not found).
+func (e *Env) label(ctx context.Context, id string) string {
+	var body string
+	var seq int64
+	qctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	err := e.admin.QueryRow(qctx, `SELECT body, seq FROM consumers.messages WHERE id::text = $1`, id).Scan(&body, &seq)
+	if err != nil {
+		return "message " + id
+	}
+	return "msg " + strconv.Itoa(msgNumber(body, seq))
+}
+
+// labelSeq returns "msg N" for the consumers' message with seq in chat.
+func (e *Env) labelSeq(ctx context.Context, chatID, seq int64) string {
+	var body string
+	qctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	if err := e.admin.QueryRow(qctx, `SELECT body FROM consumers.messages WHERE chat_id = $1 AND seq = $2`, chatID, seq).Scan(&body); err != nil {
+		return "msg with seq " + strconv.FormatInt(seq, 10)
+	}
+	return "msg " + strconv.Itoa(msgNumber(body, seq))
+}
+
+// figures reads the run's figures from the database and the watcher w
+// (which watches workers' /ws).
+func (e *Env) figures(ctx context.Context, w *Watcher) (*Figures, error) {
+	f := &Figures{Lost: []int{}}
+	rows, err := e.admin.Query(ctx, `SELECT id::text, chat_id, seq, body FROM consumers.messages ORDER BY chat_id, seq`)
+	if err != nil {
+		return nil, fmt.Errorf("lab: read consumers.messages: %w", err)
+	}
+	seen := map[string]bool{}
+	for _, s := range w.Frames() {
+		if s.Message.From == chat.Consumers {
+			seen[s.Message.ID] = true
+		}
+	}
+	for rows.Next() {
+		var id, body string
+		var chatID, seq int64
+		if err := rows.Scan(&id, &chatID, &seq, &body); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("lab: read consumers.messages: %w", err)
+		}
+		f.Saved++
+		if !seen[id] {
+			f.Lost = append(f.Lost, msgNumber(body, seq))
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("lab: read consumers.messages: %w", err)
+	}
+	f.Received = len(seen)
+	if err := e.admin.QueryRow(ctx, `SELECT count(*) FROM workers.inbox_duplicates`).Scan(&f.DuplicatesSkipped); err != nil {
+		return nil, fmt.Errorf("lab: count duplicates: %w", err)
+	}
+	if err := e.admin.QueryRow(ctx, `SELECT count(*) FROM consumers.outbox WHERE sent_at IS NULL`).Scan(&f.Unsent); err != nil {
+		return nil, fmt.Errorf("lab: count unsent: %w", err)
+	}
+	f.DuplicatesShown = w.Duplicates()
+	f.OrderViolations = w.OrderViolations()
+	return f, nil
+}
+
+// settled reports whether every consumers' message is shown by w, nothing is
+// unsent, and no job of the consumers→workers queue is pending (delivered,
+// not acknowledged). Errors (a server down) count as not settled.
+func (e *Env) settled(ctx context.Context, w *Watcher) bool {
+	qctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	var ids []string
+	rows, err := e.admin.Query(qctx, `SELECT id::text FROM consumers.messages`)
+	if err != nil {
+		return false
+	}
+	for rows.Next() {
+		var id string
+		if rows.Scan(&id) != nil {
+			rows.Close()
+			return false
+		}
+		ids = append(ids, id)
+	}
+	if rows.Err() != nil {
+		return false
+	}
+	seen := map[string]bool{}
+	for _, s := range w.Frames() {
+		seen[s.Message.ID] = true
+	}
+	for _, id := range ids {
+		if !seen[id] {
+			return false
+		}
+	}
+	var unsent int
+	if e.admin.QueryRow(qctx, `SELECT count(*) FROM consumers.outbox WHERE sent_at IS NULL`).Scan(&unsent) != nil || unsent > 0 {
+		return false
+	}
+	return e.pendingJobs(qctx) == 0
+}
+
+// pendingJobs returns the number of delivered, unacknowledged entries of the
+// consumers→workers queue (-1 on error; 0 when the group does not exist).
+func (e *Env) pendingJobs(ctx context.Context) int64 {
+	keys := redisq.NewKeys(redisPrefix, chat.QueueName(chat.Consumers))
+	p, err := e.rdb.XPending(ctx, keys.Stream, chat.Workers).Result()
+	if err == redis.Nil {
+		return 0
+	}
+	if err != nil {
+		if strings.Contains(err.Error(), "NOGROUP") {
+			return 0
+		}
+		return -1
+	}
+	return p.Count
+}
+
+// redisPrefix is the services' default Redis key prefix (the lab's Redis is
+// private, so the default is used).
+const redisPrefix = "outboxchat:"
