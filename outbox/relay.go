@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -242,7 +243,8 @@ func (r *Relay) Channel() string { return r.channel }
 
 // Wake asks the running relay for a pass now. It never blocks; wake-ups
 // coalesce (one pending at most), and one that arrives during a pass causes
-// another pass. Safe for concurrent use; a no-op effect until Start.
+// another pass. A wake-up given while stopped is kept for the next Start.
+// Safe for concurrent use.
 func (r *Relay) Wake() {
 	select {
 	case r.wake <- struct{}{}:
@@ -416,10 +418,7 @@ func (r *Relay) rollbackAndRecord(ctx context.Context, conn *pgxpool.Conn, inTx 
 		}
 	}
 	*inTx = false
-	msg := cause.Error()
-	if len(msg) > lastErrorMax {
-		msg = msg[:lastErrorMax]
-	}
+	msg := lastError(cause)
 	b := &pgx.Batch{}
 	b.Queue("BEGIN")
 	b.Queue(setTimeoutsSQL, r.timeouts[0], r.timeouts[1], r.timeouts[2])
@@ -429,6 +428,16 @@ func (r *Relay) rollbackAndRecord(ctx context.Context, conn *pgxpool.Conn, inTx 
 		r.log.Debug("recording a failed pass failed", slog.Int("rows", len(ids)), slog.Any("err", err))
 		_, _ = conn.Exec(rctx, "ROLLBACK")
 	}
+}
+
+// lastError renders err for the last_error column: at most lastErrorMax
+// bytes of valid UTF-8 without NUL (text columns reject both).
+func lastError(err error) string {
+	msg := strings.ReplaceAll(err.Error(), "\x00", "")
+	if len(msg) > lastErrorMax {
+		msg = msg[:lastErrorMax]
+	}
+	return strings.ToValidUTF8(msg, "")
 }
 
 func (r *Relay) fail(stage string, err error) error {
@@ -441,7 +450,8 @@ func (r *Relay) fail(stage string, err error) error {
 // Start starts the relay's loop (and, unless DisableListen, its LISTEN
 // connection) and returns at once; the first pass runs immediately. It runs
 // until Stop, or until ctx is cancelled (a hard stop that also cancels the
-// in-flight pass; the rows then stay unsent). ErrAlreadyStarted if running.
+// in-flight pass; the rows then stay unsent; call Stop before starting
+// again). ErrAlreadyStarted if running.
 func (r *Relay) Start(ctx context.Context) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()

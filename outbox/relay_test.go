@@ -522,3 +522,20 @@ func TestStopDeadlineCancelsInflightPass(t *testing.T) {
 	startRelay(t, r2)
 	testenv.WaitFor(t, 5*time.Second, "published after restart", func() bool { return rec.has("h1") })
 }
+
+func TestLastErrorIsTruncatedValidText(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := setup(t)
+	w := newWriter(t, pool, outbox.WakeNone)
+	long := errors.New("x\x00" + strings.Repeat("é", 2000)) // odd byte offset: truncation splits a rune
+	r := newRelay(t, pool, outbox.RelayConfig{Publisher: outbox.PublisherFunc(func(context.Context, []outbox.Message) error { return long })})
+	enqueue(t, pool, w, ev("e1"))
+	if _, err := r.RunOnce(ctx); !errors.Is(err, long) {
+		t.Fatalf("RunOnce: %v, want the publish error", err)
+	}
+	got := rows(t, pool)[0]
+	if got.attempts != 1 || got.lastError == nil || len(*got.lastError) > 1000 || !strings.HasSuffix(*got.lastError, "é") {
+		t.Fatalf("row %+v: want attempts 1 and last_error cut to ≤1000 bytes of valid text", got)
+	}
+}

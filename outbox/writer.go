@@ -251,7 +251,8 @@ func (w *Writer) Committed() {
 
 // Start starts the background notifier of WakeAfterCommit (in other modes it
 // starts nothing and returns nil). It does not block. The notifier runs until
-// Stop or until ctx is cancelled. It returns ErrAlreadyStarted if running.
+// Stop or until ctx is cancelled (call Stop before starting again). It
+// returns ErrAlreadyStarted if running.
 func (w *Writer) Start(ctx context.Context) error {
 	if w.mode != WakeAfterCommit {
 		return nil
