@@ -233,12 +233,92 @@ func (s *Server) command(name string, args ...string) *exec.Cmd {
 	return cmd
 }
 
-// initdb creates the cluster unless Dir/data already holds one.
+// The first Start in a process runs initdb once into a template cluster;
+// every new cluster is then a copy of it (cp -a, preserving ownership),
+// which is several times faster than initdb. The template dir carries an
+// owner file, so reapStale removes it once the process is gone;
+// RemoveTemplate removes it earlier.
+var tmpl struct {
+	mu     sync.Mutex
+	dir    string
+	binDir string
+	cred   *syscall.Credential
+}
+
+// RemoveTemplate deletes this process's cached template cluster, if any. A
+// later Start recreates it. Call it when the process is done starting
+// servers (testenv.Main does); otherwise the next process reaps it. Safe for
+// concurrent use.
+func RemoveTemplate() error {
+	tmpl.mu.Lock()
+	defer tmpl.mu.Unlock()
+	if tmpl.dir == "" {
+		return nil
+	}
+	err := os.RemoveAll(tmpl.dir)
+	tmpl.dir = ""
+	return err
+}
+
+// templateData returns the template's data dir, creating it if needed.
+func (s *Server) templateData(ctx context.Context) (string, error) {
+	tmpl.mu.Lock()
+	defer tmpl.mu.Unlock()
+	if tmpl.dir != "" {
+		if tmpl.binDir == s.binDir && tmpl.cred == s.cred {
+			return filepath.Join(tmpl.dir, "data"), nil
+		}
+		return "", nil // different binaries or user: no template
+	}
+	d, err := os.MkdirTemp("", "pgproc-")
+	if err != nil {
+		return "", err
+	}
+	if err := writeOwner(d); err != nil {
+		_ = os.RemoveAll(d)
+		return "", err
+	}
+	if err := os.Chmod(d, 0o755); err != nil {
+		_ = os.RemoveAll(d)
+		return "", err
+	}
+	t := &Server{dir: d, dataDir: filepath.Join(d, "data"), binDir: s.binDir, cred: s.cred, log: s.log}
+	if err := t.runInitdb(ctx); err != nil {
+		_ = os.RemoveAll(d)
+		return "", err
+	}
+	tmpl.dir, tmpl.binDir, tmpl.cred = d, s.binDir, s.cred
+	return t.dataDir, nil
+}
+
+// initdb creates the cluster unless Dir/data already holds one, by copying
+// the process-wide template (see tmpl).
 func (s *Server) initdb(ctx context.Context) error {
 	if _, err := os.Stat(filepath.Join(s.dataDir, "PG_VERSION")); err == nil {
 		s.log.Debug("pgproc: reusing cluster", "dir", s.dataDir)
 		return nil
 	}
+	src, err := s.templateData(ctx)
+	if err != nil {
+		return fmt.Errorf("pgproc: template cluster: %w", err)
+	}
+	if src != "" {
+		if _, err := os.Stat(s.dataDir); err == nil {
+			if err := os.Remove(s.dataDir); err != nil { // must be empty
+				return fmt.Errorf("pgproc: data dir exists and is not a cluster: %w", err)
+			}
+		}
+		out, err := exec.CommandContext(ctx, "cp", "-a", src, s.dataDir).CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("pgproc: copy template cluster: %w: %s", err, out)
+		}
+		return nil
+	}
+	return s.runInitdb(ctx)
+}
+
+// runInitdb runs initdb into s.dataDir.
+func (s *Server) runInitdb(ctx context.Context) error {
 	if err := os.MkdirAll(s.dataDir, 0o700); err != nil {
 		return fmt.Errorf("pgproc: create data dir: %w", err)
 	}

@@ -109,6 +109,9 @@ func shutdown() error {
 			errs = append(errs, err.Error())
 		}
 	}
+	if err := pgproc.RemoveTemplate(); err != nil {
+		errs = append(errs, err.Error())
+	}
 	if len(errs) > 0 {
 		return fmt.Errorf("%s", strings.Join(errs, "; "))
 	}
@@ -262,7 +265,8 @@ func Redis(t testing.TB) *redis.Client {
 // PrivatePostgres starts a dedicated Postgres server (pgproc defaults: temp
 // dir, free port, fsync off, database "outboxchat") for this test alone, for
 // tests that Kill/Stop/Restart it. It is closed and its dir removed at
-// t.Cleanup. It does not need Main. Startup costs about a second (initdb).
+// t.Cleanup. It does not need Main. The first Postgres start in a process
+// runs initdb (about a second); later ones copy a template cluster.
 func PrivatePostgres(t testing.TB) *pgproc.Server {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
