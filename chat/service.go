@@ -395,7 +395,7 @@ func (s redisSource) Fetch(ctx context.Context, max int) ([]inbox.Delivery, erro
 	}
 	out := make([]inbox.Delivery, len(ds))
 	for i, d := range ds {
-		out[i] = inbox.Delivery{Ref: d.StreamID, ID: d.ID, Name: d.Name, Payload: d.Payload}
+		out[i] = inbox.Delivery{Ref: d.StreamID, ID: d.ID, Name: d.Name, Payload: d.Payload, Err: d.Err}
 	}
 	return out, nil
 }
