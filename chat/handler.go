@@ -3,6 +3,7 @@ package chat
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -15,10 +16,11 @@ import (
 // (invariant 7). A duplicate inserts nothing and is logged in
 // <service>.inbox_duplicates instead. It is safe for concurrent use.
 type InboxHandler struct {
-	service string
-	insert  string
-	dup     string
-	channel string
+	service     string
+	insert      string
+	dup         string
+	channel     string
+	insertBatch string
 }
 
 // NewInboxHandler returns the handler for service's inbox; channel is the
@@ -38,7 +40,39 @@ func NewInboxHandler(service string) (*InboxHandler, error) {
 			VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (message_id) DO NOTHING RETURNING chat_id)
 			SELECT pg_notify($7, chat_id::text) FROM ins`,
 		dup: `INSERT INTO ` + s + `.inbox_duplicates (message_id) VALUES ($1)`,
+		// The whole batch in one statement: insert the rows, NOTIFY the
+		// gateway once with every chat id that got a new row, record the
+		// duplicates ($8: ids already known to repeat inside the batch, plus
+		// those that hit an existing row), and return the new ids. The
+		// NOTIFY's CTE is read by the final SELECT, so it runs whenever a row
+		// was inserted.
+		insertBatch: `WITH ins AS (
+			INSERT INTO ` + s + `.inbox (message_id, chat_id, seq, body, sender, sent_at)
+			SELECT * FROM unnest($1::uuid[], $2::bigint[], $3::bigint[], $4::text[], $5::text[], $6::timestamptz[])
+			ON CONFLICT (message_id) DO NOTHING RETURNING message_id, chat_id),
+		note AS (SELECT pg_notify($7, string_agg(DISTINCT chat_id::text, ',')) AS n FROM ins HAVING count(*) > 0),
+		dup AS (INSERT INTO ` + s + `.inbox_duplicates (message_id)
+			SELECT u FROM unnest($1::uuid[]) AS u WHERE u NOT IN (SELECT message_id FROM ins)
+			UNION ALL SELECT u FROM unnest($8::uuid[]) AS u)
+		SELECT message_id::text, (SELECT count(*) FROM note) FROM ins`,
 	}, nil
+}
+
+// decode checks a delivery without touching the database: a valid
+// message.created event from the other service whose id is the job id.
+// Errors wrap inbox.ErrMalformed.
+func (h *InboxHandler) decode(d inbox.Delivery) (Message, error) {
+	m, err := DecodeEvent(d.Payload)
+	if err != nil {
+		return m, fmt.Errorf("%w: %v", inbox.ErrMalformed, err)
+	}
+	if d.ID != "" && d.ID != m.ID {
+		return m, fmt.Errorf("%w: job id %q differs from message id %q", inbox.ErrMalformed, d.ID, m.ID)
+	}
+	if m.From != Peer(h.service) {
+		return m, fmt.Errorf("%w: message from %q, expected %q", inbox.ErrMalformed, m.From, Peer(h.service))
+	}
+	return m, nil
 }
 
 // InboxChannel is the NOTIFY channel of service's new inbox rows.
@@ -51,15 +85,9 @@ func OutboxChannel(service string) string { return service + "_outbox" }
 // message.created event from the other service returns an error wrapping
 // inbox.ErrMalformed without touching tx.
 func (h *InboxHandler) Apply(ctx context.Context, tx pgx.Tx, d inbox.Delivery) (bool, error) {
-	m, err := DecodeEvent(d.Payload)
+	m, err := h.decode(d)
 	if err != nil {
-		return false, fmt.Errorf("%w: %v", inbox.ErrMalformed, err)
-	}
-	if d.ID != "" && d.ID != m.ID {
-		return false, fmt.Errorf("%w: job id %q differs from message id %q", inbox.ErrMalformed, d.ID, m.ID)
-	}
-	if m.From != Peer(h.service) {
-		return false, fmt.Errorf("%w: message from %q, expected %q", inbox.ErrMalformed, m.From, Peer(h.service))
+		return false, err
 	}
 	rows, err := tx.Query(ctx, h.insert, m.ID, m.ChatID, m.Seq, m.Body, m.From, m.SentAt, h.channel)
 	if err != nil {
@@ -82,4 +110,54 @@ func (h *InboxHandler) Apply(ctx context.Context, tx pgx.Tx, d inbox.Delivery) (
 	return false, nil
 }
 
-var _ inbox.Handler = (*InboxHandler)(nil)
+// ApplyBatch implements inbox.BatchHandler: the same effect as Apply on each
+// delivery in order, in one round trip for the whole batch.
+func (h *InboxHandler) ApplyBatch(ctx context.Context, tx pgx.Tx, ds []inbox.Delivery) ([]inbox.BatchResult, error) {
+	rs := make([]inbox.BatchResult, len(ds))
+	var ids, bodies, senders, repeats []string
+	var chats, seqs []int64
+	var sentAts []time.Time
+	first := map[string]int{} // message id → index of its first delivery in ds
+	for i, d := range ds {
+		m, err := h.decode(d)
+		if err != nil {
+			rs[i].Err = err
+			continue
+		}
+		if _, seen := first[m.ID]; seen {
+			repeats = append(repeats, m.ID) // a duplicate inside the batch
+			continue
+		}
+		first[m.ID] = i
+		ids, chats, seqs = append(ids, m.ID), append(chats, m.ChatID), append(seqs, m.Seq)
+		bodies, senders, sentAts = append(bodies, m.Body), append(senders, m.From), append(sentAts, m.SentAt)
+	}
+	if len(ids) == 0 {
+		return rs, nil
+	}
+	rows, err := tx.Query(ctx, h.insertBatch, ids, chats, seqs, bodies, senders, sentAts, h.channel, repeats)
+	if err != nil {
+		return nil, fmt.Errorf("insert inbox batch: %w", err)
+	}
+	for rows.Next() {
+		var id string
+		var n int64
+		if err := rows.Scan(&id, &n); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("insert inbox batch: %w", err)
+		}
+		if i, ok := first[id]; ok {
+			rs[i].Fresh = true
+		}
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("insert inbox batch: %w", err)
+	}
+	return rs, nil
+}
+
+var (
+	_ inbox.Handler      = (*InboxHandler)(nil)
+	_ inbox.BatchHandler = (*InboxHandler)(nil)
+)

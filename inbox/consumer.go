@@ -446,6 +446,12 @@ func (c *Consumer) apply(ctx context.Context, ds []Delivery) (results []result, 
 		}
 	}()
 	results = make([]result, 0, len(ds))
+	if bh, ok := c.h.(BatchHandler); ok {
+		if results, err = c.applyBatch(ctx, tx, bh, ds); err != nil {
+			return nil, err
+		}
+		ds = nil // all handled
+	}
 	for _, d := range ds {
 		if d.Err != nil { // the Source could not read it: never reaches the Handler
 			results = append(results, result{d: d, outcome: outcomeDead, reason: d.Err.Error()})
@@ -465,6 +471,43 @@ func (c *Consumer) apply(ctx context.Context, ds []Delivery) (results []result, 
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return nil, fmt.Errorf("committing inbox transaction: %w", err)
+	}
+	return results, nil
+}
+
+// applyBatch is apply's loop for a BatchHandler: deliveries the Source
+// could not read are dead-lettered, the rest go to ApplyBatch at once.
+func (c *Consumer) applyBatch(ctx context.Context, tx pgx.Tx, bh BatchHandler, ds []Delivery) ([]result, error) {
+	results := make([]result, 0, len(ds))
+	todo := make([]Delivery, 0, len(ds))
+	for _, d := range ds {
+		if d.Err != nil {
+			results = append(results, result{d: d, outcome: outcomeDead, reason: d.Err.Error()})
+			continue
+		}
+		todo = append(todo, d)
+	}
+	if len(todo) == 0 {
+		return results, nil
+	}
+	rs, err := bh.ApplyBatch(ctx, tx, todo)
+	if err != nil {
+		return nil, fmt.Errorf("applying batch of %d deliveries: %w", len(todo), err)
+	}
+	if len(rs) != len(todo) {
+		return nil, fmt.Errorf("applying batch: handler returned %d results for %d deliveries", len(rs), len(todo))
+	}
+	for i, r := range rs {
+		switch {
+		case r.Err != nil && errors.Is(r.Err, ErrMalformed):
+			results = append(results, result{d: todo[i], outcome: outcomeDead, reason: r.Err.Error()})
+		case r.Err != nil:
+			return nil, fmt.Errorf("applying delivery %s (ref %s): %w", todo[i].ID, todo[i].Ref, r.Err)
+		case r.Fresh:
+			results = append(results, result{d: todo[i], outcome: outcomeApplied})
+		default:
+			results = append(results, result{d: todo[i], outcome: outcomeDuplicate})
+		}
 	}
 	return results, nil
 }

@@ -73,3 +73,29 @@ func (f HandlerFunc) Apply(ctx context.Context, tx pgx.Tx, d Delivery) (bool, er
 }
 
 var _ Handler = HandlerFunc(nil)
+
+// BatchHandler is an optional interface of a Handler: it applies a whole
+// batch inside the inbox transaction, in as few round trips as it can (one
+// statement for the batch instead of one per delivery). The Consumer uses
+// it instead of Apply when the Handler has it.
+//
+// ApplyBatch must have exactly the effect of calling Apply on ds in order:
+// it returns one BatchResult per delivery, in the order of ds. A delivery
+// that is malformed gets a result whose Err wraps ErrMalformed and must leave
+// no trace in tx; a delivery whose id repeats an earlier one in ds (or a row
+// already in the inbox) is a duplicate (Fresh false). Returning an error
+// rolls the whole batch back, classified as for Apply (permanent errors are
+// isolated by re-running one delivery per transaction, through ApplyBatch
+// with a one-element slice). Called by one goroutine at a time per Consumer.
+type BatchHandler interface {
+	Handler
+	ApplyBatch(ctx context.Context, tx pgx.Tx, ds []Delivery) ([]BatchResult, error)
+}
+
+// BatchResult is the outcome of one delivery of BatchHandler.ApplyBatch:
+// Fresh reports a new inbox row; a non-nil Err (wrapping ErrMalformed)
+// dead-letters the delivery.
+type BatchResult struct {
+	Fresh bool
+	Err   error
+}

@@ -35,7 +35,8 @@ var ErrMalformedEntry = errors.New("redisq: malformed stream entry")
 // ConsumerConfig configures a Consumer. Queue, Group and Consumer are
 // required; zero durations take their defaults.
 type ConsumerConfig struct {
-	// Queue names the queue (required; must match the PublisherConfig's).
+	// Queue names the queue (required; no "{" or "}"; must match the
+	// PublisherConfig's).
 	Queue string
 	// Prefix is prepended to every key (default ""; must match the
 	// PublisherConfig's).
@@ -118,6 +119,9 @@ func NewConsumer(rdb redis.UniversalClient, cfg *ConsumerConfig) (*Consumer, err
 	}
 	if cfg == nil || cfg.Queue == "" || cfg.Group == "" || cfg.Consumer == "" {
 		return nil, fmt.Errorf("redisq: new consumer: Queue, Group and Consumer are required: %w", ErrInvalidConfig)
+	}
+	if err := checkQueueName(cfg.Queue); err != nil {
+		return nil, fmt.Errorf("redisq: new consumer: %w", err)
 	}
 	durations := []struct {
 		name string
@@ -302,7 +306,8 @@ func (c *Consumer) fetchOwnPending(ctx context.Context, max int) ([]Delivery, er
 // fetchStalled takes over entries idle for longer than LockDuration.
 func (c *Consumer) fetchStalled(ctx context.Context, max int) ([]Delivery, error) {
 	c.mu.Lock()
-	due := time.Since(c.lastClaim) >= c.claimI
+	// An unfinished scan continues at once; a new one waits ClaimInterval.
+	due := c.claimCursor != "0-0" || time.Since(c.lastClaim) >= c.claimI
 	start := c.claimCursor
 	c.mu.Unlock()
 	if !due {

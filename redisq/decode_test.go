@@ -90,6 +90,7 @@ func TestConfigValidation(t *testing.T) {
 		{"nil", nil, false},
 		{"no queue", &PublisherConfig{}, false},
 		{"defaults", &PublisherConfig{Queue: "q"}, true},
+		{"brace", &PublisherConfig{Queue: "a}b"}, false},
 		{"negative ttl", &PublisherConfig{Queue: "q", DedupeTTL: -time.Second}, false},
 		{"sub-ms ttl", &PublisherConfig{Queue: "q", DedupeTTL: time.Microsecond}, false},
 	} {
@@ -110,6 +111,7 @@ func TestConfigValidation(t *testing.T) {
 		{"defaults", func(*ConsumerConfig) {}, true},
 		{"no queue", func(c *ConsumerConfig) { c.Queue = "" }, false},
 		{"no group", func(c *ConsumerConfig) { c.Group = "" }, false},
+		{"brace", func(c *ConsumerConfig) { c.Queue = "{q" }, false},
 		{"no consumer", func(c *ConsumerConfig) { c.Consumer = "" }, false},
 		{"negative block", func(c *ConsumerConfig) { c.Block = -1 }, false},
 		{"sub-ms lock", func(c *ConsumerConfig) { c.LockDuration = time.Microsecond }, false},

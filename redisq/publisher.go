@@ -5,10 +5,19 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 )
+
+// checkQueueName rejects names that would break the keys' hash tag.
+func checkQueueName(q string) error {
+	if strings.ContainsAny(q, "{}") {
+		return fmt.Errorf("queue name %q contains a brace: %w", q, ErrInvalidConfig)
+	}
+	return nil
+}
 
 // DefaultDedupeTTL is PublisherConfig.DedupeTTL's default: how long an added
 // job id is remembered, so that re-adding it is a no-op.
@@ -25,7 +34,8 @@ var ErrInvalidConfig = errors.New("redisq: invalid config")
 // PublisherConfig configures a Publisher. A nil *PublisherConfig is not
 // allowed (Queue is required); zero fields take their defaults.
 type PublisherConfig struct {
-	// Queue names the queue (required; the "{<queue>}" hash tag of its keys).
+	// Queue names the queue (required; no "{" or "}": it becomes the
+	// "{<queue>}" hash tag of the queue's keys).
 	Queue string
 	// Prefix is prepended to every key (default ""; e.g. "test42:").
 	Prefix string
@@ -73,6 +83,9 @@ func NewPublisher(rdb redis.UniversalClient, cfg *PublisherConfig) (*Publisher, 
 	}
 	if cfg == nil || cfg.Queue == "" {
 		return nil, fmt.Errorf("redisq: new publisher: Queue is required: %w", ErrInvalidConfig)
+	}
+	if err := checkQueueName(cfg.Queue); err != nil {
+		return nil, fmt.Errorf("redisq: new publisher: %w", err)
 	}
 	ttl := cfg.DedupeTTL
 	if ttl == 0 {
