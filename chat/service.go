@@ -256,6 +256,7 @@ func Serve(ctx context.Context, cfg Config) error {
 		log.Info("worker started", "queue", QueueName(Peer(cfg.Service)), "consumer", cfg.ConsumerName)
 	}
 
+	var relayWake func()
 	if cfg.has(RoleRelay) && cfg.Mode == ModeOutbox {
 		pub, err := redisq.NewPublisher(rdb, &redisq.PublisherConfig{Queue: QueueName(cfg.Service), Prefix: cfg.RedisPrefix, Logger: log})
 		if err != nil {
@@ -279,6 +280,7 @@ func Serve(ctx context.Context, cfg Config) error {
 			return err
 		}
 		stops = append(stops, relay.Stop)
+		relayWake = relay.Wake
 		log.Info("relay started", "queue", QueueName(cfg.Service), "poll_only", cfg.PollOnly)
 	}
 
@@ -314,6 +316,11 @@ func Serve(ctx context.Context, cfg Config) error {
 	}
 	stops = append(stops, gw.Stop)
 	store.afterCommit = gw.Wake
+	if relayWake != nil {
+		// The relay in this process is woken directly, a round trip sooner
+		// than through its LISTEN; the NOTIFY still wakes relays elsewhere.
+		store.afterCommit = func(chatID int64) { gw.Wake(chatID); relayWake() }
+	}
 	api := &API{store: store, gateway: gw, service: cfg.Service, maxBody: cfg.MaxBodyBytes, log: log}
 	if cfg.Mode == ModeDualWrite {
 		pub, err := redisq.NewPublisher(rdb, &redisq.PublisherConfig{Queue: QueueName(cfg.Service), Prefix: cfg.RedisPrefix, Logger: log})
