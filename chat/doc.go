@@ -1,0 +1,39 @@
+// Package chat is the outboxchat application: two services, consumers and
+// workers, that chat through the transactional outbox (package outbox), a
+// Redis Streams queue (package redisq) and an inbox (package inbox).
+//
+// Each service owns the Postgres schema and role named after it (Bootstrap,
+// Migrate) with the tables chats, messages, outbox, inbox and
+// inbox_duplicates. Serve runs a service's roles:
+//
+//   - api: HTTP API, WebSocket gateway and the chat page (API, Gateway). A
+//     send (Store.Send) locks the chat's counter row, assigns the next seq,
+//     and commits the message with its outbox event; nothing is stored for
+//     rejected input, and a database that cannot be reached answers 503.
+//   - relay: outbox.Relay publishing the service's outbox to the queue
+//     "<service>-to-<peer>" (QueueName) with the message id as job id.
+//   - worker: inbox.Consumer reading "<peer>-to-<service>" in consumer group
+//     "<service>"; InboxHandler records each message once in the inbox and
+//     NOTIFYs the gateway channel in the same transaction.
+//
+// Invariants (DESIGN.md): a message and its event commit together; only the
+// relay writes to Redis and it holds nothing in memory; publish is
+// idempotent by message id; the inbox gives exactly-once effect and a job is
+// acked only after its inbox commit; each side's messages of a chat carry
+// seq 1, 2, 3 … in commit order and every subscriber sees them in that
+// order, each once (the gateway holds received messages behind a missing
+// seq for up to GatewayConfig.GapTimeout); the gateway learns of new rows
+// from Postgres only, so a crash between an inbox commit and a push loses
+// nothing.
+//
+// Failure modes: Redis down — sends still succeed, the outbox fills, the
+// relay retries; a relay crash between publish and commit — the batch is
+// published again and skipped by the receiver's inbox; a worker crash
+// before its commit — the job stays pending and is handed out again (first
+// to the same consumer name, else after the lock duration); after the
+// commit and before the ack — it comes back and is counted in
+// inbox_duplicates; Postgres down — sends answer 503 and write nothing, the
+// relay and worker back off and resume.
+//
+// ModeDualWrite (v1) and the fault specs (ParseFault) exist for the lab only.
+package chat
