@@ -193,8 +193,7 @@ func TestWorkerCrashAfterCommitBeforeAck(t *testing.T) {
 	w := watch(t, api.base, 6)
 	crashed := make(chan struct{})
 	var once sync.Once
-	var worker *running
-	worker = h.start(Workers, func(c *Config) {
+	worker := h.start(Workers, func(c *Config) {
 		c.Roles = []string{RoleWorker}
 		c.ConsumerName = "workers-test"
 		c.wrapSource = func(s inbox.Source) inbox.Source {
