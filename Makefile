@@ -31,10 +31,12 @@ test: deps
 bench: deps
 	$(GO) test -run '^$$' -bench . -benchtime 2s ./...
 
+STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
+
 lint:
-	gofmt -l . | tee /dev/stderr | (! read)
+	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt needed"; exit 1; }
 	$(GO) vet ./...
-	staticcheck ./...
+	$(GO) run $(STATICCHECK) ./...
 
 clean:
 	rm -rf bin
