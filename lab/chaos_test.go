@@ -1,0 +1,59 @@
+package lab
+
+import (
+	"bytes"
+	"context"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+func runChaos(t *testing.T, variant string) (*Figures, string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	var log bytes.Buffer
+	start := time.Now()
+	f, err := Chaos(ctx, ChaosOptions{Variant: variant, Log: &log})
+	if err != nil {
+		t.Fatalf("chaos %s: %v\nlog:\n%s", variant, err, log.String())
+	}
+	t.Logf("chaos %s took %v; log:\n%s", variant, time.Since(start).Round(time.Millisecond), log.String())
+	return f, log.String()
+}
+
+func TestChaosV1(t *testing.T) {
+	t.Parallel()
+	f, log := runChaos(t, VariantV1)
+	if f.Saved != 10 || f.Received != 8 || !slices.Equal(f.Lost, []int{7, 8}) || f.DuplicatesSkipped != 0 || f.Unsent != 0 {
+		t.Errorf("v1 figures = %+v; want saved 10, received 8, lost [7 8], 0 duplicates, 0 unsent", *f)
+	}
+	if err := chaosExpected(VariantV1, f); err != nil {
+		t.Error(err)
+	}
+	for _, want := range []string{"deploy:    workers stopped", "redis:     down", "deploy:    consumers stopped", "workers:   msg 10 shown"} {
+		if !strings.Contains(log, want) {
+			t.Errorf("log lacks %q", want)
+		}
+	}
+}
+
+func TestChaosV2(t *testing.T) {
+	t.Parallel()
+	f, log := runChaos(t, VariantV2)
+	if f.Saved != 10 || f.Received != 10 || len(f.Lost) != 0 || f.DuplicatesSkipped != 1 || f.Unsent != 0 || f.DuplicatesShown != 0 {
+		t.Errorf("v2 figures = %+v; want saved 10, received 10, lost none, 1 duplicate, 0 unsent, nothing shown twice", *f)
+	}
+	if err := chaosExpected(VariantV2, f); err != nil {
+		t.Error(err)
+	}
+	if len(f.OrderViolations) > 0 {
+		t.Errorf("order violations: %v", f.OrderViolations)
+	}
+	for _, want := range []string{"workers:   crashed after recording msg 2", "workers:   msg 2 again, already in inbox, skipped", "relay:     ", "redis:     up"} {
+		if !strings.Contains(log, want) {
+			t.Errorf("log lacks %q", want)
+		}
+	}
+}

@@ -1,0 +1,41 @@
+package lab
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+
+	"go.uber.org/goleak"
+)
+
+// TestMain builds the outboxchat binary once: the lab starts it as the
+// services' processes.
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "lab-test-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	Binary = filepath.Join(dir, "outboxchat")
+	out, err := exec.Command("go", "build", "-o", Binary, "../cmd/outboxchat").CombinedOutput()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "build outboxchat: %v\n%s", err, out)
+		os.RemoveAll(dir)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	if code == 0 {
+		if err := goleak.Find(
+			goleak.IgnoreTopFunction("github.com/outboxchat/outboxchat/lab.spawnLoop"),
+			goleak.IgnoreTopFunction("github.com/outboxchat/outboxchat/internal/pgproc.spawnLoop"),
+			goleak.IgnoreTopFunction("github.com/outboxchat/outboxchat/internal/redisproc.spawnLoop"),
+		); err != nil {
+			fmt.Fprintln(os.Stderr, "goleak:", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}

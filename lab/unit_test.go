@@ -1,0 +1,79 @@
+package lab
+
+import (
+	"bytes"
+	"slices"
+	"testing"
+	"time"
+)
+
+func TestParseStatCPU(t *testing.T) {
+	for _, tc := range []struct {
+		name, stat string
+		want       float64
+		ok         bool
+	}{
+		{"plain", "123 (outboxchat) S 1 123 123 0 -1 4194560 100 0 0 0 250 50 0 0 20 0 8 0", 3.0, true},
+		{"spaces and parens in name", "7 (a (b) c) R 1 7 7 0 -1 0 0 0 0 0 1 2 0 0", 0.03, true},
+		{"truncated", "7 (x) R 1 2", 0, false},
+		{"no name", "garbage", 0, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := parseStatCPU(tc.stat)
+			if (err == nil) != tc.ok || (tc.ok && got != tc.want) {
+				t.Fatalf("parseStatCPU = %v, %v; want %v ok=%v", got, err, tc.want, tc.ok)
+			}
+		})
+	}
+}
+
+func TestMsgNumber(t *testing.T) {
+	for _, tc := range []struct {
+		body string
+		seq  int64
+		want int
+	}{
+		{"msg 7", 3, 7}, {"msg x", 3, 3}, {"hello", 9, 9}, {"msg 10", 10, 10},
+	} {
+		if got := msgNumber(tc.body, tc.seq); got != tc.want {
+			t.Errorf("msgNumber(%q, %d) = %d, want %d", tc.body, tc.seq, got, tc.want)
+		}
+	}
+}
+
+func TestWithoutFlag(t *testing.T) {
+	got := withoutFlag([]string{"--a", "1", "--fault", "k:2", "--b", "x"}, "--fault")
+	if want := []string{"--a", "1", "--b", "x"}; !slices.Equal(got, want) {
+		t.Fatalf("withoutFlag = %q, want %q", got, want)
+	}
+}
+
+func TestWriteSummary(t *testing.T) {
+	for _, tc := range []struct {
+		f    Figures
+		want string
+	}{
+		{Figures{Saved: 10, Received: 10, DuplicatesSkipped: 1},
+			"saved by consumers: 10   received by workers: 10   duplicates skipped: 1\nlost: none\nunsent in outbox: 0\n"},
+		{Figures{Saved: 10, Received: 8, Lost: []int{7, 8}},
+			"saved by consumers: 10   received by workers: 8   duplicates skipped: 0\nlost: msg 7, msg 8\nunsent in outbox: 0\n"},
+	} {
+		var b bytes.Buffer
+		tc.f.WriteSummary(&b)
+		if b.String() != tc.want {
+			t.Errorf("summary =\n%s\nwant\n%s", b.String(), tc.want)
+		}
+	}
+}
+
+func TestEventLogFormat(t *testing.T) {
+	var b bytes.Buffer
+	l := &eventLog{w: &b}
+	l.start()
+	l.at(l.t0.Add(3800*time.Millisecond), "deploy", "workers stopped")
+	l.at(l.t0.Add(13100*time.Millisecond), "workers", "msg 2 again, already in inbox, skipped")
+	want := "  3.8s  deploy:    workers stopped\n 13.1s  workers:   msg 2 again, already in inbox, skipped\n"
+	if b.String() != want {
+		t.Fatalf("log =\n%q\nwant\n%q", b.String(), want)
+	}
+}
