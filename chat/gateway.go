@@ -21,7 +21,7 @@ import (
 // Gateway defaults.
 const (
 	DefaultGatewayPoll   = time.Second
-	DefaultGapTimeout    = 30 * time.Second
+	DefaultGapTimeout    = 60 * time.Second
 	DefaultClientBuffer  = 1024
 	gatewayPageSize      = 500
 	gatewayReconnectWait = 250 * time.Millisecond
@@ -38,7 +38,9 @@ type GatewayConfig struct {
 	PollInterval time.Duration
 	// GapTimeout is how long a room holds received messages behind a missing
 	// seq (one still in flight, e.g. a reclaimed job) before giving up on it
-	// and moving on. Default DefaultGapTimeout (30 s).
+	// and moving on; a message that arrives after that is in the history but
+	// is not pushed live. Default 0 means DefaultGapTimeout (60 s, twice the
+	// default lock duration); negative means no hold at all.
 	GapTimeout time.Duration
 	// ClientBuffer is the number of frames queued per subscriber; a
 	// subscriber that falls further behind is evicted (it reconnects and
@@ -107,7 +109,7 @@ func NewGateway(pool *pgxpool.Pool, service string, cfg *GatewayConfig) (*Gatewa
 	if c.PollInterval <= 0 {
 		c.PollInterval = DefaultGatewayPoll
 	}
-	if c.GapTimeout <= 0 {
+	if c.GapTimeout == 0 {
 		c.GapTimeout = DefaultGapTimeout
 	}
 	if c.ClientBuffer <= 0 {
@@ -422,7 +424,7 @@ func (g *Gateway) deliver(s *Subscription, rr *roomRows, now time.Time) (held bo
 			if s.gapSince.IsZero() {
 				s.gapSince = now
 			}
-			if now.Sub(s.gapSince) < g.cfg.GapTimeout {
+			if g.cfg.GapTimeout > 0 && now.Sub(s.gapSince) < g.cfg.GapTimeout {
 				held = true
 				break
 			}

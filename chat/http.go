@@ -4,11 +4,13 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/coder/websocket"
@@ -41,6 +43,25 @@ type API struct {
 	// onSend, when set, runs instead of the store's Send (the lab's v1 naive
 	// dual write). It must validate nothing: the body is already valid.
 	onSend func(ctx context.Context, chatID int64, body string) (Message, error)
+	// closing is closed when the service stops: every WebSocket is closed
+	// with StatusGoingAway so clients reconnect (http.Server.Shutdown does
+	// not track hijacked connections). sockets counts the live handlers.
+	closing chan struct{}
+	sockets sync.WaitGroup
+}
+
+// closeSockets closes every WebSocket and waits for their handlers, at
+// most until ctx ends. Call it once, when the service stops.
+func (a *API) closeSockets(ctx context.Context) error {
+	close(a.closing)
+	done := make(chan struct{})
+	go func() { a.sockets.Wait(); close(done) }()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("close websockets: %w", ctx.Err())
+	}
 }
 
 // Register adds the API's routes to mux.
@@ -172,6 +193,14 @@ func (a *API) handleWS(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
+	a.sockets.Add(1)
+	defer a.sockets.Done()
+	select {
+	case <-a.closing:
+		writeJSON(w, http.StatusServiceUnavailable, errorBody{Error: "service stopping"})
+		return
+	default:
+	}
 	c, err := websocket.Accept(w, r, nil)
 	if err != nil {
 		return // Accept wrote the HTTP error.
@@ -215,6 +244,9 @@ func (a *API) handleWS(w http.ResponseWriter, r *http.Request) {
 		select {
 		case <-ctx.Done():
 			c.Close(websocket.StatusNormalClosure, "")
+			return
+		case <-a.closing:
+			c.Close(websocket.StatusGoingAway, "service stopping: reconnect with your cursors")
 			return
 		case <-sub.Evicted:
 			c.Close(websocket.StatusPolicyViolation, "too slow: reconnect with your cursors")

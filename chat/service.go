@@ -69,9 +69,11 @@ type Config struct {
 	// worker may take it (stalled job). Default redisq.DefaultLockDuration.
 	LockDuration time.Duration
 	// GapTimeout is how long the WebSocket gateway holds received messages
-	// behind a missing seq (a job still in flight or being reclaimed). Default
-	// min(DefaultGapTimeout, 2×LockDuration): a reclaim takes at most about
-	// 1.5×LockDuration, so a shorter lock (the lab's 5 s) shortens the hold.
+	// behind a missing seq (a job still in flight or being reclaimed).
+	// Default 0 means 2×LockDuration: a stalled job is reclaimed within about
+	// 1.5×LockDuration (lock duration plus half of it between claim passes).
+	// Negative: no hold, messages are pushed as they arrive (the write-up's
+	// naive v1 receiver).
 	GapTimeout time.Duration
 	// ConsumerName names this worker in the consumer group; it must be
 	// stable across restarts of one instance so a restarted worker finishes
@@ -298,12 +300,12 @@ func Serve(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return err
 	}
-	if cfg.GapTimeout <= 0 {
+	if cfg.GapTimeout == 0 {
 		lock := cfg.LockDuration
 		if lock <= 0 {
 			lock = redisq.DefaultLockDuration
 		}
-		cfg.GapTimeout = min(DefaultGapTimeout, 2*lock)
+		cfg.GapTimeout = 2 * lock
 	}
 	gw, err := NewGateway(pool, cfg.Service, &GatewayConfig{
 		Channels: []string{InboxChannel(cfg.Service), OutboxChannel(cfg.Service)}, GapTimeout: cfg.GapTimeout, Logger: log,
@@ -321,7 +323,7 @@ func Serve(ctx context.Context, cfg Config) error {
 		// than through its LISTEN; the NOTIFY still wakes relays elsewhere.
 		store.afterCommit = func(chatID int64) { gw.Wake(chatID); relayWake() }
 	}
-	api := &API{store: store, gateway: gw, service: cfg.Service, maxBody: cfg.MaxBodyBytes, log: log}
+	api := &API{store: store, gateway: gw, service: cfg.Service, maxBody: cfg.MaxBodyBytes, log: log, closing: make(chan struct{})}
 	if cfg.Mode == ModeDualWrite {
 		pub, err := redisq.NewPublisher(rdb, &redisq.PublisherConfig{Queue: QueueName(cfg.Service), Prefix: cfg.RedisPrefix, Logger: log})
 		if err != nil {
@@ -376,6 +378,9 @@ func Serve(ctx context.Context, cfg Config) error {
 	defer cancel()
 	// WebSocket handlers are hijacked: Shutdown does not wait for them; Close does end them.
 	_ = srv.Shutdown(sctx)
+	if err := api.closeSockets(sctx); err != nil {
+		log.Warn("stopping", "err", err)
+	}
 	_ = srv.Close()
 	wg.Wait()
 	return nil

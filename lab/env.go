@@ -99,7 +99,9 @@ type Env struct {
 func variantArgs(v string) ([]string, error) {
 	switch v {
 	case VariantV1:
-		return []string{"--mode", "v1"}, nil
+		// The write-up's v1 receiver shows what it gets as it gets it: no
+		// hold behind a missing seq (its lost messages never come).
+		return []string{"--mode", "v1", "--gap-timeout", "-1s"}, nil
 	case VariantV2:
 		return []string{"--mode", "v2", "--wake", "after-commit"}, nil
 	case VariantV2Poll:
@@ -233,7 +235,6 @@ func StartEnv(ctx context.Context, opts EnvOptions) (_ *Env, err error) {
 			*s.rel = append(*s.rel, p)
 		}
 	}
-	e.ConsumersURL, e.WorkersURL = e.Consumers.URL(), e.Workers.URL()
 
 	fmt.Fprintf(progress, "lab: starting %d service processes (%s)\n", len(e.Procs()), opts.Variant)
 	errs := make([]error, len(e.Procs()))
@@ -248,6 +249,7 @@ func StartEnv(ctx context.Context, opts EnvOptions) (_ *Env, err error) {
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
+	e.ConsumersURL, e.WorkersURL = e.Consumers.URL(), e.Workers.URL()
 	return e, nil
 }
 

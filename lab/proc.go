@@ -100,6 +100,9 @@ type Proc struct {
 	name string
 	cfg  ProcConfig
 	addr string
+	// started is set once the process has been ready; from then on its
+	// address is fixed.
+	started bool
 
 	mu      sync.Mutex
 	cur     *procRun
@@ -345,12 +348,29 @@ func (p *Proc) WaitReady(ctx context.Context) error {
 	}
 }
 
-// StartReady is Start followed by WaitReady.
+// StartReady is Start followed by WaitReady. The first time a process with
+// an API starts, a port taken between picking it and binding it (by another
+// process's outgoing connection, say) is replaced by a new free port, up to
+// 5 times; a restart keeps the port its clients know.
 func (p *Proc) StartReady(ctx context.Context) error {
-	if err := p.Start(ctx); err != nil {
-		return err
+	for attempt := 0; ; attempt++ {
+		if err := p.Start(ctx); err != nil {
+			return err
+		}
+		err := p.WaitReady(ctx)
+		if err == nil {
+			p.started = true
+			return nil
+		}
+		if !p.cfg.API || p.started || attempt >= 5 || !strings.Contains(err.Error(), "address already in use") {
+			return err
+		}
+		a, ferr := freeAddr()
+		if ferr != nil {
+			return err
+		}
+		p.addr = a
 	}
-	return p.WaitReady(ctx)
 }
 
 // Running reports whether the child is alive (not yet reaped).

@@ -288,9 +288,12 @@ func relayFreeze(ctx context.Context, s *scenarioRun) error {
 	if err := s.sendEvery(ctx, 3, 300*time.Millisecond); err != nil {
 		return err
 	}
-	// The other relay must deliver within the relay's bounds: the frozen
-	// session dies after idle_in_transaction_session_timeout (10 s).
-	const bound = 10*time.Second + 3*time.Second
+	// The other relay must deliver within 10 s, bounded by the relay's
+	// timeouts: the frozen session is ended by the server after
+	// idle_in_transaction_session_timeout (outbox.DefaultIdleInTxTimeout,
+	// 5 s), the other relay's claim gives up after lock_timeout (2 s) and
+	// tries again.
+	const bound = 10 * time.Second
 	wctx, cancel := context.WithDeadline(ctx, frozeAt.Add(bound))
 	err := waitFor(wctx, 50*time.Millisecond, func() bool { return s.env.settled(wctx, s.w) })
 	cancel()

@@ -31,7 +31,7 @@ const (
 	DefaultStatementTimeout = 5 * time.Second
 	// DefaultIdleInTxTimeout is the relay transactions'
 	// idle_in_transaction_session_timeout.
-	DefaultIdleInTxTimeout = 10 * time.Second
+	DefaultIdleInTxTimeout = 5 * time.Second
 	// DefaultListenApplicationName is the application_name of the relay's
 	// LISTEN connection when the pool's config sets none.
 	DefaultListenApplicationName = "outbox_relay_listen"
@@ -95,7 +95,7 @@ type RelayConfig struct {
 	// idle_in_transaction_session_timeout, millisecond precision) in every
 	// relay transaction, so that nothing it does while holding row locks can
 	// hang. Defaults 0 mean DefaultLockTimeout (2 s), DefaultStatementTimeout
-	// (5 s) and DefaultIdleInTxTimeout (10 s). IdleInTxTimeout should exceed
+	// (5 s) and DefaultIdleInTxTimeout (5 s). IdleInTxTimeout should exceed
 	// PublishTimeout.
 	LockTimeout      time.Duration
 	StatementTimeout time.Duration

@@ -87,6 +87,7 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	pollOnly := fs.Bool("poll-only", false, "relay: no LISTEN, poll every --poll-interval")
 	poll := fs.Duration("poll-interval", time.Second, "relay poll fallback interval")
 	lock := fs.Duration("lock-duration", 30*time.Second, "how long a job may stay unacknowledged before it is handed out again")
+	gap := fs.Duration("gap-timeout", 0, "how long the WebSocket gateway holds received messages behind a missing seq (0 = 2 × --lock-duration; negative = no hold)")
 	consumer := fs.String("consumer-name", "", "this worker's name in the consumer group, stable across restarts (default <service>-<hostname>)")
 	maxBody := fs.Int("max-body-bytes", chat.DefaultMaxBodyBytes, "message body limit in bytes")
 	prefix := fs.String("redis-prefix", "outboxchat:", "prefix of every Redis key")
@@ -113,7 +114,7 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	return chat.Serve(ctx, chat.Config{
 		Service: *service, Roles: r, DatabaseURL: *dbURL, RedisURL: *redisURL, HTTPAddr: *httpAddr,
 		Mode: *mode, Wake: wm, PollOnly: *pollOnly, PollInterval: *poll, LockDuration: *lock,
-		ConsumerName: *consumer, MaxBodyBytes: *maxBody, RedisPrefix: *prefix, Fault: *fault,
+		GapTimeout: *gap, ConsumerName: *consumer, MaxBodyBytes: *maxBody, RedisPrefix: *prefix, Fault: *fault,
 		Logger: newLogger(stderr, *logFormat),
 	})
 }
