@@ -161,32 +161,7 @@ type watcher struct {
 
 func watch(t testing.TB, base string, chat int64) *watcher {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	u := "ws" + base[len("http"):] + fmt.Sprintf("/ws?chat_id=%d", chat)
-	c, _, err := websocket.Dial(ctx, u, nil)
-	if err != nil {
-		cancel()
-		t.Fatalf("dial %s: %v", u, err)
-	}
-	w := &watcher{cancel: cancel, done: make(chan struct{})}
-	go func() {
-		defer close(w.done)
-		defer c.CloseNow()
-		for {
-			_, data, err := c.Read(ctx)
-			if err != nil {
-				return
-			}
-			var m Message
-			if json.Unmarshal(data, &m) == nil && m.ID != "" {
-				w.mu.Lock()
-				w.frames = append(w.frames, m)
-				w.mu.Unlock()
-			}
-		}
-	}()
-	t.Cleanup(func() { cancel(); <-w.done })
-	return w
+	return watchURL(t, context.Background(), base+fmt.Sprintf("/ws?chat_id=%d", chat))
 }
 
 // from returns the frames of messages sent by service, in arrival order.

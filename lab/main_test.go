@@ -29,9 +29,7 @@ func TestMain(m *testing.M) {
 	os.RemoveAll(dir)
 	if code == 0 {
 		if err := goleak.Find(
-			goleak.IgnoreTopFunction("github.com/outboxchat/outboxchat/lab.spawnLoop"),
-			goleak.IgnoreTopFunction("github.com/outboxchat/outboxchat/internal/pgproc.spawnLoop"),
-			goleak.IgnoreTopFunction("github.com/outboxchat/outboxchat/internal/redisproc.spawnLoop"),
+			goleak.IgnoreTopFunction("github.com/outboxchat/outboxchat/internal/spawn.spawnLoop"),
 		); err != nil {
 			fmt.Fprintln(os.Stderr, "goleak:", err)
 			code = 1

@@ -1,6 +1,8 @@
 package lab
 
 import (
+	"github.com/outboxchat/outboxchat/internal/spawn"
+
 	"bufio"
 	"bytes"
 	"context"
@@ -137,7 +139,7 @@ func NewProc(name string, cfg *ProcConfig) (*Proc, error) {
 		}
 	}
 	if p.cfg.API {
-		a, err := freeAddr()
+		a, err := spawn.FreeAddr()
 		if err != nil {
 			return nil, fmt.Errorf("lab: %s: pick a port: %w", name, err)
 		}
@@ -250,7 +252,7 @@ func (p *Proc) Start(ctx context.Context) error {
 	if p.logf != nil {
 		fmt.Fprintf(p.logf, "# lab: %s start %s\n", time.Now().Format(time.RFC3339Nano), strings.Join(args, " "))
 	}
-	err = startCmd(cmd)
+	err = spawn.Start(cmd)
 	pw.Close()
 	if err != nil {
 		pr.Close()
@@ -365,7 +367,7 @@ func (p *Proc) StartReady(ctx context.Context) error {
 		if !p.cfg.API || p.started || attempt >= 5 || !strings.Contains(err.Error(), "address already in use") {
 			return err
 		}
-		a, ferr := freeAddr()
+		a, ferr := spawn.FreeAddr()
 		if ferr != nil {
 			return err
 		}

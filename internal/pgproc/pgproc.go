@@ -14,6 +14,8 @@
 package pgproc
 
 import (
+	"github.com/outboxchat/outboxchat/internal/spawn"
+
 	"context"
 	"errors"
 	"fmt"
@@ -124,13 +126,13 @@ func Start(ctx context.Context, opts *Options) (*Server, error) {
 		}
 	}
 	if opts.Dir == "" {
-		reapStale("pgproc-", s.log)
+		spawn.ReapStale("pgproc-", s.log)
 		d, err := os.MkdirTemp("", "pgproc-")
 		if err != nil {
 			return nil, fmt.Errorf("pgproc: create temp dir: %w", err)
 		}
 		s.dir, s.ownDir = d, true
-		if err := writeOwner(d); err != nil {
+		if err := spawn.WriteOwner(d); err != nil {
 			_ = os.RemoveAll(d)
 			return nil, fmt.Errorf("pgproc: %w", err)
 		}
@@ -162,7 +164,7 @@ func Start(ctx context.Context, opts *Options) (*Server, error) {
 	for attempt := 0; ; attempt++ {
 		s.port = opts.Port
 		if s.port == 0 {
-			if s.port, err = freePort(); err != nil {
+			if s.port, err = spawn.FreePort(); err != nil {
 				return nil, fmt.Errorf("pgproc: %w", err)
 			}
 		}
@@ -274,7 +276,7 @@ func (s *Server) templateData(ctx context.Context) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	if err := writeOwner(d); err != nil {
+	if err := spawn.WriteOwner(d); err != nil {
 		_ = os.RemoveAll(d)
 		return "", err
 	}
@@ -336,7 +338,7 @@ func (s *Server) runInitdb(ctx context.Context) error {
 	defer out.Close()
 	cmd.Stdout, cmd.Stderr = out, out
 	start := time.Now()
-	if err := startCmd(cmd); err != nil {
+	if err := spawn.Start(cmd); err != nil {
 		return fmt.Errorf("pgproc: start initdb: %w", err)
 	}
 	done := make(chan error, 1)
@@ -349,7 +351,7 @@ func (s *Server) runInitdb(ctx context.Context) error {
 		return fmt.Errorf("pgproc: initdb: %w", ctx.Err())
 	}
 	if err != nil {
-		return fmt.Errorf("pgproc: initdb: %w: %s", err, tailFile(out.Name(), 2048))
+		return fmt.Errorf("pgproc: initdb: %w: %s", err, spawn.TailFile(out.Name(), 2048))
 	}
 	s.log.Debug("pgproc: initdb done", "dir", s.dataDir, "took", time.Since(start))
 	return nil
@@ -384,7 +386,7 @@ func (s *Server) startLocked(ctx context.Context) error {
 		logOff = st.Size()
 	}
 	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := startCmd(cmd); err != nil {
+	if err := spawn.Start(cmd); err != nil {
 		return fmt.Errorf("pgproc: start postgres: %w", err)
 	}
 	r := &run{cmd: cmd, exited: make(chan struct{})}
@@ -405,7 +407,7 @@ func (s *Server) startLocked(ctx context.Context) error {
 }
 
 func tailSince(path string, off int64) string {
-	t := tailFile(path, 4096)
+	t := spawn.TailFile(path, 4096)
 	if b, err := os.ReadFile(path); err == nil && int64(len(b)) >= off {
 		if s := strings.TrimSpace(string(b[off:])); len(s) <= 4096 {
 			return s
@@ -533,7 +535,7 @@ func (s *Server) stopLocked(ctx context.Context) error {
 		s.killLocked()
 		return fmt.Errorf("pgproc: stop: %w (killed)", ctx.Err())
 	}
-	waitGroupGone(pid, 10*time.Second)
+	spawn.WaitGroupGone(pid, 10*time.Second)
 	s.run = nil
 	s.log.Info("pgproc: stopped", "port", s.port)
 	return nil
@@ -576,7 +578,7 @@ func (s *Server) killLocked() error {
 			time.Sleep(5 * time.Millisecond)
 		}
 	}
-	waitGroupGone(pid, time.Second)
+	spawn.WaitGroupGone(pid, time.Second)
 	// The whole server is dead, so its lock file is stale. Remove it so a
 	// recycled pid cannot make postgres refuse to start on Restart.
 	_ = os.Remove(filepath.Join(s.dataDir, "postmaster.pid"))

@@ -8,6 +8,8 @@
 package redisproc
 
 import (
+	"github.com/outboxchat/outboxchat/internal/spawn"
+
 	"context"
 	"errors"
 	"fmt"
@@ -97,12 +99,12 @@ func Start(ctx context.Context, opts *Options) (*Server, error) {
 	}
 	var err error
 	if opts.Dir == "" {
-		reapStale("redisproc-", s.log)
+		spawn.ReapStale("redisproc-", s.log)
 		if s.dir, err = os.MkdirTemp("", "redisproc-"); err != nil {
 			return nil, fmt.Errorf("redisproc: create temp dir: %w", err)
 		}
 		s.ownDir = true
-		if err := writeOwner(s.dir); err != nil {
+		if err := spawn.WriteOwner(s.dir); err != nil {
 			_ = os.RemoveAll(s.dir)
 			return nil, fmt.Errorf("redisproc: %w", err)
 		}
@@ -118,7 +120,7 @@ func Start(ctx context.Context, opts *Options) (*Server, error) {
 	for attempt := 0; ; attempt++ {
 		s.port = opts.Port
 		if s.port == 0 {
-			if s.port, err = freePort(); err != nil {
+			if s.port, err = spawn.FreePort(); err != nil {
 				_ = s.Close()
 				return nil, fmt.Errorf("redisproc: %w", err)
 			}
@@ -157,7 +159,7 @@ func (s *Server) startLocked(ctx context.Context) error {
 	)
 	cmd.Dir = s.dir
 	cmd.Env = []string{"PATH=" + os.Getenv("PATH")}
-	if err := startCmd(cmd); err != nil {
+	if err := spawn.Start(cmd); err != nil {
 		return fmt.Errorf("redisproc: start redis-server: %w", err)
 	}
 	r := &run{cmd: cmd, exited: make(chan struct{})}
@@ -183,7 +185,7 @@ func tailSince(path string, off int64) string {
 			return s
 		}
 	}
-	return tailFile(path, 4096)
+	return spawn.TailFile(path, 4096)
 }
 
 // waitReady PINGs until the server answers, the process exits, or the
@@ -301,7 +303,7 @@ func (s *Server) stopLocked(ctx context.Context) error {
 		_ = s.killLocked()
 		return fmt.Errorf("redisproc: stop: %w (killed)", ctx.Err())
 	}
-	waitGroupGone(pid, 10*time.Second)
+	spawn.WaitGroupGone(pid, 10*time.Second)
 	s.run = nil
 	s.log.Info("redisproc: stopped", "port", s.port)
 	return nil
@@ -327,7 +329,7 @@ func (s *Server) killLocked() error {
 	_ = syscall.Kill(-pid, syscall.SIGKILL)
 	<-r.exited
 	s.run = nil
-	if !waitGroupGone(pid, 10*time.Second) {
+	if !spawn.WaitGroupGone(pid, 10*time.Second) {
 		return fmt.Errorf("redisproc: processes of group %d still alive after SIGKILL", pid)
 	}
 	s.log.Info("redisproc: killed", "port", s.port)

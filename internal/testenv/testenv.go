@@ -67,8 +67,7 @@ var (
 // leakIgnores are goroutines that legitimately outlive the tests: the
 // process spawners of pgproc/redisproc live for the whole process by design.
 var leakIgnores = []goleak.Option{
-	goleak.IgnoreAnyFunction("github.com/outboxchat/outboxchat/internal/pgproc.spawnLoop"),
-	goleak.IgnoreAnyFunction("github.com/outboxchat/outboxchat/internal/redisproc.spawnLoop"),
+	goleak.IgnoreAnyFunction("github.com/outboxchat/outboxchat/internal/spawn.spawnLoop"),
 }
 
 // Main runs the tests (m.Run), then stops the shared servers and removes

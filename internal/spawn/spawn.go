@@ -1,4 +1,7 @@
-package redisproc
+// Package spawn starts the child processes of the tests and the lab
+// (postgres, redis-server, outboxchat) so that they die with the Go process
+// that started them, and holds the small process and port helpers they share.
+package spawn
 
 import (
 	"bytes"
@@ -16,9 +19,6 @@ import (
 	"time"
 )
 
-// Process-spawning helpers. This file is intentionally self-contained (it is a copy of
-// internal/pgproc/proc.go) so both packages stay independent.
-//
 // Pdeathsig design: the Linux parent-death signal is delivered when the
 // *thread* that forked the child exits, not when the process exits. The Go
 // runtime may retire OS threads (notably when a goroutine that called
@@ -46,8 +46,11 @@ func spawnLoop(ch <-chan spawnReq) {
 	}
 }
 
-// startCmd starts cmd on the spawner thread with Setpgid and Pdeathsig set.
-func startCmd(cmd *exec.Cmd) error {
+// Start starts cmd on the spawner thread with Setpgid (its own process
+// group: a Ctrl-C on the terminal does not reach it) and Pdeathsig SIGKILL
+// (it dies with this process, even when this process is SIGKILLed). Safe
+// for concurrent use; it returns cmd.Start's error.
+func Start(cmd *exec.Cmd) error {
 	if cmd.SysProcAttr == nil {
 		cmd.SysProcAttr = &syscall.SysProcAttr{}
 	}
@@ -62,10 +65,10 @@ func startCmd(cmd *exec.Cmd) error {
 	return <-done
 }
 
-// freePort asks the kernel for a free TCP port on 127.0.0.1. The port is
+// FreePort asks the kernel for a free TCP port on 127.0.0.1. The port is
 // released before returning, so a race with other processes is possible;
 // callers retry on bind failure.
-func freePort() (int, error) {
+func FreePort() (int, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return 0, fmt.Errorf("pick free port: %w", err)
@@ -74,10 +77,19 @@ func freePort() (int, error) {
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
-// groupAlive reports whether any non-zombie process is in process group pgid.
+// FreeAddr is FreePort as "127.0.0.1:PORT".
+func FreeAddr() (string, error) {
+	p, err := FreePort()
+	if err != nil {
+		return "", err
+	}
+	return "127.0.0.1:" + strconv.Itoa(p), nil
+}
+
+// GroupAlive reports whether any non-zombie process is in process group pgid.
 // Zombies are ignored because reparented children may never be reaped if
 // PID 1 does not reap.
-func groupAlive(pgid int) bool {
+func GroupAlive(pgid int) bool {
 	if err := syscall.Kill(-pgid, 0); errors.Is(err, syscall.ESRCH) {
 		return false
 	}
@@ -109,11 +121,11 @@ func groupAlive(pgid int) bool {
 	return false
 }
 
-// waitGroupGone polls until process group pgid has no live members or the
+// WaitGroupGone polls until process group pgid has no live members or the
 // timeout elapses. It reports whether the group is gone.
-func waitGroupGone(pgid int, timeout time.Duration) bool {
+func WaitGroupGone(pgid int, timeout time.Duration) bool {
 	deadline := time.Now().Add(timeout)
-	for groupAlive(pgid) {
+	for GroupAlive(pgid) {
 		if time.Now().After(deadline) {
 			return false
 		}
@@ -122,9 +134,9 @@ func waitGroupGone(pgid int, timeout time.Duration) bool {
 	return true
 }
 
-// tailFile returns up to n bytes from the end of the file at path, for error
+// TailFile returns up to n bytes from the end of the file at path, for error
 // messages.
-func tailFile(path string, n int64) string {
+func TailFile(path string, n int64) string {
 	f, err := os.Open(path)
 	if err != nil {
 		return ""
@@ -143,23 +155,24 @@ func tailFile(path string, n int64) string {
 	return strings.TrimSpace(string(buf))
 }
 
-// ownerFile, written into every temp dir this package creates, holds the pid
+// OwnerFile, written into every temp dir this package creates, holds the pid
 // of the creating Go process. If that process dies without Close (SIGKILL,
 // test timeout), Pdeathsig kills the server but the dir stays behind;
-// reapStale removes such dirs on a later Start.
-const ownerFile = "owner.pid"
+// ReapStale removes such dirs on a later Start.
+const OwnerFile = "owner.pid"
 
-func writeOwner(dir string) error {
-	return os.WriteFile(filepath.Join(dir, ownerFile), []byte(strconv.Itoa(os.Getpid())), 0o644)
+// WriteOwner writes this process's pid into dir's owner file, for ReapStale.
+func WriteOwner(dir string) error {
+	return os.WriteFile(filepath.Join(dir, OwnerFile), []byte(strconv.Itoa(os.Getpid())), 0o644)
 }
 
-// reapStale removes temp dirs named prefix* whose owner process is gone.
+// ReapStale removes temp dirs named prefix* whose owner process is gone.
 // Dirs without an owner file (being created right now, or not ours) are left
 // alone. Errors are ignored: this is best-effort housekeeping.
-func reapStale(prefix string, log interface{ Info(string, ...any) }) {
+func ReapStale(prefix string, log interface{ Info(string, ...any) }) {
 	m, _ := filepath.Glob(filepath.Join(os.TempDir(), prefix+"*"))
 	for _, d := range m {
-		b, err := os.ReadFile(filepath.Join(d, ownerFile))
+		b, err := os.ReadFile(filepath.Join(d, OwnerFile))
 		if err != nil {
 			continue
 		}
