@@ -24,6 +24,10 @@ const (
 	DefaultTrimInterval = time.Second
 )
 
+// trimBatch is the most entries one trim call deletes (with their dedupe
+// keys), so a call stays short even after a long pause.
+const trimBatch = 10000
+
 // maxClaimRounds bounds the XAUTOCLAIM calls one Fetch makes while scanning
 // a long pending list for stalled entries (each call scans up to 10×max).
 const maxClaimRounds = 4
@@ -104,8 +108,10 @@ type Consumer struct {
 	claimCursor string
 	// lastClaim is when the last complete XAUTOCLAIM scan ended.
 	lastClaim time.Time
-	// lastTrim is when Ack last ran the trim script.
+	// lastTrim is when the trim script last ran; acked is set by Ack and
+	// cleared by a trim.
 	lastTrim time.Time
+	acked    bool
 }
 
 // NewConsumer returns a Consumer of cfg.Group named cfg.Consumer on
@@ -205,6 +211,11 @@ func (c *Consumer) Fetch(ctx context.Context, max int) ([]Delivery, error) {
 		return nil, fmt.Errorf("redisq: fetching: %w", err)
 	}
 	ds, err := c.fetch(ctx, max)
+	if err == nil && len(ds) == 0 {
+		// Idle: trim what the last Acks left, so a drained queue gives its
+		// memory back without waiting for the next Ack.
+		c.trimIfDue(ctx)
+	}
 	if redis.HasErrorPrefix(err, "NOGROUP") {
 		c.mu.Lock()
 		c.groupReady = false
@@ -498,25 +509,47 @@ func (c *Consumer) Ack(ctx context.Context, streamIDs ...string) error {
 	}
 	c.settled(streamIDs...)
 	c.mu.Lock()
-	due := time.Since(c.lastTrim) >= c.trimI
-	if due {
-		c.lastTrim = time.Now()
-	}
+	c.acked = true
 	c.mu.Unlock()
-	if due {
-		if _, err := c.Trim(ctx); err != nil {
-			c.logger.WarnContext(ctx, "trimming acknowledged entries failed", "err", err)
-		}
-	}
+	c.trimIfDue(ctx)
 	return nil
 }
 
+// trimIfDue trims when something was acknowledged since the last trim and
+// TrimInterval has passed. A failed trim is logged; a later call retries.
+func (c *Consumer) trimIfDue(ctx context.Context) {
+	c.mu.Lock()
+	due := c.acked && time.Since(c.lastTrim) >= c.trimI
+	if due {
+		c.lastTrim = time.Now()
+		c.acked = false
+	}
+	c.mu.Unlock()
+	if !due {
+		return
+	}
+	n, err := c.Trim(ctx)
+	if err != nil {
+		c.logger.WarnContext(ctx, "trimming acknowledged entries failed", "err", err)
+		c.mu.Lock()
+		c.acked = true
+		c.mu.Unlock()
+		return
+	}
+	if n == trimBatch {
+		c.mu.Lock()
+		c.acked = true // more to trim
+		c.mu.Unlock()
+	}
+}
+
 // Trim deletes the entries every consumer group of the stream has
-// acknowledged (scripts/trim.lua) and returns how many it deleted. Ack calls
-// it at most every TrimInterval; call it directly to force a trim. Safe for
+// acknowledged, with their dedupe keys (scripts/trim.lua), at most 10,000
+// per call, and returns how many it deleted. Ack and an idle Fetch call it
+// at most every TrimInterval; call it directly to force a trim. Safe for
 // concurrent use.
 func (c *Consumer) Trim(ctx context.Context) (int64, error) {
-	n, err := trimScript.Run(ctx, c.rdb, []string{c.keys.Stream}).Int64()
+	n, err := trimScript.Run(ctx, c.rdb, []string{c.keys.Stream}, c.keys.dedupe, trimBatch).Int64()
 	if err != nil {
 		return 0, fmt.Errorf("redisq: trimming stream: %w", err)
 	}

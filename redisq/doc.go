@@ -12,10 +12,17 @@
 // # Invariants
 //
 //   - Idempotent add. Add runs scripts/add.lua per job: SET <dedupe key> NX
-//     PX <DedupeTTL>, then XADD. A job whose ID was added within DedupeTTL
-//     is not added again and counts as success, so a caller that does not
-//     know whether an Add went through simply repeats it. If the XADD fails
-//     the dedupe key is deleted again, so the retry is not swallowed.
+//     PX <DedupeTTL>, then XADD. A job whose ID is still in the queue (not
+//     yet acknowledged by every group and trimmed) and was added within
+//     DedupeTTL is not added again and counts as success, so a caller that
+//     does not know whether an Add went through simply repeats it. If the
+//     XADD fails the dedupe key is deleted again, so the retry is not
+//     swallowed. Once every group has acknowledged a job, the trim deletes
+//     its dedupe key with the entry: a later re-add of that id is delivered
+//     again, and the receiver's inbox (which already holds it) drops it. This
+//     is what keeps Redis memory flat: remembering every id for DedupeTTL
+//     would grow it with traffic (at 5,000 jobs/s, a day of ids is about
+//     80 GB).
 //   - Order. Add keeps slice order; a stream hands entries out in the order
 //     they were added. Redeliveries (own pending, reclaimed) come before new
 //     entries, so a redelivered job may arrive after later ones: receivers
@@ -63,8 +70,11 @@
 //
 // # Memory
 //
-// A dedupe key (a few dozen bytes) lives DedupeTTL per job id. Entries are
-// trimmed once every group has acknowledged them (checked at most every
-// TrimInterval by Ack), so the stream holds only the backlog, not history.
+// A dedupe key (about 190 bytes of Redis memory with its expiry) lives while
+// its entry is in the stream, at most DedupeTTL. Entries are trimmed, with
+// their dedupe keys, once every group has acknowledged them (checked at most
+// every TrimInterval, by Ack and by a Fetch that finds nothing new), so the
+// stream holds only the backlog, not history, and memory returns to where it
+// started once the queue drains.
 // The dead-letter stream is never trimmed by this package.
 package redisq

@@ -39,9 +39,10 @@ type PublisherConfig struct {
 	Queue string
 	// Prefix is prepended to every key (default ""; e.g. "test42:").
 	Prefix string
-	// DedupeTTL is how long an added job id is remembered (millisecond
+	// DedupeTTL is the longest an added job id is remembered (millisecond
 	// resolution; default DefaultDedupeTTL). A job re-added after its dedupe
-	// key expired is added again.
+	// key expired, or after every group acknowledged it and the consumer
+	// trimmed it (which deletes the key), is added again.
 	DedupeTTL time.Duration
 	// Logger receives debug logs (default slog.Default()).
 	Logger *slog.Logger

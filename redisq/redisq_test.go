@@ -250,6 +250,43 @@ func TestFetchAckTrims(t *testing.T) {
 	if ds, err := c.Fetch(ctx, 10); err != nil || len(ds) != 0 {
 		t.Fatalf("Fetch after ack = %v, %v", ds, err)
 	}
+	// The trim took the dedupe keys with the entries: nothing of the 20
+	// jobs is left in Redis.
+	for _, j := range jobs(20, 0) {
+		if n := q.rdb.Exists(ctx, q.keys.Dedupe(j.ID)).Val(); n != 0 {
+			t.Fatalf("dedupe key of %s survived the trim", j.ID)
+		}
+	}
+	// So a re-add after everyone acknowledged it is a new entry (the
+	// receiver's inbox drops it), while an id still queued stays deduped.
+	if n, err := q.pub.Add(ctx, jobs(1, 0)...); err != nil || n != 1 {
+		t.Fatalf("re-add after trim = %d, %v; want 1 added", n, err)
+	}
+	if n, err := q.pub.Add(ctx, jobs(1, 0)...); err != nil || n != 0 {
+		t.Fatalf("re-add while queued = %d, %v; want 0 added", n, err)
+	}
+}
+
+// A consumer whose last Ack came before TrimInterval was up trims when a
+// later Fetch finds nothing: a drained queue gives its memory back.
+func TestIdleFetchTrims(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	q := newQueue(t, nil)
+	c := q.consumer(t, "w1", &redisq.ConsumerConfig{TrimInterval: 300 * time.Millisecond, Block: 100 * time.Millisecond})
+	if _, err := q.pub.Add(ctx, jobs(5, 0)...); err != nil {
+		t.Fatal(err)
+	}
+	got := fetchN(t, c, 5)
+	if err := c.Ack(ctx, streamIDs(got)...); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, 5*time.Second, "stream trimmed by idle fetches", func() bool {
+		if _, err := c.Fetch(ctx, 10); err != nil {
+			t.Fatal(err)
+		}
+		return stats(t, c).StreamLen == 0 && q.rdb.Exists(ctx, q.keys.Dedupe("job-4")).Val() == 0
+	})
 }
 
 func TestFetchEndsBlockBeforeCtxDeadline(t *testing.T) {

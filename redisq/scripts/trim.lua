@@ -1,7 +1,9 @@
 -- trim.lua: remove stream entries that every consumer group has acknowledged.
 --
 -- KEYS[1]  stream key (<prefix>q:{<queue>}:stream)
--- ARGV     none
+-- ARGV[1]  dedupe key prefix (<prefix>q:{<queue>}:dedupe:); the dedupe keys
+--          share the stream's hash tag, so they live in its cluster slot
+-- ARGV[2]  most entries to delete in one call (integer > 0)
 --
 -- For every group of the stream (XINFO GROUPS) the lowest entry id it still
 -- needs is min(first pending id (XPENDING summary), last-delivered-id + 1):
@@ -9,6 +11,12 @@
 -- The stream is trimmed with XTRIM MINID <lowest id over all groups> (exact,
 -- not "~"), so entries below it, acknowledged by every group, are deleted.
 -- A stream without groups is left alone (nobody has acknowledged anything).
+--
+-- The dedupe key of every deleted entry (from its "id" field) is deleted
+-- with it: once every group has acknowledged a job, its receivers' inboxes
+-- hold it, so a later re-add of the id is dropped there; keeping the key
+-- until its TTL would make Redis memory grow with traffic. At most ARGV[2]
+-- entries go per call (XRANGE ... COUNT), so one call stays short.
 --
 -- Returns  the number of entries deleted (integer >= 0).
 
@@ -79,4 +87,18 @@ for _, g in ipairs(groups) do
   if lowest == nil or idcmp(need, lowest) < 0 then lowest = need end
 end
 
-return redis.call('XTRIM', KEYS[1], 'MINID', lowest)
+local doomed = redis.call('XRANGE', KEYS[1], '-', '(' .. lowest, 'COUNT', tonumber(ARGV[2]))
+if #doomed == 0 then return 0 end
+for _, e in ipairs(doomed) do
+  local f = e[2]
+  for i = 1, #f, 2 do
+    if f[i] == 'id' then
+      redis.call('DEL', ARGV[1] .. f[i + 1])
+      break
+    end
+  end
+end
+-- Trim no further than the entries whose dedupe keys went above.
+local upto = next_id(doomed[#doomed][1])
+if idcmp(upto, lowest) > 0 then upto = lowest end
+return redis.call('XTRIM', KEYS[1], 'MINID', upto)
