@@ -318,9 +318,11 @@ func Serve(ctx context.Context, cfg Config) error {
 	}
 	stops = append(stops, gw.Stop)
 	store.afterCommit = gw.Wake
-	if relayWake != nil {
-		// The relay in this process is woken directly, a round trip sooner
-		// than through its LISTEN; the NOTIFY still wakes relays elsewhere.
+	if relayWake != nil && cfg.Wake == outbox.WakeAfterCommit && !cfg.PollOnly {
+		// In the after-commit mode the relay in this process is woken
+		// directly, a round trip sooner than through its LISTEN; the NOTIFY
+		// still wakes relays elsewhere. The other modes are left to measure
+		// what they are (in-tx NOTIFY, poll only).
 		store.afterCommit = func(chatID int64) { gw.Wake(chatID); relayWake() }
 	}
 	api := &API{store: store, gateway: gw, service: cfg.Service, maxBody: cfg.MaxBodyBytes, log: log, closing: make(chan struct{})}

@@ -1,0 +1,669 @@
+package lab
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/outboxchat/outboxchat/chat"
+	"github.com/outboxchat/outboxchat/redisq"
+)
+
+// Bench defaults.
+const (
+	// DefaultBenchSenders is the number of concurrent senders.
+	DefaultBenchSenders = 16
+	// DefaultBenchChats is the number of chats the messages are spread over
+	// (one watcher each).
+	DefaultBenchChats = 100
+	// DefaultBenchMessages is the number of messages sent.
+	DefaultBenchMessages = 20000
+	// DefaultBenchSendTimeout bounds the sending phase; senders stop when
+	// it ends and the report covers what was sent.
+	DefaultBenchSendTimeout = 5 * time.Minute
+	// DefaultBenchDrain bounds the wait, after the last send, for every
+	// sent message to be shown; what is not shown by then is lost.
+	DefaultBenchDrain = 60 * time.Second
+	// DefaultBenchTrimWait bounds the wait, once drained, for the stream to
+	// be trimmed before Redis memory is read again.
+	DefaultBenchTrimWait = 5 * time.Second
+	// benchWaitSample is how often pg_stat_activity is sampled.
+	benchWaitSample = 50 * time.Millisecond
+)
+
+// BenchOptions configures Bench. A zero field means its default.
+type BenchOptions struct {
+	// Senders is the number of concurrent senders, each a closed loop of
+	// HTTP POSTs on keep-alive connections. Default DefaultBenchSenders (16).
+	Senders int
+	// Chats the messages are spread over round-robin; the workers service
+	// gets one WebSocket watcher per chat. Default DefaultBenchChats (100).
+	Chats int
+	// Messages to send. Default DefaultBenchMessages (20000).
+	Messages int
+	// Variant of the environment. Default VariantV2.
+	Variant string
+	// SendTimeout bounds sending; Drain the wait for the last messages.
+	// Defaults DefaultBenchSendTimeout (5 min) and DefaultBenchDrain (60 s).
+	SendTimeout, Drain time.Duration
+	// ProgressEvery is the interval of progress lines. Default 1 s.
+	ProgressEvery time.Duration
+	// Progress receives progress lines. nil discards them.
+	Progress io.Writer
+}
+
+// BenchResult is what Bench measured. The JSON fields are DESIGN.md's
+// (plus cpu_s); the others are printed by WriteText.
+type BenchResult struct {
+	Senders  int `json:"senders"`
+	Chats    int `json:"chats"`
+	Messages int `json:"messages"`
+	// DurationS is from the first send's start to the last message shown.
+	DurationS float64 `json:"duration_s"`
+	// ThroughputMsgsPerS is messages shown per second over DurationS.
+	ThroughputMsgsPerS float64 `json:"throughput_msgs_per_s"`
+	// P50Ms, P95Ms, P99Ms: latency (send call start → frame at a workers
+	// WebSocket client) of the messages shown.
+	P50Ms float64 `json:"p50_ms"`
+	P95Ms float64 `json:"p95_ms"`
+	P99Ms float64 `json:"p99_ms"`
+	// Lost is the number of sends answered 201 whose message was not shown
+	// by the end of the drain.
+	Lost int `json:"lost"`
+	// DuplicatesShown is the number of frames that showed a message again.
+	DuplicatesShown int `json:"duplicates_shown"`
+	// RSSMB maps each service process to its peak RSS (VmHWM) in MB.
+	RSSMB map[string]float64 `json:"rss_mb"`
+	// RedisUsedMBBefore is Redis used_memory before the first send;
+	// RedisUsedMBAfter once drained and trimmed (MB = 2^20 bytes).
+	RedisUsedMBBefore float64 `json:"redis_used_mb_before"`
+	RedisUsedMBAfter  float64 `json:"redis_used_mb_after"`
+	// CPUS maps each process (the services, "postgres" with all its
+	// backends, "redis") to the CPU seconds it used from the first send to
+	// the end of the drain.
+	CPUS map[string]float64 `json:"cpu_s"`
+
+	// Sent is the number of sends answered 201; SendErrors the others.
+	Sent       int `json:"-"`
+	SendErrors int `json:"-"`
+	// FirstSendError is the first send error seen ("" when none).
+	FirstSendError string `json:"-"`
+	// SendRate is 201s per second from the first send to the last reply.
+	SendRate float64 `json:"-"`
+	// SendP50Ms is the p50 of the HTTP send call alone.
+	SendP50Ms float64 `json:"-"`
+	// Wall is the measured window (first send → drained), for CPU shares.
+	Wall time.Duration `json:"-"`
+	// StreamLenAfter and RedisKeysAfter describe Redis after the run:
+	// entries left in the consumers→workers stream and keys in the db.
+	StreamLenAfter, RedisKeysAfter int64 `json:"-"`
+	// PGWaits are the most frequent (role, state, wait event) of non-idle
+	// client backends, sampled every 50 ms during the run.
+	PGWaits []WaitCount `json:"-"`
+	// PGWaitSamples is the number of pg_stat_activity samples taken.
+	PGWaitSamples int `json:"-"`
+	// MaxUnsent and MaxPending are the largest backlogs the progress lines
+	// saw: unsent consumers.outbox rows, and queue entries not yet
+	// acknowledged by the workers' group (lag + pending).
+	MaxUnsent, MaxPending int64 `json:"-"`
+	// Stages are the p50s of the three legs (see LatencyRun.Stages).
+	Stages Stages `json:"-"`
+}
+
+// WaitCount is how often one (role, state, wait event) was seen across the
+// pg_stat_activity samples, summed over backends.
+type WaitCount struct {
+	Key   string
+	Count int
+}
+
+// Bench runs sustained load through the whole pipeline on a fresh
+// environment: Senders closed-loop senders POST Messages messages to
+// consumers, spread over Chats chats, while one WebSocket watcher per chat
+// on workers records each frame's arrival. It measures throughput, latency,
+// loss, duplicates, per-process CPU and peak RSS, Redis memory before and
+// after, and samples pg_stat_activity. Progress lines go to Progress every
+// ProgressEvery. An error means the bench could not run.
+func Bench(ctx context.Context, opts BenchOptions) (*BenchResult, error) {
+	opts = benchDefaults(opts)
+	progress := opts.Progress
+	if progress == nil {
+		progress = io.Discard
+	}
+	env, err := StartEnv(ctx, EnvOptions{Variant: opts.Variant, Progress: progress})
+	if err != nil {
+		return nil, err
+	}
+	defer env.Close()
+	res := &BenchResult{Senders: opts.Senders, Chats: opts.Chats, Messages: opts.Messages,
+		RSSMB: map[string]float64{}, CPUS: map[string]float64{}}
+
+	// Watchers: one per chat; arrivals by message id.
+	var amu sync.Mutex
+	arrived := make(map[string]Shown, opts.Messages)
+	var shownN atomic.Int64
+	watchers := make([]*Watcher, 0, opts.Chats)
+	defer func() {
+		for _, w := range watchers {
+			w.Stop(context.Background())
+		}
+	}()
+	for c := 1; c <= opts.Chats; c++ {
+		w, err := NewWatcher(env.WorkersURL, int64(c), &WatcherConfig{OnFrame: func(s Shown) {
+			if s.Message.From != chat.Consumers || s.Duplicate {
+				return
+			}
+			amu.Lock()
+			if _, ok := arrived[s.Message.ID]; !ok {
+				arrived[s.Message.ID] = s
+				shownN.Add(1)
+			}
+			amu.Unlock()
+		}})
+		if err != nil {
+			return nil, err
+		}
+		if err := w.Start(ctx); err != nil {
+			return nil, err
+		}
+		watchers = append(watchers, w)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	for _, w := range watchers {
+		if err = w.WaitConnected(wctx); err != nil {
+			break
+		}
+	}
+	cancel()
+	if err != nil {
+		return nil, fmt.Errorf("lab: bench: watchers could not connect to %s: %w", env.WorkersURL, err)
+	}
+
+	rdb := env.RedisClient()
+	if res.RedisUsedMBBefore, err = redisUsedMB(ctx, env); err != nil {
+		return nil, err
+	}
+	cpu0, err := benchCPU(ctx, env)
+	if err != nil {
+		return nil, err
+	}
+
+	// pg_stat_activity sampler.
+	waits := map[string]int{}
+	sampCtx, stopSamp := context.WithCancel(ctx)
+	sampDone := make(chan struct{})
+	go func() {
+		defer close(sampDone)
+		res.PGWaitSamples = samplePGWaits(sampCtx, env, waits)
+	}()
+	stopSampler := func() { stopSamp(); <-sampDone }
+	defer stopSampler()
+
+	// Senders.
+	type sendRec struct {
+		id      string
+		t0, t1  time.Time
+		ok      bool
+		errText string
+	}
+	recs := make([]sendRec, opts.Messages)
+	var next, done, failed atomic.Int64
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.MaxIdleConns = opts.Senders * 2
+	tr.MaxIdleConnsPerHost = opts.Senders * 2
+	snd := &sender{client: &http.Client{Transport: tr, Timeout: 10 * time.Second}}
+	defer tr.CloseIdleConnections()
+	sendCtx, cancelSend := context.WithTimeout(ctx, opts.SendTimeout)
+	defer cancelSend()
+	start := time.Now()
+	var wg sync.WaitGroup
+	for range opts.Senders {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for sendCtx.Err() == nil {
+				i := next.Add(1) - 1
+				if i >= int64(opts.Messages) {
+					return
+				}
+				chatID := i%int64(opts.Chats) + 1
+				t0 := time.Now()
+				m, err := snd.send(sendCtx, env.ConsumersURL, chatID, "bench "+strconv.FormatInt(i, 10))
+				r := sendRec{id: m.ID, t0: t0, t1: time.Now(), ok: err == nil}
+				if err != nil {
+					r.errText = err.Error()
+					failed.Add(1)
+				}
+				recs[i] = r
+				done.Add(1)
+			}
+		}()
+	}
+	sendersDone := make(chan struct{})
+	go func() { wg.Wait(); close(sendersDone) }()
+
+	tick := time.NewTicker(opts.ProgressEvery)
+	defer tick.Stop()
+	stream := redisq.NewKeys(redisPrefix, chat.QueueName(chat.Consumers)).Stream
+	report := func(phase string) {
+		el := time.Since(start).Seconds()
+		sh := shownN.Load()
+		unsent, pending := backlog(ctx, env, stream)
+		res.MaxUnsent, res.MaxPending = max(res.MaxUnsent, unsent), max(res.MaxPending, pending)
+		fmt.Fprintf(progress, "lab: bench %s %5.1fs: sent %d/%d (errors %d)  shown %d  %.0f msg/s shown  backlog: outbox %d, queue %d\n",
+			phase, el, done.Load(), opts.Messages, failed.Load(), sh, float64(sh)/max(el, 1e-9), unsent, pending)
+	}
+	waitSenders := true
+	for waitSenders {
+		select {
+		case <-sendersDone:
+			waitSenders = false
+		case <-tick.C:
+			report("sending")
+		case <-ctx.Done():
+			<-sendersDone
+			return nil, ctx.Err()
+		}
+	}
+	sendEnd := time.Now()
+	okIDs := make([]string, 0, opts.Messages)
+	for _, r := range recs {
+		if r.ok {
+			okIDs = append(okIDs, r.id)
+		} else if r.errText != "" && res.FirstSendError == "" {
+			res.FirstSendError = r.errText
+		}
+	}
+	res.Sent = len(okIDs)
+	res.SendErrors = int(failed.Load())
+
+	// Drain: until every 201 is shown, or Drain.
+	dctx, cancelDrain := context.WithTimeout(ctx, opts.Drain)
+	for dctx.Err() == nil && shownN.Load() < int64(res.Sent) {
+		select {
+		case <-dctx.Done():
+		case <-tick.C:
+			report("draining")
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	cancelDrain()
+	if ctx.Err() != nil {
+		return nil, ctx.Err()
+	}
+	end := time.Now()
+	stopSampler()
+	report("done")
+	res.Wall = end.Sub(start)
+
+	cpu1, err := benchCPU(ctx, env)
+	if err != nil {
+		return nil, err
+	}
+	for k, v := range cpu1 {
+		res.CPUS[k] = math.Round((v-cpu0[k])*100) / 100
+	}
+	for _, p := range env.Procs() {
+		if u, err := p.Usage(); err == nil {
+			res.RSSMB[p.Name()] = math.Round(float64(u.PeakRSSBytes)/(1<<20)*10) / 10
+		}
+	}
+
+	// Figures.
+	var lat, sendLat []time.Duration
+	var lastShown time.Time
+	var st stageSamples
+	amu.Lock()
+	for _, r := range recs {
+		if !r.ok {
+			continue
+		}
+		sendLat = append(sendLat, r.t1.Sub(r.t0))
+		sh, ok := arrived[r.id]
+		if !ok {
+			res.Lost++
+			continue
+		}
+		at := sh.At
+		st.add(r.t0, sh)
+		lat = append(lat, at.Sub(r.t0))
+		if at.After(lastShown) {
+			lastShown = at
+		}
+	}
+	amu.Unlock()
+	slices.Sort(lat)
+	slices.Sort(sendLat)
+	res.P50Ms, res.P95Ms, res.P99Ms = roundMs(percentile(lat, .5)), roundMs(percentile(lat, .95)), roundMs(percentile(lat, .99))
+	res.SendP50Ms = roundMs(percentile(sendLat, .5))
+	res.Stages = st.p50()
+	if !lastShown.IsZero() {
+		d := lastShown.Sub(start)
+		res.DurationS = math.Round(d.Seconds()*1000) / 1000
+		res.ThroughputMsgsPerS = math.Round(float64(len(lat))/d.Seconds()*10) / 10
+	}
+	if d := sendEnd.Sub(start); d > 0 {
+		res.SendRate = math.Round(float64(res.Sent)/d.Seconds()*10) / 10
+	}
+	for _, w := range watchers {
+		res.DuplicatesShown += w.Duplicates()
+	}
+
+	// Redis after: wait (bounded) for the acknowledged entries to be
+	// trimmed, then read used_memory.
+	tctx, cancelTrim := context.WithTimeout(ctx, DefaultBenchTrimWait)
+	_ = waitFor(tctx, 100*time.Millisecond, func() bool {
+		n, err := rdb.XLen(tctx, stream).Result()
+		return err == nil && n == 0
+	})
+	cancelTrim()
+	res.StreamLenAfter, _ = rdb.XLen(ctx, stream).Result()
+	res.RedisKeysAfter, _ = rdb.DBSize(ctx).Result()
+	if res.RedisUsedMBAfter, err = redisUsedMB(ctx, env); err != nil {
+		return nil, err
+	}
+
+	for k, n := range waits {
+		res.PGWaits = append(res.PGWaits, WaitCount{k, n})
+	}
+	sort.Slice(res.PGWaits, func(i, j int) bool {
+		a, b := res.PGWaits[i], res.PGWaits[j]
+		return a.Count > b.Count || (a.Count == b.Count && a.Key < b.Key)
+	})
+	if len(res.PGWaits) > 12 {
+		res.PGWaits = res.PGWaits[:12]
+	}
+	return res, nil
+}
+
+func benchDefaults(o BenchOptions) BenchOptions {
+	if o.Senders <= 0 {
+		o.Senders = DefaultBenchSenders
+	}
+	if o.Chats <= 0 {
+		o.Chats = DefaultBenchChats
+	}
+	if o.Messages <= 0 {
+		o.Messages = DefaultBenchMessages
+	}
+	if o.Variant == "" {
+		o.Variant = VariantV2
+	}
+	if o.SendTimeout <= 0 {
+		o.SendTimeout = DefaultBenchSendTimeout
+	}
+	if o.Drain <= 0 {
+		o.Drain = DefaultBenchDrain
+	}
+	if o.ProgressEvery <= 0 {
+		o.ProgressEvery = time.Second
+	}
+	return o
+}
+
+// backlog returns the number of unsent consumers.outbox rows and of
+// consumers→workers queue entries not yet acknowledged (undelivered lag
+// plus pending); -1 for a figure that could not be read.
+func backlog(ctx context.Context, env *Env, stream string) (unsent, queued int64) {
+	ctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+	defer cancel()
+	if env.Admin().QueryRow(ctx, `SELECT count(*) FROM consumers.outbox WHERE sent_at IS NULL`).Scan(&unsent) != nil {
+		unsent = -1
+	}
+	queued = -1
+	if groups, err := env.RedisClient().XInfoGroups(ctx, stream).Result(); err == nil {
+		for _, g := range groups {
+			if g.Name == chat.Workers {
+				queued = g.Pending + max(g.Lag, 0)
+			}
+		}
+	}
+	return unsent, queued
+}
+
+// redisUsedMB returns the lab Redis's used_memory in MB (2^20 bytes).
+func redisUsedMB(ctx context.Context, env *Env) (float64, error) {
+	info, err := env.RedisClient().Info(ctx, "memory").Result()
+	if err != nil {
+		return 0, fmt.Errorf("lab: redis info: %w", err)
+	}
+	v, ok := infoField(info, "used_memory")
+	if !ok {
+		return 0, errors.New("lab: redis info: no used_memory")
+	}
+	b, err := strconv.ParseFloat(v, 64)
+	if err != nil {
+		return 0, fmt.Errorf("lab: redis info: used_memory %q: %w", v, err)
+	}
+	return math.Round(b/(1<<20)*100) / 100, nil
+}
+
+// infoField returns field key of a Redis INFO reply.
+func infoField(info, key string) (string, bool) {
+	for _, l := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(l), key+":"); ok {
+			return v, true
+		}
+	}
+	return "", false
+}
+
+// benchCPU returns the CPU seconds used so far by each service process,
+// by Postgres (postmaster, live children, and reaped children through the
+// postmaster's cutime/cstime) and by redis-server.
+func benchCPU(ctx context.Context, env *Env) (map[string]float64, error) {
+	out := map[string]float64{}
+	for _, p := range env.Procs() {
+		u, err := p.Usage()
+		if err != nil {
+			return nil, err
+		}
+		out[p.Name()] = u.CPUSeconds
+	}
+	if pid, err := postmasterPID(env); err == nil {
+		out["postgres"] = treeCPU(pid)
+	}
+	if info, err := env.RedisClient().Info(ctx, "server").Result(); err == nil {
+		if v, ok := infoField(info, "process_id"); ok {
+			if pid, err := strconv.Atoi(v); err == nil {
+				out["redis"] = treeCPU(pid)
+			}
+		}
+	}
+	return out, nil
+}
+
+// postmasterPID reads the first line of the data directory's postmaster.pid.
+func postmasterPID(env *Env) (int, error) {
+	b, err := os.ReadFile(filepath.Join(env.Postgres.Dir(), "data", "postmaster.pid"))
+	if err != nil {
+		return 0, err
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	return strconv.Atoi(strings.TrimSpace(line))
+}
+
+// procStat is the CPU part of /proc/PID/stat, in seconds.
+type procStat struct {
+	ppid        int
+	self, child float64 // utime+stime; cutime+cstime (reaped children)
+}
+
+func readProcStat(pid int) (procStat, bool) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return procStat{}, false
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return procStat{}, false
+	}
+	f := strings.Fields(s[i+1:])
+	if len(f) < 15 {
+		return procStat{}, false
+	}
+	num := func(k int) float64 {
+		v, _ := strconv.ParseInt(f[k], 10, 64)
+		return float64(v) / clockTicks
+	}
+	ppid, _ := strconv.Atoi(f[1])
+	return procStat{ppid: ppid, self: num(11) + num(12), child: num(13) + num(14)}, true
+}
+
+// treeCPU returns the CPU seconds of pid, its reaped children and its live
+// direct children (with their reaped children).
+func treeCPU(pid int) float64 {
+	root, ok := readProcStat(pid)
+	if !ok {
+		return 0
+	}
+	total := root.self + root.child
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		cpid, err := strconv.Atoi(e.Name())
+		if err != nil || cpid == pid {
+			continue
+		}
+		if st, ok := readProcStat(cpid); ok && st.ppid == pid {
+			total += st.self + st.child
+		}
+	}
+	return total
+}
+
+// samplePGWaits samples pg_stat_activity every benchWaitSample until ctx
+// ends, counting (role, state, wait event) of non-idle client backends in
+// into, and returns the number of samples.
+func samplePGWaits(ctx context.Context, env *Env, into map[string]int) int {
+	const q = `SELECT coalesce(usename, ''), coalesce(state, ''), coalesce(wait_event_type, ''), coalesce(wait_event, '')
+		FROM pg_stat_activity
+		WHERE backend_type = 'client backend' AND pid <> pg_backend_pid() AND state <> 'idle'`
+	t := time.NewTicker(benchWaitSample)
+	defer t.Stop()
+	n := 0
+	for {
+		select {
+		case <-ctx.Done():
+			return n
+		case <-t.C:
+		}
+		rows, err := env.Admin().Query(ctx, q)
+		if err != nil {
+			continue
+		}
+		for rows.Next() {
+			var user, state, wt, we string
+			if rows.Scan(&user, &state, &wt, &we) != nil {
+				break
+			}
+			ev := wt + ":" + we
+			if wt == "" {
+				ev = "CPU (no wait event)"
+			}
+			into[fmt.Sprintf("%-10s %-20s %s", user, state, ev)]++
+		}
+		rows.Close()
+		n++
+	}
+}
+
+// WriteText prints the result for people.
+func (r *BenchResult) WriteText(w io.Writer) {
+	fmt.Fprintf(w, "bench: %d senders, %d chats, %d messages (v2: HTTP POST to consumers → WebSocket frame at workers)\n\n",
+		r.Senders, r.Chats, r.Messages)
+	fmt.Fprintf(w, "sent (201): %d   send errors: %d   lost: %d   shown twice: %d\n", r.Sent, r.SendErrors, r.Lost, r.DuplicatesShown)
+	if r.FirstSendError != "" {
+		fmt.Fprintf(w, "first send error: %s\n", r.FirstSendError)
+	}
+	fmt.Fprintf(w, "throughput: %.0f msg/s shown (%.1f s from the first send to the last shown); sends alone %.0f/s\n",
+		r.ThroughputMsgsPerS, r.DurationS, r.SendRate)
+	fmt.Fprintf(w, "latency send → shown: p50 %.1f ms  p95 %.1f ms  p99 %.1f ms   (HTTP send call alone: p50 %.1f ms)\n",
+		r.P50Ms, r.P95Ms, r.P99Ms, r.SendP50Ms)
+	fmt.Fprintf(w, "largest backlog seen: %d unsent outbox rows, %d queue entries not yet acknowledged\n", r.MaxUnsent, r.MaxPending)
+	fmt.Fprintf(w, "p50 per leg: call → send tx %s ms, send tx → inbox tx %s ms, inbox tx → shown %s ms\n",
+		fmtMs(r.Stages.ToSendTx), fmtMs(r.Stages.SendToInboxTx), fmtMs(r.Stages.InboxTxToShown))
+	fmt.Fprintln(w)
+	names := make([]string, 0, len(r.CPUS))
+	for k := range r.CPUS {
+		names = append(names, k)
+	}
+	slices.Sort(names)
+	rows := [][]string{{"process", "cpu s", "cpu % of 1 core", "peak rss MB"}}
+	for _, k := range names {
+		rss := "-"
+		if v, ok := r.RSSMB[k]; ok {
+			rss = fmt.Sprintf("%.1f", v)
+		}
+		share := "-"
+		if r.Wall > 0 {
+			share = fmt.Sprintf("%.0f%%", r.CPUS[k]/r.Wall.Seconds()*100)
+		}
+		rows = append(rows, []string{k, fmt.Sprintf("%.2f", r.CPUS[k]), share, rss})
+	}
+	writeColumns(w, rows)
+	fmt.Fprintf(w, "\nredis used_memory: %.2f MB before, %.2f MB after (stream entries left %d, keys %d)\n",
+		r.RedisUsedMBBefore, r.RedisUsedMBAfter, r.StreamLenAfter, r.RedisKeysAfter)
+	if len(r.PGWaits) > 0 {
+		fmt.Fprintf(w, "\npostgres, non-idle client backends over %d samples (avg backends in that state):\n", r.PGWaitSamples)
+		for _, wc := range r.PGWaits {
+			fmt.Fprintf(w, "  %6.2f  %s\n", float64(wc.Count)/float64(max(r.PGWaitSamples, 1)), wc.Key)
+		}
+	}
+}
+
+// runBenchCmd runs `lab bench`.
+func runBenchCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("lab bench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	senders := fs.Int("senders", DefaultBenchSenders, "concurrent senders (closed loop, keep-alive HTTP)")
+	chats := fs.Int("chats", DefaultBenchChats, "chats the messages are spread over (one WebSocket watcher each)")
+	messages := fs.Int("messages", DefaultBenchMessages, "messages to send")
+	variant := fs.String("variant", VariantV2, "v2, v2-intx, v2-poll or v1")
+	timeout := fs.Duration("timeout", DefaultBenchSendTimeout, "bound on the sending phase")
+	asJSON := fs.Bool("json", false, "print one JSON object (DESIGN.md fields plus cpu_s); the details go to stderr")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("lab bench: unexpected arguments %q", fs.Args())
+	}
+	if *senders <= 0 || *chats <= 0 || *messages <= 0 || *timeout <= 0 {
+		return errors.New("lab bench: --senders, --chats, --messages and --timeout must be positive")
+	}
+	if _, err := variantArgs(*variant); err != nil {
+		return err
+	}
+	res, err := Bench(ctx, BenchOptions{Senders: *senders, Chats: *chats, Messages: *messages,
+		Variant: *variant, SendTimeout: *timeout, Progress: stderr})
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		res.WriteText(stderr)
+		if err := json.NewEncoder(stdout).Encode(res); err != nil {
+			return fmt.Errorf("lab bench: write json: %w", err)
+		}
+		return nil
+	}
+	res.WriteText(stdout)
+	return nil
+}
+
+func init() {
+	extraCommands["bench"] = runBenchCmd
+}

@@ -1,0 +1,102 @@
+package lab
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestInfoField(t *testing.T) {
+	info := "# Memory\r\nused_memory:1048576\r\nused_memory_human:1.00M\r\n"
+	for _, tc := range []struct {
+		key, want string
+		ok        bool
+	}{
+		{"used_memory", "1048576", true}, {"used_memory_human", "1.00M", true}, {"maxmemory", "", false},
+	} {
+		if got, ok := infoField(info, tc.key); got != tc.want || ok != tc.ok {
+			t.Errorf("infoField(%q) = %q, %v; want %q, %v", tc.key, got, ok, tc.want, tc.ok)
+		}
+	}
+}
+
+func TestBenchDefaults(t *testing.T) {
+	o := benchDefaults(BenchOptions{Chats: 7})
+	if o.Senders != DefaultBenchSenders || o.Chats != 7 || o.Messages != DefaultBenchMessages || o.Variant != VariantV2 ||
+		o.SendTimeout != DefaultBenchSendTimeout || o.Drain != DefaultBenchDrain || o.ProgressEvery != time.Second {
+		t.Fatalf("benchDefaults = %+v", o)
+	}
+}
+
+func TestBenchCmdRejects(t *testing.T) {
+	for _, args := range [][]string{{"--senders", "0"}, {"--chats", "-2"}, {"--variant", "v9"}, {"x"}} {
+		var out, errb bytes.Buffer
+		if err := runBenchCmd(context.Background(), args, &out, &errb); err == nil {
+			t.Errorf("lab bench %q: want an error", args)
+		}
+	}
+}
+
+// TestBenchCmd runs a small `lab bench --json`: nothing lost, nothing shown
+// twice, every DESIGN.md field present. No timing assertions.
+func TestBenchCmd(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	var out, errb bytes.Buffer
+	err := runBenchCmd(ctx, []string{"--senders", "4", "--chats", "10", "--messages", "500", "--json"}, &out, &errb)
+	if err != nil {
+		t.Fatalf("lab bench: %v\nstderr:\n%s", err, errb.String())
+	}
+	t.Logf("stdout:\n%s\nstderr:\n%s", out.String(), errb.String())
+	var m map[string]any
+	if err := json.Unmarshal(out.Bytes(), &m); err != nil {
+		t.Fatalf("stdout is not one JSON object: %v\n%s", err, out.String())
+	}
+	for _, k := range []string{"senders", "chats", "messages", "duration_s", "throughput_msgs_per_s", "p50_ms", "p95_ms",
+		"p99_ms", "lost", "duplicates_shown", "rss_mb", "redis_used_mb_before", "redis_used_mb_after", "cpu_s"} {
+		if _, ok := m[k]; !ok {
+			t.Errorf("json lacks %q", k)
+		}
+	}
+	var r BenchResult
+	if err := json.Unmarshal(out.Bytes(), &r); err != nil {
+		t.Fatal(err)
+	}
+	if r.Senders != 4 || r.Chats != 10 || r.Messages != 500 {
+		t.Errorf("echoed options = %d/%d/%d", r.Senders, r.Chats, r.Messages)
+	}
+	if r.Lost != 0 || r.DuplicatesShown != 0 {
+		t.Errorf("lost %d, shown twice %d; want 0 and 0", r.Lost, r.DuplicatesShown)
+	}
+	if !(r.ThroughputMsgsPerS > 0 && r.P50Ms > 0 && r.P50Ms <= r.P95Ms && r.P95Ms <= r.P99Ms) {
+		t.Errorf("implausible figures: %+v", r)
+	}
+	for _, p := range []string{ProcConsumers, ProcWorkers} {
+		if r.RSSMB[p] <= 0 {
+			t.Errorf("rss_mb[%s] = %v", p, r.RSSMB[p])
+		}
+	}
+	if r.RedisUsedMBBefore <= 0 || r.RedisUsedMBAfter <= 0 {
+		t.Errorf("redis used memory %v → %v", r.RedisUsedMBBefore, r.RedisUsedMBAfter)
+	}
+	if !strings.Contains(errb.String(), "lab: bench sending") && !strings.Contains(errb.String(), "lab: bench done") {
+		t.Errorf("no progress line on stderr")
+	}
+}
+
+// ExampleBench pushes 1,000 messages through the pipeline and prints the
+// figures (it needs postgres and redis-server).
+func ExampleBench() {
+	res, err := Bench(context.Background(), BenchOptions{Senders: 4, Chats: 10, Messages: 1000})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	res.WriteText(os.Stdout)
+}

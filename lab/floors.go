@@ -1,0 +1,178 @@
+package lab
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxchat/outboxchat/chat"
+)
+
+// floorWarmup is the number of unmeasured round trips before each floor.
+const floorWarmup = 20
+
+// Floors are the round trips that bound the end-to-end latency from below,
+// measured on a lab environment's servers over loopback (p50 of Samples
+// round trips each).
+type Floors struct {
+	// Commit is one INSERT committed in autocommit (one round trip, the
+	// commit included) by the consumers role into a scratch table.
+	Commit time.Duration
+	// RedisPing is one PING on the lab's Redis.
+	RedisPing time.Duration
+	// NotifyWake is from the start of a NOTIFY (autocommit) on one
+	// connection to its receipt on another connection that LISTENs.
+	NotifyWake time.Duration
+	// Samples is the number of round trips per floor.
+	Samples int
+	// Fsync and SynchronousCommit are the Postgres settings the commit was
+	// measured with ("on"/"off").
+	Fsync, SynchronousCommit string
+}
+
+// Sum returns Commit + RedisPing + NotifyWake.
+func (f *Floors) Sum() time.Duration { return f.Commit + f.RedisPing + f.NotifyWake }
+
+// Write prints the floors and, when v2P50 > 0, the ratio of v2's p50 to
+// their sum.
+func (f *Floors) Write(w io.Writer, v2P50 time.Duration) {
+	fmt.Fprintf(w, "floors (p50 of %d round trips on the lab's servers; postgres fsync=%s, synchronous_commit=%s):\n",
+		f.Samples, f.Fsync, f.SynchronousCommit)
+	writeColumns(w, [][]string{
+		{"  INSERT+COMMIT round trip", fmtMs(f.Commit) + " ms"},
+		{"  Redis PING", fmtMs(f.RedisPing) + " ms"},
+		{"  NOTIFY wake-up", fmtMs(f.NotifyWake) + " ms"},
+		{"  sum", fmtMs(f.Sum()) + " ms"},
+	})
+	if v2P50 > 0 && f.Sum() > 0 {
+		fmt.Fprintf(w, "v2 p50 / floors sum: %s ms / %s ms = %.1fx\n", fmtMs(v2P50), fmtMs(f.Sum()), float64(v2P50)/float64(f.Sum()))
+	}
+}
+
+// MeasureFloors measures the floors on env's Postgres (as the consumers
+// role; a scratch table consumers.lab_floor is created and dropped) and
+// Redis, n round trips each after a short warm-up. It should run while the
+// services are idle.
+func MeasureFloors(ctx context.Context, env *Env, n int) (*Floors, error) {
+	if n <= 0 {
+		n = DefaultFloorSamples
+	}
+	f := &Floors{Samples: n}
+	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, env.ServiceDatabaseURL(chat.Consumers))
+	if err != nil {
+		return nil, fmt.Errorf("lab: floors: connect: %w", err)
+	}
+	defer conn.Close(context.Background())
+	if err := conn.QueryRow(ctx, `SELECT current_setting('fsync'), current_setting('synchronous_commit')`).Scan(&f.Fsync, &f.SynchronousCommit); err != nil {
+		return nil, fmt.Errorf("lab: floors: settings: %w", err)
+	}
+
+	// INSERT+COMMIT: a regular (WAL-logged) table; a temp table would skip
+	// the WAL flush that a real commit pays.
+	if _, err := conn.Exec(ctx, `CREATE TABLE IF NOT EXISTS consumers.lab_floor (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, at timestamptz NOT NULL DEFAULT now())`); err != nil {
+		return nil, fmt.Errorf("lab: floors: create scratch table: %w", err)
+	}
+	defer conn.Exec(context.Background(), `DROP TABLE IF EXISTS consumers.lab_floor`)
+	if f.Commit, err = p50Of(n, timed(func() error {
+		_, err := conn.Exec(ctx, `INSERT INTO consumers.lab_floor DEFAULT VALUES`)
+		return err
+	})); err != nil {
+		return nil, fmt.Errorf("lab: floors: insert: %w", err)
+	}
+
+	rdb := env.RedisClient()
+	if f.RedisPing, err = p50Of(n, timed(func() error { return rdb.Ping(ctx).Err() })); err != nil {
+		return nil, fmt.Errorf("lab: floors: redis ping: %w", err)
+	}
+
+	if f.NotifyWake, err = notifyFloor(ctx, env, conn, n); err != nil {
+		return nil, err
+	}
+	return f, nil
+}
+
+// notifyFloor measures NOTIFY on conn → receipt on a second, listening
+// connection (read by its own goroutine, which timestamps each receipt).
+func notifyFloor(ctx context.Context, env *Env, conn *pgx.Conn, n int) (time.Duration, error) {
+	lconn, err := pgx.Connect(ctx, env.ServiceDatabaseURL(chat.Consumers))
+	if err != nil {
+		return 0, fmt.Errorf("lab: floors: connect listener: %w", err)
+	}
+	defer lconn.Close(context.Background())
+	if _, err := lconn.Exec(ctx, `LISTEN lab_floor`); err != nil {
+		return 0, fmt.Errorf("lab: floors: listen: %w", err)
+	}
+	lctx, stop := context.WithCancel(ctx)
+	got := make(chan time.Time, 1)
+	done := make(chan error, 1)
+	go func() {
+		for {
+			if _, err := lconn.WaitForNotification(lctx); err != nil {
+				done <- err
+				return
+			}
+			select {
+			case got <- time.Now():
+			case <-lctx.Done():
+				done <- lctx.Err()
+				return
+			}
+		}
+	}()
+	defer func() { stop(); <-done }()
+	d, err := p50Of(n, func() (time.Duration, error) {
+		t0 := time.Now()
+		if _, err := conn.Exec(ctx, `NOTIFY lab_floor`); err != nil {
+			return 0, err
+		}
+		select {
+		case at := <-got:
+			return at.Sub(t0), nil
+		case err := <-done:
+			done <- err // for the deferred receive
+			return 0, fmt.Errorf("listener: %w", err)
+		case <-time.After(5 * time.Second):
+			return 0, errors.New("notification not received within 5 s")
+		}
+	})
+	if err != nil {
+		return 0, fmt.Errorf("lab: floors: notify: %w", err)
+	}
+	return d, nil
+}
+
+// timed returns a measurement that times f.
+func timed(f func() error) func() (time.Duration, error) {
+	return func() (time.Duration, error) {
+		t0 := time.Now()
+		err := f()
+		return time.Since(t0), err
+	}
+}
+
+// p50Of runs measure floorWarmup times unmeasured, then n times, and
+// returns the median of the n durations it reported.
+func p50Of(n int, measure func() (time.Duration, error)) (time.Duration, error) {
+	for range floorWarmup {
+		if _, err := measure(); err != nil {
+			return 0, err
+		}
+	}
+	ds := make([]time.Duration, 0, n)
+	for range n {
+		d, err := measure()
+		if err != nil {
+			return 0, err
+		}
+		ds = append(ds, d)
+	}
+	slices.Sort(ds)
+	return percentile(ds, 0.5), nil
+}

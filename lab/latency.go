@@ -1,0 +1,632 @@
+package lab
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/outboxchat/outboxchat/chat"
+)
+
+// Latency defaults (the write-up's experiment).
+const (
+	// DefaultLatencyMessages is how many messages one run sends.
+	DefaultLatencyMessages = 100
+	// DefaultLatencyInterval is the pause between two sends of a run.
+	DefaultLatencyInterval = 100 * time.Millisecond
+	// DefaultLatencyRuns is how many runs each variant gets.
+	DefaultLatencyRuns = 3
+	// DefaultLatencySettle bounds the wait, after a run's last send, for
+	// every sent message to be shown; what is not shown by then is lost.
+	DefaultLatencySettle = 10 * time.Second
+	// DefaultFloorSamples is how many round trips each floor measures.
+	DefaultFloorSamples = 200
+)
+
+// DefaultLatencyVariants are the variants `lab latency` measures by
+// default, in table order: the write-up's three plus the write-up's own v2
+// mode (NOTIFY inside the send transaction).
+var DefaultLatencyVariants = []string{VariantV1, VariantV2, VariantV2InTx, VariantV2Poll}
+
+// variantLabel is a variant's name in the table and the plot.
+func variantLabel(v string) string {
+	switch v {
+	case VariantV1:
+		return "v1: plain queue add"
+	case VariantV2:
+		return "v2: outbox, wake-up after commit"
+	case VariantV2InTx:
+		return "v2-intx: outbox, NOTIFY in send tx"
+	case VariantV2Poll:
+		return "v2-poll: polling only, 1 s"
+	}
+	return v
+}
+
+// LatencyOptions configures Latency. A zero field means its default.
+type LatencyOptions struct {
+	// Variants to measure, in order. Default DefaultLatencyVariants.
+	Variants []string
+	// Messages per run. Default DefaultLatencyMessages (100).
+	Messages int
+	// Interval between two sends. Default DefaultLatencyInterval (100 ms).
+	Interval time.Duration
+	// Runs per variant. Default DefaultLatencyRuns (3).
+	Runs int
+	// Settle bounds the wait after a run's last send. Default
+	// DefaultLatencySettle (10 s).
+	Settle time.Duration
+	// FloorSamples is the number of round trips per floor. Default
+	// DefaultFloorSamples (200); negative skips the floors.
+	FloorSamples int
+	// Progress receives progress lines. nil discards them.
+	Progress io.Writer
+}
+
+// LatencyRun is one run of one variant.
+type LatencyRun struct {
+	// Samples holds one latency per message shown (send call start →
+	// frame at the workers' WebSocket client), sorted ascending.
+	Samples []time.Duration
+	// Sent is the number of sends answered 201; SendErrors the others.
+	Sent, SendErrors int
+	// Lost is the number of messages answered 201 but not shown within
+	// the settle time.
+	Lost int
+	// DuplicatesShown is the number of frames that showed a message again.
+	DuplicatesShown int
+	// P50, P95, P99 and Max summarise Samples (nearest rank; 0 when empty).
+	P50, P95, P99, Max time.Duration
+	// Stages are the p50s of the three legs of a message's way, split at
+	// the timestamps the frame carries (both set by Postgres now(), the
+	// start of the transaction): send call start → sent_at (send tx begins),
+	// sent_at → received_at (send commit, wake-up, relay, Redis, worker
+	// picks the job up and begins its inbox tx), received_at → frame at the
+	// client (inbox commit, NOTIFY, gateway read, WebSocket write).
+	Stages Stages
+}
+
+// Stages are the p50 durations of the three legs of a message's way; see
+// LatencyRun.Stages.
+type Stages struct {
+	ToSendTx, SendToInboxTx, InboxTxToShown time.Duration
+}
+
+// stageSamples collects the legs of each message to compute Stages.
+type stageSamples struct{ a, b, c []time.Duration }
+
+func (s *stageSamples) add(t0 time.Time, sh Shown) {
+	if sh.Message.ReceivedAt == nil || sh.Message.SentAt.IsZero() {
+		return
+	}
+	s.a = append(s.a, sh.Message.SentAt.Sub(t0))
+	s.b = append(s.b, sh.Message.ReceivedAt.Sub(sh.Message.SentAt))
+	s.c = append(s.c, sh.At.Sub(*sh.Message.ReceivedAt))
+}
+
+func (s *stageSamples) p50() Stages {
+	med := func(ds []time.Duration) time.Duration { slices.Sort(ds); return percentile(ds, 0.5) }
+	return Stages{med(s.a), med(s.b), med(s.c)}
+}
+
+// VariantLatency is every run of one variant.
+type VariantLatency struct {
+	Variant string
+	Runs    []LatencyRun
+}
+
+// LatencyReport is the result of Latency.
+type LatencyReport struct {
+	// Messages, Interval and Runs are the options the report was made with.
+	Messages int
+	Interval time.Duration
+	Runs     int
+	// Variants holds one entry per variant, in the order asked.
+	Variants []VariantLatency
+	// Floors are measured on the environment of v2 (or of the first
+	// variant when v2 is not measured); nil when skipped.
+	Floors *Floors
+}
+
+// LatencySummary is one variant's line of `lab latency --json` (DESIGN.md):
+// each figure is the median over runs, in milliseconds; N is the number of
+// latency samples (messages shown) over all runs.
+type LatencySummary struct {
+	Variant string  `json:"variant"`
+	Runs    int     `json:"runs"`
+	P50Ms   float64 `json:"p50_ms"`
+	P95Ms   float64 `json:"p95_ms"`
+	P99Ms   float64 `json:"p99_ms"`
+	MaxMs   float64 `json:"max_ms"`
+	N       int     `json:"n"`
+}
+
+// Summary returns the variant's JSON summary.
+func (v *VariantLatency) Summary() LatencySummary {
+	s := LatencySummary{Variant: v.Variant, Runs: len(v.Runs)}
+	pick := func(f func(LatencyRun) time.Duration) float64 {
+		ds := make([]time.Duration, len(v.Runs))
+		for i, r := range v.Runs {
+			ds[i] = f(r)
+		}
+		return roundMs(medianDuration(ds))
+	}
+	s.P50Ms = pick(func(r LatencyRun) time.Duration { return r.P50 })
+	s.P95Ms = pick(func(r LatencyRun) time.Duration { return r.P95 })
+	s.P99Ms = pick(func(r LatencyRun) time.Duration { return r.P99 })
+	s.MaxMs = pick(func(r LatencyRun) time.Duration { return r.Max })
+	for _, r := range v.Runs {
+		s.N += len(r.Samples)
+	}
+	return s
+}
+
+// Lost returns the messages lost over all runs.
+func (v *VariantLatency) Lost() int {
+	n := 0
+	for _, r := range v.Runs {
+		n += r.Lost
+	}
+	return n
+}
+
+// Samples returns every run's samples together, sorted.
+func (v *VariantLatency) Samples() []time.Duration {
+	var all []time.Duration
+	for _, r := range v.Runs {
+		all = append(all, r.Samples...)
+	}
+	slices.Sort(all)
+	return all
+}
+
+// Latency runs the write-up's latency experiment: per variant a fresh
+// environment (private servers, both services as processes, the consumers
+// relay as a separate process) reused by its runs; per run a new chat, a WebSocket watcher on workers for it, one
+// unmeasured warm-up message, then Messages sends from consumers' HTTP API
+// one every Interval, each message's latency running from the start of its
+// send call to the arrival of its frame at the watcher. The floors are
+// measured on the v2 environment after its runs. An error means the
+// experiment could not run; lost messages are reported, not errors.
+func Latency(ctx context.Context, opts LatencyOptions) (*LatencyReport, error) {
+	if len(opts.Variants) == 0 {
+		opts.Variants = DefaultLatencyVariants
+	}
+	for _, v := range opts.Variants {
+		if _, err := variantArgs(v); err != nil {
+			return nil, err
+		}
+	}
+	if opts.Messages <= 0 {
+		opts.Messages = DefaultLatencyMessages
+	}
+	if opts.Interval <= 0 {
+		opts.Interval = DefaultLatencyInterval
+	}
+	if opts.Runs <= 0 {
+		opts.Runs = DefaultLatencyRuns
+	}
+	if opts.Settle <= 0 {
+		opts.Settle = DefaultLatencySettle
+	}
+	if opts.FloorSamples == 0 {
+		opts.FloorSamples = DefaultFloorSamples
+	}
+	progress := opts.Progress
+	if progress == nil {
+		progress = io.Discard
+	}
+	floorsOn := VariantV2
+	if !slices.Contains(opts.Variants, VariantV2) {
+		floorsOn = opts.Variants[0]
+	}
+	rep := &LatencyReport{Messages: opts.Messages, Interval: opts.Interval, Runs: opts.Runs}
+	for _, v := range opts.Variants {
+		vl, floors, err := latencyVariant(ctx, v, opts, v == floorsOn && opts.FloorSamples > 0, progress)
+		if err != nil {
+			return nil, err
+		}
+		rep.Variants = append(rep.Variants, *vl)
+		if floors != nil {
+			rep.Floors = floors
+		}
+	}
+	return rep, nil
+}
+
+// latencyVariant measures one variant on its own environment.
+func latencyVariant(ctx context.Context, variant string, opts LatencyOptions, floors bool, progress io.Writer) (*VariantLatency, *Floors, error) {
+	// The consumers relay is a process of its own (as in the write-up), so
+	// its wake-up travels the variant's way: NOTIFY after commit, NOTIFY in
+	// the send transaction, or the 1 s poll. A relay inside the API process
+	// would be woken directly by the API, whatever the variant.
+	env, err := StartEnv(ctx, EnvOptions{Variant: variant, ConsumersRelays: 1, Progress: progress})
+	if err != nil {
+		return nil, nil, err
+	}
+	defer env.Close()
+	vl := &VariantLatency{Variant: variant}
+	for run := 1; run <= opts.Runs; run++ {
+		fmt.Fprintf(progress, "lab: latency %s run %d/%d: %d messages, one every %v\n", variant, run, opts.Runs, opts.Messages, opts.Interval)
+		r, err := latencyRun(ctx, env, int64(run), opts)
+		if err != nil {
+			return nil, nil, fmt.Errorf("lab: latency %s run %d: %w", variant, run, err)
+		}
+		fmt.Fprintf(progress, "lab: latency %s run %d/%d: p50 %s ms, p95 %s ms, lost %d\n", variant, run, opts.Runs, fmtMs(r.P50), fmtMs(r.P95), r.Lost)
+		vl.Runs = append(vl.Runs, *r)
+	}
+	var f *Floors
+	if floors {
+		fmt.Fprintf(progress, "lab: measuring floors (%d round trips each)\n", opts.FloorSamples)
+		if f, err = MeasureFloors(ctx, env, opts.FloorSamples); err != nil {
+			return nil, nil, err
+		}
+	}
+	return vl, f, nil
+}
+
+// latencyRun runs one run on chat chatID of env.
+func latencyRun(ctx context.Context, env *Env, chatID int64, opts LatencyOptions) (*LatencyRun, error) {
+	var mu sync.Mutex
+	arrived := map[string]Shown{}
+	w, err := NewWatcher(env.WorkersURL, chatID, &WatcherConfig{OnFrame: func(s Shown) {
+		if s.Message.From != chat.Consumers || s.Duplicate {
+			return
+		}
+		mu.Lock()
+		arrived[s.Message.ID] = s
+		mu.Unlock()
+	}})
+	if err != nil {
+		return nil, err
+	}
+	if err := w.Start(ctx); err != nil {
+		return nil, err
+	}
+	defer w.Stop(context.Background())
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	err = w.WaitConnected(wctx)
+	cancel()
+	if err != nil {
+		return nil, fmt.Errorf("watcher could not connect to %s: %w", env.WorkersURL, err)
+	}
+	shown := func(id string) bool {
+		mu.Lock()
+		defer mu.Unlock()
+		_, ok := arrived[id]
+		return ok
+	}
+
+	snd := newSender()
+	// Warm-up: connections, prepared statements and the first wake-up are
+	// paid by a message that is not measured.
+	m, err := snd.send(ctx, env.ConsumersURL, chatID, "warm-up")
+	if err != nil {
+		return nil, fmt.Errorf("warm-up send: %w", err)
+	}
+	wctx, cancel = context.WithTimeout(ctx, opts.Settle)
+	err = waitFor(wctx, 5*time.Millisecond, func() bool { return shown(m.ID) })
+	cancel()
+	if err != nil {
+		return nil, fmt.Errorf("warm-up message not shown within %v", opts.Settle)
+	}
+
+	type sent struct {
+		id string
+		at time.Time
+	}
+	var sends []sent
+	r := &LatencyRun{}
+	next := time.Now()
+	for i := 1; i <= opts.Messages; i++ {
+		if err := sleepUntil(ctx, next); err != nil {
+			return nil, err
+		}
+		t0 := time.Now()
+		next = t0.Add(opts.Interval)
+		m, err := snd.send(ctx, env.ConsumersURL, chatID, fmt.Sprintf("msg %d", i))
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			r.SendErrors++
+			continue
+		}
+		sends = append(sends, sent{m.ID, t0})
+	}
+	r.Sent = len(sends)
+	sctx, cancel := context.WithTimeout(ctx, opts.Settle)
+	_ = waitFor(sctx, 10*time.Millisecond, func() bool {
+		for _, s := range sends {
+			if !shown(s.id) {
+				return false
+			}
+		}
+		return true
+	})
+	cancel()
+	if ctx.Err() != nil {
+		return nil, ctx.Err()
+	}
+	var st stageSamples
+	mu.Lock()
+	for _, s := range sends {
+		sh, ok := arrived[s.id]
+		if !ok {
+			r.Lost++
+			continue
+		}
+		r.Samples = append(r.Samples, sh.At.Sub(s.at))
+		st.add(s.at, sh)
+	}
+	mu.Unlock()
+	r.Stages = st.p50()
+	r.DuplicatesShown = w.Duplicates()
+	slices.Sort(r.Samples)
+	r.P50, r.P95, r.P99 = percentile(r.Samples, 0.50), percentile(r.Samples, 0.95), percentile(r.Samples, 0.99)
+	if n := len(r.Samples); n > 0 {
+		r.Max = r.Samples[n-1]
+	}
+	return r, nil
+}
+
+// percentile returns the nearest-rank p-quantile (0 < p ≤ 1) of sorted
+// samples, 0 when there are none.
+func percentile(sorted []time.Duration, p float64) time.Duration {
+	n := len(sorted)
+	if n == 0 {
+		return 0
+	}
+	i := int(math.Ceil(p*float64(n))) - 1
+	return sorted[min(max(i, 0), n-1)]
+}
+
+// medianDuration returns the median of ds (mean of the middle two for an
+// even count; 0 for none). ds is not modified.
+func medianDuration(ds []time.Duration) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	n := len(s)
+	if n%2 == 1 {
+		return s[n/2]
+	}
+	return (s[n/2-1] + s[n/2]) / 2
+}
+
+// roundMs converts d to milliseconds rounded to the microsecond.
+func roundMs(d time.Duration) float64 {
+	return math.Round(float64(d)/float64(time.Microsecond)) / 1000
+}
+
+// fmtMs formats d in milliseconds with two significant decimals below 10 ms.
+func fmtMs(d time.Duration) string {
+	ms := float64(d) / float64(time.Millisecond)
+	switch {
+	case ms < 10:
+		return fmt.Sprintf("%.2f", ms)
+	case ms < 100:
+		return fmt.Sprintf("%.1f", ms)
+	}
+	return fmt.Sprintf("%.0f", ms)
+}
+
+// fmtRange formats the min and max of ds over runs as "A to B ms" ("A ms"
+// when they are equal once formatted).
+func fmtRange(ds []time.Duration) string {
+	if len(ds) == 0 {
+		return "-"
+	}
+	lo, hi := fmtMs(slices.Min(ds)), fmtMs(slices.Max(ds))
+	if lo == hi {
+		return lo + " ms"
+	}
+	return lo + " to " + hi + " ms"
+}
+
+// WriteTable prints the write-up's table: p50, p95 and p99 as min to max
+// over runs, the worst latency of all runs, runs; then losses and the
+// floors.
+func (r *LatencyReport) WriteTable(w io.Writer) {
+	fmt.Fprintf(w, "latency: %d messages per run, one every %v; send call → frame at a workers WebSocket client\n\n",
+		r.Messages, r.Interval)
+	rows := [][]string{{"variant", "p50", "p95", "p99", "max", "runs"}}
+	for _, v := range r.Variants {
+		col := func(f func(LatencyRun) time.Duration) []time.Duration {
+			out := make([]time.Duration, len(v.Runs))
+			for i, run := range v.Runs {
+				out[i] = f(run)
+			}
+			return out
+		}
+		maxes := col(func(x LatencyRun) time.Duration { return x.Max })
+		worst := "-"
+		if len(maxes) > 0 {
+			worst = fmtMs(slices.Max(maxes)) + " ms"
+		}
+		rows = append(rows, []string{variantLabel(v.Variant),
+			fmtRange(col(func(x LatencyRun) time.Duration { return x.P50 })),
+			fmtRange(col(func(x LatencyRun) time.Duration { return x.P95 })),
+			fmtRange(col(func(x LatencyRun) time.Duration { return x.P99 })),
+			worst, fmt.Sprint(len(v.Runs))})
+	}
+	writeColumns(w, rows)
+	var lost []string
+	for _, v := range r.Variants {
+		if n := v.Lost(); n > 0 {
+			lost = append(lost, fmt.Sprintf("%s: %d", v.Variant, n))
+		}
+	}
+	if len(lost) == 0 {
+		fmt.Fprintln(w, "\nlost: none")
+	} else {
+		fmt.Fprintf(w, "\nlost: %s\n", strings.Join(lost, ", "))
+	}
+	fmt.Fprintln(w, "\nwhere the time goes (p50 per leg, median over runs; sent_at and received_at are the send and inbox transactions' start):")
+	rows = [][]string{{"variant", "call → send tx", "send tx → inbox tx", "inbox tx → shown"}}
+	for _, v := range r.Variants {
+		var a, b, c []time.Duration
+		for _, run := range v.Runs {
+			a, b, c = append(a, run.Stages.ToSendTx), append(b, run.Stages.SendToInboxTx), append(c, run.Stages.InboxTxToShown)
+		}
+		rows = append(rows, []string{"  " + v.Variant, fmtMs(medianDuration(a)) + " ms", fmtMs(medianDuration(b)) + " ms", fmtMs(medianDuration(c)) + " ms"})
+	}
+	writeColumns(w, rows)
+	if r.Floors != nil {
+		fmt.Fprintln(w)
+		r.Floors.Write(w, r.v2P50())
+	}
+}
+
+// v2P50 returns v2's p50 (median over runs), 0 when v2 was not measured.
+func (r *LatencyReport) v2P50() time.Duration {
+	for _, v := range r.Variants {
+		if v.Variant == VariantV2 {
+			ds := make([]time.Duration, len(v.Runs))
+			for i, run := range v.Runs {
+				ds[i] = run.P50
+			}
+			return medianDuration(ds)
+		}
+	}
+	return 0
+}
+
+// writeColumns prints rows as left-aligned columns (the first column) and
+// right-aligned ones (the others), two spaces apart.
+func writeColumns(w io.Writer, rows [][]string) {
+	if len(rows) == 0 {
+		return
+	}
+	width := make([]int, len(rows[0]))
+	for _, row := range rows {
+		for i, c := range row {
+			width[i] = max(width[i], len([]rune(c)))
+		}
+	}
+	for _, row := range rows {
+		var b strings.Builder
+		for i, c := range row {
+			pad := strings.Repeat(" ", width[i]-len([]rune(c)))
+			if i == 0 {
+				b.WriteString(c + pad)
+			} else {
+				b.WriteString("  " + pad + c)
+			}
+		}
+		fmt.Fprintln(w, b.String())
+	}
+}
+
+// WriteJSON prints one LatencySummary per variant, one JSON object per line.
+func (r *LatencyReport) WriteJSON(w io.Writer) error {
+	enc := json.NewEncoder(w)
+	for _, v := range r.Variants {
+		if err := enc.Encode(v.Summary()); err != nil {
+			return fmt.Errorf("lab: write json: %w", err)
+		}
+	}
+	return nil
+}
+
+// runLatencyCmd runs `lab latency`.
+func runLatencyCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("lab latency", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	variants := fs.String("variants", strings.Join(DefaultLatencyVariants, ","), "comma-separated variants: v1, v2, v2-intx, v2-poll")
+	messages := fs.Int("messages", DefaultLatencyMessages, "messages per run")
+	interval := fs.Duration("interval", DefaultLatencyInterval, "pause between two sends")
+	runs := fs.Int("runs", DefaultLatencyRuns, "runs per variant")
+	asJSON := fs.Bool("json", false, "print one JSON object per variant per line (variant, runs, p50_ms, p95_ms, p99_ms, max_ms, n); floors and plot path go to stderr")
+	plotPath := fs.String("plot", DefaultPlotPath, `PNG of the latency CDF per variant ("none" = no plot)`)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("lab latency: unexpected arguments %q", fs.Args())
+	}
+	if *messages <= 0 || *runs <= 0 || *interval <= 0 {
+		return errors.New("lab latency: --messages, --runs and --interval must be positive")
+	}
+	var vs []string
+	for _, v := range strings.Split(*variants, ",") {
+		if v = strings.TrimSpace(v); v != "" {
+			vs = append(vs, v)
+		}
+	}
+	if len(vs) == 0 {
+		return errors.New("lab latency: --variants is empty")
+	}
+	rep, err := Latency(ctx, LatencyOptions{Variants: vs, Messages: *messages, Interval: *interval, Runs: *runs, Progress: stderr})
+	if err != nil {
+		return err
+	}
+	return writeLatency(rep, *asJSON, *plotPath, stdout, stderr)
+}
+
+// writeLatency prints rep (table or JSON lines) and draws the plot.
+func writeLatency(rep *LatencyReport, asJSON bool, plotPath string, stdout, stderr io.Writer) error {
+	if asJSON {
+		if err := rep.WriteJSON(stdout); err != nil {
+			return err
+		}
+		if rep.Floors != nil {
+			rep.Floors.Write(stderr, rep.v2P50())
+		}
+	} else {
+		rep.WriteTable(stdout)
+	}
+	if plotPath == "none" {
+		return nil
+	}
+	path, err := WriteLatencyPlot(plotPath, rep)
+	if err != nil {
+		return err
+	}
+	out := stdout
+	if asJSON {
+		out = stderr
+	}
+	fmt.Fprintf(out, "\nplot: %s\n", path)
+	return nil
+}
+
+// demoLatency is `lab demo`'s latency step: every default variant, one run
+// of the default messages and interval. Losing a message is unexpected.
+func demoLatency(ctx context.Context, stdout, stderr io.Writer) error {
+	fmt.Fprintln(stdout, "== latency ==")
+	rep, err := Latency(ctx, LatencyOptions{Runs: 1, Progress: stderr})
+	if err != nil {
+		return err
+	}
+	if err := writeLatency(rep, false, DefaultPlotPath, stdout, stderr); err != nil {
+		return err
+	}
+	var errs []error
+	for _, v := range rep.Variants {
+		if n := v.Lost(); n > 0 {
+			errs = append(errs, fmt.Errorf("latency %s: %d message(s) lost", v.Variant, n))
+		}
+	}
+	if len(errs) > 0 {
+		fmt.Fprintf(stdout, "UNEXPECTED: %v\n", errors.Join(errs...))
+		return errors.Join(errs...)
+	}
+	fmt.Fprintln(stdout, "as expected (nothing lost)")
+	return nil
+}
+
+func init() {
+	extraCommands["latency"] = runLatencyCmd
+	demoExtras = append(demoExtras, demoLatency)
+}
