@@ -244,11 +244,12 @@ func Latency(ctx context.Context, opts LatencyOptions) (*LatencyReport, error) {
 
 // latencyVariant measures one variant on its own environment.
 func latencyVariant(ctx context.Context, variant string, opts LatencyOptions, floors bool, progress io.Writer) (*VariantLatency, *Floors, error) {
-	// The consumers relay is a process of its own (as in the write-up), so
-	// its wake-up travels the variant's way: NOTIFY after commit, NOTIFY in
-	// the send transaction, or the 1 s poll. A relay inside the API process
-	// would be woken directly by the API, whatever the variant.
-	env, err := StartEnv(ctx, EnvOptions{Variant: variant, ConsumersRelays: 1, Progress: progress})
+	// The services run as `outboxchat serve` runs by default: api, relay and
+	// worker roles in one process each. The relay's wake-up travels the
+	// variant's way: in v2 the API wakes the relay in its process directly
+	// after commit (and NOTIFYs relays elsewhere); in v2-intx only the NOTIFY
+	// sent at commit wakes it (through its LISTEN); v2-poll has no wake-up.
+	env, err := StartEnv(ctx, EnvOptions{Variant: variant, Progress: progress})
 	if err != nil {
 		return nil, nil, err
 	}
