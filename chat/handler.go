@@ -58,10 +58,14 @@ func NewInboxHandler(service string) (*InboxHandler, error) {
 	}, nil
 }
 
-// decode checks a delivery without touching the database: a valid
-// message.created event from the other service whose id is the job id.
+// decode checks a delivery without touching the database: a job named
+// message.created holding a valid event from the other service whose id is
+// the job id.
 // Errors wrap inbox.ErrMalformed.
 func (h *InboxHandler) decode(d inbox.Delivery) (Message, error) {
+	if d.Name != EventMessageCreated {
+		return Message{}, fmt.Errorf("%w: event %q, expected %q", inbox.ErrMalformed, d.Name, EventMessageCreated)
+	}
 	m, err := DecodeEvent(d.Payload)
 	if err != nil {
 		return m, fmt.Errorf("%w: %v", inbox.ErrMalformed, err)

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"mime"
 	"net"
 	"net/http"
 	"strconv"
@@ -71,9 +72,11 @@ func (a *API) Register(mux *http.ServeMux) {
 	mux.HandleFunc("GET /ws", a.handleWS)
 }
 
+// errorBody is every error answer: {"error": "...", "field": "..."}; field
+// is "" when the error is not about one field.
 type errorBody struct {
 	Error string `json:"error"`
-	Field string `json:"field,omitempty"`
+	Field string `json:"field"`
 }
 
 func writeJSON(w http.ResponseWriter, code int, v any) {
@@ -97,10 +100,21 @@ func (a *API) handleSend(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
+	// JSON only: a form or text/plain POST from another site's page (a
+	// "simple" cross-origin request, no preflight) is refused.
+	if mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err != nil || mt != "application/json" {
+		writeJSON(w, http.StatusUnsupportedMediaType, errorBody{Error: "Content-Type must be application/json", Field: "Content-Type"})
+		return
+	}
 	// Read at most the body limit plus room for JSON escaping and the key.
 	data, err := io.ReadAll(http.MaxBytesReader(w, r.Body, int64(a.maxBody)*6+1024))
 	if err != nil {
-		writeError(w, &FieldError{Field: "body", Msg: "request too large or unreadable"})
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			writeJSON(w, http.StatusRequestEntityTooLarge, errorBody{Error: fmt.Sprintf("request over %d bytes", mbe.Limit), Field: "body"})
+			return
+		}
+		writeError(w, &FieldError{Field: "body", Msg: "request unreadable"})
 		return
 	}
 	req, err := DecodeSendRequest(data, a.maxBody)
@@ -216,11 +230,16 @@ func (a *API) handleWS(w http.ResponseWriter, r *http.Request) {
 	go func() {
 		defer cancel()
 		for {
-			_, data, err := c.Read(ctx)
+			typ, data, err := c.Read(ctx)
 			if err != nil {
 				return
 			}
-			req, err := DecodeSendRequest(data, a.maxBody)
+			var req SendRequest
+			if typ != websocket.MessageText {
+				err = &FieldError{Field: "", Msg: "send text frames holding {\"body\": \"...\"}"}
+			} else {
+				req, err = DecodeSendRequest(data, a.maxBody)
+			}
 			if err == nil {
 				_, err = a.send(ctx, chatID, req.Body)
 			}

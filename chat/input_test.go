@@ -36,6 +36,13 @@ func TestBadInputIsRejectedAndNothingStored(t *testing.T) {
 		{"unknown field", "1", `{"body":"x","chat":2}`, "chat"},
 		{"two documents", "1", `{"body":"x"}{"body":"y"}`, ""},
 		{"empty request", "1", ``, ""},
+		{"key in another case", "1", `{"Body":"x"}`, "Body"},
+		{"key twice", "1", `{"body":"a","body":"b"}`, "body"},
+		{"key twice, other case", "1", `{"body":"a","BODY":"b"}`, "BODY"},
+		{"blank body", "1", `{"body":"  \n\t "}`, "body"},
+		{"surrogate after U+FFFD", "1", `{"body":"\ufffd\ud800"}`, "body"},
+		{"low surrogate alone", "1", `{"body":"a\udc00"}`, "body"},
+		{"null body", "1", `{"body":null}`, "body"},
 	}
 	for _, c := range cases {
 		code, raw := post(t, cons.base, c.chat, c.body)
@@ -51,6 +58,9 @@ func TestBadInputIsRejectedAndNothingStored(t *testing.T) {
 			t.Errorf("%s: body %q is not a JSON error", c.name, raw)
 			continue
 		}
+		if !strings.Contains(string(raw), `"field":`) {
+			t.Errorf("%s: %s has no field key", c.name, raw)
+		}
 		if e.Field != c.field {
 			t.Errorf("%s: field %q, want %q (%s)", c.name, e.Field, c.field, e.Error)
 		}
@@ -58,6 +68,29 @@ func TestBadInputIsRejectedAndNothingStored(t *testing.T) {
 	for _, table := range []string{"consumers.messages", "consumers.outbox", "consumers.chats"} {
 		if n := h.count(t, "SELECT count(*) FROM "+table); n != 0 {
 			t.Errorf("%s has %d rows after rejected requests, want 0", table, n)
+		}
+	}
+	// Not JSON by Content-Type: 415; too large: 413. Nothing stored either.
+	for _, ct := range []string{"text/plain", "application/x-www-form-urlencoded", ""} {
+		req, _ := http.NewRequest(http.MethodPost, cons.base+"/api/chats/1/messages", strings.NewReader(`{"body":"x"}`))
+		if ct != "" {
+			req.Header.Set("Content-Type", ct)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusUnsupportedMediaType {
+			t.Errorf("Content-Type %q: status %d, want 415", ct, resp.StatusCode)
+		}
+	}
+	if code, raw := post(t, cons.base, "1", `{"body":"`+strings.Repeat("a", 1<<20)+`"}`); code != http.StatusRequestEntityTooLarge {
+		t.Errorf("1 MiB request: %d %s, want 413", code, raw)
+	}
+	for _, table := range []string{"consumers.messages", "consumers.outbox"} {
+		if n := h.count(t, "SELECT count(*) FROM "+table); n != 0 {
+			t.Errorf("%s has %d rows after refused requests, want 0", table, n)
 		}
 	}
 	// Bad query parameters.
@@ -165,7 +198,7 @@ func TestMessageJSONRoundTrip(t *testing.T) {
 }
 
 func FuzzDecodeSendRequest(f *testing.F) {
-	for _, s := range []string{`{"body":"x"}`, `{"body":""}`, `{}`, `{"body":"a\u0000"}`, "{\"body\":\"\xff\"}", `[1]`, `{"body":"x","y":1}`, `{"body":"x"} {}`} {
+	for _, s := range []string{`{"body":"x"}`, `{"body":""}`, `{}`, `{"body":"a\u0000"}`, "{\"body\":\"\xff\"}", `[1]`, `{"body":"x","y":1}`, `{"body":"x"} {}`, `{"body":"\ud83d\ude00"}`, `{"body":"\ud800"}`, `{"Body":"x"}`, `{"body":"a","body":"b"}`, `{"body":"\\u0041"}`} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
@@ -179,6 +212,9 @@ func FuzzDecodeSendRequest(f *testing.F) {
 		}
 		if ValidateBody(req.Body, 64) != nil {
 			t.Fatalf("accepted an invalid body %q", req.Body)
+		}
+		if hasUnpairedSurrogate(data) {
+			t.Fatalf("accepted %q with an unpaired surrogate", data)
 		}
 	})
 }
@@ -199,4 +235,23 @@ func FuzzDecodeEvent(f *testing.F) {
 			t.Fatalf("accepted an invalid event %+v", m)
 		}
 	})
+}
+
+func TestHasUnpairedSurrogate(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[string]bool{
+		`{"body":"x"}`:                  false,
+		`{"body":"\ud83d\ude00"}`:       false, // a pair: 😀
+		`{"body":"\ud83d"}`:             true,
+		`{"body":"\ude00"}`:             true,
+		`{"body":"\ud83dx"}`:            true,
+		`{"body":"\ud83d\n"}`:           true,
+		`{"body":"\\ud83d"}`:            false, // an escaped backslash, then text
+		`{"body":"\ufffd\ud800"}`:       true,
+		`{"body":"\ud83d\ud83d\ude00"}`: true,
+	} {
+		if got := hasUnpairedSurrogate([]byte(in)); got != want {
+			t.Errorf("hasUnpairedSurrogate(%s) = %v, want %v", in, got, want)
+		}
+	}
 }

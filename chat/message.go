@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"strconv"
 	"strings"
 	"time"
@@ -82,7 +83,7 @@ func (e *FieldError) Error() string {
 // ErrMalformedEvent wraps every error of DecodeEvent.
 var ErrMalformedEvent = errors.New("malformed message event")
 
-// ValidateBody checks a message body: non-empty, at most maxBytes bytes (0
+// ValidateBody checks a message body: not empty or only white space, at most maxBytes bytes (0
 // means DefaultMaxBodyBytes), valid UTF-8, no NUL character. It returns a
 // *FieldError for field "body", or nil.
 func ValidateBody(body string, maxBytes int) error {
@@ -90,8 +91,8 @@ func ValidateBody(body string, maxBytes int) error {
 		maxBytes = DefaultMaxBodyBytes
 	}
 	switch {
-	case body == "":
-		return &FieldError{Field: "body", Msg: "must not be empty"}
+	case strings.TrimSpace(body) == "":
+		return &FieldError{Field: "body", Msg: "must not be empty or blank"}
 	case len(body) > maxBytes:
 		return &FieldError{Field: "body", Msg: fmt.Sprintf("is %d bytes, over the limit of %d", len(body), maxBytes)}
 	case !utf8.ValidString(body):
@@ -130,50 +131,109 @@ type SendRequest struct {
 }
 
 // DecodeSendRequest decodes and validates a send request body: exactly one
-// JSON object with the single field "body" (unknown fields rejected), the
-// body valid per ValidateBody. Errors are *FieldError values naming the field.
+// JSON object whose only key is "body" (matched exactly: no other key, no
+// other spelling such as "Body", no repeated key), a JSON string, valid per
+// ValidateBody, without unpaired UTF-16 surrogate escapes. Errors are
+// *FieldError values naming the field ("" for the document as a whole).
 func DecodeSendRequest(data []byte, maxBodyBytes int) (SendRequest, error) {
 	var req SendRequest
 	if !utf8.Valid(data) {
 		return req, &FieldError{Field: "body", Msg: "request is not valid UTF-8"}
 	}
+	malformed := func(why string) error { return &FieldError{Field: "", Msg: "malformed JSON: " + why} }
 	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
-	var raw struct {
-		Body *string `json:"body"`
+	if tok, err := dec.Token(); err != nil {
+		return req, malformed("expected an object")
+	} else if d, ok := tok.(json.Delim); !ok || d != '{' {
+		return req, malformed("expected an object")
 	}
-	if err := dec.Decode(&raw); err != nil {
-		var ute *json.UnmarshalTypeError
-		switch {
-		case errors.As(err, &ute) && ute.Field != "":
-			return req, &FieldError{Field: ute.Field, Msg: "must be a " + ute.Type.String()}
-		case strings.HasPrefix(err.Error(), "json: unknown field "):
-			name := strings.Trim(strings.TrimPrefix(err.Error(), "json: unknown field "), `"`)
-			return req, &FieldError{Field: name, Msg: "unknown field"}
-		default:
-			return req, &FieldError{Field: "", Msg: "malformed JSON: " + err.Error()}
+	var body *string
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return req, malformed("bad object key")
 		}
+		key, _ := tok.(string)
+		if key != "body" {
+			return req, &FieldError{Field: key, Msg: "unknown field (the only field is \"body\")"}
+		}
+		if body != nil {
+			return req, &FieldError{Field: "body", Msg: "given twice"}
+		}
+		tok, err = dec.Token()
+		if err != nil {
+			return req, malformed("bad value of \"body\"")
+		}
+		str, ok := tok.(string)
+		if !ok {
+			return req, &FieldError{Field: "body", Msg: "must be a string"}
+		}
+		body = &str
 	}
-	if dec.More() {
-		return req, &FieldError{Field: "", Msg: "malformed JSON: more than one value"}
+	if _, err := dec.Token(); err != nil { // the closing '}'
+		return req, malformed("unterminated object")
 	}
-	if _, err := dec.Token(); err == nil {
-		return req, &FieldError{Field: "", Msg: "malformed JSON: trailing data"}
+	if _, err := dec.Token(); err != io.EOF {
+		return req, malformed("trailing data after the object")
 	}
-	if raw.Body == nil {
+	if body == nil {
 		return req, &FieldError{Field: "body", Msg: "is required"}
 	}
-	req.Body = *raw.Body
 	// encoding/json turns an unpaired surrogate escape ("\ud800") into
 	// U+FFFD; refuse rather than silently change the text.
-	if strings.ContainsRune(req.Body, utf8.RuneError) && !bytes.ContainsRune(data, utf8.RuneError) &&
-		!bytes.Contains(bytes.ToLower(data), []byte(`\ufffd`)) {
-		return req, &FieldError{Field: "body", Msg: "contains an invalid \\u escape (unpaired surrogate)"}
+	if hasUnpairedSurrogate(data) {
+		return req, &FieldError{Field: "body", Msg: "contains an unpaired UTF-16 surrogate escape"}
 	}
+	req.Body = *body
 	if err := ValidateBody(req.Body, maxBodyBytes); err != nil {
 		return req, err
 	}
 	return req, nil
+}
+
+// hasUnpairedSurrogate reports whether JSON text data has a \uD800–\uDBFF
+// escape not followed by a \uDC00–\uDFFF one, or a low one not preceded by
+// a high one. Backslashes only occur inside strings in valid JSON, and "\\"
+// is skipped as a pair, so every "\u" seen is an escape.
+func hasUnpairedSurrogate(data []byte) bool {
+	pendingHigh := false
+	for i := 0; i < len(data); i++ {
+		if data[i] != '\\' || i+1 >= len(data) {
+			if pendingHigh && data[i] != '\\' {
+				return true
+			}
+			continue
+		}
+		if data[i+1] != 'u' || i+5 >= len(data) {
+			if pendingHigh {
+				return true
+			}
+			i++ // skip the escaped character (e.g. the second '\\')
+			continue
+		}
+		v, err := strconv.ParseUint(string(data[i+2:i+6]), 16, 16)
+		if err != nil {
+			return false // malformed; the decoder reports it
+		}
+		switch {
+		case v >= 0xD800 && v <= 0xDBFF:
+			if pendingHigh {
+				return true
+			}
+			pendingHigh = true
+		case v >= 0xDC00 && v <= 0xDFFF:
+			if !pendingHigh {
+				return true
+			}
+			pendingHigh = false
+		default:
+			if pendingHigh {
+				return true
+			}
+		}
+		i += 5
+	}
+	return pendingHigh
 }
 
 // DecodeEvent decodes a message.created payload from the queue and checks it:

@@ -2,10 +2,12 @@ package chat
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
+	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -15,35 +17,76 @@ import (
 
 // Store writes and reads one service's chat tables.
 //
-// Send is the transactional-outbox write: the per-chat counter row is
-// locked, the message and its outbox event are inserted, and everything
-// commits together or not at all (invariant 1). A Store is safe for
-// concurrent use.
+// Send is the transactional-outbox write: the chat's counter row is locked,
+// the message and its outbox event are inserted, and everything commits
+// together or not at all (invariant 1). While the Store is started (Start),
+// concurrent sends are group-committed: one committer goroutine takes every
+// queued send (up to MaxSendBatch) as soon as its previous commit finished
+// and commits them in one transaction (see batch.go); when it is not
+// started, each Send runs its own transaction in the caller's goroutine. A
+// Store is safe for concurrent use.
 type Store struct {
 	pool    *pgxpool.Pool
 	service string
 	writer  *outbox.Writer
 	q       queries
-	// afterCommit, when set, is called after every committed Send (the
-	// in-process gateway's wake-up). It must not block.
+	// afterCommit, when set, is called after every committed transaction,
+	// once per distinct chat of it (the in-process gateway's and relay's
+	// wake-up). It must not block. Set it before Start.
 	afterCommit func(chatID int64)
+
+	// Group commit (batch.go). mu guards queue and run; cond (on mu) wakes
+	// the committers when the queue grows or stopping is set.
+	mu    sync.Mutex
+	cond  *sync.Cond
+	queue []*sendReq
+	run   *storeRun // nil unless started
 }
 
 // queries holds the service's schema-qualified SQL.
 type queries struct {
-	nextSeq, insertMessage, history, historyInbox string
+	nextSeq, insertMessage, sendBatch, history, historyInbox string
 }
 
 func newQueries(service string) queries {
 	s := pgx.Identifier{service}.Sanitize()
 	return queries{
-		// The upsert takes the chat row's lock until commit: concurrent sends
-		// to one chat serialise here, so seq order = commit order and the
-		// outbox ids of one chat are in seq order (invariant 5).
+		// nextSeq and insertMessage: the v1 dual writer's send (one message
+		// per transaction). The upsert takes the chat row's lock until
+		// commit: concurrent sends to one chat serialise here, so seq order
+		// = commit order.
 		nextSeq: `INSERT INTO ` + s + `.chats AS c (chat_id, last_seq) VALUES ($1, 1)
 			ON CONFLICT (chat_id) DO UPDATE SET last_seq = c.last_seq + 1 RETURNING last_seq`,
 		insertMessage: `INSERT INTO ` + s + `.messages (chat_id, seq, body) VALUES ($1, $2, $3)
 			RETURNING id::text, created_at`,
+		// sendBatch numbers and inserts one transaction's messages in one
+		// round trip. $1 are the distinct chats, ascending, $2 the number of
+		// messages of each; $3..$6 are per message: id, chat, distance from
+		// the chat's last message of the batch (0 for the last), body.
+		//
+		// The counter upsert locks the chats' rows until commit, in chat_id
+		// order (ORDER BY 1), so concurrent transactions that share chats
+		// cannot deadlock, and seq order = commit order per chat (invariant
+		// 5): a later transaction's outbox ids, taken after it got the lock,
+		// exceed every id of the one it waited for. Each chat's counter moves
+		// by its message count; the batch's messages take the seqs just
+		// below the new value. now() is the transaction's start time, one
+		// value for the whole batch: created_at and SentAt agree. The last
+		// column counts the inserted messages, a check that every message
+		// found its chat.
+		sendBatch: `WITH counters AS (
+				INSERT INTO ` + s + `.chats AS c (chat_id, last_seq)
+				SELECT * FROM unnest($1::bigint[], $2::bigint[]) ORDER BY 1
+				ON CONFLICT (chat_id) DO UPDATE SET last_seq = c.last_seq + EXCLUDED.last_seq
+				RETURNING chat_id, last_seq
+			), inserted AS (
+				INSERT INTO ` + s + `.messages (id, chat_id, seq, body, created_at)
+				SELECT u.id::uuid, u.chat_id, counters.last_seq - u.back, u.body, now()
+				FROM unnest($3::text[], $4::bigint[], $5::bigint[], $6::text[]) AS u(id, chat_id, back, body)
+				JOIN counters USING (chat_id)
+				RETURNING 1
+			)
+			SELECT chat_id, last_seq, now(), (SELECT count(*) FROM inserted) FROM counters`,
 		history: `SELECT id::text, chat_id, seq, body, created_at FROM ` + s + `.messages
 			WHERE chat_id = $1 AND seq > $2 ORDER BY seq LIMIT $3`,
 		historyInbox: `SELECT message_id::text, chat_id, seq, body, sent_at, received_at, sender FROM ` + s + `.inbox
@@ -53,7 +96,8 @@ func newQueries(service string) queries {
 
 // NewStore returns a Store for service (Consumers or Workers) on pool, whose
 // sends enqueue through writer (the service's outbox). pool's role must own
-// the service's schema.
+// the service's schema. The Store is not started: call Start to
+// group-commit sends, and Stop before closing pool.
 func NewStore(pool *pgxpool.Pool, service string, writer *outbox.Writer) (*Store, error) {
 	if err := checkService(service); err != nil {
 		return nil, err
@@ -61,36 +105,61 @@ func NewStore(pool *pgxpool.Pool, service string, writer *outbox.Writer) (*Store
 	if pool == nil || writer == nil {
 		return nil, errors.New("chat: NewStore needs a pool and an outbox writer")
 	}
-	return &Store{pool: pool, service: service, writer: writer, q: newQueries(service)}, nil
+	s := &Store{pool: pool, service: service, writer: writer, q: newQueries(service)}
+	s.cond = sync.NewCond(&s.mu)
+	return s, nil
 }
 
 // Send stores a message in chat chatID and its message.created outbox event
 // in one transaction, then wakes the relay (outbox.Writer.Committed). body
 // must already be valid (ValidateBody). It returns the stored message, or an
 // error wrapping the database's (nothing is stored then).
+//
+// While the Store is started, the send is queued and committed by the
+// committer together with the other sends queued meanwhile, in one
+// transaction: they all commit or none does, and a failed transaction's
+// error is returned to each of them. Per chat, the sends of one transaction
+// take consecutive seqs in the order they were queued. If ctx ends while the
+// send is still queued, Send returns ctx.Err() (wrapped) and nothing is
+// stored; once the committer has taken it, it is committed (or fails)
+// regardless of ctx, within sendBatchTimeout (10 s), and Send waits for the
+// outcome. When the Store is not started (or is stopping), Send commits the
+// message alone in the caller's goroutine under ctx.
+//
+// A chatID ≤ 0, or a body that is not valid UTF-8 or holds a NUL, which the
+// database would refuse, is rejected up front with a *FieldError (wrapped)
+// so that it cannot fail other senders' transaction. Safe for concurrent use.
 func (s *Store) Send(ctx context.Context, chatID int64, body string) (Message, error) {
-	m := Message{ChatID: chatID, Body: body, From: s.service}
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		if err := tx.QueryRow(ctx, s.q.nextSeq, chatID).Scan(&m.Seq); err != nil {
-			return fmt.Errorf("next seq: %w", err)
-		}
-		if err := tx.QueryRow(ctx, s.q.insertMessage, chatID, m.Seq, body).Scan(&m.ID, &m.SentAt); err != nil {
-			return fmt.Errorf("insert message: %w", err)
-		}
-		payload, err := json.Marshal(m)
-		if err != nil {
-			return fmt.Errorf("encode event: %w", err)
-		}
-		return s.writer.Enqueue(ctx, tx, outbox.Event{ID: m.ID, Name: EventMessageCreated, Payload: payload})
-	})
-	if err != nil {
+	switch {
+	case chatID <= 0:
+		return Message{}, fmt.Errorf("send: %w", &FieldError{Field: "chat_id", Msg: "must be a positive 64-bit integer"})
+	case !utf8.ValidString(body):
+		return Message{}, fmt.Errorf("send: %w", &FieldError{Field: "body", Msg: "is not valid UTF-8"})
+	case strings.IndexByte(body, 0) >= 0:
+		return Message{}, fmt.Errorf("send: %w", &FieldError{Field: "body", Msg: "must not contain NUL characters"})
+	}
+	if err := ctx.Err(); err != nil {
 		return Message{}, fmt.Errorf("send: %w", err)
 	}
-	s.writer.Committed()
-	if s.afterCommit != nil {
-		s.afterCommit(chatID)
+	r := &sendReq{ctx: ctx, chatID: chatID, body: body, done: make(chan sendResult, 1)}
+	if !s.enqueue(r) {
+		ms, err := s.commitBatch(ctx, []*sendReq{r})
+		if err != nil {
+			return Message{}, fmt.Errorf("send: %w", err)
+		}
+		return ms[0], nil
 	}
-	return m, nil
+	select {
+	case res := <-r.done:
+		return res.m, res.err
+	case <-ctx.Done():
+		if r.state.CompareAndSwap(reqQueued, reqDropped) {
+			return Message{}, fmt.Errorf("send: %w", ctx.Err())
+		}
+		// Taken: it is being committed; wait for the outcome.
+		res := <-r.done
+		return res.m, res.err
+	}
 }
 
 // History is one page of a chat as this service sees it.

@@ -152,6 +152,17 @@ type Figures struct {
 	OrderViolations []string `json:"-"`
 }
 
+// MarshalJSON writes the DESIGN.md object; lost is [] (never null) when
+// nothing was lost.
+func (f Figures) MarshalJSON() ([]byte, error) {
+	type plain Figures
+	p := plain(f)
+	if p.Lost == nil {
+		p.Lost = []int{}
+	}
+	return json.Marshal(p)
+}
+
 // WriteSummary prints the three summary lines of DESIGN.md.
 func (f *Figures) WriteSummary(w io.Writer) {
 	fmt.Fprintf(w, "saved by consumers: %d   received by workers: %d   duplicates skipped: %d\n",

@@ -1,0 +1,311 @@
+package chat
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"maps"
+	"slices"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/outboxchat/outboxchat/outbox"
+)
+
+// Group commit of Store.Send.
+//
+// Send queues a request and waits. A committer goroutine takes everything
+// queued (up to MaxSendBatch) as soon as its previous transaction finished —
+// no timer: an idle committer takes a lone send at once — and runs one
+// transaction for the batch: BEGIN; the counter upsert and the messages
+// INSERT in one statement (queries.sendBatch); the outbox INSERT
+// (outbox.Writer.Enqueue, one statement for all events, plus the NOTIFY in
+// WakeInTx mode); COMMIT. Four round trips per batch instead of five per
+// message, one WAL flush per batch, and the counter rows are locked only
+// while the batch's statements run, not while HTTP handlers are scheduled.
+
+// MaxSendBatch is the most sends one group-commit transaction carries.
+const MaxSendBatch = 256
+
+// sendCommitters is the number of committer goroutines. Two transactions
+// that share chats lock their counter rows in chat_id order, so any number
+// is deadlock-free; one keeps batches largest (see bench_test.go).
+const sendCommitters = 1
+
+// sendBatchTimeout bounds one group-commit transaction, begin to commit. A
+// taken send is committed regardless of its caller's ctx, so this is what
+// bounds its wait when the database hangs.
+const sendBatchTimeout = 10 * time.Second
+
+// States of a sendReq: queued until the committer takes it or its waiter
+// gives up on it, whichever CAS wins.
+const (
+	reqQueued int32 = iota
+	reqTaken
+	reqDropped
+)
+
+// sendReq is one queued Send.
+type sendReq struct {
+	ctx    context.Context // the caller's: checked when taken, never used for the transaction
+	chatID int64
+	body   string
+	state  atomic.Int32
+	done   chan sendResult // 1-buffered; receives exactly one result unless the waiter dropped it
+}
+
+type sendResult struct {
+	m   Message
+	err error
+}
+
+// storeRun is one Start..Stop of a Store's committers.
+type storeRun struct {
+	stopping  bool               // guarded by Store.mu: take no more sends, drain the queue, exit
+	cancel    context.CancelFunc // aborts in-flight transactions (Stop's ctx expired)
+	stopWatch func() bool        // deregisters the Start ctx watch
+	done      chan struct{}      // closed when every committer has exited
+}
+
+// Start starts the group committer and returns at once. From then on Send
+// queues its message for the committer instead of running its own
+// transaction. The committer runs until Stop, or until ctx is done, which
+// begins a graceful stop as Stop does (queued sends are still committed;
+// later ones run alone in their callers' goroutines); call Stop to wait for
+// it. ctx's values are kept; its cancellation never aborts a transaction.
+// It returns an error wrapping outbox.ErrAlreadyStarted if the Store is
+// running or still stopping, or ctx.Err() if ctx is already done. Start and
+// Stop may be called concurrently with Send and with each other.
+func (s *Store) Start(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("chat: start store: %w", err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.run != nil {
+		return fmt.Errorf("chat: start store: %w", outbox.ErrAlreadyStarted)
+	}
+	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	run := &storeRun{cancel: cancel, done: make(chan struct{})}
+	run.stopWatch = context.AfterFunc(ctx, func() { s.beginStop(run) })
+	s.run = run
+	exited := make(chan struct{}, sendCommitters)
+	for range sendCommitters {
+		go func() {
+			defer func() { exited <- struct{}{} }()
+			s.commitLoop(runCtx, run)
+		}()
+	}
+	go func() {
+		for range sendCommitters {
+			<-exited
+		}
+		close(run.done)
+	}()
+	return nil
+}
+
+// Stop stops the group committer gracefully: sends queued before it are
+// committed, sends that arrive meanwhile run alone in their callers'
+// goroutines, and it returns once the committer has exited. If ctx ends
+// first, in-flight and queued sends are aborted (their callers get the
+// error; nothing of theirs is stored), Stop waits for the committer to
+// exit, and returns ctx's error wrapped. Idempotent; nil if not started.
+// Start may be called again afterwards.
+func (s *Store) Stop(ctx context.Context) error {
+	s.mu.Lock()
+	run := s.run
+	s.mu.Unlock()
+	if run == nil {
+		return nil
+	}
+	run.stopWatch()
+	s.beginStop(run)
+	var err error
+	select {
+	case <-run.done:
+	case <-ctx.Done():
+		run.cancel()
+		<-run.done
+		err = fmt.Errorf("chat: stop store: %w", ctx.Err())
+	}
+	run.cancel()
+	s.mu.Lock()
+	if s.run == run {
+		s.run = nil
+	}
+	s.mu.Unlock()
+	return err
+}
+
+func (s *Store) beginStop(run *storeRun) {
+	s.mu.Lock()
+	run.stopping = true
+	s.cond.Broadcast()
+	s.mu.Unlock()
+}
+
+// enqueue queues r for the committer and reports whether it did: false when
+// the Store is not started or is stopping.
+func (s *Store) enqueue(r *sendReq) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.run == nil || s.run.stopping {
+		return false
+	}
+	s.queue = append(s.queue, r)
+	s.cond.Signal()
+	return true
+}
+
+// take waits for queued sends and takes up to MaxSendBatch of them, in queue
+// order, skipping those whose waiter has given up and answering those whose
+// ctx is done. It returns nil once run is stopping and the queue is empty.
+func (s *Store) take(run *storeRun) []*sendReq {
+	for {
+		s.mu.Lock()
+		for len(s.queue) == 0 && !run.stopping {
+			s.cond.Wait()
+		}
+		if len(s.queue) == 0 {
+			s.mu.Unlock()
+			return nil
+		}
+		n := min(len(s.queue), MaxSendBatch)
+		batch := slices.Clone(s.queue[:n])
+		clear(s.queue[:n])
+		s.queue = s.queue[n:]
+		if len(s.queue) == 0 {
+			s.queue = s.queue[:0:0] // let the backing array go
+		} else {
+			s.cond.Signal() // another committer may take the rest
+		}
+		s.mu.Unlock()
+
+		kept := batch[:0]
+		for _, r := range batch {
+			if err := r.ctx.Err(); err != nil {
+				if r.state.CompareAndSwap(reqQueued, reqDropped) {
+					r.done <- sendResult{err: fmt.Errorf("send: %w", err)}
+				}
+				continue
+			}
+			if r.state.CompareAndSwap(reqQueued, reqTaken) {
+				kept = append(kept, r)
+			}
+		}
+		if len(kept) > 0 {
+			return kept
+		}
+	}
+}
+
+// commitLoop is one committer: take a batch, commit it, answer its senders.
+func (s *Store) commitLoop(ctx context.Context, run *storeRun) {
+	for {
+		batch := s.take(run)
+		if batch == nil {
+			return
+		}
+		tctx, cancel := context.WithTimeout(ctx, sendBatchTimeout)
+		ms, err := s.commitBatch(tctx, batch)
+		cancel()
+		for i, r := range batch {
+			if err != nil {
+				r.done <- sendResult{err: fmt.Errorf("send: %w", err)}
+			} else {
+				r.done <- sendResult{m: ms[i]}
+			}
+		}
+	}
+}
+
+// commitBatch stores reqs' messages and outbox events in one transaction
+// under ctx and returns the messages in reqs' order. Per chat, reqs take
+// consecutive seqs in their order. After the commit it calls
+// writer.Committed once and afterCommit once per distinct chat. On error
+// nothing is stored.
+func (s *Store) commitBatch(ctx context.Context, reqs []*sendReq) ([]Message, error) {
+	counts := make(map[int64]int64, len(reqs))
+	ms := make([]Message, len(reqs))
+	for i, r := range reqs {
+		id, err := uuid.NewV7()
+		if err != nil {
+			return nil, fmt.Errorf("message id: %w", err)
+		}
+		counts[r.chatID]++
+		// Seq holds the rank within the chat until the counter is known.
+		ms[i] = Message{ID: id.String(), ChatID: r.chatID, Seq: counts[r.chatID], Body: r.body, From: s.service}
+	}
+	chats := slices.Sorted(maps.Keys(counts))
+	ns := make([]int64, len(chats))
+	for i, c := range chats {
+		ns[i] = counts[c]
+	}
+	ids := make([]string, len(ms))
+	chatIDs := make([]int64, len(ms))
+	backs := make([]int64, len(ms))
+	bodies := make([]string, len(ms))
+	for i, m := range ms {
+		ids[i], chatIDs[i], backs[i], bodies[i] = m.ID, m.ChatID, counts[m.ChatID]-m.Seq, m.Body
+	}
+
+	tx, err := s.pool.Begin(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("begin: %w", err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // no-op after commit; with ctx done pgx closes the connection, which rolls back
+	rows, err := tx.Query(ctx, s.q.sendBatch, chats, ns, ids, chatIDs, backs, bodies)
+	if err != nil {
+		return nil, fmt.Errorf("number and insert messages: %w", err)
+	}
+	last := make(map[int64]int64, len(chats))
+	var (
+		now      time.Time
+		inserted int64
+	)
+	for rows.Next() {
+		var chat, seq int64
+		if err := rows.Scan(&chat, &seq, &now, &inserted); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("number and insert messages: %w", err)
+		}
+		last[chat] = seq
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("number and insert messages: %w", err)
+	}
+	if len(last) != len(chats) || inserted != int64(len(ms)) {
+		return nil, fmt.Errorf("number and insert messages: %d of %d chats numbered, %d of %d messages inserted",
+			len(last), len(chats), inserted, len(ms))
+	}
+	events := make([]outbox.Event, len(ms))
+	for i := range ms {
+		m := &ms[i]
+		m.Seq = last[m.ChatID] - (counts[m.ChatID] - m.Seq)
+		m.SentAt = now
+		payload, err := json.Marshal(*m)
+		if err != nil {
+			return nil, fmt.Errorf("encode event: %w", err)
+		}
+		// Request order: each chat's events, hence its outbox ids, ascend
+		// with seq (invariant 5).
+		events[i] = outbox.Event{ID: m.ID, Name: EventMessageCreated, Payload: payload}
+	}
+	if err := s.writer.Enqueue(ctx, tx, events...); err != nil {
+		return nil, err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return nil, fmt.Errorf("commit: %w", err)
+	}
+	s.writer.Committed()
+	if s.afterCommit != nil {
+		for _, c := range chats {
+			s.afterCommit(c)
+		}
+	}
+	return ms, nil
+}
