@@ -24,8 +24,9 @@ const DefaultMaxBodyBytes = 4096
 // show it (JSON, snake_case). It is also the outbox event payload: unknown
 // fields are ignored on decode, so the format can grow.
 //
-//   - ID: the message id, a UUID chosen by the sending service's database; it
-//     is the queue's idempotency key and the receiver's inbox key.
+//   - ID: the message id, a UUID chosen by the sending service (version 7,
+//     time-ordered); it is the queue's idempotency key and the receiver's
+//     inbox key.
 //   - ChatID: positive 64-bit chat id.
 //   - Seq: the sender's per-chat sequence number: 1, 2, 3 … with no gaps.
 //   - Body: the text, valid UTF-8 without NUL, 1..max bytes.

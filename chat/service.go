@@ -325,6 +325,10 @@ func Serve(ctx context.Context, cfg Config) error {
 		// what they are (in-tx NOTIFY, poll only).
 		store.afterCommit = func(chatID int64) { gw.Wake(chatID); relayWake() }
 	}
+	if err := store.Start(ctx); err != nil {
+		return err
+	}
+	stops = append(stops, store.Stop)
 	api := &API{store: store, gateway: gw, service: cfg.Service, maxBody: cfg.MaxBodyBytes, log: log, closing: make(chan struct{})}
 	if cfg.Mode == ModeDualWrite {
 		pub, err := redisq.NewPublisher(rdb, &redisq.PublisherConfig{Queue: QueueName(cfg.Service), Prefix: cfg.RedisPrefix, Logger: log})
