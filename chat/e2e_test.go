@@ -50,6 +50,20 @@ func TestBothDirectionsExactlyOnce(t *testing.T) {
 	if n := h.count(t, `SELECT count(*) FROM consumers.outbox WHERE sent_at IS NULL`); n != 0 {
 		t.Fatalf("%d unsent outbox rows", n)
 	}
+	// The counts show on /metrics.
+	cm, err := http_get(cons.base + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	wm, err := http_get(work.base + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"outboxchat_relay_published_total 5", "outboxchat_relay_listening 1", "outboxchat_inbox_applied_total 5"} {
+		if !strings.Contains(cm, want) || !strings.Contains(wm, want) {
+			t.Errorf("/metrics of both services should contain %q", want)
+		}
+	}
 }
 
 // A client that reconnects with its cursors gets what it missed, then live

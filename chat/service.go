@@ -274,6 +274,7 @@ func Serve(ctx context.Context, cfg Config) error {
 		relay, err := outbox.NewRelay(pool, &outbox.RelayConfig{
 			Table: cfg.Service + ".outbox", Channel: OutboxChannel(cfg.Service), Publisher: p,
 			PollInterval: cfg.PollInterval, DisableListen: cfg.PollOnly, Logger: log,
+			Metrics: relayMetrics(reg),
 		})
 		if err != nil {
 			return err
@@ -390,6 +391,35 @@ func Serve(ctx context.Context, cfg Config) error {
 	_ = srv.Close()
 	wg.Wait()
 	return nil
+}
+
+// relayMetrics exports the relay's hook as Prometheus metrics.
+func relayMetrics(reg *prometheus.Registry) outbox.RelayMetrics {
+	published := prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "outboxchat_relay_published_total", Help: "Outbox rows published and marked sent.",
+	})
+	passes := prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name: "outboxchat_relay_pass_seconds", Help: "Duration of relay passes that published rows, claim to commit.",
+		Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
+	})
+	failed := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "outboxchat_relay_failures_total", Help: "Failed relay passes (rows stay unsent) and LISTEN failures, by stage.",
+	}, []string{"stage"})
+	listening := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "outboxchat_relay_listening", Help: "1 while the relay's LISTEN connection is up.",
+	})
+	reg.MustRegister(published, passes, failed, listening)
+	return outbox.RelayMetrics{
+		Published: func(n int, d time.Duration) { published.Add(float64(n)); passes.Observe(d.Seconds()) },
+		Failed:    func(stage string, _ error) { failed.WithLabelValues(stage).Inc() },
+		Listening: func(up bool) {
+			if up {
+				listening.Set(1)
+			} else {
+				listening.Set(0)
+			}
+		},
+	}
 }
 
 func registerInboxMetrics(reg *prometheus.Registry, ic *inbox.Consumer) {
