@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outboxchat/outboxchat/outbox"
 )
@@ -252,31 +254,52 @@ func (s *Store) commitBatch(ctx context.Context, reqs []*sendReq) ([]Message, er
 		ids[i], chatIDs[i], backs[i], bodies[i] = m.ID, m.ChatID, counts[m.ChatID]-m.Seq, m.Body
 	}
 
-	tx, err := s.pool.Begin(ctx)
+	// Two round trips for the whole batch: BEGIN with the numbering and
+	// insert statement, then the outbox insert with COMMIT (the events need
+	// the seqs and the time the first one returns).
+	conn, err := s.pool.Acquire(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("begin: %w", err)
+		return nil, fmt.Errorf("acquire connection: %w", err)
 	}
-	defer tx.Rollback(ctx) //nolint:errcheck // no-op after commit; with ctx done pgx closes the connection, which rolls back
-	rows, err := tx.Query(ctx, s.q.sendBatch, chats, ns, ids, chatIDs, backs, bodies)
-	if err != nil {
-		return nil, fmt.Errorf("number and insert messages: %w", err)
-	}
+	// Release destroys a connection left inside a transaction (any error
+	// below): that rolls the batch back.
+	defer conn.Release()
+	b := &pgx.Batch{}
+	b.Queue("BEGIN")
+	b.Queue(s.q.sendBatch, chats, ns, ids, chatIDs, backs, bodies)
+	br := conn.SendBatch(ctx, b)
 	last := make(map[int64]int64, len(chats))
 	var (
 		now      time.Time
 		inserted int64
 	)
-	for rows.Next() {
-		var chat, seq int64
-		if err := rows.Scan(&chat, &seq, &now, &inserted); err != nil {
-			rows.Close()
-			return nil, fmt.Errorf("number and insert messages: %w", err)
+	err = func() error {
+		if _, err := br.Exec(); err != nil {
+			return fmt.Errorf("begin: %w", err)
 		}
-		last[chat] = seq
+		rows, err := br.Query()
+		if err != nil {
+			return fmt.Errorf("number and insert messages: %w", err)
+		}
+		for rows.Next() {
+			var chat, seq int64
+			if err := rows.Scan(&chat, &seq, &now, &inserted); err != nil {
+				rows.Close()
+				return fmt.Errorf("number and insert messages: %w", err)
+			}
+			last[chat] = seq
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return fmt.Errorf("number and insert messages: %w", err)
+		}
+		return nil
+	}()
+	if cerr := br.Close(); err == nil && cerr != nil {
+		err = fmt.Errorf("number and insert messages: %w", cerr)
 	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("number and insert messages: %w", err)
+	if err != nil {
+		return nil, err
 	}
 	if len(last) != len(chats) || inserted != int64(len(ms)) {
 		return nil, fmt.Errorf("number and insert messages: %d of %d chats numbered, %d of %d messages inserted",
@@ -295,11 +318,27 @@ func (s *Store) commitBatch(ctx context.Context, reqs []*sendReq) ([]Message, er
 		// with seq (invariant 5).
 		events[i] = outbox.Event{ID: m.ID, Name: EventMessageCreated, Payload: payload}
 	}
-	if err := s.writer.Enqueue(ctx, tx, events...); err != nil {
+	b = &pgx.Batch{}
+	n, err := s.writer.QueueEnqueue(b, events...)
+	if err != nil {
 		return nil, err
 	}
-	if err := tx.Commit(ctx); err != nil {
-		return nil, fmt.Errorf("commit: %w", err)
+	b.Queue("COMMIT")
+	br = conn.SendBatch(ctx, b)
+	var tag pgconn.CommandTag
+	for range n + 1 {
+		if tag, err = br.Exec(); err != nil {
+			break
+		}
+	}
+	if cerr := br.Close(); err == nil && cerr != nil {
+		err = cerr
+	}
+	if err == nil && tag.String() != "COMMIT" {
+		err = fmt.Errorf("transaction ended in %q", tag.String())
+	}
+	if err != nil {
+		return nil, fmt.Errorf("enqueue and commit: %w", err)
 	}
 	s.writer.Committed()
 	if s.afterCommit != nil {

@@ -191,31 +191,9 @@ func (w *Writer) Enqueue(ctx context.Context, tx pgx.Tx, events ...Event) error 
 	if len(events) == 0 {
 		return nil
 	}
-	for i, e := range events {
-		switch {
-		case e.ID == "":
-			return fmt.Errorf("outbox: enqueue: event %d: empty ID: %w", i, ErrInvalidEvent)
-		case e.Name == "":
-			return fmt.Errorf("outbox: enqueue: event %d (id %s): empty Name: %w", i, e.ID, ErrInvalidEvent)
-		case !json.Valid(e.Payload):
-			return fmt.Errorf("outbox: enqueue: event %d (id %s): payload is not valid JSON: %w", i, e.ID, ErrInvalidEvent)
-		}
-	}
-	var (
-		sql  string
-		args []any
-	)
-	if len(events) == 1 {
-		e := events[0]
-		sql, args = w.insertOneSQL, []any{e.Name, e.ID, string(e.Payload)}
-	} else {
-		names := make([]string, len(events))
-		ids := make([]string, len(events))
-		payloads := make([]string, len(events))
-		for i, e := range events {
-			names[i], ids[i], payloads[i] = e.Name, e.ID, string(e.Payload)
-		}
-		sql, args = w.insertManySQL, []any{names, ids, payloads}
+	sql, args, err := w.insert(events)
+	if err != nil {
+		return err
 	}
 	if w.mode != WakeInTx {
 		if _, err := tx.Exec(ctx, sql, args...); err != nil {
@@ -230,6 +208,56 @@ func (w *Writer) Enqueue(ctx context.Context, tx pgx.Tx, events ...Event) error 
 		return fmt.Errorf("outbox: enqueue: insert and notify: %w", err)
 	}
 	return nil
+}
+
+// QueueEnqueue is Enqueue for a caller that pipelines its statements: it
+// validates events exactly as Enqueue does and queues the same INSERT (and,
+// with WakeInTx, the pg_notify) onto b, to be sent inside the caller's
+// transaction — typically with the caller's COMMIT queued right after, so
+// the events ride on the commit's round trip. The caller must read (or
+// Close) b's results and check that the COMMIT's command tag is "COMMIT".
+// It returns the number of statements queued (0 for no events, 1 or 2);
+// on error (wrapping ErrInvalidEvent) nothing is queued. Safe for
+// concurrent use on distinct batches.
+func (w *Writer) QueueEnqueue(b *pgx.Batch, events ...Event) (int, error) {
+	if len(events) == 0 {
+		return 0, nil
+	}
+	sql, args, err := w.insert(events)
+	if err != nil {
+		return 0, err
+	}
+	b.Queue(sql, args...)
+	if w.mode != WakeInTx {
+		return 1, nil
+	}
+	b.Queue(notifySQL, w.channel)
+	return 2, nil
+}
+
+// insert validates events and returns the INSERT for them.
+func (w *Writer) insert(events []Event) (string, []any, error) {
+	for i, e := range events {
+		switch {
+		case e.ID == "":
+			return "", nil, fmt.Errorf("outbox: enqueue: event %d: empty ID: %w", i, ErrInvalidEvent)
+		case e.Name == "":
+			return "", nil, fmt.Errorf("outbox: enqueue: event %d (id %s): empty Name: %w", i, e.ID, ErrInvalidEvent)
+		case !json.Valid(e.Payload):
+			return "", nil, fmt.Errorf("outbox: enqueue: event %d (id %s): payload is not valid JSON: %w", i, e.ID, ErrInvalidEvent)
+		}
+	}
+	if len(events) == 1 {
+		e := events[0]
+		return w.insertOneSQL, []any{e.Name, e.ID, string(e.Payload)}, nil
+	}
+	names := make([]string, len(events))
+	ids := make([]string, len(events))
+	payloads := make([]string, len(events))
+	for i, e := range events {
+		names[i], ids[i], payloads[i] = e.Name, e.ID, string(e.Payload)
+	}
+	return w.insertManySQL, []any{names, ids, payloads}, nil
 }
 
 // Committed tells the Writer that a transaction that called Enqueue has
