@@ -175,6 +175,14 @@ func Serve(ctx context.Context, cfg Config) error {
 	if pcfg.MaxConns < 16 {
 		pcfg.MaxConns = 16
 	}
+	// Every statement of the service is a short index lookup or insert
+	// whose best plan does not depend on its parameters, but Postgres
+	// re-plans a prepared statement with custom plans while they look
+	// cheaper, which for the gateway's LATERAL read cost 0.5 ms of planning
+	// against 0.2 ms with a generic plan. Set it unless the URL does.
+	if _, ok := pcfg.ConnConfig.RuntimeParams["plan_cache_mode"]; !ok {
+		pcfg.ConnConfig.RuntimeParams["plan_cache_mode"] = "force_generic_plan"
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return fmt.Errorf("serve: connect postgres: %w", err)
