@@ -21,12 +21,13 @@ import (
 // Send queues a request and waits. A committer goroutine takes everything
 // queued (up to MaxSendBatch) as soon as its previous transaction finished —
 // no timer: an idle committer takes a lone send at once — and runs one
-// transaction for the batch: BEGIN; the counter upsert and the messages
-// INSERT in one statement (queries.sendBatch); the outbox INSERT
-// (outbox.Writer.Enqueue, one statement for all events, plus the NOTIFY in
-// WakeInTx mode); COMMIT. Four round trips per batch instead of five per
-// message, one WAL flush per batch, and the counter rows are locked only
-// while the batch's statements run, not while HTTP handlers are scheduled.
+// transaction for the batch, in two round trips: BEGIN with the counter
+// upsert and the messages INSERT in one statement (queries.sendBatch); then
+// the outbox INSERT (outbox.Writer.QueueEnqueue, one statement for all
+// events, plus the NOTIFY in WakeInTx mode) with COMMIT. Two round trips
+// per batch instead of five per message, one WAL flush per batch, and the
+// counter rows are locked only while the batch's statements run, not while
+// HTTP handlers are scheduled.
 
 // MaxSendBatch is the most sends one group-commit transaction carries.
 const MaxSendBatch = 256
