@@ -9,8 +9,12 @@
 //	up      private servers and both services; prints their URLs; Ctrl-C stops
 //	chaos   the write-up's fault experiment (--variant v1|v2) or a named
 //	        scenario (--scenario NAME, --list)
-//	demo    chaos v1, chaos v2 (and whatever demoExtras adds); fails unless
-//	        the results are the expected ones
+//	latency the write-up's latency table (v1, v2, v2-intx, v2-poll), the
+//	        floors it is bounded by, and a CDF plot
+//	bench   sustained end-to-end throughput and latency under load, CPU and
+//	        peak RSS per process, Redis memory before and after
+//	demo    chaos v1, chaos v2 and the latency table; fails unless the
+//	        results are the expected ones
 //
 // Invariants the lab keeps:
 //   - It never touches servers on the standard ports: every server it starts
