@@ -1,6 +1,8 @@
 package lab
 
 import (
+	"github.com/outboxchat/outboxchat/internal/pgproc"
+
 	"context"
 	"errors"
 	"flag"
@@ -25,6 +27,9 @@ commands:
 // results. Cancelling ctx (Ctrl-C) stops the run and removes every private
 // server and process it started.
 func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	// Every private Postgres of the run starts from one template cluster
+	// made by the first; remove it when the command ends.
+	defer func() { _ = pgproc.RemoveTemplate() }()
 	if len(args) == 0 {
 		fmt.Fprint(stderr, usage)
 		return errors.New("lab: no command")

@@ -146,10 +146,12 @@ type Figures struct {
 	// Unsent is count(consumers.outbox where sent_at is null).
 	Unsent int `json:"unsent"`
 	// DuplicatesShown is the number of frames that showed a message again
-	// (not in the JSON: the scenarios' invariant).
-	DuplicatesShown int `json:"-"`
-	// OrderViolations describes frames shown out of per-chat seq order.
-	OrderViolations []string `json:"-"`
+	// (the scenarios' invariant; in the JSON only when not zero, so the
+	// chaos object keeps DESIGN.md's five fields).
+	DuplicatesShown int `json:"duplicates_shown,omitempty"`
+	// OrderViolations describes frames shown out of per-chat seq order (in
+	// the JSON only when there are any).
+	OrderViolations []string `json:"order_violations,omitempty"`
 }
 
 // MarshalJSON writes the DESIGN.md object; lost is [] (never null) when

@@ -227,7 +227,7 @@ func runScenarioCmd(ctx context.Context, name string, asJSON bool, stdout, stder
 	if err != nil {
 		return err
 	}
-	fmt.Fprintln(stdout, "invariants hold: nothing lost, nothing shown twice, order kept")
+	fmt.Fprintln(logW, "invariants hold: nothing lost, nothing shown twice, order kept")
 	return nil
 }
 
@@ -255,36 +255,45 @@ func relayCrash(ctx context.Context, s *scenarioRun) error {
 func relayFreeze(ctx context.Context, s *scenarioRun) error {
 	frozen := s.env.ConsumersRelays[0]
 	defer func() { _ = frozen.Signal(syscall.SIGCONT) }()
+	// To catch a relay holding a batch, Redis is paused: the relay that
+	// claims the next message then waits in its publish with the rows
+	// locked. Relay 1 is frozen in that moment and Redis resumed; if the
+	// rows stay locked, relay 1 was the one holding them (relay 2 would
+	// have finished once Redis answered). Otherwise relay 1 is thawed and
+	// the lab tries again; each relay claims first about half the time.
 	holding := false
 	var frozeAt time.Time
-	for try := 0; try < 20 && !holding; try++ {
-		// The relay wakes up right after the send's commit: freeze it a
-		// moment later, hoping to catch it mid-batch.
+	const tries = 20
+	for try := 0; try < tries && !holding; try++ {
+		if err := s.env.Redis.Pause(); err != nil {
+			return err
+		}
 		s.send(ctx)
-		time.Sleep(time.Duration(try%4) * time.Millisecond)
-		if err := frozen.Signal(syscall.SIGSTOP); err != nil {
-			return err
-		}
+		cctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+		claimed := waitFor(cctx, 5*time.Millisecond, func() bool { return lockedOutboxRows(cctx, s.env) > 0 }) == nil
+		cancel()
+		ferr := frozen.Signal(syscall.SIGSTOP)
 		frozeAt = time.Now()
-		time.Sleep(300 * time.Millisecond)
-		if lockedOutboxRows(ctx, s.env) > 0 {
-			holding = true
-			break
-		}
-		if err := frozen.Signal(syscall.SIGCONT); err != nil {
+		if err := s.env.Redis.Resume(); err != nil {
 			return err
 		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	if holding {
-		s.log.add("lab", "%s frozen (SIGSTOP) holding a batch", frozen.Name())
-	} else {
-		if err := frozen.Signal(syscall.SIGSTOP); err != nil {
-			return err
+		if ferr != nil {
+			return ferr
 		}
-		frozeAt = time.Now()
-		s.log.add("lab", "%s frozen (SIGSTOP); it held no batch in 20 tries", frozen.Name())
+		if claimed {
+			time.Sleep(300 * time.Millisecond) // let relay 2 finish, if it was the one
+			holding = lockedOutboxRows(ctx, s.env) > 0
+		}
+		if !holding {
+			if err := frozen.Signal(syscall.SIGCONT); err != nil {
+				return err
+			}
+		}
 	}
+	if !holding {
+		return fmt.Errorf("lab: relay-freeze: %s never held a batch in %d tries; the scenario did not run", frozen.Name(), tries)
+	}
+	s.log.add("lab", "%s frozen (SIGSTOP) holding a batch", frozen.Name())
 	if err := s.sendEvery(ctx, 3, 300*time.Millisecond); err != nil {
 		return err
 	}

@@ -336,6 +336,27 @@ func (s *Server) killLocked() error {
 	return nil
 }
 
+// Pause freezes the server with SIGSTOP: connections stay open, commands
+// hang until Resume (what a stalled Redis looks like to its clients). It
+// returns an error if the server is not running.
+func (s *Server) Pause() error { return s.signal(syscall.SIGSTOP) }
+
+// Resume undoes Pause with SIGCONT. It returns an error if the server is
+// not running.
+func (s *Server) Resume() error { return s.signal(syscall.SIGCONT) }
+
+func (s *Server) signal(sig syscall.Signal) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.run == nil {
+		return fmt.Errorf("redisproc: %v: server not running", sig)
+	}
+	if err := syscall.Kill(-s.run.cmd.Process.Pid, sig); err != nil {
+		return fmt.Errorf("redisproc: %v: %w", sig, err)
+	}
+	return nil
+}
+
 // Restart starts the server again on the same port and directory, so the AOF
 // is reloaded, and waits until it answers PING. A running server is stopped
 // first. Restart after Close fails.
