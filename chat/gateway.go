@@ -20,10 +20,14 @@ import (
 
 // Gateway defaults.
 const (
-	DefaultGatewayPoll   = time.Second
-	DefaultGapTimeout    = 60 * time.Second
-	DefaultClientBuffer  = 1024
-	gatewayPageSize      = 500
+	DefaultGatewayPoll  = time.Second
+	DefaultGapTimeout   = 60 * time.Second
+	DefaultClientBuffer = 1024
+	gatewayPageSize     = 500
+	// maxAboveGap bounds the seqs pushed past one gap before the gateway
+	// stops waiting for the missing message (must stay under the page
+	// size, or a page could hold nothing new).
+	maxAboveGap          = gatewayPageSize / 2
 	gatewayReconnectWait = 250 * time.Millisecond
 )
 
@@ -37,9 +41,10 @@ type GatewayConfig struct {
 	// catching any lost wake-up. Default DefaultGatewayPoll (1 s).
 	PollInterval time.Duration
 	// GapTimeout is how long a room holds received messages behind a missing
-	// seq (one still in flight, e.g. a reclaimed job) before giving up on it
-	// and moving on; a message that arrives after that is in the history but
-	// is not pushed live. Default 0 means DefaultGapTimeout (60 s, twice the
+	// seq (one still in flight, e.g. a reclaimed job) before pushing them
+	// anyway; the missing message is pushed when it comes, out of order
+	// (unless more than 250 messages came past it by then: it is then only
+	// in the history). Default 0 means DefaultGapTimeout (60 s, twice the
 	// default lock duration); negative means no hold at all.
 	GapTimeout time.Duration
 	// ClientBuffer is the number of frames queued per subscriber; a
@@ -92,6 +97,9 @@ type Subscription struct {
 	// Owned by the gateway goroutine after Subscribe returns.
 	sent, recv int64
 	gapSince   time.Time
+	// above holds the received seqs pushed past a gap, beyond recv (the
+	// watermark: every seq up to it was pushed).
+	above map[int64]bool
 }
 
 // NewGateway returns a Gateway for service on pool.
@@ -414,25 +422,54 @@ func (g *Gateway) deliver(s *Subscription, rr *roomRows, now time.Time) (held bo
 		}
 	}
 	for _, m := range rr.recv {
-		if m.Seq <= s.recv {
+		if m.Seq <= s.recv || s.above[m.Seq] {
+			continue // seen: at or below the watermark, or pushed past a gap
+		}
+		if m.Seq == s.recv+1 {
+			recv = append(recv, m)
+			s.recv = m.Seq
+			// A late message may close a gap that was given up on: move the
+			// watermark over what was already pushed above it.
+			for s.above[s.recv+1] {
+				delete(s.above, s.recv+1)
+				s.recv++
+			}
+			if len(s.above) == 0 {
+				s.gapSince = time.Time{}
+			}
 			continue
 		}
-		if m.Seq != s.recv+1 {
-			// A gap: an earlier message of the other side is not in the inbox
-			// yet (in flight, or reclaimed after a crash). Hold, up to
-			// GapTimeout, so the room shows that side's messages in seq order.
-			if s.gapSince.IsZero() {
-				s.gapSince = now
-			}
-			if g.cfg.GapTimeout > 0 && now.Sub(s.gapSince) < g.cfg.GapTimeout {
-				held = true
-				break
-			}
-			g.log.Warn("gave up waiting for a missing message", "chat_id", s.chatID, "missing_seq", s.recv+1, "next_seq", m.Seq)
+		// A gap: an earlier message of the other side is not in the inbox
+		// yet (in flight, or reclaimed after a crash). Hold the later ones,
+		// up to GapTimeout, so the room shows that side's messages in seq
+		// order; after that push them, and push the missing one whenever it
+		// comes (the watermark stays below it, so it is still read).
+		held = true
+		if s.gapSince.IsZero() {
+			s.gapSince = now
 		}
-		s.gapSince = time.Time{}
+		if g.cfg.GapTimeout > 0 && now.Sub(s.gapSince) < g.cfg.GapTimeout {
+			break
+		}
+		if len(s.above) == 0 && g.cfg.GapTimeout > 0 {
+			g.log.Warn("pushing past a missing message", "chat_id", s.chatID, "missing_seq", s.recv+1, "next_seq", m.Seq)
+		}
+		if s.above == nil {
+			s.above = map[int64]bool{}
+		}
 		recv = append(recv, m)
-		s.recv = m.Seq
+		s.above[m.Seq] = true
+		if len(s.above) >= maxAboveGap {
+			// Too far past the gap to keep re-reading: move the watermark
+			// to the highest seq pushed; a message below it that comes
+			// later is in the history, not pushed live.
+			for q := range s.above {
+				s.recv = max(s.recv, q)
+			}
+			clear(s.above)
+			s.gapSince = time.Time{}
+			g.log.Warn("gave up on a missing message", "chat_id", s.chatID, "watermark", s.recv)
+		}
 	}
 	for _, m := range mergeBySentAt(sent, recv) {
 		b, err := json.Marshal(m)
