@@ -74,6 +74,7 @@ type FieldError struct {
 	Msg   string
 }
 
+// Error returns "field: why", or just why when Field is "".
 func (e *FieldError) Error() string {
 	if e.Field == "" {
 		return e.Msg

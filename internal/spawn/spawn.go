@@ -155,8 +155,8 @@ func TailFile(path string, n int64) string {
 	return strings.TrimSpace(string(buf))
 }
 
-// OwnerFile, written into every temp dir this package creates, holds the pid
-// of the creating Go process. If that process dies without Close (SIGKILL,
+// OwnerFile is the name of the file, written into every temp dir that
+// pgproc and redisproc create, holding the pid of the creating Go process. If that process dies without Close (SIGKILL,
 // test timeout), Pdeathsig kills the server but the dir stays behind;
 // ReapStale removes such dirs on a later Start.
 const OwnerFile = "owner.pid"
