@@ -15,6 +15,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
+	"net/http"
+	"net/http/pprof"
 	"os"
 	"os/signal"
 	"syscall"
@@ -93,6 +96,7 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	prefix := fs.String("redis-prefix", "outboxchat:", "prefix of every Redis key")
 	fault := fs.String("fault", os.Getenv("OUTBOXCHAT_FAULT"), "fault injection for the lab, KIND:SEQ (default $OUTBOXCHAT_FAULT; off)")
 	logFormat := fs.String("log-format", "text", "log format: text or json")
+	debugAddr := fs.String("debug-addr", "", "serve Go's pprof profiles (/debug/pprof/) on this address, e.g. 127.0.0.1:6060 (default off)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -110,6 +114,19 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 		wm = outbox.WakeNone
 	default:
 		return fmt.Errorf("--wake %q: want after-commit, in-tx or none", *wake)
+	}
+	if *debugAddr != "" {
+		ln, err := net.Listen("tcp", *debugAddr)
+		if err != nil {
+			return fmt.Errorf("--debug-addr: %w", err)
+		}
+		mux := http.NewServeMux()
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		go func() { _ = srv.Serve(ln) }()
+		defer srv.Close()
 	}
 	return chat.Serve(ctx, chat.Config{
 		Service: *service, Roles: r, DatabaseURL: *dbURL, RedisURL: *redisURL, HTTPAddr: *httpAddr,
