@@ -17,8 +17,6 @@ import (
 // <service>.inbox_duplicates instead. It is safe for concurrent use.
 type InboxHandler struct {
 	service     string
-	insert      string
-	dup         string
 	channel     string
 	insertBatch string
 }
@@ -33,13 +31,6 @@ func NewInboxHandler(service string) (*InboxHandler, error) {
 	return &InboxHandler{
 		service: service,
 		channel: InboxChannel(service),
-		// One round trip: the insert, and the NOTIFY only when the row is
-		// new (Postgres folds equal notifications of one transaction).
-		insert: `WITH ins AS (
-			INSERT INTO ` + s + `.inbox (message_id, chat_id, seq, body, sender, sent_at)
-			VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (message_id) DO NOTHING RETURNING chat_id)
-			SELECT pg_notify($7, chat_id::text) FROM ins`,
-		dup: `INSERT INTO ` + s + `.inbox_duplicates (message_id) VALUES ($1)`,
 		// The whole batch in one statement: insert the rows, NOTIFY the
 		// gateway once with every chat id that got a new row, record the
 		// duplicates ($8: ids already known to repeat inside the batch, plus
@@ -85,33 +76,16 @@ func InboxChannel(service string) string { return service + "_inbox" }
 // OutboxChannel is the NOTIFY channel of service's outbox (relay wake-up).
 func OutboxChannel(service string) string { return service + "_outbox" }
 
-// Apply implements inbox.Handler. A payload that is not a valid
+// Apply implements inbox.Handler as a one-delivery ApplyBatch. A payload
+// that is not a valid
 // message.created event from the other service returns an error wrapping
 // inbox.ErrMalformed without touching tx.
 func (h *InboxHandler) Apply(ctx context.Context, tx pgx.Tx, d inbox.Delivery) (bool, error) {
-	m, err := h.decode(d)
+	rs, err := h.ApplyBatch(ctx, tx, []inbox.Delivery{d})
 	if err != nil {
 		return false, err
 	}
-	rows, err := tx.Query(ctx, h.insert, m.ID, m.ChatID, m.Seq, m.Body, m.From, m.SentAt, h.channel)
-	if err != nil {
-		return false, fmt.Errorf("insert inbox: %w", err)
-	}
-	n := 0
-	for rows.Next() {
-		n++
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return false, fmt.Errorf("insert inbox: %w", err)
-	}
-	if n == 1 {
-		return true, nil
-	}
-	if _, err := tx.Exec(ctx, h.dup, m.ID); err != nil {
-		return false, fmt.Errorf("record duplicate: %w", err)
-	}
-	return false, nil
+	return rs[0].Fresh, rs[0].Err
 }
 
 // ApplyBatch implements inbox.BatchHandler: the same effect as Apply on each
