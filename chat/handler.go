@@ -77,9 +77,8 @@ func InboxChannel(service string) string { return service + "_inbox" }
 func OutboxChannel(service string) string { return service + "_outbox" }
 
 // Apply implements inbox.Handler as a one-delivery ApplyBatch. A payload
-// that is not a valid
-// message.created event from the other service returns an error wrapping
-// inbox.ErrMalformed without touching tx.
+// that is not a valid message.created event from the other service returns
+// an error wrapping inbox.ErrMalformed without touching tx.
 func (h *InboxHandler) Apply(ctx context.Context, tx pgx.Tx, d inbox.Delivery) (bool, error) {
 	rs, err := h.ApplyBatch(ctx, tx, []inbox.Delivery{d})
 	if err != nil {
