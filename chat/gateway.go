@@ -317,7 +317,28 @@ func (g *Gateway) loop(ctx context.Context) {
 	}
 }
 
-type roomRows struct{ sent, recv []Message }
+// roomRows is one room's rows of a push, and their JSON frames, encoded
+// once per push however many subscribers the room has.
+type roomRows struct {
+	sent, recv []Message
+	frames     map[string][]byte // message id → encoded Message
+}
+
+// frame returns m's JSON encoding, encoding it on first use.
+func (rr *roomRows) frame(m Message) ([]byte, error) {
+	if b, ok := rr.frames[m.ID]; ok {
+		return b, nil
+	}
+	b, err := json.Marshal(m)
+	if err != nil {
+		return nil, err
+	}
+	if rr.frames == nil {
+		rr.frames = map[string][]byte{}
+	}
+	rr.frames[m.ID] = b
+	return b, nil
+}
 
 // push reads the dirty rooms from their subscribers' lowest cursors and
 // hands each subscriber what it has not seen. It reports whether a page was
@@ -472,7 +493,7 @@ func (g *Gateway) deliver(s *Subscription, rr *roomRows, now time.Time) (held bo
 		}
 	}
 	for _, m := range mergeBySentAt(sent, recv) {
-		b, err := json.Marshal(m)
+		b, err := rr.frame(m)
 		if err != nil {
 			continue
 		}
