@@ -304,3 +304,22 @@ func TestRolesAreConfinedToTheirSchema(t *testing.T) {
 		}
 	}
 }
+
+// Two API processes of one service (a rolling deploy): a client of one sees
+// the messages sent through the other at NOTIFY speed, each once — the
+// gateway ignores only its own process's outbox notifications.
+func TestOwnSendsReachClientsOfAnotherAPIProcess(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, "")
+	a := h.start(Consumers, func(c *Config) { c.Roles = []string{RoleAPI} })
+	b := h.start(Consumers, func(c *Config) { c.Roles = []string{RoleAPI} })
+	w := watch(t, a.base, 8)
+	// Each within 400 ms, one after another: the gateway's 1 s poll could
+	// bring at most one of them that fast, so the NOTIFY carried them.
+	for i := 1; i <= 3; i++ {
+		send(t, b.base, 8, fmt.Sprint("via b ", i))
+		w.waitSeqs(t, Consumers, i, 400*time.Millisecond)
+	}
+	send(t, a.base, 8, "via a")
+	w.waitSeqs(t, Consumers, 4, 5*time.Second)
+}

@@ -51,6 +51,12 @@ type GatewayConfig struct {
 	// subscriber that falls further behind is evicted (it reconnects and
 	// catches up by seq). Default DefaultClientBuffer (1024).
 	ClientBuffer int
+	// Ignore, when set, drops notifications for which it returns true —
+	// those the caller has already turned into Wake calls (Serve drops the
+	// outbox channel's notifications sent by its own process: its sends
+	// wake their rooms directly, while a notification with no chat id would
+	// re-read every room). Called from the LISTEN goroutine.
+	Ignore func(channel string, senderPID uint32) bool
 	// Logger; nil means slog.Default().
 	Logger *slog.Logger
 }
@@ -194,6 +200,9 @@ func (g *Gateway) Stop(ctx context.Context) error {
 type listenHandler struct{ g *Gateway }
 
 func (h listenHandler) HandleNotification(_ context.Context, n *pgconn.Notification, _ *pgx.Conn) error {
+	if h.g.cfg.Ignore != nil && h.g.cfg.Ignore(n.Channel, n.PID) {
+		return nil
+	}
 	if n.Payload == "" {
 		h.g.WakeAll()
 		return nil

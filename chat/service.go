@@ -13,6 +13,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -183,6 +184,14 @@ func Serve(ctx context.Context, cfg Config) error {
 	if _, ok := pcfg.ConnConfig.RuntimeParams["plan_cache_mode"]; !ok {
 		pcfg.ConnConfig.RuntimeParams["plan_cache_mode"] = "force_generic_plan"
 	}
+	// The backend pids of this process's pool, so the gateway can tell its
+	// own outbox notifications from other processes'.
+	var ownBackends sync.Map // uint32 → struct{}
+	pcfg.AfterConnect = func(_ context.Context, c *pgx.Conn) error {
+		ownBackends.Store(c.PgConn().PID(), struct{}{})
+		return nil
+	}
+	pcfg.BeforeClose = func(c *pgx.Conn) { ownBackends.Delete(c.PgConn().PID()) }
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return fmt.Errorf("serve: connect postgres: %w", err)
@@ -318,6 +327,11 @@ func Serve(ctx context.Context, cfg Config) error {
 	}
 	gw, err := NewGateway(pool, cfg.Service, &GatewayConfig{
 		Channels: []string{InboxChannel(cfg.Service), OutboxChannel(cfg.Service)}, GapTimeout: cfg.GapTimeout, Logger: log,
+		Ignore: func(channel string, pid uint32) bool {
+			// This process's sends wake their rooms directly (afterCommit).
+			_, own := ownBackends.Load(pid)
+			return own && channel == OutboxChannel(cfg.Service)
+		},
 	})
 	if err != nil {
 		return err
