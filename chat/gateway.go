@@ -187,14 +187,10 @@ func (g *Gateway) Stop(ctx context.Context) error {
 		return nil
 	}
 	g.cancel()
-	done := make(chan struct{})
-	go func() { g.wg.Wait(); close(done) }()
-	select {
-	case <-done:
-		return nil
-	case <-ctx.Done():
-		return fmt.Errorf("gateway stop: %w", ctx.Err())
+	if err := waitGroupCtx(ctx, &g.wg); err != nil {
+		return fmt.Errorf("gateway stop: %w", err)
 	}
+	return nil
 }
 
 type listenHandler struct{ g *Gateway }

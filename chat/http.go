@@ -55,13 +55,21 @@ type API struct {
 // most until ctx ends. Call it once, when the service stops.
 func (a *API) closeSockets(ctx context.Context) error {
 	close(a.closing)
+	if err := waitGroupCtx(ctx, &a.sockets); err != nil {
+		return fmt.Errorf("close websockets: %w", err)
+	}
+	return nil
+}
+
+// waitGroupCtx waits for wg, at most until ctx ends (then ctx.Err()).
+func waitGroupCtx(ctx context.Context, wg *sync.WaitGroup) error {
 	done := make(chan struct{})
-	go func() { a.sockets.Wait(); close(done) }()
+	go func() { wg.Wait(); close(done) }()
 	select {
 	case <-done:
 		return nil
 	case <-ctx.Done():
-		return fmt.Errorf("close websockets: %w", ctx.Err())
+		return ctx.Err()
 	}
 }
 
@@ -167,15 +175,23 @@ func (a *API) cursors(r *http.Request) (own, other int64, err error) {
 	return by[a.service], by[Peer(a.service)], nil
 }
 
-func (a *API) handleHistory(w http.ResponseWriter, r *http.Request) {
-	chatID, err := ParseChatID(r.PathValue("chat_id"))
-	if err != nil {
-		writeError(w, err)
-		return
+// room parses a chat id (raw) and the request's cursors; on bad input it
+// writes the 400 and reports ok false.
+func (a *API) room(w http.ResponseWriter, r *http.Request, raw string) (chatID, own, other int64, ok bool) {
+	chatID, err := ParseChatID(raw)
+	if err == nil {
+		own, other, err = a.cursors(r)
 	}
-	own, other, err := a.cursors(r)
 	if err != nil {
 		writeError(w, err)
+		return 0, 0, 0, false
+	}
+	return chatID, own, other, true
+}
+
+func (a *API) handleHistory(w http.ResponseWriter, r *http.Request) {
+	chatID, own, other, ok := a.room(w, r, r.PathValue("chat_id"))
+	if !ok {
 		return
 	}
 	limit := DefaultHistoryLimit
@@ -197,14 +213,8 @@ func (a *API) handleHistory(w http.ResponseWriter, r *http.Request) {
 }
 
 func (a *API) handleWS(w http.ResponseWriter, r *http.Request) {
-	chatID, err := ParseChatID(r.URL.Query().Get("chat_id"))
-	if err != nil {
-		writeError(w, err)
-		return
-	}
-	own, other, err := a.cursors(r)
-	if err != nil {
-		writeError(w, err)
+	chatID, own, other, ok := a.room(w, r, r.URL.Query().Get("chat_id"))
+	if !ok {
 		return
 	}
 	a.sockets.Add(1)
