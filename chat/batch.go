@@ -228,7 +228,7 @@ func (s *Store) commitLoop(ctx context.Context, run *storeRun) {
 // commitBatch stores reqs' messages and outbox events in one transaction
 // under ctx and returns the messages in reqs' order. Per chat, reqs take
 // consecutive seqs in their order. After the commit it calls
-// writer.Committed once and afterCommit once per distinct chat. On error
+// writer.Committed and afterCommit once. On error
 // nothing is stored.
 func (s *Store) commitBatch(ctx context.Context, reqs []*sendReq) ([]Message, error) {
 	counts := make(map[int64]int64, len(reqs))
@@ -343,9 +343,7 @@ func (s *Store) commitBatch(ctx context.Context, reqs []*sendReq) ([]Message, er
 	}
 	s.writer.Committed()
 	if s.afterCommit != nil {
-		for _, c := range chats {
-			s.afterCommit(c)
-		}
+		s.afterCommit(ms)
 	}
 	return ms, nil
 }

@@ -44,7 +44,7 @@ func (d *dualWriter) send(ctx context.Context, chatID int64, body string) (Messa
 		return Message{}, fmt.Errorf("send: %w", err)
 	}
 	if d.store.afterCommit != nil {
-		d.store.afterCommit(chatID)
+		d.store.afterCommit([]Message{m})
 	}
 	payload, _ := json.Marshal(m)
 	job := redisq.Job{ID: m.ID, Name: EventMessageCreated, Payload: payload}

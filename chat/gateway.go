@@ -81,6 +81,7 @@ type Gateway struct {
 	rooms    map[int64]map[*Subscription]struct{}
 	dirty    map[int64]struct{}
 	allDirty bool
+	offered  map[int64]*roomRows // committed rows handed over by Offer, per room with subscribers
 	wake     chan struct{}
 	cancel   context.CancelFunc
 	wg       sync.WaitGroup
@@ -231,6 +232,45 @@ func (g *Gateway) Wake(chatID int64) {
 	g.signal()
 }
 
+// Offer hands the gateway messages that are already committed — this
+// process's own sends after their commit (received false), or received
+// messages after their inbox commit (received true, ReceivedAt set) — so
+// that it can push them without reading them back: one round trip and, for
+// received ones, the NOTIFY hop fewer on every message's way to the screen.
+// Rows must be exactly as stored (the frames are the same either way).
+// Messages of rooms without subscribers are dropped (a new subscriber reads
+// the room from Postgres). A subscriber that cannot take the offered rows
+// in seq order right away (its cursor is behind the first of them, or it is
+// holding a gap) gets the room read from Postgres instead, so an Offer is
+// never the only way a row reaches a client: a lost one is only slower.
+// Offering rows before their commit would break invariant 7. Never blocks.
+func (g *Gateway) Offer(received bool, ms []Message) {
+	if len(ms) == 0 {
+		return
+	}
+	g.mu.Lock()
+	for _, m := range ms {
+		if _, ok := g.rooms[m.ChatID]; !ok {
+			continue
+		}
+		if g.offered == nil {
+			g.offered = map[int64]*roomRows{}
+		}
+		rr := g.offered[m.ChatID]
+		if rr == nil {
+			rr = &roomRows{}
+			g.offered[m.ChatID] = rr
+		}
+		if received {
+			rr.recv = append(rr.recv, m)
+		} else {
+			rr.sent = append(rr.sent, m)
+		}
+	}
+	g.mu.Unlock()
+	g.signal()
+}
+
 // WakeAll marks every room as changed. It never blocks.
 func (g *Gateway) WakeAll() {
 	g.mu.Lock()
@@ -352,10 +392,18 @@ func (g *Gateway) push(ctx context.Context) (bool, error) {
 	g.mu.Lock()
 	var ids, afterSent, afterRecv []int64
 	subs := map[int64][]*Subscription{}
+	offered := g.offered
+	g.offered = nil
 	for id, room := range g.rooms {
 		if _, ok := g.dirty[id]; !ok && !g.allDirty {
+			if rr := offered[id]; rr != nil {
+				for s := range room {
+					subs[id] = append(subs[id], s)
+				}
+			}
 			continue
 		}
+		delete(offered, id) // the read below sees them: they were committed before it
 		first := true
 		var ms, mr int64
 		for s := range room {
@@ -373,6 +421,9 @@ func (g *Gateway) push(ctx context.Context) (bool, error) {
 	g.dirty = map[int64]struct{}{}
 	g.allDirty = false
 	g.mu.Unlock()
+	if len(offered) > 0 && g.pushOffered(offered, subs) {
+		g.signal() // some rooms need a read after all
+	}
 	if len(ids) == 0 {
 		return false, nil
 	}
@@ -426,6 +477,62 @@ func (g *Gateway) push(ctx context.Context) (bool, error) {
 		}
 	}
 	return more, nil
+}
+
+// pushOffered delivers Offer's rows of rooms that need no read, room by room:
+// only if every subscriber of the room can take them in seq order from its
+// cursors; otherwise the room is marked dirty (the caller signals another
+// push, which reads it). It reports whether it marked any.
+func (g *Gateway) pushOffered(offered map[int64]*roomRows, subs map[int64][]*Subscription) (marked bool) {
+	now := time.Now()
+	for id, rr := range offered {
+		ss := subs[id]
+		if len(ss) == 0 {
+			continue // the room emptied (or was read) meanwhile
+		}
+		sort.Slice(rr.sent, func(i, j int) bool { return rr.sent[i].Seq < rr.sent[j].Seq })
+		sort.Slice(rr.recv, func(i, j int) bool { return rr.recv[i].Seq < rr.recv[j].Seq })
+		ok := true
+		for _, s := range ss {
+			if !s.takes(rr) {
+				ok = false
+				break
+			}
+		}
+		if !ok {
+			g.markDirty([]int64{id})
+			marked = true
+			continue
+		}
+		for _, s := range ss {
+			held := g.deliver(s, rr, now)
+			switch {
+			case len(rr.sent) > 0 && s.sent < rr.sent[len(rr.sent)-1].Seq:
+				// A gap inside the offered sends (another process's send
+				// between two of ours): read the room now.
+				g.markDirty([]int64{id})
+				marked = true
+			case held:
+				g.markDirty([]int64{id}) // a held gap: look again at the next tick
+			}
+		}
+	}
+	return marked
+}
+
+// takes reports whether s can take rr's rows without a read: each origin's
+// first row is at or below the subscriber's next seq, and no gap is held.
+func (s *Subscription) takes(rr *roomRows) bool {
+	if !s.gapSince.IsZero() || len(s.above) > 0 {
+		return false
+	}
+	if len(rr.sent) > 0 && rr.sent[0].Seq > s.sent+1 {
+		return false
+	}
+	if len(rr.recv) > 0 && rr.recv[0].Seq > s.recv+1 {
+		return false
+	}
+	return true
 }
 
 func (g *Gateway) markDirty(ids []int64) {

@@ -2,6 +2,8 @@ package chat
 
 import (
 	"context"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -54,4 +56,131 @@ func TestGatewayGapHoldThenLateMessage(t *testing.T) {
 			t.Fatalf("pushed seqs %v, want %v (each once)", got, want)
 		}
 	}
+}
+
+// offerGateway is a started gateway on h's workers schema that hears no
+// NOTIFY and polls once an hour: only Subscribe's read, Offer and what Offer
+// makes it read can push anything.
+func offerGateway(t *testing.T, h *harness) *Gateway {
+	t.Helper()
+	g, err := NewGateway(h.admin, Workers, &GatewayConfig{Channels: []string{"nobody_notifies_this"}, PollInterval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = g.Stop(context.Background()) })
+	return g
+}
+
+// storeReceived inserts a received message into workers.inbox without a
+// NOTIFY and returns it as stored.
+func storeReceived(t *testing.T, h *harness, chat, seq int64) Message {
+	t.Helper()
+	m := Message{ID: uuid.NewString(), ChatID: chat, Seq: seq, Body: "m", From: Consumers}
+	var at time.Time
+	err := h.admin.QueryRow(context.Background(), `INSERT INTO workers.inbox (message_id, chat_id, seq, body, sender, sent_at)
+		VALUES ($1, $2, $3, $4, $5, now()) RETURNING sent_at, received_at`, m.ID, chat, seq, m.Body, m.From).Scan(&m.SentAt, &at)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.ReceivedAt = &at
+	return m
+}
+
+// storeSent inserts a sent message into workers.messages and returns it.
+func storeSent(t *testing.T, h *harness, chat, seq int64) Message {
+	t.Helper()
+	m := Message{ID: uuid.NewString(), ChatID: chat, Seq: seq, Body: "s", From: Workers}
+	err := h.admin.QueryRow(context.Background(), `INSERT INTO workers.messages (id, chat_id, seq, body)
+		VALUES ($1, $2, $3, $4) RETURNING created_at`, m.ID, chat, seq, m.Body).Scan(&m.SentAt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// nextFrames reads n frames from s and returns their "from:seq" labels.
+func nextFrames(t *testing.T, s *Subscription, n int) []string {
+	t.Helper()
+	var got []string
+	for range n {
+		select {
+		case b := <-s.C:
+			m, err := DecodeEvent(b)
+			if err != nil {
+				t.Fatalf("frame %s: %v", b, err)
+			}
+			got = append(got, m.From+":"+strconv.FormatInt(m.Seq, 10))
+		case <-time.After(5 * time.Second):
+			t.Fatalf("got frames %v, then nothing for 5 s (want %d)", got, n)
+		}
+	}
+	return got
+}
+
+// noFrame fails if s gets a frame within d.
+func noFrame(t *testing.T, s *Subscription, d time.Duration) {
+	t.Helper()
+	select {
+	case b := <-s.C:
+		t.Fatalf("unexpected frame %s", b)
+	case <-time.After(d):
+	}
+}
+
+// Offered rows reach subscribers without any NOTIFY or poll, once each; a
+// room without subscribers drops them and a later subscriber reads them.
+func TestGatewayOfferPushesCommittedRows(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, "")
+	g := offerGateway(t, h)
+	s := g.Subscribe(21, 0, 0)
+	defer s.Close()
+	g.Offer(true, []Message{storeReceived(t, h, 21, 1), storeReceived(t, h, 21, 2)})
+	g.Offer(false, []Message{storeSent(t, h, 21, 1)})
+	got := strings.Join(nextFrames(t, s, 3), " ")
+	if got != "consumers:1 consumers:2 workers:1" && got != "workers:1 consumers:1 consumers:2" {
+		t.Fatalf("frames %q, want each message once, each origin in seq order", got)
+	}
+	g.Offer(true, []Message{storeReceived(t, h, 22, 1)}) // nobody in room 22
+	late := g.Subscribe(22, 0, 0)
+	defer late.Close()
+	if got := nextFrames(t, late, 1); got[0] != "consumers:1" {
+		t.Fatalf("late subscriber got %v", got)
+	}
+	noFrame(t, s, 100*time.Millisecond)
+	noFrame(t, late, 0)
+}
+
+// A subscriber whose cursor is behind the first offered row does not get
+// the offered rows out of order: the gateway reads the room instead (the
+// missing rows are committed, just not offered), for either origin.
+func TestGatewayOfferBehindCursorReadsTheRoom(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, "")
+	g := offerGateway(t, h)
+	s := g.Subscribe(23, 0, 0)
+	defer s.Close()
+	g.Offer(true, []Message{storeReceived(t, h, 23, 1)})
+	if got := nextFrames(t, s, 1); got[0] != "consumers:1" {
+		t.Fatalf("got %v", got)
+	}
+	storeReceived(t, h, 23, 2) // committed, never offered (another process's inbox commit whose NOTIFY is late)
+	g.Offer(true, []Message{storeReceived(t, h, 23, 3)})
+	if got := strings.Join(nextFrames(t, s, 2), " "); got != "consumers:2 consumers:3" {
+		t.Fatalf("frames %q, want consumers:2 consumers:3", got)
+	}
+	// Sends: ours 1, another process's 2 (not offered here), ours 3.
+	g.Offer(false, []Message{storeSent(t, h, 23, 1)})
+	if got := nextFrames(t, s, 1); got[0] != "workers:1" {
+		t.Fatalf("got %v", got)
+	}
+	storeSent(t, h, 23, 2)
+	g.Offer(false, []Message{storeSent(t, h, 23, 3)})
+	if got := strings.Join(nextFrames(t, s, 2), " "); got != "workers:2 workers:3" {
+		t.Fatalf("frames %q, want workers:2 workers:3", got)
+	}
+	noFrame(t, s, 100*time.Millisecond)
 }

@@ -40,12 +40,12 @@ func NewInboxHandler(service string) (*InboxHandler, error) {
 		insertBatch: `WITH ins AS (
 			INSERT INTO ` + s + `.inbox (message_id, chat_id, seq, body, sender, sent_at)
 			SELECT * FROM unnest($1::uuid[], $2::bigint[], $3::bigint[], $4::text[], $5::text[], $6::timestamptz[])
-			ON CONFLICT (message_id) DO NOTHING RETURNING message_id, chat_id),
+			ON CONFLICT (message_id) DO NOTHING RETURNING message_id, chat_id, received_at),
 		note AS (SELECT pg_notify($7, string_agg(DISTINCT chat_id::text, ',')) AS n FROM ins HAVING count(*) > 0),
 		dup AS (INSERT INTO ` + s + `.inbox_duplicates (message_id)
 			SELECT u FROM unnest($1::uuid[]) AS u WHERE u NOT IN (SELECT message_id FROM ins)
 			UNION ALL SELECT u FROM unnest($8::uuid[]) AS u)
-		SELECT message_id::text, (SELECT count(*) FROM note) FROM ins`,
+		SELECT message_id::text, received_at, (SELECT count(*) FROM note) FROM ins`,
 	}, nil
 }
 
@@ -88,13 +88,16 @@ func (h *InboxHandler) Apply(ctx context.Context, tx pgx.Tx, d inbox.Delivery) (
 }
 
 // ApplyBatch implements inbox.BatchHandler: the same effect as Apply on each
-// delivery in order, in one round trip for the whole batch.
+// delivery in order, in one round trip for the whole batch. The result of a
+// fresh delivery carries the stored Message (ReceivedAt set) as its Value,
+// for inbox.Config.AfterCommit.
 func (h *InboxHandler) ApplyBatch(ctx context.Context, tx pgx.Tx, ds []inbox.Delivery) ([]inbox.BatchResult, error) {
 	rs := make([]inbox.BatchResult, len(ds))
 	var ids, bodies, senders, repeats []string
 	var chats, seqs []int64
 	var sentAts []time.Time
 	first := map[string]int{} // message id → index of its first delivery in ds
+	msgs := make([]Message, len(ds))
 	for i, d := range ds {
 		m, err := h.decode(d)
 		if err != nil {
@@ -106,6 +109,7 @@ func (h *InboxHandler) ApplyBatch(ctx context.Context, tx pgx.Tx, ds []inbox.Del
 			continue
 		}
 		first[m.ID] = i
+		msgs[i] = m
 		ids, chats, seqs = append(ids, m.ID), append(chats, m.ChatID), append(seqs, m.Seq)
 		bodies, senders, sentAts = append(bodies, m.Body), append(senders, m.From), append(sentAts, m.SentAt)
 	}
@@ -118,13 +122,16 @@ func (h *InboxHandler) ApplyBatch(ctx context.Context, tx pgx.Tx, ds []inbox.Del
 	}
 	for rows.Next() {
 		var id string
+		var at time.Time
 		var n int64
-		if err := rows.Scan(&id, &n); err != nil {
+		if err := rows.Scan(&id, &at, &n); err != nil {
 			rows.Close()
 			return nil, fmt.Errorf("insert inbox batch: %w", err)
 		}
 		if i, ok := first[id]; ok {
-			rs[i].Fresh = true
+			m := msgs[i]
+			m.ReceivedAt = &at
+			rs[i].Fresh, rs[i].Value = true, m
 		}
 	}
 	rows.Close()

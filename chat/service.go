@@ -241,6 +241,35 @@ func Serve(ctx context.Context, cfg Config) error {
 		return err
 	}
 
+	// The gateway exists before the worker, which hands it every inbox
+	// commit (Offer); it starts with the API below.
+	var gw *Gateway
+	if cfg.has(RoleAPI) {
+		if cfg.GapTimeout == 0 {
+			lock := cfg.LockDuration
+			if lock <= 0 {
+				lock = redisq.DefaultLockDuration
+			}
+			cfg.GapTimeout = 2 * lock
+		}
+		workerHere := cfg.has(RoleWorker)
+		gw, err = NewGateway(pool, cfg.Service, &GatewayConfig{
+			Channels: []string{InboxChannel(cfg.Service), OutboxChannel(cfg.Service)}, GapTimeout: cfg.GapTimeout, Logger: log,
+			Ignore: func(channel string, pid uint32) bool {
+				// This process's sends and inbox commits are offered to
+				// the gateway directly (Store.afterCommit,
+				// inbox.Config.AfterCommit); other processes' arrive here.
+				if _, own := ownBackends.Load(pid); !own {
+					return false
+				}
+				return channel == OutboxChannel(cfg.Service) || (workerHere && channel == InboxChannel(cfg.Service))
+			},
+		})
+		if err != nil {
+			return err
+		}
+	}
+
 	// Worker: stream → inbox. Started first at stop time last: it must
 	// finish and ack its batch before connections close.
 	if cfg.has(RoleWorker) {
@@ -263,7 +292,19 @@ func Serve(ctx context.Context, cfg Config) error {
 		if cfg.wrapSource != nil {
 			src = cfg.wrapSource(src)
 		}
-		ic, err := inbox.NewConsumer(pool, src, handler, &inbox.Config{Logger: log})
+		icfg := &inbox.Config{Logger: log}
+		if gw != nil {
+			icfg.AfterCommit = func(applied []inbox.Applied) {
+				ms := make([]Message, 0, len(applied))
+				for _, a := range applied {
+					if m, ok := a.Value.(Message); ok {
+						ms = append(ms, m)
+					}
+				}
+				gw.Offer(true, ms)
+			}
+		}
+		ic, err := inbox.NewConsumer(pool, src, handler, icfg)
 		if err != nil {
 			return err
 		}
@@ -318,35 +359,17 @@ func Serve(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return err
 	}
-	if cfg.GapTimeout == 0 {
-		lock := cfg.LockDuration
-		if lock <= 0 {
-			lock = redisq.DefaultLockDuration
-		}
-		cfg.GapTimeout = 2 * lock
-	}
-	gw, err := NewGateway(pool, cfg.Service, &GatewayConfig{
-		Channels: []string{InboxChannel(cfg.Service), OutboxChannel(cfg.Service)}, GapTimeout: cfg.GapTimeout, Logger: log,
-		Ignore: func(channel string, pid uint32) bool {
-			// This process's sends wake their rooms directly (afterCommit).
-			_, own := ownBackends.Load(pid)
-			return own && channel == OutboxChannel(cfg.Service)
-		},
-	})
-	if err != nil {
-		return err
-	}
 	if err := gw.Start(ctx); err != nil {
 		return err
 	}
 	stops = append(stops, gw.Stop)
-	store.afterCommit = gw.Wake
+	store.afterCommit = func(ms []Message) { gw.Offer(false, ms) }
 	if relayWake != nil && cfg.Wake == outbox.WakeAfterCommit && !cfg.PollOnly {
 		// In the after-commit mode the relay in this process is woken
 		// directly, a round trip sooner than through its LISTEN; the NOTIFY
 		// still wakes relays elsewhere. The other modes are left to measure
 		// what they are (in-tx NOTIFY, poll only).
-		store.afterCommit = func(chatID int64) { gw.Wake(chatID); relayWake() }
+		store.afterCommit = func(ms []Message) { relayWake(); gw.Offer(false, ms) }
 	}
 	if err := store.Start(ctx); err != nil {
 		return err

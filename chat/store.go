@@ -30,10 +30,11 @@ type Store struct {
 	service string
 	writer  *outbox.Writer
 	q       queries
-	// afterCommit, when set, is called after every committed transaction,
-	// once per distinct chat of it (the in-process gateway's and relay's
-	// wake-up). It must not block. Set it before Start.
-	afterCommit func(chatID int64)
+	// afterCommit, when set, is called after every committed transaction
+	// with its messages, in seq order per chat (the in-process gateway's
+	// Offer and the relay's wake-up). It must not block. Set it before
+	// Start.
+	afterCommit func(ms []Message)
 
 	// Group commit (batch.go). mu guards queue and run; cond (on mu) wakes
 	// the committers when the queue grows or stopping is set.

@@ -94,6 +94,15 @@ type Config struct {
 
 	// Metrics are optional hooks; the zero value disables them.
 	Metrics Metrics
+
+	// AfterCommit, when set, is called after every inbox commit that
+	// recorded new rows, before the Ack, with those deliveries in batch
+	// order. It is a latency shortcut, not a delivery guarantee: a crash
+	// between the commit and the call skips it, so whatever it feeds must
+	// also learn of the rows from the database (the chat's gateway still
+	// has its NOTIFY, poll and catch-up). It runs on the Consumer's
+	// goroutine and must not block. Default nil.
+	AfterCommit func(applied []Applied)
 }
 
 // Stats are cumulative counters of a Consumer, counted after the commit
@@ -115,18 +124,19 @@ type Stats struct {
 //
 // Start runs one goroutine; Stop stops it. Stats is safe for concurrent use.
 type Consumer struct {
-	pool     *pgxpool.Pool
-	src      Source
-	h        Handler
-	batch    int
-	backoff  time.Duration
-	maxBack  time.Duration
-	timeout  time.Duration
-	log      *slog.Logger
-	metrics  Metrics
-	applied  atomic.Int64
-	dups     atomic.Int64
-	deadLets atomic.Int64
+	pool        *pgxpool.Pool
+	src         Source
+	h           Handler
+	batch       int
+	backoff     time.Duration
+	maxBack     time.Duration
+	timeout     time.Duration
+	log         *slog.Logger
+	metrics     Metrics
+	afterCommit func([]Applied)
+	applied     atomic.Int64
+	dups        atomic.Int64
+	deadLets    atomic.Int64
 
 	mu         sync.Mutex
 	started    bool
@@ -162,15 +172,16 @@ func NewConsumer(pool *pgxpool.Pool, src Source, h Handler, cfg *Config) (*Consu
 		return nil, fmt.Errorf("creating inbox consumer: MaxRetryBackoff %v < 0: %w", cfg.MaxRetryBackoff, ErrInvalidConfig)
 	}
 	c := &Consumer{
-		pool:    pool,
-		src:     src,
-		h:       h,
-		batch:   orDefault(cfg.BatchSize, DefaultBatchSize),
-		backoff: orDefault(cfg.RetryBackoff, DefaultRetryBackoff),
-		maxBack: cfg.MaxRetryBackoff,
-		timeout: orDefault(cfg.BatchTimeout, DefaultBatchTimeout),
-		log:     cfg.Logger,
-		metrics: cfg.Metrics,
+		pool:        pool,
+		src:         src,
+		h:           h,
+		batch:       orDefault(cfg.BatchSize, DefaultBatchSize),
+		backoff:     orDefault(cfg.RetryBackoff, DefaultRetryBackoff),
+		maxBack:     cfg.MaxRetryBackoff,
+		timeout:     orDefault(cfg.BatchTimeout, DefaultBatchTimeout),
+		log:         cfg.Logger,
+		metrics:     cfg.Metrics,
+		afterCommit: cfg.AfterCommit,
 	}
 	switch {
 	case c.maxBack == 0:
@@ -376,6 +387,7 @@ type result struct {
 	d       Delivery
 	outcome outcome
 	reason  string // for outcomeDead
+	value   any    // BatchResult.Value, for outcomeApplied
 }
 
 // process handles one batch attempt. On a transient error it returns the
@@ -472,6 +484,17 @@ func (c *Consumer) apply(ctx context.Context, ds []Delivery) (results []result, 
 	if err := tx.Commit(ctx); err != nil {
 		return nil, fmt.Errorf("committing inbox transaction: %w", err)
 	}
+	if c.afterCommit != nil {
+		var applied []Applied
+		for _, r := range results {
+			if r.outcome == outcomeApplied {
+				applied = append(applied, Applied{Delivery: r.d, Value: r.value})
+			}
+		}
+		if len(applied) > 0 {
+			c.afterCommit(applied)
+		}
+	}
 	return results, nil
 }
 
@@ -504,7 +527,7 @@ func (c *Consumer) applyBatch(ctx context.Context, tx pgx.Tx, bh BatchHandler, d
 		case r.Err != nil:
 			return nil, fmt.Errorf("applying delivery %s (ref %s): %w", todo[i].ID, todo[i].Ref, r.Err)
 		case r.Fresh:
-			results = append(results, result{d: todo[i], outcome: outcomeApplied})
+			results = append(results, result{d: todo[i], outcome: outcomeApplied, value: r.Value})
 		default:
 			results = append(results, result{d: todo[i], outcome: outcomeDuplicate})
 		}

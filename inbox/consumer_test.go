@@ -481,3 +481,76 @@ func TestNewConsumerValidates(t *testing.T) {
 		})
 	}
 }
+
+// valueHandler is a BatchHandler over applyInbox whose fresh results carry
+// the delivery's id as their Value; its first batch fails transiently once.
+type valueHandler struct{ failedOnce atomic.Bool }
+
+func (h *valueHandler) Apply(ctx context.Context, tx pgx.Tx, d inbox.Delivery) (bool, error) {
+	return applyInbox(ctx, tx, d)
+}
+
+func (h *valueHandler) ApplyBatch(ctx context.Context, tx pgx.Tx, ds []inbox.Delivery) ([]inbox.BatchResult, error) {
+	rs := make([]inbox.BatchResult, len(ds))
+	for i, d := range ds {
+		fresh, err := applyInbox(ctx, tx, d)
+		if err != nil && !errors.Is(err, inbox.ErrMalformed) {
+			return nil, err
+		}
+		rs[i] = inbox.BatchResult{Fresh: fresh, Err: err}
+		if fresh {
+			rs[i].Value = "v:" + d.ID
+		}
+	}
+	if h.failedOnce.CompareAndSwap(false, true) {
+		return nil, errors.New("transient: first batch rolled back")
+	}
+	return rs, nil
+}
+
+// AfterCommit sees each fresh delivery exactly once, with its Value, only
+// after its row is committed (visible to another connection); never the
+// duplicates, the malformed ones or a rolled-back attempt.
+func TestAfterCommitSeesCommittedFreshDeliveries(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	a, b := job("a"), job("b")
+	e.xadd(t, a)
+	e.xadd(t, a) // a duplicate delivery
+	e.add(t, b, rawJob(`{"id": "not json`))
+	var mu sync.Mutex
+	seen := map[string]int{}
+	var problems []string
+	hook := func(applied []inbox.Applied) {
+		for _, x := range applied {
+			var n int
+			err := e.pool.QueryRow(context.Background(),
+				`SELECT count(*) FROM t.inbox WHERE message_id = $1`, x.Delivery.ID).Scan(&n)
+			mu.Lock()
+			seen[x.Delivery.ID]++
+			switch {
+			case err != nil || n != 1:
+				problems = append(problems, fmt.Sprintf("%s: row not committed yet (count %d, err %v)", x.Delivery.ID, n, err))
+			case x.Value != "v:"+x.Delivery.ID:
+				problems = append(problems, fmt.Sprintf("%s: value %v", x.Delivery.ID, x.Value))
+			}
+			mu.Unlock()
+		}
+	}
+	c := e.consumer(t, e.source(t, "w1"), &valueHandler{}, &inbox.Config{AfterCommit: hook})
+	if err := c.Start(context.Background()); err != nil {
+		t.Fatalf("Start: %v", err)
+	}
+	testenv.WaitFor(t, waitTimeout, "all deliveries handled", func() bool {
+		s := c.Stats()
+		return s.Applied == 2 && s.Duplicates == 1 && s.DeadLettered == 1 && e.pending(t) == 0
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	if len(problems) > 0 {
+		t.Fatalf("AfterCommit problems: %v", problems)
+	}
+	if len(seen) != 2 || seen[a.ID] != 1 || seen[b.ID] != 1 {
+		t.Fatalf("AfterCommit saw %v, want %s and %s once each", seen, a.ID, b.ID)
+	}
+}

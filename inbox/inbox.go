@@ -94,8 +94,19 @@ type BatchHandler interface {
 
 // BatchResult is the outcome of one delivery of BatchHandler.ApplyBatch:
 // Fresh reports a new inbox row; a non-nil Err (wrapping ErrMalformed)
-// dead-letters the delivery.
+// dead-letters the delivery. Value is optional data of a fresh delivery
+// (what the handler stored, say) that the Consumer hands to
+// Config.AfterCommit once the transaction has committed; it is dropped if
+// the transaction rolls back.
 type BatchResult struct {
 	Fresh bool
 	Err   error
+	Value any
+}
+
+// Applied is one delivery a committed inbox transaction recorded as new,
+// with the Value its BatchResult carried (nil for a plain Handler).
+type Applied struct {
+	Delivery Delivery
+	Value    any
 }
