@@ -88,11 +88,30 @@ func (h *InboxHandler) Apply(ctx context.Context, tx pgx.Tx, d inbox.Delivery) (
 }
 
 // ApplyBatch implements inbox.BatchHandler: the same effect as Apply on each
-// delivery in order, in one round trip for the whole batch. The result of a
-// fresh delivery carries the stored Message (ReceivedAt set) as its Value,
-// for inbox.Config.AfterCommit.
+// delivery in order, in one round trip for the whole batch (QueueBatch's
+// statement, sent on tx). The result of a fresh delivery carries the stored
+// Message (ReceivedAt set) as its Value, for inbox.Config.AfterCommit.
 func (h *InboxHandler) ApplyBatch(ctx context.Context, tx pgx.Tx, ds []inbox.Delivery) ([]inbox.BatchResult, error) {
 	rs := make([]inbox.BatchResult, len(ds))
+	b := &pgx.Batch{}
+	if err := h.QueueBatch(b, ds, rs); err != nil {
+		return nil, err
+	}
+	if b.Len() == 0 {
+		return rs, nil
+	}
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return nil, err
+	}
+	return rs, nil
+}
+
+// QueueBatch implements inbox.PipelineHandler: it decodes ds (a malformed
+// delivery's result gets its error), queues one statement for the rest
+// (insert the new rows, NOTIFY the gateway channel, record duplicates) and
+// fills the results from its rows. It queues nothing when every delivery is
+// malformed.
+func (h *InboxHandler) QueueBatch(b *pgx.Batch, ds []inbox.Delivery, rs []inbox.BatchResult) error {
 	var ids, bodies, senders, repeats []string
 	var chats, seqs []int64
 	var sentAts []time.Time
@@ -114,34 +133,32 @@ func (h *InboxHandler) ApplyBatch(ctx context.Context, tx pgx.Tx, ds []inbox.Del
 		bodies, senders, sentAts = append(bodies, m.Body), append(senders, m.From), append(sentAts, m.SentAt)
 	}
 	if len(ids) == 0 {
-		return rs, nil
+		return nil
 	}
-	rows, err := tx.Query(ctx, h.insertBatch, ids, chats, seqs, bodies, senders, sentAts, h.channel, repeats)
-	if err != nil {
-		return nil, fmt.Errorf("insert inbox batch: %w", err)
-	}
-	for rows.Next() {
-		var id string
-		var at time.Time
-		var n int64
-		if err := rows.Scan(&id, &at, &n); err != nil {
-			rows.Close()
-			return nil, fmt.Errorf("insert inbox batch: %w", err)
+	b.Queue(h.insertBatch, ids, chats, seqs, bodies, senders, sentAts, h.channel, repeats).Query(func(rows pgx.Rows) error {
+		for rows.Next() {
+			var id string
+			var at time.Time
+			var n int64
+			if err := rows.Scan(&id, &at, &n); err != nil {
+				return fmt.Errorf("insert inbox batch: %w", err)
+			}
+			if i, ok := first[id]; ok {
+				m := msgs[i]
+				m.ReceivedAt = &at
+				rs[i].Fresh, rs[i].Value = true, m
+			}
 		}
-		if i, ok := first[id]; ok {
-			m := msgs[i]
-			m.ReceivedAt = &at
-			rs[i].Fresh, rs[i].Value = true, m
+		if err := rows.Err(); err != nil {
+			return fmt.Errorf("insert inbox batch: %w", err)
 		}
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("insert inbox batch: %w", err)
-	}
-	return rs, nil
+		return nil
+	})
+	return nil
 }
 
 var (
-	_ inbox.Handler      = (*InboxHandler)(nil)
-	_ inbox.BatchHandler = (*InboxHandler)(nil)
+	_ inbox.Handler         = (*InboxHandler)(nil)
+	_ inbox.BatchHandler    = (*InboxHandler)(nil)
+	_ inbox.PipelineHandler = (*InboxHandler)(nil)
 )

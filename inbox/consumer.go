@@ -446,8 +446,89 @@ func (c *Consumer) isolate(ctx context.Context, ds []Delivery) ([]Delivery, erro
 const beginSQL = `BEGIN; SELECT set_config('synchronous_commit', 'on', true) ` +
 	`WHERE current_setting('synchronous_commit') = 'off'`
 
+// guardSQL is beginSQL's guard as a statement of its own, for a pipelined
+// batch (one prepared statement per queued query).
+const guardSQL = `SELECT set_config('synchronous_commit', 'on', true) ` +
+	`WHERE current_setting('synchronous_commit') = 'off'`
+
 // apply runs ds through the Handler in one transaction and commits it.
 func (c *Consumer) apply(ctx context.Context, ds []Delivery) (results []result, err error) {
+	if ph, ok := c.h.(PipelineHandler); ok {
+		results, err = c.applyPipelined(ctx, ph, ds)
+	} else {
+		results, err = c.applyTx(ctx, ds)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if c.afterCommit != nil {
+		var applied []Applied
+		for _, r := range results {
+			if r.outcome == outcomeApplied {
+				applied = append(applied, Applied{Delivery: r.d, Value: r.value})
+			}
+		}
+		if len(applied) > 0 {
+			c.afterCommit(applied)
+		}
+	}
+	return results, nil
+}
+
+// applyPipelined is apply for a PipelineHandler: BEGIN, the guard, the
+// handler's statements and COMMIT in one pipelined batch.
+func (c *Consumer) applyPipelined(ctx context.Context, ph PipelineHandler, ds []Delivery) ([]result, error) {
+	results, todo := splitUnreadable(ds)
+	if len(todo) == 0 {
+		return results, nil
+	}
+	rs := make([]BatchResult, len(todo))
+	b := &pgx.Batch{}
+	b.Queue("BEGIN")
+	b.Queue(guardSQL)
+	if err := ph.QueueBatch(b, todo, rs); err != nil {
+		return nil, fmt.Errorf("queueing batch of %d deliveries: %w", len(todo), err)
+	}
+	committed := false
+	b.Queue("COMMIT").Exec(func(ct pgconn.CommandTag) error {
+		if ct.String() != "COMMIT" {
+			// A failed transaction answers COMMIT with ROLLBACK.
+			return fmt.Errorf("inbox transaction ended in %q", ct.String())
+		}
+		committed = true
+		return nil
+	})
+	conn, err := c.pool.Acquire(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("beginning inbox transaction: %w", err)
+	}
+	// Release destroys a connection left inside a transaction.
+	defer conn.Release()
+	err = conn.SendBatch(ctx, b).Close()
+	if err != nil || !committed {
+		if conn.Conn().PgConn().TxStatus() != 'I' {
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+			if _, rerr := conn.Exec(rctx, "ROLLBACK"); rerr != nil {
+				_ = conn.Conn().Close(rctx)
+			}
+			cancel()
+		}
+		if err == nil {
+			err = errors.New("inbox transaction not committed")
+		}
+		return nil, fmt.Errorf("applying batch of %d deliveries: %w", len(todo), err)
+	}
+	more, err := classify(todo, rs)
+	if err != nil {
+		// Impossible after a commit unless the handler broke its contract
+		// (a non-malformed Err): the rows are in; report it, ack nothing.
+		return nil, err
+	}
+	return append(results, more...), nil
+}
+
+// applyTx runs ds through the Handler in a pgx.Tx and commits it.
+func (c *Consumer) applyTx(ctx context.Context, ds []Delivery) (results []result, err error) {
 	tx, err := c.pool.BeginTx(ctx, pgx.TxOptions{BeginQuery: beginSQL})
 	if err != nil {
 		return nil, fmt.Errorf("beginning inbox transaction: %w", err)
@@ -484,32 +565,13 @@ func (c *Consumer) apply(ctx context.Context, ds []Delivery) (results []result, 
 	if err := tx.Commit(ctx); err != nil {
 		return nil, fmt.Errorf("committing inbox transaction: %w", err)
 	}
-	if c.afterCommit != nil {
-		var applied []Applied
-		for _, r := range results {
-			if r.outcome == outcomeApplied {
-				applied = append(applied, Applied{Delivery: r.d, Value: r.value})
-			}
-		}
-		if len(applied) > 0 {
-			c.afterCommit(applied)
-		}
-	}
 	return results, nil
 }
 
 // applyBatch is apply's loop for a BatchHandler: deliveries the Source
 // could not read are dead-lettered, the rest go to ApplyBatch at once.
 func (c *Consumer) applyBatch(ctx context.Context, tx pgx.Tx, bh BatchHandler, ds []Delivery) ([]result, error) {
-	results := make([]result, 0, len(ds))
-	todo := make([]Delivery, 0, len(ds))
-	for _, d := range ds {
-		if d.Err != nil {
-			results = append(results, result{d: d, outcome: outcomeDead, reason: d.Err.Error()})
-			continue
-		}
-		todo = append(todo, d)
-	}
+	results, todo := splitUnreadable(ds)
 	if len(todo) == 0 {
 		return results, nil
 	}
@@ -517,9 +579,35 @@ func (c *Consumer) applyBatch(ctx context.Context, tx pgx.Tx, bh BatchHandler, d
 	if err != nil {
 		return nil, fmt.Errorf("applying batch of %d deliveries: %w", len(todo), err)
 	}
+	more, err := classify(todo, rs)
+	if err != nil {
+		return nil, err
+	}
+	return append(results, more...), nil
+}
+
+// splitUnreadable sets aside the deliveries the Source could not read (to
+// be dead-lettered) and returns the rest, for the handler.
+func splitUnreadable(ds []Delivery) (results []result, todo []Delivery) {
+	results = make([]result, 0, len(ds))
+	todo = make([]Delivery, 0, len(ds))
+	for _, d := range ds {
+		if d.Err != nil {
+			results = append(results, result{d: d, outcome: outcomeDead, reason: d.Err.Error()})
+			continue
+		}
+		todo = append(todo, d)
+	}
+	return results, todo
+}
+
+// classify turns a batch handler's results for todo into outcomes; an Err
+// that is not ErrMalformed fails the batch.
+func classify(todo []Delivery, rs []BatchResult) ([]result, error) {
 	if len(rs) != len(todo) {
 		return nil, fmt.Errorf("applying batch: handler returned %d results for %d deliveries", len(rs), len(todo))
 	}
+	results := make([]result, 0, len(rs))
 	for i, r := range rs {
 		switch {
 		case r.Err != nil && errors.Is(r.Err, ErrMalformed):

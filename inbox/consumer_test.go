@@ -2,14 +2,17 @@ package inbox_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
@@ -552,5 +555,110 @@ func TestAfterCommitSeesCommittedFreshDeliveries(t *testing.T) {
 	}
 	if len(seen) != 2 || seen[a.ID] != 1 || seen[b.ID] != 1 {
 		t.Fatalf("AfterCommit saw %v, want %s and %s once each", seen, a.ID, b.ID)
+	}
+}
+
+// pipeHandler is the test handler as an inbox.PipelineHandler: one INSERT
+// per delivery, queued, plus (when syncCommit is set) a SHOW of
+// synchronous_commit inside the transaction. Fresh results carry "v:<id>".
+type pipeHandler struct {
+	syncCommit *string
+}
+
+func (h pipeHandler) Apply(ctx context.Context, tx pgx.Tx, d inbox.Delivery) (bool, error) {
+	return applyInbox(ctx, tx, d)
+}
+
+func (h pipeHandler) ApplyBatch(ctx context.Context, tx pgx.Tx, ds []inbox.Delivery) ([]inbox.BatchResult, error) {
+	rs := make([]inbox.BatchResult, len(ds))
+	b := &pgx.Batch{}
+	if err := h.QueueBatch(b, ds, rs); err != nil {
+		return nil, err
+	}
+	return rs, tx.SendBatch(ctx, b).Close()
+}
+
+func (h pipeHandler) QueueBatch(b *pgx.Batch, ds []inbox.Delivery, rs []inbox.BatchResult) error {
+	if h.syncCommit != nil {
+		b.Queue(`SHOW synchronous_commit`).QueryRow(func(row pgx.Row) error { return row.Scan(h.syncCommit) })
+	}
+	for i, d := range ds {
+		var p payload
+		if err := json.Unmarshal(d.Payload, &p); err != nil {
+			rs[i].Err = fmt.Errorf("decoding payload: %w: %w", inbox.ErrMalformed, err)
+			continue
+		}
+		b.Queue(`INSERT INTO t.inbox (message_id, chat_id, seq, body)
+			VALUES ($1, $2::text::bigint, $3, $4) ON CONFLICT (message_id) DO NOTHING`,
+			p.ID, strings.Trim(string(p.ChatID), `"`), p.Seq, p.Body).Exec(func(ct pgconn.CommandTag) error {
+			if ct.RowsAffected() == 1 {
+				rs[i].Fresh, rs[i].Value = true, "v:"+d.ID
+			}
+			return nil
+		})
+	}
+	return nil
+}
+
+// The pipelined transaction (BEGIN … COMMIT in one batch) keeps the
+// Consumer's guarantees: a poison statement aborts the batch, which is
+// re-run one delivery per transaction; the poison is dead-lettered, nothing
+// of it is left, the rest is applied once and handed to AfterCommit once;
+// synchronous_commit=off is refused inside it.
+func TestPipelinedTransaction(t *testing.T) {
+	t.Parallel()
+	base := testenv.Pool(t)
+	cfg := base.Config().Copy()
+	cfg.ConnConfig.RuntimeParams["synchronous_commit"] = "off"
+	ctx := context.Background()
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatalf("pgxpool.NewWithConfig: %v", err)
+	}
+	t.Cleanup(pool.Close)
+	e := newEnvWithPool(t, pool)
+	poison := rawJob(`{"id": "00000000-0000-4000-8000-000000000002", "chat_id": "-7", "seq": 1, "body": "poison"}`)
+	good := []redisq.Job{job("before"), job("after 1"), job("after 2")}
+	e.xadd(t, good[0])
+	e.xadd(t, good[0]) // a duplicate in the same batch
+	e.add(t, poison, good[1], good[2], rawJob(`{"id": "not json`))
+	var mu sync.Mutex
+	handed := map[string]int{}
+	var inside string
+	h := pipeHandler{syncCommit: &inside}
+	c := e.consumer(t, e.source(t, "w1"), h, &inbox.Config{AfterCommit: func(as []inbox.Applied) {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, a := range as {
+			if a.Value != "v:"+a.Delivery.ID {
+				t.Errorf("AfterCommit value %v for %s", a.Value, a.Delivery.ID)
+			}
+			handed[a.Delivery.ID]++
+		}
+	}})
+	if err := c.ProcessBatch(ctx, fetchAll(t, e.source(t, "w1"), 6)); err != nil {
+		t.Fatalf("ProcessBatch: %v", err)
+	}
+	if got, want := c.Stats(), (inbox.Stats{Applied: 3, Duplicates: 1, DeadLettered: 2}); got != want {
+		t.Fatalf("Stats = %+v, want %+v", got, want)
+	}
+	if n := e.rows(t); n != 3 {
+		t.Fatalf("inbox rows = %d, want 3", n)
+	}
+	if recs := e.logs.records(t, "batch hit a permanent error; re-running one delivery per transaction"); len(recs) != 1 {
+		t.Fatalf("isolation log records = %v, want one", recs)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for _, j := range good {
+		if handed[j.ID] != 1 {
+			t.Fatalf("AfterCommit saw %v, want each of the three good jobs once", handed)
+		}
+	}
+	if len(handed) != 3 {
+		t.Fatalf("AfterCommit saw %v, want only the three good jobs", handed)
+	}
+	if inside != "on" {
+		t.Fatalf("synchronous_commit inside the pipelined transaction = %q, want on", inside)
 	}
 }

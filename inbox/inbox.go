@@ -92,6 +92,32 @@ type BatchHandler interface {
 	ApplyBatch(ctx context.Context, tx pgx.Tx, ds []Delivery) ([]BatchResult, error)
 }
 
+// PipelineHandler is an optional interface of a BatchHandler whose work is
+// statements that need no answer before the next one is sent. The Consumer
+// then runs the whole inbox transaction — BEGIN, the synchronous_commit
+// guard, the handler's statements and COMMIT — as one pipelined pgx.Batch:
+// one round trip per batch instead of three (BEGIN, statement, COMMIT), on
+// every message's way to the screen.
+//
+// QueueBatch must queue on b statements whose effect is that of
+// ApplyBatch(ds), and fill rs (len(ds), zero on entry) as ApplyBatch's
+// result: Err (wrapping ErrMalformed) for a malformed delivery before
+// queueing, nothing queued for it; Fresh and Value from the queued
+// statements' result callbacks (pgx.QueuedQuery.Query, QueryRow, Exec),
+// which run in queue order while the Consumer reads the batch, before its
+// COMMIT's result. A failing statement rolls the batch back (the server
+// skips the rest of the pipeline, COMMIT included) and its error is
+// classified as for ApplyBatch; so is an error QueueBatch returns, before
+// anything is sent. A callback's own error (a scan that fails after its
+// statement succeeded) cannot stop the COMMIT, which the server has already
+// run: the batch is reported failed, retried, and its deliveries then count
+// as duplicates — at least once still holds. Called by one goroutine at a
+// time per Consumer.
+type PipelineHandler interface {
+	BatchHandler
+	QueueBatch(b *pgx.Batch, ds []Delivery, rs []BatchResult) error
+}
+
 // BatchResult is the outcome of one delivery of BatchHandler.ApplyBatch:
 // Fresh reports a new inbox row; a non-nil Err (wrapping ErrMalformed)
 // dead-letters the delivery. Value is optional data of a fresh delivery
