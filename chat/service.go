@@ -234,9 +234,16 @@ func Serve(ctx context.Context, cfg Config) error {
 	}
 	defer stopAll()
 
-	writer, err := outbox.NewWriter(pool, &outbox.WriterConfig{
+	wcfg := &outbox.WriterConfig{
 		Table: cfg.Service + ".outbox", Channel: OutboxChannel(cfg.Service), Mode: cfg.Wake, Logger: log,
-	})
+	}
+	if cfg.directRelayWake() {
+		// The relay of this process is woken directly (below); the NOTIFY
+		// only wakes other processes' relays and gateways, which can wait a
+		// few milliseconds under load.
+		wcfg.NotifyInterval = notifyInterval
+	}
+	writer, err := outbox.NewWriter(pool, wcfg)
 	if err != nil {
 		return err
 	}
@@ -364,7 +371,7 @@ func Serve(ctx context.Context, cfg Config) error {
 	}
 	stops = append(stops, gw.Stop)
 	store.afterCommit = func(ms []Message) { gw.Offer(false, ms) }
-	if relayWake != nil && cfg.Wake == outbox.WakeAfterCommit && !cfg.PollOnly {
+	if relayWake != nil && cfg.directRelayWake() {
 		// In the after-commit mode the relay in this process is woken
 		// directly, a round trip sooner than through its LISTEN; the NOTIFY
 		// still wakes relays elsewhere. The other modes are left to measure
@@ -436,6 +443,19 @@ func Serve(ctx context.Context, cfg Config) error {
 	_ = srv.Close()
 	wg.Wait()
 	return nil
+}
+
+// notifyInterval spaces the post-commit NOTIFYs of a process whose own
+// relay is woken directly (outbox.WriterConfig.NotifyInterval).
+const notifyInterval = 5 * time.Millisecond
+
+// directRelayWake reports whether sends wake this process's relay directly:
+// in the after-commit mode with the API and relay roles in one process.
+// The other modes are left to measure what they are (in-tx NOTIFY, poll
+// only).
+func (c *Config) directRelayWake() bool {
+	return c.has(RoleAPI) && c.has(RoleRelay) && c.Mode == ModeOutbox &&
+		c.Wake == outbox.WakeAfterCommit && !c.PollOnly
 }
 
 // relayMetrics exports the relay's hook as Prometheus metrics.

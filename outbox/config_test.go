@@ -70,6 +70,7 @@ func TestConfigValidation(t *testing.T) {
 		{"unknown mode", true, &outbox.WriterConfig{Table: "ob.outbox", Mode: 7}, false},
 		{"long channel", true, &outbox.WriterConfig{Table: "ob.outbox", Channel: strings.Repeat("c", 64)}, false},
 		{"negative notify timeout", true, &outbox.WriterConfig{Table: "ob.outbox", NotifyTimeout: -1}, false},
+		{"negative notify interval", true, &outbox.WriterConfig{Table: "ob.outbox", NotifyInterval: -1}, false},
 	}
 	for _, tt := range writers {
 		p := pool

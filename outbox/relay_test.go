@@ -539,3 +539,57 @@ func TestLastErrorIsTruncatedValidText(t *testing.T) {
 		t.Fatalf("row %+v: want attempts 1 and last_error cut to ≤1000 bytes of valid text", got)
 	}
 }
+
+// NotifyInterval spaces the post-commit notifies: the first Committed after
+// a quiet spell notifies at once, a burst within the interval becomes one
+// notify at its end, and nothing more follows.
+func TestNotifyInterval(t *testing.T) {
+	t.Parallel()
+	const interval = 300 * time.Millisecond
+	pool := setup(t)
+	ctx := context.Background()
+	w, err := outbox.NewWriter(pool, &outbox.WriterConfig{Table: testTable, NotifyInterval: interval})
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pgx.ConnectConfig(ctx, pool.Config().ConnConfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close(context.Background()) })
+	if _, err := conn.Exec(ctx, "LISTEN "+w.Channel()); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = w.Stop(context.Background()) })
+	wait := func(d time.Duration) (time.Time, bool) {
+		wctx, cancel := context.WithTimeout(ctx, d)
+		defer cancel()
+		_, err := conn.WaitForNotification(wctx)
+		return time.Now(), err == nil
+	}
+	start := time.Now()
+	w.Committed()
+	first, ok := wait(5 * time.Second)
+	if !ok {
+		t.Fatal("no notification for the first Committed")
+	}
+	if d := first.Sub(start); d >= interval {
+		t.Fatalf("first notification after %v: a quiet Writer must notify at once", d)
+	}
+	for range 20 {
+		w.Committed()
+	}
+	second, ok := wait(5 * time.Second)
+	if !ok {
+		t.Fatal("no notification for the burst")
+	}
+	if d := second.Sub(first); d < interval-50*time.Millisecond {
+		t.Fatalf("second notification %v after the first, want about %v", d, interval)
+	}
+	if _, ok := wait(2 * interval); ok {
+		t.Fatal("a third notification: the burst of 20 must be one")
+	}
+}
