@@ -29,6 +29,9 @@ const (
 	DefaultLatencySettle = 10 * time.Second
 	// DefaultFloorSamples is how many round trips each floor measures.
 	DefaultFloorSamples = 200
+	// PacedFloorSamples is how many round trips each floor measures at the
+	// test's pace (one per Interval of idleness).
+	PacedFloorSamples = 30
 )
 
 // DefaultLatencyVariants are the variants `lab latency` measures by
@@ -266,8 +269,9 @@ func latencyVariant(ctx context.Context, variant string, opts LatencyOptions, fl
 	}
 	var f *Floors
 	if floors {
-		fmt.Fprintf(progress, "lab: measuring floors (%d round trips each)\n", opts.FloorSamples)
-		if f, err = MeasureFloors(ctx, env, opts.FloorSamples); err != nil {
+		fmt.Fprintf(progress, "lab: measuring floors (%d round trips each back to back, %d one per %v)\n",
+			opts.FloorSamples, PacedFloorSamples, opts.Interval)
+		if f, err = MeasureFloors(ctx, env, opts.FloorSamples, opts.Interval); err != nil {
 			return nil, nil, err
 		}
 	}

@@ -100,7 +100,9 @@ func syntheticReport() *LatencyReport {
 			{Variant: VariantV2Poll, Runs: []LatencyRun{run(20*time.Millisecond, 100), run(30*time.Millisecond, 100)}},
 		},
 		Floors: &Floors{Commit: 200 * time.Microsecond, RedisPing: 50 * time.Microsecond, NotifyWake: 250 * time.Microsecond,
-			Samples: 200, Fsync: "off", SynchronousCommit: "on"}}
+			Samples: 200, Fsync: "off", SynchronousCommit: "on",
+			Paced: &PacedFloors{Commit: time.Millisecond, RedisPing: 500 * time.Microsecond, NotifyWake: time.Millisecond,
+				Pace: 100 * time.Millisecond, Samples: 30}}}
 }
 
 func TestLatencyReportOutput(t *testing.T) {
@@ -108,7 +110,8 @@ func TestLatencyReportOutput(t *testing.T) {
 	var tb bytes.Buffer
 	rep.WriteTable(&tb)
 	for _, want := range []string{"v1: plain queue add", "v2-poll: polling only, 1 s", "1.49 to 2.98 ms", "lost: none",
-		"NOTIFY wake-up", "v2 p50 / floors sum: 3.73 ms / 0.50 ms = 7.5x"} {
+		"NOTIFY wake-up", "one per 100ms idle (30)",
+		"v2 p50 / floors sum: 3.73 ms / 0.50 ms = 7.5x back to back; / 2.50 ms = 1.5x at the test's pace"} {
 		if !strings.Contains(tb.String(), want) {
 			t.Errorf("table lacks %q:\n%s", want, tb.String())
 		}
