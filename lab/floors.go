@@ -54,7 +54,6 @@ type PacedFloors struct {
 // Sum returns Commit + RedisPing + NotifyWake.
 func (p *PacedFloors) Sum() time.Duration { return p.Commit + p.RedisPing + p.NotifyWake }
 
-
 // Sum returns Commit + RedisPing + NotifyWake.
 func (f *Floors) Sum() time.Duration { return f.Commit + f.RedisPing + f.NotifyWake }
 
