@@ -336,11 +336,17 @@ func Serve(ctx context.Context, cfg Config) error {
 		if cfg.wrapPublisher != nil {
 			p = cfg.wrapPublisher(p)
 		}
-		relay, err := outbox.NewRelay(pool, &outbox.RelayConfig{
+		rcfg := &outbox.RelayConfig{
 			Table: cfg.Service + ".outbox", Channel: OutboxChannel(cfg.Service), Publisher: p,
 			PollInterval: cfg.PollInterval, DisableListen: cfg.PollOnly, Logger: log,
 			Metrics: relayMetrics(reg),
-		})
+		}
+		if cfg.directRelayWake() {
+			// This process's sends wake the relay directly; their NOTIFYs
+			// (for other processes) would only cause a second pass here.
+			rcfg.IgnoreNotification = func(pid uint32) bool { _, own := ownBackends.Load(pid); return own }
+		}
+		relay, err := outbox.NewRelay(pool, rcfg)
 		if err != nil {
 			return err
 		}

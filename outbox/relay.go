@@ -87,6 +87,15 @@ type RelayConfig struct {
 	// DisableListen turns LISTEN off: the relay only polls (and reacts to
 	// Relay.Wake). Default false.
 	DisableListen bool
+	// IgnoreNotification, when set, is asked about every notification on
+	// the channel with the PID of the backend that sent it; true drops it
+	// (no pass). For a relay whose own process wakes it directly after
+	// each commit (Relay.Wake), its own notifications would only cause a
+	// second, mostly empty pass: drop those (collect the PIDs of the
+	// process's connections with pgxpool.Config.AfterConnect). Called from
+	// the LISTEN goroutine; must not block. Default nil: every
+	// notification wakes the relay.
+	IgnoreNotification func(senderPID uint32) bool
 	// PublishTimeout is the context deadline given to Publisher.Publish.
 	// Default 0 means DefaultPublishTimeout (2 s).
 	PublishTimeout time.Duration
@@ -118,6 +127,7 @@ type Relay struct {
 	batchSize int
 	poll      time.Duration
 	listen    bool
+	ignore    func(uint32) bool
 	pubTO     time.Duration
 	timeouts  [3]string // lock, statement, idle-in-tx, as "<n>ms"
 	log       *slog.Logger
@@ -162,6 +172,7 @@ func NewRelay(pool *pgxpool.Pool, cfg *RelayConfig) (*Relay, error) {
 		batchSize: cfg.BatchSize,
 		poll:      cfg.PollInterval,
 		listen:    !cfg.DisableListen,
+		ignore:    cfg.IgnoreNotification,
 		pubTO:     cfg.PublishTimeout,
 		log:       cfg.Logger,
 		m:         cfg.Metrics,
@@ -650,13 +661,15 @@ func (r *Relay) connectListen(ctx context.Context) (*pgx.Conn, error) {
 func (r *Relay) waitNotifications(ctx context.Context, conn *pgx.Conn) error {
 	for {
 		wctx, cancel := context.WithTimeout(ctx, listenPingEvery)
-		_, err := conn.WaitForNotification(wctx)
+		n, err := conn.WaitForNotification(wctx)
 		cancel()
 		if ctx.Err() != nil {
 			return nil
 		}
 		if err == nil {
-			r.Wake()
+			if r.ignore == nil || !r.ignore(n.PID) {
+				r.Wake()
+			}
 			continue
 		}
 		if !errors.Is(err, context.DeadlineExceeded) || conn.IsClosed() {

@@ -593,3 +593,46 @@ func TestNotifyInterval(t *testing.T) {
 		t.Fatal("a third notification: the burst of 20 must be one")
 	}
 }
+
+// IgnoreNotification drops the notifications of the backends it names: a
+// row whose NOTIFY came from an ignored backend waits for a Wake (or the
+// poll), while another backend's NOTIFY still wakes the relay.
+func TestIgnoreNotification(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := setup(t)
+	w := newWriter(t, pool, outbox.WakeInTx)
+	own, err := pgx.ConnectConfig(ctx, pool.Config().ConnConfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = own.Close(context.Background()) })
+	ownPID := own.PgConn().PID()
+	rec := &recorder{}
+	r := newRelay(t, pool, outbox.RelayConfig{Publisher: rec, PollInterval: time.Hour,
+		IgnoreNotification: func(pid uint32) bool { return pid == ownPID }})
+	startRelay(t, r)
+	testenv.WaitFor(t, 5*time.Second, "relay listening", r.Listening)
+	testenv.WaitFor(t, 5*time.Second, "first pass done", func() bool { return unsent(t, pool) == 0 })
+
+	tx, err := own.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Enqueue(ctx, tx, ev("ignored")); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Nothing else wakes the relay: the row waits (the relay would
+	// publish it within milliseconds had the NOTIFY not been dropped).
+	time.Sleep(500 * time.Millisecond)
+	if n := unsent(t, pool); n != 1 || rec.has("ignored") {
+		t.Fatalf("after an ignored NOTIFY: %d unsent, published %v; want the row left for a Wake", n, rec.ids())
+	}
+	r.Wake()
+	testenv.WaitFor(t, 5*time.Second, "published after Wake", func() bool { return rec.has("ignored") })
+	enqueue(t, pool, w, ev("heard")) // another backend: its NOTIFY wakes the relay
+	testenv.WaitFor(t, 5*time.Second, "published heard", func() bool { return rec.has("heard") })
+}
