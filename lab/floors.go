@@ -42,8 +42,12 @@ type Floors struct {
 	Fsync, SynchronousCommit string
 }
 
-// PacedFloors are Floors measured one round trip per Pace.
+// PacedFloors are Floors measured one round trip per Pace of idleness: the
+// p50 of Samples round trips of each kind, interleaved, each after Pace of
+// sleep (so every process involved has been idle that long, as in the
+// latency test).
 type PacedFloors struct {
+	// Commit, RedisPing and NotifyWake are measured as Floors' fields are.
 	Commit, RedisPing, NotifyWake time.Duration
 	// Pace is the idle time before each round trip; Samples the number of
 	// round trips per floor.

@@ -24,8 +24,9 @@ const DefaultPlotPath = "lab-output/latency-cdf.png"
 const minPlotMs = 0.01
 
 // WriteLatencyPlot draws the latency CDF of each variant of r (all runs'
-// samples together) on a log-scale x axis in milliseconds, with a vertical
-// line at the floors' sum when measured, as a PNG at path (its directory is
+// samples together) on a log-scale x axis in milliseconds, with vertical
+// lines at the floors' sums when measured (back to back, and at the test's
+// pace), as a PNG at path (its directory is
 // created). When path cannot be written it falls back to the same file name
 // in os.TempDir(). It returns the path written.
 func WriteLatencyPlot(path string, r *LatencyReport) (string, error) {
@@ -79,17 +80,28 @@ func WriteLatencyPlot(path string, r *LatencyReport) (string, error) {
 		p.Legend.Add(fmt.Sprintf("%s   p50 %s ms, n=%d", v.Variant, fmtMs(time.Duration(sum.P50Ms*float64(time.Millisecond))), sum.N), l)
 	}
 	if r.Floors != nil && r.Floors.Sum() > 0 {
-		x := max(msOf(r.Floors.Sum()), minPlotMs)
-		l, err := plotter.NewLine(plotter.XYs{{X: x, Y: 0}, {X: x, Y: 1}})
-		if err != nil {
-			return "", fmt.Errorf("lab: plot floors: %w", err)
+		type floorLine struct {
+			sum    time.Duration
+			label  string
+			dashes []vg.Length
 		}
-		l.Color = color.Gray{Y: 110}
-		l.Width = vg.Points(1)
-		l.Dashes = []vg.Length{vg.Points(2), vg.Points(3)}
-		p.Add(l)
-		p.Legend.Add(fmt.Sprintf("floors: commit+ping+notify %s ms", fmtMs(r.Floors.Sum())), l)
-		lo, hi = min(lo, x), max(hi, x)
+		lines := []floorLine{{r.Floors.Sum(), "floors back to back", []vg.Length{vg.Points(2), vg.Points(3)}}}
+		if fp := r.Floors.Paced; fp != nil && fp.Sum() > 0 {
+			lines = append(lines, floorLine{fp.Sum(), fmt.Sprintf("floors one per %v idle", fp.Pace), []vg.Length{vg.Points(6), vg.Points(3)}})
+		}
+		for _, fl := range lines {
+			x := max(msOf(fl.sum), minPlotMs)
+			l, err := plotter.NewLine(plotter.XYs{{X: x, Y: 0}, {X: x, Y: 1}})
+			if err != nil {
+				return "", fmt.Errorf("lab: plot floors: %w", err)
+			}
+			l.Color = color.Gray{Y: 110}
+			l.Width = vg.Points(1)
+			l.Dashes = fl.dashes
+			p.Add(l)
+			p.Legend.Add(fmt.Sprintf("%s: commit+ping+notify %s ms", fl.label, fmtMs(fl.sum)), l)
+			lo, hi = min(lo, x), max(hi, x)
+		}
 	}
 	if hi == 0 {
 		return "", errors.New("lab: plot: no samples")
