@@ -23,8 +23,9 @@
 // seq 1, 2, 3 … in commit order and every subscriber sees them in that
 // order, each once (the gateway holds received messages behind a missing
 // seq for up to GatewayConfig.GapTimeout); the gateway learns of new rows
-// from Postgres only, so a crash between an inbox commit and a push loses
-// nothing.
+// from Postgres (NOTIFY, poll, catch-up by seq) or, in its own process,
+// from a handover after the commit (Gateway.Offer), so a crash between an
+// inbox commit and a push loses nothing.
 //
 // Failure modes: Redis down — sends still succeed, the outbox fills, the
 // relay retries; a relay crash between publish and commit — the batch is

@@ -62,10 +62,13 @@ type GatewayConfig struct {
 }
 
 // Gateway pushes a service's chat messages to live subscribers, room by room
-// (one room per chat id). It learns of new rows from Postgres only — LISTEN on
-// the configured channels, a poll fallback, and a re-read after every
-// reconnect — never from another component's memory, so a crash between an
-// inbox commit and the push loses nothing (invariant 7).
+// (one room per chat id). It learns of new rows from Postgres — LISTEN on the
+// configured channels, a poll fallback, and a re-read after every reconnect
+// — and, as a shortcut, from its own process after a commit (Offer: rows
+// already committed, pushed without reading them back). Every row is in
+// Postgres before the gateway hears of it, and a subscriber that reconnects
+// catches up by seq, so a crash between a commit and the push loses nothing
+// (invariant 7).
 //
 // Each subscriber has its own cursors (last seq seen of this service's
 // messages and of the other's); the single gateway goroutine advances them,

@@ -14,7 +14,8 @@
 // Writer.Enqueue inserts events with one statement in the caller's pgx.Tx
 // and never commits. The relay is woken by one of three WakeModes:
 // WakeAfterCommit (default; the caller calls Writer.Committed after commit
-// and a background goroutine sends one coalesced pg_notify per burst),
+// and a background goroutine sends one coalesced pg_notify per burst, at
+// most one per WriterConfig.NotifyInterval when that is set),
 // WakeInTx (pg_notify inside the transaction, as in the original write-up;
 // it serialises all notifying commits on a database-wide lock) or WakeNone
 // (poll only).
@@ -26,7 +27,8 @@
 // claim up to BatchSize unsent rows ORDER BY id FOR UPDATE; Publish; mark
 // them sent; COMMIT. The first three statements share one round trip, the
 // last two another. The running relay (Relay.Start) LISTENs on a dedicated
-// connection and runs passes on each notification, on Relay.Wake, and every
+// connection and runs passes on each notification (but those
+// RelayConfig.IgnoreNotification drops), on Relay.Wake, and every
 // PollInterval without one, until a pass comes back less than full.
 //
 // # Invariants
