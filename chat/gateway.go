@@ -85,6 +85,7 @@ type Gateway struct {
 	dirty    map[int64]struct{}
 	allDirty bool
 	offered  map[int64]*roomRows // committed rows handed over by Offer, per room with subscribers
+	running  bool                // between Start and Stop: Offer keeps rows only then
 	wake     chan struct{}
 	cancel   context.CancelFunc
 	wg       sync.WaitGroup
@@ -178,6 +179,9 @@ func (g *Gateway) Start(ctx context.Context) error {
 	for _, ch := range g.cfg.Channels {
 		l.Handle(ch, listenHandler{g})
 	}
+	g.mu.Lock()
+	g.running = true
+	g.mu.Unlock()
 	g.wg.Add(2)
 	go func() { defer g.wg.Done(); _ = l.Listen(ctx) }()
 	go func() { defer g.wg.Done(); g.loop(ctx) }()
@@ -190,6 +194,9 @@ func (g *Gateway) Stop(ctx context.Context) error {
 	if g.cancel == nil {
 		return nil
 	}
+	g.mu.Lock()
+	g.running, g.offered = false, nil
+	g.mu.Unlock()
 	g.cancel()
 	if err := waitGroupCtx(ctx, &g.wg); err != nil {
 		return fmt.Errorf("gateway stop: %w", err)
@@ -246,14 +253,16 @@ func (g *Gateway) Wake(chatID int64) {
 // in seq order right away (its cursor is behind the first of them, or it is
 // holding a gap) gets the room read from Postgres instead, so an Offer is
 // never the only way a row reaches a client: a lost one is only slower.
-// Offering rows before their commit would break invariant 7. Never blocks.
+// Offering rows before their commit would break invariant 7. Rows offered
+// while the gateway is not started are dropped. Never blocks; safe for
+// concurrent use.
 func (g *Gateway) Offer(received bool, ms []Message) {
 	if len(ms) == 0 {
 		return
 	}
 	g.mu.Lock()
 	for _, m := range ms {
-		if _, ok := g.rooms[m.ChatID]; !ok {
+		if _, ok := g.rooms[m.ChatID]; !ok || !g.running {
 			continue
 		}
 		if g.offered == nil {
