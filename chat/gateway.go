@@ -16,6 +16,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgxlisten"
+
+	"github.com/outboxchat/outboxchat/inbox"
 )
 
 // Gateway defaults.
@@ -283,6 +285,25 @@ func (g *Gateway) Offer(received bool, ms []Message) {
 	g.signal()
 }
 
+// offerApplied is the worker's inbox.Config.AfterCommit when the gateway is
+// in the same process (whose inbox NOTIFYs it then ignores): it offers the
+// stored messages the handler returned, and wakes the room of any delivery
+// without one (a handler that returns no row, such as the lab's fault
+// wrapper), so that it is read as the ignored NOTIFY would have made it.
+func (g *Gateway) offerApplied(applied []inbox.Applied) {
+	ms := make([]Message, 0, len(applied))
+	for _, a := range applied {
+		if m, ok := a.Value.(Message); ok {
+			ms = append(ms, m)
+		} else if m, err := DecodeEvent(a.Delivery.Payload); err == nil {
+			g.Wake(m.ChatID)
+		} else {
+			g.WakeAll()
+		}
+	}
+	g.Offer(true, ms)
+}
+
 // WakeAll marks every room as changed. It never blocks.
 func (g *Gateway) WakeAll() {
 	g.mu.Lock()
@@ -378,12 +399,20 @@ func (g *Gateway) loop(ctx context.Context) {
 // once per push however many subscribers the room has.
 type roomRows struct {
 	sent, recv []Message
-	frames     map[string][]byte // message id → encoded Message
+	frames     map[frameKey][]byte // encoded Messages
+}
+
+// frameKey names one message of a room: its origin and id (an id is unique
+// per origin only; a faulty or forged peer could reuse one of ours).
+type frameKey struct {
+	from string
+	id   string
 }
 
 // frame returns m's JSON encoding, encoding it on first use.
 func (rr *roomRows) frame(m Message) ([]byte, error) {
-	if b, ok := rr.frames[m.ID]; ok {
+	k := frameKey{m.From, m.ID}
+	if b, ok := rr.frames[k]; ok {
 		return b, nil
 	}
 	b, err := json.Marshal(m)
@@ -391,9 +420,9 @@ func (rr *roomRows) frame(m Message) ([]byte, error) {
 		return nil, err
 	}
 	if rr.frames == nil {
-		rr.frames = map[string][]byte{}
+		rr.frames = map[frameKey][]byte{}
 	}
-	rr.frames[m.ID] = b
+	rr.frames[k] = b
 	return b, nil
 }
 

@@ -2,6 +2,8 @@ package chat
 
 import (
 	"context"
+	"encoding/json"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -9,6 +11,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/outboxchat/outboxchat/inbox"
 	"github.com/outboxchat/outboxchat/internal/testenv"
 )
 
@@ -183,4 +186,48 @@ func TestGatewayOfferBehindCursorReadsTheRoom(t *testing.T) {
 		t.Fatalf("frames %q, want workers:2 workers:3", got)
 	}
 	noFrame(t, s, 100*time.Millisecond)
+}
+
+// A worker whose handler returns no stored row (a plain inbox.Handler, as
+// the lab's fault wrapper is) still gets its rows pushed: offerApplied
+// wakes their rooms, since the gateway ignores its own process's NOTIFYs.
+func TestGatewayOfferAppliedWithoutRow(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, "")
+	g := offerGateway(t, h)
+	s := g.Subscribe(24, 0, 0)
+	defer s.Close()
+	m := storeReceived(t, h, 24, 1)
+	payload, err := json.Marshal(Message{ID: m.ID, ChatID: m.ChatID, Seq: m.Seq, Body: m.Body, SentAt: m.SentAt, From: m.From})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g.offerApplied([]inbox.Applied{{Delivery: inbox.Delivery{ID: m.ID, Name: EventMessageCreated, Payload: payload}}})
+	if got := nextFrames(t, s, 1); got[0] != "consumers:1" {
+		t.Fatalf("got %v", got)
+	}
+}
+
+// One id on both sides of a room (a faulty or forged peer reusing one of
+// ours) still shows each message once: frames are keyed by origin and id.
+func TestGatewaySameIDBothSides(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, "")
+	g := offerGateway(t, h)
+	id := uuid.NewString()
+	ctx := context.Background()
+	if _, err := h.admin.Exec(ctx, `INSERT INTO workers.messages (id, chat_id, seq, body) VALUES ($1, 25, 1, 'ours')`, id); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.admin.Exec(ctx, `INSERT INTO workers.inbox (message_id, chat_id, seq, body, sender, sent_at)
+		VALUES ($1, 25, 1, 'theirs', 'consumers', now())`, id); err != nil {
+		t.Fatal(err)
+	}
+	s := g.Subscribe(25, 0, 0)
+	defer s.Close()
+	got := nextFrames(t, s, 2)
+	slices.Sort(got)
+	if !slices.Equal(got, []string{"consumers:1", "workers:1"}) {
+		t.Fatalf("frames %v, want one of each side", got)
+	}
 }

@@ -301,15 +301,7 @@ func Serve(ctx context.Context, cfg Config) error {
 		}
 		icfg := &inbox.Config{Logger: log}
 		if gw != nil {
-			icfg.AfterCommit = func(applied []inbox.Applied) {
-				ms := make([]Message, 0, len(applied))
-				for _, a := range applied {
-					if m, ok := a.Value.(Message); ok {
-						ms = append(ms, m)
-					}
-				}
-				gw.Offer(true, ms)
-			}
+			icfg.AfterCommit = gw.offerApplied
 		}
 		ic, err := inbox.NewConsumer(pool, src, handler, icfg)
 		if err != nil {
