@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -144,13 +146,15 @@ func NewGateway(pool *pgxpool.Pool, service string, cfg *GatewayConfig) (*Gatewa
 	page := strconv.Itoa(gatewayPageSize)
 	// One round trip reads every dirty room: a LATERAL page per room and
 	// origin, from the subscribers' lowest cursors on.
-	q := `SELECT r.chat_id, false, m.id::text, m.seq, m.body, m.created_at, NULL::timestamptz, $4::text
-		FROM unnest($1::bigint[], $2::bigint[]) AS r(chat_id, after)
+	// A room may be read from two cursors (see push); k is the 1-based
+	// index of the (chat, cursors) entry a row was read for.
+	q := `SELECT r.k, r.chat_id, false, m.id::text, m.seq, m.body, m.created_at, NULL::timestamptz, $4::text
+		FROM unnest($1::bigint[], $2::bigint[]) WITH ORDINALITY AS r(chat_id, after, k)
 		CROSS JOIN LATERAL (SELECT id, seq, body, created_at FROM ` + s + `.messages
 			WHERE chat_id = r.chat_id AND seq > r.after ORDER BY seq LIMIT ` + page + `) m
 		UNION ALL
-		SELECT r.chat_id, true, i.message_id::text, i.seq, i.body, i.sent_at, i.received_at, i.sender
-		FROM unnest($1::bigint[], $3::bigint[]) AS r(chat_id, after)
+		SELECT r.k, r.chat_id, true, i.message_id::text, i.seq, i.body, i.sent_at, i.received_at, i.sender
+		FROM unnest($1::bigint[], $3::bigint[]) WITH ORDINALITY AS r(chat_id, after, k)
 		CROSS JOIN LATERAL (SELECT message_id, seq, body, sent_at, received_at, sender FROM ` + s + `.inbox
 			WHERE chat_id = r.chat_id AND seq > r.after ORDER BY seq LIMIT ` + page + `) i`
 	return &Gateway{
@@ -445,19 +449,28 @@ func (g *Gateway) push(ctx context.Context) (bool, error) {
 			continue
 		}
 		delete(offered, id) // the read below sees them: they were committed before it
-		first := true
-		var ms, mr int64
+		// Subscribers holding received messages behind a gap are read from
+		// their own lowest cursor, apart from the others: a full page past
+		// a gap must neither hold the others back (they would get nothing
+		// newer until the gap closed) nor make the gateway re-read at once
+		// (it makes no progress; the hold is looked at again at the tick).
+		var ms, mr, mh int64 = math.MaxInt64, math.MaxInt64, math.MaxInt64
 		for s := range room {
 			subs[id] = append(subs[id], s)
-			if first || s.sent < ms {
-				ms = s.sent
+			ms = min(ms, s.sent)
+			if s.holding() {
+				mh = min(mh, s.recv)
+			} else {
+				mr = min(mr, s.recv)
 			}
-			if first || s.recv < mr {
-				mr = s.recv
-			}
-			first = false
 		}
-		ids, afterSent, afterRecv = append(ids, id), append(afterSent, ms), append(afterRecv, mr)
+		if mr != math.MaxInt64 || mh == math.MaxInt64 {
+			ids, afterSent, afterRecv = append(ids, id), append(afterSent, ms), append(afterRecv, mr)
+			ms = math.MaxInt64 // read once
+		}
+		if mh != math.MaxInt64 {
+			ids, afterSent, afterRecv = append(ids, id), append(afterSent, ms), append(afterRecv, mh)
+		}
 	}
 	g.dirty = map[int64]struct{}{}
 	g.allDirty = false
@@ -475,17 +488,28 @@ func (g *Gateway) push(ctx context.Context) (bool, error) {
 		g.markDirty(ids)
 		return false, err
 	}
+	more := false
 	byRoom := map[int64]*roomRows{}
+	type pageKey struct {
+		k        int64
+		received bool
+	}
+	pages := map[pageKey]int{}
+	full := map[int64]bool{} // rooms with a full page: there may be more to read
 	for rows.Next() {
 		var m Message
+		var k int64
 		var received bool
 		var recvAt *time.Time
-		if err := rows.Scan(&m.ChatID, &received, &m.ID, &m.Seq, &m.Body, &m.SentAt, &recvAt, &m.From); err != nil {
+		if err := rows.Scan(&k, &m.ChatID, &received, &m.ID, &m.Seq, &m.Body, &m.SentAt, &recvAt, &m.From); err != nil {
 			rows.Close()
 			g.markDirty(ids)
 			return false, err
 		}
 		m.ReceivedAt = recvAt
+		if pages[pageKey{k, received}]++; pages[pageKey{k, received}] == gatewayPageSize {
+			full[m.ChatID] = true
+		}
 		rr := byRoom[m.ChatID]
 		if rr == nil {
 			rr = &roomRows{}
@@ -501,20 +525,24 @@ func (g *Gateway) push(ctx context.Context) (bool, error) {
 		g.markDirty(ids)
 		return false, err
 	}
-	more := false
 	now := time.Now()
 	for id, rr := range byRoom {
-		sort.Slice(rr.sent, func(i, j int) bool { return rr.sent[i].Seq < rr.sent[j].Seq })
-		sort.Slice(rr.recv, func(i, j int) bool { return rr.recv[i].Seq < rr.recv[j].Seq })
-		if len(rr.sent) == gatewayPageSize || len(rr.recv) == gatewayPageSize {
-			more = true
-			g.markDirty([]int64{id})
-		}
+		rr.sent, rr.recv = bySeq(rr.sent), bySeq(rr.recv)
+		progress := false
 		for _, s := range subs[id] {
+			sent, recv, above := s.sent, s.recv, len(s.above)
 			if g.deliver(s, rr, now) {
 				// A held gap: look again at the next tick.
 				g.markDirty([]int64{id})
 			}
+			progress = progress || s.sent != sent || s.recv != recv || len(s.above) != above
+		}
+		if full[id] && progress {
+			// Read on at once. A full page nobody could take (everything
+			// in it is held behind a gap) waits for the tick instead of
+			// being read again and again.
+			more = true
+			g.markDirty([]int64{id})
 		}
 	}
 	return more, nil
@@ -531,8 +559,7 @@ func (g *Gateway) pushOffered(offered map[int64]*roomRows, subs map[int64][]*Sub
 		if len(ss) == 0 {
 			continue // the room emptied (or was read) meanwhile
 		}
-		sort.Slice(rr.sent, func(i, j int) bool { return rr.sent[i].Seq < rr.sent[j].Seq })
-		sort.Slice(rr.recv, func(i, j int) bool { return rr.recv[i].Seq < rr.recv[j].Seq })
+		rr.sent, rr.recv = bySeq(rr.sent), bySeq(rr.recv)
 		ok := true
 		for _, s := range ss {
 			if !s.takes(rr) {
@@ -561,10 +588,21 @@ func (g *Gateway) pushOffered(offered map[int64]*roomRows, subs map[int64][]*Sub
 	return marked
 }
 
+// holding reports whether s is holding received messages behind a gap, or
+// has pushed some past one (its watermark is below them).
+func (s *Subscription) holding() bool { return !s.gapSince.IsZero() || len(s.above) > 0 }
+
+// bySeq sorts ms by seq and drops repeated seqs (a room read from two
+// cursors returns the rows above the higher one twice).
+func bySeq(ms []Message) []Message {
+	sort.Slice(ms, func(i, j int) bool { return ms[i].Seq < ms[j].Seq })
+	return slices.CompactFunc(ms, func(a, b Message) bool { return a.Seq == b.Seq })
+}
+
 // takes reports whether s can take rr's rows without a read: each origin's
 // first row is at or below the subscriber's next seq, and no gap is held.
 func (s *Subscription) takes(rr *roomRows) bool {
-	if !s.gapSince.IsZero() || len(s.above) > 0 {
+	if s.holding() {
 		return false
 	}
 	if len(rr.sent) > 0 && rr.sent[0].Seq > s.sent+1 {

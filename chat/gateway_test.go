@@ -231,3 +231,47 @@ func TestGatewaySameIDBothSides(t *testing.T) {
 		t.Fatalf("frames %v, want one of each side", got)
 	}
 }
+
+// A subscriber holding a gap with more than a page of messages past it
+// neither holds back the other subscribers of the room nor makes the
+// gateway re-read that page over and over; once the gap closes it catches
+// up at once, in seq order.
+func TestGatewayGapPastAPageDoesNotStallOthers(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, "")
+	ctx := context.Background()
+	// Received seqs 2..600 of chat 31: seq 1 is missing.
+	if _, err := h.admin.Exec(ctx, `INSERT INTO workers.inbox (message_id, chat_id, seq, body, sender, sent_at)
+		SELECT gen_random_uuid(), 31, s, 'm', 'consumers', now() FROM generate_series(2, 600) AS s`); err != nil {
+		t.Fatal(err)
+	}
+	g := offerGateway(t, h) // GapTimeout 60 s, poll 1 h
+	behind := g.Subscribe(31, 0, 0)
+	defer behind.Close()
+	current := g.Subscribe(31, 0, 600)
+	defer current.Close()
+	var reads0 int64
+	if err := h.admin.QueryRow(ctx, `SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()`).Scan(&reads0); err != nil {
+		t.Fatal(err)
+	}
+	g.Offer(true, []Message{storeReceived(t, h, 31, 601)})
+	if got := nextFrames(t, current, 1); got[0] != "consumers:601" {
+		t.Fatalf("up-to-date subscriber got %v, want consumers:601", got)
+	}
+	noFrame(t, behind, 200*time.Millisecond) // still holding behind seq 1
+	var reads1 int64
+	if err := h.admin.QueryRow(ctx, `SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()`).Scan(&reads1); err != nil {
+		t.Fatal(err)
+	}
+	if n := reads1 - reads0; n > 50 {
+		t.Fatalf("%d transactions in the database while one subscriber held a gap: the gateway is re-reading in a loop", n)
+	}
+	g.Offer(true, []Message{storeReceived(t, h, 31, 1)})
+	got := nextFrames(t, behind, 601)
+	for i, f := range got {
+		if want := "consumers:" + strconv.Itoa(i+1); f != want {
+			t.Fatalf("frame %d is %s, want %s", i, f, want)
+		}
+	}
+	noFrame(t, current, 100*time.Millisecond)
+}
