@@ -4,7 +4,7 @@
 
 GO ?= go
 BIN := bin/outboxchat
-TESTFLAGS ?= -race -timeout 12m
+TESTFLAGS ?= -race -count=1 -timeout 12m
 
 .PHONY: all build demo up test lint deps bench clean
 

@@ -291,7 +291,7 @@ func Serve(ctx context.Context, cfg Config) error {
 		if err != nil {
 			return err
 		}
-		var src inbox.Source = redisSource{qc}
+		var src inbox.Source = redisq.InboxSource(qc)
 		var handler inbox.Handler = h
 		if fault != nil {
 			src, handler = fault.wrapSource(src, log), fault.wrapHandler(handler, log)
@@ -321,7 +321,7 @@ func Serve(ctx context.Context, cfg Config) error {
 		if err != nil {
 			return err
 		}
-		var p outbox.Publisher = redisPublisher{pub}
+		p := redisq.OutboxPublisher(pub)
 		if fault != nil {
 			p = fault.wrapPublisher(p, log)
 		}
@@ -495,43 +495,6 @@ func registerInboxMetrics(reg *prometheus.Registry, ic *inbox.Consumer) {
 			func() float64 { return float64(f(ic.Stats())) }))
 	}
 }
-
-// redisSource adapts a redisq.Consumer to inbox.Source.
-type redisSource struct{ c *redisq.Consumer }
-
-func (s redisSource) Fetch(ctx context.Context, max int) ([]inbox.Delivery, error) {
-	ds, err := s.c.Fetch(ctx, max)
-	if err != nil {
-		return nil, err
-	}
-	out := make([]inbox.Delivery, len(ds))
-	for i, d := range ds {
-		out[i] = inbox.Delivery{Ref: d.StreamID, ID: d.ID, Name: d.Name, Payload: d.Payload, Err: d.Err}
-	}
-	return out, nil
-}
-
-func (s redisSource) Ack(ctx context.Context, refs ...string) error { return s.c.Ack(ctx, refs...) }
-
-func (s redisSource) DeadLetter(ctx context.Context, d inbox.Delivery, reason string) error {
-	return s.c.DeadLetter(ctx, redisq.Delivery{Job: redisq.Job{ID: d.ID, Name: d.Name, Payload: d.Payload}, StreamID: d.Ref}, reason)
-}
-
-var _ inbox.Source = redisSource{}
-
-// redisPublisher adapts a redisq.Publisher to outbox.Publisher.
-type redisPublisher struct{ p *redisq.Publisher }
-
-func (p redisPublisher) Publish(ctx context.Context, msgs []outbox.Message) error {
-	jobs := make([]redisq.Job, len(msgs))
-	for i, m := range msgs {
-		jobs[i] = redisq.Job{ID: m.ID, Name: m.Event, Payload: m.Payload}
-	}
-	_, err := p.p.Add(ctx, jobs...)
-	return err
-}
-
-var _ outbox.Publisher = redisPublisher{}
 
 // killSelf ends the process at once, as a crash would: no deferred
 // functions, no graceful stop (the lab's fault hooks).

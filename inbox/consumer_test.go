@@ -444,7 +444,7 @@ func TestConsumerAppliesInOrder(t *testing.T) {
 func TestNewConsumerValidates(t *testing.T) {
 	t.Parallel()
 	pool := testenv.Pool(t)
-	src := redisSource{}
+	src := redisq.InboxSource(nil)
 	cases := []struct {
 		name    string
 		pool    *pgxpool.Pool

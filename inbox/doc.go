@@ -17,12 +17,12 @@
 //     pool, role or server default says. With synchronous_commit=off the
 //     commit returns before its WAL is flushed; a Postgres crash right after
 //     the ack would then lose an inbox row whose job is already gone from the
-//     queue: the message is lost for good (DESIGN invariant 4). Other values
+//     queue: the message is lost for good. Other values
 //     (local, remote_write, on, remote_apply) are left alone.
 //   - Duplicates are counted and skipped. A delivery whose inbox row already
 //     exists (fresh=false) changes nothing, is acknowledged, counted in
 //     Stats.Duplicates and logged at Info as "duplicate skipped" with key
-//     message_id (the lab parses that line).
+//     message_id (a stable line: the chat's lab counts it).
 //   - Malformed input never blocks the queue. A delivery the Source could
 //     not read (Delivery.Err set), one the Handler rejects with
 //     ErrMalformed, or one that fails in SQL with a permanent error

@@ -15,8 +15,16 @@ import (
 )
 
 // ExampleConsumer wires a Consumer between a redisq consumer group and an
-// inbox table. It needs running Postgres and Redis servers, so it is
-// compiled but not run.
+// inbox table:
+//
+//	CREATE TABLE workers.inbox (
+//	  message_id uuid PRIMARY KEY,  -- the idempotency key: one row per message
+//	  chat_id    bigint NOT NULL,
+//	  body       text NOT NULL,
+//	  received_at timestamptz NOT NULL DEFAULT now());
+//
+// It needs running Postgres and Redis servers, so it is compiled but not
+// run.
 func ExampleConsumer() {
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
@@ -56,7 +64,7 @@ func ExampleConsumer() {
 		return tag.RowsAffected() == 1, nil
 	})
 
-	c, err := inbox.NewConsumer(pool, redisSource{q: q}, h, nil)
+	c, err := inbox.NewConsumer(pool, redisq.InboxSource(q), h, nil)
 	if err != nil {
 		log.Fatal(err)
 	}

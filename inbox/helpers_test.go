@@ -71,32 +71,6 @@ func applyInbox(ctx context.Context, tx pgx.Tx, d inbox.Delivery) (bool, error) 
 
 var testHandler = inbox.HandlerFunc(applyInbox)
 
-// redisSource adapts redisq.Consumer to inbox.Source (Ref = StreamID).
-type redisSource struct{ q *redisq.Consumer }
-
-var _ inbox.Source = redisSource{}
-
-func (s redisSource) Fetch(ctx context.Context, max int) ([]inbox.Delivery, error) {
-	ds, err := s.q.Fetch(ctx, max)
-	if err != nil {
-		return nil, err
-	}
-	out := make([]inbox.Delivery, len(ds))
-	for i, d := range ds {
-		out[i] = inbox.Delivery{Ref: d.StreamID, ID: d.ID, Name: d.Name, Payload: d.Payload, Err: d.Err}
-	}
-	return out, nil
-}
-
-func (s redisSource) Ack(ctx context.Context, refs ...string) error { return s.q.Ack(ctx, refs...) }
-
-func (s redisSource) DeadLetter(ctx context.Context, d inbox.Delivery, reason string) error {
-	return s.q.DeadLetter(ctx, redisq.Delivery{
-		Job:      redisq.Job{ID: d.ID, Name: d.Name, Payload: d.Payload},
-		StreamID: d.Ref,
-	}, reason)
-}
-
 // env is one test's database, queue and log capture.
 type env struct {
 	pool   *pgxpool.Pool
@@ -131,7 +105,7 @@ func newEnvWithPool(t testing.TB, pool *pgxpool.Pool) *env {
 }
 
 // source returns a redisq consumer-group member named name.
-func (e *env) source(t testing.TB, name string) redisSource {
+func (e *env) source(t testing.TB, name string) inbox.Source {
 	t.Helper()
 	q, err := redisq.NewConsumer(e.rdb, &redisq.ConsumerConfig{
 		Queue: testQueue, Prefix: e.prefix, Group: testGroup, Consumer: name,
@@ -141,7 +115,7 @@ func (e *env) source(t testing.TB, name string) redisSource {
 	if err != nil {
 		t.Fatalf("creating redisq consumer: %v", err)
 	}
-	return redisSource{q: q}
+	return redisq.InboxSource(q)
 }
 
 // consumer returns an inbox Consumer with fast retries, stopped at cleanup.

@@ -10,6 +10,7 @@ import (
 //
 // Ref is the broker's handle used to acknowledge it (for redisq: the stream
 // entry id). ID is the idempotency key the sender chose (the message id).
+// Name is the event name the sender gave the job (e.g. "message.created").
 // Payload is the raw job body. Err is nil unless the Source could not read
 // the entry completely (e.g. a stream entry lacking fields): the Consumer
 // then dead-letters it with reason Err.Error() without calling the Handler.
@@ -133,6 +134,8 @@ type BatchResult struct {
 // Applied is one delivery a committed inbox transaction recorded as new,
 // with the Value its BatchResult carried (nil for a plain Handler).
 type Applied struct {
+	// Delivery is the delivery as the Source gave it.
 	Delivery Delivery
-	Value    any
+	// Value is BatchResult.Value of the delivery (nil for a plain Handler).
+	Value any
 }

@@ -10,7 +10,8 @@ import (
 // ID is the idempotency key (for the chat: the message UUID as a string);
 // a Publisher must treat a second publish of the same ID as a successful
 // no-op. Event is the event name (for the chat: "message.created"). Payload
-// is the JSON document stored in the row, unchanged.
+// is the JSON document stored in the row, in jsonb's normalized text form
+// (key order and whitespace may differ from what was enqueued).
 type Message struct {
 	// RowID is the outbox row's identity value (bigint), increasing in commit
 	// order of the enqueuing transactions' inserts.

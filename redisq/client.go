@@ -36,9 +36,9 @@ const (
 //
 // go-redis has no offline queue: a command issued while Redis is unreachable
 // fails at once (after at most the dial timeout) and is not kept in memory
-// for later. The outbox relay relies on that (DESIGN.md invariant 2: only the
-// relay writes to the broker and it holds nothing in memory; on error its
-// transaction rolls back and the rows stay unsent).
+// for later. The outbox relay relies on that: it holds nothing in memory, so
+// on error its transaction rolls back and the rows stay unsent for its next
+// pass; a client that buffered commands would add jobs behind its back.
 //
 // url's query parameters (e.g. "?dial_timeout=2s") are applied first and then
 // overridden by the settings above. The caller owns the client and must Close
@@ -92,7 +92,8 @@ func (e *DurabilityError) Is(target error) bool { return target == ErrNotDurable
 
 // CheckDurability reads the server's appendonly and maxmemory-policy
 // settings (CONFIG GET) and tells whether queued jobs survive a restart and
-// memory pressure (DESIGN.md invariant 8).
+// memory pressure (a job acknowledged by nobody yet must not be lost to a
+// restart without AOF or to eviction).
 //
 // It returns nil when appendonly is "yes" and maxmemory-policy is
 // "noeviction". Otherwise it logs a warning on logger (nil = slog.Default())

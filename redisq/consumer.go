@@ -58,15 +58,16 @@ type ConsumerConfig struct {
 	Block time.Duration
 	// LockDuration is how long an entry may stay pending (delivered, not
 	// acknowledged) on any consumer before Fetch reclaims it with XAUTOCLAIM
-	// (millisecond resolution; default DefaultLockDuration; DESIGN.md
-	// invariant 6). Keep it above the longest time a batch takes to process,
+	// (millisecond resolution; default DefaultLockDuration), so a job whose
+	// worker died is handed out again after at most this long. Keep it above the longest time a batch takes to process,
 	// or entries still being processed are handed out twice.
 	LockDuration time.Duration
 	// ClaimInterval is the least time between two scans for stalled entries
 	// (default LockDuration/2).
 	ClaimInterval time.Duration
 	// TrimInterval is the least time between two trims of acknowledged
-	// entries, done by Ack (default DefaultTrimInterval).
+	// entries, done by Ack and by a Fetch that finds nothing (default
+	// DefaultTrimInterval); Trim trims at once.
 	TrimInterval time.Duration
 	// Logger receives warnings and debug logs (default slog.Default()).
 	Logger *slog.Logger

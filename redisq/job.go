@@ -2,8 +2,9 @@ package redisq
 
 // Job is one queue entry.
 //
-// ID is the idempotency key: adding a Job whose ID the queue has seen within
-// the dedupe TTL is a successful no-op. Name is the event name (e.g.
+// ID is the idempotency key: adding a Job whose ID is still in the stream
+// (at most the dedupe TTL, until every consumer group has acknowledged it
+// and a trim removed it) is a successful no-op. Name is the event name (e.g.
 // "message.created"). Payload is opaque bytes (JSON for the chat).
 type Job struct {
 	ID      string

@@ -19,8 +19,9 @@ func checkQueueName(q string) error {
 	return nil
 }
 
-// DefaultDedupeTTL is PublisherConfig.DedupeTTL's default: how long an added
-// job id is remembered, so that re-adding it is a no-op.
+// DefaultDedupeTTL is PublisherConfig.DedupeTTL's default: the longest an
+// added job id is remembered, so that re-adding it is a no-op. A trim that
+// removes the acknowledged entry deletes its id sooner.
 const DefaultDedupeTTL = 24 * time.Hour
 
 // ErrInvalidJob is returned (wrapped) by Publisher.Add for a job that cannot
@@ -59,7 +60,8 @@ type Metrics interface {
 	// JobsReclaimed is called when Fetch took over n > 0 stalled entries
 	// from other consumers (XAUTOCLAIM).
 	JobsReclaimed(queue string, n int)
-	// JobsTrimmed is called when Ack trimmed n > 0 acknowledged entries.
+	// JobsTrimmed is called when a trim (by Ack, an idle Fetch or Trim)
+	// removed n > 0 acknowledged entries.
 	JobsTrimmed(queue string, n int64)
 }
 
@@ -115,8 +117,9 @@ func (p *Publisher) Keys() Keys { return p.keys }
 // Add adds jobs to the stream in slice order, each through scripts/add.lua
 // (SET <dedupe key> NX PX <DedupeTTL>, then XADD with fields id, name,
 // payload), all pipelined in one round trip. It returns how many jobs were
-// new; the others were duplicates of ids seen within DedupeTTL (or repeated
-// within jobs), which count as success. Add with no jobs returns (0, nil).
+// new; the others were duplicates of ids still in the stream (at most
+// DedupeTTL; a trim forgets an id with its entry) or repeated within jobs,
+// which count as success. Add with no jobs returns (0, nil).
 //
 // On error (Redis down, timeout, OOM, ctx done) some of the jobs may have
 // been added and others not: the caller must retry all of them, which is

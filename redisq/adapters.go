@@ -1,0 +1,52 @@
+package redisq
+
+import (
+	"context"
+
+	"github.com/outboxchat/outboxchat/inbox"
+	"github.com/outboxchat/outboxchat/outbox"
+)
+
+// InboxSource adapts a Consumer to inbox.Source, so that an inbox.Consumer
+// reads a redisq consumer group: Fetch, Ack and DeadLetter call the
+// Consumer's, with inbox.Delivery.Ref = Delivery.StreamID and ID, Name,
+// Payload and Err copied from the entry. It adds no state; it is safe for
+// concurrent use as the Consumer is.
+func InboxSource(c *Consumer) inbox.Source { return inboxSource{c} }
+
+type inboxSource struct{ c *Consumer }
+
+func (s inboxSource) Fetch(ctx context.Context, max int) ([]inbox.Delivery, error) {
+	ds, err := s.c.Fetch(ctx, max)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]inbox.Delivery, len(ds))
+	for i, d := range ds {
+		out[i] = inbox.Delivery{Ref: d.StreamID, ID: d.ID, Name: d.Name, Payload: d.Payload, Err: d.Err}
+	}
+	return out, nil
+}
+
+func (s inboxSource) Ack(ctx context.Context, refs ...string) error { return s.c.Ack(ctx, refs...) }
+
+func (s inboxSource) DeadLetter(ctx context.Context, d inbox.Delivery, reason string) error {
+	return s.c.DeadLetter(ctx, Delivery{Job: Job{ID: d.ID, Name: d.Name, Payload: d.Payload}, StreamID: d.Ref}, reason)
+}
+
+// OutboxPublisher adapts a Publisher to outbox.Publisher, so that an
+// outbox.Relay publishes into a redisq stream: each outbox.Message becomes
+// a Job with ID = Message.ID (the idempotency key), Name = Message.Event and
+// Payload = Message.Payload, added in order with one pipelined Add (a
+// re-published message is a successful no-op while its job is in the
+// stream). Errors are Add's. Safe for concurrent use.
+func OutboxPublisher(p *Publisher) outbox.Publisher {
+	return outbox.PublisherFunc(func(ctx context.Context, msgs []outbox.Message) error {
+		jobs := make([]Job, len(msgs))
+		for i, m := range msgs {
+			jobs[i] = Job{ID: m.ID, Name: m.Event, Payload: m.Payload}
+		}
+		_, err := p.Add(ctx, jobs...)
+		return err
+	})
+}
