@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -17,6 +18,7 @@ import (
 	"github.com/outboxchat/outboxchat/chat"
 	"github.com/outboxchat/outboxchat/internal/pgproc"
 	"github.com/outboxchat/outboxchat/internal/redisproc"
+	"github.com/outboxchat/outboxchat/internal/spawn"
 	"github.com/outboxchat/outboxchat/redisq"
 )
 
@@ -136,10 +138,17 @@ func StartEnv(ctx context.Context, opts EnvOptions) (_ *Env, err error) {
 	}
 	e := &Env{Dir: opts.Dir, Variant: opts.Variant, LockDuration: opts.LockDuration}
 	if e.Dir == "" {
+		// A lab killed with SIGKILL leaves its log dir behind: remove those
+		// whose owner is gone, and mark ours the same way.
+		spawn.ReapStale("outboxchat-lab-", slog.New(slog.NewTextHandler(io.Discard, nil)))
 		if e.Dir, err = os.MkdirTemp("", "outboxchat-lab-"); err != nil {
 			return nil, fmt.Errorf("lab: temp dir: %w", err)
 		}
 		e.ownDir = true
+		if err := spawn.WriteOwner(e.Dir); err != nil {
+			_ = os.RemoveAll(e.Dir)
+			return nil, fmt.Errorf("lab: temp dir: %w", err)
+		}
 	} else if err := os.MkdirAll(e.Dir, 0o755); err != nil {
 		return nil, fmt.Errorf("lab: %w", err)
 	}
