@@ -343,15 +343,8 @@ func TestConsumerStopDeadlineAbortsBatch(t *testing.T) {
 
 func TestConsumerRefusesAsyncCommit(t *testing.T) {
 	t.Parallel()
-	base := testenv.Pool(t)
-	cfg := base.Config().Copy()
-	cfg.ConnConfig.RuntimeParams["synchronous_commit"] = "off"
 	ctx := context.Background()
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatalf("pgxpool.NewWithConfig: %v", err)
-	}
-	t.Cleanup(pool.Close)
+	pool := asyncCommitPool(t)
 	var outside string
 	if err := pool.QueryRow(ctx, `SHOW synchronous_commit`).Scan(&outside); err != nil || outside != "off" {
 		t.Fatalf("pool synchronous_commit = %q, %v; want off", outside, err)
@@ -607,15 +600,8 @@ func (h pipeHandler) QueueBatch(b *pgx.Batch, ds []inbox.Delivery, rs []inbox.Ba
 // synchronous_commit=off is refused inside it.
 func TestPipelinedTransaction(t *testing.T) {
 	t.Parallel()
-	base := testenv.Pool(t)
-	cfg := base.Config().Copy()
-	cfg.ConnConfig.RuntimeParams["synchronous_commit"] = "off"
 	ctx := context.Background()
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatalf("pgxpool.NewWithConfig: %v", err)
-	}
-	t.Cleanup(pool.Close)
+	pool := asyncCommitPool(t)
 	e := newEnvWithPool(t, pool)
 	poison := rawJob(`{"id": "00000000-0000-4000-8000-000000000002", "chat_id": "-7", "seq": 1, "body": "poison"}`)
 	good := []redisq.Job{job("before"), job("after 1"), job("after 2")}
@@ -661,4 +647,18 @@ func TestPipelinedTransaction(t *testing.T) {
 	if inside != "on" {
 		t.Fatalf("synchronous_commit inside the pipelined transaction = %q, want on", inside)
 	}
+}
+
+// asyncCommitPool is a pool on the test database whose sessions default to
+// synchronous_commit=off, closed at cleanup.
+func asyncCommitPool(t *testing.T) *pgxpool.Pool {
+	t.Helper()
+	cfg := testenv.Pool(t).Config().Copy()
+	cfg.ConnConfig.RuntimeParams["synchronous_commit"] = "off"
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatalf("pgxpool.NewWithConfig: %v", err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
 }
