@@ -430,9 +430,10 @@ func (rr *roomRows) frame(m Message) ([]byte, error) {
 	return b, nil
 }
 
-// push reads the dirty rooms from their subscribers' lowest cursors and
-// hands each subscriber what it has not seen. It reports whether a page was
-// full (more to read).
+// push delivers Offer's rows where it can, then reads the dirty rooms from
+// their subscribers' lowest cursors (those holding a gap apart) and hands
+// each subscriber what it has not seen. It reports whether to read again at
+// once: a page came back full and some subscriber of its room moved on.
 func (g *Gateway) push(ctx context.Context) (bool, error) {
 	g.mu.Lock()
 	var ids, afterSent, afterRecv []int64
