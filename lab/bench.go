@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -222,19 +221,19 @@ func Bench(ctx context.Context, opts BenchOptions) (*BenchResult, error) {
 	}
 	recs := make([]sendRec, opts.Messages)
 	var next, done, failed atomic.Int64
-	tr := http.DefaultTransport.(*http.Transport).Clone()
-	tr.MaxIdleConns = opts.Senders * 2
-	tr.MaxIdleConnsPerHost = opts.Senders * 2
-	snd := &sender{client: &http.Client{Transport: tr, Timeout: 10 * time.Second}}
-	defer tr.CloseIdleConnections()
 	sendCtx, cancelSend := context.WithTimeout(ctx, opts.SendTimeout)
 	defer cancelSend()
 	start := time.Now()
 	var wg sync.WaitGroup
 	for range opts.Senders {
+		snd, err := newConnSender(env.ConsumersURL, 10*time.Second)
+		if err != nil {
+			return nil, err
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			defer snd.close()
 			for sendCtx.Err() == nil {
 				i := next.Add(1) - 1
 				if i >= int64(opts.Messages) {
@@ -242,8 +241,8 @@ func Bench(ctx context.Context, opts BenchOptions) (*BenchResult, error) {
 				}
 				chatID := i%int64(opts.Chats) + 1
 				t0 := time.Now()
-				m, err := snd.send(sendCtx, env.ConsumersURL, chatID, "bench "+strconv.FormatInt(i, 10))
-				r := sendRec{id: m.ID, t0: t0, t1: time.Now(), ok: err == nil}
+				id, err := snd.send(sendCtx, chatID, "bench "+strconv.FormatInt(i, 10))
+				r := sendRec{id: id, t0: t0, t1: time.Now(), ok: err == nil}
 				if err != nil {
 					r.errText = err.Error()
 					failed.Add(1)
