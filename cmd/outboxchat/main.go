@@ -34,10 +34,11 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	stop()
+	if errors.Is(err, flag.ErrHelp) {
+		return // -h: the usage was printed; asking for it is not a failure
+	}
 	if err != nil {
-		if !errors.Is(err, flag.ErrHelp) {
-			fmt.Fprintln(os.Stderr, "outboxchat:", err)
-		}
+		fmt.Fprintln(os.Stderr, "outboxchat:", err)
 		os.Exit(1)
 	}
 }
