@@ -310,15 +310,19 @@ func latencyRun(ctx context.Context, env *Env, chatID int64, opts LatencyOptions
 		return ok
 	}
 
-	snd := newSender()
+	snd, err := newConnSender(env.ConsumersURL, 5*time.Second)
+	if err != nil {
+		return nil, err
+	}
+	defer snd.close()
 	// Warm-up: connections, prepared statements and the first wake-up are
 	// paid by a message that is not measured.
-	m, err := snd.send(ctx, env.ConsumersURL, chatID, "warm-up")
+	warmID, err := snd.send(ctx, chatID, "warm-up")
 	if err != nil {
 		return nil, fmt.Errorf("warm-up send: %w", err)
 	}
 	wctx, cancel = context.WithTimeout(ctx, opts.Settle)
-	err = waitFor(wctx, 5*time.Millisecond, func() bool { return shown(m.ID) })
+	err = waitFor(wctx, 5*time.Millisecond, func() bool { return shown(warmID) })
 	cancel()
 	if err != nil {
 		return nil, fmt.Errorf("warm-up message not shown within %v", opts.Settle)
@@ -337,7 +341,7 @@ func latencyRun(ctx context.Context, env *Env, chatID int64, opts LatencyOptions
 		}
 		t0 := time.Now()
 		next = t0.Add(opts.Interval)
-		m, err := snd.send(ctx, env.ConsumersURL, chatID, fmt.Sprintf("msg %d", i))
+		id, err := snd.send(ctx, chatID, fmt.Sprintf("msg %d", i))
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil, ctx.Err()
@@ -345,7 +349,7 @@ func latencyRun(ctx context.Context, env *Env, chatID int64, opts LatencyOptions
 			r.SendErrors++
 			continue
 		}
-		sends = append(sends, sent{m.ID, t0})
+		sends = append(sends, sent{id, t0})
 	}
 	r.Sent = len(sends)
 	sctx, cancel := context.WithTimeout(ctx, opts.Settle)
