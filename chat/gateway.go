@@ -28,11 +28,16 @@ const (
 	DefaultGapTimeout   = 60 * time.Second
 	DefaultClientBuffer = 1024
 	gatewayPageSize     = 500
-	// maxAboveGap bounds the seqs pushed past one gap before the gateway
-	// stops waiting for the missing message (must stay under the page
-	// size, or a page could hold nothing new).
+	// maxAboveGap bounds the seqs a subscriber has pushed past missing
+	// ones (all its gaps together) before the gateway stops waiting for
+	// the missing messages (must stay under the page size, or a page could
+	// hold nothing new).
 	maxAboveGap          = gatewayPageSize / 2
 	gatewayReconnectWait = 250 * time.Millisecond
+	// maxHolderReads bounds the reads of one room per push for subscribers
+	// holding gaps at distinct cursors (the lowest ones are read; the rest
+	// wait for a later push).
+	maxHolderReads = 8
 )
 
 // GatewayConfig configures a Gateway. A zero field means its default.
@@ -47,8 +52,8 @@ type GatewayConfig struct {
 	// GapTimeout is how long a room holds received messages behind a missing
 	// seq (one still in flight, e.g. a reclaimed job) before pushing them
 	// anyway; the missing message is pushed when it comes, out of order
-	// (unless more than 250 messages came past it by then: it is then only
-	// in the history). Default 0 means DefaultGapTimeout (60 s, twice the
+	// (unless 250 or more messages were pushed past it by then: it is then
+	// only in the history). Default 0 means DefaultGapTimeout (60 s, twice the
 	// default lock duration); negative means no hold at all.
 	GapTimeout time.Duration
 	// ClientBuffer is the number of frames queued per subscriber; a
@@ -76,8 +81,10 @@ type GatewayConfig struct {
 //
 // Each subscriber has its own cursors (last seq seen of this service's
 // messages and of the other's); the single gateway goroutine advances them,
-// so a subscriber sees every message once, each origin in seq order and
-// received messages without gaps. Gateway is safe for concurrent use.
+// so a subscriber sees every message once and each origin in seq order;
+// received messages behind a missing one are held for GapTimeout, after
+// which they are pushed and the missing one comes out of order. Gateway is
+// safe for concurrent use.
 type Gateway struct {
 	pool     *pgxpool.Pool
 	service  string
@@ -450,27 +457,32 @@ func (g *Gateway) push(ctx context.Context) (bool, error) {
 			continue
 		}
 		delete(offered, id) // the read below sees them: they were committed before it
-		// Subscribers holding received messages behind a gap are read from
-		// their own lowest cursor, apart from the others: a full page past
-		// a gap must neither hold the others back (they would get nothing
-		// newer until the gap closed) nor make the gateway re-read at once
-		// (it makes no progress; the hold is looked at again at the tick).
-		var ms, mr, mh int64 = math.MaxInt64, math.MaxInt64, math.MaxInt64
+		// Subscribers holding received messages behind a gap are each read
+		// from their own cursor, apart from the others: a full page past
+		// one's gap must neither hold back the others (they would get
+		// nothing newer until that gap closed) nor make the gateway re-read
+		// at once (it makes no progress; holds are looked at again at the
+		// tick). The others share one read from their lowest cursor.
+		ms, mr := int64(math.MaxInt64), int64(math.MaxInt64)
+		var holders []int64
 		for s := range room {
 			subs[id] = append(subs[id], s)
 			ms = min(ms, s.sent)
 			if s.holding() {
-				mh = min(mh, s.recv)
+				holders = append(holders, s.recv)
 			} else {
 				mr = min(mr, s.recv)
 			}
 		}
-		if mr != math.MaxInt64 || mh == math.MaxInt64 {
+		if mr != math.MaxInt64 || len(holders) == 0 {
 			ids, afterSent, afterRecv = append(ids, id), append(afterSent, ms), append(afterRecv, mr)
-			ms = math.MaxInt64 // read once
+			ms = math.MaxInt64 // sends are read once
 		}
-		if mh != math.MaxInt64 {
-			ids, afterSent, afterRecv = append(ids, id), append(afterSent, ms), append(afterRecv, mh)
+		slices.Sort(holders)
+		holders = slices.Compact(holders)
+		for _, h := range holders[:min(len(holders), maxHolderReads)] {
+			ids, afterSent, afterRecv = append(ids, id), append(afterSent, ms), append(afterRecv, h)
+			ms = math.MaxInt64
 		}
 	}
 	g.dirty = map[int64]struct{}{}
@@ -531,12 +543,13 @@ func (g *Gateway) push(ctx context.Context) (bool, error) {
 		rr.sent, rr.recv = bySeq(rr.sent), bySeq(rr.recv)
 		progress := false
 		for _, s := range subs[id] {
-			sent, recv, above := s.sent, s.recv, len(s.above)
-			if g.deliver(s, rr, now) {
-				// A held gap: look again at the next tick.
-				g.markDirty([]int64{id})
-			}
-			progress = progress || s.sent != sent || s.recv != recv || len(s.above) != above
+			sent, recv, above, holding := s.sent, s.recv, len(s.above), s.holding()
+			// A held gap is looked at again at the next tick, which reads
+			// every room, or when the room is woken.
+			g.deliver(s, rr, now)
+			// A subscriber that starts holding has moved on too: it gets a
+			// read of its own from now on, and the others theirs.
+			progress = progress || s.sent != sent || s.recv != recv || len(s.above) != above || s.holding() != holding
 		}
 		if full[id] && progress {
 			// Read on at once. A full page nobody could take (everything
@@ -574,15 +587,15 @@ func (g *Gateway) pushOffered(offered map[int64]*roomRows, subs map[int64][]*Sub
 			continue
 		}
 		for _, s := range ss {
-			held := g.deliver(s, rr, now)
-			switch {
-			case len(rr.sent) > 0 && s.sent < rr.sent[len(rr.sent)-1].Seq:
+			// A gap inside the offered received rows is held: looked at
+			// again at the next tick, which reads every room, or when the
+			// room is woken.
+			g.deliver(s, rr, now)
+			if len(rr.sent) > 0 && s.sent < rr.sent[len(rr.sent)-1].Seq {
 				// A gap inside the offered sends (another process's send
 				// between two of ours): read the room now.
 				g.markDirty([]int64{id})
 				marked = true
-			case held:
-				g.markDirty([]int64{id}) // a held gap: look again at the next tick
 			}
 		}
 	}

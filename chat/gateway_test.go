@@ -275,3 +275,62 @@ func TestGatewayGapPastAPageDoesNotStallOthers(t *testing.T) {
 	}
 	noFrame(t, current, 100*time.Millisecond)
 }
+
+// bulkReceived inserts received seqs from..to of chat into workers.inbox,
+// without a NOTIFY.
+func bulkReceived(t *testing.T, h *harness, chat, from, to int64) {
+	t.Helper()
+	if _, err := h.admin.Exec(context.Background(), `INSERT INTO workers.inbox (message_id, chat_id, seq, body, sender, sent_at)
+		SELECT gen_random_uuid(), $1, s, 'm', 'consumers', now() FROM generate_series($2::bigint, $3::bigint) AS s`, chat, from, to); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// wantSeqs fails unless frames are consumers:from … consumers:to in order.
+func wantSeqs(t *testing.T, frames []string, from int64) {
+	t.Helper()
+	for i, f := range frames {
+		if want := "consumers:" + strconv.FormatInt(from+int64(i), 10); f != want {
+			t.Fatalf("frame %d is %s, want %s", i, f, want)
+		}
+	}
+}
+
+// Two subscribers holding different gaps more than a page apart: the one
+// whose gap closes gets its messages at once, not when the other's hold
+// times out.
+func TestGatewayHoldersReadFromTheirOwnCursors(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, "")
+	bulkReceived(t, h, 41, 2, 700) // 1 missing
+	bulkReceived(t, h, 41, 702, 710)
+	g := offerGateway(t, h)
+	low := g.Subscribe(41, 0, 0) // holds behind 1
+	defer low.Close()
+	noFrame(t, low, 300*time.Millisecond)
+	high := g.Subscribe(41, 0, 700) // holds behind 701
+	defer high.Close()
+	noFrame(t, high, 300*time.Millisecond)
+	g.Offer(true, []Message{storeReceived(t, h, 41, 701)})
+	wantSeqs(t, nextFrames(t, high, 10), 701)
+	noFrame(t, low, 100*time.Millisecond)
+}
+
+// A subscriber that runs into a gap at the head of a full page does not
+// hold back another subscriber more than a page ahead of it.
+func TestGatewayNewGapDoesNotHoldBackOthers(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, "")
+	bulkReceived(t, h, 43, 1, 100)
+	g := offerGateway(t, h)
+	low := g.Subscribe(43, 0, 0)
+	defer low.Close()
+	wantSeqs(t, nextFrames(t, low, 100), 1)
+	high := g.Subscribe(43, 0, 700) // has seen up to 700 (from the history, say)
+	defer high.Close()
+	noFrame(t, high, 300*time.Millisecond) // its first read is done: one read follows the Wake below
+	bulkReceived(t, h, 43, 102, 1000)      // 101 still in flight
+	g.Wake(43)
+	wantSeqs(t, nextFrames(t, high, 300), 701)
+	noFrame(t, low, 100*time.Millisecond)
+}

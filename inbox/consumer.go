@@ -98,7 +98,8 @@ type Config struct {
 	// AfterCommit, when set, is called after every inbox commit that
 	// recorded new rows, before the Ack, with those deliveries in batch
 	// order. It is a latency shortcut, not a delivery guarantee: a crash
-	// between the commit and the call skips it, so whatever it feeds must
+	// between the commit and the call skips it (so does a pipelined batch
+	// reported failed after its COMMIT ran, see PipelineHandler), so whatever it feeds must
 	// also learn of the rows from the database (the chat's gateway still
 	// has its NOTIFY, poll and catch-up). It runs on the Consumer's
 	// goroutine and must not block. Default nil.
