@@ -5,9 +5,13 @@
 //
 // A Publisher adds Jobs to a queue's stream; a Consumer reads them as one
 // named member of a consumer group. Every group gets every job; the members
-// of a group share them. Key names are built in keys.go (NewKeys); the Lua
-// scripts live in scripts/*.lua, each with a header stating KEYS, ARGV and
-// return values.
+// of a group share them. Key names come from NewKeys; the Lua scripts (in
+// the module's redisq/scripts directory) each start with a header stating
+// KEYS, ARGV and return values.
+//
+// OutboxPublisher makes a Publisher the outbox.Publisher of an
+// outbox.Relay, and InboxSource makes a Consumer the inbox.Source of an
+// inbox.Consumer: the whole path from an outbox table to an inbox table.
 //
 // # Invariants
 //
