@@ -277,7 +277,7 @@ func saveScreenshot(t *testing.T, left, right context.Context) {
 	draw.Draw(out, image.Rect(l.Dx()+gap, 0, l.Dx()+gap+r.Dx(), r.Dy()), shots[1], r.Min, draw.Src)
 	dir := os.Getenv("OUTBOXCHAT_ARTIFACTS")
 	if dir == "" {
-		dir = os.TempDir()
+		dir = t.TempDir() // removed with the test: set OUTBOXCHAT_ARTIFACTS to keep it
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatalf("artifacts dir: %v", err)

@@ -38,6 +38,7 @@ func ExampleConsumer() {
 	}
 	defer rdb.Close()
 
+	// Queue (and Prefix) must be those the sender's redisq.Publisher uses.
 	q, err := redisq.NewConsumer(rdb, &redisq.ConsumerConfig{
 		Queue: "consumers-to-workers", Group: "workers", Consumer: "worker-1",
 	})
@@ -46,18 +47,18 @@ func ExampleConsumer() {
 	}
 
 	// The Handler decodes before touching tx (ErrMalformed dead-letters),
-	// then records the message once by id.
+	// then records the message once by its idempotency key, d.ID (the
+	// outbox Event.ID the sender enqueued it with).
 	h := inbox.HandlerFunc(func(ctx context.Context, tx pgx.Tx, d inbox.Delivery) (bool, error) {
 		var m struct {
-			ID     string `json:"id"`
 			ChatID int64  `json:"chat_id"`
 			Body   string `json:"body"`
 		}
-		if err := json.Unmarshal(d.Payload, &m); err != nil || m.ID == "" {
+		if err := json.Unmarshal(d.Payload, &m); err != nil || d.ID == "" {
 			return false, fmt.Errorf("decoding message %s: %w", d.ID, inbox.ErrMalformed)
 		}
 		tag, err := tx.Exec(ctx, `INSERT INTO workers.inbox (message_id, chat_id, body)
-			VALUES ($1, $2, $3) ON CONFLICT (message_id) DO NOTHING`, m.ID, m.ChatID, m.Body)
+			VALUES ($1, $2, $3) ON CONFLICT (message_id) DO NOTHING`, d.ID, m.ChatID, m.Body)
 		if err != nil {
 			return false, fmt.Errorf("inserting inbox row: %w", err)
 		}
