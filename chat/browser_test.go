@@ -252,7 +252,7 @@ func pageState(tab context.Context) string {
 }
 
 // saveScreenshot saves the two tabs' viewports side by side as one PNG under
-// $OUTBOXCHAT_ARTIFACTS (or the system temp directory) and logs its path.
+// $OUTBOXCHAT_ARTIFACTS (or the test's temp directory, removed with it) and logs its path.
 func saveScreenshot(t *testing.T, left, right context.Context) {
 	t.Helper()
 	var shots []image.Image
