@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/outboxchat/outboxchat/internal/service"
 	"github.com/outboxchat/outboxchat/outbox"
 )
 
@@ -64,49 +65,42 @@ type sendResult struct {
 	err error
 }
 
-// storeRun is one Start..Stop of a Store's committers.
+// storeRun is one run of a Store's committers.
 type storeRun struct {
-	stopping  bool               // guarded by Store.mu: take no more sends, drain the queue, exit
-	cancel    context.CancelFunc // aborts in-flight transactions (Stop's ctx expired)
-	stopWatch func() bool        // deregisters the Start ctx watch
-	done      chan struct{}      // closed when every committer has exited
+	stopping bool // guarded by Store.mu: take no more sends, drain the queue, exit
 }
 
 // Start starts the group committer and returns at once. From then on Send
 // queues its message for the committer instead of running its own
-// transaction. The committer runs until Stop, or until ctx is done, which
-// begins a graceful stop as Stop does (queued sends are still committed;
-// later ones run alone in their callers' goroutines); call Stop to wait for
-// it. ctx's values are kept; its cancellation never aborts a transaction.
-// It returns an error wrapping outbox.ErrAlreadyStarted if the Store is
-// running or still stopping, or ctx.Err() if ctx is already done. Start and
-// Stop may be called concurrently with Send and with each other.
+// transaction. It follows the contract of internal/service: the committer
+// runs until Stop, or until ctx is cancelled, which is a hard stop (the
+// in-flight transaction and the queued sends are aborted, their callers get
+// the error, nothing of theirs is stored; later sends run alone in their
+// callers' goroutines). It returns an error wrapping
+// outbox.ErrAlreadyStarted if the Store is running or still stopping, or
+// ctx.Err() if ctx is already done. Start and Stop may be called
+// concurrently with Send and with each other.
 func (s *Store) Start(ctx context.Context) error {
-	if err := ctx.Err(); err != nil {
+	err := s.life.Start(ctx, func(r *service.Run) {
+		run := &storeRun{}
+		s.mu.Lock()
+		s.run = run
+		s.mu.Unlock()
+		// Stop (or a hard stop) wakes the committers waiting for sends.
+		r.Go(func() {
+			select {
+			case <-r.Stopping():
+			case <-r.Context().Done():
+			}
+			s.beginStop(run)
+		})
+		for range sendCommitters {
+			r.Go(func() { s.commitLoop(r.Context(), run) })
+		}
+	})
+	if err != nil {
 		return fmt.Errorf("chat: start store: %w", err)
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.run != nil {
-		return fmt.Errorf("chat: start store: %w", outbox.ErrAlreadyStarted)
-	}
-	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	run := &storeRun{cancel: cancel, done: make(chan struct{})}
-	run.stopWatch = context.AfterFunc(ctx, func() { s.beginStop(run) })
-	s.run = run
-	exited := make(chan struct{}, sendCommitters)
-	for range sendCommitters {
-		go func() {
-			defer func() { exited <- struct{}{} }()
-			s.commitLoop(runCtx, run)
-		}()
-	}
-	go func() {
-		for range sendCommitters {
-			<-exited
-		}
-		close(run.done)
-	}()
 	return nil
 }
 
@@ -115,33 +109,21 @@ func (s *Store) Start(ctx context.Context) error {
 // goroutines, and it returns once the committer has exited. If ctx ends
 // first, in-flight and queued sends are aborted (their callers get the
 // error; nothing of theirs is stored), Stop waits for the committer to
-// exit, and returns ctx's error wrapped. Idempotent; nil if not started.
+// exit, and returns ctx's error wrapped. Idempotent; nil if not running.
 // Start may be called again afterwards.
 func (s *Store) Stop(ctx context.Context) error {
-	s.mu.Lock()
-	run := s.run
-	s.mu.Unlock()
-	if run == nil {
-		return nil
+	if err := s.life.Stop(ctx); err != nil {
+		return fmt.Errorf("chat: stop store: %w", err)
 	}
-	run.stopWatch()
-	s.beginStop(run)
-	var err error
-	select {
-	case <-run.done:
-	case <-ctx.Done():
-		run.cancel()
-		<-run.done
-		err = fmt.Errorf("chat: stop store: %w", ctx.Err())
-	}
-	run.cancel()
-	s.mu.Lock()
-	if s.run == run {
-		s.run = nil
-	}
-	s.mu.Unlock()
-	return err
+	return nil
 }
+
+// Started returns a channel closed once the latest Start succeeded.
+func (s *Store) Started() <-chan struct{} { return s.life.Started() }
+
+// Stopped returns a channel closed once the latest run's committers have
+// exited (closed before the first Start).
+func (s *Store) Stopped() <-chan struct{} { return s.life.Stopped() }
 
 func (s *Store) beginStop(run *storeRun) {
 	s.mu.Lock()

@@ -537,17 +537,21 @@ func TestStoreLifecycle(t *testing.T) {
 		t.Fatalf("%d aborted messages stored", n)
 	}
 
-	// The Start ctx ending stops it gracefully too.
+	// The Start ctx ending is a hard stop (internal/service): the
+	// committer exits, and later sends run alone.
 	sctx, scancel := context.WithCancel(ctx)
 	if err := e.store.Start(sctx); err != nil {
 		t.Fatal(err)
 	}
 	scancel()
-	testenv.WaitFor(t, 10*time.Second, "stopping after the Start ctx ended", func() bool {
-		e.store.mu.Lock()
-		defer e.store.mu.Unlock()
-		return e.store.run == nil || e.store.run.stopping
-	})
+	select {
+	case <-e.store.Stopped():
+	case <-time.After(10 * time.Second):
+		t.Fatal("not stopped 10 s after the Start ctx ended")
+	}
+	if m, err := e.store.Send(ctx, 5, "alone after a hard stop"); err != nil || m.Seq != 1 {
+		t.Fatalf("send after a hard stop: %+v, %v", m, err)
+	}
 	if err := e.store.Stop(ctx); err != nil {
 		t.Fatal(err)
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outboxchat/outboxchat/internal/service"
 	"github.com/outboxchat/outboxchat/redisq"
 )
 
@@ -24,8 +25,7 @@ type dualWriter struct {
 	log     *slog.Logger
 	mu      sync.Mutex
 	pending []redisq.Job
-	cancel  context.CancelFunc
-	done    chan struct{}
+	life    service.Lifecycle
 }
 
 func newDualWriter(store *Store, pub *redisq.Publisher, log *slog.Logger) *dualWriter {
@@ -57,45 +57,43 @@ func (d *dualWriter) send(ctx context.Context, chatID int64, body string) (Messa
 	return m, nil
 }
 
-func (d *dualWriter) start(ctx context.Context) {
-	ctx, d.cancel = context.WithCancel(context.WithoutCancel(ctx))
-	d.done = make(chan struct{})
-	go func() {
-		defer close(d.done)
-		t := time.NewTicker(250 * time.Millisecond)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-			}
-			d.mu.Lock()
-			jobs := d.pending
-			d.pending = nil
-			d.mu.Unlock()
-			if len(jobs) == 0 {
-				continue
-			}
-			if _, err := d.pub.Add(ctx, jobs...); err != nil {
-				d.mu.Lock()
-				d.pending = append(jobs, d.pending...)
-				d.mu.Unlock()
-			}
-		}
-	}()
+// Start runs the retry loop (internal/service contract; the loop's Redis
+// adds run under the run's context, so a graceful stop just ends the loop).
+func (d *dualWriter) Start(ctx context.Context) error {
+	return d.life.Start(ctx, func(r *service.Run) { r.Go(func() { d.retryLoop(r.DrainContext()) }) })
 }
 
-// stop drops whatever is still pending: exactly the loss the write-up shows.
-func (d *dualWriter) stop(context.Context) error {
-	if d.cancel != nil {
-		d.cancel()
-		<-d.done
+func (d *dualWriter) retryLoop(ctx context.Context) {
+	t := time.NewTicker(250 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		d.mu.Lock()
+		jobs := d.pending
+		d.pending = nil
+		d.mu.Unlock()
+		if len(jobs) == 0 {
+			continue
+		}
+		if _, err := d.pub.Add(ctx, jobs...); err != nil {
+			d.mu.Lock()
+			d.pending = append(jobs, d.pending...)
+			d.mu.Unlock()
+		}
 	}
+}
+
+// Stop drops whatever is still pending: exactly the loss the write-up shows.
+func (d *dualWriter) Stop(ctx context.Context) error {
+	err := d.life.Stop(ctx)
 	d.mu.Lock()
 	if n := len(d.pending); n > 0 {
 		d.log.Warn("stopping with queue adds still in memory: they are lost", "count", n)
 	}
 	d.mu.Unlock()
-	return nil
+	return err
 }

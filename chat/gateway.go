@@ -20,6 +20,7 @@ import (
 	"github.com/jackc/pgxlisten"
 
 	"github.com/outboxchat/outboxchat/inbox"
+	"github.com/outboxchat/outboxchat/internal/service"
 )
 
 // Gateway defaults.
@@ -47,7 +48,8 @@ type GatewayConfig struct {
 	// and its outbox channel (empty payload). Required.
 	Channels []string
 	// PollInterval is the fallback re-read of every room with subscribers,
-	// catching any lost wake-up. Default DefaultGatewayPoll (1 s).
+	// catching any lost wake-up. Default DefaultGatewayPoll (1 s); must not
+	// be negative.
 	PollInterval time.Duration
 	// GapTimeout is how long a room holds received messages behind a missing
 	// seq (one still in flight, e.g. a reclaimed job) before pushing them
@@ -58,7 +60,8 @@ type GatewayConfig struct {
 	GapTimeout time.Duration
 	// ClientBuffer is the number of frames queued per subscriber; a
 	// subscriber that falls further behind is evicted (it reconnects and
-	// catches up by seq). Default DefaultClientBuffer (1024).
+	// catches up by seq). Default DefaultClientBuffer (1024); must not be
+	// negative.
 	ClientBuffer int
 	// Ignore, when set, drops notifications for which it returns true —
 	// those the caller has already turned into Wake calls (Serve drops the
@@ -98,8 +101,7 @@ type Gateway struct {
 	offered  map[int64]*roomRows // committed rows handed over by Offer, per room with subscribers
 	running  bool                // between Start and Stop: Offer keeps rows only then
 	wake     chan struct{}
-	cancel   context.CancelFunc
-	wg       sync.WaitGroup
+	life     service.Lifecycle
 }
 
 // Subscription is one live subscriber of a room. Frames (JSON-encoded
@@ -124,31 +126,56 @@ type Subscription struct {
 	above map[int64]bool
 }
 
-// NewGateway returns a Gateway for service on pool.
+// WithDefaults returns a copy of c in which every zero field holds its
+// default: PollInterval DefaultGatewayPoll, GapTimeout DefaultGapTimeout,
+// ClientBuffer DefaultClientBuffer, Logger slog.Default(). A nil c gives a
+// config of defaults without Channels.
+func (c *GatewayConfig) WithDefaults() *GatewayConfig {
+	var d GatewayConfig
+	if c != nil {
+		d = *c
+	}
+	if d.PollInterval == 0 {
+		d.PollInterval = DefaultGatewayPoll
+	}
+	if d.GapTimeout == 0 {
+		d.GapTimeout = DefaultGapTimeout
+	}
+	if d.ClientBuffer == 0 {
+		d.ClientBuffer = DefaultClientBuffer
+	}
+	if d.Logger == nil {
+		d.Logger = slog.Default()
+	}
+	return &d
+}
+
+// validate checks a config that went through WithDefaults.
+func (c *GatewayConfig) validate() error {
+	switch {
+	case len(c.Channels) == 0:
+		return errors.New("chat: gateway needs at least one channel")
+	case c.PollInterval < 0:
+		return fmt.Errorf("chat: gateway: negative PollInterval %v", c.PollInterval)
+	case c.ClientBuffer < 0:
+		return fmt.Errorf("chat: gateway: negative ClientBuffer %d", c.ClientBuffer)
+	}
+	return nil
+}
+
+// NewGateway returns a Gateway for service on pool. It validates cfg after
+// GatewayConfig.WithDefaults: an error for an unknown service, no Channels,
+// or a negative PollInterval or ClientBuffer (a negative GapTimeout means
+// no hold).
 func NewGateway(pool *pgxpool.Pool, service string, cfg *GatewayConfig) (*Gateway, error) {
 	if err := checkService(service); err != nil {
 		return nil, err
 	}
-	var c GatewayConfig
-	if cfg != nil {
-		c = *cfg
-	}
-	if len(c.Channels) == 0 {
-		return nil, errors.New("chat: gateway needs at least one channel")
-	}
-	if c.PollInterval <= 0 {
-		c.PollInterval = DefaultGatewayPoll
-	}
-	if c.GapTimeout == 0 {
-		c.GapTimeout = DefaultGapTimeout
-	}
-	if c.ClientBuffer <= 0 {
-		c.ClientBuffer = DefaultClientBuffer
+	c := *cfg.WithDefaults()
+	if err := c.validate(); err != nil {
+		return nil, err
 	}
 	log := c.Logger
-	if log == nil {
-		log = slog.Default()
-	}
 	s := pgx.Identifier{service}.Sanitize()
 	page := strconv.Itoa(gatewayPageSize)
 	// One round trip reads every dirty room: a LATERAL page per room and
@@ -172,10 +199,11 @@ func NewGateway(pool *pgxpool.Pool, service string, cfg *GatewayConfig) (*Gatewa
 	}, nil
 }
 
-// Start starts the LISTEN loop and the push loop. It does not block.
+// Start starts the LISTEN loop and the push loop and returns at once. It
+// follows the contract of internal/service: they run until Stop, or until
+// ctx is cancelled (a hard stop). Errors: outbox.ErrAlreadyStarted while a
+// run is in progress, or ctx.Err() (both wrapped).
 func (g *Gateway) Start(ctx context.Context) error {
-	ctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	g.cancel = cancel
 	l := &pgxlisten.Listener{
 		Connect: func(ctx context.Context) (*pgx.Conn, error) {
 			cc := g.pool.Config().ConnConfig.Copy()
@@ -192,30 +220,41 @@ func (g *Gateway) Start(ctx context.Context) error {
 	for _, ch := range g.cfg.Channels {
 		l.Handle(ch, listenHandler{g})
 	}
-	g.mu.Lock()
-	g.running = true
-	g.mu.Unlock()
-	g.wg.Add(2)
-	go func() { defer g.wg.Done(); _ = l.Listen(ctx) }()
-	go func() { defer g.wg.Done(); g.loop(ctx) }()
+	err := g.life.Start(ctx, func(r *service.Run) {
+		g.mu.Lock()
+		g.running = true
+		g.mu.Unlock()
+		r.Go(func() { _ = l.Listen(r.DrainContext()) })
+		r.Go(func() {
+			g.loop(r.DrainContext())
+			g.mu.Lock()
+			g.running, g.offered = false, nil
+			g.mu.Unlock()
+		})
+	})
+	if err != nil {
+		return fmt.Errorf("chat: start gateway: %w", err)
+	}
 	return nil
 }
 
-// Stop stops both loops and waits for them. Subscriptions stay open; their
-// owners close them. Stop is idempotent.
+// Stop stops both loops (the LISTEN connection closes, a read in flight is
+// cancelled) and waits for them. Subscriptions stay open; their owners
+// close them. Idempotent; nil if not running; ctx bounds the wait (its
+// error is returned wrapped).
 func (g *Gateway) Stop(ctx context.Context) error {
-	if g.cancel == nil {
-		return nil
-	}
-	g.mu.Lock()
-	g.running, g.offered = false, nil
-	g.mu.Unlock()
-	g.cancel()
-	if err := waitGroupCtx(ctx, &g.wg); err != nil {
-		return fmt.Errorf("gateway stop: %w", err)
+	if err := g.life.Stop(ctx); err != nil {
+		return fmt.Errorf("chat: stop gateway: %w", err)
 	}
 	return nil
 }
+
+// Started returns a channel closed once the latest Start succeeded.
+func (g *Gateway) Started() <-chan struct{} { return g.life.Started() }
+
+// Stopped returns a channel closed once the latest run's loops have
+// returned (closed before the first Start).
+func (g *Gateway) Stopped() <-chan struct{} { return g.life.Stopped() }
 
 type listenHandler struct{ g *Gateway }
 

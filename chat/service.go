@@ -22,6 +22,7 @@ import (
 
 	"github.com/outboxchat/outboxchat/chat/web"
 	"github.com/outboxchat/outboxchat/inbox"
+	"github.com/outboxchat/outboxchat/internal/service"
 	"github.com/outboxchat/outboxchat/outbox"
 	"github.com/outboxchat/outboxchat/redisq"
 )
@@ -83,7 +84,7 @@ type Config struct {
 	// MaxBodyBytes limits a message body. Default DefaultMaxBodyBytes.
 	MaxBodyBytes int
 	// RedisPrefix prefixes every Redis key (several deployments on one
-	// Redis). Default "outboxchat:".
+	// Redis). Default DefaultRedisPrefix.
 	RedisPrefix string
 	// Fault is a fault-injection spec for the lab (see ParseFault); "" = none.
 	Fault string
@@ -97,6 +98,9 @@ type Config struct {
 	wrapPublisher func(outbox.Publisher) outbox.Publisher
 	wrapSource    func(inbox.Source) inbox.Source
 }
+
+// DefaultRedisPrefix is Config.RedisPrefix's default.
+const DefaultRedisPrefix = "outboxchat:"
 
 // QueueName is the Redis queue carrying messages from service from to its peer.
 func QueueName(from string) string { return from + "-to-" + Peer(from) }
@@ -153,7 +157,7 @@ func Serve(ctx context.Context, cfg Config) error {
 		cfg.MaxBodyBytes = DefaultMaxBodyBytes
 	}
 	if cfg.RedisPrefix == "" {
-		cfg.RedisPrefix = "outboxchat:"
+		cfg.RedisPrefix = DefaultRedisPrefix
 	}
 	if cfg.HTTPAddr == "" {
 		cfg.HTTPAddr = map[string]string{Consumers: "127.0.0.1:8080", Workers: "127.0.0.1:8081"}[cfg.Service]
@@ -222,12 +226,24 @@ func Serve(ctx context.Context, cfg Config) error {
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	var stops []func(context.Context) error
+	// Services are started in order and stopped in reverse, gracefully
+	// (internal/service: Stop drains, then cancels). They are started with
+	// a context the signal does not cancel, because cancelling Start's ctx
+	// is a hard stop; ctx ending makes Serve stop them, in reverse.
+	runCtx := context.WithoutCancel(ctx)
+	var started []service.Service
+	start := func(svc service.Service) error {
+		if err := svc.Start(runCtx); err != nil {
+			return err
+		}
+		started = append(started, svc)
+		return nil
+	}
 	stopAll := func() {
-		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		sctx, cancel := context.WithTimeout(runCtx, 10*time.Second)
 		defer cancel()
-		for i := len(stops) - 1; i >= 0; i-- {
-			if err := stops[i](sctx); err != nil {
+		for i := len(started) - 1; i >= 0; i-- {
+			if err := started[i].Stop(sctx); err != nil {
 				log.Warn("stop", "err", err)
 			}
 		}
@@ -307,10 +323,9 @@ func Serve(ctx context.Context, cfg Config) error {
 		if err != nil {
 			return err
 		}
-		if err := ic.Start(ctx); err != nil {
+		if err := start(ic); err != nil {
 			return err
 		}
-		stops = append(stops, ic.Stop)
 		registerInboxMetrics(reg, ic)
 		log.Info("worker started", "queue", QueueName(Peer(cfg.Service)), "consumer", cfg.ConsumerName)
 	}
@@ -342,10 +357,9 @@ func Serve(ctx context.Context, cfg Config) error {
 		if err != nil {
 			return err
 		}
-		if err := relay.Start(ctx); err != nil {
+		if err := start(relay); err != nil {
 			return err
 		}
-		stops = append(stops, relay.Stop)
 		relayWake = relay.Wake
 		log.Info("relay started", "queue", QueueName(cfg.Service), "poll_only", cfg.PollOnly)
 	}
@@ -356,18 +370,16 @@ func Serve(ctx context.Context, cfg Config) error {
 		return nil
 	}
 
-	if err := writer.Start(ctx); err != nil {
+	if err := start(writer); err != nil {
 		return err
 	}
-	stops = append(stops, writer.Stop)
 	store, err := NewStore(pool, cfg.Service, writer)
 	if err != nil {
 		return err
 	}
-	if err := gw.Start(ctx); err != nil {
+	if err := start(gw); err != nil {
 		return err
 	}
-	stops = append(stops, gw.Stop)
 	store.afterCommit = func(ms []Message) { gw.Offer(false, ms) }
 	if relayWake != nil && cfg.directRelayWake() {
 		// In the after-commit mode the relay in this process is woken
@@ -376,10 +388,9 @@ func Serve(ctx context.Context, cfg Config) error {
 		// what they are (in-tx NOTIFY, poll only).
 		store.afterCommit = func(ms []Message) { relayWake(); gw.Offer(false, ms) }
 	}
-	if err := store.Start(ctx); err != nil {
+	if err := start(store); err != nil {
 		return err
 	}
-	stops = append(stops, store.Stop)
 	api := &API{store: store, gateway: gw, service: cfg.Service, maxBody: cfg.MaxBodyBytes, log: log, closing: make(chan struct{})}
 	if cfg.Mode == ModeDualWrite {
 		pub, err := redisq.NewPublisher(rdb, &redisq.PublisherConfig{Queue: QueueName(cfg.Service), Prefix: cfg.RedisPrefix, Logger: log})
@@ -387,8 +398,9 @@ func Serve(ctx context.Context, cfg Config) error {
 			return err
 		}
 		dw := newDualWriter(store, pub, log)
-		dw.start(ctx)
-		stops = append(stops, dw.stop)
+		if err := start(dw); err != nil {
+			return err
+		}
 		api.onSend = dw.send
 	}
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outboxchat/outboxchat/internal/service"
 	"github.com/outboxchat/outboxchat/outbox"
 )
 
@@ -36,12 +37,14 @@ type Store struct {
 	// Start.
 	afterCommit func(ms []Message)
 
-	// Group commit (batch.go). mu guards queue and run; cond (on mu) wakes
-	// the committers when the queue grows or stopping is set.
+	// Group commit (batch.go). life runs the committers; mu guards queue
+	// and run; cond (on mu) wakes the committers when the queue grows or
+	// stopping is set.
+	life  service.Lifecycle
 	mu    sync.Mutex
 	cond  *sync.Cond
 	queue []*sendReq
-	run   *storeRun // nil unless started
+	run   *storeRun // the latest run; nil before the first Start
 }
 
 // queries holds the service's schema-qualified SQL.

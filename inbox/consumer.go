@@ -6,13 +6,14 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxchat/outboxchat/internal/service"
 )
 
 // Defaults for Config fields left zero.
@@ -37,9 +38,10 @@ var (
 	// dependency or an out-of-range Config field.
 	ErrInvalidConfig = errors.New("inbox: invalid config")
 
-	// ErrStarted is returned by Start when the Consumer was already started
-	// or stopped: a Consumer runs at most once.
-	ErrStarted = errors.New("inbox: consumer already started")
+	// ErrStarted is wrapped by Start while the Consumer's previous run has
+	// not fully stopped. It is internal/service's ErrAlreadyStarted
+	// (outbox.ErrAlreadyStarted too), so errors.Is matches either.
+	ErrStarted = service.ErrAlreadyStarted
 )
 
 // Metrics are optional hooks the Consumer calls after the events they name;
@@ -123,7 +125,8 @@ type Stats struct {
 // batch in one transaction, commit, then Ack. See the package doc for the
 // invariants and failure modes.
 //
-// Start runs one goroutine; Stop stops it. Stats is safe for concurrent use.
+// Start runs one goroutine; Stop stops it. Stats, Start, Stop, Started and
+// Stopped are safe for concurrent use.
 type Consumer struct {
 	pool        *pgxpool.Pool
 	src         Source
@@ -139,18 +142,51 @@ type Consumer struct {
 	dups        atomic.Int64
 	deadLets    atomic.Int64
 
-	mu         sync.Mutex
-	started    bool
-	stopFetch  context.CancelFunc // stop fetching and backing off
-	cancelWork context.CancelFunc // abort the in-flight batch too
-	done       chan struct{}      // closed when the run goroutine returned
+	life service.Lifecycle
+}
+
+// WithDefaults returns a copy of c in which every zero field holds its
+// default: BatchSize DefaultBatchSize, RetryBackoff DefaultRetryBackoff,
+// MaxRetryBackoff the larger of DefaultMaxRetryBackoff and RetryBackoff,
+// BatchTimeout DefaultBatchTimeout, Logger slog.Default(). Negative values
+// are kept (NewConsumer rejects them, except a negative BatchTimeout: no
+// timeout). A nil c gives all defaults.
+func (c *Config) WithDefaults() *Config {
+	var d Config
+	if c != nil {
+		d = *c
+	}
+	d.BatchSize = orDefault(d.BatchSize, DefaultBatchSize)
+	d.RetryBackoff = orDefault(d.RetryBackoff, DefaultRetryBackoff)
+	d.MaxRetryBackoff = orDefault(d.MaxRetryBackoff, max(DefaultMaxRetryBackoff, d.RetryBackoff))
+	d.BatchTimeout = orDefault(d.BatchTimeout, DefaultBatchTimeout)
+	if d.Logger == nil {
+		d.Logger = slog.Default()
+	}
+	return &d
+}
+
+// validate checks a config that went through WithDefaults. Errors wrap
+// ErrInvalidConfig.
+func (c *Config) validate() error {
+	switch {
+	case c.BatchSize < 0:
+		return fmt.Errorf("BatchSize %d < 0: %w", c.BatchSize, ErrInvalidConfig)
+	case c.RetryBackoff < 0:
+		return fmt.Errorf("RetryBackoff %v < 0: %w", c.RetryBackoff, ErrInvalidConfig)
+	case c.MaxRetryBackoff < 0:
+		return fmt.Errorf("MaxRetryBackoff %v < 0: %w", c.MaxRetryBackoff, ErrInvalidConfig)
+	case c.MaxRetryBackoff < c.RetryBackoff:
+		return fmt.Errorf("MaxRetryBackoff %v < RetryBackoff %v: %w", c.MaxRetryBackoff, c.RetryBackoff, ErrInvalidConfig)
+	}
+	return nil
 }
 
 // NewConsumer returns a Consumer that reads from src and applies deliveries
-// with h in transactions on pool. It validates eagerly and returns an error
-// wrapping ErrInvalidConfig for a nil pool, src or h, or an out-of-range
-// Config field. It does not touch the network. The Consumer does not close
-// pool or src.
+// with h in transactions on pool. It validates eagerly (after
+// Config.WithDefaults) and returns an error wrapping ErrInvalidConfig for a
+// nil pool, src or h, or an out-of-range Config field. It does not touch the
+// network. The Consumer does not close pool or src.
 func NewConsumer(pool *pgxpool.Pool, src Source, h Handler, cfg *Config) (*Consumer, error) {
 	switch {
 	case pool == nil:
@@ -160,42 +196,22 @@ func NewConsumer(pool *pgxpool.Pool, src Source, h Handler, cfg *Config) (*Consu
 	case h == nil:
 		return nil, fmt.Errorf("creating inbox consumer: nil handler: %w", ErrInvalidConfig)
 	}
-	if cfg == nil {
-		cfg = &Config{}
+	cfg = cfg.WithDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, fmt.Errorf("creating inbox consumer: %w", err)
 	}
-	if cfg.BatchSize < 0 {
-		return nil, fmt.Errorf("creating inbox consumer: BatchSize %d < 0: %w", cfg.BatchSize, ErrInvalidConfig)
-	}
-	if cfg.RetryBackoff < 0 {
-		return nil, fmt.Errorf("creating inbox consumer: RetryBackoff %v < 0: %w", cfg.RetryBackoff, ErrInvalidConfig)
-	}
-	if cfg.MaxRetryBackoff < 0 {
-		return nil, fmt.Errorf("creating inbox consumer: MaxRetryBackoff %v < 0: %w", cfg.MaxRetryBackoff, ErrInvalidConfig)
-	}
-	c := &Consumer{
+	return &Consumer{
 		pool:        pool,
 		src:         src,
 		h:           h,
-		batch:       orDefault(cfg.BatchSize, DefaultBatchSize),
-		backoff:     orDefault(cfg.RetryBackoff, DefaultRetryBackoff),
+		batch:       cfg.BatchSize,
+		backoff:     cfg.RetryBackoff,
 		maxBack:     cfg.MaxRetryBackoff,
-		timeout:     orDefault(cfg.BatchTimeout, DefaultBatchTimeout),
-		log:         cfg.Logger,
+		timeout:     cfg.BatchTimeout,
+		log:         cfg.Logger.With("component", "inbox"),
 		metrics:     cfg.Metrics,
 		afterCommit: cfg.AfterCommit,
-	}
-	switch {
-	case c.maxBack == 0:
-		c.maxBack = max(DefaultMaxRetryBackoff, c.backoff)
-	case c.maxBack < c.backoff:
-		return nil, fmt.Errorf("creating inbox consumer: MaxRetryBackoff %v < RetryBackoff %v: %w",
-			c.maxBack, c.backoff, ErrInvalidConfig)
-	}
-	if c.log == nil {
-		c.log = slog.Default()
-	}
-	c.log = c.log.With("component", "inbox")
-	return c, nil
+	}, nil
 }
 
 // orDefault returns v, or def when v is zero.
@@ -210,22 +226,18 @@ func orDefault[T int | time.Duration](v, def T) T {
 // to BatchSize deliveries, applies them in one transaction, commits, acks,
 // and repeats; on a transient error it backs off and retries the same batch.
 //
-// ctx bounds the Consumer's whole life: cancelling it aborts fetching and
-// any in-flight batch (rolled back; the deliveries come back later). Use
-// Stop for a graceful shutdown. Start returns ErrStarted if called twice or
-// after Stop. Safe for concurrent use with Stop.
+// It follows the contract of internal/service: cancelling ctx is a hard
+// stop that aborts fetching and any in-flight batch (rolled back; the
+// deliveries come back later); use Stop for a graceful shutdown. Errors:
+// ErrStarted while a run is in progress, or ctx.Err() (both wrapped). Start
+// may be called again after a stop. Safe for concurrent use with Stop.
 func (c *Consumer) Start(ctx context.Context) error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.started {
-		return ErrStarted
+	err := c.life.Start(ctx, func(r *service.Run) {
+		r.Go(func() { c.run(r.DrainContext(), r.Context()) })
+	})
+	if err != nil {
+		return fmt.Errorf("starting inbox consumer: %w", err)
 	}
-	c.started = true
-	workCtx, cancelWork := context.WithCancel(ctx)
-	fetchCtx, stopFetch := context.WithCancel(workCtx)
-	c.cancelWork, c.stopFetch = cancelWork, stopFetch
-	c.done = make(chan struct{})
-	go c.run(fetchCtx, workCtx)
 	return nil
 }
 
@@ -236,30 +248,21 @@ func (c *Consumer) Start(ctx context.Context) error {
 //
 // If ctx ends first, Stop aborts the in-flight batch (rolled back,
 // redelivered later), still waits for the goroutine, and returns an error
-// wrapping ctx.Err(). Stop is idempotent and safe for concurrent use; Stop
-// before Start returns nil and makes a later Start fail.
+// wrapping ctx.Err(). Stop is idempotent and safe for concurrent use; nil
+// when not running.
 func (c *Consumer) Stop(ctx context.Context) error {
-	c.mu.Lock()
-	if !c.started {
-		c.started = true
-		c.mu.Unlock()
-		return nil
+	if err := c.life.Stop(ctx); err != nil {
+		return fmt.Errorf("stopping inbox consumer: %w", err)
 	}
-	done, stopFetch, cancelWork := c.done, c.stopFetch, c.cancelWork
-	c.mu.Unlock()
-	if done == nil {
-		return nil // stopped before it was started
-	}
-	stopFetch()
-	select {
-	case <-done:
-		return nil
-	case <-ctx.Done():
-		cancelWork()
-		<-done
-		return fmt.Errorf("stopping inbox consumer: %w", ctx.Err())
-	}
+	return nil
 }
+
+// Started returns a channel closed once the latest Start succeeded.
+func (c *Consumer) Started() <-chan struct{} { return c.life.Started() }
+
+// Stopped returns a channel closed once the latest run's goroutine has
+// returned (closed before the first Start).
+func (c *Consumer) Stopped() <-chan struct{} { return c.life.Stopped() }
 
 // Stats returns the cumulative counters. Safe for concurrent use.
 func (c *Consumer) Stats() Stats {
@@ -288,10 +291,8 @@ func (c *Consumer) ProcessBatch(ctx context.Context, ds []Delivery) error {
 }
 
 // run is the Consumer's goroutine. fetchCtx ends on Stop; workCtx ends when
-// the Start ctx ends or Stop gives up waiting.
+// the Start ctx ends, Stop gives up waiting, or the run is over.
 func (c *Consumer) run(fetchCtx, workCtx context.Context) {
-	defer close(c.done)
-	defer c.cancelWork()
 	var pending []Delivery // a batch to retry before fetching anything new
 	failures := 0
 	for fetchCtx.Err() == nil {

@@ -316,8 +316,16 @@ func TestConsumerStopFinishesInFlightBatch(t *testing.T) {
 	if err := c.Stop(context.Background()); err != nil {
 		t.Fatalf("second Stop: %v", err)
 	}
+	// One lifecycle contract (internal/service): a stopped Consumer starts
+	// again, and a second Start while it runs is refused.
+	if err := c.Start(context.Background()); err != nil {
+		t.Fatalf("Start after Stop = %v", err)
+	}
 	if err := c.Start(context.Background()); !errors.Is(err, inbox.ErrStarted) {
-		t.Fatalf("Start after Stop = %v, want ErrStarted", err)
+		t.Fatalf("second Start = %v, want ErrStarted", err)
+	}
+	if err := c.Stop(context.Background()); err != nil {
+		t.Fatalf("Stop of the second run: %v", err)
 	}
 }
 

@@ -117,3 +117,41 @@ func TestWakeModeString(t *testing.T) {
 		}
 	}
 }
+
+func TestParseWakeMode(t *testing.T) {
+	t.Parallel()
+	for _, m := range []outbox.WakeMode{outbox.WakeAfterCommit, outbox.WakeInTx, outbox.WakeNone} {
+		got, err := outbox.ParseWakeMode(m.String())
+		if err != nil || got != m {
+			t.Errorf("ParseWakeMode(%q) = %v, %v; want %v", m.String(), got, err, m)
+		}
+	}
+	for in, want := range map[string]outbox.WakeMode{"after-commit": outbox.WakeAfterCommit, "in-tx": outbox.WakeInTx} {
+		if got, err := outbox.ParseWakeMode(in); err != nil || got != want {
+			t.Errorf("ParseWakeMode(%q) = %v, %v; want %v", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"", "WakeMode(9)", "aftercommit", "AFTER_COMMIT"} {
+		if _, err := outbox.ParseWakeMode(in); err == nil {
+			t.Errorf("ParseWakeMode(%q): no error", in)
+		}
+	}
+}
+
+func TestConfigWithDefaults(t *testing.T) {
+	t.Parallel()
+	r := (&outbox.RelayConfig{Table: "ob.outbox", BatchSize: 7, LockTimeout: -1}).WithDefaults()
+	if r.Channel != "ob_outbox" || r.BatchSize != 7 || r.PollInterval != outbox.DefaultPollInterval ||
+		r.PublishTimeout != outbox.DefaultPublishTimeout || r.LockTimeout != -1 ||
+		r.StatementTimeout != outbox.DefaultStatementTimeout || r.IdleInTxTimeout != outbox.DefaultIdleInTxTimeout || r.Logger == nil {
+		t.Errorf("RelayConfig.WithDefaults() = %+v", r)
+	}
+	w := (*outbox.WriterConfig)(nil).WithDefaults()
+	if w.Channel != "" || w.NotifyTimeout != outbox.DefaultNotifyTimeout || w.Mode != outbox.WakeAfterCommit || w.Logger == nil {
+		t.Errorf("nil WriterConfig.WithDefaults() = %+v", w)
+	}
+	in := &outbox.WriterConfig{Table: "t"}
+	if in.WithDefaults(); in.Channel != "" || in.NotifyTimeout != 0 {
+		t.Errorf("WithDefaults changed its receiver: %+v", in)
+	}
+}

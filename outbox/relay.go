@@ -14,6 +14,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxchat/outboxchat/internal/service"
 )
 
 // Relay defaults. A zero RelayConfig field means the matching default.
@@ -119,7 +121,7 @@ type RelayConfig struct {
 // Relay moves unsent outbox rows to a Publisher: claim (FOR UPDATE) in id
 // order, publish, mark sent, commit; see the package doc for its invariants.
 // Create it with NewRelay. RunOnce, Wake and Listening are safe for
-// concurrent use; Start and Stop are serialised.
+// concurrent use; so are Start, Stop, Started and Stopped.
 type Relay struct {
 	pool      *pgxpool.Pool
 	pub       Publisher
@@ -138,19 +140,81 @@ type Relay struct {
 	wake      chan struct{} // 1-buffered pending wake-up
 	listening atomic.Bool
 
-	mu  sync.Mutex
-	run *relayRun // nil unless started
+	life service.Lifecycle
 }
 
-type relayRun struct {
-	cancel   context.CancelFunc // hard stop: cancels in-flight work
-	stopping chan struct{}      // closed by Stop: no new passes
-	stopOnce sync.Once
-	done     chan struct{} // closed when every goroutine has returned
+// WithDefaults returns a copy of c in which every zero field holds its
+// default: Channel from Table, BatchSize DefaultBatchSize, PollInterval
+// DefaultPollInterval, PublishTimeout DefaultPublishTimeout, the three
+// transaction timeouts their Default constants, Logger slog.Default().
+// Negative values are kept (NewRelay rejects them). A nil c gives a config
+// of defaults without Table and Publisher.
+func (c *RelayConfig) WithDefaults() *RelayConfig {
+	var d RelayConfig
+	if c != nil {
+		d = *c
+	}
+	if d.Channel == "" {
+		if t, err := parseTable(d.Table); err == nil {
+			d.Channel = defaultChannel(t)
+		}
+	}
+	d.BatchSize = orDefault(d.BatchSize, DefaultBatchSize)
+	d.PollInterval = orDefault(d.PollInterval, DefaultPollInterval)
+	d.PublishTimeout = orDefault(d.PublishTimeout, DefaultPublishTimeout)
+	d.LockTimeout = orDefault(d.LockTimeout, DefaultLockTimeout)
+	d.StatementTimeout = orDefault(d.StatementTimeout, DefaultStatementTimeout)
+	d.IdleInTxTimeout = orDefault(d.IdleInTxTimeout, DefaultIdleInTxTimeout)
+	if d.Logger == nil {
+		d.Logger = slog.Default()
+	}
+	return &d
 }
 
-// NewRelay validates cfg and returns a stopped Relay. Errors wrap
-// ErrInvalidConfig.
+// validate checks a config that went through WithDefaults and returns its
+// parsed Table. Errors wrap ErrInvalidConfig.
+func (c *RelayConfig) validate() (table, error) {
+	if c.Publisher == nil {
+		return table{}, fmt.Errorf("RelayConfig.Publisher is required: %w", ErrInvalidConfig)
+	}
+	t, err := parseTable(c.Table)
+	if err != nil {
+		return table{}, err
+	}
+	if err := checkChannel(c.Channel); err != nil {
+		return table{}, err
+	}
+	if c.BatchSize < 0 {
+		return table{}, fmt.Errorf("negative BatchSize: %w", ErrInvalidConfig)
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{
+		{"PollInterval", c.PollInterval},
+		{"PublishTimeout", c.PublishTimeout},
+		{"LockTimeout", c.LockTimeout},
+		{"StatementTimeout", c.StatementTimeout},
+		{"IdleInTxTimeout", c.IdleInTxTimeout},
+	} {
+		if d.v < 0 {
+			return table{}, fmt.Errorf("negative %s: %w", d.name, ErrInvalidConfig)
+		}
+	}
+	return t, nil
+}
+
+// orDefault returns v, or def when v is zero.
+func orDefault[T int | time.Duration](v, def T) T {
+	if v == 0 {
+		return def
+	}
+	return v
+}
+
+// NewRelay validates cfg (after WithDefaults) and returns a stopped Relay.
+// Errors wrap ErrInvalidConfig: a nil cfg or pool, no Publisher, a bad
+// Table or Channel, a negative field.
 func NewRelay(pool *pgxpool.Pool, cfg *RelayConfig) (*Relay, error) {
 	if cfg == nil {
 		return nil, fmt.Errorf("outbox: new relay: config with Table and Publisher is required: %w", ErrInvalidConfig)
@@ -158,10 +222,8 @@ func NewRelay(pool *pgxpool.Pool, cfg *RelayConfig) (*Relay, error) {
 	if pool == nil {
 		return nil, fmt.Errorf("outbox: new relay: nil pool: %w", ErrInvalidConfig)
 	}
-	if cfg.Publisher == nil {
-		return nil, fmt.Errorf("outbox: new relay: Publisher is required: %w", ErrInvalidConfig)
-	}
-	t, err := parseTable(cfg.Table)
+	cfg = cfg.WithDefaults()
+	t, err := cfg.validate()
 	if err != nil {
 		return nil, fmt.Errorf("outbox: new relay: %w", err)
 	}
@@ -174,53 +236,11 @@ func NewRelay(pool *pgxpool.Pool, cfg *RelayConfig) (*Relay, error) {
 		listen:    !cfg.DisableListen,
 		ignore:    cfg.IgnoreNotification,
 		pubTO:     cfg.PublishTimeout,
-		log:       cfg.Logger,
+		timeouts:  [3]string{pgMillis(cfg.LockTimeout), pgMillis(cfg.StatementTimeout), pgMillis(cfg.IdleInTxTimeout)},
+		log:       cfg.Logger.With(slog.String("component", "outbox.relay")),
 		m:         cfg.Metrics,
 		wake:      make(chan struct{}, 1),
 	}
-	if r.channel == "" {
-		r.channel = defaultChannel(t)
-	}
-	if err := checkChannel(r.channel); err != nil {
-		return nil, fmt.Errorf("outbox: new relay: %w", err)
-	}
-	if r.batchSize < 0 {
-		return nil, fmt.Errorf("outbox: new relay: negative BatchSize: %w", ErrInvalidConfig)
-	}
-	if r.batchSize == 0 {
-		r.batchSize = DefaultBatchSize
-	}
-	durs := []struct {
-		name string
-		v    *time.Duration
-		def  time.Duration
-	}{
-		{"PollInterval", &r.poll, DefaultPollInterval},
-		{"PublishTimeout", &r.pubTO, DefaultPublishTimeout},
-	}
-	lock, stmt, idle := cfg.LockTimeout, cfg.StatementTimeout, cfg.IdleInTxTimeout
-	durs = append(durs, []struct {
-		name string
-		v    *time.Duration
-		def  time.Duration
-	}{
-		{"LockTimeout", &lock, DefaultLockTimeout},
-		{"StatementTimeout", &stmt, DefaultStatementTimeout},
-		{"IdleInTxTimeout", &idle, DefaultIdleInTxTimeout},
-	}...)
-	for _, d := range durs {
-		if *d.v < 0 {
-			return nil, fmt.Errorf("outbox: new relay: negative %s: %w", d.name, ErrInvalidConfig)
-		}
-		if *d.v == 0 {
-			*d.v = d.def
-		}
-	}
-	r.timeouts = [3]string{pgMillis(lock), pgMillis(stmt), pgMillis(idle)}
-	if r.log == nil {
-		r.log = slog.Default()
-	}
-	r.log = r.log.With(slog.String("component", "outbox.relay"))
 
 	// Plain FOR UPDATE, not SKIP LOCKED: a chat's events must be published
 	// in id order. During a rolling deploy two relays run at once; with SKIP
@@ -466,69 +486,51 @@ func (r *Relay) fail(stage string, err error) error {
 }
 
 // Start starts the relay's loop (and, unless DisableListen, its LISTEN
-// connection) and returns at once; the first pass runs immediately. It runs
-// until Stop, or until ctx is cancelled (a hard stop that also cancels the
-// in-flight pass; the rows then stay unsent; call Stop before starting
-// again). ErrAlreadyStarted if running.
+// connection) and returns at once; the first pass runs immediately. It
+// follows the contract of internal/service: it runs until Stop, or until ctx
+// is cancelled (a hard stop that also cancels the in-flight pass; the rows
+// then stay unsent). Errors: ErrAlreadyStarted while a run is in progress,
+// or ctx.Err() (both wrapped).
 func (r *Relay) Start(ctx context.Context) error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.run != nil {
-		return fmt.Errorf("outbox: start relay: %w", ErrAlreadyStarted)
-	}
-	if err := ctx.Err(); err != nil {
+	err := r.life.Start(ctx, func(run *service.Run) {
+		r.Wake()
+		run.Go(func() {
+			var wg sync.WaitGroup
+			listenCtx, stopListen := context.WithCancel(run.Context())
+			if r.listen {
+				wg.Go(func() { r.listenLoop(listenCtx) })
+			}
+			r.loop(run.Context(), run.Stopping())
+			// Stop order: no more passes, the in-flight one finished, then
+			// the LISTEN connection is closed.
+			stopListen()
+			wg.Wait()
+		})
+	})
+	if err != nil {
 		return fmt.Errorf("outbox: start relay: %w", err)
 	}
-	runCtx, cancel := context.WithCancel(ctx)
-	run := &relayRun{cancel: cancel, stopping: make(chan struct{}), done: make(chan struct{})}
-	r.run = run
-	r.Wake()
-
-	var wg sync.WaitGroup
-	listenCtx, stopListen := context.WithCancel(runCtx)
-	if r.listen {
-		wg.Go(func() { r.listenLoop(listenCtx) })
-	}
-	go func() {
-		r.loop(runCtx, run.stopping)
-		// Stop order: no more passes, the in-flight one finished, then the
-		// LISTEN connection is closed.
-		stopListen()
-		wg.Wait()
-		cancel()
-		close(run.done)
-	}()
 	return nil
 }
 
 // Stop stops claiming, lets the in-flight pass finish (publish and commit),
 // closes the LISTEN connection and waits for every goroutine. If ctx expires
 // first, the in-flight pass is cancelled (its rows stay unsent), Stop still
-// waits for the goroutines to return and then returns ctx's error.
-// Idempotent; nil if not started. Start may be called again afterwards.
+// waits for the goroutines to return and then returns ctx's error (wrapped).
+// Idempotent; nil if not running. Start may be called again afterwards.
 func (r *Relay) Stop(ctx context.Context) error {
-	r.mu.Lock()
-	run := r.run
-	r.mu.Unlock()
-	if run == nil {
-		return nil
+	if err := r.life.Stop(ctx); err != nil {
+		return fmt.Errorf("outbox: stop relay: %w", err)
 	}
-	run.stopOnce.Do(func() { close(run.stopping) })
-	var err error
-	select {
-	case <-run.done:
-	case <-ctx.Done():
-		err = fmt.Errorf("outbox: stop relay: %w", ctx.Err())
-		run.cancel()
-		<-run.done
-	}
-	r.mu.Lock()
-	if r.run == run {
-		r.run = nil
-	}
-	r.mu.Unlock()
-	return err
+	return nil
 }
+
+// Started returns a channel closed once the latest Start succeeded.
+func (r *Relay) Started() <-chan struct{} { return r.life.Started() }
+
+// Stopped returns a channel closed once the latest run has fully stopped
+// (closed before the first Start).
+func (r *Relay) Stopped() <-chan struct{} { return r.life.Stopped() }
 
 // loop runs passes on wake-ups and poll ticks until stopping is closed or
 // ctx is cancelled.

@@ -6,11 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sync"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxchat/outboxchat/internal/service"
 )
 
 // ErrInvalidEvent is wrapped by Writer.Enqueue when an Event lacks its ID or
@@ -18,8 +20,10 @@ import (
 // the caller's transaction stays usable.
 var ErrInvalidEvent = errors.New("invalid event")
 
-// ErrAlreadyStarted is returned by Start on a Writer or Relay that is running.
-var ErrAlreadyStarted = errors.New("already started")
+// ErrAlreadyStarted is wrapped by Start on a Writer or Relay whose previous
+// run has not fully stopped. It is internal/service's ErrAlreadyStarted, so
+// errors.Is matches it for every service of the module.
+var ErrAlreadyStarted = service.ErrAlreadyStarted
 
 // DefaultNotifyTimeout bounds the Writer's post-commit pg_notify statement.
 const DefaultNotifyTimeout = 2 * time.Second
@@ -71,6 +75,21 @@ func (m WakeMode) String() string {
 	return fmt.Sprintf("WakeMode(%d)", int(m))
 }
 
+// ParseWakeMode parses a WakeMode from its String form ("after_commit",
+// "in_tx", "none"); the spellings with '-' ("after-commit", "in-tx", the
+// CLI's --wake values) are accepted too. Error: an unknown name.
+func ParseWakeMode(s string) (WakeMode, error) {
+	switch strings.ReplaceAll(s, "-", "_") {
+	case "after_commit":
+		return WakeAfterCommit, nil
+	case "in_tx":
+		return WakeInTx, nil
+	case "none":
+		return WakeNone, nil
+	}
+	return 0, fmt.Errorf("outbox: unknown wake mode %q (want after_commit, in_tx or none)", s)
+}
+
 // WriterConfig configures NewWriter. A nil *WriterConfig is invalid because
 // Table has no default.
 type WriterConfig struct {
@@ -105,7 +124,8 @@ type WriterConfig struct {
 
 // Writer enqueues events into an outbox table inside the caller's
 // transaction and wakes the relay. Create it with NewWriter. Enqueue and
-// Committed are safe for concurrent use; Start and Stop are serialised.
+// Committed are safe for concurrent use, and so are Start, Stop, Started
+// and Stopped.
 type Writer struct {
 	pool          *pgxpool.Pool
 	channel       string
@@ -119,23 +139,72 @@ type Writer struct {
 
 	wake chan struct{} // 1-buffered: a pending post-commit wake-up
 
-	mu  sync.Mutex
-	run *writerRun // nil unless started
+	life service.Lifecycle
 }
 
-type writerRun struct {
-	cancel context.CancelFunc
-	done   chan struct{}
+// WithDefaults returns a copy of c in which every zero field holds its
+// default: Channel from Table, NotifyTimeout DefaultNotifyTimeout, Logger
+// slog.Default() (Mode's zero value is WakeAfterCommit; NotifyInterval's
+// is no spacing). Negative values are kept (NewWriter rejects them). A nil c
+// gives a config of defaults without Table.
+func (c *WriterConfig) WithDefaults() *WriterConfig {
+	var d WriterConfig
+	if c != nil {
+		d = *c
+	}
+	if d.Channel == "" {
+		if t, err := parseTable(d.Table); err == nil {
+			d.Channel = defaultChannel(t)
+		}
+	}
+	if d.NotifyTimeout == 0 {
+		d.NotifyTimeout = DefaultNotifyTimeout
+	}
+	if d.Logger == nil {
+		d.Logger = slog.Default()
+	}
+	return &d
 }
 
-// NewWriter validates cfg and returns a Writer. pool is used only for the
-// post-commit notifications of WakeAfterCommit and may be nil in the other
-// modes. Errors wrap ErrInvalidConfig.
+// validate checks a config that went through WithDefaults for pool and
+// returns its parsed Table. Errors wrap ErrInvalidConfig.
+func (c *WriterConfig) validate(pool *pgxpool.Pool) (table, error) {
+	t, err := parseTable(c.Table)
+	if err != nil {
+		return table{}, err
+	}
+	if err := checkChannel(c.Channel); err != nil {
+		return table{}, err
+	}
+	switch c.Mode {
+	case WakeAfterCommit:
+		if pool == nil {
+			return table{}, fmt.Errorf("pool is required for WakeAfterCommit: %w", ErrInvalidConfig)
+		}
+	case WakeInTx, WakeNone:
+	default:
+		return table{}, fmt.Errorf("unknown mode %v: %w", c.Mode, ErrInvalidConfig)
+	}
+	if c.NotifyTimeout < 0 {
+		return table{}, fmt.Errorf("negative NotifyTimeout: %w", ErrInvalidConfig)
+	}
+	if c.NotifyInterval < 0 {
+		return table{}, fmt.Errorf("negative NotifyInterval: %w", ErrInvalidConfig)
+	}
+	return t, nil
+}
+
+// NewWriter validates cfg (after WithDefaults) and returns a Writer. pool is
+// used only for the post-commit notifications of WakeAfterCommit and may be
+// nil in the other modes. Errors wrap ErrInvalidConfig: a nil cfg, a bad
+// Table or Channel, an unknown Mode, a nil pool with WakeAfterCommit, a
+// negative duration.
 func NewWriter(pool *pgxpool.Pool, cfg *WriterConfig) (*Writer, error) {
 	if cfg == nil {
 		return nil, fmt.Errorf("outbox: new writer: config with Table is required: %w", ErrInvalidConfig)
 	}
-	t, err := parseTable(cfg.Table)
+	cfg = cfg.WithDefaults()
+	t, err := cfg.validate(pool)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: new writer: %w", err)
 	}
@@ -145,37 +214,9 @@ func NewWriter(pool *pgxpool.Pool, cfg *WriterConfig) (*Writer, error) {
 		mode:          cfg.Mode,
 		notifyTimeout: cfg.NotifyTimeout,
 		interval:      cfg.NotifyInterval,
-		log:           cfg.Logger,
+		log:           cfg.Logger.With(slog.String("component", "outbox.writer")),
 		wake:          make(chan struct{}, 1),
 	}
-	if w.channel == "" {
-		w.channel = defaultChannel(t)
-	}
-	if err := checkChannel(w.channel); err != nil {
-		return nil, fmt.Errorf("outbox: new writer: %w", err)
-	}
-	switch w.mode {
-	case WakeAfterCommit:
-		if pool == nil {
-			return nil, fmt.Errorf("outbox: new writer: pool is required for WakeAfterCommit: %w", ErrInvalidConfig)
-		}
-	case WakeInTx, WakeNone:
-	default:
-		return nil, fmt.Errorf("outbox: new writer: unknown mode %v: %w", w.mode, ErrInvalidConfig)
-	}
-	if w.notifyTimeout < 0 {
-		return nil, fmt.Errorf("outbox: new writer: negative NotifyTimeout: %w", ErrInvalidConfig)
-	}
-	if w.notifyTimeout == 0 {
-		w.notifyTimeout = DefaultNotifyTimeout
-	}
-	if w.interval < 0 {
-		return nil, fmt.Errorf("outbox: new writer: negative NotifyInterval: %w", ErrInvalidConfig)
-	}
-	if w.log == nil {
-		w.log = slog.Default()
-	}
-	w.log = w.log.With(slog.String("component", "outbox.writer"))
 	w.insertOneSQL = "INSERT INTO " + t.quoted + " (event, idempotency_key, payload) VALUES ($1, $2, $3::text::jsonb)"
 	// WITH ORDINALITY + ORDER BY: identity values follow the argument order,
 	// so the relay publishes a multi-event enqueue in the order given.
@@ -296,61 +337,57 @@ func (w *Writer) Committed() {
 }
 
 // Start starts the background notifier of WakeAfterCommit (in other modes it
-// starts nothing and returns nil). It does not block. The notifier runs until
-// Stop or until ctx is cancelled (call Stop before starting again). It
-// returns ErrAlreadyStarted if running.
+// starts nothing and returns nil). It does not block and follows the
+// contract of internal/service: the notifier runs until Stop, or until ctx is
+// cancelled (a hard stop). Errors: ErrAlreadyStarted while a run is in
+// progress, or ctx.Err() (both wrapped).
 func (w *Writer) Start(ctx context.Context) error {
 	if w.mode != WakeAfterCommit {
 		return nil
 	}
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.run != nil {
-		return fmt.Errorf("outbox: start writer: %w", ErrAlreadyStarted)
-	}
-	if err := ctx.Err(); err != nil {
+	err := w.life.Start(ctx, func(run *service.Run) {
+		run.Go(func() { w.notifyLoop(run.DrainContext(), run.Context()) })
+	})
+	if err != nil {
 		return fmt.Errorf("outbox: start writer: %w", err)
 	}
-	runCtx, cancel := context.WithCancel(ctx)
-	run := &writerRun{cancel: cancel, done: make(chan struct{})}
-	w.run = run
-	go w.notifyLoop(runCtx, run.done)
 	return nil
 }
 
-// Stop stops the notifier and waits for it (an in-flight notify is
-// cancelled; it is only a wake-up). Idempotent; nil if not started. Start may
-// be called again afterwards. ctx bounds the wait.
+// Stop stops the notifier: it sends no new notify, lets an in-flight one
+// finish (bounded by NotifyTimeout) and waits for the goroutine. If ctx ends
+// first the in-flight notify is cancelled (it is only a wake-up), Stop waits
+// for the goroutine and returns ctx's error (wrapped). Idempotent; nil if
+// not running. Start may be called again afterwards.
 func (w *Writer) Stop(ctx context.Context) error {
-	w.mu.Lock()
-	run := w.run
-	w.run = nil
-	w.mu.Unlock()
-	if run == nil {
-		return nil
+	if err := w.life.Stop(ctx); err != nil {
+		return fmt.Errorf("outbox: stop writer: %w", err)
 	}
-	run.cancel()
-	select {
-	case <-run.done:
-		return nil
-	case <-ctx.Done():
-		return fmt.Errorf("outbox: stop writer: %w", ctx.Err())
-	}
+	return nil
 }
 
-func (w *Writer) notifyLoop(ctx context.Context, done chan<- struct{}) {
-	defer close(done)
+// Started returns a channel closed once the latest Start started the
+// notifier (never closed in modes other than WakeAfterCommit).
+func (w *Writer) Started() <-chan struct{} { return w.life.Started() }
+
+// Stopped returns a channel closed once the notifier of the latest run has
+// returned (closed before the first Start).
+func (w *Writer) Stopped() <-chan struct{} { return w.life.Stopped() }
+
+// notifyLoop sends the coalesced notifies until stopping ends; each notify
+// runs under ctx (the run's context), so a graceful stop lets it finish.
+func (w *Writer) notifyLoop(stopping, ctx context.Context) {
 	var last time.Time // start of the previous notify
 	for {
 		select {
-		case <-ctx.Done():
+		case <-stopping.Done():
 			return
 		case <-w.wake:
 		}
 		if wait := time.Until(last.Add(w.interval)); w.interval > 0 && wait > 0 {
 			t := time.NewTimer(wait)
 			select {
-			case <-ctx.Done():
+			case <-stopping.Done():
 				t.Stop()
 				return
 			case <-t.C:

@@ -115,48 +115,74 @@ type Consumer struct {
 	acked    bool
 }
 
+// WithDefaults returns a copy of c in which every zero field holds its
+// default: Block DefaultBlock, LockDuration DefaultLockDuration,
+// ClaimInterval LockDuration/2, TrimInterval DefaultTrimInterval, Logger
+// slog.Default(). Values it keeps are checked by NewConsumer. A nil c gives
+// a config of defaults without Queue, Group and Consumer.
+func (c *ConsumerConfig) WithDefaults() *ConsumerConfig {
+	var d ConsumerConfig
+	if c != nil {
+		d = *c
+	}
+	if d.Block == 0 {
+		d.Block = DefaultBlock
+	}
+	if d.LockDuration == 0 {
+		d.LockDuration = DefaultLockDuration
+	}
+	if d.ClaimInterval == 0 {
+		d.ClaimInterval = d.LockDuration / 2
+	}
+	if d.TrimInterval == 0 {
+		d.TrimInterval = DefaultTrimInterval
+	}
+	if d.Logger == nil {
+		d.Logger = slog.Default()
+	}
+	return &d
+}
+
+// validate checks a config that went through WithDefaults. Errors wrap
+// ErrInvalidConfig.
+func (c *ConsumerConfig) validate() error {
+	if c.Queue == "" || c.Group == "" || c.Consumer == "" {
+		return fmt.Errorf("config: Queue, Group and Consumer are required: %w", ErrInvalidConfig)
+	}
+	if err := checkQueueName(c.Queue); err != nil {
+		return err
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{
+		{"Block", c.Block},
+		{"LockDuration", c.LockDuration},
+		{"ClaimInterval", c.ClaimInterval},
+		{"TrimInterval", c.TrimInterval},
+	} {
+		if d.v < time.Millisecond {
+			return fmt.Errorf("%s %v below 1ms: %w", d.name, d.v, ErrInvalidConfig)
+		}
+	}
+	return nil
+}
+
 // NewConsumer returns a Consumer of cfg.Group named cfg.Consumer on
 // cfg.Queue through rdb (use NewClient for a fail-fast client). It does not
 // touch Redis: the group is created by the first Fetch. Errors wrap
 // ErrInvalidConfig: nil rdb or cfg, missing Queue, Group or Consumer, or a
-// negative or sub-millisecond duration.
+// negative or sub-millisecond duration (after ConsumerConfig.WithDefaults).
 func NewConsumer(rdb redis.UniversalClient, cfg *ConsumerConfig) (*Consumer, error) {
 	if rdb == nil {
 		return nil, fmt.Errorf("redisq: new consumer: nil redis client: %w", ErrInvalidConfig)
 	}
-	if cfg == nil || cfg.Queue == "" || cfg.Group == "" || cfg.Consumer == "" {
+	if cfg == nil {
 		return nil, fmt.Errorf("redisq: new consumer: Queue, Group and Consumer are required: %w", ErrInvalidConfig)
 	}
-	if err := checkQueueName(cfg.Queue); err != nil {
+	cfg = cfg.WithDefaults()
+	if err := cfg.validate(); err != nil {
 		return nil, fmt.Errorf("redisq: new consumer: %w", err)
-	}
-	durations := []struct {
-		name string
-		v    *time.Duration
-		def  time.Duration
-	}{
-		{"Block", &cfg.Block, DefaultBlock},
-		{"LockDuration", &cfg.LockDuration, DefaultLockDuration},
-		{"ClaimInterval", &cfg.ClaimInterval, 0},
-		{"TrimInterval", &cfg.TrimInterval, DefaultTrimInterval},
-	}
-	vals := make([]time.Duration, len(durations))
-	for i, d := range durations {
-		v := *d.v
-		if v == 0 {
-			v = d.def
-			if d.name == "ClaimInterval" {
-				v = vals[1] / 2
-			}
-		}
-		if v < time.Millisecond {
-			return nil, fmt.Errorf("redisq: new consumer: %s %v below 1ms: %w", d.name, *d.v, ErrInvalidConfig)
-		}
-		vals[i] = v
-	}
-	logger := cfg.Logger
-	if logger == nil {
-		logger = slog.Default()
 	}
 	return &Consumer{
 		rdb:         rdb,
@@ -164,11 +190,11 @@ func NewConsumer(rdb redis.UniversalClient, cfg *ConsumerConfig) (*Consumer, err
 		queue:       cfg.Queue,
 		group:       cfg.Group,
 		name:        cfg.Consumer,
-		block:       vals[0],
-		lock:        vals[1],
-		claimI:      vals[2],
-		trimI:       vals[3],
-		logger:      logger.With("component", "redisq", "queue", cfg.Queue, "group", cfg.Group, "consumer", cfg.Consumer),
+		block:       cfg.Block,
+		lock:        cfg.LockDuration,
+		claimI:      cfg.ClaimInterval,
+		trimI:       cfg.TrimInterval,
+		logger:      cfg.Logger.With("component", "redisq", "queue", cfg.Queue, "group", cfg.Group, "consumer", cfg.Consumer),
 		m:           cfg.Metrics,
 		cursor:      "0",
 		outstanding: map[string]struct{}{},

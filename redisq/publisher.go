@@ -84,31 +84,53 @@ func NewPublisher(rdb redis.UniversalClient, cfg *PublisherConfig) (*Publisher, 
 	if rdb == nil {
 		return nil, fmt.Errorf("redisq: new publisher: nil redis client: %w", ErrInvalidConfig)
 	}
-	if cfg == nil || cfg.Queue == "" {
+	if cfg == nil {
 		return nil, fmt.Errorf("redisq: new publisher: Queue is required: %w", ErrInvalidConfig)
 	}
-	if err := checkQueueName(cfg.Queue); err != nil {
+	cfg = cfg.WithDefaults()
+	if err := cfg.validate(); err != nil {
 		return nil, fmt.Errorf("redisq: new publisher: %w", err)
-	}
-	ttl := cfg.DedupeTTL
-	if ttl == 0 {
-		ttl = DefaultDedupeTTL
-	}
-	if ttl < time.Millisecond {
-		return nil, fmt.Errorf("redisq: new publisher: DedupeTTL %v below 1ms: %w", cfg.DedupeTTL, ErrInvalidConfig)
-	}
-	logger := cfg.Logger
-	if logger == nil {
-		logger = slog.Default()
 	}
 	return &Publisher{
 		rdb:    rdb,
 		keys:   NewKeys(cfg.Prefix, cfg.Queue),
 		queue:  cfg.Queue,
-		ttlMS:  ttl.Milliseconds(),
-		logger: logger.With("component", "redisq", "queue", cfg.Queue),
+		ttlMS:  cfg.DedupeTTL.Milliseconds(),
+		logger: cfg.Logger.With("component", "redisq", "queue", cfg.Queue),
 		m:      cfg.Metrics,
 	}, nil
+}
+
+// WithDefaults returns a copy of c in which every zero field holds its
+// default: DedupeTTL DefaultDedupeTTL, Logger slog.Default(). A nil c gives
+// a config of defaults without Queue.
+func (c *PublisherConfig) WithDefaults() *PublisherConfig {
+	var d PublisherConfig
+	if c != nil {
+		d = *c
+	}
+	if d.DedupeTTL == 0 {
+		d.DedupeTTL = DefaultDedupeTTL
+	}
+	if d.Logger == nil {
+		d.Logger = slog.Default()
+	}
+	return &d
+}
+
+// validate checks a config that went through WithDefaults. Errors wrap
+// ErrInvalidConfig.
+func (c *PublisherConfig) validate() error {
+	if c.Queue == "" {
+		return fmt.Errorf("config: Queue is required: %w", ErrInvalidConfig)
+	}
+	if err := checkQueueName(c.Queue); err != nil {
+		return err
+	}
+	if c.DedupeTTL < time.Millisecond {
+		return fmt.Errorf("DedupeTTL %v below 1ms: %w", c.DedupeTTL, ErrInvalidConfig)
+	}
+	return nil
 }
 
 // Keys returns the queue's key names.

@@ -28,6 +28,7 @@ import (
 	"github.com/outboxchat/outboxchat/chat"
 	"github.com/outboxchat/outboxchat/lab"
 	"github.com/outboxchat/outboxchat/outbox"
+	"github.com/outboxchat/outboxchat/redisq"
 )
 
 func main() {
@@ -87,14 +88,14 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	redisURL := fs.String("redis-url", os.Getenv("REDIS_URL"), "Redis URL (default $REDIS_URL)")
 	httpAddr := fs.String("http", "", "HTTP listen address (default 127.0.0.1:8080 consumers, 127.0.0.1:8081 workers)")
 	mode := fs.String("mode", chat.ModeOutbox, "send path: v2 (transactional outbox) or v1 (naive dual write, lab only)")
-	wake := fs.String("wake", "after-commit", "relay wake-up: after-commit (fast), in-tx (NOTIFY in the send transaction) or none (poll only)")
+	wake := fs.String("wake", "after-commit", "relay wake-up: after-commit (fast), in-tx (NOTIFY in the send transaction) or none (poll only); after_commit and in_tx are accepted too")
 	pollOnly := fs.Bool("poll-only", false, "relay: no LISTEN, poll every --poll-interval")
-	poll := fs.Duration("poll-interval", time.Second, "relay poll fallback interval")
-	lock := fs.Duration("lock-duration", 30*time.Second, "how long a job may stay unacknowledged before it is handed out again")
+	poll := fs.Duration("poll-interval", outbox.DefaultPollInterval, "relay poll fallback interval")
+	lock := fs.Duration("lock-duration", redisq.DefaultLockDuration, "how long a job may stay unacknowledged before it is handed out again")
 	gap := fs.Duration("gap-timeout", 0, "how long the WebSocket gateway holds received messages behind a missing seq (0 = 2 × --lock-duration; negative = no hold)")
 	consumer := fs.String("consumer-name", "", "this worker's name in the consumer group, stable across restarts (default <service>-<hostname>)")
 	maxBody := fs.Int("max-body-bytes", chat.DefaultMaxBodyBytes, "message body limit in bytes")
-	prefix := fs.String("redis-prefix", "outboxchat:", "prefix of every Redis key")
+	prefix := fs.String("redis-prefix", chat.DefaultRedisPrefix, "prefix of every Redis key")
 	fault := fs.String("fault", os.Getenv("OUTBOXCHAT_FAULT"), "fault injection for the lab, KIND:SEQ (default $OUTBOXCHAT_FAULT; off)")
 	logFormat := fs.String("log-format", "text", "log format: text or json")
 	debugAddr := fs.String("debug-addr", "", "serve Go's pprof profiles (/debug/pprof/) on this address, e.g. 127.0.0.1:6060 (default off)")
@@ -105,15 +106,8 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	var wm outbox.WakeMode
-	switch *wake {
-	case "after-commit":
-		wm = outbox.WakeAfterCommit
-	case "in-tx":
-		wm = outbox.WakeInTx
-	case "none":
-		wm = outbox.WakeNone
-	default:
+	wm, err := outbox.ParseWakeMode(*wake)
+	if err != nil {
 		return fmt.Errorf("--wake %q: want after-commit, in-tx or none", *wake)
 	}
 	if *debugAddr != "" {
