@@ -81,7 +81,7 @@ type storeRun struct {
 // ctx.Err() if ctx is already done. Start and Stop may be called
 // concurrently with Send and with each other.
 func (s *Store) Start(ctx context.Context) error {
-	err := s.life.Start(ctx, func(r *service.Run) {
+	return s.life.Start(ctx, func(r *service.Run) {
 		run := &storeRun{}
 		s.mu.Lock()
 		s.run = run
@@ -98,10 +98,6 @@ func (s *Store) Start(ctx context.Context) error {
 			r.Go(func() { s.commitLoop(r.Context(), run) })
 		}
 	})
-	if err != nil {
-		return fmt.Errorf("chat: start store: %w", err)
-	}
-	return nil
 }
 
 // Stop stops the group committer gracefully: sends queued before it are
@@ -112,10 +108,7 @@ func (s *Store) Start(ctx context.Context) error {
 // exit, and returns ctx's error wrapped. Idempotent; nil if not running.
 // Start may be called again afterwards.
 func (s *Store) Stop(ctx context.Context) error {
-	if err := s.life.Stop(ctx); err != nil {
-		return fmt.Errorf("chat: stop store: %w", err)
-	}
-	return nil
+	return s.life.Stop(ctx)
 }
 
 // Started returns a channel closed once the latest Start succeeded.

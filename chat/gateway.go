@@ -15,11 +15,10 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/jackc/pgxlisten"
 
 	"github.com/outboxchat/outboxchat/inbox"
+	"github.com/outboxchat/outboxchat/internal/notifier"
 	"github.com/outboxchat/outboxchat/internal/service"
 )
 
@@ -63,12 +62,17 @@ type GatewayConfig struct {
 	// catches up by seq). Default DefaultClientBuffer (1024); must not be
 	// negative.
 	ClientBuffer int
-	// Ignore, when set, drops notifications for which it returns true —
-	// those the caller has already turned into Wake calls (Serve drops the
-	// outbox channel's notifications sent by its own process: its sends
-	// wake their rooms directly, while a notification with no chat id would
-	// re-read every room). Called from the LISTEN goroutine.
-	Ignore func(channel string, senderPID uint32) bool
+	// Notifier is the process's shared LISTEN connection; the gateway
+	// subscribes to Channels on it while started (the caller starts and
+	// stops it). Default nil: the gateway runs a notifier of its own
+	// (application_name outboxchat-gateway).
+	Notifier *notifier.Notifier
+	// SkipOwnOn lists the channels on which the notifications sent by this
+	// process's own connections (Notifier's Config.Own) are dropped: those
+	// the process already turns into Wake or Offer calls (Serve drops its
+	// own outbox notifications: its sends are offered directly, while a
+	// notification with no chat id would re-read every room). Default none.
+	SkipOwnOn []string
 	// Logger; nil means slog.Default().
 	Logger *slog.Logger
 }
@@ -102,6 +106,9 @@ type Gateway struct {
 	running  bool                // between Start and Stop: Offer keeps rows only then
 	wake     chan struct{}
 	life     service.Lifecycle
+	notifier *notifier.Notifier
+	// ownNotify: notifier is the gateway's own, started and stopped with it.
+	ownNotify bool
 }
 
 // Subscription is one live subscriber of a room. Frames (JSON-encoded
@@ -118,12 +125,9 @@ type Subscription struct {
 	c       chan []byte
 	evicted chan struct{}
 	once    sync.Once
-	// Owned by the gateway goroutine after Subscribe returns.
-	sent, recv int64
-	gapSince   time.Time
-	// above holds the received seqs pushed past a gap, beyond recv (the
-	// watermark: every seq up to it was pushed).
-	above map[int64]bool
+	// cur is the subscriber's position in the room (room.go), owned by the
+	// gateway goroutine after Subscribe returns.
+	cur cursor
 }
 
 // WithDefaults returns a copy of c in which every zero field holds its
@@ -191,12 +195,25 @@ func NewGateway(pool *pgxpool.Pool, service string, cfg *GatewayConfig) (*Gatewa
 		FROM unnest($1::bigint[], $3::bigint[]) WITH ORDINALITY AS r(chat_id, after, k)
 		CROSS JOIN LATERAL (SELECT message_id, seq, body, sent_at, received_at, sender FROM ` + s + `.inbox
 			WHERE chat_id = r.chat_id AND seq > r.after ORDER BY seq LIMIT ` + page + `) i`
-	return &Gateway{
+	g := &Gateway{
 		pool: pool, service: service, cfg: c, query: q,
 		log:   log.With("component", "chat.gateway", "service", service),
 		rooms: map[int64]map[*Subscription]struct{}{}, dirty: map[int64]struct{}{},
-		wake: make(chan struct{}, 1),
-	}, nil
+		wake:     make(chan struct{}, 1),
+		notifier: c.Notifier,
+	}
+	g.life.Name = "chat: gateway"
+	if g.notifier == nil {
+		n, err := notifier.New(&notifier.Config{
+			ConnConfig: pool.Config().ConnConfig, ApplicationName: "outboxchat-gateway",
+			ReconnectMin: gatewayReconnectWait, ReconnectMax: gatewayReconnectWait, Logger: g.log,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("chat: gateway: %w", err)
+		}
+		g.notifier, g.ownNotify = n, true
+	}
+	return g, nil
 }
 
 // Start starts the LISTEN loop and the push loop and returns at once. It
@@ -204,38 +221,36 @@ func NewGateway(pool *pgxpool.Pool, service string, cfg *GatewayConfig) (*Gatewa
 // ctx is cancelled (a hard stop). Errors: outbox.ErrAlreadyStarted while a
 // run is in progress, or ctx.Err() (both wrapped).
 func (g *Gateway) Start(ctx context.Context) error {
-	l := &pgxlisten.Listener{
-		Connect: func(ctx context.Context) (*pgx.Conn, error) {
-			cc := g.pool.Config().ConnConfig.Copy()
-			cc.RuntimeParams["application_name"] = "outboxchat-gateway"
-			return pgx.ConnectConfig(ctx, cc)
-		},
-		LogError: func(ctx context.Context, err error) {
-			if ctx.Err() == nil {
-				g.log.Warn("listen", "err", err)
-			}
-		},
-		ReconnectDelay: gatewayReconnectWait,
-	}
-	for _, ch := range g.cfg.Channels {
-		l.Handle(ch, listenHandler{g})
-	}
-	err := g.life.Start(ctx, func(r *service.Run) {
+	return g.life.Start(ctx, func(r *service.Run) {
 		g.mu.Lock()
 		g.running = true
 		g.mu.Unlock()
-		r.Go(func() { _ = l.Listen(r.DrainContext()) })
 		r.Go(func() {
+			var unsubscribe []func()
+			for _, ch := range g.cfg.Channels {
+				unsubscribe = append(unsubscribe, g.notifier.Subscribe(notifier.Subscription{
+					Channel: ch, SkipOwn: slices.Contains(g.cfg.SkipOwnOn, ch),
+					Notify: g.onNotify,
+					// After every (re)connect of the LISTEN connection:
+					// whatever was committed while it was down is read now.
+					Up: g.WakeAll,
+				}))
+			}
+			if g.ownNotify {
+				_ = g.notifier.Start(r.Context())
+			}
 			g.loop(r.DrainContext())
+			for _, u := range unsubscribe {
+				u()
+			}
+			if g.ownNotify {
+				_ = g.notifier.Stop(r.Context())
+			}
 			g.mu.Lock()
 			g.running, g.offered = false, nil
 			g.mu.Unlock()
 		})
 	})
-	if err != nil {
-		return fmt.Errorf("chat: start gateway: %w", err)
-	}
-	return nil
 }
 
 // Stop stops both loops (the LISTEN connection closes, a read in flight is
@@ -243,10 +258,7 @@ func (g *Gateway) Start(ctx context.Context) error {
 // close them. Idempotent; nil if not running; ctx bounds the wait (its
 // error is returned wrapped).
 func (g *Gateway) Stop(ctx context.Context) error {
-	if err := g.life.Stop(ctx); err != nil {
-		return fmt.Errorf("chat: stop gateway: %w", err)
-	}
-	return nil
+	return g.life.Stop(ctx)
 }
 
 // Started returns a channel closed once the latest Start succeeded.
@@ -256,32 +268,22 @@ func (g *Gateway) Started() <-chan struct{} { return g.life.Started() }
 // returned (closed before the first Start).
 func (g *Gateway) Stopped() <-chan struct{} { return g.life.Stopped() }
 
-type listenHandler struct{ g *Gateway }
-
-func (h listenHandler) HandleNotification(_ context.Context, n *pgconn.Notification, _ *pgx.Conn) error {
-	if h.g.cfg.Ignore != nil && h.g.cfg.Ignore(n.Channel, n.PID) {
-		return nil
+// onNotify wakes the rooms a notification names: its payload is a
+// comma-separated list of chat ids, or empty (or unreadable) for "any".
+// Called from the notifier's goroutine.
+func (g *Gateway) onNotify(payload string, _ uint32) {
+	if payload == "" {
+		g.WakeAll()
+		return
 	}
-	if n.Payload == "" {
-		h.g.WakeAll()
-		return nil
-	}
-	for _, f := range strings.Split(n.Payload, ",") {
+	for _, f := range strings.Split(payload, ",") {
 		id, err := strconv.ParseInt(f, 10, 64)
 		if err != nil {
-			h.g.WakeAll()
-			return nil
+			g.WakeAll()
+			return
 		}
-		h.g.Wake(id)
+		g.Wake(id)
 	}
-	return nil
-}
-
-// HandleBacklog runs after every (re)connect of the LISTEN connection:
-// whatever was committed while it was down is read now.
-func (h listenHandler) HandleBacklog(context.Context, string, *pgx.Conn) error {
-	h.g.WakeAll()
-	return nil
 }
 
 // Wake marks chat chatID as changed. It never blocks.
@@ -376,7 +378,7 @@ func (g *Gateway) signal() {
 func (g *Gateway) Subscribe(chatID, afterSent, afterReceived int64) *Subscription {
 	c := make(chan []byte, g.cfg.ClientBuffer)
 	ev := make(chan struct{})
-	s := &Subscription{C: c, Evicted: ev, g: g, chatID: chatID, c: c, evicted: ev, sent: afterSent, recv: afterReceived}
+	s := &Subscription{C: c, Evicted: ev, g: g, chatID: chatID, c: c, evicted: ev, cur: cursor{sent: afterSent, recv: afterReceived}}
 	g.mu.Lock()
 	room := g.rooms[chatID]
 	if room == nil {
@@ -420,6 +422,13 @@ func (g *Gateway) Subscribers() int {
 func (g *Gateway) loop(ctx context.Context) {
 	tick := time.NewTicker(g.cfg.PollInterval)
 	defer tick.Stop()
+	// hold fires when the earliest gap hold ends, so held messages are
+	// pushed GapTimeout after the gap was seen, not up to a PollInterval
+	// later.
+	hold := time.NewTimer(time.Hour)
+	hold.Stop()
+	defer hold.Stop()
+	var holdAt time.Time
 	for {
 		select {
 		case <-ctx.Done():
@@ -429,8 +438,17 @@ func (g *Gateway) loop(ctx context.Context) {
 			g.mu.Lock()
 			g.allDirty = true
 			g.mu.Unlock()
+		case <-hold.C:
+			holdAt = time.Time{}
+			g.mu.Lock()
+			g.allDirty = true
+			g.mu.Unlock()
 		}
-		more, err := g.push(ctx)
+		more, h, err := g.push(ctx)
+		if !h.IsZero() && (holdAt.IsZero() || h.Before(holdAt)) {
+			holdAt = h
+			hold.Reset(time.Until(h))
+		}
 		if err != nil && ctx.Err() == nil {
 			g.log.Warn("read new messages", "err", err)
 			// Try again at the next wake-up or tick; the cursors did not move.
@@ -459,28 +477,40 @@ type frameKey struct {
 	id   string
 }
 
-// frame returns m's JSON encoding, encoding it on first use.
-func (rr *roomRows) frame(m Message) ([]byte, error) {
-	k := frameKey{m.From, m.ID}
-	if b, ok := rr.frames[k]; ok {
-		return b, nil
-	}
-	b, err := json.Marshal(m)
-	if err != nil {
-		return nil, err
-	}
+// encode encodes every row's frame once, however many subscribers the
+// room has, and drops (and logs) the rows that cannot be encoded: a cursor
+// must not move past a message it could not push. The dropped message is a
+// gap to its subscribers (held, then pushed past, for received messages)
+// and stays in the history. enc is json.Marshal but for tests.
+func (rr *roomRows) encode(log *slog.Logger, enc func(Message) ([]byte, error)) {
 	if rr.frames == nil {
-		rr.frames = map[frameKey][]byte{}
+		rr.frames = make(map[frameKey][]byte, len(rr.sent)+len(rr.recv))
 	}
-	rr.frames[k] = b
-	return b, nil
+	keep := func(ms []Message) []Message {
+		return slices.DeleteFunc(ms, func(m Message) bool {
+			k := frameKey{m.From, m.ID}
+			if _, ok := rr.frames[k]; ok {
+				return false
+			}
+			b, err := enc(m)
+			if err != nil {
+				log.Error("message cannot be encoded; not pushed live", "chat_id", m.ChatID, "seq", m.Seq, "from", m.From, "err", err)
+				return true
+			}
+			rr.frames[k] = b
+			return false
+		})
+	}
+	rr.sent, rr.recv = keep(rr.sent), keep(rr.recv)
 }
 
 // push delivers Offer's rows where it can, then reads the dirty rooms from
 // their subscribers' lowest cursors (those holding a gap apart) and hands
 // each subscriber what it has not seen. It reports whether to read again at
-// once: a page came back full and some subscriber of its room moved on.
-func (g *Gateway) push(ctx context.Context) (bool, error) {
+// once (a page came back full and some subscriber of its room moved on) and
+// the earliest end of a gap hold among the subscribers it delivered to
+// (zero: none).
+func (g *Gateway) push(ctx context.Context) (more bool, hold time.Time, err error) {
 	g.mu.Lock()
 	var ids, afterSent, afterRecv []int64
 	subs := map[int64][]*Subscription{}
@@ -506,11 +536,11 @@ func (g *Gateway) push(ctx context.Context) (bool, error) {
 		var holders []int64
 		for s := range room {
 			subs[id] = append(subs[id], s)
-			ms = min(ms, s.sent)
-			if s.holding() {
-				holders = append(holders, s.recv)
+			ms = min(ms, s.cur.sent)
+			if s.cur.holding() {
+				holders = append(holders, s.cur.recv)
 			} else {
-				mr = min(mr, s.recv)
+				mr = min(mr, s.cur.recv)
 			}
 		}
 		if mr != math.MaxInt64 || len(holders) == 0 {
@@ -527,20 +557,23 @@ func (g *Gateway) push(ctx context.Context) (bool, error) {
 	g.dirty = map[int64]struct{}{}
 	g.allDirty = false
 	g.mu.Unlock()
-	if len(offered) > 0 && g.pushOffered(offered, subs) {
-		g.signal() // some rooms need a read after all
+	if len(offered) > 0 {
+		marked, h := g.pushOffered(offered, subs)
+		hold = h
+		if marked {
+			g.signal() // some rooms need a read after all
+		}
 	}
 	if len(ids) == 0 {
-		return false, nil
+		return false, hold, nil
 	}
 	qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	rows, err := g.pool.Query(qctx, g.query, ids, afterSent, afterRecv, g.service)
 	if err != nil {
 		g.markDirty(ids)
-		return false, err
+		return false, hold, err
 	}
-	more := false
 	byRoom := map[int64]*roomRows{}
 	type pageKey struct {
 		k        int64
@@ -556,7 +589,7 @@ func (g *Gateway) push(ctx context.Context) (bool, error) {
 		if err := rows.Scan(&k, &m.ChatID, &received, &m.ID, &m.Seq, &m.Body, &m.SentAt, &recvAt, &m.From); err != nil {
 			rows.Close()
 			g.markDirty(ids)
-			return false, err
+			return false, hold, err
 		}
 		m.ReceivedAt = recvAt
 		if pages[pageKey{k, received}]++; pages[pageKey{k, received}] == gatewayPageSize {
@@ -575,20 +608,24 @@ func (g *Gateway) push(ctx context.Context) (bool, error) {
 	}
 	if err := rows.Err(); err != nil {
 		g.markDirty(ids)
-		return false, err
+		return false, hold, err
 	}
 	now := time.Now()
 	for id, rr := range byRoom {
 		rr.sent, rr.recv = bySeq(rr.sent), bySeq(rr.recv)
+		rr.encode(g.log, encodeFrame)
 		progress := false
 		for _, s := range subs[id] {
-			sent, recv, above, holding := s.sent, s.recv, len(s.above), s.holding()
-			// A held gap is looked at again at the next tick, which reads
-			// every room, or when the room is woken.
-			g.deliver(s, rr, now)
+			before := s.cur.progress()
+			// A held gap is looked at again when its hold ends (holdUntil),
+			// at the next tick, which reads every room, or when the room is
+			// woken.
+			if g.deliver(s, rr, now) {
+				hold = earliest(hold, s.cur.holdUntil(g.cfg.GapTimeout))
+			}
 			// A subscriber that starts holding has moved on too: it gets a
 			// read of its own from now on, and the others theirs.
-			progress = progress || s.sent != sent || s.recv != recv || len(s.above) != above || s.holding() != holding
+			progress = progress || s.cur.progress() != before
 		}
 		if full[id] && progress {
 			// Read on at once. A full page nobody could take (everything
@@ -598,14 +635,15 @@ func (g *Gateway) push(ctx context.Context) (bool, error) {
 			g.markDirty([]int64{id})
 		}
 	}
-	return more, nil
+	return more, hold, nil
 }
 
 // pushOffered delivers Offer's rows of rooms that need no read, room by room:
 // only if every subscriber of the room can take them in seq order from its
 // cursors; otherwise the room is marked dirty (the caller signals another
-// push, which reads it). It reports whether it marked any.
-func (g *Gateway) pushOffered(offered map[int64]*roomRows, subs map[int64][]*Subscription) (marked bool) {
+// push, which reads it). It reports whether it marked any, and the earliest
+// end of a gap hold among the subscribers it delivered to.
+func (g *Gateway) pushOffered(offered map[int64]*roomRows, subs map[int64][]*Subscription) (marked bool, hold time.Time) {
 	now := time.Now()
 	for id, rr := range offered {
 		ss := subs[id]
@@ -613,9 +651,10 @@ func (g *Gateway) pushOffered(offered map[int64]*roomRows, subs map[int64][]*Sub
 			continue // the room emptied (or was read) meanwhile
 		}
 		rr.sent, rr.recv = bySeq(rr.sent), bySeq(rr.recv)
+		rr.encode(g.log, encodeFrame)
 		ok := true
 		for _, s := range ss {
-			if !s.takes(rr) {
+			if !s.cur.takes(rr.sent, rr.recv) {
 				ok = false
 				break
 			}
@@ -627,10 +666,12 @@ func (g *Gateway) pushOffered(offered map[int64]*roomRows, subs map[int64][]*Sub
 		}
 		for _, s := range ss {
 			// A gap inside the offered received rows is held: looked at
-			// again at the next tick, which reads every room, or when the
-			// room is woken.
-			g.deliver(s, rr, now)
-			if len(rr.sent) > 0 && s.sent < rr.sent[len(rr.sent)-1].Seq {
+			// again when the hold ends, at the next tick, which reads every
+			// room, or when the room is woken.
+			if g.deliver(s, rr, now) {
+				hold = earliest(hold, s.cur.holdUntil(g.cfg.GapTimeout))
+			}
+			if len(rr.sent) > 0 && s.cur.sent < rr.sent[len(rr.sent)-1].Seq {
 				// A gap inside the offered sends (another process's send
 				// between two of ours): read the room now.
 				g.markDirty([]int64{id})
@@ -638,33 +679,14 @@ func (g *Gateway) pushOffered(offered map[int64]*roomRows, subs map[int64][]*Sub
 			}
 		}
 	}
-	return marked
+	return marked, hold
 }
-
-// holding reports whether s is holding received messages behind a gap, or
-// has pushed some past one (its watermark is below them).
-func (s *Subscription) holding() bool { return !s.gapSince.IsZero() || len(s.above) > 0 }
 
 // bySeq sorts ms by seq and drops repeated seqs (a room read from two
 // cursors returns the rows above the higher one twice).
 func bySeq(ms []Message) []Message {
 	sort.Slice(ms, func(i, j int) bool { return ms[i].Seq < ms[j].Seq })
 	return slices.CompactFunc(ms, func(a, b Message) bool { return a.Seq == b.Seq })
-}
-
-// takes reports whether s can take rr's rows without a read: each origin's
-// first row is at or below the subscriber's next seq, and no gap is held.
-func (s *Subscription) takes(rr *roomRows) bool {
-	if s.holding() {
-		return false
-	}
-	if len(rr.sent) > 0 && rr.sent[0].Seq > s.sent+1 {
-		return false
-	}
-	if len(rr.recv) > 0 && rr.recv[0].Seq > s.recv+1 {
-		return false
-	}
-	return true
 }
 
 func (g *Gateway) markDirty(ids []int64) {
@@ -675,80 +697,40 @@ func (g *Gateway) markDirty(ids []int64) {
 	g.mu.Unlock()
 }
 
-// deliver queues to s the rows after its cursors, merged by sent_at
-// (mergeBySentAt keeps each origin in seq order). It
-// reports whether received rows are held back behind a seq gap.
+// deliver queues to s the rows of rr after its cursor (cursor.advance) and
+// reports whether received rows are held back behind a seq gap. Rows whose
+// frame cannot be encoded were dropped from rr beforehand (roomRows.encode),
+// so the cursor never moves past a message it did not push.
 func (g *Gateway) deliver(s *Subscription, rr *roomRows, now time.Time) (held bool) {
-	var sent, recv []Message
-	for _, m := range rr.sent {
-		if m.Seq == s.sent+1 {
-			sent = append(sent, m)
-			s.sent = m.Seq
+	out, held, notes := s.cur.advance(rr.sent, rr.recv, now, g.cfg.GapTimeout)
+	for _, n := range notes {
+		if n.pushedPast {
+			g.log.Warn("pushing past a missing message", "chat_id", s.chatID, "missing_seq", n.missing, "next_seq", n.next)
+		}
+		if n.gaveUp {
+			g.log.Warn("gave up on a missing message", "chat_id", s.chatID, "watermark", n.newWatermark)
 		}
 	}
-	for _, m := range rr.recv {
-		if m.Seq <= s.recv || s.above[m.Seq] {
-			continue // seen: at or below the watermark, or pushed past a gap
-		}
-		if m.Seq == s.recv+1 {
-			recv = append(recv, m)
-			s.recv = m.Seq
-			// A late message may close a gap that was given up on: move the
-			// watermark over what was already pushed above it.
-			for s.above[s.recv+1] {
-				delete(s.above, s.recv+1)
-				s.recv++
-			}
-			if len(s.above) == 0 {
-				s.gapSince = time.Time{}
-			}
-			continue
-		}
-		// A gap: an earlier message of the other side is not in the inbox
-		// yet (in flight, or reclaimed after a crash). Hold the later ones,
-		// up to GapTimeout, so the room shows that side's messages in seq
-		// order; after that push them, and push the missing one whenever it
-		// comes (the watermark stays below it, so it is still read).
-		held = true
-		if s.gapSince.IsZero() {
-			s.gapSince = now
-		}
-		if g.cfg.GapTimeout > 0 && now.Sub(s.gapSince) < g.cfg.GapTimeout {
-			break
-		}
-		if len(s.above) == 0 && g.cfg.GapTimeout > 0 {
-			g.log.Warn("pushing past a missing message", "chat_id", s.chatID, "missing_seq", s.recv+1, "next_seq", m.Seq)
-		}
-		if s.above == nil {
-			s.above = map[int64]bool{}
-		}
-		recv = append(recv, m)
-		s.above[m.Seq] = true
-		if len(s.above) >= maxAboveGap {
-			// Too far past the gap to keep re-reading: move the watermark
-			// to the highest seq pushed; a message below it that comes
-			// later is in the history, not pushed live.
-			for q := range s.above {
-				s.recv = max(s.recv, q)
-			}
-			clear(s.above)
-			s.gapSince = time.Time{}
-			g.log.Warn("gave up on a missing message", "chat_id", s.chatID, "watermark", s.recv)
-		}
-	}
-	for _, m := range mergeBySentAt(sent, recv) {
-		b, err := rr.frame(m)
-		if err != nil {
-			continue
-		}
+	for _, m := range out {
 		select {
-		case s.c <- b:
+		case s.c <- rr.frames[frameKey{m.From, m.ID}]:
 		default:
 			s.evict()
 			return false
 		}
 	}
 	return held
+}
+
+// encodeFrame is a frame's encoding: the Message as JSON.
+func encodeFrame(m Message) ([]byte, error) { return json.Marshal(m) }
+
+// earliest returns the earlier of two times, a zero one meaning none.
+func earliest(a, b time.Time) time.Time {
+	if a.IsZero() || (!b.IsZero() && b.Before(a)) {
+		return b
+	}
+	return a
 }
 
 func (s *Subscription) evict() {

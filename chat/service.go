@@ -22,6 +22,7 @@ import (
 
 	"github.com/outboxchat/outboxchat/chat/web"
 	"github.com/outboxchat/outboxchat/inbox"
+	"github.com/outboxchat/outboxchat/internal/notifier"
 	"github.com/outboxchat/outboxchat/internal/service"
 	"github.com/outboxchat/outboxchat/outbox"
 	"github.com/outboxchat/outboxchat/redisq"
@@ -188,8 +189,8 @@ func Serve(ctx context.Context, cfg Config) error {
 	if _, ok := pcfg.ConnConfig.RuntimeParams["plan_cache_mode"]; !ok {
 		pcfg.ConnConfig.RuntimeParams["plan_cache_mode"] = "force_generic_plan"
 	}
-	// The backend pids of this process's pool, so the gateway can tell its
-	// own outbox notifications from other processes'.
+	// The backend pids of this process's pool, so the notifier can tell its
+	// own notifications from other processes'.
 	var ownBackends sync.Map // uint32 → struct{}
 	pcfg.AfterConnect = func(_ context.Context, c *pgx.Conn) error {
 		ownBackends.Store(c.PgConn().PID(), struct{}{})
@@ -264,6 +265,22 @@ func Serve(ctx context.Context, cfg Config) error {
 		return err
 	}
 
+	// One LISTEN connection for the process: the relay and the gateway
+	// subscribe to it by channel. Started first, stopped last (after them).
+	var listener *notifier.Notifier
+	if cfg.has(RoleAPI) || (cfg.has(RoleRelay) && cfg.Mode == ModeOutbox && !cfg.PollOnly) {
+		listener, err = notifier.New(&notifier.Config{
+			ConnConfig: pool.Config().ConnConfig, Logger: log,
+			Own: func(pid uint32) bool { _, own := ownBackends.Load(pid); return own },
+		})
+		if err != nil {
+			return err
+		}
+		if err := start(listener); err != nil {
+			return err
+		}
+	}
+
 	// The gateway exists before the worker, which hands it every inbox
 	// commit (Offer); it starts with the API below.
 	var gw *Gateway
@@ -275,18 +292,16 @@ func Serve(ctx context.Context, cfg Config) error {
 			}
 			cfg.GapTimeout = 2 * lock
 		}
-		workerHere := cfg.has(RoleWorker)
+		// This process's sends and inbox commits are offered to the gateway
+		// directly (Store.afterCommit, inbox.Config.AfterCommit): drop
+		// their notifications; other processes' arrive through LISTEN.
+		skip := []string{OutboxChannel(cfg.Service)}
+		if cfg.has(RoleWorker) {
+			skip = append(skip, InboxChannel(cfg.Service))
+		}
 		gw, err = NewGateway(pool, cfg.Service, &GatewayConfig{
-			Channels: []string{InboxChannel(cfg.Service), OutboxChannel(cfg.Service)}, GapTimeout: cfg.GapTimeout, Logger: log,
-			Ignore: func(channel string, pid uint32) bool {
-				// This process's sends and inbox commits are offered to
-				// the gateway directly (Store.afterCommit,
-				// inbox.Config.AfterCommit); other processes' arrive here.
-				if _, own := ownBackends.Load(pid); !own {
-					return false
-				}
-				return channel == OutboxChannel(cfg.Service) || (workerHere && channel == InboxChannel(cfg.Service))
-			},
+			Channels:   []string{InboxChannel(cfg.Service), OutboxChannel(cfg.Service)},
+			GapTimeout: cfg.GapTimeout, Logger: log, Notifier: listener, SkipOwnOn: skip,
 		})
 		if err != nil {
 			return err
@@ -346,12 +361,10 @@ func Serve(ctx context.Context, cfg Config) error {
 		rcfg := &outbox.RelayConfig{
 			Table: cfg.Service + ".outbox", Channel: OutboxChannel(cfg.Service), Publisher: p,
 			PollInterval: cfg.PollInterval, DisableListen: cfg.PollOnly, Logger: log,
-			Metrics: relayMetrics(reg),
-		}
-		if cfg.directRelayWake() {
+			Metrics: relayMetrics(reg), Notifier: listener,
 			// This process's sends wake the relay directly; their NOTIFYs
 			// (for other processes) would only cause a second pass here.
-			rcfg.IgnoreNotification = func(pid uint32) bool { _, own := ownBackends.Load(pid); return own }
+			SkipOwnNotifications: cfg.directRelayWake(),
 		}
 		relay, err := outbox.NewRelay(pool, rcfg)
 		if err != nil {

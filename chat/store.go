@@ -110,6 +110,7 @@ func NewStore(pool *pgxpool.Pool, service string, writer *outbox.Writer) (*Store
 		return nil, errors.New("chat: NewStore needs a pool and an outbox writer")
 	}
 	s := &Store{pool: pool, service: service, writer: writer, q: newQueries(service)}
+	s.life.Name = "chat: store"
 	s.cond = sync.NewCond(&s.mu)
 	return s, nil
 }

@@ -211,6 +211,7 @@ func NewConsumer(pool *pgxpool.Pool, src Source, h Handler, cfg *Config) (*Consu
 		log:         cfg.Logger.With("component", "inbox"),
 		metrics:     cfg.Metrics,
 		afterCommit: cfg.AfterCommit,
+		life:        service.Lifecycle{Name: "inbox: consumer"},
 	}, nil
 }
 
@@ -232,13 +233,9 @@ func orDefault[T int | time.Duration](v, def T) T {
 // ErrStarted while a run is in progress, or ctx.Err() (both wrapped). Start
 // may be called again after a stop. Safe for concurrent use with Stop.
 func (c *Consumer) Start(ctx context.Context) error {
-	err := c.life.Start(ctx, func(r *service.Run) {
+	return c.life.Start(ctx, func(r *service.Run) {
 		r.Go(func() { c.run(r.DrainContext(), r.Context()) })
 	})
-	if err != nil {
-		return fmt.Errorf("starting inbox consumer: %w", err)
-	}
-	return nil
 }
 
 // Stop stops fetching, lets the in-flight batch finish (commit, ack, dead
@@ -251,10 +248,7 @@ func (c *Consumer) Start(ctx context.Context) error {
 // wrapping ctx.Err(). Stop is idempotent and safe for concurrent use; nil
 // when not running.
 func (c *Consumer) Stop(ctx context.Context) error {
-	if err := c.life.Stop(ctx); err != nil {
-		return fmt.Errorf("stopping inbox consumer: %w", err)
-	}
-	return nil
+	return c.life.Stop(ctx)
 }
 
 // Started returns a channel closed once the latest Start succeeded.

@@ -2,12 +2,10 @@ package outbox
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -15,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outboxchat/outboxchat/internal/notifier"
 	"github.com/outboxchat/outboxchat/internal/service"
 )
 
@@ -89,6 +88,17 @@ type RelayConfig struct {
 	// DisableListen turns LISTEN off: the relay only polls (and reacts to
 	// Relay.Wake). Default false.
 	DisableListen bool
+	// Notifier, when set, is the process's shared LISTEN connection
+	// (internal/notifier; chat.Serve passes its one): the relay subscribes
+	// to Channel on it while started and does not open a connection of its
+	// own. The caller starts and stops it. Default nil: the relay runs a
+	// notifier of its own on a dedicated connection (application_name
+	// DefaultListenApplicationName unless the pool's config sets one).
+	Notifier *notifier.Notifier
+	// SkipOwnNotifications drops the notifications sent by this process's
+	// own connections, as Notifier's Config.Own tells them (a relay woken
+	// directly by its own process's sends). Needs Notifier. Default false.
+	SkipOwnNotifications bool
 	// IgnoreNotification, when set, is asked about every notification on
 	// the channel with the PID of the backend that sent it; true drops it
 	// (no pass). For a relay whose own process wakes it directly after
@@ -130,6 +140,9 @@ type Relay struct {
 	poll      time.Duration
 	listen    bool
 	ignore    func(uint32) bool
+	notifier  *notifier.Notifier // shared (owned false) or the relay's own
+	ownNotify bool               // the relay starts and stops notifier
+	skipOwn   bool
 	pubTO     time.Duration
 	timeouts  [3]string // lock, statement, idle-in-tx, as "<n>ms"
 	log       *slog.Logger
@@ -137,8 +150,9 @@ type Relay struct {
 
 	claimSQL, markSQL, recordSQL string
 
-	wake      chan struct{} // 1-buffered pending wake-up
-	listening atomic.Bool
+	wake       chan struct{} // 1-buffered pending wake-up
+	listening  atomic.Bool
+	subscribed atomic.Bool // the notifier subscription's callbacks act only while set
 
 	life service.Lifecycle
 }
@@ -240,6 +254,20 @@ func NewRelay(pool *pgxpool.Pool, cfg *RelayConfig) (*Relay, error) {
 		log:       cfg.Logger.With(slog.String("component", "outbox.relay")),
 		m:         cfg.Metrics,
 		wake:      make(chan struct{}, 1),
+		life:      service.Lifecycle{Name: "outbox: relay"},
+		notifier:  cfg.Notifier,
+		skipOwn:   cfg.SkipOwnNotifications,
+	}
+	if r.listen && r.notifier == nil {
+		n, err := notifier.New(&notifier.Config{
+			ConnConfig: pool.Config().ConnConfig, ApplicationName: DefaultListenApplicationName,
+			ReconnectMin: listenBackoffMin, ReconnectMax: listenBackoffMax, ConnectTimeout: listenConnectMax,
+			PingEvery: listenPingEvery, PingTimeout: listenPingMax, Logger: cfg.Logger,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("outbox: new relay: %w", err)
+		}
+		r.notifier, r.ownNotify = n, true
 	}
 
 	// Plain FOR UPDATE, not SKIP LOCKED: a chat's events must be published
@@ -303,8 +331,9 @@ func (r *Relay) Listening() bool { return r.listening.Load() }
 // Last, the relay's commit does not wait for its WAL flush
 // (synchronous_commit=off, this transaction only): the commit marks rows
 // sent, and a mark lost to a database crash only makes the next pass publish
-// those rows again, which the idempotent Publisher absorbs (invariant 3). It
-// takes one fsync off every message's path.
+// those rows again, which the idempotent Publisher absorbs (the package
+// doc's at-least-once invariant). It takes one fsync off every message's
+// path.
 const setTimeoutsSQL = "SELECT set_config('lock_timeout', $1, true), " +
 	"set_config('statement_timeout', $2, true), " +
 	"set_config('idle_in_transaction_session_timeout', $3, true), " +
@@ -492,25 +521,34 @@ func (r *Relay) fail(stage string, err error) error {
 // then stay unsent). Errors: ErrAlreadyStarted while a run is in progress,
 // or ctx.Err() (both wrapped).
 func (r *Relay) Start(ctx context.Context) error {
-	err := r.life.Start(ctx, func(run *service.Run) {
+	return r.life.Start(ctx, func(run *service.Run) {
 		r.Wake()
 		run.Go(func() {
-			var wg sync.WaitGroup
-			listenCtx, stopListen := context.WithCancel(run.Context())
+			var unsubscribe func()
 			if r.listen {
-				wg.Go(func() { r.listenLoop(listenCtx) })
+				r.subscribed.Store(true)
+				unsubscribe = r.notifier.Subscribe(notifier.Subscription{
+					Channel: r.channel, SkipOwn: r.skipOwn,
+					Notify: r.onNotify, Up: r.onListenUp, Down: r.onListenDown,
+				})
+				if r.ownNotify {
+					// Its run is this run's child: a hard stop ends it too.
+					_ = r.notifier.Start(run.Context())
+				}
 			}
 			r.loop(run.Context(), run.Stopping())
 			// Stop order: no more passes, the in-flight one finished, then
 			// the LISTEN connection is closed.
-			stopListen()
-			wg.Wait()
+			if r.listen {
+				unsubscribe()
+				if r.ownNotify {
+					_ = r.notifier.Stop(run.Context())
+				}
+				r.subscribed.Store(false)
+				r.setListening(false)
+			}
 		})
 	})
-	if err != nil {
-		return fmt.Errorf("outbox: start relay: %w", err)
-	}
-	return nil
 }
 
 // Stop stops claiming, lets the in-flight pass finish (publish and commit),
@@ -519,10 +557,7 @@ func (r *Relay) Start(ctx context.Context) error {
 // waits for the goroutines to return and then returns ctx's error (wrapped).
 // Idempotent; nil if not running. Start may be called again afterwards.
 func (r *Relay) Stop(ctx context.Context) error {
-	if err := r.life.Stop(ctx); err != nil {
-		return fmt.Errorf("outbox: stop relay: %w", err)
-	}
-	return nil
+	return r.life.Stop(ctx)
 }
 
 // Started returns a channel closed once the latest Start succeeded.
@@ -591,100 +626,43 @@ func sleep(ctx context.Context, stopping <-chan struct{}, d time.Duration) bool 
 	}
 }
 
-// listenLoop keeps a LISTEN connection open until ctx ends, turning each
-// notification into a Wake; after each (re)connect it wakes the loop for a
-// catch-up pass, because notifications sent while it was down are lost.
-func (r *Relay) listenLoop(ctx context.Context) {
-	backoff := time.Duration(0)
-	for ctx.Err() == nil {
-		conn, err := r.connectListen(ctx)
-		if err != nil {
-			if ctx.Err() != nil {
-				return
-			}
-			backoff = min(max(2*backoff, listenBackoffMin), listenBackoffMax)
-			r.fail("listen", err)
-			r.log.Warn("listen connection failed; polling meanwhile",
-				slog.Any("err", err), slog.Duration("retry_in", backoff))
-			if !sleep(ctx, nil, backoff) {
-				return
-			}
-			continue
-		}
-		backoff = 0
-		r.setListening(true)
-		r.Wake() // catch up on what was committed while not listening
-		err = r.waitNotifications(ctx, conn)
-		r.setListening(false)
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), listenPingMax)
-		_ = conn.Close(cctx)
-		cancel()
-		if ctx.Err() != nil {
-			return
-		}
-		r.fail("listen", err)
-		r.log.Warn("listen connection lost; reconnecting", slog.Any("err", err))
+// onNotify turns a notification into a Wake unless IgnoreNotification
+// drops it. Called from the notifier's goroutine.
+func (r *Relay) onNotify(_ string, pid uint32) {
+	if !r.subscribed.Load() || (r.ignore != nil && r.ignore(pid)) {
+		return
+	}
+	r.Wake()
+}
+
+// onListenUp runs after every (re)connect of the LISTEN connection: wake
+// for a catch-up pass, because notifications sent while it was down are
+// lost.
+func (r *Relay) onListenUp() {
+	if !r.subscribed.Load() {
+		return
+	}
+	r.setListening(true)
+	r.Wake()
+}
+
+// onListenDown runs when the LISTEN connection failed or was lost (err),
+// or the notifier stopped (nil): the poll covers the gap.
+func (r *Relay) onListenDown(err error) {
+	if !r.subscribed.Load() {
+		return
+	}
+	r.setListening(false)
+	if err != nil {
+		r.fail("listen", fmt.Errorf("outbox: relay: listen: %w", err))
 	}
 }
 
 func (r *Relay) setListening(up bool) {
-	r.listening.Store(up)
+	if r.listening.Swap(up) == up && !up {
+		return // already down: report a loss once
+	}
 	if r.m.Listening != nil {
 		r.m.Listening(up)
-	}
-}
-
-// connectListen opens a dedicated connection (not from the pool, so it does
-// not reduce the pool's capacity) and runs LISTEN on it.
-func (r *Relay) connectListen(ctx context.Context) (*pgx.Conn, error) {
-	ctx, cancel := context.WithTimeout(ctx, listenConnectMax)
-	defer cancel()
-	cfg := r.pool.Config().ConnConfig // a copy
-	if cfg.RuntimeParams == nil {
-		cfg.RuntimeParams = map[string]string{}
-	}
-	if cfg.RuntimeParams["application_name"] == "" {
-		cfg.RuntimeParams["application_name"] = DefaultListenApplicationName
-	}
-	conn, err := pgx.ConnectConfig(ctx, cfg)
-	if err != nil {
-		return nil, fmt.Errorf("outbox: relay: listen: connect: %w", err)
-	}
-	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{r.channel}.Sanitize()); err != nil {
-		_ = conn.Close(ctx)
-		return nil, fmt.Errorf("outbox: relay: listen: %w", err)
-	}
-	return conn, nil
-}
-
-// waitNotifications wakes the loop on every notification until the
-// connection fails (returned) or ctx ends (nil). An idle connection is
-// pinged every listenPingEvery so that a silently dead one is noticed.
-func (r *Relay) waitNotifications(ctx context.Context, conn *pgx.Conn) error {
-	for {
-		wctx, cancel := context.WithTimeout(ctx, listenPingEvery)
-		n, err := conn.WaitForNotification(wctx)
-		cancel()
-		if ctx.Err() != nil {
-			return nil
-		}
-		if err == nil {
-			if r.ignore == nil || !r.ignore(n.PID) {
-				r.Wake()
-			}
-			continue
-		}
-		if !errors.Is(err, context.DeadlineExceeded) || conn.IsClosed() {
-			return fmt.Errorf("outbox: relay: listen: wait: %w", err)
-		}
-		pctx, cancel := context.WithTimeout(ctx, listenPingMax)
-		err = conn.Ping(pctx)
-		cancel()
-		if err != nil {
-			if ctx.Err() != nil {
-				return nil
-			}
-			return fmt.Errorf("outbox: relay: listen: ping: %w", err)
-		}
 	}
 }

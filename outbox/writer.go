@@ -113,9 +113,8 @@ type WriterConfig struct {
 	// own that also wakes every listener. Set it when a relay in the same
 	// process is woken directly (Relay.Wake) and the NOTIFY only serves
 	// other processes, which then hear of new rows at most this much later
-	// under sustained load (the chat sets 5 ms; measured in the lab bench
-	// against no spacing: 3,261 → 808 notifies per 20,000 messages, 4,430
-	// → 4,790 msg/s, Postgres CPU −17%).
+	// under sustained load (the chat sets 5 ms; its README gives the lab
+	// bench figures).
 	NotifyInterval time.Duration
 	// Logger receives notify failures (at Warn) with component=outbox.writer.
 	// Default nil means slog.Default().
@@ -216,6 +215,7 @@ func NewWriter(pool *pgxpool.Pool, cfg *WriterConfig) (*Writer, error) {
 		interval:      cfg.NotifyInterval,
 		log:           cfg.Logger.With(slog.String("component", "outbox.writer")),
 		wake:          make(chan struct{}, 1),
+		life:          service.Lifecycle{Name: "outbox: writer"},
 	}
 	w.insertOneSQL = "INSERT INTO " + t.quoted + " (event, idempotency_key, payload) VALUES ($1, $2, $3::text::jsonb)"
 	// WITH ORDINALITY + ORDER BY: identity values follow the argument order,
@@ -345,13 +345,9 @@ func (w *Writer) Start(ctx context.Context) error {
 	if w.mode != WakeAfterCommit {
 		return nil
 	}
-	err := w.life.Start(ctx, func(run *service.Run) {
+	return w.life.Start(ctx, func(run *service.Run) {
 		run.Go(func() { w.notifyLoop(run.DrainContext(), run.Context()) })
 	})
-	if err != nil {
-		return fmt.Errorf("outbox: start writer: %w", err)
-	}
-	return nil
 }
 
 // Stop stops the notifier: it sends no new notify, lets an in-flight one
@@ -360,10 +356,7 @@ func (w *Writer) Start(ctx context.Context) error {
 // for the goroutine and returns ctx's error (wrapped). Idempotent; nil if
 // not running. Start may be called again afterwards.
 func (w *Writer) Stop(ctx context.Context) error {
-	if err := w.life.Stop(ctx); err != nil {
-		return fmt.Errorf("outbox: stop writer: %w", err)
-	}
-	return nil
+	return w.life.Stop(ctx)
 }
 
 // Started returns a channel closed once the latest Start started the

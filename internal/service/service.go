@@ -29,6 +29,7 @@ package service
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 )
 
@@ -45,11 +46,17 @@ type Service interface {
 	Stop(ctx context.Context) error
 }
 
-// Lifecycle implements the contract's bookkeeping for a service: embed it
-// (or hold it) and call its Start with a launch function that starts the
-// service's goroutines through Run.Go. The zero value is ready to use. All
-// methods are safe for concurrent use.
+// Lifecycle implements the contract's bookkeeping for a service: hold it
+// and call its Start with a launch function that starts the service's
+// goroutines through Run.Go; Stop, Started and Stopped serve as the
+// service's own. The zero value is ready to use. All methods are safe for
+// concurrent use.
 type Lifecycle struct {
+	// Name prefixes the errors of Start and Stop ("<Name>: start: ...",
+	// "<Name>: stop: ..."), e.g. "outbox: relay". Default "": no prefix.
+	// Set it before the first Start.
+	Name string
+
 	mu      sync.Mutex
 	run     *Run          // latest run; nil before the first Start
 	started chan struct{} // the next (or latest) run's Started channel
@@ -94,13 +101,13 @@ func (r *Run) Go(f func()) {
 
 // Start begins a run: it derives the run's context from ctx, calls launch
 // (which starts the goroutines with Run.Go and must not block), closes the
-// Started channel and returns. Errors: ctx.Err() if ctx is done, or
-// ErrAlreadyStarted while the previous run has not fully stopped (the
-// caller wraps either with its own prefix). launch is called with the
-// Lifecycle's lock held, so it must not call the Lifecycle's methods.
+// Started channel and returns. Errors, wrapped with Name: ctx.Err() if ctx
+// is done, or ErrAlreadyStarted while the previous run has not fully
+// stopped. launch is called with the Lifecycle's lock held, so it must not
+// call the Lifecycle's methods.
 func (l *Lifecycle) Start(ctx context.Context, launch func(*Run)) error {
 	if err := ctx.Err(); err != nil {
-		return err
+		return l.wrap("start", err)
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -108,7 +115,7 @@ func (l *Lifecycle) Start(ctx context.Context, launch func(*Run)) error {
 		select {
 		case <-l.run.stopped:
 		default:
-			return ErrAlreadyStarted
+			return l.wrap("start", ErrAlreadyStarted)
 		}
 	}
 	runCtx, cancel := context.WithCancel(ctx)
@@ -144,8 +151,8 @@ func (l *Lifecycle) Start(ctx context.Context, launch func(*Run)) error {
 // Stop stops the latest run gracefully: it closes Stopping, waits for every
 // goroutine of the run to return, then cancels the run's context. If ctx
 // ends first it cancels the run's context (hard stop), waits for the
-// goroutines all the same and returns ctx.Err(). Idempotent: nil when no run
-// is in progress. Concurrent Stops all wait.
+// goroutines all the same and returns ctx.Err() wrapped with Name.
+// Idempotent: nil when no run is in progress. Concurrent Stops all wait.
 func (l *Lifecycle) Stop(ctx context.Context) error {
 	l.mu.Lock()
 	r := l.run
@@ -166,7 +173,14 @@ func (l *Lifecycle) Stop(ctx context.Context) error {
 	}
 	r.cancel()
 	<-r.stopped
-	return ctx.Err()
+	return l.wrap("stop", ctx.Err())
+}
+
+func (l *Lifecycle) wrap(op string, err error) error {
+	if l.Name == "" {
+		return fmt.Errorf("%s: %w", op, err)
+	}
+	return fmt.Errorf("%s: %s: %w", l.Name, op, err)
 }
 
 // Started returns a channel closed once the latest run has started: after
