@@ -21,8 +21,8 @@ type InboxHandler struct {
 	insertBatch string
 }
 
-// NewInboxHandler returns the handler for service's inbox; channel is the
-// gateway's NOTIFY channel (InboxChannel(service)).
+// NewInboxHandler returns the handler for service's inbox; it NOTIFYs the
+// gateway's channel InboxChannel(service). Error: an unknown service.
 func NewInboxHandler(service string) (*InboxHandler, error) {
 	if err := checkService(service); err != nil {
 		return nil, err

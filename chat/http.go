@@ -16,6 +16,8 @@ import (
 
 	"github.com/coder/websocket"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/outboxchat/outboxchat/inbox"
 )
 
 // HTTP defaults.
@@ -147,8 +149,9 @@ func (a *API) send(ctx context.Context, chatID int64, body string) (Message, err
 
 func (a *API) sendFailed(w http.ResponseWriter, err error) {
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && (pgErr.Code[:2] == "22" || pgErr.Code[:2] == "23") {
-		// Input the validator let through but the database refused.
+	if inbox.IsPermanent(err) && errors.As(err, &pgErr) {
+		// Input the validator let through but the database refused (a
+		// data exception or constraint violation, SQLSTATE class 22 or 23).
 		writeJSON(w, http.StatusBadRequest, errorBody{Error: pgErr.Message, Field: "body"})
 		return
 	}

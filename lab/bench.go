@@ -496,32 +496,13 @@ func postmasterPID(env *Env) (int, error) {
 	return strconv.Atoi(strings.TrimSpace(line))
 }
 
-// procStat is the CPU part of /proc/PID/stat, in seconds.
-type procStat struct {
-	ppid        int
-	self, child float64 // utime+stime; cutime+cstime (reaped children)
-}
-
 func readProcStat(pid int) (procStat, bool) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
 		return procStat{}, false
 	}
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	if i < 0 {
-		return procStat{}, false
-	}
-	f := strings.Fields(s[i+1:])
-	if len(f) < 15 {
-		return procStat{}, false
-	}
-	num := func(k int) float64 {
-		v, _ := strconv.ParseInt(f[k], 10, 64)
-		return float64(v) / clockTicks
-	}
-	ppid, _ := strconv.Atoi(f[1])
-	return procStat{ppid: ppid, self: num(11) + num(12), child: num(13) + num(14)}, true
+	st, err := parseProcStat(string(b))
+	return st, err == nil
 }
 
 // treeCPU returns the CPU seconds of pid, its reaped children and its live

@@ -530,22 +530,50 @@ func readUsage(pid int) (Usage, error) {
 }
 
 // parseStatCPU returns utime+stime in seconds from a /proc/PID/stat line.
-// The command name (field 2) may contain spaces and parentheses, so fields
-// are counted from the last ')'.
 func parseStatCPU(stat string) (float64, error) {
+	p, err := parseProcStat(stat)
+	return p.self, err
+}
+
+// procStat is the CPU part of /proc/PID/stat, in seconds.
+type procStat struct {
+	ppid        int
+	self, child float64 // utime+stime; cutime+cstime (reaped children)
+}
+
+// parseProcStat reads the parent pid and the CPU times (proc(5): utime,
+// stime, cutime, cstime are fields 14 to 17, in clock ticks) of a
+// /proc/PID/stat line. The command name (field 2) may contain spaces and
+// parentheses, so fields are counted from the last ')'.
+func parseProcStat(stat string) (procStat, error) {
+	bad := errors.New("lab: malformed /proc stat")
 	i := strings.LastIndexByte(stat, ')')
 	if i < 0 {
-		return 0, errors.New("lab: malformed /proc stat")
+		return procStat{}, bad
 	}
+	// After ")": field 3 (state) is f[0], ppid f[1], utime f[11].
 	f := strings.Fields(stat[i+1:])
-	// After ")": field 3 (state) is f[0]; utime is field 14, stime 15.
 	if len(f) < 13 {
-		return 0, errors.New("lab: malformed /proc stat")
+		return procStat{}, bad
 	}
-	ut, err1 := strconv.ParseInt(f[11], 10, 64)
-	st, err2 := strconv.ParseInt(f[12], 10, 64)
-	if err1 != nil || err2 != nil {
-		return 0, errors.New("lab: malformed /proc stat")
+	var ticks [4]int64
+	for k := range ticks {
+		if 11+k >= len(f) {
+			break // cutime, cstime missing: counted as 0
+		}
+		v, err := strconv.ParseInt(f[11+k], 10, 64)
+		if err != nil {
+			return procStat{}, bad
+		}
+		ticks[k] = v
 	}
-	return float64(ut+st) / clockTicks, nil
+	ppid, err := strconv.Atoi(f[1])
+	if err != nil {
+		return procStat{}, bad
+	}
+	return procStat{
+		ppid:  ppid,
+		self:  float64(ticks[0]+ticks[1]) / clockTicks,
+		child: float64(ticks[2]+ticks[3]) / clockTicks,
+	}, nil
 }

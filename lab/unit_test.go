@@ -27,6 +27,16 @@ func TestParseStatCPU(t *testing.T) {
 	}
 }
 
+func TestParseProcStat(t *testing.T) {
+	got, err := parseProcStat("123 (a) b) S 42 123 123 0 -1 4194560 100 0 0 0 250 50 30 20 20 0 8 0")
+	if want := (procStat{ppid: 42, self: 3.0, child: 0.5}); err != nil || got != want {
+		t.Fatalf("parseProcStat = %+v, %v; want %+v", got, err, want)
+	}
+	if _, err := parseProcStat("7 (x) R notapid 7 7 0 -1 0 0 0 0 0 1 2 0 0"); err == nil {
+		t.Fatal("parseProcStat accepted a malformed ppid")
+	}
+}
+
 func TestMsgNumber(t *testing.T) {
 	for _, tc := range []struct {
 		body string

@@ -13,8 +13,12 @@ import (
 // is the JSON document stored in the row, in jsonb's normalized text form
 // (key order and whitespace may differ from what was enqueued).
 type Message struct {
-	// RowID is the outbox row's identity value (bigint), increasing in commit
-	// order of the enqueuing transactions' inserts.
+	// RowID is the outbox row's identity value (bigint), taken when the row
+	// was inserted. It increases in insert order, not commit order: a
+	// transaction that inserted first may commit after one that inserted
+	// later (and the relay then publishes the later-committed row after
+	// it). Transactions that lock a common row before they insert (the
+	// chat's per-chat counter) commit in RowID order; see the package doc.
 	RowID int64
 	// ID is the idempotency key, taken from Event.ID at enqueue time.
 	ID string

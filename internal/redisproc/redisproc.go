@@ -363,17 +363,7 @@ func (s *Server) signal(sig syscall.Signal) error {
 func (s *Server) Restart(ctx context.Context) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.closed {
-		return errors.New("redisproc: restart of closed server")
-	}
-	if err := s.stopLocked(ctx); err != nil {
-		return err
-	}
-	if err := s.startLocked(ctx); err != nil {
-		return err
-	}
-	s.log.Info("redisproc: restarted", "port", s.port)
-	return nil
+	return spawn.Restart(ctx, "redisproc", s.closed, s.steps(), s.log, s.port)
 }
 
 // Close stops the server if running (SIGTERM, SIGKILL after 10s) and removes
@@ -382,20 +372,15 @@ func (s *Server) Restart(ctx context.Context) error {
 func (s *Server) Close() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.closed {
-		return nil
+	dir := ""
+	if s.ownDir {
+		dir = s.dir
 	}
-	s.closed = true
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	err := s.stopLocked(ctx)
-	if s.run != nil {
-		_ = s.killLocked()
-	}
-	if s.ownDir && s.dir != "" {
-		if rerr := os.RemoveAll(s.dir); rerr != nil && err == nil {
-			err = fmt.Errorf("redisproc: remove dir: %w", rerr)
-		}
-	}
-	return err
+	return spawn.Close("redisproc", &s.closed, 10*time.Second, s.steps(), dir)
+}
+
+// steps are the server's own lifecycle steps, for spawn.Restart and
+// spawn.Close (called with s.mu held).
+func (s *Server) steps() spawn.Steps {
+	return spawn.Steps{Start: s.startLocked, Stop: s.stopLocked, Kill: s.killLocked, Running: func() bool { return s.run != nil }}
 }

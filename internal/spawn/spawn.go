@@ -5,8 +5,10 @@ package spawn
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"os"
 	"os/exec"
@@ -187,4 +189,56 @@ func ReapStale(prefix string, log interface{ Info(string, ...any) }) {
 			log.Info("removed stale dir", "dir", d, "owner_pid", pid)
 		}
 	}
+}
+
+// Steps are a private server's own lifecycle steps (pgproc, redisproc),
+// each called with the server's lock held: Start starts the process and
+// waits until it is ready; Stop shuts it down gracefully (SIGKILL when ctx
+// ends first); Kill SIGKILLs it; Running reports whether a process is
+// still tracked (stop or kill failed to clear it).
+type Steps struct {
+	Start, Stop func(ctx context.Context) error
+	Kill        func() error
+	Running     func() bool
+}
+
+// Restart is a private server's Restart, called with its lock held: an
+// error after Close, else stop the running server (if any) and start it
+// again, then log "<name>: restarted" with the port. name prefixes the
+// errors ("pgproc").
+func Restart(ctx context.Context, name string, closed bool, st Steps, log *slog.Logger, port int) error {
+	if closed {
+		return fmt.Errorf("%s: restart of closed server", name)
+	}
+	if err := st.Stop(ctx); err != nil {
+		return err
+	}
+	if err := st.Start(ctx); err != nil {
+		return err
+	}
+	log.Info(name+": restarted", "port", port)
+	return nil
+}
+
+// Close is a private server's Close, called with its lock held: once only
+// (*closed is set; later calls return nil), it stops the server within
+// timeout, SIGKILLs whatever is left, then removes dir when it is not ""
+// (the directory the server created). name prefixes the errors.
+func Close(name string, closed *bool, timeout time.Duration, st Steps, dir string) error {
+	if *closed {
+		return nil
+	}
+	*closed = true
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	err := st.Stop(ctx)
+	if st.Running() { // stop failed; make sure nothing is left
+		_ = st.Kill()
+	}
+	if dir != "" {
+		if rerr := os.RemoveAll(dir); rerr != nil && err == nil {
+			err = fmt.Errorf("%s: remove dir: %w", name, rerr)
+		}
+	}
+	return err
 }
