@@ -49,7 +49,7 @@ func (d *dualWriter) send(ctx context.Context, chatID int64, body string) (Messa
 	payload, _ := json.Marshal(m)
 	job := redisq.Job{ID: m.ID, Name: EventMessageCreated, Payload: payload}
 	if _, err := d.pub.Add(ctx, job); err != nil {
-		d.log.Warn("queue add failed; kept in memory for retry", "message_id", m.ID, "err", err)
+		logEvent(d.log, slog.LevelWarn, EventV1AddFailed, "message_id", m.ID, "err", err)
 		d.mu.Lock()
 		d.pending = append(d.pending, job)
 		d.mu.Unlock()
@@ -92,7 +92,7 @@ func (d *dualWriter) Stop(ctx context.Context) error {
 	err := d.life.Stop(ctx)
 	d.mu.Lock()
 	if n := len(d.pending); n > 0 {
-		d.log.Warn("stopping with queue adds still in memory: they are lost", "count", n)
+		logEvent(d.log, slog.LevelWarn, EventV1Lost, "count", n)
 	}
 	d.mu.Unlock()
 	return err

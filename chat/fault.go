@@ -74,7 +74,7 @@ func payloadSeq(payload []byte) int64 {
 }
 
 func (f *fault) crash(log *slog.Logger, seq int64) {
-	log.Error("fault injected: crashing", "fault", f.kind, "seq", seq)
+	logEvent(log, slog.LevelError, EventFaultCrash, "fault", f.kind, "seq", seq)
 	killSelf()
 }
 

@@ -1,6 +1,7 @@
 package chat
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -318,6 +319,7 @@ func Serve(ctx context.Context, cfg Config) error {
 		qc, err := redisq.NewConsumer(rdb, &redisq.ConsumerConfig{
 			Queue: QueueName(Peer(cfg.Service)), Prefix: cfg.RedisPrefix, Group: cfg.Service,
 			Consumer: cfg.ConsumerName, LockDuration: cfg.LockDuration, Logger: log,
+			OnEvent: queueEvents(reg, log, cmp.Or(cfg.LockDuration, redisq.DefaultLockDuration)),
 		})
 		if err != nil {
 			return err
@@ -330,7 +332,7 @@ func Serve(ctx context.Context, cfg Config) error {
 		if cfg.wrapSource != nil {
 			src = cfg.wrapSource(src)
 		}
-		icfg := &inbox.Config{Logger: log}
+		icfg := &inbox.Config{Logger: log, OnEvent: inboxEvents(reg, log)}
 		if gw != nil {
 			icfg.AfterCommit = gw.offerApplied
 		}
@@ -341,7 +343,6 @@ func Serve(ctx context.Context, cfg Config) error {
 		if err := start(ic); err != nil {
 			return err
 		}
-		registerInboxMetrics(reg, ic)
 		log.Info("worker started", "queue", QueueName(Peer(cfg.Service)), "consumer", cfg.ConsumerName)
 	}
 
@@ -361,7 +362,7 @@ func Serve(ctx context.Context, cfg Config) error {
 		rcfg := &outbox.RelayConfig{
 			Table: cfg.Service + ".outbox", Channel: OutboxChannel(cfg.Service), Publisher: p,
 			PollInterval: cfg.PollInterval, DisableListen: cfg.PollOnly, Logger: log,
-			Metrics: relayMetrics(reg), Notifier: listener,
+			OnEvent: relayEvents(reg, log), Notifier: listener,
 			// This process's sends wake the relay directly; their NOTIFYs
 			// (for other processes) would only cause a second pass here.
 			SkipOwnNotifications: cfg.directRelayWake(),
@@ -479,46 +480,6 @@ const notifyInterval = 5 * time.Millisecond
 func (c *Config) directRelayWake() bool {
 	return c.has(RoleAPI) && c.has(RoleRelay) && c.Mode == ModeOutbox &&
 		c.Wake == outbox.WakeAfterCommit && !c.PollOnly
-}
-
-// relayMetrics exports the relay's hook as Prometheus metrics.
-func relayMetrics(reg *prometheus.Registry) outbox.RelayMetrics {
-	published := prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "outboxchat_relay_published_total", Help: "Outbox rows published and marked sent.",
-	})
-	passes := prometheus.NewHistogram(prometheus.HistogramOpts{
-		Name: "outboxchat_relay_pass_seconds", Help: "Duration of relay passes that published rows, claim to commit.",
-		Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
-	})
-	failed := prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "outboxchat_relay_failures_total", Help: "Failed relay passes (rows stay unsent) and LISTEN failures, by stage.",
-	}, []string{"stage"})
-	listening := prometheus.NewGauge(prometheus.GaugeOpts{
-		Name: "outboxchat_relay_listening", Help: "1 while the relay's LISTEN connection is up.",
-	})
-	reg.MustRegister(published, passes, failed, listening)
-	return outbox.RelayMetrics{
-		Published: func(n int, d time.Duration) { published.Add(float64(n)); passes.Observe(d.Seconds()) },
-		Failed:    func(stage string, _ error) { failed.WithLabelValues(stage).Inc() },
-		Listening: func(up bool) {
-			if up {
-				listening.Set(1)
-			} else {
-				listening.Set(0)
-			}
-		},
-	}
-}
-
-func registerInboxMetrics(reg *prometheus.Registry, ic *inbox.Consumer) {
-	for name, f := range map[string]func(inbox.Stats) int64{
-		"outboxchat_inbox_applied_total":       func(s inbox.Stats) int64 { return s.Applied },
-		"outboxchat_inbox_duplicates_total":    func(s inbox.Stats) int64 { return s.Duplicates },
-		"outboxchat_inbox_dead_lettered_total": func(s inbox.Stats) int64 { return s.DeadLettered },
-	} {
-		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: "Inbox deliveries by outcome."},
-			func() float64 { return float64(f(ic.Stats())) }))
-	}
 }
 
 // killSelf ends the process at once, as a crash would: no deferred

@@ -44,7 +44,44 @@ var (
 	ErrStarted = service.ErrAlreadyStarted
 )
 
-// Metrics are optional hooks the Consumer calls after the events they name;
+// EventKind names a typed event of the Consumer (Event.Kind). The values
+// are stable strings, so a program can log them for another to read (the
+// chat lab does).
+type EventKind string
+
+// Consumer event kinds, each reported after the commit that made it
+// durable (EventDeadLettered: after the DeadLetter call succeeded).
+const (
+	// EventApplied: N ≥ 1 deliveries of one transaction were recorded as
+	// new inbox rows.
+	EventApplied EventKind = "inbox.applied"
+	// EventDuplicate: one delivery (MessageID, Ref) was skipped because its
+	// inbox row already existed.
+	EventDuplicate EventKind = "inbox.duplicate"
+	// EventDeadLettered: one delivery (MessageID, Ref) was moved to the
+	// dead letter for Reason.
+	EventDeadLettered EventKind = "inbox.dead_lettered"
+	// EventBatch: one batch attempt ended (success or failure) after
+	// Duration, begin to commit and ack.
+	EventBatch EventKind = "inbox.batch"
+)
+
+// Event is one typed event of the Consumer, given to Config.OnEvent.
+type Event struct {
+	Kind EventKind
+	// N is the number of deliveries (EventApplied; 1 for the others).
+	N int
+	// MessageID and Ref identify the delivery (EventDuplicate,
+	// EventDeadLettered).
+	MessageID, Ref string
+	// Reason is why it was dead-lettered (EventDeadLettered).
+	Reason string
+	// Duration is the batch attempt's (EventBatch).
+	Duration time.Duration
+}
+
+// Metrics are optional hooks the Consumer calls after the events they name
+// (Config.OnEvent carries the same events and more; both are called);
 // a nil field is skipped. They are called from the Consumer's goroutine (or
 // from the ProcessBatch caller's) and must not block. The app wires them to
 // Prometheus; this package imports no metrics library.
@@ -97,6 +134,12 @@ type Config struct {
 	// Metrics are optional hooks; the zero value disables them.
 	Metrics Metrics
 
+	// OnEvent, when set, receives every typed Event of the Consumer (the app
+	// feeds Prometheus and its event log from it). Called from the
+	// Consumer's goroutine (or the ProcessBatch caller's); must not block.
+	// Default nil.
+	OnEvent func(Event)
+
 	// AfterCommit, when set, is called after every inbox commit that
 	// recorded new rows, before the Ack, with those deliveries in batch
 	// order. It is a latency shortcut, not a delivery guarantee: a crash
@@ -137,6 +180,7 @@ type Consumer struct {
 	timeout     time.Duration
 	log         *slog.Logger
 	metrics     Metrics
+	onEvent     func(Event)
 	afterCommit func([]Applied)
 	applied     atomic.Int64
 	dups        atomic.Int64
@@ -210,6 +254,7 @@ func NewConsumer(pool *pgxpool.Pool, src Source, h Handler, cfg *Config) (*Consu
 		timeout:     cfg.BatchTimeout,
 		log:         cfg.Logger.With("component", "inbox"),
 		metrics:     cfg.Metrics,
+		onEvent:     cfg.OnEvent,
 		afterCommit: cfg.AfterCommit,
 		life:        service.Lifecycle{Name: "inbox: consumer"},
 	}, nil
@@ -393,9 +438,13 @@ func (c *Consumer) process(ctx context.Context, ds []Delivery) ([]Delivery, erro
 		return nil, nil
 	}
 	start := time.Now()
-	if c.metrics.BatchDuration != nil {
-		defer func() { c.metrics.BatchDuration(time.Since(start)) }()
-	}
+	defer func() {
+		d := time.Since(start)
+		if c.metrics.BatchDuration != nil {
+			c.metrics.BatchDuration(d)
+		}
+		c.event(Event{Kind: EventBatch, N: len(ds), Duration: d})
+	}()
 	if c.timeout > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, c.timeout)
@@ -619,6 +668,12 @@ func classify(todo []Delivery, rs []BatchResult) ([]result, error) {
 	return results, nil
 }
 
+func (c *Consumer) event(e Event) {
+	if c.onEvent != nil {
+		c.onEvent(e)
+	}
+}
+
 // finish runs after the commit of results: counts, logs, acks the applied
 // and duplicate deliveries, then dead-letters the rest. Ack and DeadLetter
 // failures are logged, not returned: the entries stay pending and come back.
@@ -635,14 +690,18 @@ func (c *Consumer) finish(ctx context.Context, results []result) {
 			dups++
 			refs = append(refs, r.d.Ref)
 			c.log.Info("duplicate skipped", "message_id", r.d.ID, "ref", r.d.Ref)
+			c.event(Event{Kind: EventDuplicate, N: 1, MessageID: r.d.ID, Ref: r.d.Ref})
 		case outcomeDead:
 			dead = append(dead, r)
 		}
 	}
 	c.applied.Add(int64(applied))
 	c.dups.Add(int64(dups))
-	if applied > 0 && c.metrics.Applied != nil {
-		c.metrics.Applied(applied)
+	if applied > 0 {
+		if c.metrics.Applied != nil {
+			c.metrics.Applied(applied)
+		}
+		c.event(Event{Kind: EventApplied, N: applied})
 	}
 	if dups > 0 && c.metrics.Duplicates != nil {
 		c.metrics.Duplicates(dups)
@@ -663,6 +722,7 @@ func (c *Consumer) finish(ctx context.Context, results []result) {
 		if c.metrics.DeadLettered != nil {
 			c.metrics.DeadLettered(1)
 		}
+		c.event(Event{Kind: EventDeadLettered, N: 1, MessageID: r.d.ID, Ref: r.d.Ref, Reason: r.reason})
 		c.log.Warn("delivery dead-lettered", "message_id", r.d.ID, "ref", r.d.Ref, "reason", r.reason)
 	}
 }

@@ -51,7 +51,15 @@ func TestConsumerSkipsDuplicate(t *testing.T) {
 	e.xadd(t, j) // bypass the dedupe key: the same job arrives twice
 	e.xadd(t, j)
 	e.add(t, job("other"))
-	c := e.consumer(t, e.source(t, "w1"), testHandler, nil)
+	var evMu sync.Mutex
+	var events []inbox.Event
+	c := e.consumer(t, e.source(t, "w1"), testHandler, &inbox.Config{OnEvent: func(ev inbox.Event) {
+		evMu.Lock()
+		defer evMu.Unlock()
+		if ev.Kind != inbox.EventBatch {
+			events = append(events, ev)
+		}
+	}})
 	if err := c.Start(context.Background()); err != nil {
 		t.Fatalf("Start: %v", err)
 	}
@@ -65,7 +73,27 @@ func TestConsumerSkipsDuplicate(t *testing.T) {
 	if n := e.rows(t); n != 2 {
 		t.Fatalf("inbox rows = %d, want 2", n)
 	}
-	// The lab counts duplicates from this exact log line.
+	// The typed events: two applied, one duplicate naming the delivery.
+	evMu.Lock()
+	var applied, dups int
+	for _, ev := range events {
+		switch ev.Kind {
+		case inbox.EventApplied:
+			applied += ev.N
+		case inbox.EventDuplicate:
+			dups++
+			if ev.MessageID != j.ID || ev.Ref == "" || ev.N != 1 {
+				t.Errorf("duplicate event %+v, want message %s with its ref", ev, j.ID)
+			}
+		default:
+			t.Errorf("unexpected event %+v", ev)
+		}
+	}
+	evMu.Unlock()
+	if applied != 2 || dups != 1 {
+		t.Fatalf("events: %d applied, %d duplicates; want 2, 1", applied, dups)
+	}
+	// And the human-readable log line.
 	recs := e.logs.records(t, "duplicate skipped")
 	if len(recs) != 1 || recs[0]["message_id"] != j.ID || recs[0]["level"] != "INFO" {
 		t.Fatalf(`"duplicate skipped" records = %v, want one at INFO with message_id %s`, recs, j.ID)

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/outboxchat/outboxchat/chat"
+	"github.com/outboxchat/outboxchat/inbox"
+	"github.com/outboxchat/outboxchat/outbox"
 )
 
 // Chaos defaults (the write-up's experiment).
@@ -123,11 +125,11 @@ func Chaos(ctx context.Context, opts ChaosOptions) (*Figures, error) {
 	var crashMu sync.Mutex
 	crashLabel := ""
 	defer env.Workers.Subscribe(func(l LogLine) {
-		switch l.Msg {
-		case "duplicate skipped":
+		switch l.Event() {
+		case string(inbox.EventDuplicate):
 			id := l.Str("message_id")
 			events.do(func() { log.at(l.Time, "workers", "%s again, already in inbox, skipped", env.label(ctx, id)) })
-		case "fault injected: crashing":
+		case chat.EventFaultCrash:
 			crashMu.Lock()
 			crashLabel = env.labelSeq(ctx, chaosChat, int64(l.Attrs["seq"].(float64)))
 			crashMu.Unlock()
@@ -137,7 +139,7 @@ func Chaos(ctx context.Context, opts ChaosOptions) (*Figures, error) {
 	relayErrLogged := false
 	if v2 {
 		defer env.ConsumersRelays[0].Subscribe(func(l LogLine) {
-			if l.Msg != "pass failed; rows stay unsent for the next pass" {
+			if l.Event() != string(outbox.EventPassFailed) {
 				return
 			}
 			relayMu.Lock()
@@ -150,11 +152,11 @@ func Chaos(ctx context.Context, opts ChaosOptions) (*Figures, error) {
 		})()
 	} else {
 		defer env.Consumers.Subscribe(func(l LogLine) {
-			switch l.Msg {
-			case "queue add failed; kept in memory for retry":
+			switch l.Event() {
+			case chat.EventV1AddFailed:
 				id, e := l.Str("message_id"), l.Str("err")
 				events.do(func() { log.at(l.Time, "consumers", "%s not queued, kept in memory: %s", env.label(ctx, id), e) })
-			case "stopping with queue adds still in memory: they are lost":
+			case chat.EventV1Lost:
 				log.at(l.Time, "consumers", "stopping with %s queue add(s) still in memory", l.Str("count"))
 			}
 		})()

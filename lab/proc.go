@@ -1,6 +1,7 @@
 package lab
 
 import (
+	"github.com/outboxchat/outboxchat/chat"
 	"github.com/outboxchat/outboxchat/internal/spawn"
 
 	"bufio"
@@ -83,6 +84,18 @@ func (l LogLine) Str(key string) string {
 	default:
 		return fmt.Sprint(v)
 	}
+}
+
+// Event returns the kind of the typed event the line carries (chat.EventKey
+// of a line whose msg is chat.EventLogMsg), or "" for any other line. The
+// kinds are the library's and the app's constants (inbox.EventDuplicate,
+// redisq.EventReclaimed, outbox.EventPassFailed, chat.EventFaultCrash, …),
+// so the lab never matches log text.
+func (l LogLine) Event() string {
+	if l.Msg != chat.EventLogMsg {
+		return ""
+	}
+	return l.Str(chat.EventKey)
 }
 
 // Usage is a process's resource use, read from /proc.

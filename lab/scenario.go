@@ -12,6 +12,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxchat/outboxchat/chat"
+	"github.com/outboxchat/outboxchat/inbox"
+	"github.com/outboxchat/outboxchat/redisq"
 )
 
 // scenario is a named fault scenario of `lab chaos --scenario`.
@@ -158,19 +160,19 @@ func RunScenario(ctx context.Context, name string, logW, progress io.Writer) (*F
 	}
 	defer s.w.Stop(context.Background())
 	defer env.Workers.Subscribe(func(l LogLine) {
-		switch l.Msg {
-		case "duplicate skipped":
+		switch l.Event() {
+		case string(inbox.EventDuplicate):
 			id := l.Str("message_id")
 			s.events.do(func() { s.log.at(l.Time, "workers", "%s again, already in inbox, skipped", env.label(ctx, id)) })
-		case "reclaimed stalled entries":
+		case string(redisq.EventReclaimed):
 			s.log.at(l.Time, "workers", "reclaimed %s stalled job(s) after the lock duration", l.Str("count"))
-		case "fault injected: crashing":
+		case chat.EventFaultCrash:
 			s.log.at(l.Time, "workers", "fault injected: crashing (%s)", l.Str("fault"))
 		}
 	})()
 	for _, p := range env.ConsumersRelays {
 		defer p.Subscribe(func(l LogLine) {
-			if l.Msg == "fault injected: crashing" {
+			if l.Event() == chat.EventFaultCrash {
 				s.log.at(l.Time, p.Name(), "fault injected: crashing (%s)", l.Str("fault"))
 			}
 		})()

@@ -5,6 +5,9 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/outboxchat/outboxchat/chat"
+	"github.com/outboxchat/outboxchat/inbox"
 )
 
 func TestParseStatCPU(t *testing.T) {
@@ -85,5 +88,17 @@ func TestEventLogFormat(t *testing.T) {
 	want := "  3.8s  deploy:    workers stopped\n 13.1s  workers:   msg 2 again, already in inbox, skipped\n"
 	if b.String() != want {
 		t.Fatalf("log =\n%q\nwant\n%q", b.String(), want)
+	}
+}
+
+func TestLogLineEvent(t *testing.T) {
+	ev := LogLine{Msg: chat.EventLogMsg, Attrs: map[string]any{chat.EventKey: string(inbox.EventDuplicate)}}
+	if got := ev.Event(); got != string(inbox.EventDuplicate) {
+		t.Fatalf("Event() = %q, want %q", got, inbox.EventDuplicate)
+	}
+	// Any other line is no event, whatever its attributes.
+	other := LogLine{Msg: "duplicate skipped", Attrs: map[string]any{chat.EventKey: string(inbox.EventDuplicate)}}
+	if got := other.Event(); got != "" {
+		t.Fatalf("Event() of a plain log line = %q, want none", got)
 	}
 }

@@ -51,7 +51,44 @@ const (
 	lastErrorMax     = 1000                  // bytes of last_error kept
 )
 
-// RelayMetrics receives relay events, e.g. to feed Prometheus. Every field is
+// RelayEventKind names a typed event of the relay (RelayEvent.Kind). The values are
+// stable strings, so a program can log them for another to read (the chat
+// lab does).
+type RelayEventKind string
+
+// Relay event kinds.
+const (
+	// EventClaimed: a pass claimed N ≥ 1 unsent rows (before publishing).
+	EventClaimed RelayEventKind = "outbox.claimed"
+	// EventPublished: a pass published N ≥ 1 rows, marked them sent and
+	// committed; Duration is the pass, claim to commit.
+	EventPublished RelayEventKind = "outbox.published"
+	// EventPassFailed: a pass failed at Stage ("claim", "publish",
+	// "mark_sent"); Err is what RunOnce returned; its rows stay unsent.
+	EventPassFailed RelayEventKind = "outbox.pass_failed"
+	// EventListenUp: the LISTEN connection is up (after every reconnect).
+	EventListenUp RelayEventKind = "outbox.listen_up"
+	// EventListenDown: the LISTEN connection failed or was lost (Err), or
+	// closed on stop (Err nil); the poll covers the gap.
+	EventListenDown RelayEventKind = "outbox.listen_down"
+)
+
+// RelayEvent is one typed event of the relay, given to RelayConfig.OnEvent.
+type RelayEvent struct {
+	Kind RelayEventKind
+	// N is the number of rows (EventClaimed, EventPublished).
+	N int
+	// Duration is the pass's duration (EventPublished).
+	Duration time.Duration
+	// Stage is where a pass failed (EventPassFailed).
+	Stage string
+	// Err is the failure (EventPassFailed, EventListenDown).
+	Err error
+}
+
+// RelayMetrics receives relay events, e.g. to feed Prometheus. It predates
+// RelayConfig.OnEvent, which carries the same events and more; both are
+// called. Every field is
 // optional (nil = ignored); set fields must be cheap, must not block and must
 // be safe for concurrent use.
 type RelayMetrics struct {
@@ -126,6 +163,11 @@ type RelayConfig struct {
 	Logger *slog.Logger
 	// Metrics is an optional hook; see RelayMetrics.
 	Metrics RelayMetrics
+	// OnEvent, when set, receives every typed Event of the relay (the app
+	// feeds Prometheus and its event log from it). Called from the relay's
+	// goroutines (and RunOnce's caller); must be cheap, must not block,
+	// must be safe for concurrent use. Default nil.
+	OnEvent func(RelayEvent)
 }
 
 // Relay moves unsent outbox rows to a Publisher: claim (FOR UPDATE) in id
@@ -147,6 +189,7 @@ type Relay struct {
 	timeouts  [3]string // lock, statement, idle-in-tx, as "<n>ms"
 	log       *slog.Logger
 	m         RelayMetrics
+	onEvent   func(RelayEvent)
 
 	claimSQL, markSQL, recordSQL string
 
@@ -253,6 +296,7 @@ func NewRelay(pool *pgxpool.Pool, cfg *RelayConfig) (*Relay, error) {
 		timeouts:  [3]string{pgMillis(cfg.LockTimeout), pgMillis(cfg.StatementTimeout), pgMillis(cfg.IdleInTxTimeout)},
 		log:       cfg.Logger.With(slog.String("component", "outbox.relay")),
 		m:         cfg.Metrics,
+		onEvent:   cfg.OnEvent,
 		wake:      make(chan struct{}, 1),
 		life:      service.Lifecycle{Name: "outbox: relay"},
 		notifier:  cfg.Notifier,
@@ -399,6 +443,7 @@ func (r *Relay) RunOnce(ctx context.Context) (n int, err error) {
 	for i, m := range msgs {
 		ids[i] = m.RowID
 	}
+	r.event(RelayEvent{Kind: EventClaimed, N: len(msgs)})
 
 	pctx, cancel := context.WithTimeout(ctx, r.pubTO)
 	err = r.pub.Publish(pctx, msgs)
@@ -434,9 +479,11 @@ func (r *Relay) RunOnce(ctx context.Context) (n int, err error) {
 		return 0, r.fail("mark_sent", err)
 	}
 	inTx = false
+	d := time.Since(start)
 	if r.m.Published != nil {
-		r.m.Published(len(msgs), time.Since(start))
+		r.m.Published(len(msgs), d)
 	}
+	r.event(RelayEvent{Kind: EventPublished, N: len(msgs), Duration: d})
 	return len(msgs), nil
 }
 
@@ -511,7 +558,16 @@ func (r *Relay) fail(stage string, err error) error {
 	if r.m.Failed != nil {
 		r.m.Failed(stage, err)
 	}
+	if stage != "listen" {
+		r.event(RelayEvent{Kind: EventPassFailed, Stage: stage, Err: err})
+	}
 	return err
+}
+
+func (r *Relay) event(e RelayEvent) {
+	if r.onEvent != nil {
+		r.onEvent(e)
+	}
 }
 
 // Start starts the relay's loop (and, unless DisableListen, its LISTEN
@@ -643,6 +699,7 @@ func (r *Relay) onListenUp() {
 		return
 	}
 	r.setListening(true)
+	r.event(RelayEvent{Kind: EventListenUp})
 	r.Wake()
 }
 
@@ -654,8 +711,9 @@ func (r *Relay) onListenDown(err error) {
 	}
 	r.setListening(false)
 	if err != nil {
-		r.fail("listen", fmt.Errorf("outbox: relay: listen: %w", err))
+		err = r.fail("listen", fmt.Errorf("outbox: relay: listen: %w", err))
 	}
+	r.event(RelayEvent{Kind: EventListenDown, Err: err})
 }
 
 func (r *Relay) setListening(up bool) {

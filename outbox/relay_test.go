@@ -636,3 +636,50 @@ func TestIgnoreNotification(t *testing.T) {
 	enqueue(t, pool, w, ev("heard")) // another backend: its NOTIFY wakes the relay
 	testenv.WaitFor(t, 5*time.Second, "published heard", func() bool { return rec.has("heard") })
 }
+
+// TestRelayEvents: a pass reports claimed and published with the row
+// count, a failed one pass_failed with its stage and error.
+func TestRelayEvents(t *testing.T) {
+	t.Parallel()
+	pool := setup(t)
+	w := newWriter(t, pool, outbox.WakeNone)
+	var mu sync.Mutex
+	var got []outbox.RelayEvent
+	fail := errors.New("broker down")
+	var failing bool
+	r := newRelay(t, pool, outbox.RelayConfig{
+		Publisher: outbox.PublisherFunc(func(context.Context, []outbox.Message) error {
+			mu.Lock()
+			defer mu.Unlock()
+			if failing {
+				return fail
+			}
+			return nil
+		}),
+		OnEvent: func(e outbox.RelayEvent) {
+			mu.Lock()
+			defer mu.Unlock()
+			got = append(got, e)
+		},
+	})
+	enqueue(t, pool, w, ev("e1"), ev("e2"))
+	if n, err := r.RunOnce(context.Background()); err != nil || n != 2 {
+		t.Fatalf("RunOnce = %d, %v", n, err)
+	}
+	mu.Lock()
+	if len(got) != 2 || got[0].Kind != outbox.EventClaimed || got[0].N != 2 ||
+		got[1].Kind != outbox.EventPublished || got[1].N != 2 || got[1].Duration <= 0 {
+		t.Fatalf("events of a published pass: %+v", got)
+	}
+	got, failing = nil, true
+	mu.Unlock()
+	enqueue(t, pool, w, ev("e3"))
+	if _, err := r.RunOnce(context.Background()); !errors.Is(err, fail) {
+		t.Fatalf("RunOnce with a failing publisher = %v", err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(got) != 2 || got[1].Kind != outbox.EventPassFailed || got[1].Stage != "publish" || !errors.Is(got[1].Err, fail) {
+		t.Fatalf("events of a failed pass: %+v", got)
+	}
+}

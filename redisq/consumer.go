@@ -73,6 +73,9 @@ type ConsumerConfig struct {
 	Logger *slog.Logger
 	// Metrics receives counts (default none).
 	Metrics Metrics
+	// OnEvent, when set, receives every typed Event of the Consumer. It
+	// must be safe for concurrent use and must not block. Default nil.
+	OnEvent func(Event)
 }
 
 // Consumer reads one queue as one member of a consumer group.
@@ -93,6 +96,7 @@ type Consumer struct {
 	trimI  time.Duration
 	logger *slog.Logger
 	m      Metrics
+	on     func(Event)
 
 	mu sync.Mutex // guards the fields below
 	// groupReady is set once XGROUP CREATE succeeded or found the group.
@@ -196,6 +200,7 @@ func NewConsumer(rdb redis.UniversalClient, cfg *ConsumerConfig) (*Consumer, err
 		trimI:       cfg.TrimInterval,
 		logger:      cfg.Logger.With("component", "redisq", "queue", cfg.Queue, "group", cfg.Group, "consumer", cfg.Consumer),
 		m:           cfg.Metrics,
+		on:          cfg.OnEvent,
 		cursor:      "0",
 		outstanding: map[string]struct{}{},
 		claimCursor: "0-0",
@@ -377,6 +382,9 @@ func (c *Consumer) fetchStalled(ctx context.Context, max int) ([]Delivery, error
 			c.logger.InfoContext(ctx, "reclaimed stalled entries", "count", len(live), "lock_duration", c.lock)
 			if c.m != nil {
 				c.m.JobsReclaimed(c.queue, len(live))
+			}
+			if c.on != nil {
+				c.on(Event{Kind: EventReclaimed, Queue: c.queue, N: int64(len(live))})
 			}
 			return c.deliveries(ctx, live, true), nil
 		}
@@ -582,6 +590,9 @@ func (c *Consumer) Trim(ctx context.Context) (int64, error) {
 	}
 	if n > 0 && c.m != nil {
 		c.m.JobsTrimmed(c.queue, n)
+	}
+	if n > 0 && c.on != nil {
+		c.on(Event{Kind: EventTrimmed, Queue: c.queue, N: n})
 	}
 	return n, nil
 }

@@ -49,9 +49,42 @@ type PublisherConfig struct {
 	Logger *slog.Logger
 	// Metrics receives counts (default none).
 	Metrics Metrics
+	// OnEvent, when set, receives every typed Event of the Publisher. It
+	// must be safe for concurrent use and must not block. Default nil.
+	OnEvent func(Event)
 }
 
-// Metrics receives queue counters. Implementations must be safe for
+// EventKind names a typed event of the queue (Event.Kind). The values are
+// stable strings, so a program can log them for another to read (the chat
+// lab does).
+type EventKind string
+
+// Queue event kinds.
+const (
+	// EventAdded: an Add call added N new entries and skipped Duplicates
+	// (both ≥ 0; the job ids were already in the queue's dedupe keys).
+	EventAdded EventKind = "redisq.added"
+	// EventReclaimed: a Fetch took over N > 0 stalled entries, pending on
+	// some consumer for longer than LockDuration (XAUTOCLAIM).
+	EventReclaimed EventKind = "redisq.reclaimed"
+	// EventTrimmed: a trim removed N > 0 acknowledged entries.
+	EventTrimmed EventKind = "redisq.trimmed"
+)
+
+// Event is one typed event of a Publisher or Consumer, given to its
+// config's OnEvent.
+type Event struct {
+	Kind  EventKind
+	Queue string
+	// N is the number of entries added, reclaimed or trimmed.
+	N int64
+	// Duplicates is the number of jobs skipped as already added
+	// (EventAdded).
+	Duplicates int
+}
+
+// Metrics receives queue counters (the configs' OnEvent carries the same
+// events; both are called). Implementations must be safe for
 // concurrent use and must not block; the app adapts them to Prometheus.
 type Metrics interface {
 	// JobsAdded is called after every successful Add: added new entries and
@@ -74,6 +107,7 @@ type Publisher struct {
 	ttlMS  int64
 	logger *slog.Logger
 	m      Metrics
+	on     func(Event)
 }
 
 // NewPublisher returns a Publisher adding to cfg.Queue through rdb (use
@@ -98,6 +132,7 @@ func NewPublisher(rdb redis.UniversalClient, cfg *PublisherConfig) (*Publisher, 
 		ttlMS:  cfg.DedupeTTL.Milliseconds(),
 		logger: cfg.Logger.With("component", "redisq", "queue", cfg.Queue),
 		m:      cfg.Metrics,
+		on:     cfg.OnEvent,
 	}, nil
 }
 
@@ -182,6 +217,9 @@ func (p *Publisher) Add(ctx context.Context, jobs ...Job) (added int, err error)
 	}
 	if p.m != nil {
 		p.m.JobsAdded(p.queue, added, len(jobs)-added)
+	}
+	if p.on != nil {
+		p.on(Event{Kind: EventAdded, Queue: p.queue, N: int64(added), Duplicates: len(jobs) - added})
 	}
 	return added, nil
 }

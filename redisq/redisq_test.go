@@ -142,12 +142,36 @@ func (c *counts) String() string {
 	return fmt.Sprintf("added=%d dupes=%d reclaimed=%d trimmed=%d", c.added, c.dupes, c.reclaimed, c.trimmed)
 }
 
+// events is an OnEvent recording totals per kind, in String's format.
+type events struct {
+	mu sync.Mutex
+	n  map[redisq.EventKind]int64
+	d  int
+}
+
+func (e *events) on(ev redisq.Event) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.n == nil {
+		e.n = map[redisq.EventKind]int64{}
+	}
+	e.n[ev.Kind] += ev.N
+	e.d += ev.Duplicates
+}
+
+func (e *events) String() string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return fmt.Sprintf("added=%d dupes=%d reclaimed=%d trimmed=%d", e.n[redisq.EventAdded], e.d, e.n[redisq.EventReclaimed], e.n[redisq.EventTrimmed])
+}
+
 func TestAddTwiceSameIDAddsOnce(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	q := newQueue(t, nil)
 	var m counts
-	pub, err := redisq.NewPublisher(q.rdb, &redisq.PublisherConfig{Queue: "chat", Prefix: q.prefix, Metrics: &m})
+	var ev events
+	pub, err := redisq.NewPublisher(q.rdb, &redisq.PublisherConfig{Queue: "chat", Prefix: q.prefix, Metrics: &m, OnEvent: ev.on})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -172,6 +196,9 @@ func TestAddTwiceSameIDAddsOnce(t *testing.T) {
 	}
 	if got := m.String(); got != "added=2 dupes=3 reclaimed=0 trimmed=0" {
 		t.Fatalf("metrics %s", got)
+	}
+	if got := ev.String(); got != "added=2 dupes=3 reclaimed=0 trimmed=0" {
+		t.Fatalf("events %s", got)
 	}
 	ttl := q.rdb.PTTL(ctx, q.keys.Dedupe("m-1")).Val()
 	if ttl <= 23*time.Hour || ttl > redisq.DefaultDedupeTTL {
@@ -365,7 +392,8 @@ func TestStalledDeliveryIsReclaimed(t *testing.T) {
 	ctx := context.Background()
 	q := newQueue(t, nil)
 	var m counts
-	cfg := &redisq.ConsumerConfig{LockDuration: 200 * time.Millisecond, Metrics: &m}
+	var ev events
+	cfg := &redisq.ConsumerConfig{LockDuration: 200 * time.Millisecond, Metrics: &m, OnEvent: ev.on}
 	dead := q.consumer(t, "dies", cfg)
 	live := q.consumer(t, "lives", cfg)
 
@@ -397,6 +425,9 @@ func TestStalledDeliveryIsReclaimed(t *testing.T) {
 	}
 	if got := m.String(); got != "added=0 dupes=0 reclaimed=1 trimmed=0" {
 		t.Fatalf("metrics %s", got)
+	}
+	if got := ev.String(); got != "added=0 dupes=0 reclaimed=1 trimmed=0" {
+		t.Fatalf("events %s", got)
 	}
 }
 
