@@ -105,20 +105,32 @@ func TestChatPageInBrowser(t *testing.T) {
 	waitMessages(t, workTab, want...)
 	waitMessages(t, consTab, want...)
 
-	// Own messages say stored; received ones show when this side's inbox
-	// stored them. No receipt is invented for own messages.
+	// Own messages turn from "✓ stored" to "✓✓ delivered <time>" when the
+	// other side's receipt comes back (live, over the WebSocket); received
+	// ones show when this side's inbox stored them.
 	for _, tc := range []struct {
 		tab  context.Context
 		me   string
 		name string
 	}{{consTab, Consumers, "consumers tab"}, {workTab, Workers, "workers tab"}} {
+		waitPage(t, tc.tab, tc.name+": every own message marked delivered",
+			`[...document.querySelectorAll("#log .msg.own .mark")].every(e => /^✓✓ delivered \d\d:\d\d:\d\d\.\d{3}$/.test(e.textContent))`)
 		marks := eval[[]string](t, tc.tab, `[...document.querySelectorAll("#log .msg")].map(e => e.dataset.from + " " + e.querySelector(".mark").textContent)`)
+		own := 0
 		for _, m := range marks {
-			own := strings.HasPrefix(m, tc.me+" ")
-			if own && !strings.HasSuffix(m, "✓ stored") || !own && !strings.Contains(m, "✓ received ") {
-				t.Errorf("%s: mark %q: want \"✓ stored\" on own messages and \"✓ received <time>\" on the other side's", tc.name, m)
+			if strings.HasPrefix(m, tc.me+" ") {
+				own++
+				if !strings.Contains(m, "✓✓ delivered ") {
+					t.Errorf("%s: mark %q: want \"✓✓ delivered <time>\" on own messages", tc.name, m)
+				}
+			} else if !strings.Contains(m, "✓ received ") {
+				t.Errorf("%s: mark %q: want \"✓ received <time>\" on the other side's", tc.name, m)
 			}
 		}
+		if own == 0 {
+			t.Errorf("%s: no own message to check", tc.name)
+		}
+		t.Logf("%s marks: %q", tc.name, marks)
 	}
 
 	// An over-long message: the API refuses it, the error shows next to the

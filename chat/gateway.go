@@ -102,8 +102,9 @@ type Gateway struct {
 	rooms    map[int64]map[*Subscription]struct{}
 	dirty    map[int64]struct{}
 	allDirty bool
-	offered  map[int64]*roomRows // committed rows handed over by Offer, per room with subscribers
-	running  bool                // between Start and Stop: Offer keeps rows only then
+	offered  map[int64]*roomRows   // committed rows handed over by Offer, per room with subscribers
+	receipts map[int64]receiptNote // receipts to push, per room with subscribers (highest seq)
+	running  bool                  // between Start and Stop: Offer keeps rows only then
 	wake     chan struct{}
 	life     service.Lifecycle
 	notifier *notifier.Notifier
@@ -186,12 +187,12 @@ func NewGateway(pool *pgxpool.Pool, service string, cfg *GatewayConfig) (*Gatewa
 	// origin, from the subscribers' lowest cursors on.
 	// A room may be read from two cursors (see push); k is the 1-based
 	// index of the (chat, cursors) entry a row was read for.
-	q := `SELECT r.k, r.chat_id, false, m.id::text, m.seq, m.body, m.created_at, NULL::timestamptz, $4::text
+	q := `SELECT r.k, r.chat_id, false, m.id::text, m.seq, m.body, m.created_at, NULL::timestamptz, $4::text, m.delivered_at
 		FROM unnest($1::bigint[], $2::bigint[]) WITH ORDINALITY AS r(chat_id, after, k)
-		CROSS JOIN LATERAL (SELECT id, seq, body, created_at FROM ` + s + `.messages
+		CROSS JOIN LATERAL (SELECT id, seq, body, created_at, delivered_at FROM ` + s + `.messages
 			WHERE chat_id = r.chat_id AND seq > r.after ORDER BY seq LIMIT ` + page + `) m
 		UNION ALL
-		SELECT r.k, r.chat_id, true, i.message_id::text, i.seq, i.body, i.sent_at, i.received_at, i.sender
+		SELECT r.k, r.chat_id, true, i.message_id::text, i.seq, i.body, i.sent_at, i.received_at, i.sender, i.received_at
 		FROM unnest($1::bigint[], $3::bigint[]) WITH ORDINALITY AS r(chat_id, after, k)
 		CROSS JOIN LATERAL (SELECT message_id, seq, body, sent_at, received_at, sender FROM ` + s + `.inbox
 			WHERE chat_id = r.chat_id AND seq > r.after ORDER BY seq LIMIT ` + page + `) i`
@@ -228,9 +229,13 @@ func (g *Gateway) Start(ctx context.Context) error {
 		r.Go(func() {
 			var unsubscribe []func()
 			for _, ch := range g.cfg.Channels {
+				notify := g.onNotify
+				if ch == ReceiptChannel(g.service) {
+					notify = g.onReceiptNotify
+				}
 				unsubscribe = append(unsubscribe, g.notifier.Subscribe(notifier.Subscription{
 					Channel: ch, SkipOwn: slices.Contains(g.cfg.SkipOwnOn, ch),
-					Notify: g.onNotify,
+					Notify: notify,
 					// After every (re)connect of the LISTEN connection:
 					// whatever was committed while it was down is read now.
 					Up: g.WakeAll,
@@ -247,7 +252,7 @@ func (g *Gateway) Start(ctx context.Context) error {
 				_ = g.notifier.Stop(r.Context())
 			}
 			g.mu.Lock()
-			g.running, g.offered = false, nil
+			g.running, g.offered, g.receipts = false, nil, nil
 			g.mu.Unlock()
 		})
 	})
@@ -283,6 +288,14 @@ func (g *Gateway) onNotify(payload string, _ uint32) {
 			return
 		}
 		g.Wake(id)
+	}
+}
+
+// onReceiptNotify pushes the receipts a ReceiptChannel notification
+// carries. Called from the notifier's goroutine.
+func (g *Gateway) onReceiptNotify(payload string, _ uint32) {
+	for _, r := range parseReceiptNote(payload) {
+		g.Receipt(r.chatID, r.upto, r.at)
 	}
 }
 
@@ -345,6 +358,10 @@ func (g *Gateway) Offer(received bool, ms []Message) {
 func (g *Gateway) offerApplied(applied []inbox.Applied) {
 	ms := make([]Message, 0, len(applied))
 	for _, a := range applied {
+		if r, ok := a.Value.(Receipt); ok {
+			g.Receipt(r.ChatID, r.UptoSeq, r.ReceivedAt)
+			continue
+		}
 		if m, ok := a.Value.(Message); ok {
 			ms = append(ms, m)
 		} else if m, err := DecodeEvent(a.Delivery.Payload); err == nil {
@@ -354,6 +371,58 @@ func (g *Gateway) offerApplied(applied []inbox.Applied) {
 		}
 	}
 	g.Offer(true, ms)
+}
+
+// Receipt tells the room chatID's subscribers that this service's messages
+// up to seq upto were delivered at at (a receipt frame, see ReceiptFrame).
+// Receipts of one room that arrive before the gateway pushes them collapse
+// into the highest. A room without subscribers drops it (a new subscriber
+// gets the watermark when its socket opens). Never blocks; safe for
+// concurrent use.
+func (g *Gateway) Receipt(chatID, upto int64, at time.Time) {
+	g.mu.Lock()
+	if _, ok := g.rooms[chatID]; ok && g.running {
+		if g.receipts == nil {
+			g.receipts = map[int64]receiptNote{}
+		}
+		if r, ok := g.receipts[chatID]; !ok || r.upto < upto {
+			g.receipts[chatID] = receiptNote{chatID: chatID, upto: upto, at: at}
+		}
+	}
+	g.mu.Unlock()
+	g.signal()
+}
+
+// pushReceipts hands the pending receipt frames to their rooms'
+// subscribers; a subscriber whose buffer is full is evicted, as for
+// messages. Called by the gateway goroutine only.
+func (g *Gateway) pushReceipts() {
+	g.mu.Lock()
+	rs := g.receipts
+	g.receipts = nil
+	var subs map[int64][]*Subscription
+	for id := range rs {
+		for s := range g.rooms[id] {
+			if subs == nil {
+				subs = map[int64][]*Subscription{}
+			}
+			subs[id] = append(subs[id], s)
+		}
+	}
+	g.mu.Unlock()
+	for id, r := range rs {
+		b, err := json.Marshal(ReceiptFrame{ChatID: id, From: g.service, UptoSeq: r.upto, DeliveredAt: r.at})
+		if err != nil {
+			continue
+		}
+		for _, s := range subs[id] {
+			select {
+			case s.c <- b:
+			default:
+				s.evict()
+			}
+		}
+	}
 }
 
 // WakeAll marks every room as changed. It never blocks.
@@ -449,6 +518,7 @@ func (g *Gateway) loop(ctx context.Context) {
 			holdAt = h
 			hold.Reset(time.Until(h))
 		}
+		g.pushReceipts()
 		if err != nil && ctx.Err() == nil {
 			g.log.Warn("read new messages", "err", err)
 			// Try again at the next wake-up or tick; the cursors did not move.
@@ -586,7 +656,7 @@ func (g *Gateway) push(ctx context.Context) (more bool, hold time.Time, err erro
 		var k int64
 		var received bool
 		var recvAt *time.Time
-		if err := rows.Scan(&k, &m.ChatID, &received, &m.ID, &m.Seq, &m.Body, &m.SentAt, &recvAt, &m.From); err != nil {
+		if err := rows.Scan(&k, &m.ChatID, &received, &m.ID, &m.Seq, &m.Body, &m.SentAt, &recvAt, &m.From, &m.DeliveredAt); err != nil {
 			rows.Close()
 			g.markDirty(ids)
 			return false, hold, err

@@ -19,6 +19,7 @@ type InboxHandler struct {
 	service     string
 	channel     string
 	insertBatch string
+	rq          receiptQueries
 }
 
 // NewInboxHandler returns the handler for service's inbox; it NOTIFYs the
@@ -31,6 +32,7 @@ func NewInboxHandler(service string) (*InboxHandler, error) {
 	return &InboxHandler{
 		service: service,
 		channel: InboxChannel(service),
+		rq:      newReceiptQueries(service),
 		// The whole batch in one statement: insert the rows, NOTIFY the
 		// gateway once with every chat id that got a new row, record the
 		// duplicates ($8: ids already known to repeat inside the batch, plus
@@ -49,13 +51,30 @@ func NewInboxHandler(service string) (*InboxHandler, error) {
 	}, nil
 }
 
+// decodeReceipt checks a receipt delivery without touching the database: a
+// valid receipt from the other service whose id is the job id. Errors wrap
+// inbox.ErrMalformed.
+func (h *InboxHandler) decodeReceipt(d inbox.Delivery) (Receipt, error) {
+	r, err := DecodeReceipt(d.Payload)
+	if err != nil {
+		return r, fmt.Errorf("%w: %v", inbox.ErrMalformed, err)
+	}
+	if d.ID != "" && d.ID != r.ID {
+		return r, fmt.Errorf("%w: job id %q differs from receipt id %q", inbox.ErrMalformed, d.ID, r.ID)
+	}
+	if r.From != Peer(h.service) {
+		return r, fmt.Errorf("%w: receipt from %q, expected %q", inbox.ErrMalformed, r.From, Peer(h.service))
+	}
+	return r, nil
+}
+
 // decode checks a delivery without touching the database: a job named
 // message.created holding a valid event from the other service whose id is
 // the job id.
 // Errors wrap inbox.ErrMalformed.
 func (h *InboxHandler) decode(d inbox.Delivery) (Message, error) {
 	if d.Name != EventMessageCreated {
-		return Message{}, fmt.Errorf("%w: event %q, expected %q", inbox.ErrMalformed, d.Name, EventMessageCreated)
+		return Message{}, fmt.Errorf("%w: event %q, expected %q or %q", inbox.ErrMalformed, d.Name, EventMessageCreated, EventReceipt)
 	}
 	m, err := DecodeEvent(d.Payload)
 	if err != nil {
@@ -107,17 +126,34 @@ func (h *InboxHandler) ApplyBatch(ctx context.Context, tx pgx.Tx, ds []inbox.Del
 }
 
 // QueueBatch implements inbox.PipelineHandler: it decodes ds (a malformed
-// delivery's result gets its error), queues one statement for the rest
-// (insert the new rows, NOTIFY the gateway channel, record duplicates) and
-// fills the results from its rows. It queues nothing when every delivery is
-// malformed.
+// delivery's result gets its error) and queues up to three statements:
+// for the messages, one that inserts the new rows, NOTIFYs the gateway
+// channel and records duplicates, then one that enqueues a receipt per chat
+// of those messages in the service's own outbox (see receipt.go); for the
+// receipts (EventReceipt deliveries), one that sets delivered_at on the
+// service's messages they cover. It fills the results from their rows: a
+// message is Fresh when its row is new (Value: the stored Message), a
+// receipt always (Value: the Receipt). It queues nothing when every
+// delivery is malformed.
 func (h *InboxHandler) QueueBatch(b *pgx.Batch, ds []inbox.Delivery, rs []inbox.BatchResult) error {
 	var ids, bodies, senders, repeats []string
 	var chats, seqs []int64
 	var sentAts []time.Time
+	var rChats, rUpto []int64
+	var rAts []time.Time
 	first := map[string]int{} // message id → index of its first delivery in ds
 	msgs := make([]Message, len(ds))
 	for i, d := range ds {
+		if d.Name == EventReceipt {
+			r, err := h.decodeReceipt(d)
+			if err != nil {
+				rs[i].Err = err
+				continue
+			}
+			rChats, rUpto, rAts = append(rChats, r.ChatID), append(rUpto, r.UptoSeq), append(rAts, r.ReceivedAt)
+			rs[i].Fresh, rs[i].Value = true, r
+			continue
+		}
 		m, err := h.decode(d)
 		if err != nil {
 			rs[i].Err = err
@@ -132,6 +168,15 @@ func (h *InboxHandler) QueueBatch(b *pgx.Batch, ds []inbox.Delivery, rs []inbox.
 		ids, chats, seqs = append(ids, m.ID), append(chats, m.ChatID), append(seqs, m.Seq)
 		bodies, senders, sentAts = append(bodies, m.Body), append(senders, m.From), append(sentAts, m.SentAt)
 	}
+	if len(rChats) > 0 {
+		b.Queue(h.rq.apply, rChats, rUpto, rAts, ReceiptChannel(h.service)).Query(func(rows pgx.Rows) error {
+			rows.Close()
+			if err := rows.Err(); err != nil {
+				return fmt.Errorf("apply receipts: %w", err)
+			}
+			return nil
+		})
+	}
 	if len(ids) == 0 {
 		return nil
 	}
@@ -145,7 +190,7 @@ func (h *InboxHandler) QueueBatch(b *pgx.Batch, ds []inbox.Delivery, rs []inbox.
 			}
 			if i, ok := first[id]; ok {
 				m := msgs[i]
-				m.ReceivedAt = &at
+				m.ReceivedAt, m.DeliveredAt = &at, &at
 				rs[i].Fresh, rs[i].Value = true, m
 			}
 		}
@@ -154,6 +199,9 @@ func (h *InboxHandler) QueueBatch(b *pgx.Batch, ds []inbox.Delivery, rs []inbox.
 		}
 		return nil
 	})
+	// After the insert, so it sees the new rows; for duplicates too (a
+	// message published again by the re-drive gets its receipt).
+	b.Queue(h.rq.emit, chats, h.service)
 	return nil
 }
 

@@ -153,10 +153,11 @@ func jsonString(s string) string { b, _ := json.Marshal(s); return string(b) }
 
 // watcher is a WebSocket client of one room that records every frame.
 type watcher struct {
-	mu     sync.Mutex
-	frames []Message
-	cancel context.CancelFunc
-	done   chan struct{}
+	mu       sync.Mutex
+	frames   []Message
+	receipts []ReceiptFrame
+	cancel   context.CancelFunc
+	done     chan struct{}
 }
 
 func watch(t testing.TB, base string, chat int64) *watcher {
@@ -175,6 +176,20 @@ func (w *watcher) from(service string) []Message {
 		}
 	}
 	return out
+}
+
+// lastReceipt returns the receipt frame with the highest upto_seq for
+// messages of service, or a zero frame.
+func (w *watcher) lastReceipt(service string) ReceiptFrame {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var best ReceiptFrame
+	for _, r := range w.receipts {
+		if r.From == service && r.UptoSeq > best.UptoSeq {
+			best = r
+		}
+	}
+	return best
 }
 
 // waitSeqs waits until the watcher has n frames from service and then
@@ -221,6 +236,19 @@ func watchURL(t testing.TB, ctx context.Context, u string) *watcher {
 			_, data, err := c.Read(ctx)
 			if err != nil {
 				return
+			}
+			var r struct {
+				Type        string    `json:"type"`
+				ChatID      int64     `json:"chat_id"`
+				From        string    `json:"from"`
+				UptoSeq     int64     `json:"upto_seq"`
+				DeliveredAt time.Time `json:"delivered_at"`
+			}
+			if json.Unmarshal(data, &r) == nil && r.Type == "receipt" {
+				w.mu.Lock()
+				w.receipts = append(w.receipts, ReceiptFrame(r))
+				w.mu.Unlock()
+				continue
 			}
 			var m Message
 			if json.Unmarshal(data, &m) == nil && m.ID != "" {

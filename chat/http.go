@@ -237,6 +237,18 @@ func (a *API) handleWS(w http.ResponseWriter, r *http.Request) {
 	defer sub.Close()
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
+	// The room's delivered watermark first (receipts the client may have
+	// missed while disconnected); live receipts follow as frames. Read after
+	// Subscribe, so a receipt applied in between is pushed, not missed.
+	if seq, at, err := a.store.DeliveredUpTo(ctx, chatID); err == nil && seq > 0 {
+		b, _ := json.Marshal(ReceiptFrame{ChatID: chatID, From: a.service, UptoSeq: seq, DeliveredAt: at})
+		wctx, wcancel := context.WithTimeout(ctx, wsWriteTimeout)
+		err := c.Write(wctx, websocket.MessageText, b)
+		wcancel()
+		if err != nil {
+			return
+		}
+	}
 	// Reader: a client may send {"body": "..."} frames; each is a send, and
 	// errors come back as {"error": ..., "field": ...} frames.
 	replies := make(chan []byte, 8)

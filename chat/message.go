@@ -33,31 +33,42 @@ const DefaultMaxBodyBytes = 4096
 //   - SentAt: the sender's commit-time clock (RFC 3339, microseconds, UTC).
 //   - From: the sending service (Consumers or Workers).
 //   - ReceivedAt: set only on messages this service received (inbox rows):
-//     when its inbox stored it. A receipt, not shown for own messages.
+//     when its inbox stored it.
+//   - DeliveredAt: when the receiving side stored the message. For this
+//     service's own messages it is nil (JSON null) until the other
+//     service's receipt arrives (see Receipt), then that side's inbox
+//     commit time; for received messages it equals ReceivedAt.
 type Message struct {
-	ID         string     `json:"id"`
-	ChatID     int64      `json:"chat_id"`
-	Seq        int64      `json:"seq"`
-	Body       string     `json:"body"`
-	SentAt     time.Time  `json:"sent_at"`
-	From       string     `json:"from"`
-	ReceivedAt *time.Time `json:"received_at,omitempty"`
+	ID          string     `json:"id"`
+	ChatID      int64      `json:"chat_id"`
+	Seq         int64      `json:"seq"`
+	Body        string     `json:"body"`
+	SentAt      time.Time  `json:"sent_at"`
+	From        string     `json:"from"`
+	ReceivedAt  *time.Time `json:"received_at,omitempty"`
+	DeliveredAt *time.Time `json:"delivered_at"`
 }
 
-// MarshalJSON encodes times as RFC 3339 with microseconds in UTC.
+// MarshalJSON encodes times as RFC 3339 with microseconds in UTC;
+// delivered_at is always present (null when not delivered yet).
 func (m Message) MarshalJSON() ([]byte, error) {
 	type wire struct {
-		ID         string `json:"id"`
-		ChatID     int64  `json:"chat_id"`
-		Seq        int64  `json:"seq"`
-		Body       string `json:"body"`
-		SentAt     string `json:"sent_at"`
-		From       string `json:"from"`
-		ReceivedAt string `json:"received_at,omitempty"`
+		ID          string  `json:"id"`
+		ChatID      int64   `json:"chat_id"`
+		Seq         int64   `json:"seq"`
+		Body        string  `json:"body"`
+		SentAt      string  `json:"sent_at"`
+		From        string  `json:"from"`
+		ReceivedAt  string  `json:"received_at,omitempty"`
+		DeliveredAt *string `json:"delivered_at"`
 	}
 	w := wire{ID: m.ID, ChatID: m.ChatID, Seq: m.Seq, Body: m.Body, SentAt: formatTime(m.SentAt), From: m.From}
 	if m.ReceivedAt != nil {
 		w.ReceivedAt = formatTime(*m.ReceivedAt)
+	}
+	if m.DeliveredAt != nil {
+		d := formatTime(*m.DeliveredAt)
+		w.DeliveredAt = &d
 	}
 	return json.Marshal(w)
 }

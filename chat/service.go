@@ -11,6 +11,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -298,16 +299,18 @@ func Serve(ctx context.Context, cfg Config) error {
 		// their notifications; other processes' arrive through LISTEN.
 		skip := []string{OutboxChannel(cfg.Service)}
 		if cfg.has(RoleWorker) {
-			skip = append(skip, InboxChannel(cfg.Service))
+			skip = append(skip, InboxChannel(cfg.Service), ReceiptChannel(cfg.Service))
 		}
 		gw, err = NewGateway(pool, cfg.Service, &GatewayConfig{
-			Channels:   []string{InboxChannel(cfg.Service), OutboxChannel(cfg.Service)},
+			Channels:   []string{InboxChannel(cfg.Service), OutboxChannel(cfg.Service), ReceiptChannel(cfg.Service)},
 			GapTimeout: cfg.GapTimeout, Logger: log, Notifier: listener, SkipOwnOn: skip,
 		})
 		if err != nil {
 			return err
 		}
 	}
+
+	var wakeRelay atomic.Value // func(): the relay's Wake, once it exists
 
 	// Worker: stream → inbox. Started first at stop time last: it must
 	// finish and ack its batch before connections close.
@@ -333,8 +336,16 @@ func Serve(ctx context.Context, cfg Config) error {
 			src = cfg.wrapSource(src)
 		}
 		icfg := &inbox.Config{Logger: log, OnEvent: inboxEvents(reg, log)}
-		if gw != nil {
-			icfg.AfterCommit = gw.offerApplied
+		// The inbox transaction enqueued receipts in this service's outbox:
+		// wake this process's relay for them (another process's relay
+		// finds them at its next poll).
+		icfg.AfterCommit = func(applied []inbox.Applied) {
+			if gw != nil {
+				gw.offerApplied(applied)
+			}
+			if f, ok := wakeRelay.Load().(func()); ok {
+				f()
+			}
 		}
 		ic, err := inbox.NewConsumer(pool, src, handler, icfg)
 		if err != nil {
@@ -375,6 +386,7 @@ func Serve(ctx context.Context, cfg Config) error {
 			return err
 		}
 		relayWake = relay.Wake
+		wakeRelay.Store(relayWake)
 		log.Info("relay started", "queue", QueueName(cfg.Service), "poll_only", cfg.PollOnly)
 	}
 

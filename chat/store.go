@@ -31,6 +31,7 @@ type Store struct {
 	service string
 	writer  *outbox.Writer
 	q       queries
+	rq      receiptQueries
 	// afterCommit, when set, is called after every committed transaction
 	// with its messages, in seq order per chat (the in-process gateway's
 	// Offer and the relay's wake-up). It must not block. Set it before
@@ -91,7 +92,7 @@ func newQueries(service string) queries {
 				RETURNING 1
 			)
 			SELECT chat_id, last_seq, now(), (SELECT count(*) FROM inserted) FROM counters`,
-		history: `SELECT id::text, chat_id, seq, body, created_at FROM ` + s + `.messages
+		history: `SELECT id::text, chat_id, seq, body, created_at, delivered_at FROM ` + s + `.messages
 			WHERE chat_id = $1 AND seq > $2 ORDER BY seq LIMIT $3`,
 		historyInbox: `SELECT message_id::text, chat_id, seq, body, sent_at, received_at, sender FROM ` + s + `.inbox
 			WHERE chat_id = $1 AND seq > $2 ORDER BY seq LIMIT $3`,
@@ -109,7 +110,7 @@ func NewStore(pool *pgxpool.Pool, service string, writer *outbox.Writer) (*Store
 	if pool == nil || writer == nil {
 		return nil, errors.New("chat: NewStore needs a pool and an outbox writer")
 	}
-	s := &Store{pool: pool, service: service, writer: writer, q: newQueries(service)}
+	s := &Store{pool: pool, service: service, writer: writer, q: newQueries(service), rq: newReceiptQueries(service)}
 	s.life.Name = "chat: store"
 	s.cond = sync.NewCond(&s.mu)
 	return s, nil
@@ -189,7 +190,7 @@ func (s *Store) History(ctx context.Context, chatID, afterSent, afterReceived in
 	}
 	h.Sent, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (Message, error) {
 		m := Message{From: s.service}
-		err := r.Scan(&m.ID, &m.ChatID, &m.Seq, &m.Body, &m.SentAt)
+		err := r.Scan(&m.ID, &m.ChatID, &m.Seq, &m.Body, &m.SentAt, &m.DeliveredAt)
 		return m, err
 	})
 	if err != nil {
@@ -211,6 +212,23 @@ func scanInbox(r pgx.CollectableRow) (Message, error) {
 	var m Message
 	var recv time.Time
 	err := r.Scan(&m.ID, &m.ChatID, &m.Seq, &m.Body, &m.SentAt, &recv, &m.From)
-	m.ReceivedAt = &recv
+	m.ReceivedAt, m.DeliveredAt = &recv, &recv
 	return m, err
+}
+
+// DeliveredUpTo returns the highest seq of this service's messages in chat
+// chatID that the other service's receipts marked delivered, and when; 0
+// and the zero time when none is. Receipts are cumulative, so every message
+// up to that seq is delivered.
+func (s *Store) DeliveredUpTo(ctx context.Context, chatID int64) (int64, time.Time, error) {
+	var seq int64
+	var at time.Time
+	err := s.pool.QueryRow(ctx, s.rq.watermark, chatID).Scan(&seq, &at)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, time.Time{}, nil
+	}
+	if err != nil {
+		return 0, time.Time{}, fmt.Errorf("delivered watermark: %w", err)
+	}
+	return seq, at, nil
 }

@@ -346,7 +346,7 @@ func postgresRestart(ctx context.Context, s *scenarioRun) error {
 	err := s.env.admin.QueryRow(ctx, `SELECT
 		(SELECT count(*) FROM consumers.messages m WHERE NOT EXISTS
 			(SELECT 1 FROM consumers.outbox o WHERE o.payload->>'id' = m.id::text)) +
-		(SELECT count(*) FROM consumers.outbox o WHERE NOT EXISTS
+		(SELECT count(*) FROM consumers.outbox o WHERE o.event = 'message.created' AND NOT EXISTS
 			(SELECT 1 FROM consumers.messages m WHERE o.payload->>'id' = m.id::text))`).Scan(&orphans)
 	if err != nil {
 		return fmt.Errorf("lab: check half-writes: %w", err)

@@ -1,0 +1,193 @@
+package chat
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+)
+
+// Delivery receipts.
+//
+// When a service's inbox transaction stores messages, the same transaction
+// enqueues in that service's own outbox one receipt per chat of the batch:
+// "I have stored every message of yours in this chat up to seq N", N being
+// the highest seq below which nothing is missing (<service>.inbox_chats keeps
+// it per chat, advanced once per batch). The receipt travels back exactly as
+// a message does — relay, Redis stream, the other side's inbox consumer —
+// and the sender applies it in its inbox transaction: delivered_at is set on
+// its messages of that chat with seq <= N that have none yet, and a NOTIFY
+// on ReceiptChannel tells the gateways, which push a receipt frame to the
+// room. Receipts are cumulative, so a lost or repeated one is harmless: the
+// next one covers it, and applying one twice changes nothing. A receipt is
+// also sent for a batch made only of duplicates, so a message the re-drive
+// published again is marked delivered even when its first receipt was lost.
+
+// EventReceipt is the outbox event name of a delivery receipt.
+const EventReceipt = "receipt"
+
+// Receipt is a delivery receipt as the event payload and the WebSocket
+// frame carry it (JSON, snake_case).
+//
+//   - ID: a UUID, the job's idempotency key (each receipt has its own).
+//   - ChatID: the chat, > 0.
+//   - UptoSeq: every message of the receipt's addressee in this chat with
+//     seq 1..UptoSeq is stored by the sender of the receipt; > 0.
+//   - ReceivedAt: the receiver's inbox commit time (RFC 3339, µs); the
+//     addressee's messages get it as delivered_at.
+//   - From: the service that sends the receipt (the receiver of the
+//     messages).
+type Receipt struct {
+	ID         string    `json:"id"`
+	ChatID     int64     `json:"chat_id"`
+	UptoSeq    int64     `json:"upto_seq"`
+	ReceivedAt time.Time `json:"received_at"`
+	From       string    `json:"from"`
+}
+
+// DecodeReceipt decodes and checks a receipt payload: id a UUID, chat_id
+// and upto_seq > 0, received_at an RFC 3339 time, from a known service.
+// Unknown fields are ignored. Every error wraps ErrMalformedEvent.
+func DecodeReceipt(data []byte) (Receipt, error) {
+	var r Receipt
+	var raw struct {
+		ID         string `json:"id"`
+		ChatID     int64  `json:"chat_id"`
+		UptoSeq    int64  `json:"upto_seq"`
+		ReceivedAt string `json:"received_at"`
+		From       string `json:"from"`
+	}
+	if err := json.Unmarshal(data, &raw); err != nil {
+		return r, fmt.Errorf("%w: receipt: %v", ErrMalformedEvent, err)
+	}
+	if _, err := uuid.Parse(raw.ID); err != nil || len(raw.ID) != 36 {
+		return r, fmt.Errorf("%w: receipt id %q is not a UUID", ErrMalformedEvent, raw.ID)
+	}
+	if raw.ChatID <= 0 || raw.UptoSeq <= 0 {
+		return r, fmt.Errorf("%w: receipt chat_id and upto_seq must be positive", ErrMalformedEvent)
+	}
+	t, err := time.Parse(time.RFC3339Nano, raw.ReceivedAt)
+	if err != nil {
+		return r, fmt.Errorf("%w: receipt received_at: %v", ErrMalformedEvent, err)
+	}
+	if Peer(raw.From) == "" {
+		return r, fmt.Errorf("%w: receipt from %q is not a known service", ErrMalformedEvent, raw.From)
+	}
+	return Receipt{ID: strings.ToLower(raw.ID), ChatID: raw.ChatID, UptoSeq: raw.UptoSeq, ReceivedAt: t, From: raw.From}, nil
+}
+
+// ReceiptFrame is the WebSocket frame that tells a room's clients that the
+// messages of From in chat ChatID up to seq UptoSeq are delivered:
+//
+//	{"type":"receipt","chat_id":1,"from":"consumers","upto_seq":7,"delivered_at":"…"}
+//
+// From is the service whose messages were delivered (the page's own side on
+// the sender's page). It has no "id" and no "seq", so a client that reads
+// only Message frames skips it. Sent live when a receipt is applied, and
+// once when a socket opens (the room's current watermark), so a client that
+// reconnects learns of receipts it missed.
+type ReceiptFrame struct {
+	Type        string    `json:"type"` // always "receipt"
+	ChatID      int64     `json:"chat_id"`
+	From        string    `json:"from"`
+	UptoSeq     int64     `json:"upto_seq"`
+	DeliveredAt time.Time `json:"delivered_at"`
+}
+
+// MarshalJSON writes the frame with the time in RFC 3339, µs, UTC.
+func (f ReceiptFrame) MarshalJSON() ([]byte, error) {
+	return json.Marshal(struct {
+		Type        string `json:"type"`
+		ChatID      int64  `json:"chat_id"`
+		From        string `json:"from"`
+		UptoSeq     int64  `json:"upto_seq"`
+		DeliveredAt string `json:"delivered_at"`
+	}{"receipt", f.ChatID, f.From, f.UptoSeq, formatTime(f.DeliveredAt)})
+}
+
+// ReceiptChannel is the NOTIFY channel of receipts applied to service's
+// messages; the payload is "chat_id:upto_seq:unix_µs" items joined by ",".
+func ReceiptChannel(service string) string { return service + "_receipts" }
+
+// parseReceiptNote parses a ReceiptChannel payload; malformed items are
+// skipped.
+func parseReceiptNote(payload string) []receiptNote {
+	var out []receiptNote
+	for _, item := range strings.Split(payload, ",") {
+		var n receiptNote
+		var us int64
+		if _, err := fmt.Sscanf(item, "%d:%d:%d", &n.chatID, &n.upto, &us); err != nil {
+			continue
+		}
+		n.at = time.UnixMicro(us)
+		out = append(out, n)
+	}
+	return out
+}
+
+// receiptNote is one applied receipt as the gateway handles it.
+type receiptNote struct {
+	chatID, upto int64
+	at           time.Time
+}
+
+// receiptQueries are the receipts' statements for one service.
+type receiptQueries struct {
+	// emit advances inbox_chats for the chats $1 of an inbox batch (it runs
+	// after the batch's insert, in the same transaction, so it sees the new
+	// rows) and enqueues one receipt per chat whose watermark is above 0 in
+	// the service's own outbox. The watermark is the end of the run of
+	// consecutive seqs that starts at the stored one: the least seq s (the
+	// stored value, or a row above it) whose s+1 is not in the inbox. Its
+	// cost is the rows above the stored watermark: the batch, plus any held
+	// behind a gap. $2 is the service (the receipt's "from").
+	emit string
+	// apply sets delivered_at on the service's messages covered by the
+	// receipts ($1 chats, $2 upto seqs, $3 times; several per chat allowed:
+	// the highest seq and latest time win), NOTIFYs $4 with the chats that
+	// changed, and returns each chat's upto and time. The partial index
+	// messages_undelivered makes it touch only undelivered rows.
+	apply string
+	// watermark reads a chat's highest delivered seq and its time.
+	watermark string
+}
+
+func newReceiptQueries(service string) receiptQueries {
+	s := pgx.Identifier{service}.Sanitize()
+	return receiptQueries{
+		emit: `WITH c AS (SELECT DISTINCT unnest($1::bigint[]) AS chat_id),
+			cur AS (SELECT c.chat_id, COALESCE(ic.received_upto, 0) AS old
+				FROM c LEFT JOIN ` + s + `.inbox_chats ic USING (chat_id)),
+			calc AS (SELECT cur.chat_id, cur.old, (
+				SELECT min(x.s) FROM (
+					SELECT cur.old AS s
+					UNION ALL
+					SELECT i.seq FROM ` + s + `.inbox i WHERE i.chat_id = cur.chat_id AND i.seq > cur.old
+				) x WHERE NOT EXISTS (SELECT 1 FROM ` + s + `.inbox j WHERE j.chat_id = cur.chat_id AND j.seq = x.s + 1)
+			) AS upto FROM cur),
+			up AS (INSERT INTO ` + s + `.inbox_chats AS ic (chat_id, received_upto)
+				SELECT chat_id, upto FROM calc WHERE upto > old
+				ON CONFLICT (chat_id) DO UPDATE SET received_upto = EXCLUDED.received_upto
+				WHERE ic.received_upto < EXCLUDED.received_upto),
+			r AS (SELECT gen_random_uuid() AS id, chat_id, upto FROM calc WHERE upto > 0)
+			INSERT INTO ` + s + `.outbox (event, idempotency_key, payload)
+			SELECT '` + EventReceipt + `', r.id::text, jsonb_build_object('id', r.id, 'chat_id', r.chat_id,
+				'upto_seq', r.upto, 'received_at', now(), 'from', $2::text)
+			FROM r ORDER BY r.chat_id`,
+		apply: `WITH r AS (SELECT chat_id, max(upto) AS upto, max(at) AS at
+				FROM unnest($1::bigint[], $2::bigint[], $3::timestamptz[]) AS u(chat_id, upto, at) GROUP BY chat_id),
+			upd AS (UPDATE ` + s + `.messages m SET delivered_at = r.at FROM r
+				WHERE m.chat_id = r.chat_id AND m.seq <= r.upto AND m.delivered_at IS NULL
+				RETURNING m.chat_id),
+			changed AS (SELECT DISTINCT chat_id FROM upd),
+			note AS (SELECT pg_notify($4, string_agg(r.chat_id || ':' || r.upto || ':' ||
+					(extract(epoch FROM r.at) * 1000000)::bigint, ','))
+				FROM r JOIN changed USING (chat_id) HAVING count(*) > 0)
+			SELECT r.chat_id, r.upto, r.at, (SELECT count(*) FROM note) FROM r`,
+		watermark: `SELECT seq, delivered_at FROM ` + s + `.messages
+			WHERE chat_id = $1 AND delivered_at IS NOT NULL ORDER BY seq DESC LIMIT 1`,
+	}
+}

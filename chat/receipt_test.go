@@ -1,0 +1,180 @@
+package chat
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxchat/outboxchat/inbox"
+	"github.com/outboxchat/outboxchat/internal/testenv"
+)
+
+// The receiver's receipts come back: the sender's messages get delivered_at
+// in the database, in the history and in a live receipt frame, and a socket
+// opened later gets the watermark first.
+func TestReceiptsMarkMessagesDelivered(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, "")
+	cons := h.start(Consumers, nil)
+	h.start(Workers, nil)
+	w := watch(t, cons.base, 8)
+	for i := 1; i <= 5; i++ {
+		send(t, cons.base, 8, fmt.Sprintf("m%d", i))
+	}
+	testenv.WaitFor(t, 15*time.Second, "a receipt frame up to seq 5 on the sender's socket", func() bool {
+		return w.lastReceipt(Consumers).UptoSeq == 5
+	})
+	if n := h.count(t, `SELECT count(*) FROM consumers.messages WHERE chat_id = 8 AND delivered_at IS NOT NULL`); n != 5 {
+		t.Fatalf("%d of 5 messages have delivered_at", n)
+	}
+	// delivered_at is the receiver's inbox commit time: never before the send.
+	if n := h.count(t, `SELECT count(*) FROM consumers.messages m JOIN workers.inbox i ON i.message_id = m.id
+		WHERE m.chat_id = 8 AND m.delivered_at >= m.created_at AND m.delivered_at <= i.received_at + interval '1 second'`); n != 5 {
+		t.Fatalf("%d of 5 messages have a delivered_at between their send and the receipt", n)
+	}
+	resp, err := http.Get(cons.base + "/api/chats/8/messages")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var hist struct{ Messages []Message }
+	err = json.NewDecoder(resp.Body).Decode(&hist)
+	resp.Body.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(hist.Messages) != 5 {
+		t.Fatalf("history has %d messages, want 5", len(hist.Messages))
+	}
+	for _, m := range hist.Messages {
+		if m.DeliveredAt == nil {
+			t.Fatalf("history message %d has no delivered_at", m.Seq)
+		}
+	}
+	late := watch(t, cons.base, 8)
+	testenv.WaitFor(t, 10*time.Second, "the watermark on a new socket", func() bool {
+		return late.lastReceipt(Consumers).UptoSeq == 5
+	})
+	late.waitSeqs(t, Consumers, 5, 10*time.Second)
+	for _, m := range late.from(Consumers) {
+		if m.DeliveredAt == nil {
+			t.Fatalf("catch-up frame of seq %d has no delivered_at", m.Seq)
+		}
+	}
+}
+
+// The receipt's seq is the end of the run without gaps: a message missing
+// in the middle holds it back until it comes; a batch of duplicates only
+// still sends one; the sender marks exactly the covered messages.
+func TestReceiptWatermarkStopsAtGap(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, "")
+	ctx := context.Background()
+	wpool, err := pgxpool.New(ctx, h.roleURL(Workers))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer wpool.Close()
+	wh, _ := NewInboxHandler(Workers)
+	wc, err := inbox.NewConsumer(wpool, &recordingSource{}, wh, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const chat = 3
+	ids := map[int64]string{}
+	mk := func(seq int64) inbox.Delivery {
+		if ids[seq] == "" {
+			ids[seq] = uuid.NewString()
+		}
+		p, _ := json.Marshal(Message{ID: ids[seq], ChatID: chat, Seq: seq, Body: "b", SentAt: time.Now(), From: Consumers})
+		return inbox.Delivery{ID: ids[seq], Ref: fmt.Sprint("0-", seq), Name: EventMessageCreated, Payload: p}
+	}
+	receipts := func() []int64 {
+		t.Helper()
+		rows, err := h.admin.Query(ctx, `SELECT (payload->>'upto_seq')::bigint FROM workers.outbox
+			WHERE event = 'receipt' AND (payload->>'chat_id')::bigint = $1 ORDER BY id`, chat)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rows.Close()
+		var out []int64
+		for rows.Next() {
+			var n int64
+			if err := rows.Scan(&n); err != nil {
+				t.Fatal(err)
+			}
+			out = append(out, n)
+		}
+		return out
+	}
+	steps := []struct {
+		batch []int64
+		want  []int64
+	}{
+		{[]int64{1, 2, 4}, []int64{2}},
+		{[]int64{3}, []int64{2, 4}},
+		{[]int64{1}, []int64{2, 4, 4}}, // duplicates only: a receipt all the same
+		{[]int64{6}, []int64{2, 4, 4, 4}},
+	}
+	for _, st := range steps {
+		var ds []inbox.Delivery
+		for _, s := range st.batch {
+			ds = append(ds, mk(s))
+		}
+		if err := wc.ProcessBatch(ctx, ds); err != nil {
+			t.Fatal(err)
+		}
+		if got := receipts(); fmt.Sprint(got) != fmt.Sprint(st.want) {
+			t.Fatalf("after batch %v: receipts %v, want %v", st.batch, got, st.want)
+		}
+	}
+	if n := h.count(t, `SELECT received_upto FROM workers.inbox_chats WHERE chat_id = $1`, chat); n != 4 {
+		t.Fatalf("received_upto %d, want 4", n)
+	}
+
+	// The sender side: messages 1..6 of consumers; a receipt up to 4 marks
+	// 1..4 and no more; a receipt from the wrong side is dead-lettered.
+	cpool, err := pgxpool.New(ctx, h.roleURL(Consumers))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cpool.Close()
+	if _, err := cpool.Exec(ctx, `INSERT INTO consumers.messages (chat_id, seq, body) SELECT $1, g, 'b' FROM generate_series(1, 6) g`, chat); err != nil {
+		t.Fatal(err)
+	}
+	ch, _ := NewInboxHandler(Consumers)
+	src := &recordingSource{}
+	cc, err := inbox.NewConsumer(cpool, src, ch, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rcpt := func(upto int64, from string) inbox.Delivery {
+		id := uuid.NewString()
+		p, _ := json.Marshal(map[string]any{"id": id, "chat_id": chat, "upto_seq": upto, "received_at": time.Now().Format(time.RFC3339Nano), "from": from})
+		return inbox.Delivery{ID: id, Ref: "r-" + id, Name: EventReceipt, Payload: p}
+	}
+	if err := cc.ProcessBatch(ctx, []inbox.Delivery{rcpt(2, Workers), rcpt(4, Workers), rcpt(5, Consumers)}); err != nil {
+		t.Fatal(err)
+	}
+	if n := h.count(t, `SELECT count(*) FROM consumers.messages WHERE chat_id = $1 AND delivered_at IS NOT NULL`, chat); n != 4 {
+		t.Fatalf("%d messages delivered, want 4 (seqs 1..4)", n)
+	}
+	if n := h.count(t, `SELECT max(seq) FROM consumers.messages WHERE chat_id = $1 AND delivered_at IS NOT NULL`, chat); n != 4 {
+		t.Fatalf("highest delivered seq %d, want 4", n)
+	}
+	if len(src.deadLetter) != 1 {
+		t.Fatalf("dead-lettered %v, want the receipt from the wrong side", src.deadLetter)
+	}
+	// Applying an older receipt again changes nothing.
+	if err := cc.ProcessBatch(ctx, []inbox.Delivery{rcpt(1, Workers)}); err != nil {
+		t.Fatal(err)
+	}
+	if n := h.count(t, `SELECT count(*) FROM consumers.messages WHERE chat_id = $1 AND delivered_at IS NOT NULL`, chat); n != 4 {
+		t.Fatalf("%d messages delivered after a stale receipt, want 4", n)
+	}
+}
