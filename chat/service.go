@@ -80,6 +80,12 @@ type Config struct {
 	// Negative: no hold, messages are pushed as they arrive (the write-up's
 	// naive v1 receiver).
 	GapTimeout time.Duration
+	// RedriveAfter is how long a sent message may go without the other
+	// side's receipt before the relay role's Redriver publishes it again
+	// (redrive.go). Default 0 means 2×LockDuration (a job that is only
+	// stalled is reclaimed within about 1.5×LockDuration, so it is not
+	// re-driven); negative turns the re-drive off.
+	RedriveAfter time.Duration
 	// ConsumerName names this worker in the consumer group; it must be
 	// stable across restarts of one instance so a restarted worker finishes
 	// its own pending jobs first. Default "<service>-<hostname>".
@@ -385,6 +391,23 @@ func Serve(ctx context.Context, cfg Config) error {
 		if err := start(relay); err != nil {
 			return err
 		}
+		if after := cfg.redriveAfter(); after > 0 {
+			redriven := prometheus.NewCounter(prometheus.CounterOpts{
+				Name: "outboxchat_redriven_total",
+				Help: "Messages published again because no receipt came back within --redrive-after.",
+			})
+			reg.MustRegister(redriven)
+			rd, err := NewRedriver(pool, cfg.Service, pub, &RedriveConfig{
+				After: after, Logger: log, Redriven: func(n int) { redriven.Add(float64(n)) },
+			})
+			if err != nil {
+				return err
+			}
+			if err := start(rd); err != nil {
+				return err
+			}
+			log.Info("re-drive started", "after", after)
+		}
 		relayWake = relay.Wake
 		wakeRelay.Store(relayWake)
 		log.Info("relay started", "queue", QueueName(cfg.Service), "poll_only", cfg.PollOnly)
@@ -479,6 +502,21 @@ func Serve(ctx context.Context, cfg Config) error {
 	_ = srv.Close()
 	wg.Wait()
 	return nil
+}
+
+// redriveAfter is RedriveAfter with its default applied; <= 0 means off.
+func (c *Config) redriveAfter() time.Duration {
+	switch {
+	case c.RedriveAfter < 0:
+		return 0
+	case c.RedriveAfter > 0:
+		return c.RedriveAfter
+	}
+	lock := c.LockDuration
+	if lock <= 0 {
+		lock = redisq.DefaultLockDuration
+	}
+	return 2 * lock
 }
 
 // notifyInterval spaces the post-commit NOTIFYs of a process whose own

@@ -186,6 +186,38 @@ func (p *Publisher) Keys() Keys { return p.keys }
 // NOSCRIPT (script cache empty after a restart), Add loads the script and
 // retries those jobs once. Safe for concurrent use.
 func (p *Publisher) Add(ctx context.Context, jobs ...Job) (added int, err error) {
+	added, err = p.run(ctx, addScript, jobs)
+	if err != nil || len(jobs) == 0 {
+		return added, err
+	}
+	if p.m != nil {
+		p.m.JobsAdded(p.queue, added, len(jobs)-added)
+	}
+	if p.on != nil {
+		p.on(Event{Kind: EventAdded, Queue: p.queue, N: int64(added), Duplicates: len(jobs) - added})
+	}
+	return added, nil
+}
+
+// Readd adds jobs to the stream again whatever their dedupe keys say: each
+// through scripts/readd.lua (SET <dedupe key> PX <DedupeTTL>, overwriting,
+// then XADD), all pipelined in one round trip. It is the re-drive's add: a
+// job whose dedupe key survived while its stream entry was lost (FLUSHALL
+// and a re-add, XDEL, a failover to a replica that had the key and not the
+// entry) is not mistaken for a duplicate. Every call adds a new entry per
+// job, so the receiver must drop duplicates (the inbox does). It returns
+// how many jobs were added (len(jobs) on success). Errors as for Add: on
+// error some jobs may have been added, the caller retries all of them;
+// ErrInvalidJob for an empty ID before anything is sent. Safe for
+// concurrent use.
+func (p *Publisher) Readd(ctx context.Context, jobs ...Job) (int, error) {
+	return p.run(ctx, readdScript, jobs)
+}
+
+// run runs script (add.lua or readd.lua, same KEYS and ARGV) for jobs,
+// pipelined, loading the script once on NOSCRIPT, and returns the sum of
+// the script's replies.
+func (p *Publisher) run(ctx context.Context, script *redis.Script, jobs []Job) (added int, err error) {
 	if len(jobs) == 0 {
 		return 0, nil
 	}
@@ -199,7 +231,7 @@ func (p *Publisher) Add(ctx context.Context, jobs ...Job) (added int, err error)
 		todo[i] = i
 	}
 	for attempt := 0; ; attempt++ {
-		n, missing, err := p.addOnce(ctx, jobs, todo)
+		n, missing, err := p.addOnce(ctx, script, jobs, todo)
 		if err != nil {
 			return 0, err
 		}
@@ -210,24 +242,18 @@ func (p *Publisher) Add(ctx context.Context, jobs ...Job) (added int, err error)
 		if attempt > 0 {
 			return 0, fmt.Errorf("redisq: adding jobs: script still missing after SCRIPT LOAD")
 		}
-		if err := addScript.Load(ctx, p.rdb).Err(); err != nil {
-			return 0, fmt.Errorf("redisq: adding jobs: loading add script: %w", err)
+		if err := script.Load(ctx, p.rdb).Err(); err != nil {
+			return 0, fmt.Errorf("redisq: adding jobs: loading script: %w", err)
 		}
 		todo = missing
-	}
-	if p.m != nil {
-		p.m.JobsAdded(p.queue, added, len(jobs)-added)
-	}
-	if p.on != nil {
-		p.on(Event{Kind: EventAdded, Queue: p.queue, N: int64(added), Duplicates: len(jobs) - added})
 	}
 	return added, nil
 }
 
-// addOnce pipelines EVALSHA add.lua for jobs[todo...]. It returns how many
+// addOnce pipelines EVALSHA of script for jobs[todo...]. It returns how many
 // were added and the indices whose EVALSHA failed with NOSCRIPT.
-func (p *Publisher) addOnce(ctx context.Context, jobs []Job, todo []int) (int, []int, error) {
-	sha := addScript.Hash()
+func (p *Publisher) addOnce(ctx context.Context, script *redis.Script, jobs []Job, todo []int) (int, []int, error) {
+	sha := script.Hash()
 	pipe := p.rdb.Pipeline()
 	cmds := make([]*redis.Cmd, len(todo))
 	for k, i := range todo {

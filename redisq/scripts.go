@@ -15,7 +15,10 @@ var (
 	addSource string
 	//go:embed scripts/trim.lua
 	trimSource string
+	//go:embed scripts/readd.lua
+	readdSource string
 
-	addScript  = redis.NewScript(addSource)
-	trimScript = redis.NewScript(trimSource)
+	addScript   = redis.NewScript(addSource)
+	trimScript  = redis.NewScript(trimSource)
+	readdScript = redis.NewScript(readdSource)
 )

@@ -92,6 +92,7 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	pollOnly := fs.Bool("poll-only", false, "relay: no LISTEN, poll every --poll-interval")
 	poll := fs.Duration("poll-interval", outbox.DefaultPollInterval, "relay poll fallback interval")
 	lock := fs.Duration("lock-duration", redisq.DefaultLockDuration, "how long a job may stay unacknowledged before it is handed out again")
+	redrive := fs.Duration("redrive-after", -1, "publish a sent message again when no receipt came back within this long (default 2 × --lock-duration; 0 = off)")
 	gap := fs.Duration("gap-timeout", 0, "how long the WebSocket gateway holds received messages behind a missing seq (0 = 2 × --lock-duration; negative = no hold)")
 	consumer := fs.String("consumer-name", "", "this worker's name in the consumer group, stable across restarts (default <service>-<hostname>)")
 	maxBody := fs.Int("max-body-bytes", chat.DefaultMaxBodyBytes, "message body limit in bytes")
@@ -126,7 +127,8 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	return chat.Serve(ctx, chat.Config{
 		Service: *service, Roles: r, DatabaseURL: *dbURL, RedisURL: *redisURL, HTTPAddr: *httpAddr,
 		Mode: *mode, Wake: wm, PollOnly: *pollOnly, PollInterval: *poll, LockDuration: *lock,
-		GapTimeout: *gap, ConsumerName: *consumer, MaxBodyBytes: *maxBody, RedisPrefix: *prefix, Fault: *fault,
+		RedriveAfter: redriveAfter(*redrive),
+		GapTimeout:   *gap, ConsumerName: *consumer, MaxBodyBytes: *maxBody, RedisPrefix: *prefix, Fault: *fault,
 		Logger: newLogger(stderr, *logFormat),
 	})
 }
@@ -162,4 +164,16 @@ func migrate(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	}
 	fmt.Fprintf(stdout, "%s: %d migration(s) applied\n", *service, n)
 	return nil
+}
+
+// redriveAfter maps --redrive-after to chat.Config.RedriveAfter: the flag's
+// -1 (unset) is the default (0), 0 is off (negative).
+func redriveAfter(flagValue time.Duration) time.Duration {
+	switch {
+	case flagValue < 0:
+		return 0
+	case flagValue == 0:
+		return -1
+	}
+	return flagValue
 }

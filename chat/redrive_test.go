@@ -1,0 +1,140 @@
+package chat
+
+import (
+	"context"
+	"fmt"
+	"regexp"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxchat/outboxchat/internal/testenv"
+	"github.com/outboxchat/outboxchat/redisq"
+)
+
+// One pass publishes exactly the messages that are due: old enough, no
+// receipt, not waiting for the relay, past their backoff; in seq order, past
+// the dedupe key.
+func TestRedriverRunOnceSelectsDueMessages(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, "")
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, h.roleURL(Consumers))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	rdb := testenv.Redis(t)
+	pub, err := redisq.NewPublisher(rdb, &redisq.PublisherConfig{Queue: QueueName(Consumers), Prefix: h.prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// seq 1: delivered; 2, 3: due; 4: too young; 5: its outbox row unsent.
+	_, err = pool.Exec(ctx, `INSERT INTO consumers.messages (chat_id, seq, body, created_at, delivered_at) VALUES
+		(5, 1, 'a', now() - interval '1 minute', now()),
+		(5, 3, 'c', now() - interval '1 minute', NULL),
+		(5, 2, 'b', now() - interval '1 minute', NULL),
+		(5, 4, 'd', now(), NULL),
+		(5, 5, 'e', now() - interval '1 minute', NULL)`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = pool.Exec(ctx, `INSERT INTO consumers.outbox (event, idempotency_key, payload)
+		SELECT 'message.created', id::text, '{}' FROM consumers.messages WHERE chat_id = 5 AND seq = 5`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The dedupe key of seq 2 is still there (its entry was lost).
+	var id2 string
+	if err := pool.QueryRow(ctx, `SELECT id::text FROM consumers.messages WHERE chat_id = 5 AND seq = 2`).Scan(&id2); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.Set(ctx, pub.Keys().Dedupe(id2), "1", time.Hour).Err(); err != nil {
+		t.Fatal(err)
+	}
+	var counted int
+	rd, err := NewRedriver(pool, Consumers, pub, &RedriveConfig{After: 10 * time.Second, Redriven: func(n int) { counted += n }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := rd.RunOnce(ctx)
+	if err != nil || n != 2 {
+		t.Fatalf("RunOnce = %d, %v; want 2 (seqs 2 and 3)", n, err)
+	}
+	entries, err := rdb.XRange(ctx, pub.Keys().Stream, "-", "+").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var seqs []int64
+	for _, e := range entries {
+		m, err := DecodeEvent([]byte(e.Values["payload"].(string)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if e.Values["name"] != EventMessageCreated || e.Values["id"] != m.ID {
+			t.Fatalf("entry %v: want name message.created and id = message id", e.Values)
+		}
+		seqs = append(seqs, m.Seq)
+	}
+	if fmt.Sprint(seqs) != "[2 3]" {
+		t.Fatalf("stream holds seqs %v, want [2 3] in order", seqs)
+	}
+	if counted != 2 {
+		t.Fatalf("Redriven hook counted %d, want 2", counted)
+	}
+	// Backoff: not again at once.
+	if n, err := rd.RunOnce(ctx); err != nil || n != 0 {
+		t.Fatalf("second RunOnce = %d, %v; want 0 (backoff)", n, err)
+	}
+	if n := h.count(t, `SELECT count(*) FROM consumers.messages WHERE chat_id = 5 AND redrives = 1 AND redriven_at IS NOT NULL`); n != 2 {
+		t.Fatalf("%d messages stamped, want 2", n)
+	}
+}
+
+// End to end: the stream is lost (deleted with its group) after the relay
+// published, while the dedupe keys stay; the re-drive publishes the
+// messages again, the receiver shows each once, and receipts stop it.
+func TestRedriveHealsALostStream(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, "")
+	fast := func(c *Config) { c.LockDuration = time.Second } // re-drive after 2 s
+	cons := h.start(Consumers, fast)
+	work := h.start(Workers, fast)
+	w := watch(t, work.base, 9)
+	send(t, cons.base, 9, "before")
+	w.waitSeqs(t, Consumers, 1, 10*time.Second)
+	work.stop()
+	for i := 1; i <= 3; i++ {
+		send(t, cons.base, 9, fmt.Sprintf("lost %d", i))
+	}
+	testenv.WaitFor(t, 10*time.Second, "the relay to publish", func() bool {
+		return h.count(t, `SELECT count(*) FROM consumers.outbox WHERE sent_at IS NULL`) == 0
+	})
+	rdb := testenv.Redis(t)
+	keys := redisq.NewKeys(h.prefix, QueueName(Consumers))
+	if err := rdb.Del(context.Background(), keys.Stream).Err(); err != nil {
+		t.Fatal(err)
+	}
+	work = h.start(Workers, fast)
+	w2 := watch(t, work.base, 9)
+	w2.waitSeqs(t, Consumers, 4, 20*time.Second)
+	testenv.WaitFor(t, 10*time.Second, "every message delivered", func() bool {
+		return h.count(t, `SELECT count(*) FROM consumers.messages WHERE chat_id = 9 AND delivered_at IS NULL`) == 0
+	})
+	if n := h.count(t, `SELECT count(*) FROM workers.inbox WHERE chat_id = 9`); n != 4 {
+		t.Fatalf("workers.inbox has %d rows, want 4", n)
+	}
+	m, err := http_get(cons.base + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := regexp.MustCompile(`outboxchat_redriven_total (\d+)`).FindStringSubmatch(m)
+	if got == nil {
+		t.Fatal("no outboxchat_redriven_total on /metrics")
+	}
+	if n, _ := strconv.Atoi(got[1]); n < 3 {
+		t.Fatalf("outboxchat_redriven_total %d, want at least 3", n)
+	}
+}

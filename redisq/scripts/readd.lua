@@ -1,0 +1,18 @@
+-- readd.lua: add one job to the queue stream again, whatever its dedupe key
+-- says (the re-drive of a job whose stream entry may be gone while its
+-- dedupe key is still there: a FLUSHALL followed by a re-add, an XDEL, a
+-- failover to a replica that had the key but not the entry, …). The
+-- receiver's inbox drops the copy if it already has the job.
+--
+-- KEYS[1]  dedupe key of the job  (<prefix>q:{<queue>}:dedupe:<job id>)
+-- KEYS[2]  stream key             (<prefix>q:{<queue>}:stream)
+-- ARGV[1]  dedupe TTL in milliseconds (integer > 0)
+-- ARGV[2]  job id
+-- ARGV[3]  job name
+-- ARGV[4]  job payload (bytes)
+--
+-- Returns  1 (the job was added: SET <dedupe key> 1 PX ttl, then XADD).
+-- Errors   the XADD error reply (the dedupe key is then left set: a later
+--          plain add of the id is a no-op, a later re-add adds it).
+redis.call('SET', KEYS[1], '1', 'PX', ARGV[1])
+return redis.call('XADD', KEYS[2], '*', 'id', ARGV[2], 'name', ARGV[3], 'payload', ARGV[4]) and 1
