@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
 	"regexp"
 	"strings"
 	"sync"
@@ -116,6 +118,12 @@ func TestRedisDownSendsSucceedAndDeliverLater(t *testing.T) {
 	if err := rs.Stop(context.Background()); err != nil {
 		t.Fatal(err)
 	}
+	// Not ready while the relay and worker roles cannot reach Redis, and
+	// the body says why.
+	code, body := getStatus(t, cons.base+"/readyz")
+	if code != http.StatusServiceUnavailable || !strings.Contains(body, "redis unavailable") || !strings.Contains(body, "relay,worker") {
+		t.Fatalf("/readyz with Redis down: %d %s; want 503 naming redis and the roles", code, body)
+	}
 	for i := 2; i <= 6; i++ {
 		send(t, cons.base, 3, fmt.Sprint("during outage ", i))
 	}
@@ -126,6 +134,9 @@ func TestRedisDownSendsSucceedAndDeliverLater(t *testing.T) {
 		t.Fatal(err)
 	}
 	w.waitSeqs(t, Consumers, 6, 20*time.Second)
+	if code, body := getStatus(t, cons.base+"/readyz"); code != http.StatusOK {
+		t.Fatalf("/readyz with Redis back: %d %s", code, body)
+	}
 	testenv.WaitFor(t, 5*time.Second, "outbox drained", func() bool {
 		return h.count(t, `SELECT count(*) FROM consumers.outbox WHERE sent_at IS NULL`) == 0
 	})
@@ -326,4 +337,16 @@ func TestOwnSendsReachClientsOfAnotherAPIProcess(t *testing.T) {
 	}
 	send(t, a.base, 8, "via a")
 	w.waitSeqs(t, Consumers, 4, 5*time.Second)
+}
+
+// getStatus GETs u and returns the status and body.
+func getStatus(t testing.TB, u string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
 }

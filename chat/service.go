@@ -333,6 +333,10 @@ func Serve(ctx context.Context, cfg Config) error {
 		if err != nil {
 			return err
 		}
+		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "outboxchat_queue_deleted_pending_total",
+			Help: "Pending stream entries found deleted from the stream (lost in Redis; healed by the sender's re-drive).",
+		}, func() float64 { return float64(qc.DeletedPending()) }))
 		var src inbox.Source = redisq.InboxSource(qc)
 		var handler inbox.Handler = h
 		if fault != nil {
@@ -469,6 +473,16 @@ func Serve(ctx context.Context, cfg Config) error {
 			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "database unavailable", "error": err.Error()})
 			return
 		}
+		// The roles that need Redis (relay, worker; the v1 API) cannot do
+		// their work without it: not ready, and say which and why.
+		if rdb != nil {
+			if err := rdb.Ping(pctx).Err(); err != nil {
+				writeJSON(w, http.StatusServiceUnavailable, map[string]string{
+					"status": "redis unavailable", "roles": strings.Join(cfg.redisRoles(), ","), "error": err.Error(),
+				})
+				return
+			}
+		}
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
 	})
 	mux.Handle("GET /", web.Handler(cfg.Service))
@@ -502,6 +516,20 @@ func Serve(ctx context.Context, cfg Config) error {
 	_ = srv.Close()
 	wg.Wait()
 	return nil
+}
+
+// redisRoles lists the roles of this process that need Redis.
+func (c *Config) redisRoles() []string {
+	var out []string
+	for _, r := range []string{RoleRelay, RoleWorker} {
+		if c.has(r) {
+			out = append(out, r)
+		}
+	}
+	if c.Mode == ModeDualWrite && c.has(RoleAPI) {
+		out = append(out, RoleAPI+" (v1 dual write)")
+	}
+	return out
 }
 
 // redriveAfter is RedriveAfter with its default applied; <= 0 means off.

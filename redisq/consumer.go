@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -117,6 +118,9 @@ type Consumer struct {
 	// cleared by a trim.
 	lastTrim time.Time
 	acked    bool
+
+	// deleted counts pending entries found deleted from the stream.
+	deleted atomic.Int64
 }
 
 // WithDefaults returns a copy of c in which every zero field holds its
@@ -249,10 +253,7 @@ func (c *Consumer) Fetch(ctx context.Context, max int) ([]Delivery, error) {
 		c.trimIfDue(ctx)
 	}
 	if redis.HasErrorPrefix(err, "NOGROUP") {
-		c.mu.Lock()
-		c.groupReady = false
-		c.mu.Unlock()
-		c.logger.WarnContext(ctx, "consumer group vanished; creating it again", "err", err)
+		c.noteNoGroup(ctx, err)
 		ds, err = c.fetch(ctx, max)
 	}
 	if err != nil {
@@ -438,8 +439,12 @@ func (c *Consumer) readGroup(ctx context.Context, id string, max int, block time
 }
 
 // dropDeleted acknowledges entries that are pending but no longer in the
-// stream (nil fields, or listed by XAUTOCLAIM as deleted) and returns the
-// others.
+// stream (nil fields, or listed by XAUTOCLAIM as deleted: Redis 7's third
+// reply element) and returns the others. Such an entry was lost inside
+// Redis (XDEL, a trim, a failover to a replica that lacked it): each is
+// logged with its stream id and counted (DeletedPending). Its job id (the
+// message id) went with the entry, so it cannot be named here; the
+// sender's re-drive names it when it publishes the job again.
 func (c *Consumer) dropDeleted(ctx context.Context, msgs []redis.XMessage, deleted []string) ([]redis.XMessage, error) {
 	live := msgs[:0:0]
 	gone := append([]string(nil), deleted...)
@@ -454,9 +459,35 @@ func (c *Consumer) dropDeleted(ctx context.Context, msgs []redis.XMessage, delet
 		if err := c.rdb.XAck(ctx, c.keys.Stream, c.group, gone...).Err(); err != nil {
 			return nil, fmt.Errorf("acknowledging deleted entries: %w", err)
 		}
-		c.logger.WarnContext(ctx, "acknowledged pending entries deleted from the stream", "count", len(gone))
+		c.deleted.Add(int64(len(gone)))
+		for _, id := range gone {
+			c.logger.WarnContext(ctx, "pending entry was deleted from the stream: its job is lost in Redis until the sender re-drives it",
+				"stream_id", id)
+		}
+		if lm, ok := c.m.(LossMetrics); ok {
+			lm.JobsDeleted(c.queue, len(gone))
+		}
 	}
 	return live, nil
+}
+
+// DeletedPending returns how many pending entries this Consumer found
+// deleted from the stream and acknowledged away (see Fetch). Safe for
+// concurrent use.
+func (c *Consumer) DeletedPending() int64 { return c.deleted.Load() }
+
+// noteNoGroup makes the next Fetch create the group again (at "0", never
+// "$": entries already in the stream are delivered) when err is Redis's
+// NOGROUP (the stream or its group vanished: FLUSHALL, a restart without
+// the AOF, a failover to a replica that lacked them).
+func (c *Consumer) noteNoGroup(ctx context.Context, err error) {
+	if !redis.HasErrorPrefix(err, "NOGROUP") {
+		return
+	}
+	c.mu.Lock()
+	c.groupReady = false
+	c.mu.Unlock()
+	c.logger.WarnContext(ctx, "consumer group vanished; the next fetch creates it again from 0", "err", err)
 }
 
 // deliveries converts msgs. For redelivered entries it looks up the
@@ -540,6 +571,7 @@ func (c *Consumer) Ack(ctx context.Context, streamIDs ...string) error {
 		return nil
 	}
 	if err := c.rdb.XAck(ctx, c.keys.Stream, c.group, streamIDs...).Err(); err != nil {
+		c.noteNoGroup(ctx, err)
 		return fmt.Errorf("redisq: acknowledging %d entries: %w", len(streamIDs), err)
 	}
 	c.settled(streamIDs...)
@@ -624,6 +656,7 @@ func (c *Consumer) DeadLetter(ctx context.Context, d Delivery, reason string) er
 		return nil
 	})
 	if err != nil {
+		c.noteNoGroup(ctx, err)
 		return fmt.Errorf("redisq: dead-lettering %s: %w", d.StreamID, err)
 	}
 	c.settled(d.StreamID)

@@ -98,6 +98,14 @@ type Metrics interface {
 	JobsTrimmed(queue string, n int64)
 }
 
+// LossMetrics is an optional interface of a Metrics: a Consumer whose
+// Metrics has it reports pending entries found deleted from the stream.
+type LossMetrics interface {
+	// JobsDeleted is called when Fetch found n > 0 pending entries deleted
+	// from the stream (XDEL, a trim, a failover) and acknowledged them away.
+	JobsDeleted(queue string, n int)
+}
+
 // Publisher adds jobs to one queue. It is safe for concurrent use and holds
 // no state besides its configuration: nothing is buffered between calls.
 type Publisher struct {
