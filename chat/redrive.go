@@ -119,7 +119,7 @@ func NewRedriver(pool *pgxpool.Pool, service string, pub Republisher, cfg *Redri
 		return nil, errors.New("chat: redrive: negative Interval, MaxPerPass or MaxBackoff")
 	}
 	if c.Interval == 0 {
-		c.Interval = min(max(c.After/4, 100*time.Millisecond), DefaultRedriveInterval)
+		c.Interval = redriveInterval(c.After)
 	}
 	if c.MaxPerPass == 0 {
 		c.MaxPerPass = DefaultRedriveMaxPerPass
@@ -153,6 +153,11 @@ func NewRedriver(pool *pgxpool.Pool, service string, pub Republisher, cfg *Redri
 			FROM due WHERE m.id = due.id
 			RETURNING m.id::text, m.chat_id, m.seq, m.body, m.created_at, m.redrives`,
 	}, nil
+}
+
+// redriveInterval is RedriveConfig.Interval's default for after.
+func redriveInterval(after time.Duration) time.Duration {
+	return min(max(after/4, 100*time.Millisecond), DefaultRedriveInterval)
 }
 
 // Start runs the loop in a goroutine until Stop, or until ctx is done (a

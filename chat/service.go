@@ -76,7 +76,9 @@ type Config struct {
 	// GapTimeout is how long the WebSocket gateway holds received messages
 	// behind a missing seq (a job still in flight or being reclaimed).
 	// Default 0 means 2×LockDuration: a stalled job is reclaimed within about
-	// 1.5×LockDuration (lock duration plus half of it between claim passes).
+	// 1.5×LockDuration (lock duration plus half of it between claim passes);
+	// with the re-drive on, at least RedriveAfter plus the re-drive's pass
+	// interval plus 1 s (a message lost in Redis comes back that late).
 	// Negative: no hold, messages are pushed as they arrive (the write-up's
 	// naive v1 receiver).
 	GapTimeout time.Duration
@@ -299,6 +301,13 @@ func Serve(ctx context.Context, cfg Config) error {
 				lock = redisq.DefaultLockDuration
 			}
 			cfg.GapTimeout = 2 * lock
+			// A message lost in Redis comes back by the sender's re-drive,
+			// at most RedriveAfter plus one pass interval after it was
+			// sent: hold the ones behind it that long, so the room keeps
+			// its order.
+			if after := cfg.redriveAfter(); after > 0 {
+				cfg.GapTimeout = max(cfg.GapTimeout, after+redriveInterval(after)+time.Second)
+			}
 		}
 		// This process's sends and inbox commits are offered to the gateway
 		// directly (Store.afterCommit, inbox.Config.AfterCommit): drop

@@ -353,7 +353,7 @@ func runChaosCmd(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		return nil
 	}
 	if *scenario != "" {
-		return runScenarioCmd(ctx, *scenario, *asJSON, stdout, stderr)
+		return runScenarioCmd(ctx, *scenario, ScenarioOptions{}, *asJSON, stdout, stderr)
 	}
 	logW := stdout
 	if *asJSON {

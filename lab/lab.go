@@ -15,6 +15,7 @@ const usage = `usage: outboxchat lab <command> [flags]
 commands:
   up      start private Postgres and Redis and both services; print their URLs; Ctrl-C stops all
   chaos   the write-up's fault experiment: --variant v1|v2 [--json]; or --scenario NAME; --list
+  scenario NAME [--json] [--redrive-after D]: a named fault scenario (redis-flush, stream-entry-deleted, …); --list
   latency the write-up's latency table: [--variants v1,v2,v2-intx,v2-poll] [--messages 100] [--interval 100ms]
           [--runs 3] [--json] [--plot lab-output/latency-cdf.png]; plus the floors (commit, PING, NOTIFY)
   bench   sustained load: [--senders 16] [--chats 100] [--messages 20000] [--variant v2] [--json]

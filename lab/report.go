@@ -152,6 +152,9 @@ type Figures struct {
 	// OrderViolations describes frames shown out of per-chat seq order (in
 	// the JSON only when there are any).
 	OrderViolations []string `json:"order_violations,omitempty"`
+	// Redriven is sum(consumers.messages.redrives): publishes by the
+	// re-drive (in the JSON only when not zero).
+	Redriven int `json:"redriven,omitempty"`
 }
 
 // MarshalJSON writes the DESIGN.md object; lost is [] (never null) when
@@ -273,6 +276,9 @@ func (e *Env) figures(ctx context.Context, w *Watcher) (*Figures, error) {
 	}
 	if err := e.admin.QueryRow(ctx, `SELECT count(*) FROM consumers.outbox WHERE sent_at IS NULL`).Scan(&f.Unsent); err != nil {
 		return nil, fmt.Errorf("lab: count unsent: %w", err)
+	}
+	if err := e.admin.QueryRow(ctx, `SELECT coalesce(sum(redrives), 0) FROM consumers.messages`).Scan(&f.Redriven); err != nil {
+		return nil, fmt.Errorf("lab: count re-drives: %w", err)
 	}
 	f.DuplicatesShown = w.Duplicates()
 	f.OrderViolations = w.OrderViolations()

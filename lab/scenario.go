@@ -4,8 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
+	"strings"
 	"syscall"
 	"time"
 
@@ -36,6 +38,10 @@ var scenarios = []scenario{
 		run: redisRestart},
 	{name: "worker-crash-before-commit", doc: "the worker gets SIGKILL after reading a job, before its inbox commit; another worker reclaims it after the lock duration; order holds",
 		opts: EnvOptions{Faults: map[string]string{ProcWorkers: chat.FaultWorkerBeforeCommit + ":3"}}, run: workerCrashBeforeCommit},
+	{name: "redis-flush", doc: "workers stopped; 20 messages published and marked sent; FLUSHALL; workers started: the re-drive brings all 20, each shown once, in order",
+		run: redisFlush},
+	{name: "stream-entry-deleted", doc: "workers stopped; 2 messages published; a ghost consumer reads the first and its entry is XDELed; workers started: counted, re-driven, shown once, in order",
+		run: streamEntryDeleted},
 }
 
 // ScenarioNames returns the names of the named scenarios.
@@ -111,10 +117,22 @@ func (s *scenarioRun) restartAfterExit(ctx context.Context, p *Proc, args []stri
 	return done
 }
 
+// ScenarioOptions adjusts a named scenario's run.
+type ScenarioOptions struct {
+	// ExtraArgs are appended to every serve command line (e.g.
+	// "--redrive-after", "0" to show what the re-drive heals).
+	ExtraArgs []string
+}
+
 // RunScenario runs the named scenario and returns its figures, or an error
 // wrapping ErrInvariant when it ran but an invariant broke (the figures are
 // returned too), or another error when it could not run.
 func RunScenario(ctx context.Context, name string, logW, progress io.Writer) (*Figures, error) {
+	return RunScenarioWith(ctx, name, ScenarioOptions{}, logW, progress)
+}
+
+// RunScenarioWith is RunScenario with options.
+func RunScenarioWith(ctx context.Context, name string, so ScenarioOptions, logW, progress io.Writer) (*Figures, error) {
 	var sc *scenario
 	for i := range scenarios {
 		if scenarios[i].name == name {
@@ -132,6 +150,7 @@ func RunScenario(ctx context.Context, name string, logW, progress io.Writer) (*F
 	}
 	opts := sc.opts
 	opts.Progress = progress
+	opts.ExtraArgs = append(append([]string(nil), opts.ExtraArgs...), so.ExtraArgs...)
 	env, err := StartEnv(ctx, opts)
 	if err != nil {
 		return nil, err
@@ -168,6 +187,15 @@ func RunScenario(ctx context.Context, name string, logW, progress io.Writer) (*F
 			s.log.at(l.Time, "workers", "reclaimed %s stalled job(s) after the lock duration", l.Str("count"))
 		case chat.EventFaultCrash:
 			s.log.at(l.Time, "workers", "fault injected: crashing (%s)", l.Str("fault"))
+		case "pending entry was deleted from the stream: its job is lost in Redis until the sender re-drives it":
+			s.log.at(l.Time, "workers", "pending entry %s found deleted from the stream: counted, acknowledged away", l.Str("stream_id"))
+		case "consumer group vanished; the next fetch creates it again from 0":
+			s.log.at(l.Time, "workers", "consumer group gone (NOGROUP): created again from 0")
+		}
+	})()
+	defer env.Consumers.Subscribe(func(l LogLine) {
+		if l.Msg == "message re-driven: stored, no receipt in time; published again" {
+			s.log.at(l.Time, "consumers", "seq %s (message %s) had no receipt: re-driven", l.Str("seq"), l.Str("message_id"))
 		}
 	})()
 	for _, p := range env.ConsumersRelays {
@@ -211,19 +239,48 @@ func RunScenario(ctx context.Context, name string, logW, progress io.Writer) (*F
 	return f, nil
 }
 
-func runScenarioCmd(ctx context.Context, name string, asJSON bool, stdout, stderr io.Writer) error {
+// ScenarioResult is the `lab scenario NAME --json` object (DESIGN.md):
+// the scenario's name, messages sent (saved by consumers), received (shown
+// at the workers' WebSocket client), lost (seqs saved and never shown; []
+// when none), duplicates shown, messages re-driven (sum of
+// consumers.messages.redrives) and ok (every invariant held); plus the
+// chaos figures.
+type ScenarioResult struct {
+	Scenario          string   `json:"scenario"`
+	Sent              int      `json:"sent"`
+	Received          int      `json:"received"`
+	Lost              []int    `json:"lost"`
+	DuplicatesShown   int      `json:"duplicates_shown"`
+	Redriven          int      `json:"redriven"`
+	OK                bool     `json:"ok"`
+	DuplicatesSkipped int      `json:"duplicates_skipped"`
+	Unsent            int      `json:"unsent"`
+	OrderViolations   []string `json:"order_violations,omitempty"`
+	Error             string   `json:"error,omitempty"`
+}
+
+func runScenarioCmd(ctx context.Context, name string, so ScenarioOptions, asJSON bool, stdout, stderr io.Writer) error {
 	logW := stdout
 	if asJSON {
 		logW = stderr
 	}
-	f, err := RunScenario(ctx, name, logW, stderr)
+	f, err := RunScenarioWith(ctx, name, so, logW, stderr)
 	if f != nil {
 		if asJSON {
-			_ = json.NewEncoder(stdout).Encode(f)
+			r := ScenarioResult{Scenario: name, Sent: f.Saved, Received: f.Received, Lost: f.Lost,
+				DuplicatesShown: f.DuplicatesShown, Redriven: f.Redriven, OK: err == nil,
+				DuplicatesSkipped: f.DuplicatesSkipped, Unsent: f.Unsent, OrderViolations: f.OrderViolations}
+			if r.Lost == nil {
+				r.Lost = []int{}
+			}
+			if err != nil {
+				r.Error = err.Error()
+			}
+			_ = json.NewEncoder(stdout).Encode(r)
 		} else {
 			fmt.Fprintln(stdout)
 			f.WriteSummary(stdout)
-			fmt.Fprintf(stdout, "shown twice: %d   order violations: %d\n", f.DuplicatesShown, len(f.OrderViolations))
+			fmt.Fprintf(stdout, "shown twice: %d   order violations: %d   re-driven: %d\n", f.DuplicatesShown, len(f.OrderViolations), f.Redriven)
 		}
 	}
 	if err != nil {
@@ -232,6 +289,44 @@ func runScenarioCmd(ctx context.Context, name string, asJSON bool, stdout, stder
 	fmt.Fprintln(logW, "invariants hold: nothing lost, nothing shown twice, order kept")
 	return nil
 }
+
+// runScenarioSubcmd runs `lab scenario NAME [--json] [--redrive-after D]`.
+func runScenarioSubcmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("lab scenario", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	asJSON := fs.Bool("json", false, "print one JSON object (scenario, sent, received, lost, duplicates_shown, redriven, ok, …); the event log goes to stderr")
+	redrive := fs.String("redrive-after", "", "pass --redrive-after to the services (0 = re-drive off: shows what Redis lost)")
+	list := fs.Bool("list", false, "list the named scenarios")
+	// NAME may come before or after the flags.
+	var name string
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		name, args = args[0], args[1:]
+	}
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *list {
+		for _, s := range scenarios {
+			fmt.Fprintf(stdout, "%-28s %s\n", s.name, s.doc)
+		}
+		return nil
+	}
+	if name == "" && fs.NArg() == 1 {
+		name = fs.Arg(0)
+	} else if fs.NArg() > 0 {
+		return fmt.Errorf("lab scenario: unexpected arguments %q", fs.Args())
+	}
+	if name == "" {
+		return fmt.Errorf("lab scenario: name a scenario (one of %s)", strings.Join(ScenarioNames(), ", "))
+	}
+	var so ScenarioOptions
+	if *redrive != "" {
+		so.ExtraArgs = []string{"--redrive-after", *redrive}
+	}
+	return runScenarioCmd(ctx, name, so, *asJSON, stdout, stderr)
+}
+
+func init() { extraCommands["scenario"] = runScenarioSubcmd }
 
 // relayCrash: the consumers relay SIGKILLs itself after publishing msg 3 and
 // before its mark-sent commit; the lab restarts it without the fault; it

@@ -3,6 +3,7 @@ package lab
 import (
 	"bytes"
 	"context"
+	"errors"
 	"testing"
 	"time"
 )
@@ -23,6 +24,26 @@ func TestScenarios(t *testing.T) {
 			if f.Saved == 0 || f.Received != f.Saved {
 				t.Errorf("figures %+v: want every saved message received", *f)
 			}
+		})
+	}
+}
+
+// With the re-drive off, the Redis-loss scenarios really lose messages:
+// the proof that they test something the re-drive heals.
+func TestRedisLossWithoutRedriveLoses(t *testing.T) {
+	for _, name := range []string{"redis-flush", "stream-entry-deleted"} {
+		t.Run(name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+			defer cancel()
+			var log bytes.Buffer
+			f, err := RunScenarioWith(ctx, name, ScenarioOptions{ExtraArgs: []string{"--redrive-after", "0"}}, &log, nil)
+			if !errors.Is(err, ErrInvariant) {
+				t.Fatalf("err = %v, want the invariant broken (lost); log:\n%s", err, log.String())
+			}
+			if len(f.Lost) == 0 || f.Redriven != 0 {
+				t.Fatalf("figures %+v: want messages lost and none re-driven", *f)
+			}
+			t.Logf("lost without re-drive: %v", f.Lost)
 		})
 	}
 }

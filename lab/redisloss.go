@@ -1,0 +1,95 @@
+package lab
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/outboxchat/outboxchat/chat"
+	"github.com/outboxchat/outboxchat/redisq"
+)
+
+// Scenarios where Redis loses data the relay already handed it (issue 9):
+// the relay has marked the rows sent, so only the sender's re-drive — a
+// message without a receipt after --redrive-after is published again —
+// brings them back. Run with --redrive-after 0 they show the loss.
+
+// waitAllSent waits until every consumers' outbox row is marked sent (the
+// relay handed everything to Redis).
+func (s *scenarioRun) waitAllSent(ctx context.Context) error {
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	err := waitFor(wctx, 50*time.Millisecond, func() bool {
+		var n int
+		return s.env.admin.QueryRow(wctx, `SELECT count(*) FROM consumers.outbox WHERE sent_at IS NULL`).Scan(&n) == nil && n == 0
+	})
+	if err != nil {
+		return errors.New("lab: the relay did not publish every message")
+	}
+	s.log.add("consumers-relay", "every message published and marked sent")
+	return nil
+}
+
+// redisFlush: workers stopped; 20 messages sent and marked sent; FLUSHALL
+// (stream, group and dedupe keys gone); workers started. The re-drive
+// publishes the 20 again; workers shows each once, in seq order.
+func redisFlush(ctx context.Context, s *scenarioRun) error {
+	if err := s.env.Workers.Stop(ctx); err != nil {
+		return err
+	}
+	s.log.add("deploy", "workers stopped")
+	if err := s.sendEvery(ctx, 20, 20*time.Millisecond); err != nil {
+		return err
+	}
+	if err := s.waitAllSent(ctx); err != nil {
+		return err
+	}
+	if err := s.env.rdb.FlushAll(ctx).Err(); err != nil {
+		return fmt.Errorf("lab: flushall: %w", err)
+	}
+	s.log.add("redis", "FLUSHALL: the 20 queued jobs, the group and the dedupe keys are gone")
+	if err := s.env.Workers.StartReady(ctx); err != nil {
+		return err
+	}
+	s.log.add("deploy", "workers started")
+	return nil
+}
+
+// streamEntryDeleted: workers stopped; 2 messages sent and marked sent;
+// another consumer of the group ("ghost") reads the first and its entry is
+// deleted (XDEL) while pending; workers started. Workers reclaims the
+// ghost's entry after the lock duration, finds it deleted (XAUTOCLAIM's
+// third reply element) and counts it; the re-drive publishes msg 1 again.
+func streamEntryDeleted(ctx context.Context, s *scenarioRun) error {
+	if err := s.env.Workers.Stop(ctx); err != nil {
+		return err
+	}
+	s.log.add("deploy", "workers stopped")
+	if err := s.sendEvery(ctx, 2, 100*time.Millisecond); err != nil {
+		return err
+	}
+	if err := s.waitAllSent(ctx); err != nil {
+		return err
+	}
+	keys := redisq.NewKeys(redisPrefix, chat.QueueName(chat.Consumers))
+	res, err := s.env.rdb.XReadGroup(ctx, &redis.XReadGroupArgs{
+		Group: chat.Workers, Consumer: "ghost", Streams: []string{keys.Stream, ">"}, Count: 1, Block: -1,
+	}).Result()
+	if err != nil || len(res) == 0 || len(res[0].Messages) != 1 {
+		return fmt.Errorf("lab: read one entry as the ghost consumer: %v", err)
+	}
+	e := res[0].Messages[0]
+	s.log.add("redis", "ghost consumer read %s (message %s)", e.ID, e.Values["id"])
+	if err := s.env.rdb.XDel(ctx, keys.Stream, e.ID).Err(); err != nil {
+		return fmt.Errorf("lab: xdel: %w", err)
+	}
+	s.log.add("redis", "XDEL %s while pending on the ghost", e.ID)
+	if err := s.env.Workers.StartReady(ctx); err != nil {
+		return err
+	}
+	s.log.add("deploy", "workers started")
+	return nil
+}
