@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -63,7 +65,14 @@ type EnvOptions struct {
 	Dir string
 	// Progress receives progress lines ("lab: …"). nil discards them.
 	Progress io.Writer
+	// Sentinel runs Redis as a Sentinel-managed pair: the primary (Redis),
+	// one replica (RedisReplica) and three sentinels (Sentinels); the
+	// services get a redis+sentinel:// URL (master SentinelMaster).
+	Sentinel bool
 }
+
+// SentinelMaster is the master name of the lab's sentinels.
+const SentinelMaster = "outboxchat"
 
 // Env is a running lab environment: a private Postgres and Redis and both
 // services as child processes. Close removes everything. Fields are set by
@@ -72,6 +81,10 @@ type EnvOptions struct {
 type Env struct {
 	Postgres *pgproc.Server
 	Redis    *redisproc.Server
+	// RedisReplica and Sentinels are set with EnvOptions.Sentinel: the
+	// primary's replica and the three sentinels watching them.
+	RedisReplica *redisproc.Server
+	Sentinels    []*redisproc.Server
 	// Consumers and Workers are the services' main processes (api and
 	// worker roles, plus relay when no separate relay process runs).
 	Consumers, Workers *Proc
@@ -176,6 +189,11 @@ func StartEnv(ctx context.Context, opts EnvOptions) (_ *Env, err error) {
 	}
 	e.DatabaseURL = e.Postgres.AdminURL()
 	e.RedisURL = e.Redis.URL()
+	if opts.Sentinel {
+		if err := e.startSentinels(ctx, progress); err != nil {
+			return nil, err
+		}
+	}
 	if e.admin, err = pgxpool.New(ctx, e.DatabaseURL); err != nil {
 		return nil, fmt.Errorf("lab: connect postgres: %w", err)
 	}
@@ -312,6 +330,12 @@ func (e *Env) Close() error {
 	if e.rdb != nil {
 		errs = append(errs, e.rdb.Close())
 	}
+	for _, sn := range e.Sentinels {
+		errs = append(errs, sn.Close())
+	}
+	if e.RedisReplica != nil {
+		errs = append(errs, e.RedisReplica.Close())
+	}
 	if e.Redis != nil {
 		errs = append(errs, e.Redis.Close())
 	}
@@ -322,4 +346,68 @@ func (e *Env) Close() error {
 		errs = append(errs, os.RemoveAll(e.Dir))
 	}
 	return errors.Join(errs...)
+}
+
+// startSentinels starts the replica of e.Redis, waits until it is in sync,
+// starts three sentinels and sets e.RedisURL to the redis+sentinel:// URL.
+func (e *Env) startSentinels(ctx context.Context, progress io.Writer) error {
+	fmt.Fprintln(progress, "lab: starting a Redis replica and three sentinels")
+	var err error
+	if e.RedisReplica, err = redisproc.Start(ctx, &redisproc.Options{ReplicaOf: e.Redis.Addr()}); err != nil {
+		return fmt.Errorf("lab: start redis replica: %w", err)
+	}
+	rc := redis.NewClient(&redis.Options{Addr: e.RedisReplica.Addr()})
+	defer rc.Close()
+	wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	if err := waitFor(wctx, 50*time.Millisecond, func() bool {
+		info, err := rc.Info(wctx, "replication").Result()
+		return err == nil && strings.Contains(info, "master_link_status:up")
+	}); err != nil {
+		return errors.New("lab: the redis replica did not sync with the primary")
+	}
+	var addrs []string
+	for range 3 {
+		sn, err := redisproc.Start(ctx, &redisproc.Options{Sentinel: &redisproc.SentinelOptions{
+			MasterName: SentinelMaster, MasterAddr: e.Redis.Addr(), Quorum: 2,
+			DownAfter: time.Second, FailoverTimeout: 5 * time.Second,
+		}})
+		if err != nil {
+			return fmt.Errorf("lab: start sentinel: %w", err)
+		}
+		e.Sentinels = append(e.Sentinels, sn)
+		addrs = append(addrs, sn.Addr())
+	}
+	// Every sentinel must know the replica and the others before a
+	// failover can elect a leader and promote it.
+	if err := waitFor(wctx, 100*time.Millisecond, func() bool {
+		for _, sn := range e.Sentinels {
+			c := redis.NewSentinelClient(&redis.Options{Addr: sn.Addr()})
+			m, err := c.Master(wctx, SentinelMaster).Result()
+			c.Close()
+			if err != nil || m["num-slaves"] != "1" || m["num-other-sentinels"] != "2" {
+				return false
+			}
+		}
+		return true
+	}); err != nil {
+		return errors.New("lab: the sentinels did not discover the replica and each other")
+	}
+	e.RedisURL = redisq.SentinelScheme + "://" + strings.Join(addrs, ",") + "/" + SentinelMaster + "/0"
+	return nil
+}
+
+// SentinelPrimary returns the primary's address as the first sentinel
+// reports it.
+func (e *Env) SentinelPrimary(ctx context.Context) (string, error) {
+	if len(e.Sentinels) == 0 {
+		return "", errors.New("lab: no sentinels")
+	}
+	c := redis.NewSentinelClient(&redis.Options{Addr: e.Sentinels[0].Addr()})
+	defer c.Close()
+	a, err := c.GetMasterAddrByName(ctx, SentinelMaster).Result()
+	if err != nil {
+		return "", err
+	}
+	return net.JoinHostPort(a[0], a[1]), nil
 }

@@ -93,3 +93,63 @@ func streamEntryDeleted(ctx context.Context, s *scenarioRun) error {
 	s.log.add("deploy", "workers started")
 	return nil
 }
+
+// redisFailover: a Sentinel-managed primary with one replica. Two messages
+// are delivered; workers is stopped and the replica held back (SIGSTOP)
+// while 5 more are published and marked sent (on the primary only:
+// replication is asynchronous); the primary is killed (SIGKILL), the
+// replica resumed, and the sentinels promote it, which never had the 5.
+// Workers comes back on the new primary; the re-drive publishes the 5
+// again, each shown once, in order.
+func redisFailover(ctx context.Context, s *scenarioRun) error {
+	if err := s.sendEvery(ctx, 2, 200*time.Millisecond); err != nil {
+		return err
+	}
+	if err := s.env.Workers.Stop(ctx); err != nil {
+		return err
+	}
+	s.log.add("deploy", "workers stopped")
+	replica := s.env.RedisReplica
+	if err := replica.Pause(); err != nil {
+		return err
+	}
+	defer func() { _ = replica.Resume() }()
+	// Cut the replication link too: what the primary had written to the
+	// socket would otherwise still reach the replica when it resumes.
+	pc := redis.NewClient(&redis.Options{Addr: s.env.Redis.Addr()})
+	err := pc.ClientKillByFilter(ctx, "TYPE", "replica").Err()
+	pc.Close()
+	if err != nil {
+		return fmt.Errorf("lab: cut the replication link: %w", err)
+	}
+	s.log.add("redis", "replica held back (SIGSTOP), its replication link cut")
+	if err := s.sendEvery(ctx, 5, 100*time.Millisecond); err != nil {
+		return err
+	}
+	if err := s.waitAllSent(ctx); err != nil {
+		return err
+	}
+	old := s.env.Redis.Addr()
+	if err := s.env.Redis.Kill(); err != nil {
+		return fmt.Errorf("lab: kill redis primary: %w", err)
+	}
+	s.log.add("redis", "primary %s killed (SIGKILL) before the replica got the last 5 jobs", old)
+	if err := replica.Resume(); err != nil {
+		return err
+	}
+	s.log.add("redis", "replica resumed")
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := waitFor(wctx, 100*time.Millisecond, func() bool {
+		a, err := s.env.SentinelPrimary(wctx)
+		return err == nil && a == replica.Addr()
+	}); err != nil {
+		return errors.New("lab: the sentinels did not promote the replica within 30 s")
+	}
+	s.log.add("sentinel", "replica %s promoted to primary", replica.Addr())
+	if err := s.env.Workers.StartReady(ctx); err != nil {
+		return err
+	}
+	s.log.add("deploy", "workers started")
+	return nil
+}

@@ -42,6 +42,8 @@ var scenarios = []scenario{
 		run: redisFlush},
 	{name: "stream-entry-deleted", doc: "workers stopped; 2 messages published; a ghost consumer reads the first and its entry is XDELed; workers started: counted, re-driven, shown once, in order",
 		run: streamEntryDeleted},
+	{name: "redis-failover", doc: "Sentinel-managed primary + replica; the replica held back while 5 messages are published; primary killed, replica promoted without them: the re-drive brings them, each shown once, in order",
+		opts: EnvOptions{Sentinel: true}, run: redisFailover},
 }
 
 // ScenarioNames returns the names of the named scenarios.

@@ -31,7 +31,7 @@ func TestScenarios(t *testing.T) {
 // With the re-drive off, the Redis-loss scenarios really lose messages:
 // the proof that they test something the re-drive heals.
 func TestRedisLossWithoutRedriveLoses(t *testing.T) {
-	for _, name := range []string{"redis-flush", "stream-entry-deleted"} {
+	for _, name := range []string{"redis-flush", "stream-entry-deleted", "redis-failover"} {
 		t.Run(name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 			defer cancel()

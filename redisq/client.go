@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"strings"
 	"time"
 
@@ -43,7 +44,27 @@ const (
 // url's query parameters (e.g. "?dial_timeout=2s") are applied first and then
 // overridden by the settings above. The caller owns the client and must Close
 // it. Errors: a malformed url.
+//
+// A "redis+sentinel://" url (see ParseSentinelURL) returns go-redis's
+// failover client instead, with the same fail-fast settings: it asks the
+// sentinels for the primary of the named master and follows failovers;
+// every command (CheckDurability's CONFIG GET too) goes to the primary.
 func NewClient(url string) (*redis.Client, error) {
+	if strings.HasPrefix(url, SentinelScheme+"://") {
+		fo, err := ParseSentinelURL(url)
+		if err != nil {
+			return nil, err
+		}
+		fo.MaxRetries = -1
+		fo.DialerRetries = 1
+		fo.DialTimeout = ClientDialTimeout
+		fo.ReadTimeout = ClientReadTimeout
+		fo.WriteTimeout = ClientWriteTimeout
+		fo.PoolTimeout = ClientPoolTimeout
+		fo.ContextTimeoutEnabled = true
+		fo.DisableIdentity = true
+		return redis.NewFailoverClient(fo), nil
+	}
 	opt, err := redis.ParseURL(url)
 	if err != nil {
 		return nil, fmt.Errorf("redisq: parsing redis url: %w", err)
@@ -58,6 +79,59 @@ func NewClient(url string) (*redis.Client, error) {
 	opt.DisableIdentity = true
 	opt.MaintNotificationsConfig = &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
 	return redis.NewClient(opt), nil
+}
+
+// SentinelScheme is the URL scheme of a Sentinel-managed primary.
+const SentinelScheme = "redis+sentinel"
+
+// ParseSentinelURL parses
+//
+//	redis+sentinel://[user:password@]host1:port1[,host2:port2…]/master-name[/db]
+//
+// e.g. "redis+sentinel://h1:26379,h2:26379/mymaster/0": the sentinels'
+// addresses (port default 26379), the master's name as the sentinels know
+// it, and the database number (default 0). The user and password, when
+// given, are the primary's (ACL user, requirepass), not the sentinels'. It
+// returns go-redis's FailoverOptions with only those fields set. Errors: a
+// malformed url, no sentinel, no master name, a db that is not a
+// non-negative integer.
+func ParseSentinelURL(url string) (*redis.FailoverOptions, error) {
+	rest, ok := strings.CutPrefix(url, SentinelScheme+"://")
+	if !ok {
+		return nil, fmt.Errorf("redisq: sentinel url %q: want %s://host:port[,host:port…]/master[/db]", url, SentinelScheme)
+	}
+	fo := &redis.FailoverOptions{}
+	if at := strings.LastIndex(rest, "@"); at >= 0 {
+		user, pass, _ := strings.Cut(rest[:at], ":")
+		fo.Username, fo.Password = user, pass
+		rest = rest[at+1:]
+	}
+	hosts, path, _ := strings.Cut(rest, "/")
+	for _, h := range strings.Split(hosts, ",") {
+		if h == "" {
+			continue
+		}
+		if !strings.Contains(h, ":") {
+			h += ":26379"
+		}
+		fo.SentinelAddrs = append(fo.SentinelAddrs, h)
+	}
+	if len(fo.SentinelAddrs) == 0 {
+		return nil, fmt.Errorf("redisq: sentinel url %q: no sentinel address", url)
+	}
+	master, db, _ := strings.Cut(path, "/")
+	if master == "" {
+		return nil, fmt.Errorf("redisq: sentinel url %q: no master name (…/mymaster/0)", url)
+	}
+	fo.MasterName = master
+	if db != "" {
+		n, err := strconv.Atoi(db)
+		if err != nil || n < 0 {
+			return nil, fmt.Errorf("redisq: sentinel url %q: db %q is not a non-negative integer", url, db)
+		}
+		fo.DB = n
+	}
+	return fo, nil
 }
 
 // ErrNotDurable is matched (errors.Is) by the *DurabilityError CheckDurability

@@ -2,6 +2,7 @@ package redisq
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -147,5 +148,42 @@ func TestDurabilityErrorMessage(t *testing.T) {
 				t.Errorf("%q lacks %q", msg, w)
 			}
 		}
+	}
+}
+
+func TestParseSentinelURL(t *testing.T) {
+	for _, tc := range []struct {
+		url     string
+		addrs   string
+		master  string
+		db      int
+		user    string
+		wantErr bool
+	}{
+		{"redis+sentinel://h1:26379,h2:26380/mymaster/0", "[h1:26379 h2:26380]", "mymaster", 0, "", false},
+		{"redis+sentinel://u:p@127.0.0.1:5000/m/3", "[127.0.0.1:5000]", "m", 3, "u", false},
+		{"redis+sentinel://h1/m", "[h1:26379]", "m", 0, "", false},
+		{"redis+sentinel://h1:1/", "", "", 0, "", true},
+		{"redis+sentinel:///m", "", "", 0, "", true},
+		{"redis+sentinel://h1:1/m/x", "", "", 0, "", true},
+		{"redis://h1:1/0", "", "", 0, "", true},
+	} {
+		fo, err := ParseSentinelURL(tc.url)
+		if tc.wantErr {
+			if err == nil {
+				t.Errorf("%s: no error", tc.url)
+			}
+			continue
+		}
+		if err != nil {
+			t.Errorf("%s: %v", tc.url, err)
+			continue
+		}
+		if fmt.Sprint(fo.SentinelAddrs) != tc.addrs || fo.MasterName != tc.master || fo.DB != tc.db || fo.Username != tc.user {
+			t.Errorf("%s: got %v %q db %d user %q", tc.url, fo.SentinelAddrs, fo.MasterName, fo.DB, fo.Username)
+		}
+	}
+	if _, err := NewClient("redis+sentinel://h1:1/"); err == nil {
+		t.Error("NewClient accepted a sentinel url without a master name")
 	}
 }

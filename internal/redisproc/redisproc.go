@@ -47,12 +47,37 @@ type Options struct {
 	// StartTimeout bounds how long Start and Restart wait for PING to
 	// succeed when ctx has no deadline. 0 means 30s.
 	StartTimeout time.Duration
+	// ReplicaOf, "host:port", starts the server as a replica of that
+	// primary (--replicaof). "" (default): a primary.
+	ReplicaOf string
+	// Sentinel, when set, starts a Redis Sentinel (redis-server
+	// <dir>/sentinel.conf --sentinel) instead of a data server: no AOF, it
+	// monitors the given master. ReplicaOf is ignored then.
+	Sentinel *SentinelOptions
+}
+
+// SentinelOptions configures a sentinel started by Start.
+type SentinelOptions struct {
+	// MasterName is the name the sentinel knows the primary by. Required.
+	MasterName string
+	// MasterAddr is the primary's "host:port". Required.
+	MasterAddr string
+	// Quorum is the number of sentinels that must agree the primary is
+	// down. Default 2.
+	Quorum int
+	// DownAfter is down-after-milliseconds: how long the primary may not
+	// answer before it is considered down. Default 1 s.
+	DownAfter time.Duration
+	// FailoverTimeout is failover-timeout. Default 5 s.
+	FailoverTimeout time.Duration
 }
 
 // Server is a running (or stopped) private Redis server. All methods are safe
 // for concurrent use; lifecycle methods (Stop, Kill, Restart, Close) are
 // serialized.
 type Server struct {
+	replicaOf    string
+	sentinel     *SentinelOptions
 	port         int
 	dir          string
 	logPath      string
@@ -83,7 +108,23 @@ func Start(ctx context.Context, opts *Options) (*Server, error) {
 	if opts == nil {
 		opts = &Options{}
 	}
-	s := &Server{log: opts.Logger, binary: opts.Binary, startTimeout: opts.StartTimeout}
+	s := &Server{log: opts.Logger, binary: opts.Binary, startTimeout: opts.StartTimeout, replicaOf: opts.ReplicaOf, sentinel: opts.Sentinel}
+	if so := s.sentinel; so != nil {
+		if so.MasterName == "" || so.MasterAddr == "" {
+			return nil, errors.New("redisproc: a sentinel needs MasterName and MasterAddr")
+		}
+		c := *so
+		if c.Quorum <= 0 {
+			c.Quorum = 2
+		}
+		if c.DownAfter <= 0 {
+			c.DownAfter = time.Second
+		}
+		if c.FailoverTimeout <= 0 {
+			c.FailoverTimeout = 5 * time.Second
+		}
+		s.sentinel = &c
+	}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
@@ -146,7 +187,7 @@ func (s *Server) startLocked(ctx context.Context) error {
 	if st, err := os.Stat(s.logPath); err == nil {
 		logOff = st.Size()
 	}
-	cmd := exec.Command(s.binary,
+	args := []string{
 		"--port", strconv.Itoa(s.port),
 		"--bind", "127.0.0.1",
 		"--dir", s.dir,
@@ -156,7 +197,39 @@ func (s *Server) startLocked(ctx context.Context) error {
 		"--maxmemory-policy", "noeviction",
 		"--daemonize", "no",
 		"--logfile", s.logPath,
-	)
+	}
+	if s.replicaOf != "" {
+		host, port, err := net.SplitHostPort(s.replicaOf)
+		if err != nil {
+			return fmt.Errorf("redisproc: ReplicaOf %q: %w", s.replicaOf, err)
+		}
+		args = append(args, "--replicaof", host, port)
+	}
+	if so := s.sentinel; so != nil {
+		// A sentinel rewrites its config file: it must exist and be
+		// writable.
+		conf := filepath.Join(s.dir, "sentinel.conf")
+		if _, err := os.Stat(conf); err != nil {
+			if err := os.WriteFile(conf, nil, 0o644); err != nil {
+				return fmt.Errorf("redisproc: sentinel config: %w", err)
+			}
+		}
+		host, port, err := net.SplitHostPort(so.MasterAddr)
+		if err != nil {
+			return fmt.Errorf("redisproc: sentinel MasterAddr %q: %w", so.MasterAddr, err)
+		}
+		args = []string{conf, "--sentinel",
+			"--port", strconv.Itoa(s.port),
+			"--bind", "127.0.0.1",
+			"--dir", s.dir,
+			"--daemonize", "no",
+			"--logfile", s.logPath,
+			"--sentinel", "monitor", so.MasterName, host, port, strconv.Itoa(so.Quorum),
+			"--sentinel", "down-after-milliseconds", so.MasterName, strconv.FormatInt(so.DownAfter.Milliseconds(), 10),
+			"--sentinel", "failover-timeout", so.MasterName, strconv.FormatInt(so.FailoverTimeout.Milliseconds(), 10),
+		}
+	}
+	cmd := exec.Command(s.binary, args...)
 	cmd.Dir = s.dir
 	cmd.Env = []string{"PATH=" + os.Getenv("PATH")}
 	if err := spawn.Start(cmd); err != nil {
