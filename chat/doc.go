@@ -11,10 +11,15 @@
 //     and commits the message with its outbox event; nothing is stored for
 //     rejected input, and a database that cannot be reached answers 503.
 //   - relay: outbox.Relay publishing the service's outbox to the queue
-//     "<service>-to-<peer>" (QueueName) with the message id as job id.
+//     "<service>-to-<peer>" (QueueName) with the message id as job id; and
+//     the Redriver, which publishes again the messages no receipt came back
+//     for within Config.RedriveAfter (redrive.go).
 //   - worker: inbox.Consumer reading "<peer>-to-<service>" in consumer group
 //     "<service>"; InboxHandler records each message once in the inbox and
-//     NOTIFYs the gateway channel in the same transaction.
+//     NOTIFYs the gateway channel in the same transaction, enqueues one
+//     cumulative receipt per chat in the service's own outbox, and applies
+//     the peer's receipts to the service's messages (delivered_at;
+//     receipt.go).
 //
 // Invariants (DESIGN.md): a message and its event commit together; only the
 // relay writes to Redis and it holds nothing in memory; publish is
@@ -28,7 +33,9 @@
 // inbox commit and a push loses nothing.
 //
 // Failure modes: Redis down — sends still succeed, the outbox fills, the
-// relay retries; a relay crash between publish and commit — the batch is
+// relay retries; Redis losing jobs the relay had published (failover,
+// FLUSHALL, XDEL) — no receipt comes back, the Redriver publishes them
+// again; a relay crash between publish and commit — the batch is
 // published again and skipped by the receiver's inbox; a worker crash
 // before its commit — the job stays pending and is handed out again (first
 // to the same consumer name, else after the lock duration); after the

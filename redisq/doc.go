@@ -67,6 +67,19 @@
 //   - A consumer dies mid-batch: its entries stay pending; it finishes them
 //     first when it restarts under the same name, or another consumer
 //     reclaims them after LockDuration.
+//   - Redis loses entries it had (FLUSHALL, XDEL or a trim by hand, a
+//     failover to a replica that had not received them): NOGROUP on any
+//     path makes the next Fetch create the group again from "0" (never
+//     "$", so entries added meanwhile are delivered); a pending entry
+//     found deleted (XAUTOCLAIM's third reply element, or a nil entry in
+//     the own pending list) is acknowledged away, logged with its stream
+//     id and counted (Consumer.DeletedPending, LossMetrics). The job itself
+//     is gone from Redis: only the sender can bring it back, with Readd,
+//     which gets past a dedupe key that outlived its entry (the chat's
+//     re-drive does that when no receipt came back in time).
+//   - Sentinel failover: NewClient takes a redis+sentinel:// URL
+//     (ParseSentinelURL) and follows the primary; jobs the old primary had
+//     not replicated are lost as above.
 //   - A malformed entry (fields missing, e.g. written by hand) is returned
 //     with Delivery.Err set, so the caller can DeadLetter it; it never
 //     crashes the consumer, is never skipped silently and does not block the
