@@ -3,6 +3,7 @@ package chat
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"testing"
@@ -176,5 +177,31 @@ func TestReceiptWatermarkStopsAtGap(t *testing.T) {
 	}
 	if n := h.count(t, `SELECT count(*) FROM consumers.messages WHERE chat_id = $1 AND delivered_at IS NOT NULL`, chat); n != 4 {
 		t.Fatalf("%d messages delivered after a stale receipt, want 4", n)
+	}
+}
+
+func FuzzDecodeReceipt(f *testing.F) {
+	f.Add([]byte(`{"id":"0b5c6f5e-5d2e-4b8a-9f53-1d2e3f4a5b6c","chat_id":3,"upto_seq":2,"received_at":"2026-11-30T07:00:00.123456+00:00","from":"workers"}`))
+	f.Add([]byte(`{"id":"x","chat_id":0,"upto_seq":-1}`))
+	f.Add([]byte(`[]`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		r, err := DecodeReceipt(data)
+		if err != nil {
+			if !errors.Is(err, ErrMalformedEvent) {
+				t.Fatalf("error %v does not wrap ErrMalformedEvent", err)
+			}
+			return
+		}
+		if r.ChatID <= 0 || r.UptoSeq <= 0 || Peer(r.From) == "" || len(r.ID) != 36 {
+			t.Fatalf("accepted an invalid receipt %+v", r)
+		}
+	})
+}
+
+func TestParseReceiptNote(t *testing.T) {
+	t.Parallel()
+	got := parseReceiptNote("3:7:1796047141444000,bad,4:1:0")
+	if len(got) != 2 || got[0].chatID != 3 || got[0].upto != 7 || got[0].at.UnixMicro() != 1796047141444000 || got[1].chatID != 4 {
+		t.Fatalf("parseReceiptNote = %+v", got)
 	}
 }
