@@ -359,7 +359,9 @@ func (g *Gateway) offerApplied(applied []inbox.Applied) {
 	ms := make([]Message, 0, len(applied))
 	for _, a := range applied {
 		if r, ok := a.Value.(Receipt); ok {
-			g.Receipt(r.ChatID, r.UptoSeq, r.ReceivedAt)
+			for _, c := range r.Chats {
+				g.Receipt(c.ChatID, c.UptoSeq, r.ReceivedAt)
+			}
 			continue
 		}
 		if m, ok := a.Value.(Message); ok {

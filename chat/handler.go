@@ -128,8 +128,8 @@ func (h *InboxHandler) ApplyBatch(ctx context.Context, tx pgx.Tx, ds []inbox.Del
 // QueueBatch implements inbox.PipelineHandler: it decodes ds (a malformed
 // delivery's result gets its error) and queues up to three statements:
 // for the messages, one that inserts the new rows, NOTIFYs the gateway
-// channel and records duplicates, then one that enqueues a receipt per chat
-// of those messages in the service's own outbox (see receipt.go); for the
+// channel and records duplicates, then one that enqueues a receipt for the
+// chats of those messages in the service's own outbox (see receipt.go); for the
 // receipts (EventReceipt deliveries), one that sets delivered_at on the
 // service's messages they cover. It fills the results from their rows: a
 // message is Fresh when its row is new (Value: the stored Message), a
@@ -150,7 +150,9 @@ func (h *InboxHandler) QueueBatch(b *pgx.Batch, ds []inbox.Delivery, rs []inbox.
 				rs[i].Err = err
 				continue
 			}
-			rChats, rUpto, rAts = append(rChats, r.ChatID), append(rUpto, r.UptoSeq), append(rAts, r.ReceivedAt)
+			for _, c := range r.Chats {
+				rChats, rUpto, rAts = append(rChats, c.ChatID), append(rUpto, c.UptoSeq), append(rAts, r.ReceivedAt)
+			}
 			rs[i].Fresh, rs[i].Value = true, r
 			continue
 		}

@@ -13,10 +13,13 @@ import (
 // Delivery receipts.
 //
 // When a service's inbox transaction stores messages, the same transaction
-// enqueues in that service's own outbox one receipt per chat of the batch:
-// "I have stored every message of yours in this chat up to seq N", N being
-// the highest seq below which nothing is missing (<service>.inbox_chats keeps
-// it per chat, advanced once per batch). The receipt travels back exactly as
+// enqueues in that service's own outbox one receipt for the batch, with one
+// entry per chat of the batch: "I have stored every message of yours in
+// this chat up to seq N", N being the highest seq below which nothing is
+// missing (<service>.inbox_chats keeps it per chat, advanced once per
+// batch). One receipt per batch rather than per chat: under load a batch
+// spans many chats, and the receipts' round trip (outbox row, relay, Redis,
+// the other side's inbox) is paid once per batch. The receipt travels back exactly as
 // a message does — relay, Redis stream, the other side's inbox consumer —
 // and the sender applies it in its inbox transaction: delivered_at is set on
 // its messages of that chat with seq <= N that have none yet, and a NOTIFY
@@ -29,36 +32,45 @@ import (
 // EventReceipt is the outbox event name of a delivery receipt.
 const EventReceipt = "receipt"
 
-// Receipt is a delivery receipt as the event payload and the WebSocket
-// frame carry it (JSON, snake_case).
+// Receipt is a delivery receipt as the event payload carries it (JSON,
+// snake_case).
 //
 //   - ID: a UUID, the job's idempotency key (each receipt has its own).
-//   - ChatID: the chat, > 0.
-//   - UptoSeq: every message of the receipt's addressee in this chat with
-//     seq 1..UptoSeq is stored by the sender of the receipt; > 0.
+//   - Chats: one entry per chat, 1..MaxReceiptChats of them: every
+//     message of the receipt's addressee in chat ChatID with seq
+//     1..UptoSeq is stored by the sender of the receipt (both > 0).
 //   - ReceivedAt: the receiver's inbox commit time (RFC 3339, µs); the
 //     addressee's messages get it as delivered_at.
 //   - From: the service that sends the receipt (the receiver of the
 //     messages).
 type Receipt struct {
-	ID         string    `json:"id"`
-	ChatID     int64     `json:"chat_id"`
-	UptoSeq    int64     `json:"upto_seq"`
-	ReceivedAt time.Time `json:"received_at"`
-	From       string    `json:"from"`
+	ID         string        `json:"id"`
+	Chats      []ReceiptChat `json:"chats"`
+	ReceivedAt time.Time     `json:"received_at"`
+	From       string        `json:"from"`
 }
 
-// DecodeReceipt decodes and checks a receipt payload: id a UUID, chat_id
-// and upto_seq > 0, received_at an RFC 3339 time, from a known service.
-// Unknown fields are ignored. Every error wraps ErrMalformedEvent.
+// ReceiptChat is one chat's entry of a Receipt.
+type ReceiptChat struct {
+	ChatID  int64 `json:"chat_id"`
+	UptoSeq int64 `json:"upto_seq"`
+}
+
+// MaxReceiptChats bounds the chats of one receipt (an inbox batch holds at
+// most inbox.DefaultBatchSize deliveries unless configured otherwise).
+const MaxReceiptChats = 10000
+
+// DecodeReceipt decodes and checks a receipt payload: id a UUID, 1 to
+// MaxReceiptChats chats each with chat_id and upto_seq > 0, received_at an
+// RFC 3339 time, from a known service. Unknown fields are ignored. Every
+// error wraps ErrMalformedEvent.
 func DecodeReceipt(data []byte) (Receipt, error) {
 	var r Receipt
 	var raw struct {
-		ID         string `json:"id"`
-		ChatID     int64  `json:"chat_id"`
-		UptoSeq    int64  `json:"upto_seq"`
-		ReceivedAt string `json:"received_at"`
-		From       string `json:"from"`
+		ID         string        `json:"id"`
+		Chats      []ReceiptChat `json:"chats"`
+		ReceivedAt string        `json:"received_at"`
+		From       string        `json:"from"`
 	}
 	if err := json.Unmarshal(data, &raw); err != nil {
 		return r, fmt.Errorf("%w: receipt: %v", ErrMalformedEvent, err)
@@ -66,8 +78,13 @@ func DecodeReceipt(data []byte) (Receipt, error) {
 	if _, err := uuid.Parse(raw.ID); err != nil || len(raw.ID) != 36 {
 		return r, fmt.Errorf("%w: receipt id %q is not a UUID", ErrMalformedEvent, raw.ID)
 	}
-	if raw.ChatID <= 0 || raw.UptoSeq <= 0 {
-		return r, fmt.Errorf("%w: receipt chat_id and upto_seq must be positive", ErrMalformedEvent)
+	if len(raw.Chats) == 0 || len(raw.Chats) > MaxReceiptChats {
+		return r, fmt.Errorf("%w: receipt has %d chats, want 1..%d", ErrMalformedEvent, len(raw.Chats), MaxReceiptChats)
+	}
+	for _, c := range raw.Chats {
+		if c.ChatID <= 0 || c.UptoSeq <= 0 {
+			return r, fmt.Errorf("%w: receipt chat_id and upto_seq must be positive", ErrMalformedEvent)
+		}
 	}
 	t, err := time.Parse(time.RFC3339Nano, raw.ReceivedAt)
 	if err != nil {
@@ -76,7 +93,7 @@ func DecodeReceipt(data []byte) (Receipt, error) {
 	if Peer(raw.From) == "" {
 		return r, fmt.Errorf("%w: receipt from %q is not a known service", ErrMalformedEvent, raw.From)
 	}
-	return Receipt{ID: strings.ToLower(raw.ID), ChatID: raw.ChatID, UptoSeq: raw.UptoSeq, ReceivedAt: t, From: raw.From}, nil
+	return Receipt{ID: strings.ToLower(raw.ID), Chats: raw.Chats, ReceivedAt: t, From: raw.From}, nil
 }
 
 // ReceiptFrame is the WebSocket frame that tells a room's clients that the
@@ -138,12 +155,16 @@ type receiptNote struct {
 type receiptQueries struct {
 	// emit advances inbox_chats for the chats $1 of an inbox batch (it runs
 	// after the batch's insert, in the same transaction, so it sees the new
-	// rows) and enqueues one receipt per chat whose watermark is above 0 in
-	// the service's own outbox. The watermark is the end of the run of
-	// consecutive seqs that starts at the stored one: the least seq s (the
-	// stored value, or a row above it) whose s+1 is not in the inbox. Its
-	// cost is the rows above the stored watermark: the batch, plus any held
-	// behind a gap. $2 is the service (the receipt's "from").
+	// rows) and enqueues one receipt listing every chat whose watermark is
+	// above 0 in the service's own outbox. The new watermark is the stored
+	// one plus the length of the run of consecutive seqs right above it:
+	// numbering the rows above the stored value in seq order, a row is in
+	// the run exactly when seq = stored + its row number (after a gap, seq
+	// stays ahead of it). Its cost is one index range scan per chat over the
+	// rows above the stored watermark: the batch, plus any held behind a
+	// gap. $2 is the service (the receipt's "from"). Rows of inbox_chats are
+	// written in chat_id order, so two worker processes cannot deadlock on
+	// them.
 	emit string
 	// apply sets delivered_at on the service's messages covered by the
 	// receipts ($1 chats, $2 upto seqs, $3 times; several per chat allowed:
@@ -161,22 +182,23 @@ func newReceiptQueries(service string) receiptQueries {
 		emit: `WITH c AS (SELECT DISTINCT unnest($1::bigint[]) AS chat_id),
 			cur AS (SELECT c.chat_id, COALESCE(ic.received_upto, 0) AS old
 				FROM c LEFT JOIN ` + s + `.inbox_chats ic USING (chat_id)),
-			calc AS (SELECT cur.chat_id, cur.old, (
-				SELECT min(x.s) FROM (
-					SELECT cur.old AS s
-					UNION ALL
-					SELECT i.seq FROM ` + s + `.inbox i WHERE i.chat_id = cur.chat_id AND i.seq > cur.old
-				) x WHERE NOT EXISTS (SELECT 1 FROM ` + s + `.inbox j WHERE j.chat_id = cur.chat_id AND j.seq = x.s + 1)
+			calc AS (SELECT cur.chat_id, cur.old, cur.old + (
+				SELECT count(*) FROM (
+					SELECT i.seq, row_number() OVER (ORDER BY i.seq) AS rn
+					FROM ` + s + `.inbox i WHERE i.chat_id = cur.chat_id AND i.seq > cur.old
+				) run WHERE run.seq = cur.old + run.rn
 			) AS upto FROM cur),
 			up AS (INSERT INTO ` + s + `.inbox_chats AS ic (chat_id, received_upto)
-				SELECT chat_id, upto FROM calc WHERE upto > old
+				SELECT chat_id, upto FROM calc WHERE upto > old ORDER BY chat_id
 				ON CONFLICT (chat_id) DO UPDATE SET received_upto = EXCLUDED.received_upto
 				WHERE ic.received_upto < EXCLUDED.received_upto),
-			r AS (SELECT gen_random_uuid() AS id, chat_id, upto FROM calc WHERE upto > 0)
+			r AS (SELECT jsonb_agg(jsonb_build_object('chat_id', chat_id, 'upto_seq', upto) ORDER BY chat_id) AS chats
+				FROM calc WHERE upto > 0 HAVING count(*) > 0),
+			g AS (SELECT gen_random_uuid() AS id)
 			INSERT INTO ` + s + `.outbox (event, idempotency_key, payload)
-			SELECT '` + EventReceipt + `', r.id::text, jsonb_build_object('id', r.id, 'chat_id', r.chat_id,
-				'upto_seq', r.upto, 'received_at', now(), 'from', $2::text)
-			FROM r ORDER BY r.chat_id`,
+			SELECT '` + EventReceipt + `', g.id::text, jsonb_build_object('id', g.id, 'chats', r.chats,
+				'received_at', now(), 'from', $2::text)
+			FROM r, g`,
 		apply: `WITH r AS (SELECT chat_id, max(upto) AS upto, max(at) AS at
 				FROM unnest($1::bigint[], $2::bigint[], $3::timestamptz[]) AS u(chat_id, upto, at) GROUP BY chat_id),
 			upd AS (UPDATE ` + s + `.messages m SET delivered_at = r.at FROM r

@@ -97,8 +97,9 @@ func TestReceiptWatermarkStopsAtGap(t *testing.T) {
 	}
 	receipts := func() []int64 {
 		t.Helper()
-		rows, err := h.admin.Query(ctx, `SELECT (payload->>'upto_seq')::bigint FROM workers.outbox
-			WHERE event = 'receipt' AND (payload->>'chat_id')::bigint = $1 ORDER BY id`, chat)
+		rows, err := h.admin.Query(ctx, `SELECT (c->>'upto_seq')::bigint FROM workers.outbox o,
+			jsonb_array_elements(o.payload->'chats') c
+			WHERE o.event = 'receipt' AND (c->>'chat_id')::bigint = $1 ORDER BY o.id`, chat)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -156,7 +157,8 @@ func TestReceiptWatermarkStopsAtGap(t *testing.T) {
 	}
 	rcpt := func(upto int64, from string) inbox.Delivery {
 		id := uuid.NewString()
-		p, _ := json.Marshal(map[string]any{"id": id, "chat_id": chat, "upto_seq": upto, "received_at": time.Now().Format(time.RFC3339Nano), "from": from})
+		p, _ := json.Marshal(map[string]any{"id": id, "chats": []ReceiptChat{{ChatID: chat, UptoSeq: upto}, {ChatID: 999, UptoSeq: 1}},
+			"received_at": time.Now().Format(time.RFC3339Nano), "from": from})
 		return inbox.Delivery{ID: id, Ref: "r-" + id, Name: EventReceipt, Payload: p}
 	}
 	if err := cc.ProcessBatch(ctx, []inbox.Delivery{rcpt(2, Workers), rcpt(4, Workers), rcpt(5, Consumers)}); err != nil {
@@ -181,8 +183,9 @@ func TestReceiptWatermarkStopsAtGap(t *testing.T) {
 }
 
 func FuzzDecodeReceipt(f *testing.F) {
-	f.Add([]byte(`{"id":"0b5c6f5e-5d2e-4b8a-9f53-1d2e3f4a5b6c","chat_id":3,"upto_seq":2,"received_at":"2026-11-30T07:00:00.123456+00:00","from":"workers"}`))
-	f.Add([]byte(`{"id":"x","chat_id":0,"upto_seq":-1}`))
+	f.Add([]byte(`{"id":"0b5c6f5e-5d2e-4b8a-9f53-1d2e3f4a5b6c","chats":[{"chat_id":3,"upto_seq":2}],"received_at":"2026-11-30T07:00:00.123456+00:00","from":"workers"}`))
+	f.Add([]byte(`{"id":"x","chats":[{"chat_id":0,"upto_seq":-1}]}`))
+	f.Add([]byte(`{"id":"0b5c6f5e-5d2e-4b8a-9f53-1d2e3f4a5b6c","chats":[],"received_at":"2026-11-30T07:00:00Z","from":"workers"}`))
 	f.Add([]byte(`[]`))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		r, err := DecodeReceipt(data)
@@ -192,8 +195,13 @@ func FuzzDecodeReceipt(f *testing.F) {
 			}
 			return
 		}
-		if r.ChatID <= 0 || r.UptoSeq <= 0 || Peer(r.From) == "" || len(r.ID) != 36 {
+		if len(r.Chats) == 0 || Peer(r.From) == "" || len(r.ID) != 36 {
 			t.Fatalf("accepted an invalid receipt %+v", r)
+		}
+		for _, c := range r.Chats {
+			if c.ChatID <= 0 || c.UptoSeq <= 0 {
+				t.Fatalf("accepted an invalid receipt %+v", r)
+			}
 		}
 	})
 }
