@@ -355,15 +355,18 @@ func Serve(ctx context.Context, cfg Config) error {
 			src = cfg.wrapSource(src)
 		}
 		icfg := &inbox.Config{Logger: log, OnEvent: inboxEvents(reg, log)}
-		// The inbox transaction enqueued receipts in this service's outbox:
-		// wake this process's relay for them (another process's relay
-		// finds them at its next poll).
+		// The inbox transaction enqueued a receipt in this service's
+		// outbox: wake this process's relay for it, at most once per
+		// receiptWakeDelay, so that under load one relay pass carries the
+		// receipts of many inbox batches (another process's relay finds
+		// them at its next wake-up or poll).
+		var wakePending atomic.Bool
 		icfg.AfterCommit = func(applied []inbox.Applied) {
 			if gw != nil {
 				gw.offerApplied(applied)
 			}
-			if f, ok := wakeRelay.Load().(func()); ok {
-				f()
+			if f, ok := wakeRelay.Load().(func()); ok && wakePending.CompareAndSwap(false, true) {
+				time.AfterFunc(receiptWakeDelay, func() { wakePending.Store(false); f() })
 			}
 		}
 		ic, err := inbox.NewConsumer(pool, src, handler, icfg)
@@ -555,6 +558,12 @@ func (c *Config) redriveAfter() time.Duration {
 	}
 	return 2 * lock
 }
+
+// receiptWakeDelay is how long after an inbox commit this process's relay
+// is woken for the receipt it enqueued: receipts of the batches committed
+// meanwhile ride on the same relay pass. It delays "✓✓ delivered" by at
+// most this much.
+const receiptWakeDelay = 50 * time.Millisecond
 
 // notifyInterval spaces the post-commit NOTIFYs of a process whose own
 // relay is woken directly (outbox.WriterConfig.NotifyInterval).
