@@ -65,7 +65,7 @@ func TestBadInputIsRejectedAndNothingStored(t *testing.T) {
 			t.Errorf("%s: field %q, want %q (%s)", c.name, e.Field, c.field, e.Error)
 		}
 	}
-	for _, table := range []string{"consumers.messages", "consumers.outbox", "consumers.chats"} {
+	for _, table := range []string{"consumers.messages", "consumers.outbox"} {
 		if n := h.count(t, "SELECT count(*) FROM "+table); n != 0 {
 			t.Errorf("%s has %d rows after rejected requests, want 0", table, n)
 		}

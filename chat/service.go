@@ -85,6 +85,13 @@ type Config struct {
 	ConsumerName string
 	// MaxBodyBytes limits a message body. Default DefaultMaxBodyBytes.
 	MaxBodyBytes int
+	// SendLockTimeout bounds a send's wait for its chat's lock (another
+	// session holds it); past it the send answers 503 and stores nothing.
+	// Default DefaultSendLockTimeout (2 s).
+	SendLockTimeout time.Duration
+	// ReadTimeout bounds each history read; past it the request answers
+	// 503. Default DefaultReadTimeout (5 s).
+	ReadTimeout time.Duration
 	// RedisPrefix prefixes every Redis key (several deployments on one
 	// Redis). Default DefaultRedisPrefix.
 	RedisPrefix string
@@ -175,12 +182,9 @@ func Serve(ctx context.Context, cfg Config) error {
 	if cfg.DatabaseURL == "" {
 		return errors.New("serve: no database URL (--database-url or DATABASE_URL)")
 	}
-	pcfg, err := pgxpool.ParseConfig(cfg.DatabaseURL)
+	pcfg, err := poolConfig(cfg.DatabaseURL)
 	if err != nil {
-		return fmt.Errorf("serve: database url: %w", err)
-	}
-	if pcfg.MaxConns < 16 {
-		pcfg.MaxConns = 16
+		return err
 	}
 	// Every statement of the service is a short index lookup or insert
 	// whose best plan does not depend on its parameters, but Postgres
@@ -203,6 +207,7 @@ func Serve(ctx context.Context, cfg Config) error {
 		return fmt.Errorf("serve: connect postgres: %w", err)
 	}
 	defer pool.Close()
+	log.Info("database pool", "max_conns", pcfg.MaxConns, "min_conns", pcfg.MinConns)
 	if n, err := Migrate(ctx, pool, cfg.Service); err != nil {
 		return fmt.Errorf("serve: %w", err)
 	} else if n > 0 {
@@ -227,7 +232,8 @@ func Serve(ctx context.Context, cfg Config) error {
 	}
 
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		newHorizonCollector(pool))
 	// Services are started in order and stopped in reverse, gracefully
 	// (internal/service: Stop drains, then cancels). They are started with
 	// a context the signal does not cancel, because cancelling Start's ctx
@@ -391,6 +397,13 @@ func Serve(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return err
 	}
+	if cfg.SendLockTimeout > 0 {
+		store.lockTimeout = cfg.SendLockTimeout
+	}
+	if cfg.ReadTimeout > 0 {
+		store.readTimeout = cfg.ReadTimeout
+	}
+	store.metrics = sendMetrics(reg)
 	if err := start(gw); err != nil {
 		return err
 	}
@@ -431,7 +444,8 @@ func Serve(ctx context.Context, cfg Config) error {
 		pctx, cancel := context.WithTimeout(r.Context(), time.Second)
 		defer cancel()
 		if err := pool.Ping(pctx); err != nil {
-			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "database unavailable", "error": err.Error()})
+			log.Warn("readyz: database unreachable", "err", err)
+			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "database unavailable"})
 			return
 		}
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
@@ -442,7 +456,7 @@ func Serve(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return fmt.Errorf("serve: listen %s: %w", cfg.HTTPAddr, err)
 	}
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	srv := &http.Server{Handler: httpMetrics(reg, mux), ReadHeaderTimeout: 5 * time.Second}
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {

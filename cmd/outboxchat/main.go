@@ -84,8 +84,10 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	fs.SetOutput(stderr)
 	service := fs.String("service", "", "consumers or workers (required)")
 	roles := fs.String("role", "", "roles to run: any of api,relay,worker (default all)")
-	dbURL := fs.String("database-url", os.Getenv("DATABASE_URL"), "Postgres URL of the service's role (default $DATABASE_URL)")
+	dbURL := fs.String("database-url", os.Getenv("DATABASE_URL"), fmt.Sprintf("Postgres URL of the service's role (default $DATABASE_URL); pgxpool parameters in it are honoured: pool_max_conns=N sets the pool size (default %d: group committer 1 + slow lanes up to 4 + history and gateway reads for the api role, 1 per relay pass, 1 per inbox batch; LISTEN connections are extra)", chat.DefaultPoolMaxConns))
 	redisURL := fs.String("redis-url", os.Getenv("REDIS_URL"), "Redis URL (default $REDIS_URL)")
+	sendLock := fs.Duration("send-lock-timeout", chat.DefaultSendLockTimeout, "how long a send waits for its chat's lock (held by another session) before it answers 503, storing nothing")
+	readTimeout := fs.Duration("read-timeout", chat.DefaultReadTimeout, "bound on each history read (then 503)")
 	httpAddr := fs.String("http", "", "HTTP listen address (default 127.0.0.1:8080 consumers, 127.0.0.1:8081 workers)")
 	mode := fs.String("mode", chat.ModeOutbox, "send path: v2 (transactional outbox) or v1 (naive dual write, lab only)")
 	wake := fs.String("wake", "after-commit", "relay wake-up: after-commit (fast), in-tx (NOTIFY in the send transaction) or none (poll only); after_commit and in_tx are accepted too")
@@ -127,6 +129,7 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 		Service: *service, Roles: r, DatabaseURL: *dbURL, RedisURL: *redisURL, HTTPAddr: *httpAddr,
 		Mode: *mode, Wake: wm, PollOnly: *pollOnly, PollInterval: *poll, LockDuration: *lock,
 		GapTimeout: *gap, ConsumerName: *consumer, MaxBodyBytes: *maxBody, RedisPrefix: *prefix, Fault: *fault,
+		SendLockTimeout: *sendLock, ReadTimeout: *readTimeout,
 		Logger: newLogger(stderr, *logFormat),
 	})
 }
