@@ -611,7 +611,12 @@ func TestIgnoreNotification(t *testing.T) {
 		IgnoreNotification: func(pid uint32) bool { return pid == ownPID }})
 	startRelay(t, r)
 	testenv.WaitFor(t, 5*time.Second, "relay listening", r.Listening)
-	testenv.WaitFor(t, 5*time.Second, "first pass done", func() bool { return unsent(t, pool) == 0 })
+	// The start and the LISTEN connect each wake the relay for a pass; a
+	// row published through a NOTIFY that is not ignored, after both,
+	// shows those passes have run (on a busy machine they could otherwise
+	// still be pending when the ignored row commits, and publish it).
+	enqueue(t, pool, w, ev("warm-up"))
+	testenv.WaitFor(t, 5*time.Second, "warm-up published", func() bool { return rec.has("warm-up") && unsent(t, pool) == 0 })
 
 	tx, err := own.Begin(ctx)
 	if err != nil {
