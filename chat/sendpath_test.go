@@ -387,7 +387,8 @@ func TestHistoryTimeout(t *testing.T) {
 // TestPoolMaxConnsHonoured: pool_max_conns=2 in the database URL caps the
 // service's pool at 2: six history reads held back by a table lock occupy
 // at most 2 backends of the service's role (with the old floor of 16 all
-// six would wait in backends of their own).
+// six would wait in backends of their own). LISTEN connections, opened
+// outside the pool, are not counted.
 func TestPoolMaxConnsHonoured(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, "")
@@ -426,7 +427,7 @@ func TestPoolMaxConnsHonoured(t *testing.T) {
 		most = max(most, waiting())
 	}
 	pooled := h.count(t, `SELECT count(*) FROM pg_stat_activity
-		WHERE datname = current_database() AND usename = 'consumers' AND application_name NOT IN ('outboxchat-gateway', 'outbox_relay_listen')`)
+		WHERE datname = current_database() AND usename = 'consumers' AND application_name NOT IN ('outboxchat-gateway', 'outbox_relay_listen', 'outboxchat_listen')`)
 	if err := tx.Rollback(ctx); err != nil {
 		t.Fatal(err)
 	}
