@@ -74,6 +74,25 @@ type run struct {
 
 var errBind = errors.New("could not bind port")
 
+// defaultBinary is redis-server on PATH, else /usr/bin/redis-server.
+func defaultBinary() string {
+	if p, err := exec.LookPath("redis-server"); err == nil {
+		return p
+	}
+	return "/usr/bin/redis-server"
+}
+
+// Available reports why Start with default Options cannot run on this
+// machine: nil when a redis-server executable is found on PATH or at
+// /usr/bin/redis-server. It starts nothing and is safe for concurrent use.
+func Available() error {
+	b := defaultBinary()
+	if fi, err := os.Stat(b); err != nil || fi.IsDir() || fi.Mode()&0o111 == 0 {
+		return errors.New("redisproc: redis-server not found on PATH or at /usr/bin/redis-server")
+	}
+	return nil
+}
+
 // Start runs redis-server on 127.0.0.1 with appendonly yes, appendfsync
 // everysec, no RDB snapshots and maxmemory-policy noeviction, and waits until
 // it answers PING. ctx bounds the whole start; on error everything started
@@ -91,11 +110,7 @@ func Start(ctx context.Context, opts *Options) (*Server, error) {
 		s.startTimeout = defaultStartTimeout
 	}
 	if s.binary == "" {
-		p, err := exec.LookPath("redis-server")
-		if err != nil {
-			p = "/usr/bin/redis-server"
-		}
-		s.binary = p
+		s.binary = defaultBinary()
 	}
 	var err error
 	if opts.Dir == "" {

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxchat/outboxchat/outboxtest"
 )
 
 func TestMain(m *testing.M) { Main(m) }
@@ -46,7 +48,7 @@ func TestDatabaseIsolatedAndDropped(t *testing.T) {
 		}
 		// An open connection must not prevent the drop (WITH (FORCE)).
 	})
-	c, err := pgx.Connect(ctx, serverURL(t))
+	c, err := pgx.Connect(ctx, outboxtest.ServerURL(t))
 	if err != nil {
 		t.Fatal(err)
 	}
