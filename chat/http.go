@@ -101,7 +101,9 @@ func writeError(w http.ResponseWriter, err error) {
 		writeJSON(w, http.StatusBadRequest, errorBody{Error: fe.Error(), Field: fe.Field})
 		return
 	}
-	writeJSON(w, http.StatusServiceUnavailable, errorBody{Error: "database unavailable, nothing was stored: " + err.Error()})
+	// Only reads get here (a send's failures go to sendFailed): no driver
+	// text, and no word about storing.
+	writeJSON(w, http.StatusServiceUnavailable, errorBody{Error: "database unavailable, try again"})
 }
 
 func (a *API) handleSend(w http.ResponseWriter, r *http.Request) {
@@ -156,7 +158,7 @@ func (a *API) sendFailed(w http.ResponseWriter, err error) {
 		return
 	}
 	a.log.Warn("send failed", "err", err)
-	writeJSON(w, http.StatusServiceUnavailable, errorBody{Error: "could not store the message, nothing was stored: " + err.Error()})
+	writeJSON(w, http.StatusServiceUnavailable, errorBody{Error: "database unavailable, nothing was stored; try again"})
 }
 
 // cursors reads after_seq (both origins), after_consumers and after_workers
@@ -208,6 +210,7 @@ func (a *API) handleHistory(w http.ResponseWriter, r *http.Request) {
 	}
 	h, err := a.store.History(r.Context(), chatID, own, other, limit)
 	if err != nil {
+		a.log.Warn("history failed", "err", err)
 		writeError(w, err)
 		return
 	}
@@ -228,9 +231,9 @@ func (a *API) handleWS(w http.ResponseWriter, r *http.Request) {
 		return
 	default:
 	}
-	c, err := websocket.Accept(w, r, nil)
+	c, err := acceptWS(w, r, nil)
 	if err != nil {
-		return // Accept wrote the HTTP error.
+		return // acceptWS wrote the HTTP error.
 	}
 	c.SetReadLimit(int64(a.maxBody)*6 + 1024)
 	sub := a.gateway.Subscribe(chatID, own, other)

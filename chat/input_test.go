@@ -132,6 +132,18 @@ func TestDatabaseDownIs503(t *testing.T) {
 	if n := h.count(t, "SELECT count(*) FROM consumers.messages"); n != 0 {
 		t.Fatalf("%d messages stored", n)
 	}
+	// A read says the database is unavailable, and nothing about storing;
+	// no driver text in either body.
+	for _, u := range []string{"/api/chats/1/messages", "/readyz"} {
+		req, _ := http.NewRequest("GET", cons.base+u, nil)
+		code, _, e := errorAnswer(t, req)
+		if code != http.StatusServiceUnavailable || !strings.Contains(e.Error, "database unavailable") || strings.Contains(e.Error, "stored") {
+			t.Errorf("GET %s with the database gone: %d %+v, want 503 \"database unavailable\" without a word on storing", u, code, e)
+		}
+	}
+	if s := string(raw); strings.Contains(s, "SQLSTATE") || strings.Contains(s, "FATAL") || strings.Contains(s, "permission denied") {
+		t.Errorf("driver text in the send's answer: %s", s)
+	}
 }
 
 func currentDB(t *testing.T, h *harness) string {

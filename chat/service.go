@@ -431,18 +431,19 @@ func Serve(ctx context.Context, cfg Config) error {
 		pctx, cancel := context.WithTimeout(r.Context(), time.Second)
 		defer cancel()
 		if err := pool.Ping(pctx); err != nil {
-			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "database unavailable", "error": err.Error()})
+			log.Warn("readyz", "err", err)
+			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "database unavailable", "error": "database unavailable", "field": ""})
 			return
 		}
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
 	})
-	mux.Handle("GET /", web.Handler(cfg.Service))
+	mux.Handle("GET /{$}", web.Handler(cfg.Service))
 
 	ln, err := net.Listen("tcp", cfg.HTTPAddr)
 	if err != nil {
 		return fmt.Errorf("serve: listen %s: %w", cfg.HTTPAddr, err)
 	}
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	srv := &http.Server{Handler: withJSONErrors(mux), ReadHeaderTimeout: 5 * time.Second}
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
