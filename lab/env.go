@@ -61,6 +61,9 @@ type EnvOptions struct {
 	// Dir holds the process logs. "" (default) makes a temp dir that Close
 	// removes; a given Dir is kept.
 	Dir string
+	// ConsumersAddr and WorkersAddr fix the services' HTTP addresses
+	// ("127.0.0.1:PORT"). "" (default) picks free ports.
+	ConsumersAddr, WorkersAddr string
 	// Progress receives progress lines ("lab: …"). nil discards them.
 	Progress io.Writer
 }
@@ -191,6 +194,7 @@ func StartEnv(ctx context.Context, opts EnvOptions) (_ *Env, err error) {
 		}
 	}
 
+	fixedAddr := map[string]string{chat.Consumers: opts.ConsumersAddr, chat.Workers: opts.WorkersAddr}
 	newProc := func(service, name, roles string, api bool) (*Proc, error) {
 		args := []string{"--service", service, "--role", roles,
 			"--database-url", e.ServiceDatabaseURL(service), "--redis-url", e.RedisURL,
@@ -201,6 +205,9 @@ func StartEnv(ctx context.Context, opts EnvOptions) (_ *Env, err error) {
 			args = append(args, "--fault", f)
 		}
 		cfg := &ProcConfig{Args: args, API: api, LogPath: filepath.Join(e.Dir, name+".log")}
+		if api {
+			cfg.Addr = fixedAddr[service]
+		}
 		if !api {
 			cfg.ReadyMsg = "relay started"
 		}
