@@ -27,8 +27,8 @@ func TestDelegatesToOutboxtest(t *testing.T) {
 	if err := Pool(t).QueryRow(ctx, "SELECT 1").Scan(&one); err != nil || one != 1 {
 		t.Fatal(one, err)
 	}
-	if RedisURL(t) == "" || Prefix(t) == Prefix(t) {
-		t.Fatal("RedisURL or Prefix")
+	if p1, p2 := Prefix(t), Prefix(t); RedisURL(t) == "" || p1 == p2 {
+		t.Fatalf("RedisURL or Prefix (%q, %q)", p1, p2)
 	}
 	if err := Redis(t).Ping(ctx).Err(); err != nil {
 		t.Fatal(err)
