@@ -17,8 +17,8 @@
 //	}
 //
 // The servers are shared by all tests of one test binary and started on
-// first use (Postgres about 1–3 s the first time: initdb; Redis well under a
-// second). Each DatabaseURL or Pool call creates a fresh database, applies the
+// first use (Postgres takes a second or more, as it runs initdb; Redis well
+// under a second). Each DatabaseURL or Pool call creates a fresh database, applies the
 // given schema and drops the database at t.Cleanup, so tests that run in
 // parallel never see each other's rows. Redis is one server: isolate keys
 // with Prefix, and never FLUSHALL.
