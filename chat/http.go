@@ -261,9 +261,11 @@ func (a *API) handleWS(w http.ResponseWriter, r *http.Request) {
 			}
 			if err != nil {
 				var fe *FieldError
-				eb := errorBody{Error: err.Error()}
+				eb := errorBody{Error: "could not store the message, nothing was stored; try again"}
 				if errors.As(err, &fe) {
-					eb.Field = fe.Field
+					eb = errorBody{Error: fe.Error(), Field: fe.Field}
+				} else {
+					a.log.Warn("websocket send failed", "err", err) // driver text stays in the log
 				}
 				b, _ := json.Marshal(eb)
 				select {
