@@ -2,6 +2,8 @@ package lab
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -63,6 +65,12 @@ type EnvOptions struct {
 	Dir string
 	// Progress receives progress lines ("lab: …"). nil discards them.
 	Progress io.Writer
+	// Insecure runs the services without authentication
+	// (--insecure-no-auth) and without signed stream entries: for
+	// measuring what security costs. By default they check bearer tokens
+	// signed with a secret the lab makes (Env.Token) and sign and check
+	// every stream entry with event keys the lab makes.
+	Insecure bool
 }
 
 // Env is a running lab environment: a private Postgres and Redis and both
@@ -89,6 +97,9 @@ type Env struct {
 	Variant string
 	// LockDuration is the workers' lock duration.
 	LockDuration time.Duration
+	// Token is a development bearer token of user "lab" for every chat on
+	// both services, valid for 30 days ("" when Insecure).
+	Token string
 
 	admin   *pgxpool.Pool
 	rdb     *redis.Client
@@ -113,6 +124,10 @@ func variantArgs(v string) ([]string, error) {
 	}
 	return nil, fmt.Errorf("lab: unknown variant %q (want v1, v2, v2-poll or v2-intx)", v)
 }
+
+// unlimitedArgs turn the services' per-IP and per-user rate limits and the
+// WebSocket cap off (serve flags), for load the lab generates from one IP.
+var unlimitedArgs = []string{"--rate-ip=-1", "--rate-user=-1", "--ws-per-user=-1"}
 
 // StartEnv starts a private Postgres and Redis (appendonly yes), creates and
 // migrates both services' roles and schemas, starts the service processes
@@ -191,11 +206,18 @@ func StartEnv(ctx context.Context, opts EnvOptions) (_ *Env, err error) {
 		}
 	}
 
+	authArgs := []string{"--insecure-no-auth"}
+	if !opts.Insecure {
+		if authArgs, e.Token, err = labSecrets(e.Dir); err != nil {
+			return nil, err
+		}
+	}
 	newProc := func(service, name, roles string, api bool) (*Proc, error) {
 		args := []string{"--service", service, "--role", roles,
 			"--database-url", e.ServiceDatabaseURL(service), "--redis-url", e.RedisURL,
 			"--lock-duration", opts.LockDuration.String(), "--consumer-name", service + "-1"}
 		args = append(args, vargs...)
+		args = append(args, authArgs...)
 		args = append(args, opts.ExtraArgs...)
 		if f := opts.Faults[name]; f != "" {
 			args = append(args, "--fault", f)
@@ -260,6 +282,44 @@ func StartEnv(ctx context.Context, opts EnvOptions) (_ *Env, err error) {
 	}
 	e.ConsumersURL, e.WorkersURL = e.Consumers.URL(), e.Workers.URL()
 	return e, nil
+}
+
+// labTokenTTL is how long the lab's development token is valid.
+const labTokenTTL = 30 * 24 * time.Hour
+
+// labSecrets writes fresh random secrets to dir (mode 0600): the HS256
+// secret of bearer tokens (jwt.secret) and one event key per direction
+// (event.keys). It returns the serve flags that use them and a token of
+// user "lab" for every chat on both services.
+func labSecrets(dir string) (args []string, token string, err error) {
+	random := func() (string, error) {
+		b := make([]byte, 32)
+		if _, err := rand.Read(b); err != nil {
+			return "", fmt.Errorf("lab: secrets: %w", err)
+		}
+		return hex.EncodeToString(b), nil
+	}
+	secret, err := random()
+	if err != nil {
+		return nil, "", err
+	}
+	keys := ""
+	for _, s := range []string{chat.Consumers, chat.Workers} {
+		k, err := random()
+		if err != nil {
+			return nil, "", err
+		}
+		keys += chat.QueueName(s) + " " + k + "\n"
+	}
+	secretPath, keysPath := filepath.Join(dir, "jwt.secret"), filepath.Join(dir, "event.keys")
+	if err := errors.Join(os.WriteFile(secretPath, []byte(secret), 0o600), os.WriteFile(keysPath, []byte(keys), 0o600)); err != nil {
+		return nil, "", fmt.Errorf("lab: secrets: %w", err)
+	}
+	token, err = chat.MintToken([]byte(secret), "lab", []string{chat.Consumers, chat.Workers}, chat.ChatScope{All: true}, labTokenTTL)
+	if err != nil {
+		return nil, "", fmt.Errorf("lab: %w", err)
+	}
+	return []string{"--jwt-secret-file", secretPath, "--event-key-file", keysPath}, token, nil
 }
 
 // Procs returns every service process: consumers, its relays, workers, its

@@ -24,6 +24,11 @@ func runUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fmt.Fprintf(stdout, "workers: %s\n", env.WorkersURL)
 	fmt.Fprintf(stdout, "database: %s\n", env.DatabaseURL)
 	fmt.Fprintf(stdout, "redis: %s\n", env.RedisURL)
+	// A development token for every chat on both services; the pages take
+	// it from the URL fragment, which browsers never send to a server.
+	fmt.Fprintf(stdout, "token: %s\n", env.Token)
+	fmt.Fprintf(stdout, "consumers page: %s/?chat_id=1#token=%s\n", env.ConsumersURL, env.Token)
+	fmt.Fprintf(stdout, "workers page: %s/?chat_id=1#token=%s\n", env.WorkersURL, env.Token)
 	fmt.Fprintf(stderr, "lab: logs in %s; Ctrl-C stops everything\n", env.Dir)
 	<-ctx.Done()
 	fmt.Fprintln(stderr, "lab: stopping")
