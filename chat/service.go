@@ -3,6 +3,7 @@ package chat
 import (
 	"cmp"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -96,6 +97,10 @@ type Config struct {
 	// verify inbound ones (ReadEventKeys). "" means entries are neither
 	// signed nor checked: anyone who can write to Redis can forge messages.
 	EventKeyFile string
+	// TLSCertFile and TLSKeyFile (PEM), when both set, make the API serve
+	// HTTPS and WSS only. Default "": plain HTTP (put a TLS-terminating
+	// proxy in front, or keep it on a private network).
+	TLSCertFile, TLSKeyFile string
 	// Guard bounds what one client can take: timeouts, host and origin
 	// allow-lists, rate limits, the WebSocket cap (guard.go).
 	Guard GuardConfig
@@ -490,15 +495,31 @@ func Serve(ctx context.Context, cfg Config) error {
 	})
 	mux.Handle("GET /", web.Handler(cfg.Service))
 
+	if (cfg.TLSCertFile == "") != (cfg.TLSKeyFile == "") {
+		return errors.New("serve: give both --tls-cert and --tls-key, or neither")
+	}
+	var tlsConfig *tls.Config
+	if cfg.TLSCertFile != "" {
+		cert, err := tls.LoadX509KeyPair(cfg.TLSCertFile, cfg.TLSKeyFile)
+		if err != nil {
+			return fmt.Errorf("serve: tls: %w", err)
+		}
+		tlsConfig = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	}
 	ln, err := net.Listen("tcp", cfg.HTTPAddr)
 	if err != nil {
 		return fmt.Errorf("serve: listen %s: %w", cfg.HTTPAddr, err)
+	}
+	if tlsConfig != nil {
+		ln = tls.NewListener(ln, tlsConfig)
 	}
 	gc := guard.cfg
 	// Outermost first: connection checks (host, origin, per-IP rate, body
 	// size and deadline), then the token, then the per-user rate.
 	srv := &http.Server{Handler: guard.wrap(authenticate(verifier, guard.limitUsers(mux))), ReadHeaderTimeout: gc.ReadHeaderTimeout, IdleTimeout: gc.IdleTimeout,
-		MaxHeaderBytes: maxHeaderBytes}
+		MaxHeaderBytes: maxHeaderBytes,
+		// Failed TLS handshakes and the like: every scanner causes them.
+		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug)}
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
@@ -507,7 +528,7 @@ func Serve(ctx context.Context, cfg Config) error {
 			log.Error("http", "err", err)
 		}
 	}()
-	log.Info("listening", "addr", ln.Addr().String(), "mode", cfg.Mode, "wake", cfg.Wake.String())
+	log.Info("listening", "addr", ln.Addr().String(), "mode", cfg.Mode, "wake", cfg.Wake.String(), "tls", tlsConfig != nil)
 	if cfg.Listening != nil {
 		cfg.Listening(ln.Addr().String())
 	}

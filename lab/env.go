@@ -101,11 +101,13 @@ type Env struct {
 	// both services, valid for 30 days ("" when Insecure).
 	Token string
 
-	admin   *pgxpool.Pool
-	rdb     *redis.Client
-	ownDir  bool
-	closeMu sync.Mutex
-	closed  bool
+	admin *pgxpool.Pool
+	rdb   *redis.Client
+	// redisURLs are the services' own Redis URLs (least-privilege users).
+	redisURLs map[string]string
+	ownDir    bool
+	closeMu   sync.Mutex
+	closed    bool
 }
 
 // variantArgs returns the serve flags of a variant.
@@ -183,7 +185,9 @@ func StartEnv(ctx context.Context, opts EnvOptions) (_ *Env, err error) {
 	}()
 	go func() {
 		defer wg.Done()
-		e.Redis, rdErr = redisproc.Start(ctx, nil)
+		// An ACL file keeps the services' Redis users across the
+		// experiments' Redis restarts.
+		e.Redis, rdErr = redisproc.Start(ctx, &redisproc.Options{ACLFile: true})
 	}()
 	wg.Wait()
 	if err := errors.Join(pgErr, rdErr); err != nil {
@@ -196,6 +200,9 @@ func StartEnv(ctx context.Context, opts EnvOptions) (_ *Env, err error) {
 	}
 	if e.rdb, err = redisq.NewClient(e.RedisURL); err != nil {
 		return nil, fmt.Errorf("lab: %w", err)
+	}
+	if err := e.redisUsers(ctx); err != nil {
+		return nil, err
 	}
 	for _, s := range []string{chat.Consumers, chat.Workers} {
 		if err := chat.Bootstrap(ctx, e.admin, s); err != nil {
@@ -214,7 +221,7 @@ func StartEnv(ctx context.Context, opts EnvOptions) (_ *Env, err error) {
 	}
 	newProc := func(service, name, roles string, api bool) (*Proc, error) {
 		args := []string{"--service", service, "--role", roles,
-			"--database-url", e.ServiceDatabaseURL(service), "--redis-url", e.RedisURL,
+			"--database-url", e.ServiceDatabaseURL(service), "--redis-url", e.ServiceRedisURL(service),
 			"--lock-duration", opts.LockDuration.String(), "--consumer-name", service + "-1"}
 		args = append(args, vargs...)
 		args = append(args, authArgs...)
@@ -344,6 +351,36 @@ func (e *Env) Procs() []*Proc {
 func (e *Env) ServiceDatabaseURL(service string) string {
 	return fmt.Sprintf("postgres://%s@127.0.0.1:%d/%s?sslmode=disable", service, e.Postgres.Port(), pgproc.DefaultDatabase)
 }
+
+// labRedisPrefix is the services' default --redis-prefix, which the lab
+// keeps.
+const labRedisPrefix = "outboxchat:"
+
+// redisUsers makes each service's least-privilege Redis user (chat.RedisACL)
+// with a random password, saved in the server's ACL file.
+func (e *Env) redisUsers(ctx context.Context) error {
+	e.redisURLs = map[string]string{}
+	for _, s := range []string{chat.Consumers, chat.Workers} {
+		b := make([]byte, 16)
+		if _, err := rand.Read(b); err != nil {
+			return fmt.Errorf("lab: redis password: %w", err)
+		}
+		pw := hex.EncodeToString(b)
+		args, err := chat.RedisACL(s, labRedisPrefix, s, pw)
+		if err != nil {
+			return fmt.Errorf("lab: %w", err)
+		}
+		if err := chat.ApplyRedisACL(ctx, e.rdb, args); err != nil {
+			return fmt.Errorf("lab: %w", err)
+		}
+		e.redisURLs[s] = fmt.Sprintf("redis://%s:%s@127.0.0.1:%d/0", s, pw, e.Redis.Port())
+	}
+	return nil
+}
+
+// ServiceRedisURL returns the URL a service connects to Redis with: its own
+// least-privilege user (chat.RedisACL). RedisURL is the administrator's.
+func (e *Env) ServiceRedisURL(service string) string { return e.redisURLs[service] }
 
 // Admin returns a superuser pool on the lab database (owned by the Env).
 func (e *Env) Admin() *pgxpool.Pool { return e.admin }

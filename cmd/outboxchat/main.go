@@ -2,7 +2,7 @@
 // the lab that proves and measures the outbox's guarantees.
 //
 //	outboxchat serve   --service consumers|workers [--role api,relay,worker] [--database-url URL] [--redis-url URL] [--http ADDR]
-//	outboxchat migrate --service consumers|workers [--database-url URL]
+//	outboxchat migrate --service consumers|workers [--database-url URL] [--redis-password-file F [--redis-admin-url URL]]
 //	outboxchat token   --jwt-secret-file F --service S[,S] --user U --chats 1,2|* [--ttl 1h]
 //	outboxchat lab up|chaos|latency|bench|demo [flags]
 //
@@ -133,7 +133,8 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 		Service: *service, Roles: r, DatabaseURL: *dbURL, RedisURL: *redisURL, HTTPAddr: *httpAddr,
 		Mode: *mode, Wake: wm, PollOnly: *pollOnly, PollInterval: *poll, LockDuration: *lock,
 		GapTimeout: *gap, ConsumerName: *consumer, MaxBodyBytes: *maxBody, RedisPrefix: *prefix, Fault: *fault,
-		Guard: guard.config(), Auth: auth.config(), EventKeyFile: *auth.eventKeys, Logger: newLogger(stderr, *logFormat),
+		Guard: guard.config(), Auth: auth.config(), EventKeyFile: *auth.eventKeys,
+		TLSCertFile: *auth.tlsCert, TLSKeyFile: *auth.tlsKey, Logger: newLogger(stderr, *logFormat),
 	})
 }
 
@@ -142,8 +143,17 @@ func migrate(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.SetOutput(stderr)
 	service := fs.String("service", "", "consumers or workers (required)")
 	dbURL := fs.String("database-url", os.Getenv("DATABASE_URL"), "Postgres URL; a superuser URL also creates the role and schema (default $DATABASE_URL)")
+	acl := redisACLFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if acl.wanted() {
+		if err := acl.run(ctx, *service, stdout); err != nil {
+			return err
+		}
+		if *dbURL == "" {
+			return nil // the Redis user only
+		}
 	}
 	if *dbURL == "" {
 		return errors.New("migrate: no database URL (--database-url or DATABASE_URL)")

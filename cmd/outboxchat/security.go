@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"flag"
 	"fmt"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/outboxchat/outboxchat/chat"
+	"github.com/outboxchat/outboxchat/redisq"
 )
 
 // guardFlagSet holds serve's connection-guard flags (chat.GuardConfig).
@@ -63,6 +65,7 @@ func splitList(s string) []string {
 // authFlagSet holds serve's authentication flags (chat.AuthConfig).
 type authFlagSet struct {
 	secretFile, keysFile, eventKeys *string
+	tlsCert, tlsKey                 *string
 	insecure                        *bool
 }
 
@@ -71,6 +74,8 @@ func authFlags(fs *flag.FlagSet) *authFlagSet {
 		secretFile: fs.String("jwt-secret-file", os.Getenv("OUTBOXCHAT_JWT_SECRET_FILE"), "file holding the HS256 secret of bearer tokens, ≥ 32 bytes (default $OUTBOXCHAT_JWT_SECRET_FILE)"),
 		keysFile:   fs.String("jwt-keys-file", "", "JWKS file of RS256/EdDSA public keys of bearer tokens"),
 		insecure:   fs.Bool("insecure-no-auth", false, "serve the API without authentication (anyone reaching it reads and writes every chat)"),
+		tlsCert:    fs.String("tls-cert", "", "PEM certificate (chain) file: serve HTTPS and WSS (with --tls-key)"),
+		tlsKey:     fs.String("tls-key", "", "PEM private key file of --tls-cert"),
 		eventKeys:  fs.String("event-key-file", os.Getenv("OUTBOXCHAT_EVENT_KEY_FILE"), "HMAC keys signing and checking stream entries, lines \"<consumers-to-workers|workers-to-consumers> <hex key>\" (default $OUTBOXCHAT_EVENT_KEY_FILE; none: entries unsigned)"),
 	}
 }
@@ -109,5 +114,51 @@ func token(args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("token: %w", err)
 	}
 	fmt.Fprintln(stdout, t)
+	return nil
+}
+
+// redisACLFlagSet holds migrate's Redis ACL flags.
+type redisACLFlagSet struct {
+	passwordFile, adminURL, user, prefix *string
+}
+
+func redisACLFlags(fs *flag.FlagSet) *redisACLFlagSet {
+	return &redisACLFlagSet{
+		passwordFile: fs.String("redis-password-file", "", "make the service's least-privilege Redis user with this file's password: print its ACL SETUSER line, or apply it with --redis-admin-url"),
+		adminURL:     fs.String("redis-admin-url", "", "Redis URL of an administrator: apply the ACL SETUSER line (and ACL SAVE) instead of printing it"),
+		user:         fs.String("redis-user", "", "the service's Redis user name (default the service name)"),
+		prefix:       fs.String("redis-prefix", "outboxchat:", "the services' --redis-prefix (the user's keys)"),
+	}
+}
+
+func (a *redisACLFlagSet) wanted() bool { return *a.passwordFile != "" }
+
+// run prints or applies service's ACL SETUSER line.
+func (a *redisACLFlagSet) run(ctx context.Context, service string, stdout io.Writer) error {
+	b, err := os.ReadFile(*a.passwordFile)
+	if err != nil {
+		return fmt.Errorf("migrate: redis password: %w", err)
+	}
+	user := *a.user
+	if user == "" {
+		user = service
+	}
+	args, err := chat.RedisACL(service, *a.prefix, user, strings.TrimSpace(string(b)))
+	if err != nil {
+		return fmt.Errorf("migrate: %w", err)
+	}
+	if *a.adminURL == "" {
+		fmt.Fprintln(stdout, chat.RedisACLLine(args))
+		return nil
+	}
+	rdb, err := redisq.NewClient(*a.adminURL)
+	if err != nil {
+		return fmt.Errorf("migrate: %w", err)
+	}
+	defer rdb.Close()
+	if err := chat.ApplyRedisACL(ctx, rdb, args); err != nil {
+		return fmt.Errorf("migrate: %w", err)
+	}
+	fmt.Fprintf(stdout, "%s: redis user %s set\n", service, user)
 	return nil
 }

@@ -46,3 +46,21 @@ func TestTokenCommand(t *testing.T) {
 		t.Fatal("token without a secret file: no error")
 	}
 }
+
+// TestMigratePrintsRedisACL: `migrate --redis-password-file` prints the
+// service's ACL SETUSER line, without the password.
+func TestMigratePrintsRedisACL(t *testing.T) {
+	pw := filepath.Join(t.TempDir(), "pw")
+	if err := os.WriteFile(pw, []byte("s3cret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var out, errOut bytes.Buffer
+	if err := run(context.Background(), []string{"migrate", "--service", "workers", "--redis-password-file", pw}, &out, &errOut); err != nil {
+		t.Fatalf("migrate: %v %s", err, errOut.String())
+	}
+	line := out.String()
+	if !strings.HasPrefix(line, "ACL SETUSER workers reset #") || strings.Contains(line, "s3cret") ||
+		!strings.Contains(line, `"(~outboxchat:q:{workers-to-consumers}:stream`) || !strings.Contains(line, `"(~outboxchat:q:{consumers-to-workers}:dead +xadd)"`) {
+		t.Fatalf("line: %s", line)
+	}
+}
