@@ -21,6 +21,8 @@ import (
 
 	"github.com/coder/websocket"
 	"github.com/golang-jwt/jwt/v5"
+
+	"github.com/outboxchat/outboxchat/internal/testenv"
 )
 
 // do sends method to u with token as bearer ("" = none) and returns the
@@ -197,6 +199,30 @@ func TestAuthAnswers(t *testing.T) {
 	if code := wsCloseCode(t, ctx, short); code != closeUnauthorized {
 		t.Errorf("expired token on an open socket: close %d, want 4401", code)
 	}
+}
+
+// TestVerifierCacheKeepsExpiry: a verified token is cached, but stops
+// passing when it expires.
+func TestVerifierCacheKeepsExpiry(t *testing.T) {
+	t.Parallel()
+	f := filepath.Join(t.TempDir(), "secret")
+	if err := os.WriteFile(f, testSecret, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	v, err := NewVerifier(Workers, AuthConfig{SecretFile: f})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok := mint(t, "frank", []string{Workers}, ChatScope{All: true}, 1500*time.Millisecond)
+	for range 2 {
+		if p, err := v.Verify(tok); err != nil || p.User != "frank" {
+			t.Fatalf("fresh token: %v %v", p, err)
+		}
+	}
+	testenv.WaitFor(t, 10*time.Second, "the cached token to expire", func() bool {
+		_, err := v.Verify(tok)
+		return err != nil
+	})
 }
 
 // TestJWKSKeys: RS256 and EdDSA tokens are checked against the JWKS file's
