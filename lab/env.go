@@ -354,7 +354,7 @@ func (e *Env) ServiceDatabaseURL(service string) string {
 
 // labRedisPrefix is the services' default --redis-prefix, which the lab
 // keeps.
-const labRedisPrefix = "outboxchat:"
+const labRedisPrefix = chat.DefaultRedisPrefix
 
 // redisUsers makes each service's least-privilege Redis user (chat.RedisACL)
 // with a random password, saved in the server's ACL file.

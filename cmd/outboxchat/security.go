@@ -127,7 +127,7 @@ func redisACLFlags(fs *flag.FlagSet) *redisACLFlagSet {
 		passwordFile: fs.String("redis-password-file", "", "make the service's least-privilege Redis user with this file's password: print its ACL SETUSER line, or apply it with --redis-admin-url"),
 		adminURL:     fs.String("redis-admin-url", "", "Redis URL of an administrator: apply the ACL SETUSER line (and ACL SAVE) instead of printing it"),
 		user:         fs.String("redis-user", "", "the service's Redis user name (default the service name)"),
-		prefix:       fs.String("redis-prefix", "outboxchat:", "the services' --redis-prefix (the user's keys)"),
+		prefix:       fs.String("redis-prefix", chat.DefaultRedisPrefix, "the services' --redis-prefix (the user's keys)"),
 	}
 }
 
