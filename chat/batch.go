@@ -56,6 +56,7 @@ type sendReq struct {
 	ctx    context.Context // the caller's: checked when taken, never used for the transaction
 	chatID int64
 	body   string
+	author string // the principal's user ("" without auth)
 	state  atomic.Int32
 	done   chan sendResult // 1-buffered; receives exactly one result unless the waiter dropped it
 }
@@ -215,7 +216,7 @@ func (s *Store) commitBatch(ctx context.Context, reqs []*sendReq) ([]Message, er
 		}
 		counts[r.chatID]++
 		// Seq holds the rank within the chat until the counter is known.
-		ms[i] = Message{ID: id.String(), ChatID: r.chatID, Seq: counts[r.chatID], Body: r.body, From: s.service}
+		ms[i] = Message{ID: id.String(), ChatID: r.chatID, Seq: counts[r.chatID], Body: r.body, From: s.service, Author: r.author}
 	}
 	chats := slices.Sorted(maps.Keys(counts))
 	ns := make([]int64, len(chats))
@@ -226,8 +227,9 @@ func (s *Store) commitBatch(ctx context.Context, reqs []*sendReq) ([]Message, er
 	chatIDs := make([]int64, len(ms))
 	backs := make([]int64, len(ms))
 	bodies := make([]string, len(ms))
+	authors := make([]string, len(ms))
 	for i, m := range ms {
-		ids[i], chatIDs[i], backs[i], bodies[i] = m.ID, m.ChatID, counts[m.ChatID]-m.Seq, m.Body
+		ids[i], chatIDs[i], backs[i], bodies[i], authors[i] = m.ID, m.ChatID, counts[m.ChatID]-m.Seq, m.Body, m.Author
 	}
 
 	// Two round trips for the whole batch: BEGIN with the numbering and
@@ -242,7 +244,7 @@ func (s *Store) commitBatch(ctx context.Context, reqs []*sendReq) ([]Message, er
 	defer conn.Release()
 	b := &pgx.Batch{}
 	b.Queue("BEGIN")
-	b.Queue(s.q.sendBatch, chats, ns, ids, chatIDs, backs, bodies)
+	b.Queue(s.q.sendBatch, chats, ns, ids, chatIDs, backs, bodies, authors)
 	br := conn.SendBatch(ctx, b)
 	last := make(map[int64]int64, len(chats))
 	var (

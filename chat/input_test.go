@@ -79,7 +79,7 @@ func TestBadInputIsRejectedAndNothingStored(t *testing.T) {
 		if ct != "" {
 			req.Header.Set("Content-Type", ct)
 		}
-		resp, err := http.DefaultClient.Do(req)
+		resp, err := authClient.Do(req)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -98,7 +98,7 @@ func TestBadInputIsRejectedAndNothingStored(t *testing.T) {
 	}
 	// Bad query parameters.
 	for _, u := range []string{"/api/chats/1/messages?after_seq=-1", "/api/chats/1/messages?after_seq=x", "/api/chats/1/messages?limit=0", "/ws?chat_id=0"} {
-		resp, err := http.Get(cons.base + u)
+		resp, err := authClient.Get(cons.base + u)
 		if err != nil {
 			t.Fatal(err)
 		}

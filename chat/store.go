@@ -61,12 +61,13 @@ func newQueries(service string) queries {
 		// = commit order.
 		nextSeq: `INSERT INTO ` + s + `.chats AS c (chat_id, last_seq) VALUES ($1, 1)
 			ON CONFLICT (chat_id) DO UPDATE SET last_seq = c.last_seq + 1 RETURNING last_seq`,
-		insertMessage: `INSERT INTO ` + s + `.messages (chat_id, seq, body) VALUES ($1, $2, $3)
+		insertMessage: `INSERT INTO ` + s + `.messages (chat_id, seq, body, author) VALUES ($1, $2, $3, NULLIF($4, ''))
 			RETURNING id::text, created_at`,
 		// sendBatch numbers and inserts one transaction's messages in one
 		// round trip. $1 are the distinct chats, ascending, $2 the number of
 		// messages of each; $3..$6 are per message: id, chat, distance from
-		// the chat's last message of the batch (0 for the last), body.
+		// the chat's last message of the batch (0 for the last), body, and
+		// $7 the author ('' stored as NULL: no auth).
 		//
 		// The counter upsert locks the chats' rows until commit, in chat_id
 		// order (ORDER BY 1), so concurrent transactions that share chats
@@ -84,16 +85,16 @@ func newQueries(service string) queries {
 				ON CONFLICT (chat_id) DO UPDATE SET last_seq = c.last_seq + EXCLUDED.last_seq
 				RETURNING chat_id, last_seq
 			), inserted AS (
-				INSERT INTO ` + s + `.messages (id, chat_id, seq, body, created_at)
-				SELECT u.id::uuid, u.chat_id, counters.last_seq - u.back, u.body, now()
-				FROM unnest($3::text[], $4::bigint[], $5::bigint[], $6::text[]) AS u(id, chat_id, back, body)
+				INSERT INTO ` + s + `.messages (id, chat_id, seq, body, author, created_at)
+				SELECT u.id::uuid, u.chat_id, counters.last_seq - u.back, u.body, NULLIF(u.author, ''), now()
+				FROM unnest($3::text[], $4::bigint[], $5::bigint[], $6::text[], $7::text[]) AS u(id, chat_id, back, body, author)
 				JOIN counters USING (chat_id)
 				RETURNING 1
 			)
 			SELECT chat_id, last_seq, now(), (SELECT count(*) FROM inserted) FROM counters`,
-		history: `SELECT id::text, chat_id, seq, body, created_at FROM ` + s + `.messages
+		history: `SELECT id::text, chat_id, seq, body, created_at, coalesce(author, '') FROM ` + s + `.messages
 			WHERE chat_id = $1 AND seq > $2 ORDER BY seq LIMIT $3`,
-		historyInbox: `SELECT message_id::text, chat_id, seq, body, sent_at, received_at, sender FROM ` + s + `.inbox
+		historyInbox: `SELECT message_id::text, chat_id, seq, body, sent_at, received_at, sender, coalesce(author, '') FROM ` + s + `.inbox
 			WHERE chat_id = $1 AND seq > $2 ORDER BY seq LIMIT $3`,
 	}
 }
@@ -146,7 +147,7 @@ func (s *Store) Send(ctx context.Context, chatID int64, body string) (Message, e
 	if err := ctx.Err(); err != nil {
 		return Message{}, fmt.Errorf("send: %w", err)
 	}
-	r := &sendReq{ctx: ctx, chatID: chatID, body: body, done: make(chan sendResult, 1)}
+	r := &sendReq{ctx: ctx, chatID: chatID, body: body, author: authorOf(ctx), done: make(chan sendResult, 1)}
 	if !s.enqueue(r) {
 		ms, err := s.commitBatch(ctx, []*sendReq{r})
 		if err != nil {
@@ -189,7 +190,7 @@ func (s *Store) History(ctx context.Context, chatID, afterSent, afterReceived in
 	}
 	h.Sent, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (Message, error) {
 		m := Message{From: s.service}
-		err := r.Scan(&m.ID, &m.ChatID, &m.Seq, &m.Body, &m.SentAt)
+		err := r.Scan(&m.ID, &m.ChatID, &m.Seq, &m.Body, &m.SentAt, &m.Author)
 		return m, err
 	})
 	if err != nil {
@@ -210,7 +211,7 @@ func (s *Store) History(ctx context.Context, chatID, afterSent, afterReceived in
 func scanInbox(r pgx.CollectableRow) (Message, error) {
 	var m Message
 	var recv time.Time
-	err := r.Scan(&m.ID, &m.ChatID, &m.Seq, &m.Body, &m.SentAt, &recv, &m.From)
+	err := r.Scan(&m.ID, &m.ChatID, &m.Seq, &m.Body, &m.SentAt, &recv, &m.From, &m.Author)
 	m.ReceivedAt = &recv
 	return m, err
 }

@@ -49,6 +49,11 @@ func runUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fmt.Fprintf(stdout, "workers: %s\n", env.WorkersURL)
 	fmt.Fprintf(stdout, "database: %s\n", env.DatabaseURL)
 	fmt.Fprintf(stdout, "redis: %s\n", env.RedisURL)
+	// A development token for every chat on both services; the pages take
+	// it from the URL fragment, which browsers never send to a server.
+	fmt.Fprintf(stdout, "token: %s\n", env.Token)
+	fmt.Fprintf(stdout, "consumers page: %s/?chat_id=1#token=%s\n", env.ConsumersURL, env.Token)
+	fmt.Fprintf(stdout, "workers page: %s/?chat_id=1#token=%s\n", env.WorkersURL, env.Token)
 	if *keepLogs {
 		fmt.Fprintf(stderr, "lab: logs in %s (kept after the lab stops); Ctrl-C stops everything\n", env.Dir)
 	} else {
@@ -65,8 +70,8 @@ func runUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 // loopbackAddr turns a --*-addr value (PORT, :PORT, 127.0.0.1:PORT,
 // localhost:PORT or [::1]:PORT) into "HOST:PORT" on a loopback address ("" stays "",
 // meaning a free port), and checks that the port is free now, so a taken
-// port fails before anything starts. Other hosts are refused: the lab's
-// services trust every client.
+// port fails before anything starts. Other hosts are refused: the lab is
+// for this machine only.
 func loopbackAddr(flagName, v string) (string, error) {
 	if v == "" {
 		return "", nil

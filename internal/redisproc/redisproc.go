@@ -47,6 +47,10 @@ type Options struct {
 	// StartTimeout bounds how long Start and Restart wait for PING to
 	// succeed when ctx has no deadline. 0 means 30s.
 	StartTimeout time.Duration
+	// ACLFile keeps the server's ACL users in Dir/users.acl (--aclfile,
+	// created empty when missing): users made with ACL SETUSER and saved
+	// with ACL SAVE survive restarts. Default false: no ACL file.
+	ACLFile bool
 }
 
 // Server is a running (or stopped) private Redis server. All methods are safe
@@ -60,6 +64,7 @@ type Server struct {
 	binary       string
 	startTimeout time.Duration
 	log          *slog.Logger
+	aclFile      bool
 
 	mu     sync.Mutex
 	run    *run // nil when not running
@@ -102,7 +107,7 @@ func Start(ctx context.Context, opts *Options) (*Server, error) {
 	if opts == nil {
 		opts = &Options{}
 	}
-	s := &Server{log: opts.Logger, binary: opts.Binary, startTimeout: opts.StartTimeout}
+	s := &Server{log: opts.Logger, binary: opts.Binary, startTimeout: opts.StartTimeout, aclFile: opts.ACLFile}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
@@ -132,6 +137,16 @@ func Start(ctx context.Context, opts *Options) (*Server, error) {
 		}
 	}
 	s.logPath = filepath.Join(s.dir, "redis.log")
+	if s.aclFile {
+		f, err := os.OpenFile(filepath.Join(s.dir, "users.acl"), os.O_CREATE|os.O_WRONLY, 0o600)
+		if err == nil {
+			err = f.Close()
+		}
+		if err != nil {
+			_ = s.Close()
+			return nil, fmt.Errorf("redisproc: acl file: %w", err)
+		}
+	}
 	for attempt := 0; ; attempt++ {
 		s.port = opts.Port
 		if s.port == 0 {
@@ -172,6 +187,9 @@ func (s *Server) startLocked(ctx context.Context) error {
 		"--daemonize", "no",
 		"--logfile", s.logPath,
 	)
+	if s.aclFile {
+		cmd.Args = append(cmd.Args, "--aclfile", filepath.Join(s.dir, "users.acl"))
+	}
 	cmd.Dir = s.dir
 	cmd.Env = []string{"PATH=" + os.Getenv("PATH")}
 	if err := spawn.Start(cmd); err != nil {
