@@ -13,7 +13,7 @@ import (
 // that JSON shape with a non-empty error.
 func errorAnswer(t *testing.T, req *http.Request) (code int, resp *http.Response, e errorBody) {
 	t.Helper()
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := authClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -121,7 +121,7 @@ func TestDatabaseDownIs503(t *testing.T) {
 	// A WebSocket opened while the database is there, to send on after.
 	wctx, wcancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer wcancel()
-	ws, _, err := websocket.Dial(wctx, "ws"+strings.TrimPrefix(cons.base, "http")+"/ws?chat_id=1", nil)
+	ws, _, err := websocket.Dial(wctx, "ws"+strings.TrimPrefix(cons.base, "http")+"/ws?chat_id=1", wsOpts(testToken()))
 	if err != nil {
 		t.Fatal(err)
 	}
