@@ -140,6 +140,7 @@ type sendReq struct {
 	chatID int64
 	body   string
 	key    string // idempotency key; "" = none
+	author string // the principal's user ("" without auth)
 	queued time.Time
 	state  atomic.Int32
 	done   chan sendResult // 1-buffered; receives exactly one result unless the waiter dropped it
@@ -492,7 +493,7 @@ func (s *Store) commitBatch(ctx context.Context, reqs []*sendReq, wait bool, loc
 		for rows.Next() {
 			var ck chatKey
 			m := Message{From: s.service}
-			if err := rows.Scan(&ck.chat, &ck.key, &m.ID, &m.Seq, &m.Body, &m.SentAt); err != nil {
+			if err := rows.Scan(&ck.chat, &ck.key, &m.ID, &m.Seq, &m.Body, &m.SentAt, &m.Author); err != nil {
 				rows.Close()
 				return fmt.Errorf("look up idempotency keys: %w", err)
 			}
@@ -537,7 +538,7 @@ func (s *Store) commitBatch(ctx context.Context, reqs []*sendReq, wait bool, loc
 			return nil, nil, fmt.Errorf("message id: %w", err)
 		}
 		last[r.chatID]++
-		res[i] = &sendResult{m: Message{ID: id.String(), ChatID: r.chatID, Seq: last[r.chatID], Body: r.body, SentAt: now, From: s.service}}
+		res[i] = &sendResult{m: Message{ID: id.String(), ChatID: r.chatID, Seq: last[r.chatID], Body: r.body, SentAt: now, From: s.service, Author: r.author}}
 		fresh = append(fresh, i)
 	}
 
@@ -551,11 +552,12 @@ func (s *Store) commitBatch(ctx context.Context, reqs []*sendReq, wait bool, loc
 		seqs := make([]int64, len(fresh))
 		bodies := make([]string, len(fresh))
 		cids := make([]string, len(fresh))
+		authors := make([]string, len(fresh))
 		events := make([]outbox.Event, len(fresh))
 		for j, i := range fresh {
 			m := res[i].m
 			ms[j] = m
-			ids[j], chatIDs[j], seqs[j], bodies[j], cids[j] = m.ID, m.ChatID, m.Seq, m.Body, reqs[i].key
+			ids[j], chatIDs[j], seqs[j], bodies[j], cids[j], authors[j] = m.ID, m.ChatID, m.Seq, m.Body, reqs[i].key, m.Author
 			payload, err := json.Marshal(m)
 			if err != nil {
 				return nil, nil, fmt.Errorf("encode event: %w", err)
@@ -564,7 +566,7 @@ func (s *Store) commitBatch(ctx context.Context, reqs []*sendReq, wait bool, loc
 			// with seq (invariant 5).
 			events[j] = outbox.Event{ID: m.ID, Name: EventMessageCreated, Payload: payload}
 		}
-		b.Queue(s.q.insertMessages, ids, chatIDs, seqs, bodies, cids)
+		b.Queue(s.q.insertMessages, ids, chatIDs, seqs, bodies, cids, authors)
 		if _, err := s.writer.QueueEnqueue(b, events...); err != nil {
 			return nil, nil, err
 		}

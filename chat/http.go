@@ -49,6 +49,12 @@ type API struct {
 	// onSend, when set, runs instead of the store's Send (the lab's v1 naive
 	// dual write). It must validate nothing: the body is already valid.
 	onSend func(ctx context.Context, chatID int64, body string) (Message, error)
+	// verifier checks bearer tokens (auth.go); nil when auth is off.
+	verifier *Verifier
+	// guard bounds what one client can take (guard.go); wsDropped counts
+	// WebSockets the server dropped, by reason (nil = not counted).
+	guard     *guard
+	wsDropped func(reason string)
 	// closing is closed when the service stops: every WebSocket is closed
 	// with StatusGoingAway so clients reconnect (http.Server.Shutdown does
 	// not track hijacked connections). sockets counts the live handlers.
@@ -106,7 +112,7 @@ func writeError(w http.ResponseWriter, err error) {
 		writeJSON(w, http.StatusBadRequest, errorBody{Error: fe.Error(), Field: fe.Field})
 		return
 	}
-	writeJSON(w, http.StatusServiceUnavailable, errorBody{Error: "database unavailable"})
+	writeJSON(w, http.StatusServiceUnavailable, errorBody{Error: "database unavailable, try again"})
 }
 
 // idempotencyKey returns the send's idempotency key: the Idempotency-Key
@@ -149,7 +155,7 @@ func (a *API) handleSend(w http.ResponseWriter, r *http.Request) {
 			writeJSON(w, http.StatusRequestEntityTooLarge, errorBody{Error: fmt.Sprintf("request over %d bytes", mbe.Limit), Field: "body"})
 			return
 		}
-		writeError(w, &FieldError{Field: "body", Msg: "request unreadable"})
+		bodyUnreadable(w, err)
 		return
 	}
 	req, err := DecodeSendRequest(data, a.maxBody)
@@ -288,15 +294,38 @@ func (a *API) handleWS(w http.ResponseWriter, r *http.Request) {
 		return
 	default:
 	}
-	c, err := websocket.Accept(w, r, nil)
+	// With auth on, a token in Sec-WebSocket-Protocol was checked by the
+	// middleware (principal set); without one the first frame must carry it.
+	firstFrame := a.verifier != nil && principalOf(r.Context()) == nil
+	if !firstFrame {
+		release, ok := a.guard.openSocket(w, userOf(r))
+		if !ok {
+			return
+		}
+		defer release()
+	}
+	// The guard checked Origin against the allow-list (guard.wrap); the
+	// library's own check (Origin host = Host) would refuse allowed ones.
+	c, err := acceptWS(w, r, &websocket.AcceptOptions{InsecureSkipVerify: true, Subprotocols: []string{wsProtocol}})
 	if err != nil {
-		return // Accept wrote the HTTP error.
+		return // acceptWS wrote the HTTP error.
 	}
 	c.SetReadLimit(int64(a.maxBody)*6 + 1024)
+	if firstFrame {
+		p, release, ok := a.wsFirstFrame(r.Context(), c, chatID)
+		if !ok {
+			return
+		}
+		defer release()
+		r = r.WithContext(withPrincipal(r.Context(), p))
+	}
+	user := userOf(r)
 	sub := a.gateway.Subscribe(chatID, own, other)
 	defer sub.Close()
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
+	expired := tokenExpiry(ctx)
+	pingFailed := a.keepAlive(ctx, c)
 	// Reader: a client may send {"body": "..."} frames; each is a send, and
 	// errors come back as {"error": ..., "field": ...} frames.
 	replies := make(chan []byte, 8)
@@ -310,7 +339,7 @@ func (a *API) handleWS(w http.ResponseWriter, r *http.Request) {
 			var req SendRequest
 			if typ != websocket.MessageText {
 				err = &FieldError{Field: "", Msg: "send text frames holding {\"body\": \"...\"}"}
-			} else {
+			} else if err = a.sendAllowed(user); err == nil {
 				req, err = DecodeSendRequest(data, a.maxBody)
 			}
 			if err == nil {
@@ -340,7 +369,15 @@ func (a *API) handleWS(w http.ResponseWriter, r *http.Request) {
 			c.Close(websocket.StatusGoingAway, "service stopping: reconnect with your cursors")
 			return
 		case <-sub.Evicted:
+			a.dropSocket(r, chatID, "slow", nil)
 			c.Close(websocket.StatusPolicyViolation, "too slow: reconnect with your cursors")
+			return
+		case <-expired:
+			c.Close(closeUnauthorized, "token expired: reconnect with a new token and your cursors")
+			return
+		case <-pingFailed:
+			a.dropSocket(r, chatID, "ping_timeout", nil)
+			c.CloseNow()
 			return
 		case frame = <-sub.C:
 		case frame = <-replies:
@@ -349,6 +386,9 @@ func (a *API) handleWS(w http.ResponseWriter, r *http.Request) {
 		err := c.Write(wctx, websocket.MessageText, frame)
 		wcancel()
 		if err != nil {
+			if ctx.Err() == nil && errors.Is(wctx.Err(), context.DeadlineExceeded) {
+				a.dropSocket(r, chatID, "write_timeout", err)
+			}
 			var ne net.Error
 			if !errors.As(err, &ne) {
 				c.CloseNow()

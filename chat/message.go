@@ -32,6 +32,8 @@ const DefaultMaxBodyBytes = 4096
 //   - Body: the text, valid UTF-8 without NUL, 1..max bytes.
 //   - SentAt: the sender's commit-time clock (RFC 3339, microseconds, UTC).
 //   - From: the sending service (Consumers or Workers).
+//   - Author: who wrote it, the sender's authenticated user (the token's
+//     sub claim); omitted when the sender runs without auth.
 //   - ReceivedAt: set only on messages this service received (inbox rows):
 //     when its inbox stored it. A receipt, not shown for own messages.
 type Message struct {
@@ -41,6 +43,7 @@ type Message struct {
 	Body       string     `json:"body"`
 	SentAt     time.Time  `json:"sent_at"`
 	From       string     `json:"from"`
+	Author     string     `json:"author,omitempty"`
 	ReceivedAt *time.Time `json:"received_at,omitempty"`
 }
 
@@ -53,9 +56,10 @@ func (m Message) MarshalJSON() ([]byte, error) {
 		Body       string `json:"body"`
 		SentAt     string `json:"sent_at"`
 		From       string `json:"from"`
+		Author     string `json:"author,omitempty"`
 		ReceivedAt string `json:"received_at,omitempty"`
 	}
-	w := wire{ID: m.ID, ChatID: m.ChatID, Seq: m.Seq, Body: m.Body, SentAt: formatTime(m.SentAt), From: m.From}
+	w := wire{ID: m.ID, ChatID: m.ChatID, Seq: m.Seq, Body: m.Body, SentAt: formatTime(m.SentAt), From: m.From, Author: m.Author}
 	if m.ReceivedAt != nil {
 		w.ReceivedAt = formatTime(*m.ReceivedAt)
 	}
@@ -258,9 +262,13 @@ func hasUnpairedSurrogate(data []byte) bool {
 	return pendingHigh
 }
 
+// maxAuthorBytes bounds an event's author (a token's sub).
+const maxAuthorBytes = 256
+
 // DecodeEvent decodes a message.created payload from the queue and checks it:
 // id a UUID, chat_id > 0, seq > 0, body valid (any length up to 1 MiB, valid
-// UTF-8, no NUL), sent_at present, from a known service. Unknown fields are
+// UTF-8, no NUL), sent_at present, from a known service, author (optional)
+// valid UTF-8 of at most 256 bytes without NUL. Unknown fields are
 // ignored. Every error wraps ErrMalformedEvent.
 func DecodeEvent(data []byte) (Message, error) {
 	var m Message
@@ -271,6 +279,7 @@ func DecodeEvent(data []byte) (Message, error) {
 		Body   *string `json:"body"`
 		SentAt string  `json:"sent_at"`
 		From   string  `json:"from"`
+		Author string  `json:"author"`
 	}
 	if err := json.Unmarshal(data, &raw); err != nil {
 		return m, fmt.Errorf("%w: %v", ErrMalformedEvent, err)
@@ -297,7 +306,10 @@ func DecodeEvent(data []byte) (Message, error) {
 	if Peer(raw.From) == "" {
 		return m, fmt.Errorf("%w: from %q is not a known service", ErrMalformedEvent, raw.From)
 	}
-	return Message{ID: strings.ToLower(raw.ID), ChatID: raw.ChatID, Seq: raw.Seq, Body: *raw.Body, SentAt: t, From: raw.From}, nil
+	if len(raw.Author) > maxAuthorBytes || !utf8.ValidString(raw.Author) || strings.IndexByte(raw.Author, 0) >= 0 {
+		return m, fmt.Errorf("%w: author is not valid UTF-8 of at most %d bytes without NUL", ErrMalformedEvent, maxAuthorBytes)
+	}
+	return Message{ID: strings.ToLower(raw.ID), ChatID: raw.ChatID, Seq: raw.Seq, Body: *raw.Body, SentAt: t, From: raw.From, Author: raw.Author}, nil
 }
 
 // ValidateClientID checks an idempotency key (the Idempotency-Key header or

@@ -3,6 +3,7 @@ package chat
 import (
 	"cmp"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -95,6 +96,21 @@ type Config struct {
 	// RedisPrefix prefixes every Redis key (several deployments on one
 	// Redis). Default DefaultRedisPrefix.
 	RedisPrefix string
+	// Auth says how the API authenticates requests (auth.go). A process
+	// with the api role refuses to start unless it has a key or
+	// Auth.Insecure is set (ErrNoAuth).
+	Auth AuthConfig
+	// EventKeyFile holds the HMAC keys that sign outbound stream entries and
+	// verify inbound ones (ReadEventKeys). "" means entries are neither
+	// signed nor checked: anyone who can write to Redis can forge messages.
+	EventKeyFile string
+	// TLSCertFile and TLSKeyFile (PEM), when both set, make the API serve
+	// HTTPS and WSS only. Default "": plain HTTP (put a TLS-terminating
+	// proxy in front, or keep it on a private network).
+	TLSCertFile, TLSKeyFile string
+	// Guard bounds what one client can take: timeouts, host and origin
+	// allow-lists, rate limits, the WebSocket cap (guard.go).
+	Guard GuardConfig
 	// Fault is a fault-injection spec for the lab (see ParseFault); "" = none.
 	Fault string
 	// Logger; nil means slog.Default().
@@ -178,6 +194,24 @@ func Serve(ctx context.Context, cfg Config) error {
 	fault, err := ParseFault(cfg.Fault)
 	if err != nil {
 		return err
+	}
+	var eventKeys *EventKeys
+	if cfg.EventKeyFile != "" {
+		if eventKeys, err = ReadEventKeys(cfg.EventKeyFile); err != nil {
+			return fmt.Errorf("serve: %w", err)
+		}
+	} else if cfg.has(RoleWorker) || cfg.has(RoleRelay) {
+		log.Warn("stream entries are not signed (no --event-key-file): anyone who can write to Redis can forge messages")
+	}
+	var verifier *Verifier
+	if cfg.has(RoleAPI) {
+		if verifier, err = NewVerifier(cfg.Service, cfg.Auth); err != nil {
+			return fmt.Errorf("serve: %w", err)
+		}
+		if verifier == nil {
+			log.Warn("AUTHENTICATION IS OFF (--insecure-no-auth): anyone who can reach " + cfg.HTTPAddr +
+				" can read and write every chat; use this only on a closed network")
+		}
 	}
 	if cfg.DatabaseURL == "" {
 		return errors.New("serve: no database URL (--database-url or DATABASE_URL)")
@@ -322,6 +356,9 @@ func Serve(ctx context.Context, cfg Config) error {
 		if err != nil {
 			return err
 		}
+		if eventKeys != nil {
+			h.RequireSignatures(eventKeys)
+		}
 		qc, err := redisq.NewConsumer(rdb, &redisq.ConsumerConfig{
 			Queue: QueueName(Peer(cfg.Service)), Prefix: cfg.RedisPrefix, Group: cfg.Service,
 			Consumer: cfg.ConsumerName, LockDuration: cfg.LockDuration, Logger: log,
@@ -352,9 +389,13 @@ func Serve(ctx context.Context, cfg Config) error {
 		log.Info("worker started", "queue", QueueName(Peer(cfg.Service)), "consumer", cfg.ConsumerName)
 	}
 
+	pubConfig := &redisq.PublisherConfig{Queue: QueueName(cfg.Service), Prefix: cfg.RedisPrefix, Logger: log}
+	if eventKeys != nil {
+		pubConfig.Sign = eventKeys.Signer(QueueName(cfg.Service))
+	}
 	var relayWake func()
 	if cfg.has(RoleRelay) && cfg.Mode == ModeOutbox {
-		pub, err := redisq.NewPublisher(rdb, &redisq.PublisherConfig{Queue: QueueName(cfg.Service), Prefix: cfg.RedisPrefix, Logger: log})
+		pub, err := redisq.NewPublisher(rdb, pubConfig)
 		if err != nil {
 			return err
 		}
@@ -420,7 +461,7 @@ func Serve(ctx context.Context, cfg Config) error {
 	}
 	api := &API{store: store, gateway: gw, service: cfg.Service, maxBody: cfg.MaxBodyBytes, log: log, closing: make(chan struct{})}
 	if cfg.Mode == ModeDualWrite {
-		pub, err := redisq.NewPublisher(rdb, &redisq.PublisherConfig{Queue: QueueName(cfg.Service), Prefix: cfg.RedisPrefix, Logger: log})
+		pub, err := redisq.NewPublisher(rdb, pubConfig)
 		if err != nil {
 			return err
 		}
@@ -434,6 +475,22 @@ func Serve(ctx context.Context, cfg Config) error {
 		Name: "outboxchat_ws_subscribers", Help: "Live WebSocket subscribers.",
 	}, func() float64 { return float64(gw.Subscribers()) }))
 
+	guard, err := newGuard(cfg.Guard, cfg.HTTPAddr, int64(cfg.MaxBodyBytes)*6+1024, log)
+	if err != nil {
+		return fmt.Errorf("serve: %w", err)
+	}
+	api.guard = guard
+	api.verifier = verifier
+	refused := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "outboxchat_http_refused_total", Help: "Requests refused by the connection guard, by reason (host, origin, too_large, rate_ip, rate_user, sockets).",
+	}, []string{"reason"})
+	dropped := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "outboxchat_ws_dropped_total", Help: "WebSockets the server dropped, by reason (slow, write_timeout, ping_timeout).",
+	}, []string{"reason"})
+	reg.MustRegister(refused, dropped)
+	guard.refused = func(reason string) { refused.WithLabelValues(reason).Inc() }
+	api.wsDropped = func(reason string) { dropped.WithLabelValues(reason).Inc() }
+
 	mux := http.NewServeMux()
 	api.Register(mux)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
@@ -445,18 +502,38 @@ func Serve(ctx context.Context, cfg Config) error {
 		defer cancel()
 		if err := pool.Ping(pctx); err != nil {
 			log.Warn("readyz: database unreachable", "err", err)
-			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "database unavailable"})
+			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "database unavailable", "error": "database unavailable", "field": ""})
 			return
 		}
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
 	})
-	mux.Handle("GET /", web.Handler(cfg.Service))
+	mux.Handle("GET /{$}", web.Handler(cfg.Service))
 
+	if (cfg.TLSCertFile == "") != (cfg.TLSKeyFile == "") {
+		return errors.New("serve: give both --tls-cert and --tls-key, or neither")
+	}
+	var tlsConfig *tls.Config
+	if cfg.TLSCertFile != "" {
+		cert, err := tls.LoadX509KeyPair(cfg.TLSCertFile, cfg.TLSKeyFile)
+		if err != nil {
+			return fmt.Errorf("serve: tls: %w", err)
+		}
+		tlsConfig = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	}
 	ln, err := net.Listen("tcp", cfg.HTTPAddr)
 	if err != nil {
 		return fmt.Errorf("serve: listen %s: %w", cfg.HTTPAddr, err)
 	}
-	srv := &http.Server{Handler: httpMetrics(reg, mux), ReadHeaderTimeout: 5 * time.Second}
+	if tlsConfig != nil {
+		ln = tls.NewListener(ln, tlsConfig)
+	}
+	gc := guard.cfg
+	// Outermost first: connection checks (host, origin, per-IP rate, body
+	// size and deadline), then the token, then the per-user rate.
+	srv := &http.Server{Handler: guard.wrap(authenticate(verifier, guard.limitUsers(httpMetrics(reg, withJSONErrors(mux))))), ReadHeaderTimeout: gc.ReadHeaderTimeout, IdleTimeout: gc.IdleTimeout,
+		MaxHeaderBytes: maxHeaderBytes,
+		// Failed TLS handshakes and the like: every scanner causes them.
+		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug)}
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
@@ -465,7 +542,7 @@ func Serve(ctx context.Context, cfg Config) error {
 			log.Error("http", "err", err)
 		}
 	}()
-	log.Info("listening", "addr", ln.Addr().String(), "mode", cfg.Mode, "wake", cfg.Wake.String())
+	log.Info("listening", "addr", ln.Addr().String(), "mode", cfg.Mode, "wake", cfg.Wake.String(), "tls", tlsConfig != nil)
 	if cfg.Listening != nil {
 		cfg.Listening(ln.Addr().String())
 	}
@@ -482,6 +559,10 @@ func Serve(ctx context.Context, cfg Config) error {
 	wg.Wait()
 	return nil
 }
+
+// maxHeaderBytes bounds a request's headers (net/http's default is 1 MiB;
+// a JWT and a few headers need a few KiB).
+const maxHeaderBytes = 64 << 10
 
 // notifyInterval spaces the post-commit NOTIFYs of a process whose own
 // relay is woken directly (outbox.WriterConfig.NotifyInterval).

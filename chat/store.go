@@ -103,23 +103,23 @@ func newQueries(service string) queries {
 		// idempotency key) pairs: one lookup of index messages_client_id
 		// per pair (LATERAL, so the plan cannot turn into a hash join over
 		// the whole table).
-		findKeys: `SELECT u.c, u.k, m.id::text, m.seq, m.body, m.created_at
+		findKeys: `SELECT u.c, u.k, m.id::text, m.seq, m.body, m.created_at, coalesce(m.author, '')
 			FROM unnest($1::bigint[], $2::text[]) AS u(c, k)
-			CROSS JOIN LATERAL (SELECT id, seq, body, created_at FROM ` + s + `.messages
+			CROSS JOIN LATERAL (SELECT id, seq, body, created_at, author FROM ` + s + `.messages
 				WHERE chat_id = u.c AND client_id = u.k) AS m`,
 		// insertMessages: the batch's new messages, numbered in Go; '' is no
 		// key.
-		insertMessages: `INSERT INTO ` + s + `.messages (id, chat_id, seq, body, client_id, created_at)
-			SELECT u.id::uuid, u.c, u.seq, u.body, nullif(u.k, ''), now()
-			FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::text[], $5::text[]) AS u(id, c, seq, body, k)`,
+		insertMessages: `INSERT INTO ` + s + `.messages (id, chat_id, seq, body, client_id, author, created_at)
+			SELECT u.id::uuid, u.c, u.seq, u.body, nullif(u.k, ''), nullif(u.a, ''), now()
+			FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::text[], $5::text[], $6::text[]) AS u(id, c, seq, body, k, a)`,
 		// insertOne: the v1 dual writer's send, after lockChat in the same
 		// transaction: the next seq of chat $1 from the index.
-		insertOne: `INSERT INTO ` + s + `.messages (chat_id, seq, body)
-			SELECT $1, coalesce(max(seq), 0) + 1, $2 FROM ` + s + `.messages WHERE chat_id = $1
+		insertOne: `INSERT INTO ` + s + `.messages (chat_id, seq, body, author)
+			SELECT $1, coalesce(max(seq), 0) + 1, $2, nullif($3, '') FROM ` + s + `.messages WHERE chat_id = $1
 			RETURNING id::text, seq, created_at`,
-		history: `SELECT id::text, chat_id, seq, body, created_at FROM ` + s + `.messages
+		history: `SELECT id::text, chat_id, seq, body, created_at, coalesce(author, '') FROM ` + s + `.messages
 			WHERE chat_id = $1 AND seq > $2 ORDER BY seq LIMIT $3`,
-		historyInbox: `SELECT message_id::text, chat_id, seq, body, sent_at, received_at, sender FROM ` + s + `.inbox
+		historyInbox: `SELECT message_id::text, chat_id, seq, body, sent_at, received_at, sender, coalesce(author, '') FROM ` + s + `.inbox
 			WHERE chat_id = $1 AND seq > $2 ORDER BY seq LIMIT $3`,
 	}
 }
@@ -203,7 +203,7 @@ func (s *Store) SendIdempotent(ctx context.Context, chatID int64, body, key stri
 	if err := ctx.Err(); err != nil {
 		return Message{}, false, fmt.Errorf("send: %w", err)
 	}
-	r := &sendReq{ctx: ctx, chatID: chatID, body: body, key: key, queued: time.Now(), done: make(chan sendResult, 1)}
+	r := &sendReq{ctx: ctx, chatID: chatID, body: body, key: key, author: authorOf(ctx), queued: time.Now(), done: make(chan sendResult, 1)}
 	var res sendResult
 	if !s.enqueue(r) {
 		rs, _, err := s.commitBatch(ctx, []*sendReq{r}, true, s.lockTimeout)
@@ -272,7 +272,7 @@ func (s *Store) History(ctx context.Context, chatID, afterSent, afterReceived in
 	}
 	h.Sent, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (Message, error) {
 		m := Message{From: s.service}
-		err := r.Scan(&m.ID, &m.ChatID, &m.Seq, &m.Body, &m.SentAt)
+		err := r.Scan(&m.ID, &m.ChatID, &m.Seq, &m.Body, &m.SentAt, &m.Author)
 		return m, err
 	})
 	if err != nil {
@@ -293,7 +293,7 @@ func (s *Store) History(ctx context.Context, chatID, afterSent, afterReceived in
 func scanInbox(r pgx.CollectableRow) (Message, error) {
 	var m Message
 	var recv time.Time
-	err := r.Scan(&m.ID, &m.ChatID, &m.Seq, &m.Body, &m.SentAt, &recv, &m.From)
+	err := r.Scan(&m.ID, &m.ChatID, &m.Seq, &m.Body, &m.SentAt, &recv, &m.From, &m.Author)
 	m.ReceivedAt = &recv
 	return m, err
 }

@@ -71,6 +71,9 @@ type BenchOptions struct {
 	// and keeps it open, idle, until the run has drained: the forgotten
 	// psql session of issue 17. Default false.
 	HoldSnapshot bool
+	// Insecure runs the services without auth and signed stream entries
+	// (EnvOptions.Insecure), to measure what they cost.
+	Insecure bool
 }
 
 // BenchResult is what Bench measured. The JSON fields are DESIGN.md's
@@ -177,7 +180,10 @@ func Bench(ctx context.Context, opts BenchOptions) (*BenchResult, error) {
 	if progress == nil {
 		progress = io.Discard
 	}
-	env, err := StartEnv(ctx, EnvOptions{Variant: opts.Variant, Progress: progress})
+	// The bench is one client IP and one user pushing thousands of
+	// messages a second over a socket per chat: the per-IP and per-user
+	// limits and the socket cap, meant for people, are off.
+	env, err := StartEnv(ctx, EnvOptions{Variant: opts.Variant, Progress: progress, ExtraArgs: unlimitedArgs, Insecure: opts.Insecure})
 	if err != nil {
 		return nil, err
 	}
@@ -196,7 +202,7 @@ func Bench(ctx context.Context, opts BenchOptions) (*BenchResult, error) {
 		}
 	}()
 	for c := 1; c <= opts.Chats; c++ {
-		w, err := NewWatcher(env.WorkersURL, int64(c), &WatcherConfig{OnFrame: func(s Shown) {
+		w, err := NewWatcher(env.WorkersURL, int64(c), &WatcherConfig{Token: env.Token, OnFrame: func(s Shown) {
 			if s.Message.From != chat.Consumers || s.Duplicate {
 				return
 			}
@@ -269,7 +275,7 @@ func Bench(ctx context.Context, opts BenchOptions) (*BenchResult, error) {
 	start := time.Now()
 	var wg sync.WaitGroup
 	for range opts.Senders {
-		snd, err := newConnSender(env.ConsumersURL, 10*time.Second)
+		snd, err := newConnSender(env.ConsumersURL, env.Token, 10*time.Second)
 		if err != nil {
 			return nil, err
 		}
@@ -771,6 +777,7 @@ func runBenchCmd(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	timeout := fs.Duration("timeout", DefaultBenchSendTimeout, "bound on the sending phase")
 	asJSON := fs.Bool("json", false, "print one JSON object (DESIGN.md fields plus cpu_s); the details go to stderr")
 	hold := fs.Bool("hold-snapshot", false, "hold a REPEATABLE READ snapshot open (idle in transaction) through the run, as a forgotten session would")
+	insecure := fs.Bool("insecure", false, "services without auth and without signed stream entries (to measure what they cost)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -784,7 +791,7 @@ func runBenchCmd(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		return err
 	}
 	res, err := Bench(ctx, BenchOptions{Senders: *senders, Chats: *chats, Messages: *messages,
-		Variant: *variant, SendTimeout: *timeout, Progress: stderr, HoldSnapshot: *hold})
+		Variant: *variant, SendTimeout: *timeout, Progress: stderr, HoldSnapshot: *hold, Insecure: *insecure})
 	if err != nil {
 		return err
 	}

@@ -137,9 +137,9 @@ func RunScenario(ctx context.Context, name string, logW, progress io.Writer) (*F
 		return nil, err
 	}
 	defer env.Close()
-	s := &scenarioRun{env: env, log: &eventLog{w: logW}, snd: newSender(), events: newAsyncEvents(), progress: progress}
+	s := &scenarioRun{env: env, log: &eventLog{w: logW}, snd: newSender(env.Token), events: newAsyncEvents(), progress: progress}
 	defer s.events.close()
-	s.w, err = NewWatcher(env.WorkersURL, chaosChat, &WatcherConfig{OnFrame: func(f Shown) {
+	s.w, err = NewWatcher(env.WorkersURL, chaosChat, &WatcherConfig{Token: env.Token, OnFrame: func(f Shown) {
 		if f.Message.From != chat.Consumers {
 			return
 		}
