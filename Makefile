@@ -4,6 +4,7 @@
 
 GO ?= go
 BIN := bin/outboxchat
+UPFLAGS ?=
 TESTFLAGS ?= -race -count=1 -timeout 12m
 
 .PHONY: all build demo up test lint deps bench clean
@@ -20,9 +21,14 @@ demo: build
 	./scripts/install-deps.sh
 	./$(BIN) lab demo
 
+# make up UPFLAGS="--consumers-addr 8080 --workers-addr 8081 --keep-logs"
+# exec: the lab replaces the recipe's shell, so it is make's own child and
+# gets the SIGTERM that make passes on to its children (kill <make's pid>
+# stops the lab cleanly). Ctrl-C reaches it from the terminal. GNU make does
+# not pass on a SIGINT sent to its pid alone: send that to the lab's pid.
 up: build
 	./scripts/install-deps.sh
-	./$(BIN) lab up
+	exec ./$(BIN) lab up $(UPFLAGS)
 
 test: deps
 	$(GO) vet ./...

@@ -3,9 +3,11 @@ package chat
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
+	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -17,34 +19,115 @@ import (
 	"github.com/outboxchat/outboxchat/outbox"
 )
 
-// Group commit of Store.Send.
+// Group commit of Store.Send, and how a chat's seq is allocated.
 //
-// Send queues a request and waits. A committer goroutine takes everything
-// queued (up to MaxSendBatch) as soon as its previous transaction finished —
-// no timer: an idle committer takes a lone send at once — and runs one
-// transaction for the batch, in two round trips: BEGIN with the counter
-// upsert and the messages INSERT in one statement (queries.sendBatch); then
-// the outbox INSERT (outbox.Writer.QueueEnqueue, one statement for all
-// events, plus the NOTIFY in WakeInTx mode) with COMMIT. Two round trips
-// per batch instead of five per message, one WAL flush per batch, and the
-// counter rows are locked only while the batch's statements run, not while
-// HTTP handlers are scheduled.
+// Numbering. A chat's seq is not kept in a counter row (every send would
+// update the same row; with the xmin horizon held back by an old snapshot
+// those dead versions pile up and every update walks them: issue 17).
+// Instead the send transaction takes the chat's advisory transaction lock
+// (pg_try_advisory_xact_lock / pg_advisory_xact_lock of ChatLockSQL's key)
+// and then, in a later statement and so with a snapshot taken after the
+// lock was granted, reads max(seq) of the chat from the (chat_id, seq)
+// unique index (one backward index step: messages are insert-only, so no
+// dead entries accumulate there). The lock is released only after the
+// holder's commit is visible to new snapshots, so the next holder numbers
+// on from it: seq is gap-free and equals commit order per chat (invariant
+// 5), and a transaction's outbox ids, taken while it holds the lock, exceed
+// those of every earlier transaction of the chat. The lock writes nothing.
+//
+// Group commit. Send queues a request and waits. A committer goroutine
+// takes everything queued (up to MaxSendBatch) as soon as its previous
+// transaction finished — no timer: an idle committer takes a lone send at
+// once — and runs one transaction for the batch in two round trips: BEGIN,
+// the transaction-local timeouts, the try-lock of every chat of the batch,
+// the chats' max(seq) and the lookup of the batch's idempotency keys; then
+// the messages INSERT, the outbox INSERT (outbox.Writer.QueueEnqueue, plus
+// the NOTIFY in WakeInTx mode) and COMMIT.
+//
+// Isolation between chats. The committer never waits for a chat's lock: a
+// chat whose lock another session holds (try-lock false) is left out of
+// the batch, and its sends move to that chat's slow lane: a goroutine that
+// commits the chat's sends in transactions of their own, waiting for the
+// lock at most the lock timeout (lock_timeout; then every send it holds
+// fails with ErrChatBusy and nothing of theirs is stored). While a chat has
+// a slow lane, its new sends queue there too, so a chat's sends keep their
+// queue order. At most slowLanes slow lanes hold a connection at a time.
+// Everything else a transaction might wait for is bounded by the same
+// lock_timeout and by statement_timeout (sendStatementTimeout).
+//
+// Idempotency. A send may carry a key (the client's Idempotency-Key or
+// client_id). Under the chat's lock, the batch looks its keys up in the
+// messages table (unique index (chat_id, client_id)): a key already stored
+// answers with the stored message (replayed) if the body is the same, and
+// with ErrIdempotencyConflict if not; two sends of one batch with the same
+// chat and key store one message. The key is stored with the message in
+// the same transaction, so a retry after an unknown outcome either finds
+// it or stores it; the unique index is the backstop.
 
 // MaxSendBatch is the most sends one group-commit transaction carries.
 const MaxSendBatch = 256
 
-// sendCommitters is the number of committer goroutines. Two transactions
-// that share chats lock their counter rows in chat_id order, so any number
-// is deadlock-free; one keeps batches largest (see bench_test.go).
+// sendCommitters is the number of committer goroutines. The committer
+// only try-locks chats, so any number is deadlock-free; one keeps batches
+// largest (see bench_test.go).
 const sendCommitters = 1
 
-// sendBatchTimeout bounds one group-commit transaction, begin to commit. A
-// taken send is committed regardless of its caller's ctx, so this is what
-// bounds its wait when the database hangs.
+// sendBatchTimeout bounds one send transaction, begin to commit (its ctx).
+// A taken send is committed regardless of its caller's ctx, so this, with
+// sendStatementTimeout and the lock timeout, is what bounds its wait when
+// the database hangs.
 const sendBatchTimeout = 10 * time.Second
 
-// States of a sendReq: queued until the committer takes it or its waiter
-// gives up on it, whichever CAS wins.
+// sendStatementTimeout is the send transactions' statement_timeout.
+const sendStatementTimeout = 5 * time.Second
+
+// DefaultSendLockTimeout is how long a send waits for its chat's lock
+// (Config.SendLockTimeout) before it fails with ErrChatBusy.
+const DefaultSendLockTimeout = 2 * time.Second
+
+// ErrChatBusy is returned (wrapped) by Send when the chat's lock was not
+// free within the lock timeout (another session holds it). Nothing of the
+// send is stored; it may be retried.
+var ErrChatBusy = errors.New("chat busy: its lock was not free within the lock timeout")
+
+// ErrSendTimeout is returned (wrapped) by Send when the send transaction
+// ran into statement_timeout or sendBatchTimeout. Unless the error came
+// from the COMMIT itself nothing is stored; retry with the same key to be
+// sure.
+var ErrSendTimeout = errors.New("send timed out")
+
+// ErrIdempotencyConflict is returned (wrapped) by Send when the send's key
+// was already used in the chat for a message with another body.
+var ErrIdempotencyConflict = errors.New("idempotency key already used for another message in this chat")
+
+// MaxClientIDBytes is the longest idempotency key, in bytes.
+const MaxClientIDBytes = 128
+
+// ChatLockSQL returns the SQL expression of the advisory lock key of a chat
+// of service, for the integer expression chat (e.g. "71" or "c"):
+// hashtextextended('<service>.chat.' || chat, 0), a bigint. A session that
+// runs SELECT pg_advisory_xact_lock(<it>) holds back that chat's sends (a
+// hash collision between two chats only makes them share a lock).
+func ChatLockSQL(service, chat string) string {
+	return "hashtextextended(" + quoteLiteral(service+".chat.") + " || (" + chat + ")::text, 0)"
+}
+
+// quoteLiteral quotes s as an SQL string literal (s holds no backslash in
+// this package's uses; standard_conforming_strings is on by default).
+func quoteLiteral(s string) string {
+	out := []byte{'\''}
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\'' {
+			out = append(out, '\'')
+		}
+		out = append(out, s[i])
+	}
+	return string(append(out, '\''))
+}
+
+// States of a sendReq: queued until a transaction takes it or its waiter
+// gives up on it, whichever CAS wins. A send the committer moves to a slow
+// lane is queued again.
 const (
 	reqQueued int32 = iota
 	reqTaken
@@ -56,13 +139,22 @@ type sendReq struct {
 	ctx    context.Context // the caller's: checked when taken, never used for the transaction
 	chatID int64
 	body   string
+	key    string // idempotency key; "" = none
+	author string // the principal's user ("" without auth)
+	queued time.Time
 	state  atomic.Int32
 	done   chan sendResult // 1-buffered; receives exactly one result unless the waiter dropped it
 }
 
 type sendResult struct {
-	m   Message
-	err error
+	m        Message
+	replayed bool // an earlier send with the same key stored m
+	err      error
+}
+
+// slowChat is one chat's slow lane: its sends waiting for the lock.
+type slowChat struct {
+	queue []*sendReq // guarded by Store.mu
 }
 
 // storeRun is one run of a Store's committers.
@@ -95,18 +187,21 @@ func (s *Store) Start(ctx context.Context) error {
 			s.beginStop(run)
 		})
 		for range sendCommitters {
-			r.Go(func() { s.commitLoop(r.Context(), run) })
+			r.Go(func() { s.commitLoop(r, run) })
 		}
 	})
 }
 
 // Stop stops the group committer gracefully: sends queued before it are
 // committed, sends that arrive meanwhile run alone in their callers'
-// goroutines, and it returns once the committer has exited. If ctx ends
-// first, in-flight and queued sends are aborted (their callers get the
-// error; nothing of theirs is stored), Stop waits for the committer to
-// exit, and returns ctx's error wrapped. Idempotent; nil if not running.
-// Start may be called again afterwards.
+// goroutines, and it returns once the committer and the slow lanes have
+// exited. If ctx ends first, in-flight and queued sends are aborted (their
+// callers get the error; nothing of theirs is stored, except that a
+// transaction whose COMMIT was already sent, pipelined behind its inserts,
+// may still commit: its callers' outcome is unknown, which a retry with the
+// same idempotency key resolves), Stop waits for the goroutines to exit,
+// and returns ctx's error wrapped. Idempotent; nil if not running. Start
+// may be called again afterwards.
 func (s *Store) Stop(ctx context.Context) error {
 	return s.life.Stop(ctx)
 }
@@ -140,7 +235,8 @@ func (s *Store) enqueue(r *sendReq) bool {
 
 // take waits for queued sends and takes up to MaxSendBatch of them, in queue
 // order, skipping those whose waiter has given up and answering those whose
-// ctx is done. It returns nil once run is stopping and the queue is empty.
+// ctx is done; a send of a chat that has a slow lane joins that lane
+// instead. It returns nil once run is stopping and the queue is empty.
 func (s *Store) take(run *storeRun) []*sendReq {
 	for {
 		s.mu.Lock()
@@ -151,159 +247,339 @@ func (s *Store) take(run *storeRun) []*sendReq {
 			s.mu.Unlock()
 			return nil
 		}
-		n := min(len(s.queue), MaxSendBatch)
-		batch := slices.Clone(s.queue[:n])
-		clear(s.queue[:n])
-		s.queue = s.queue[n:]
+		var batch []*sendReq
+		i := 0
+		for ; i < len(s.queue) && len(batch) < MaxSendBatch; i++ {
+			r := s.queue[i]
+			if sc := s.slow[r.chatID]; sc != nil {
+				sc.queue = append(sc.queue, r)
+				continue
+			}
+			batch = append(batch, r)
+		}
+		clear(s.queue[:i])
+		s.queue = s.queue[i:]
 		if len(s.queue) == 0 {
 			s.queue = s.queue[:0:0] // let the backing array go
 		} else {
 			s.cond.Signal() // another committer may take the rest
 		}
 		s.mu.Unlock()
-
-		kept := batch[:0]
-		for _, r := range batch {
-			if err := r.ctx.Err(); err != nil {
-				if r.state.CompareAndSwap(reqQueued, reqDropped) {
-					r.done <- sendResult{err: fmt.Errorf("send: %w", err)}
-				}
-				continue
-			}
-			if r.state.CompareAndSwap(reqQueued, reqTaken) {
-				kept = append(kept, r)
-			}
-		}
-		if len(kept) > 0 {
+		if kept := claimReqs(batch); len(kept) > 0 {
 			return kept
 		}
 	}
 }
 
-// commitLoop is one committer: take a batch, commit it, answer its senders.
-func (s *Store) commitLoop(ctx context.Context, run *storeRun) {
+// claimReqs marks reqs taken and returns them, but for those whose waiter
+// gave up (dropped) or whose ctx is done (answered with its error).
+func claimReqs(reqs []*sendReq) []*sendReq {
+	kept := reqs[:0]
+	for _, r := range reqs {
+		if err := r.ctx.Err(); err != nil {
+			if r.state.CompareAndSwap(reqQueued, reqDropped) {
+				r.done <- sendResult{err: fmt.Errorf("send: %w", err)}
+			}
+			continue
+		}
+		if r.state.CompareAndSwap(reqQueued, reqTaken) {
+			kept = append(kept, r)
+		}
+	}
+	return kept
+}
+
+// commitLoop is one committer: take a batch, commit it, answer its senders,
+// hand the sends of chats it could not lock to their slow lanes.
+func (s *Store) commitLoop(r *service.Run, run *storeRun) {
+	ctx := r.Context()
 	for {
 		batch := s.take(run)
 		if batch == nil {
 			return
 		}
 		tctx, cancel := context.WithTimeout(ctx, sendBatchTimeout)
-		ms, err := s.commitBatch(tctx, batch)
+		res, skipped, err := s.commitBatch(tctx, batch, false, s.lockTimeout)
 		cancel()
-		for i, r := range batch {
-			if err != nil {
-				r.done <- sendResult{err: fmt.Errorf("send: %w", err)}
-			} else {
-				r.done <- sendResult{m: ms[i]}
-			}
+		if err == nil && len(skipped) > 0 {
+			s.toSlowLanes(r, skipped)
+		}
+		answer(batch, res, err)
+	}
+}
+
+// answer sends each req its result, or err; reqs with a nil result slot
+// (moved to a slow lane) are skipped.
+func answer(reqs []*sendReq, res []*sendResult, err error) {
+	for i, r := range reqs {
+		switch {
+		case err != nil:
+			r.done <- sendResult{err: fmt.Errorf("send: %w", err)}
+		case res[i] != nil:
+			r.done <- *res[i]
 		}
 	}
 }
 
-// commitBatch stores reqs' messages and outbox events in one transaction
-// under ctx and returns the messages in reqs' order. Per chat, reqs take
-// consecutive seqs in their order. After the commit it calls
-// writer.Committed and afterCommit once. On error
-// nothing is stored.
-func (s *Store) commitBatch(ctx context.Context, reqs []*sendReq) ([]Message, error) {
-	counts := make(map[int64]int64, len(reqs))
-	ms := make([]Message, len(reqs))
-	for i, r := range reqs {
-		id, err := uuid.NewV7()
-		if err != nil {
-			return nil, fmt.Errorf("message id: %w", err)
+// toSlowLanes queues reqs (in order) in their chats' slow lanes, starting
+// the lanes that do not run yet. Each req is queued again, so its waiter
+// may still give up on it.
+func (s *Store) toSlowLanes(run *service.Run, reqs []*sendReq) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, r := range reqs {
+		r.state.Store(reqQueued)
+		sc := s.slow[r.chatID]
+		if sc == nil {
+			sc = &slowChat{}
+			if s.slow == nil {
+				s.slow = map[int64]*slowChat{}
+			}
+			s.slow[r.chatID] = sc
+			chat := r.chatID
+			run.Go(func() { s.slowLane(run.Context(), chat, sc) })
 		}
-		counts[r.chatID]++
-		// Seq holds the rank within the chat until the counter is known.
-		ms[i] = Message{ID: id.String(), ChatID: r.chatID, Seq: counts[r.chatID], Body: r.body, From: s.service}
+		sc.queue = append(sc.queue, r)
 	}
-	chats := slices.Sorted(maps.Keys(counts))
-	ns := make([]int64, len(chats))
-	for i, c := range chats {
-		ns[i] = counts[c]
+}
+
+// slowLane commits chat's queued sends, waiting for the chat's lock at most
+// the lock timeout per transaction, until its queue is empty; then the chat
+// goes back to the group commit.
+func (s *Store) slowLane(ctx context.Context, chat int64, sc *slowChat) {
+	for {
+		s.mu.Lock()
+		n := min(len(sc.queue), MaxSendBatch)
+		if n == 0 {
+			delete(s.slow, chat)
+			s.mu.Unlock()
+			return
+		}
+		reqs := slices.Clone(sc.queue[:n])
+		clear(sc.queue[:n])
+		sc.queue = sc.queue[n:]
+		s.mu.Unlock()
+		reqs = claimReqs(reqs)
+		if len(reqs) == 0 {
+			continue
+		}
+		// Each send waits for the lock at most the lock timeout from when
+		// it was queued: the transaction's lock_timeout is what is left of
+		// the oldest's (earlier attempts and a wait for a free slow lane
+		// count against it).
+		left := s.lockTimeout - time.Since(reqs[0].queued)
+		if left <= 0 {
+			answer(reqs, nil, ErrChatBusy)
+			continue
+		}
+		t := time.NewTimer(left)
+		select {
+		case s.slowSem <- struct{}{}:
+			t.Stop()
+		case <-t.C:
+			answer(reqs, nil, fmt.Errorf("%w (waited for a free slow lane)", ErrChatBusy))
+			continue
+		case <-ctx.Done():
+			t.Stop()
+			answer(reqs, nil, ctx.Err())
+			continue
+		}
+		left = max(s.lockTimeout-time.Since(reqs[0].queued), time.Millisecond)
+		tctx, cancel := context.WithTimeout(ctx, sendBatchTimeout)
+		res, _, err := s.commitBatch(tctx, reqs, true, left)
+		cancel()
+		<-s.slowSem
+		answer(reqs, res, err)
 	}
-	ids := make([]string, len(ms))
-	chatIDs := make([]int64, len(ms))
-	backs := make([]int64, len(ms))
-	bodies := make([]string, len(ms))
-	for i, m := range ms {
-		ids[i], chatIDs[i], backs[i], bodies[i] = m.ID, m.ChatID, counts[m.ChatID]-m.Seq, m.Body
+}
+
+// commitBatch stores reqs' new messages and their outbox events in one
+// transaction under ctx, with lockTimeout as its lock_timeout. With wait
+// false it only try-locks the chats and returns the reqs of chats it could
+// not lock in skipped (their result slots nil, nothing of theirs done);
+// with wait true reqs must all be of one chat, whose lock it waits for (at
+// most lockTimeout, then ErrChatBusy).
+// Per chat, the new messages take consecutive seqs in reqs' order. After the
+// commit it calls writer.Committed and afterCommit once (new messages only).
+// On error nothing is stored.
+func (s *Store) commitBatch(ctx context.Context, reqs []*sendReq, wait bool, lockTimeout time.Duration) (res []*sendResult, skipped []*sendReq, err error) {
+	chatSet := make(map[int64]bool, len(reqs))
+	type chatKey struct {
+		chat int64
+		key  string
+	}
+	keySet := map[chatKey]bool{}
+	var keyChats []int64
+	var keys []string
+	for _, r := range reqs {
+		chatSet[r.chatID] = true
+		if ck := (chatKey{r.chatID, r.key}); r.key != "" && !keySet[ck] {
+			keySet[ck] = true
+			keyChats, keys = append(keyChats, r.chatID), append(keys, r.key)
+		}
+	}
+	chats := slices.Sorted(maps.Keys(chatSet))
+	if wait && len(chats) != 1 {
+		return nil, nil, fmt.Errorf("chat: commitBatch waits for one chat's lock, not %d", len(chats))
 	}
 
-	// Two round trips for the whole batch: BEGIN with the numbering and
-	// insert statement, then the outbox insert with COMMIT (the events need
-	// the seqs and the time the first one returns).
 	conn, err := s.pool.Acquire(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("acquire connection: %w", err)
+		return nil, nil, classifySendError(fmt.Errorf("acquire connection: %w", err))
 	}
 	// Release destroys a connection left inside a transaction (any error
 	// below): that rolls the batch back.
 	defer conn.Release()
+
+	// Round trip 1: BEGIN, timeouts, the chats' locks, then (new statements,
+	// so new snapshots taken after the locks were granted) the chats' last
+	// seqs and the keys already stored.
 	b := &pgx.Batch{}
 	b.Queue("BEGIN")
-	b.Queue(s.q.sendBatch, chats, ns, ids, chatIDs, backs, bodies)
-	br := conn.SendBatch(ctx, b)
+	b.Queue(setSendTimeoutsSQL, pgMillis(lockTimeout), pgMillis(sendStatementTimeout))
+	if wait {
+		b.Queue(s.q.lockChat, chats[0])
+	} else {
+		b.Queue(s.q.tryLockChats, chats)
+	}
+	b.Queue(s.q.lastSeqs, chats)
+	if len(keys) > 0 {
+		b.Queue(s.q.findKeys, keyChats, keys)
+	}
+	locked := make(map[int64]bool, len(chats))
 	last := make(map[int64]int64, len(chats))
-	var (
-		now      time.Time
-		inserted int64
-	)
+	stored := map[chatKey]Message{}
+	var now time.Time
+	br := conn.SendBatch(ctx, b)
 	err = func() error {
 		if _, err := br.Exec(); err != nil {
 			return fmt.Errorf("begin: %w", err)
 		}
-		rows, err := br.Query()
-		if err != nil {
-			return fmt.Errorf("number and insert messages: %w", err)
+		if _, err := br.Exec(); err != nil {
+			return fmt.Errorf("set timeouts: %w", err)
 		}
-		for rows.Next() {
-			var chat, seq int64
-			if err := rows.Scan(&chat, &seq, &now, &inserted); err != nil {
-				rows.Close()
-				return fmt.Errorf("number and insert messages: %w", err)
+		if wait {
+			if _, err := br.Exec(); err != nil {
+				return fmt.Errorf("lock chat %d: %w", chats[0], err)
 			}
-			last[chat] = seq
+			locked[chats[0]] = true
+		} else {
+			rows, _ := br.Query()
+			got, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+			if err != nil {
+				return fmt.Errorf("lock chats: %w", err)
+			}
+			for _, c := range got {
+				locked[c] = true
+			}
+		}
+		rows, _ := br.Query()
+		for rows.Next() {
+			var c, seq int64
+			if err := rows.Scan(&c, &seq, &now); err != nil {
+				rows.Close()
+				return fmt.Errorf("read last seqs: %w", err)
+			}
+			last[c] = seq
 		}
 		rows.Close()
 		if err := rows.Err(); err != nil {
-			return fmt.Errorf("number and insert messages: %w", err)
+			return fmt.Errorf("read last seqs: %w", err)
+		}
+		if len(keys) == 0 {
+			return nil
+		}
+		rows, _ = br.Query()
+		for rows.Next() {
+			var ck chatKey
+			m := Message{From: s.service}
+			if err := rows.Scan(&ck.chat, &ck.key, &m.ID, &m.Seq, &m.Body, &m.SentAt, &m.Author); err != nil {
+				rows.Close()
+				return fmt.Errorf("look up idempotency keys: %w", err)
+			}
+			m.ChatID = ck.chat
+			stored[ck] = m
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return fmt.Errorf("look up idempotency keys: %w", err)
 		}
 		return nil
 	}()
 	if cerr := br.Close(); err == nil && cerr != nil {
-		err = fmt.Errorf("number and insert messages: %w", cerr)
+		err = fmt.Errorf("lock and number: %w", cerr)
 	}
 	if err != nil {
-		return nil, err
+		return nil, nil, classifySendError(err)
 	}
-	if len(last) != len(chats) || inserted != int64(len(ms)) {
-		return nil, fmt.Errorf("number and insert messages: %d of %d chats numbered, %d of %d messages inserted",
-			len(last), len(chats), inserted, len(ms))
-	}
-	events := make([]outbox.Event, len(ms))
-	for i := range ms {
-		m := &ms[i]
-		m.Seq = last[m.ChatID] - (counts[m.ChatID] - m.Seq)
-		m.SentAt = now
-		payload, err := json.Marshal(*m)
-		if err != nil {
-			return nil, fmt.Errorf("encode event: %w", err)
+
+	// Number the new messages; answer replays and conflicts.
+	res = make([]*sendResult, len(reqs))
+	leader := map[chatKey]int{} // key → index of the batch's first send with it
+	var fresh []int             // indexes of the new messages
+	for i, r := range reqs {
+		if !locked[r.chatID] {
+			skipped = append(skipped, r)
+			continue
 		}
-		// Request order: each chat's events, hence its outbox ids, ascend
-		// with seq (invariant 5).
-		events[i] = outbox.Event{ID: m.ID, Name: EventMessageCreated, Payload: payload}
+		ck := chatKey{r.chatID, r.key}
+		if r.key != "" {
+			if m, ok := stored[ck]; ok {
+				res[i] = replayOrConflict(m, r.body)
+				continue
+			}
+			if _, ok := leader[ck]; ok {
+				continue // resolved after the commit, from its leader
+			}
+			leader[ck] = i
+		}
+		id, err := uuid.NewV7()
+		if err != nil {
+			return nil, nil, fmt.Errorf("message id: %w", err)
+		}
+		last[r.chatID]++
+		res[i] = &sendResult{m: Message{ID: id.String(), ChatID: r.chatID, Seq: last[r.chatID], Body: r.body, SentAt: now, From: s.service, Author: r.author}}
+		fresh = append(fresh, i)
 	}
+
+	// Round trip 2: the messages, their outbox events, COMMIT.
 	b = &pgx.Batch{}
-	n, err := s.writer.QueueEnqueue(b, events...)
-	if err != nil {
-		return nil, err
+	var ms []Message
+	if len(fresh) > 0 {
+		ms = make([]Message, len(fresh))
+		ids := make([]string, len(fresh))
+		chatIDs := make([]int64, len(fresh))
+		seqs := make([]int64, len(fresh))
+		bodies := make([]string, len(fresh))
+		cids := make([]string, len(fresh))
+		authors := make([]string, len(fresh))
+		events := make([]outbox.Event, len(fresh))
+		for j, i := range fresh {
+			m := res[i].m
+			ms[j] = m
+			ids[j], chatIDs[j], seqs[j], bodies[j], cids[j], authors[j] = m.ID, m.ChatID, m.Seq, m.Body, reqs[i].key, m.Author
+			payload, err := json.Marshal(m)
+			if err != nil {
+				return nil, nil, fmt.Errorf("encode event: %w", err)
+			}
+			// Request order: each chat's events, hence its outbox ids, ascend
+			// with seq (invariant 5).
+			events[j] = outbox.Event{ID: m.ID, Name: EventMessageCreated, Payload: payload}
+		}
+		b.Queue(s.q.insertMessages, ids, chatIDs, seqs, bodies, cids, authors)
+		if _, err := s.writer.QueueEnqueue(b, events...); err != nil {
+			return nil, nil, err
+		}
 	}
 	b.Queue("COMMIT")
 	br = conn.SendBatch(ctx, b)
 	var tag pgconn.CommandTag
-	for range n + 1 {
+	for i := range b.Len() {
 		if tag, err = br.Exec(); err != nil {
+			break
+		}
+		if i == 0 && len(fresh) > 0 && tag.RowsAffected() != int64(len(fresh)) {
+			err = fmt.Errorf("%d of %d messages inserted", tag.RowsAffected(), len(fresh))
 			break
 		}
 	}
@@ -314,11 +590,53 @@ func (s *Store) commitBatch(ctx context.Context, reqs []*sendReq) ([]Message, er
 		err = fmt.Errorf("transaction ended in %q", tag.String())
 	}
 	if err != nil {
-		return nil, fmt.Errorf("enqueue and commit: %w", err)
+		return nil, nil, classifySendError(fmt.Errorf("insert and commit: %w", err))
 	}
-	s.writer.Committed()
-	if s.afterCommit != nil {
-		s.afterCommit(ms)
+	// Later sends of a key the batch stored: replays of (or conflicts with)
+	// the first.
+	for i, r := range reqs {
+		if res[i] == nil && locked[r.chatID] {
+			res[i] = replayOrConflict(res[leader[chatKey{r.chatID, r.key}]].m, r.body)
+		}
 	}
-	return ms, nil
+	if len(ms) > 0 {
+		s.writer.Committed()
+		if s.afterCommit != nil {
+			s.afterCommit(ms)
+		}
+	}
+	return res, skipped, nil
+}
+
+// replayOrConflict answers a send whose key already stored m: m itself
+// (replayed) if the bodies match, else ErrIdempotencyConflict.
+func replayOrConflict(m Message, body string) *sendResult {
+	if m.Body != body {
+		return &sendResult{err: fmt.Errorf("send: %w (message %s, seq %d)", ErrIdempotencyConflict, m.ID, m.Seq)}
+	}
+	return &sendResult{m: m, replayed: true}
+}
+
+// setSendTimeoutsSQL applies the send transaction's lock_timeout and
+// statement_timeout ($1, $2), for this transaction only.
+const setSendTimeoutsSQL = "SELECT set_config('lock_timeout', $1, true), set_config('statement_timeout', $2, true)"
+
+// pgMillis renders d as a PostgreSQL duration setting in whole milliseconds
+// (at least 1 ms; 0 would mean "no timeout").
+func pgMillis(d time.Duration) string {
+	return strconv.FormatInt(max(d.Milliseconds(), 1), 10) + "ms"
+}
+
+// classifySendError wraps err with ErrChatBusy (lock_timeout, SQLSTATE
+// 55P03) or ErrSendTimeout (statement_timeout, 57014, or the
+// transaction's deadline), so callers can tell them apart.
+func classifySendError(err error) error {
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.As(err, &pgErr) && pgErr.Code == "55P03":
+		return fmt.Errorf("%w: %w", ErrChatBusy, err)
+	case errors.As(err, &pgErr) && pgErr.Code == "57014", errors.Is(err, context.DeadlineExceeded):
+		return fmt.Errorf("%w: %w", ErrSendTimeout, err)
+	}
+	return err
 }

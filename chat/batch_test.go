@@ -43,6 +43,8 @@ func newBatchEnv(t *testing.T, mode outbox.WakeMode) *batchEnv {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Tests hold locks for as long as they need: waits end by release.
+	s.lockTimeout = time.Minute
 	if err := s.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -64,17 +66,34 @@ func (e *batchEnv) count(t *testing.T, sql string, args ...any) int {
 	return n
 }
 
-// lockChat starts an admin transaction that inserts chat's counter row and
-// holds it uncommitted, so a send transaction touching chat waits on it.
-// The returned func commits (the row then has last_seq 0) or rolls back.
+// lockChat starts an admin transaction that holds chat's advisory lock
+// (the lock every send to chat takes), so sends to chat wait in its slow
+// lane. The returned func commits or rolls back (either releases it).
 func (e *batchEnv) lockChat(t *testing.T, chat int64) (release func(commit bool)) {
+	t.Helper()
+	return e.hold(t, `SELECT pg_advisory_xact_lock(`+ChatLockSQL(Consumers, "$1::bigint")+`)`, chat)
+}
+
+// blockCommitter starts an admin transaction that locks consumers.messages
+// (ACCESS EXCLUSIVE), so the next send transaction waits on it in its first
+// round trip (reading the chats' last seqs), before any write, while later
+// sends queue behind it. The returned func commits or rolls back. Reads of
+// consumers.messages wait too until then.
+func (e *batchEnv) blockCommitter(t *testing.T) (release func(commit bool)) {
+	t.Helper()
+	return e.hold(t, `LOCK TABLE consumers.messages IN ACCESS EXCLUSIVE MODE`)
+}
+
+// hold runs sql in an admin transaction left open until the returned func
+// (or the test's cleanup) ends it.
+func (e *batchEnv) hold(t *testing.T, sql string, args ...any) (release func(commit bool)) {
 	t.Helper()
 	ctx := context.Background()
 	tx, err := e.h.admin.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := tx.Exec(ctx, `INSERT INTO consumers.chats (chat_id, last_seq) VALUES ($1, 0)`, chat); err != nil {
+	if _, err := tx.Exec(ctx, sql, args...); err != nil {
 		t.Fatal(err)
 	}
 	var once sync.Once
@@ -87,7 +106,7 @@ func (e *batchEnv) lockChat(t *testing.T, chat int64) (release func(commit bool)
 				err = tx.Rollback(ctx)
 			}
 			if err != nil {
-				t.Errorf("release chat lock: %v", err)
+				t.Errorf("release lock: %v", err)
 			}
 		})
 	}
@@ -95,7 +114,8 @@ func (e *batchEnv) lockChat(t *testing.T, chat int64) (release func(commit bool)
 	return release
 }
 
-// waitBlocked waits until the committer's transaction waits on a row lock.
+// waitBlocked waits until a send transaction waits on a lock (a chat's,
+// in its slow lane, or the outbox table's).
 func (e *batchEnv) waitBlocked(t *testing.T) {
 	t.Helper()
 	testenv.WaitFor(t, 10*time.Second, "committer blocked on the chat lock", func() bool {
@@ -130,7 +150,7 @@ func (e *batchEnv) goSend(ctx context.Context, chat int64, body string) <-chan s
 }
 
 // checkConsistent checks the whole database against invariants 1 and 5:
-// per chat, seqs 1..N without gaps and the counter at N; each message has
+// per chat, seqs 1..N without gaps; each message has
 // exactly one outbox row whose payload is the message; outbox ids ascend
 // with seq per chat. It returns the stored messages by id.
 func (e *batchEnv) checkConsistent(t *testing.T) map[string]Message {
@@ -192,10 +212,6 @@ func (e *batchEnv) checkConsistent(t *testing.T) map[string]Message {
 	}
 	if n := e.count(t, `SELECT count(*) FROM consumers.outbox`); n != len(stored) {
 		t.Fatalf("%d outbox rows for %d messages", n, len(stored))
-	}
-	if n := e.count(t, `SELECT count(*) FROM consumers.chats c
-		WHERE last_seq <> (SELECT coalesce(max(seq), 0) FROM consumers.messages m WHERE m.chat_id = c.chat_id)`); n != 0 {
-		t.Fatalf("%d chat counters differ from their last seq", n)
 	}
 	return stored
 }
@@ -265,7 +281,7 @@ func TestSendBatchConcurrent(t *testing.T) {
 func TestSendBatchTakesAllQueued(t *testing.T) {
 	t.Parallel()
 	e := newBatchEnv(t, outbox.WakeAfterCommit)
-	release := e.lockChat(t, 1)
+	release := e.blockCommitter(t)
 	first := e.goSend(context.Background(), 1, "first")
 	e.waitBlocked(t)
 
@@ -336,7 +352,7 @@ func TestSendCancelledStoresNothing(t *testing.T) {
 			t.Errorf("send(%d, %q): %v, want a *FieldError", c.chat, c.body, err)
 		}
 	}
-	for _, table := range []string{"messages", "outbox", "chats"} {
+	for _, table := range []string{"messages", "outbox"} {
 		if n := e.count(t, `SELECT count(*) FROM consumers.`+table); n != 0 {
 			t.Errorf("%d rows in %s", n, table)
 		}
@@ -350,7 +366,7 @@ func TestSendBatchFailure(t *testing.T) {
 	t.Parallel()
 	e := newBatchEnv(t, outbox.WakeAfterCommit)
 	// terminate ends the backend of the committer's transaction once it
-	// waits on the chat lock, and waits until it is gone.
+	// waits on the table lock, and waits until it is gone.
 	terminate := func() {
 		t.Helper()
 		ctx := context.Background()
@@ -367,7 +383,7 @@ func TestSendBatchFailure(t *testing.T) {
 			return e.count(t, `SELECT count(*) FROM pg_stat_activity WHERE pid = $1`, pid) == 0
 		})
 	}
-	release := e.lockChat(t, 1)
+	release := e.blockCommitter(t)
 	first := e.goSend(context.Background(), 1, "first")
 	e.waitBlocked(t)
 	var batch []<-chan sendOutcome
@@ -385,12 +401,12 @@ func TestSendBatchFailure(t *testing.T) {
 			t.Errorf("send %d succeeded in a failed batch: %+v", i, o.m)
 		}
 	}
+	release(false) // before counting: the lock holds back reads of messages
 	for _, table := range []string{"messages", "outbox"} {
 		if n := e.count(t, `SELECT count(*) FROM consumers.`+table); n != 0 {
 			t.Errorf("%d rows in %s after failed batches", n, table)
 		}
 	}
-	release(false)
 	for chat := int64(1); chat <= 3; chat++ {
 		m, err := e.store.Send(context.Background(), chat, "after")
 		if err != nil {
@@ -480,8 +496,9 @@ func TestStoreLifecycle(t *testing.T) {
 		t.Fatalf("second Start: %v, want ErrAlreadyStarted", err)
 	}
 
-	// Stop commits what is queued, then returns; sends meanwhile run alone.
-	release := e.lockChat(t, 1)
+	// Stop commits what is queued, then returns; sends meanwhile run alone
+	// (not queued: the queue keeps its one send while "alone" waits too).
+	release := e.blockCommitter(t)
 	first := e.goSend(ctx, 1, "first")
 	e.waitBlocked(t)
 	second := e.goSend(ctx, 1, "second")
@@ -493,14 +510,20 @@ func TestStoreLifecycle(t *testing.T) {
 		defer e.store.mu.Unlock()
 		return e.store.run.stopping
 	})
-	if m, err := e.store.Send(ctx, 2, "alone"); err != nil || m.Seq != 1 {
-		t.Fatalf("send while stopping: %+v, %v", m, err)
-	}
+	alone := e.goSend(ctx, 2, "alone")
+	testenv.WaitFor(t, 10*time.Second, "the lone send waiting on the table lock too", func() bool {
+		return e.count(t, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND usename = 'consumers' AND wait_event_type = 'Lock'`) == 2
+	})
+	e.waitQueued(t, 1)
 	release(true)
 	for i, ch := range []<-chan sendOutcome{first, second} {
 		if o := <-ch; o.err != nil || o.m.Seq != int64(i+1) {
 			t.Fatalf("queued send %d: %+v", i, o)
 		}
+	}
+	if o := <-alone; o.err != nil || o.m.Seq != 1 {
+		t.Fatalf("send while stopping: %+v", o)
 	}
 	if err := <-stopped; err != nil {
 		t.Fatal(err)
@@ -517,7 +540,7 @@ func TestStoreLifecycle(t *testing.T) {
 	if err := e.store.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	release = e.lockChat(t, 3)
+	release = e.blockCommitter(t)
 	inflight := e.goSend(ctx, 3, "in flight")
 	e.waitBlocked(t)
 	queued := e.goSend(ctx, 4, "queued")

@@ -69,15 +69,20 @@ func TestChatPageInBrowser(t *testing.T) {
 	}
 
 	const chat = 42
-	open := func(tab context.Context, base string) {
+	// Auth is on: each tab is a user whose token is in the URL fragment.
+	open := func(tab context.Context, base, user string) {
 		t.Helper()
+		tok, err := MintToken(testSecret, user, []string{Consumers, Workers}, ChatScope{IDs: []int64{chat}}, time.Hour)
+		if err != nil {
+			t.Fatal(err)
+		}
 		run(t, tab, "open "+base,
 			chromedp.EmulateViewport(560, 680),
-			chromedp.Navigate(fmt.Sprintf("%s/?chat_id=%d", base, chat)))
+			chromedp.Navigate(fmt.Sprintf("%s/?chat_id=%d#token=%s", base, chat, tok)))
 		waitPage(t, tab, "the page to go live", `document.getElementById("status").className === "live"`)
 	}
-	open(consTab, cons.base)
-	open(workTab, "http://"+workersAddr)
+	open(consTab, cons.base, "alice")
+	open(workTab, "http://"+workersAddr, "bob")
 
 	// One message from each tab; each waits to be in both tabs before the
 	// next is sent, so both tabs must show them in that order.
@@ -131,6 +136,20 @@ func TestChatPageInBrowser(t *testing.T) {
 			t.Errorf("%s: no own message to check", tc.name)
 		}
 		t.Logf("%s marks: %q", tc.name, marks)
+	}
+
+	// Each message shows its author, the sender's token's user, on both
+	// sides (the received ones carried it in the event).
+	for _, tab := range []context.Context{consTab, workTab} {
+		authors := eval[[]string](t, tab, `[...document.querySelectorAll("#log .msg")].map(e => e.dataset.from + " " + e.querySelector(".author").textContent)`)
+		for _, a := range authors {
+			if a != "consumers alice · " && a != "workers bob · " {
+				t.Errorf("author shown %q: want alice on consumers' messages, bob on workers'", a)
+			}
+		}
+		if len(authors) != len(want) {
+			t.Errorf("%d messages with authors, want %d", len(authors), len(want))
+		}
 	}
 
 	// An over-long message: the API refuses it, the error shows next to the

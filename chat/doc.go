@@ -3,13 +3,16 @@
 // Redis Streams queue (package redisq) and an inbox (package inbox).
 //
 // Each service owns the Postgres schema and role named after it (Bootstrap,
-// Migrate) with the tables chats, messages, outbox, inbox and
-// inbox_duplicates. Serve runs a service's roles:
+// Migrate) with the tables messages, outbox, inbox and inbox_duplicates.
+// Serve runs a service's roles:
 //
 //   - api: HTTP API, WebSocket gateway and the chat page (API, Gateway). A
-//     send (Store.Send) locks the chat's counter row, assigns the next seq,
-//     and commits the message with its outbox event; nothing is stored for
-//     rejected input, and a database that cannot be reached answers 503.
+//     send (Store.SendIdempotent) takes the chat's advisory lock, numbers
+//     from the chat's last seq, and commits the message (with its optional
+//     idempotency key) and its outbox event; no row is updated (batch.go).
+//     Nothing is stored for rejected input; a database that cannot be
+//     reached, or a chat whose lock stays busy past the lock timeout,
+//     answers 503.
 //   - relay: outbox.Relay publishing the service's outbox to the queue
 //     "<service>-to-<peer>" (QueueName) with the message id as job id; and
 //     the Redriver, which publishes again the messages no receipt came back

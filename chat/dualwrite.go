@@ -33,12 +33,14 @@ func newDualWriter(store *Store, pub *redisq.Publisher, log *slog.Logger) *dualW
 }
 
 func (d *dualWriter) send(ctx context.Context, chatID int64, body string) (Message, error) {
-	m := Message{ChatID: chatID, Body: body, From: d.store.service}
+	m := Message{ChatID: chatID, Body: body, From: d.store.service, Author: authorOf(ctx)}
 	err := pgx.BeginFunc(ctx, d.store.pool, func(tx pgx.Tx) error {
-		if err := tx.QueryRow(ctx, d.store.q.nextSeq, chatID).Scan(&m.Seq); err != nil {
-			return fmt.Errorf("next seq: %w", err)
+		// The chat's lock, then (a statement of its own, so a snapshot
+		// that sees the previous holder's commit) the next seq.
+		if _, err := tx.Exec(ctx, d.store.q.lockChat, chatID); err != nil {
+			return fmt.Errorf("lock chat: %w", err)
 		}
-		return tx.QueryRow(ctx, d.store.q.insertMessage, chatID, m.Seq, body).Scan(&m.ID, &m.SentAt)
+		return tx.QueryRow(ctx, d.store.q.insertOne, chatID, body, m.Author).Scan(&m.ID, &m.Seq, &m.SentAt)
 	})
 	if err != nil {
 		return Message{}, fmt.Errorf("send: %w", err)

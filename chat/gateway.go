@@ -187,14 +187,14 @@ func NewGateway(pool *pgxpool.Pool, service string, cfg *GatewayConfig) (*Gatewa
 	// origin, from the subscribers' lowest cursors on.
 	// A room may be read from two cursors (see push); k is the 1-based
 	// index of the (chat, cursors) entry a row was read for.
-	q := `SELECT r.k, r.chat_id, false, m.id::text, m.seq, m.body, m.created_at, NULL::timestamptz, $4::text, m.delivered_at
+	q := `SELECT r.k, r.chat_id, false, m.id::text, m.seq, m.body, m.created_at, NULL::timestamptz, $4::text, m.delivered_at, coalesce(m.author, '')
 		FROM unnest($1::bigint[], $2::bigint[]) WITH ORDINALITY AS r(chat_id, after, k)
-		CROSS JOIN LATERAL (SELECT id, seq, body, created_at, delivered_at FROM ` + s + `.messages
+		CROSS JOIN LATERAL (SELECT id, seq, body, created_at, delivered_at, author FROM ` + s + `.messages
 			WHERE chat_id = r.chat_id AND seq > r.after ORDER BY seq LIMIT ` + page + `) m
 		UNION ALL
-		SELECT r.k, r.chat_id, true, i.message_id::text, i.seq, i.body, i.sent_at, i.received_at, i.sender, i.received_at
+		SELECT r.k, r.chat_id, true, i.message_id::text, i.seq, i.body, i.sent_at, i.received_at, i.sender, i.received_at, coalesce(i.author, '')
 		FROM unnest($1::bigint[], $3::bigint[]) WITH ORDINALITY AS r(chat_id, after, k)
-		CROSS JOIN LATERAL (SELECT message_id, seq, body, sent_at, received_at, sender FROM ` + s + `.inbox
+		CROSS JOIN LATERAL (SELECT message_id, seq, body, sent_at, received_at, sender, author FROM ` + s + `.inbox
 			WHERE chat_id = r.chat_id AND seq > r.after ORDER BY seq LIMIT ` + page + `) i`
 	g := &Gateway{
 		pool: pool, service: service, cfg: c, query: q,
@@ -658,7 +658,7 @@ func (g *Gateway) push(ctx context.Context) (more bool, hold time.Time, err erro
 		var k int64
 		var received bool
 		var recvAt *time.Time
-		if err := rows.Scan(&k, &m.ChatID, &received, &m.ID, &m.Seq, &m.Body, &m.SentAt, &recvAt, &m.From, &m.DeliveredAt); err != nil {
+		if err := rows.Scan(&k, &m.ChatID, &received, &m.ID, &m.Seq, &m.Body, &m.SentAt, &recvAt, &m.From, &m.DeliveredAt, &m.Author); err != nil {
 			rows.Close()
 			g.markDirty(ids)
 			return false, hold, err

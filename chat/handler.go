@@ -20,7 +20,15 @@ type InboxHandler struct {
 	channel     string
 	insertBatch string
 	rq          receiptQueries
+	// keys, when set, check every delivery's signature before anything
+	// else (EventKeys.Verify on the inbound queue).
+	keys *EventKeys
 }
+
+// RequireSignatures makes h refuse, as malformed (dead-lettered with the
+// reason, before the inbox is touched), every delivery whose signature is
+// missing or does not match keys for the inbound queue. Call it before use.
+func (h *InboxHandler) RequireSignatures(keys *EventKeys) { h.keys = keys }
 
 // NewInboxHandler returns the handler for service's inbox; it NOTIFYs the
 // gateway's channel InboxChannel(service). Error: an unknown service.
@@ -40,8 +48,10 @@ func NewInboxHandler(service string) (*InboxHandler, error) {
 		// NOTIFY's CTE is read by the final SELECT, so it runs whenever a row
 		// was inserted.
 		insertBatch: `WITH ins AS (
-			INSERT INTO ` + s + `.inbox (message_id, chat_id, seq, body, sender, sent_at)
-			SELECT * FROM unnest($1::uuid[], $2::bigint[], $3::bigint[], $4::text[], $5::text[], $6::timestamptz[])
+			INSERT INTO ` + s + `.inbox (message_id, chat_id, seq, body, sender, sent_at, author)
+			SELECT u.id, u.chat, u.seq, u.body, u.sender, u.sent_at, NULLIF(u.author, '')
+			FROM unnest($1::uuid[], $2::bigint[], $3::bigint[], $4::text[], $5::text[], $6::timestamptz[], $9::text[])
+				AS u(id, chat, seq, body, sender, sent_at, author)
 			ON CONFLICT (message_id) DO NOTHING RETURNING message_id, chat_id, received_at),
 		note AS (SELECT pg_notify($7, string_agg(DISTINCT chat_id::text, ',')) AS n FROM ins HAVING count(*) > 0),
 		dup AS (INSERT INTO ` + s + `.inbox_duplicates (message_id)
@@ -73,6 +83,11 @@ func (h *InboxHandler) decodeReceipt(d inbox.Delivery) (Receipt, error) {
 // the job id.
 // Errors wrap inbox.ErrMalformed.
 func (h *InboxHandler) decode(d inbox.Delivery) (Message, error) {
+	if h.keys != nil {
+		if err := h.keys.Verify(QueueName(Peer(h.service)), d); err != nil {
+			return Message{}, fmt.Errorf("%w: %w", inbox.ErrMalformed, err)
+		}
+	}
 	if d.Name != EventMessageCreated {
 		return Message{}, fmt.Errorf("%w: event %q, expected %q or %q", inbox.ErrMalformed, d.Name, EventMessageCreated, EventReceipt)
 	}
@@ -136,7 +151,7 @@ func (h *InboxHandler) ApplyBatch(ctx context.Context, tx pgx.Tx, ds []inbox.Del
 // receipt always (Value: the Receipt). It queues nothing when every
 // delivery is malformed.
 func (h *InboxHandler) QueueBatch(b *pgx.Batch, ds []inbox.Delivery, rs []inbox.BatchResult) error {
-	var ids, bodies, senders, repeats []string
+	var ids, bodies, senders, authors, repeats []string
 	var chats, seqs []int64
 	var sentAts []time.Time
 	var rChats, rUpto []int64
@@ -169,6 +184,7 @@ func (h *InboxHandler) QueueBatch(b *pgx.Batch, ds []inbox.Delivery, rs []inbox.
 		msgs[i] = m
 		ids, chats, seqs = append(ids, m.ID), append(chats, m.ChatID), append(seqs, m.Seq)
 		bodies, senders, sentAts = append(bodies, m.Body), append(senders, m.From), append(sentAts, m.SentAt)
+		authors = append(authors, m.Author)
 	}
 	if len(rChats) > 0 {
 		b.Queue(h.rq.apply, rChats, rUpto, rAts, ReceiptChannel(h.service)).Query(func(rows pgx.Rows) error {
@@ -182,7 +198,7 @@ func (h *InboxHandler) QueueBatch(b *pgx.Batch, ds []inbox.Delivery, rs []inbox.
 	if len(ids) == 0 {
 		return nil
 	}
-	b.Queue(h.insertBatch, ids, chats, seqs, bodies, senders, sentAts, h.channel, repeats).Query(func(rows pgx.Rows) error {
+	b.Queue(h.insertBatch, ids, chats, seqs, bodies, senders, sentAts, h.channel, repeats, authors).Query(func(rows pgx.Rows) error {
 		for rows.Next() {
 			var id string
 			var at time.Time

@@ -9,6 +9,8 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
+	"os"
+	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -22,6 +24,38 @@ import (
 
 func TestMain(m *testing.M) { testenv.Main(m) }
 
+// testSecret is the HS256 secret of every harness service; testToken a
+// token of user "tester" for every chat on both services.
+var (
+	testSecret = []byte("outboxchat test secret: 32 bytes or more")
+	testToken  = sync.OnceValue(func() string {
+		t, err := MintToken(testSecret, "tester", []string{Consumers, Workers}, ChatScope{All: true}, time.Hour)
+		if err != nil {
+			panic(err)
+		}
+		return t
+	})
+	// authClient sends testToken with every request.
+	authClient = &http.Client{Transport: bearerTransport{}}
+)
+
+// bearerTransport adds "Authorization: Bearer <token>" (testToken unless
+// the request has one).
+type bearerTransport struct{}
+
+func (bearerTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	if r.Header.Get("Authorization") == "" {
+		r = r.Clone(r.Context())
+		r.Header.Set("Authorization", "Bearer "+testToken())
+	}
+	return http.DefaultTransport.RoundTrip(r)
+}
+
+// wsOpts offers token as a WebSocket subprotocol, as the page does.
+func wsOpts(token string) *websocket.DialOptions {
+	return &websocket.DialOptions{Subprotocols: []string{wsProtocol, wsBearerPrefix + token}}
+}
+
 // harness runs both services in-process (chat.Serve in goroutines) on a
 // fresh database of the shared private Postgres and a unique key prefix of
 // the shared private Redis (or the given one).
@@ -31,6 +65,8 @@ type harness struct {
 	admin    *pgxpool.Pool
 	redisURL string
 	prefix   string
+	// secretFile holds testSecret: every service started has auth on.
+	secretFile string
 }
 
 func newHarness(t testing.TB, redisURL string) *harness {
@@ -53,7 +89,11 @@ func newHarness(t testing.TB, redisURL string) *harness {
 	if redisURL == "" {
 		redisURL = testenv.RedisURL(t)
 	}
-	return &harness{t: t, adminURL: adminURL, admin: admin, redisURL: redisURL, prefix: testenv.Prefix(t)}
+	secretFile := filepath.Join(t.TempDir(), "jwt.secret")
+	if err := os.WriteFile(secretFile, testSecret, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return &harness{t: t, adminURL: adminURL, admin: admin, redisURL: redisURL, prefix: testenv.Prefix(t), secretFile: secretFile}
 }
 
 // roleURL is the database URL for service's own role.
@@ -84,8 +124,12 @@ func (h *harness) start(service string, mutate func(*Config)) *running {
 		Service: service, DatabaseURL: h.roleURL(service), RedisURL: h.redisURL,
 		HTTPAddr: "127.0.0.1:0", RedisPrefix: h.prefix, LockDuration: 2 * time.Second,
 		PollInterval: 200 * time.Millisecond,
-		Logger:       slog.New(slog.NewTextHandler(io.Discard, nil)),
-		Listening:    func(a string) { addr <- a },
+		// Tests send from one IP faster than a person: limits off unless
+		// a test sets them.
+		Guard:     GuardConfig{IPRate: -1, UserRate: -1, SocketsPerUser: -1},
+		Auth:      AuthConfig{SecretFile: h.secretFile},
+		Logger:    slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Listening: func(a string) { addr <- a },
 	}
 	if testing.Verbose() {
 		cfg.Logger = slog.New(slog.NewTextHandler(testWriter{h.t}, nil)).With("test_service", service)
@@ -103,6 +147,7 @@ func (h *harness) start(service string, mutate func(*Config)) *running {
 	case a := <-addr:
 		r.base = "http://" + a
 	case err := <-r.done:
+		r.done <- err // for the cleanup's stop
 		h.t.Fatalf("serve %s: %v", service, err)
 	case <-time.After(20 * time.Second):
 		h.t.Fatalf("serve %s: not listening after 20 s", service)
@@ -140,7 +185,7 @@ func send(t testing.TB, base string, chat int64, body string) Message {
 
 func post(t testing.TB, base, chat, body string) (int, []byte) {
 	t.Helper()
-	resp, err := http.Post(base+"/api/chats/"+chat+"/messages", "application/json", bytes.NewBufferString(body))
+	resp, err := authClient.Post(base+"/api/chats/"+chat+"/messages", "application/json", bytes.NewBufferString(body))
 	if err != nil {
 		t.Fatalf("post: %v", err)
 	}
@@ -223,7 +268,7 @@ func (h *harness) count(t testing.TB, query string, args ...any) int {
 func watchURL(t testing.TB, ctx context.Context, u string) *watcher {
 	t.Helper()
 	ctx, cancel := context.WithCancel(ctx)
-	c, _, err := websocket.Dial(ctx, "ws"+u[len("http"):], nil)
+	c, _, err := websocket.Dial(ctx, "ws"+u[len("http"):], wsOpts(testToken()))
 	if err != nil {
 		cancel()
 		t.Fatalf("dial %s: %v", u, err)
@@ -263,7 +308,7 @@ func watchURL(t testing.TB, ctx context.Context, u string) *watcher {
 }
 
 func http_get(u string) (string, error) {
-	resp, err := http.Get(u)
+	resp, err := authClient.Get(u)
 	if err != nil {
 		return "", err
 	}

@@ -29,14 +29,17 @@ const (
 
 // API serves one service's HTTP endpoints:
 //
-//	POST /api/chats/{chat_id}/messages   {"body": "..."} → 201 Message
+//	POST /api/chats/{chat_id}/messages   {"body": "...", "client_id": "..."} → 201 Message
+//	     (Idempotency-Key header or client_id: a repeat → 200 the first Message, another body → 409)
 //	GET  /api/chats/{chat_id}/messages?after_seq=N[&after_consumers=N&after_workers=N][&limit=N]
 //	     → 200 {"messages": [Message…], "more": bool}
 //	GET  /ws?chat_id=ID[&after_consumers=N&after_workers=N]   WebSocket: pushes Message frames
 //
 // Bad input gets 400 {"error": "...", "field": "..."}; nothing is stored. A
-// database that cannot be reached gets 503 (nothing half-written: the send
-// transaction rolled back). API is safe for concurrent use.
+// database that cannot be reached, a chat whose lock stays busy past the
+// lock timeout and a read past the read timeout get 503 with a short generic
+// error (nothing half-written: the send transaction rolled back); the cause
+// is logged, never put in a body. API is safe for concurrent use.
 type API struct {
 	store   *Store
 	gateway *Gateway
@@ -46,6 +49,12 @@ type API struct {
 	// onSend, when set, runs instead of the store's Send (the lab's v1 naive
 	// dual write). It must validate nothing: the body is already valid.
 	onSend func(ctx context.Context, chatID int64, body string) (Message, error)
+	// verifier checks bearer tokens (auth.go); nil when auth is off.
+	verifier *Verifier
+	// guard bounds what one client can take (guard.go); wsDropped counts
+	// WebSockets the server dropped, by reason (nil = not counted).
+	guard     *guard
+	wsDropped func(reason string)
 	// closing is closed when the service stops: every WebSocket is closed
 	// with StatusGoingAway so clients reconnect (http.Server.Shutdown does
 	// not track hijacked connections). sockets counts the live handlers.
@@ -95,13 +104,35 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 	_ = json.NewEncoder(w).Encode(v)
 }
 
+// writeError answers a *FieldError with 400 and anything else with a
+// generic 503 (the caller logs the cause).
 func writeError(w http.ResponseWriter, err error) {
 	var fe *FieldError
 	if errors.As(err, &fe) {
 		writeJSON(w, http.StatusBadRequest, errorBody{Error: fe.Error(), Field: fe.Field})
 		return
 	}
-	writeJSON(w, http.StatusServiceUnavailable, errorBody{Error: "database unavailable, nothing was stored: " + err.Error()})
+	writeJSON(w, http.StatusServiceUnavailable, errorBody{Error: "database unavailable, try again"})
+}
+
+// idempotencyKey returns the send's idempotency key: the Idempotency-Key
+// header or the body's client_id (they must agree when both are given),
+// "" for none, and the name of the field it came from.
+func idempotencyKey(r *http.Request, req SendRequest) (key, field string, err error) {
+	hs, ok := r.Header["Idempotency-Key"]
+	if !ok {
+		return req.ClientID, "client_id", nil
+	}
+	if len(hs) > 1 {
+		return "", "", &FieldError{Field: "Idempotency-Key", Msg: "given twice"}
+	}
+	if err := ValidateClientID("Idempotency-Key", hs[0]); err != nil {
+		return "", "", err
+	}
+	if req.ClientID != "" && req.ClientID != hs[0] {
+		return "", "", &FieldError{Field: "client_id", Msg: "differs from the Idempotency-Key header"}
+	}
+	return hs[0], "Idempotency-Key", nil
 }
 
 func (a *API) handleSend(w http.ResponseWriter, r *http.Request) {
@@ -124,7 +155,7 @@ func (a *API) handleSend(w http.ResponseWriter, r *http.Request) {
 			writeJSON(w, http.StatusRequestEntityTooLarge, errorBody{Error: fmt.Sprintf("request over %d bytes", mbe.Limit), Field: "body"})
 			return
 		}
-		writeError(w, &FieldError{Field: "body", Msg: "request unreadable"})
+		bodyUnreadable(w, err)
 		return
 	}
 	req, err := DecodeSendRequest(data, a.maxBody)
@@ -132,31 +163,61 @@ func (a *API) handleSend(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	m, err := a.send(r.Context(), chatID, req.Body)
+	key, keyField, err := idempotencyKey(r, req)
 	if err != nil {
-		a.sendFailed(w, err)
+		writeError(w, err)
+		return
+	}
+	m, replayed, err := a.send(r.Context(), chatID, req.Body, key)
+	if err != nil {
+		a.sendFailed(w, chatID, keyField, err)
+		return
+	}
+	if replayed {
+		writeJSON(w, http.StatusOK, m)
 		return
 	}
 	writeJSON(w, http.StatusCreated, m)
 }
 
-func (a *API) send(ctx context.Context, chatID int64, body string) (Message, error) {
+// send stores a message through the store (or v1's dual writer, which
+// ignores key).
+func (a *API) send(ctx context.Context, chatID int64, body, key string) (Message, bool, error) {
 	if a.onSend != nil {
-		return a.onSend(ctx, chatID, body)
+		m, err := a.onSend(ctx, chatID, body)
+		return m, false, err
 	}
-	return a.store.Send(ctx, chatID, body)
+	return a.store.SendIdempotent(ctx, chatID, body, key)
 }
 
-func (a *API) sendFailed(w http.ResponseWriter, err error) {
+// sendError maps a failed send to its status and body: 400 for bad input,
+// 409 for a reused idempotency key (keyField names where the key came
+// from), 503 otherwise, with a short generic text (never the cause).
+func sendError(err error, keyField string) (int, errorBody) {
+	var fe *FieldError
 	var pgErr *pgconn.PgError
-	if inbox.IsPermanent(err) && errors.As(err, &pgErr) {
+	switch {
+	case errors.As(err, &fe):
+		return http.StatusBadRequest, errorBody{Error: fe.Error(), Field: fe.Field}
+	case errors.Is(err, ErrIdempotencyConflict):
+		return http.StatusConflict, errorBody{Error: "this idempotency key was already used for another message in this chat", Field: keyField}
+	case inbox.IsPermanent(err) && errors.As(err, &pgErr):
 		// Input the validator let through but the database refused (a
 		// data exception or constraint violation, SQLSTATE class 22 or 23).
-		writeJSON(w, http.StatusBadRequest, errorBody{Error: pgErr.Message, Field: "body"})
-		return
+		return http.StatusBadRequest, errorBody{Error: "the database refused the message", Field: "body"}
+	case errors.Is(err, ErrChatBusy):
+		return http.StatusServiceUnavailable, errorBody{Error: "chat busy, nothing was stored; retry later with the same idempotency key"}
 	}
-	a.log.Warn("send failed", "err", err)
-	writeJSON(w, http.StatusServiceUnavailable, errorBody{Error: "could not store the message, nothing was stored: " + err.Error()})
+	return http.StatusServiceUnavailable, errorBody{Error: "could not store the message; retry with the same idempotency key"}
+}
+
+func (a *API) sendFailed(w http.ResponseWriter, chatID int64, keyField string, err error) {
+	code, body := sendError(err, keyField)
+	if code == http.StatusServiceUnavailable {
+		a.log.Warn("send failed", "chat_id", chatID, "err", err)
+		w.Header().Set("Retry-After", "1")
+	}
+	writeJSON(w, code, body)
 }
 
 // cursors reads after_seq (both origins), after_consumers and after_workers
@@ -208,6 +269,11 @@ func (a *API) handleHistory(w http.ResponseWriter, r *http.Request) {
 	}
 	h, err := a.store.History(r.Context(), chatID, own, other, limit)
 	if err != nil {
+		a.log.Warn("history failed", "chat_id", chatID, "err", err)
+		if errors.Is(err, ErrReadTimeout) {
+			writeJSON(w, http.StatusServiceUnavailable, errorBody{Error: "timed out reading the chat"})
+			return
+		}
 		writeError(w, err)
 		return
 	}
@@ -228,15 +294,38 @@ func (a *API) handleWS(w http.ResponseWriter, r *http.Request) {
 		return
 	default:
 	}
-	c, err := websocket.Accept(w, r, nil)
+	// With auth on, a token in Sec-WebSocket-Protocol was checked by the
+	// middleware (principal set); without one the first frame must carry it.
+	firstFrame := a.verifier != nil && principalOf(r.Context()) == nil
+	if !firstFrame {
+		release, ok := a.guard.openSocket(w, userOf(r))
+		if !ok {
+			return
+		}
+		defer release()
+	}
+	// The guard checked Origin against the allow-list (guard.wrap); the
+	// library's own check (Origin host = Host) would refuse allowed ones.
+	c, err := acceptWS(w, r, &websocket.AcceptOptions{InsecureSkipVerify: true, Subprotocols: []string{wsProtocol}})
 	if err != nil {
-		return // Accept wrote the HTTP error.
+		return // acceptWS wrote the HTTP error.
 	}
 	c.SetReadLimit(int64(a.maxBody)*6 + 1024)
+	if firstFrame {
+		p, release, ok := a.wsFirstFrame(r.Context(), c, chatID)
+		if !ok {
+			return
+		}
+		defer release()
+		r = r.WithContext(withPrincipal(r.Context(), p))
+	}
+	user := userOf(r)
 	sub := a.gateway.Subscribe(chatID, own, other)
 	defer sub.Close()
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
+	expired := tokenExpiry(ctx)
+	pingFailed := a.keepAlive(ctx, c)
 	// The room's delivered watermark first (receipts the client may have
 	// missed while disconnected); live receipts follow as frames. Read after
 	// Subscribe, so a receipt applied in between is pushed, not missed.
@@ -262,17 +351,16 @@ func (a *API) handleWS(w http.ResponseWriter, r *http.Request) {
 			var req SendRequest
 			if typ != websocket.MessageText {
 				err = &FieldError{Field: "", Msg: "send text frames holding {\"body\": \"...\"}"}
-			} else {
+			} else if err = a.sendAllowed(user); err == nil {
 				req, err = DecodeSendRequest(data, a.maxBody)
 			}
 			if err == nil {
-				_, err = a.send(ctx, chatID, req.Body)
+				_, _, err = a.send(ctx, chatID, req.Body, req.ClientID)
 			}
 			if err != nil {
-				var fe *FieldError
-				eb := errorBody{Error: err.Error()}
-				if errors.As(err, &fe) {
-					eb.Field = fe.Field
+				_, eb := sendError(err, "client_id")
+				if ctx.Err() == nil && !errors.As(err, new(*FieldError)) && !errors.Is(err, ErrIdempotencyConflict) {
+					a.log.Warn("websocket send failed", "chat_id", chatID, "err", err)
 				}
 				b, _ := json.Marshal(eb)
 				select {
@@ -293,7 +381,15 @@ func (a *API) handleWS(w http.ResponseWriter, r *http.Request) {
 			c.Close(websocket.StatusGoingAway, "service stopping: reconnect with your cursors")
 			return
 		case <-sub.Evicted:
+			a.dropSocket(r, chatID, "slow", nil)
 			c.Close(websocket.StatusPolicyViolation, "too slow: reconnect with your cursors")
+			return
+		case <-expired:
+			c.Close(closeUnauthorized, "token expired: reconnect with a new token and your cursors")
+			return
+		case <-pingFailed:
+			a.dropSocket(r, chatID, "ping_timeout", nil)
+			c.CloseNow()
 			return
 		case frame = <-sub.C:
 		case frame = <-replies:
@@ -302,6 +398,9 @@ func (a *API) handleWS(w http.ResponseWriter, r *http.Request) {
 		err := c.Write(wctx, websocket.MessageText, frame)
 		wcancel()
 		if err != nil {
+			if ctx.Err() == nil && errors.Is(wctx.Err(), context.DeadlineExceeded) {
+				a.dropSocket(r, chatID, "write_timeout", err)
+			}
 			var ne net.Error
 			if !errors.As(err, &ne) {
 				c.CloseNow()

@@ -1,12 +1,15 @@
 package chat
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"net/http"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/coder/websocket"
 )
 
 // Bad input at the HTTP API: every case gets 400 with a JSON error naming the
@@ -65,7 +68,7 @@ func TestBadInputIsRejectedAndNothingStored(t *testing.T) {
 			t.Errorf("%s: field %q, want %q (%s)", c.name, e.Field, c.field, e.Error)
 		}
 	}
-	for _, table := range []string{"consumers.messages", "consumers.outbox", "consumers.chats"} {
+	for _, table := range []string{"consumers.messages", "consumers.outbox"} {
 		if n := h.count(t, "SELECT count(*) FROM "+table); n != 0 {
 			t.Errorf("%s has %d rows after rejected requests, want 0", table, n)
 		}
@@ -76,7 +79,7 @@ func TestBadInputIsRejectedAndNothingStored(t *testing.T) {
 		if ct != "" {
 			req.Header.Set("Content-Type", ct)
 		}
-		resp, err := http.DefaultClient.Do(req)
+		resp, err := authClient.Do(req)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -95,7 +98,7 @@ func TestBadInputIsRejectedAndNothingStored(t *testing.T) {
 	}
 	// Bad query parameters.
 	for _, u := range []string{"/api/chats/1/messages?after_seq=-1", "/api/chats/1/messages?after_seq=x", "/api/chats/1/messages?limit=0", "/ws?chat_id=0"} {
-		resp, err := http.Get(cons.base + u)
+		resp, err := authClient.Get(cons.base + u)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -115,6 +118,14 @@ func TestDatabaseDownIs503(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, "")
 	cons := h.start(Consumers, func(c *Config) { c.Roles = []string{RoleAPI} })
+	// A WebSocket opened while the database is there, to send on after.
+	wctx, wcancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer wcancel()
+	ws, _, err := websocket.Dial(wctx, "ws"+strings.TrimPrefix(cons.base, "http")+"/ws?chat_id=1", wsOpts(testToken()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ws.CloseNow()
 	// Take the database away from under the service by revoking its login.
 	if _, err := h.admin.Exec(t.Context(), `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = 'consumers' AND datname = current_database()`); err != nil {
 		t.Fatal(err)
@@ -128,6 +139,40 @@ func TestDatabaseDownIs503(t *testing.T) {
 	code, raw := post(t, cons.base, "1", `{"body":"x"}`)
 	if code != http.StatusServiceUnavailable || !strings.Contains(string(raw), `"error"`) {
 		t.Fatalf("send with the database gone: %d %s, want 503 with a JSON error", code, raw)
+	}
+	if n := h.count(t, "SELECT count(*) FROM consumers.messages"); n != 0 {
+		t.Fatalf("%d messages stored", n)
+	}
+	// A read says the database is unavailable, and nothing about storing;
+	// no driver text in either body.
+	for _, u := range []string{"/api/chats/1/messages", "/readyz"} {
+		req, _ := http.NewRequest("GET", cons.base+u, nil)
+		code, _, e := errorAnswer(t, req)
+		if code != http.StatusServiceUnavailable || !strings.Contains(e.Error, "database unavailable") || strings.Contains(e.Error, "stored") {
+			t.Errorf("GET %s with the database gone: %d %+v, want 503 \"database unavailable\" without a word on storing", u, code, e)
+		}
+	}
+	if s := string(raw); strings.Contains(s, "SQLSTATE") || strings.Contains(s, "FATAL") || strings.Contains(s, "permission denied") {
+		t.Errorf("driver text in the send's answer: %s", s)
+	}
+	// The same send over the WebSocket: an error frame, same shape, no
+	// driver text.
+	if err := ws.Write(wctx, websocket.MessageText, []byte(`{"body":"x"}`)); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		_, frame, err := ws.Read(wctx)
+		if err != nil {
+			t.Fatalf("no error frame for a send with the database gone: %v", err)
+		}
+		var e errorBody
+		if json.Unmarshal(frame, &e) != nil || e.Error == "" {
+			continue // a message frame
+		}
+		if !strings.Contains(e.Error, "could not store") || strings.Contains(e.Error, "SQLSTATE") || strings.Contains(e.Error, "permission denied") {
+			t.Errorf("WebSocket send with the database gone: frame %s", frame)
+		}
+		break
 	}
 	if n := h.count(t, "SELECT count(*) FROM consumers.messages"); n != 0 {
 		t.Fatalf("%d messages stored", n)

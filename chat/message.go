@@ -32,6 +32,8 @@ const DefaultMaxBodyBytes = 4096
 //   - Body: the text, valid UTF-8 without NUL, 1..max bytes.
 //   - SentAt: the sender's commit-time clock (RFC 3339, microseconds, UTC).
 //   - From: the sending service (Consumers or Workers).
+//   - Author: who wrote it, the sender's authenticated user (the token's
+//     sub claim); omitted when the sender runs without auth.
 //   - ReceivedAt: set only on messages this service received (inbox rows):
 //     when its inbox stored it.
 //   - DeliveredAt: when the receiving side stored the message. For this
@@ -45,6 +47,7 @@ type Message struct {
 	Body        string     `json:"body"`
 	SentAt      time.Time  `json:"sent_at"`
 	From        string     `json:"from"`
+	Author      string     `json:"author,omitempty"`
 	ReceivedAt  *time.Time `json:"received_at,omitempty"`
 	DeliveredAt *time.Time `json:"delivered_at"`
 }
@@ -59,10 +62,11 @@ func (m Message) MarshalJSON() ([]byte, error) {
 		Body        string  `json:"body"`
 		SentAt      string  `json:"sent_at"`
 		From        string  `json:"from"`
+		Author      string  `json:"author,omitempty"`
 		ReceivedAt  string  `json:"received_at,omitempty"`
 		DeliveredAt *string `json:"delivered_at"`
 	}
-	w := wire{ID: m.ID, ChatID: m.ChatID, Seq: m.Seq, Body: m.Body, SentAt: formatTime(m.SentAt), From: m.From}
+	w := wire{ID: m.ID, ChatID: m.ChatID, Seq: m.Seq, Body: m.Body, SentAt: formatTime(m.SentAt), From: m.From, Author: m.Author}
 	if m.ReceivedAt != nil {
 		w.ReceivedAt = formatTime(*m.ReceivedAt)
 	}
@@ -138,16 +142,20 @@ func ParseSeq(field, s string) (int64, error) {
 	return n, nil
 }
 
-// SendRequest is the body of POST /api/chats/{chat_id}/messages.
+// SendRequest is the body of POST /api/chats/{chat_id}/messages and of a
+// WebSocket send frame: {"body": "...", "client_id": "..."}; client_id (the
+// idempotency key) is optional.
 type SendRequest struct {
-	Body string `json:"body"`
+	Body     string `json:"body"`
+	ClientID string `json:"client_id,omitempty"`
 }
 
 // DecodeSendRequest decodes and validates a send request body: exactly one
-// JSON object whose only key is "body" (matched exactly: no other key, no
-// other spelling such as "Body", no repeated key), a JSON string, valid per
-// ValidateBody, without unpaired UTF-16 surrogate escapes. Errors are
-// *FieldError values naming the field ("" for the document as a whole).
+// JSON object whose keys are "body" (required) and "client_id" (optional),
+// matched exactly (no other key, no other spelling such as "Body", no
+// repeated key), each a JSON string; body valid per ValidateBody, client_id
+// per ValidateClientID, without unpaired UTF-16 surrogate escapes. Errors
+// are *FieldError values naming the field ("" for the document as a whole).
 func DecodeSendRequest(data []byte, maxBodyBytes int) (SendRequest, error) {
 	var req SendRequest
 	if !utf8.Valid(data) {
@@ -160,28 +168,34 @@ func DecodeSendRequest(data []byte, maxBodyBytes int) (SendRequest, error) {
 	} else if d, ok := tok.(json.Delim); !ok || d != '{' {
 		return req, malformed("expected an object")
 	}
-	var body *string
+	var body, clientID *string
 	for dec.More() {
 		tok, err := dec.Token()
 		if err != nil {
 			return req, malformed("bad object key")
 		}
 		key, _ := tok.(string)
-		if key != "body" {
-			return req, &FieldError{Field: key, Msg: "unknown field (the only field is \"body\")"}
+		var dst **string
+		switch key {
+		case "body":
+			dst = &body
+		case "client_id":
+			dst = &clientID
+		default:
+			return req, &FieldError{Field: key, Msg: "unknown field (the fields are \"body\" and \"client_id\")"}
 		}
-		if body != nil {
-			return req, &FieldError{Field: "body", Msg: "given twice"}
+		if *dst != nil {
+			return req, &FieldError{Field: key, Msg: "given twice"}
 		}
 		tok, err = dec.Token()
 		if err != nil {
-			return req, malformed("bad value of \"body\"")
+			return req, malformed(fmt.Sprintf("bad value of %q", key))
 		}
 		str, ok := tok.(string)
 		if !ok {
-			return req, &FieldError{Field: "body", Msg: "must be a string"}
+			return req, &FieldError{Field: key, Msg: "must be a string"}
 		}
-		body = &str
+		*dst = &str
 	}
 	if _, err := dec.Token(); err != nil { // the closing '}'
 		return req, malformed("unterminated object")
@@ -195,11 +209,21 @@ func DecodeSendRequest(data []byte, maxBodyBytes int) (SendRequest, error) {
 	// encoding/json turns an unpaired surrogate escape ("\ud800") into
 	// U+FFFD; refuse rather than silently change the text.
 	if hasUnpairedSurrogate(data) {
-		return req, &FieldError{Field: "body", Msg: "contains an unpaired UTF-16 surrogate escape"}
+		field := "body"
+		if clientID != nil && strings.ContainsRune(*clientID, utf8.RuneError) {
+			field = "client_id"
+		}
+		return req, &FieldError{Field: field, Msg: "contains an unpaired UTF-16 surrogate escape"}
 	}
 	req.Body = *body
 	if err := ValidateBody(req.Body, maxBodyBytes); err != nil {
 		return req, err
+	}
+	if clientID != nil {
+		if err := ValidateClientID("client_id", *clientID); err != nil {
+			return req, err
+		}
+		req.ClientID = *clientID
 	}
 	return req, nil
 }
@@ -249,9 +273,13 @@ func hasUnpairedSurrogate(data []byte) bool {
 	return pendingHigh
 }
 
+// maxAuthorBytes bounds an event's author (a token's sub).
+const maxAuthorBytes = 256
+
 // DecodeEvent decodes a message.created payload from the queue and checks it:
 // id a UUID, chat_id > 0, seq > 0, body valid (any length up to 1 MiB, valid
-// UTF-8, no NUL), sent_at present, from a known service. Unknown fields are
+// UTF-8, no NUL), sent_at present, from a known service, author (optional)
+// valid UTF-8 of at most 256 bytes without NUL. Unknown fields are
 // ignored. Every error wraps ErrMalformedEvent.
 func DecodeEvent(data []byte) (Message, error) {
 	var m Message
@@ -262,6 +290,7 @@ func DecodeEvent(data []byte) (Message, error) {
 		Body   *string `json:"body"`
 		SentAt string  `json:"sent_at"`
 		From   string  `json:"from"`
+		Author string  `json:"author"`
 	}
 	if err := json.Unmarshal(data, &raw); err != nil {
 		return m, fmt.Errorf("%w: %v", ErrMalformedEvent, err)
@@ -288,5 +317,26 @@ func DecodeEvent(data []byte) (Message, error) {
 	if Peer(raw.From) == "" {
 		return m, fmt.Errorf("%w: from %q is not a known service", ErrMalformedEvent, raw.From)
 	}
-	return Message{ID: strings.ToLower(raw.ID), ChatID: raw.ChatID, Seq: raw.Seq, Body: *raw.Body, SentAt: t, From: raw.From}, nil
+	if len(raw.Author) > maxAuthorBytes || !utf8.ValidString(raw.Author) || strings.IndexByte(raw.Author, 0) >= 0 {
+		return m, fmt.Errorf("%w: author is not valid UTF-8 of at most %d bytes without NUL", ErrMalformedEvent, maxAuthorBytes)
+	}
+	return Message{ID: strings.ToLower(raw.ID), ChatID: raw.ChatID, Seq: raw.Seq, Body: *raw.Body, SentAt: t, From: raw.From, Author: raw.Author}, nil
+}
+
+// ValidateClientID checks an idempotency key (the Idempotency-Key header or
+// the client_id field, named by field): 1 to MaxClientIDBytes (128) bytes of
+// valid UTF-8 without NUL or other control characters. It returns a
+// *FieldError for field, or nil.
+func ValidateClientID(field, key string) error {
+	switch {
+	case key == "":
+		return &FieldError{Field: field, Msg: "must not be empty"}
+	case len(key) > MaxClientIDBytes:
+		return &FieldError{Field: field, Msg: fmt.Sprintf("is %d bytes, over the limit of %d", len(key), MaxClientIDBytes)}
+	case !utf8.ValidString(key):
+		return &FieldError{Field: field, Msg: "is not valid UTF-8"}
+	case strings.IndexFunc(key, func(r rune) bool { return r < 0x20 || r == 0x7f }) >= 0:
+		return &FieldError{Field: field, Msg: "must not contain control characters"}
+	}
+	return nil
 }

@@ -3,6 +3,7 @@ package chat
 import (
 	"cmp"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -94,9 +95,31 @@ type Config struct {
 	ConsumerName string
 	// MaxBodyBytes limits a message body. Default DefaultMaxBodyBytes.
 	MaxBodyBytes int
+	// SendLockTimeout bounds a send's wait for its chat's lock (another
+	// session holds it); past it the send answers 503 and stores nothing.
+	// Default DefaultSendLockTimeout (2 s).
+	SendLockTimeout time.Duration
+	// ReadTimeout bounds each history read; past it the request answers
+	// 503. Default DefaultReadTimeout (5 s).
+	ReadTimeout time.Duration
 	// RedisPrefix prefixes every Redis key (several deployments on one
 	// Redis). Default DefaultRedisPrefix.
 	RedisPrefix string
+	// Auth says how the API authenticates requests (auth.go). A process
+	// with the api role refuses to start unless it has a key or
+	// Auth.Insecure is set (ErrNoAuth).
+	Auth AuthConfig
+	// EventKeyFile holds the HMAC keys that sign outbound stream entries and
+	// verify inbound ones (ReadEventKeys). "" means entries are neither
+	// signed nor checked: anyone who can write to Redis can forge messages.
+	EventKeyFile string
+	// TLSCertFile and TLSKeyFile (PEM), when both set, make the API serve
+	// HTTPS and WSS only. Default "": plain HTTP (put a TLS-terminating
+	// proxy in front, or keep it on a private network).
+	TLSCertFile, TLSKeyFile string
+	// Guard bounds what one client can take: timeouts, host and origin
+	// allow-lists, rate limits, the WebSocket cap (guard.go).
+	Guard GuardConfig
 	// Fault is a fault-injection spec for the lab (see ParseFault); "" = none.
 	Fault string
 	// Logger; nil means slog.Default().
@@ -181,15 +204,30 @@ func Serve(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return err
 	}
+	var eventKeys *EventKeys
+	if cfg.EventKeyFile != "" {
+		if eventKeys, err = ReadEventKeys(cfg.EventKeyFile); err != nil {
+			return fmt.Errorf("serve: %w", err)
+		}
+	} else if cfg.has(RoleWorker) || cfg.has(RoleRelay) {
+		log.Warn("stream entries are not signed (no --event-key-file): anyone who can write to Redis can forge messages")
+	}
+	var verifier *Verifier
+	if cfg.has(RoleAPI) {
+		if verifier, err = NewVerifier(cfg.Service, cfg.Auth); err != nil {
+			return fmt.Errorf("serve: %w", err)
+		}
+		if verifier == nil {
+			log.Warn("AUTHENTICATION IS OFF (--insecure-no-auth): anyone who can reach " + cfg.HTTPAddr +
+				" can read and write every chat; use this only on a closed network")
+		}
+	}
 	if cfg.DatabaseURL == "" {
 		return errors.New("serve: no database URL (--database-url or DATABASE_URL)")
 	}
-	pcfg, err := pgxpool.ParseConfig(cfg.DatabaseURL)
+	pcfg, err := poolConfig(cfg.DatabaseURL)
 	if err != nil {
-		return fmt.Errorf("serve: database url: %w", err)
-	}
-	if pcfg.MaxConns < 16 {
-		pcfg.MaxConns = 16
+		return err
 	}
 	// Every statement of the service is a short index lookup or insert
 	// whose best plan does not depend on its parameters, but Postgres
@@ -212,6 +250,7 @@ func Serve(ctx context.Context, cfg Config) error {
 		return fmt.Errorf("serve: connect postgres: %w", err)
 	}
 	defer pool.Close()
+	log.Info("database pool", "max_conns", pcfg.MaxConns, "min_conns", pcfg.MinConns)
 	if n, err := Migrate(ctx, pool, cfg.Service); err != nil {
 		return fmt.Errorf("serve: %w", err)
 	} else if n > 0 {
@@ -236,7 +275,8 @@ func Serve(ctx context.Context, cfg Config) error {
 	}
 
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		newHorizonCollector(pool))
 	// Services are started in order and stopped in reverse, gracefully
 	// (internal/service: Stop drains, then cancels). They are started with
 	// a context the signal does not cancel, because cancelling Start's ctx
@@ -334,6 +374,9 @@ func Serve(ctx context.Context, cfg Config) error {
 		if err != nil {
 			return err
 		}
+		if eventKeys != nil {
+			h.RequireSignatures(eventKeys)
+		}
 		qc, err := redisq.NewConsumer(rdb, &redisq.ConsumerConfig{
 			Queue: QueueName(Peer(cfg.Service)), Prefix: cfg.RedisPrefix, Group: cfg.Service,
 			Consumer: cfg.ConsumerName, LockDuration: cfg.LockDuration, Logger: log,
@@ -379,9 +422,13 @@ func Serve(ctx context.Context, cfg Config) error {
 		log.Info("worker started", "queue", QueueName(Peer(cfg.Service)), "consumer", cfg.ConsumerName)
 	}
 
+	pubConfig := &redisq.PublisherConfig{Queue: QueueName(cfg.Service), Prefix: cfg.RedisPrefix, Logger: log}
+	if eventKeys != nil {
+		pubConfig.Sign = eventKeys.Signer(QueueName(cfg.Service))
+	}
 	var relayWake func()
 	if cfg.has(RoleRelay) && cfg.Mode == ModeOutbox {
-		pub, err := redisq.NewPublisher(rdb, &redisq.PublisherConfig{Queue: QueueName(cfg.Service), Prefix: cfg.RedisPrefix, Logger: log})
+		pub, err := redisq.NewPublisher(rdb, pubConfig)
 		if err != nil {
 			return err
 		}
@@ -442,6 +489,13 @@ func Serve(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return err
 	}
+	if cfg.SendLockTimeout > 0 {
+		store.lockTimeout = cfg.SendLockTimeout
+	}
+	if cfg.ReadTimeout > 0 {
+		store.readTimeout = cfg.ReadTimeout
+	}
+	store.metrics = sendMetrics(reg)
 	if err := start(gw); err != nil {
 		return err
 	}
@@ -458,7 +512,7 @@ func Serve(ctx context.Context, cfg Config) error {
 	}
 	api := &API{store: store, gateway: gw, service: cfg.Service, maxBody: cfg.MaxBodyBytes, log: log, closing: make(chan struct{})}
 	if cfg.Mode == ModeDualWrite {
-		pub, err := redisq.NewPublisher(rdb, &redisq.PublisherConfig{Queue: QueueName(cfg.Service), Prefix: cfg.RedisPrefix, Logger: log})
+		pub, err := redisq.NewPublisher(rdb, pubConfig)
 		if err != nil {
 			return err
 		}
@@ -472,6 +526,22 @@ func Serve(ctx context.Context, cfg Config) error {
 		Name: "outboxchat_ws_subscribers", Help: "Live WebSocket subscribers.",
 	}, func() float64 { return float64(gw.Subscribers()) }))
 
+	guard, err := newGuard(cfg.Guard, cfg.HTTPAddr, int64(cfg.MaxBodyBytes)*6+1024, log)
+	if err != nil {
+		return fmt.Errorf("serve: %w", err)
+	}
+	api.guard = guard
+	api.verifier = verifier
+	refused := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "outboxchat_http_refused_total", Help: "Requests refused by the connection guard, by reason (host, origin, too_large, rate_ip, rate_user, sockets).",
+	}, []string{"reason"})
+	dropped := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "outboxchat_ws_dropped_total", Help: "WebSockets the server dropped, by reason (slow, write_timeout, ping_timeout).",
+	}, []string{"reason"})
+	reg.MustRegister(refused, dropped)
+	guard.refused = func(reason string) { refused.WithLabelValues(reason).Inc() }
+	api.wsDropped = func(reason string) { dropped.WithLabelValues(reason).Inc() }
+
 	mux := http.NewServeMux()
 	api.Register(mux)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
@@ -482,7 +552,8 @@ func Serve(ctx context.Context, cfg Config) error {
 		pctx, cancel := context.WithTimeout(r.Context(), time.Second)
 		defer cancel()
 		if err := pool.Ping(pctx); err != nil {
-			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "database unavailable", "error": err.Error()})
+			log.Warn("readyz: database unreachable", "err", err)
+			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "database unavailable", "error": "database unavailable", "field": ""})
 			return
 		}
 		// The roles that need Redis (relay, worker; the v1 API) cannot do
@@ -497,13 +568,33 @@ func Serve(ctx context.Context, cfg Config) error {
 		}
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
 	})
-	mux.Handle("GET /", web.Handler(cfg.Service))
+	mux.Handle("GET /{$}", web.Handler(cfg.Service))
 
+	if (cfg.TLSCertFile == "") != (cfg.TLSKeyFile == "") {
+		return errors.New("serve: give both --tls-cert and --tls-key, or neither")
+	}
+	var tlsConfig *tls.Config
+	if cfg.TLSCertFile != "" {
+		cert, err := tls.LoadX509KeyPair(cfg.TLSCertFile, cfg.TLSKeyFile)
+		if err != nil {
+			return fmt.Errorf("serve: tls: %w", err)
+		}
+		tlsConfig = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	}
 	ln, err := net.Listen("tcp", cfg.HTTPAddr)
 	if err != nil {
 		return fmt.Errorf("serve: listen %s: %w", cfg.HTTPAddr, err)
 	}
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	if tlsConfig != nil {
+		ln = tls.NewListener(ln, tlsConfig)
+	}
+	gc := guard.cfg
+	// Outermost first: connection checks (host, origin, per-IP rate, body
+	// size and deadline), then the token, then the per-user rate.
+	srv := &http.Server{Handler: guard.wrap(authenticate(verifier, guard.limitUsers(httpMetrics(reg, withJSONErrors(mux))))), ReadHeaderTimeout: gc.ReadHeaderTimeout, IdleTimeout: gc.IdleTimeout,
+		MaxHeaderBytes: maxHeaderBytes,
+		// Failed TLS handshakes and the like: every scanner causes them.
+		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug)}
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
@@ -512,7 +603,7 @@ func Serve(ctx context.Context, cfg Config) error {
 			log.Error("http", "err", err)
 		}
 	}()
-	log.Info("listening", "addr", ln.Addr().String(), "mode", cfg.Mode, "wake", cfg.Wake.String())
+	log.Info("listening", "addr", ln.Addr().String(), "mode", cfg.Mode, "wake", cfg.Wake.String(), "tls", tlsConfig != nil)
 	if cfg.Listening != nil {
 		cfg.Listening(ln.Addr().String())
 	}
@@ -564,6 +655,10 @@ func (c *Config) redriveAfter() time.Duration {
 // meanwhile ride on the same relay pass. It delays "✓✓ delivered" by at
 // most this much.
 const receiptWakeDelay = 50 * time.Millisecond
+
+// maxHeaderBytes bounds a request's headers (net/http's default is 1 MiB;
+// a JWT and a few headers need a few KiB).
+const maxHeaderBytes = 64 << 10
 
 // notifyInterval spaces the post-commit NOTIFYs of a process whose own
 // relay is woken directly (outbox.WriterConfig.NotifyInterval).

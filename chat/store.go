@@ -38,66 +38,96 @@ type Store struct {
 	// Start.
 	afterCommit func(ms []Message)
 
-	// Group commit (batch.go). life runs the committers; mu guards queue
-	// and run; cond (on mu) wakes the committers when the queue grows or
-	// stopping is set.
-	life  service.Lifecycle
-	mu    sync.Mutex
-	cond  *sync.Cond
-	queue []*sendReq
-	run   *storeRun // the latest run; nil before the first Start
+	// lockTimeout bounds a send's wait for its chat's lock (lock_timeout);
+	// readTimeout bounds History. Set before Start.
+	lockTimeout, readTimeout time.Duration
+	// metrics, when set, counts sends rejected by a timeout and idempotent
+	// replays. Set before Start.
+	metrics *SendMetrics
+
+	// Group commit (batch.go). life runs the committers and the slow
+	// lanes; mu guards queue, slow and run; cond (on mu) wakes the
+	// committers when the queue grows or stopping is set.
+	life    service.Lifecycle
+	mu      sync.Mutex
+	cond    *sync.Cond
+	queue   []*sendReq
+	slow    map[int64]*slowChat // chats whose sends wait in a slow lane
+	slowSem chan struct{}       // one token per slow lane holding a connection
+	run     *storeRun           // the latest run; nil before the first Start
+}
+
+// SendMetrics receives send outcomes, e.g. to feed Prometheus. Every field
+// is optional; set ones must be cheap, non-blocking and safe for concurrent
+// use.
+type SendMetrics struct {
+	// Rejected is called once per send that failed on a timeout; reason is
+	// "lock_timeout" (ErrChatBusy) or "timeout" (ErrSendTimeout).
+	Rejected func(reason string)
+	// Replayed is called once per send answered with the message an earlier
+	// send with the same idempotency key stored.
+	Replayed func()
+}
+
+// DefaultReadTimeout bounds one History call (Config.ReadTimeout).
+const DefaultReadTimeout = 5 * time.Second
+
+// slowLanesFor is the number of slow lanes a pool of maxConns connections
+// gets: a quarter of it, at least 1 and at most 4, so that chats waiting for
+// their locks leave the other roles connections.
+func slowLanesFor(maxConns int32) int {
+	return int(min(max(maxConns/4, 1), 4))
 }
 
 // queries holds the service's schema-qualified SQL.
 type queries struct {
-	nextSeq, insertMessage, sendBatch, history, historyInbox string
+	lockChat, tryLockChats, lastSeqs, findKeys, insertMessages, insertOne, history, historyInbox string
 }
 
 func newQueries(service string) queries {
 	s := pgx.Identifier{service}.Sanitize()
 	return queries{
-		// nextSeq and insertMessage: the v1 dual writer's send (one message
-		// per transaction). The upsert takes the chat row's lock until
-		// commit: concurrent sends to one chat serialise here, so seq order
-		// = commit order.
-		nextSeq: `INSERT INTO ` + s + `.chats AS c (chat_id, last_seq) VALUES ($1, 1)
-			ON CONFLICT (chat_id) DO UPDATE SET last_seq = c.last_seq + 1 RETURNING last_seq`,
-		insertMessage: `INSERT INTO ` + s + `.messages (chat_id, seq, body) VALUES ($1, $2, $3)
-			RETURNING id::text, created_at`,
-		// sendBatch numbers and inserts one transaction's messages in one
-		// round trip. $1 are the distinct chats, ascending, $2 the number of
-		// messages of each; $3..$6 are per message: id, chat, distance from
-		// the chat's last message of the batch (0 for the last), body.
-		//
-		// The counter upsert locks the chats' rows until commit, in chat_id
-		// order (ORDER BY 1), so concurrent transactions that share chats
-		// cannot deadlock, and seq order = commit order per chat (invariant
-		// 5): a later transaction's outbox ids, taken after it got the lock,
-		// exceed every id of the one it waited for. Each chat's counter moves
-		// by its message count; the batch's messages take the seqs just
-		// below the new value. now() is the transaction's start time, one
-		// value for the whole batch: created_at and SentAt agree. The last
-		// column counts the inserted messages, a check that every message
-		// found its chat.
-		sendBatch: `WITH counters AS (
-				INSERT INTO ` + s + `.chats AS c (chat_id, last_seq)
-				SELECT * FROM unnest($1::bigint[], $2::bigint[]) ORDER BY 1
-				ON CONFLICT (chat_id) DO UPDATE SET last_seq = c.last_seq + EXCLUDED.last_seq
-				RETURNING chat_id, last_seq
-			), inserted AS (
-				INSERT INTO ` + s + `.messages (id, chat_id, seq, body, created_at)
-				SELECT u.id::uuid, u.chat_id, counters.last_seq - u.back, u.body, now()
-				FROM unnest($3::text[], $4::bigint[], $5::bigint[], $6::text[]) AS u(id, chat_id, back, body)
-				JOIN counters USING (chat_id)
-				RETURNING 1
-			)
-			SELECT chat_id, last_seq, now(), (SELECT count(*) FROM inserted) FROM counters`,
-		history: `SELECT id::text, chat_id, seq, body, created_at, delivered_at FROM ` + s + `.messages
+		// lockChat waits (at most lock_timeout) for chat $1's advisory
+		// lock; tryLockChats takes the locks of those of chats $1 that are
+		// free and returns them, without waiting. See batch.go: the lock is
+		// what makes seq gap-free and equal to commit order per chat.
+		lockChat:     `SELECT pg_advisory_xact_lock(` + ChatLockSQL(service, "$1::bigint") + `)`,
+		tryLockChats: `SELECT c FROM unnest($1::bigint[]) AS c WHERE pg_try_advisory_xact_lock(` + ChatLockSQL(service, "c") + `)`,
+		// lastSeqs: each chat's last seq (0 for none), one backward step of
+		// the (chat_id, seq) index per chat, and the transaction's start
+		// time (created_at and SentAt of the batch). Run after the locks,
+		// as a statement of its own: its snapshot then sees the previous
+		// lock holder's commit.
+		lastSeqs: `SELECT c, coalesce((SELECT max(seq) FROM ` + s + `.messages WHERE chat_id = c), 0), now()
+			FROM unnest($1::bigint[]) AS c`,
+		// findKeys: the messages already stored under the given (chat,
+		// idempotency key) pairs: one lookup of index messages_client_id
+		// per pair (LATERAL, so the plan cannot turn into a hash join over
+		// the whole table).
+		findKeys: `SELECT u.c, u.k, m.id::text, m.seq, m.body, m.created_at, coalesce(m.author, '')
+			FROM unnest($1::bigint[], $2::text[]) AS u(c, k)
+			CROSS JOIN LATERAL (SELECT id, seq, body, created_at, author FROM ` + s + `.messages
+				WHERE chat_id = u.c AND client_id = u.k) AS m`,
+		// insertMessages: the batch's new messages, numbered in Go; '' is no
+		// key.
+		insertMessages: `INSERT INTO ` + s + `.messages (id, chat_id, seq, body, client_id, author, created_at)
+			SELECT u.id::uuid, u.c, u.seq, u.body, nullif(u.k, ''), nullif(u.a, ''), now()
+			FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::text[], $5::text[], $6::text[]) AS u(id, c, seq, body, k, a)`,
+		// insertOne: the v1 dual writer's send, after lockChat in the same
+		// transaction: the next seq of chat $1 from the index.
+		insertOne: `INSERT INTO ` + s + `.messages (chat_id, seq, body, author)
+			SELECT $1, coalesce(max(seq), 0) + 1, $2, nullif($3, '') FROM ` + s + `.messages WHERE chat_id = $1
+			RETURNING id::text, seq, created_at`,
+		history: `SELECT id::text, chat_id, seq, body, created_at, coalesce(author, ''), delivered_at FROM ` + s + `.messages
 			WHERE chat_id = $1 AND seq > $2 ORDER BY seq LIMIT $3`,
-		historyInbox: `SELECT message_id::text, chat_id, seq, body, sent_at, received_at, sender FROM ` + s + `.inbox
+		historyInbox: `SELECT message_id::text, chat_id, seq, body, sent_at, received_at, sender, coalesce(author, '') FROM ` + s + `.inbox
 			WHERE chat_id = $1 AND seq > $2 ORDER BY seq LIMIT $3`,
 	}
 }
+
+// ErrReadTimeout is wrapped by History when the read did not finish within
+// the read timeout.
+var ErrReadTimeout = errors.New("read timed out")
 
 // NewStore returns a Store for service (Consumers or Workers) on pool, whose
 // sends enqueue through writer (the service's outbox). pool's role must own
@@ -110,61 +140,107 @@ func NewStore(pool *pgxpool.Pool, service string, writer *outbox.Writer) (*Store
 	if pool == nil || writer == nil {
 		return nil, errors.New("chat: NewStore needs a pool and an outbox writer")
 	}
-	s := &Store{pool: pool, service: service, writer: writer, q: newQueries(service), rq: newReceiptQueries(service)}
+	s := &Store{pool: pool, service: service, writer: writer, q: newQueries(service), rq: newReceiptQueries(service),
+		lockTimeout: DefaultSendLockTimeout, readTimeout: DefaultReadTimeout,
+		slowSem: make(chan struct{}, slowLanesFor(pool.Config().MaxConns))}
 	s.life.Name = "chat: store"
 	s.cond = sync.NewCond(&s.mu)
 	return s, nil
 }
 
 // Send stores a message in chat chatID and its message.created outbox event
-// in one transaction, then wakes the relay (outbox.Writer.Committed). body
-// must already be valid (ValidateBody). It returns the stored message, or an
-// error wrapping the database's (nothing is stored then).
+// in one transaction, then wakes the relay (outbox.Writer.Committed). It is
+// SendIdempotent without a key.
+func (s *Store) Send(ctx context.Context, chatID int64, body string) (Message, error) {
+	m, _, err := s.SendIdempotent(ctx, chatID, body, "")
+	return m, err
+}
+
+// SendIdempotent stores a message in chat chatID and its message.created
+// outbox event in one transaction, then wakes the relay
+// (outbox.Writer.Committed). body must already be valid (ValidateBody). It
+// returns the stored message, or an error wrapping the database's (nothing
+// is stored then).
+//
+// key is the client's idempotency key ("" for none; else 1 to
+// MaxClientIDBytes bytes, ValidateClientID). If the chat already holds a
+// message stored under key, nothing is stored: with the same body it
+// returns that message and replayed true, with another body an error
+// wrapping ErrIdempotencyConflict. The key is stored with the message, in
+// the same transaction, under a unique index.
 //
 // While the Store is started, the send is queued and committed by the
 // committer together with the other sends queued meanwhile, in one
 // transaction: they all commit or none does, and a failed transaction's
 // error is returned to each of them. Per chat, the sends of one transaction
-// take consecutive seqs in the order they were queued. If ctx ends while the
-// send is still queued, Send returns ctx.Err() (wrapped) and nothing is
-// stored; once the committer has taken it, it is committed (or fails)
-// regardless of ctx, within sendBatchTimeout (10 s), and Send waits for the
-// outcome. When the Store is not started (or is stopping), Send commits the
-// message alone in the caller's goroutine under ctx.
+// take consecutive seqs in the order they were queued. A chat whose lock
+// another session holds is left out and its sends wait in its slow lane, at
+// most the lock timeout (DefaultSendLockTimeout), then fail with an error
+// wrapping ErrChatBusy (see batch.go). If ctx ends while the send is still
+// queued, it returns ctx.Err() (wrapped) and nothing is stored; once a
+// transaction has taken it, it is committed (or fails) regardless of ctx,
+// within sendBatchTimeout (10 s), and it waits for the outcome. When the
+// Store is not started (or is stopping), the send commits alone in the
+// caller's goroutine under ctx. Timeouts wrap ErrSendTimeout.
 //
-// A chatID ≤ 0, or a body that is not valid UTF-8 or holds a NUL, which the
-// database would refuse, is rejected up front with a *FieldError (wrapped)
-// so that it cannot fail other senders' transaction. Safe for concurrent use.
-func (s *Store) Send(ctx context.Context, chatID int64, body string) (Message, error) {
+// A chatID ≤ 0, a body that is not valid UTF-8 or holds a NUL, or an invalid
+// key, which the database would refuse, is rejected up front with a
+// *FieldError (wrapped) so that it cannot fail other senders' transaction.
+// Safe for concurrent use.
+func (s *Store) SendIdempotent(ctx context.Context, chatID int64, body, key string) (m Message, replayed bool, err error) {
 	switch {
 	case chatID <= 0:
-		return Message{}, fmt.Errorf("send: %w", &FieldError{Field: "chat_id", Msg: "must be a positive 64-bit integer"})
+		return Message{}, false, fmt.Errorf("send: %w", &FieldError{Field: "chat_id", Msg: "must be a positive 64-bit integer"})
 	case !utf8.ValidString(body):
-		return Message{}, fmt.Errorf("send: %w", &FieldError{Field: "body", Msg: "is not valid UTF-8"})
+		return Message{}, false, fmt.Errorf("send: %w", &FieldError{Field: "body", Msg: "is not valid UTF-8"})
 	case strings.IndexByte(body, 0) >= 0:
-		return Message{}, fmt.Errorf("send: %w", &FieldError{Field: "body", Msg: "must not contain NUL characters"})
+		return Message{}, false, fmt.Errorf("send: %w", &FieldError{Field: "body", Msg: "must not contain NUL characters"})
+	}
+	if key != "" {
+		if err := ValidateClientID("client_id", key); err != nil {
+			return Message{}, false, fmt.Errorf("send: %w", err)
+		}
 	}
 	if err := ctx.Err(); err != nil {
-		return Message{}, fmt.Errorf("send: %w", err)
+		return Message{}, false, fmt.Errorf("send: %w", err)
 	}
-	r := &sendReq{ctx: ctx, chatID: chatID, body: body, done: make(chan sendResult, 1)}
+	r := &sendReq{ctx: ctx, chatID: chatID, body: body, key: key, author: authorOf(ctx), queued: time.Now(), done: make(chan sendResult, 1)}
+	var res sendResult
 	if !s.enqueue(r) {
-		ms, err := s.commitBatch(ctx, []*sendReq{r})
+		rs, _, err := s.commitBatch(ctx, []*sendReq{r}, true, s.lockTimeout)
 		if err != nil {
-			return Message{}, fmt.Errorf("send: %w", err)
+			res.err = fmt.Errorf("send: %w", err)
+		} else {
+			res = *rs[0]
 		}
-		return ms[0], nil
+	} else {
+		select {
+		case res = <-r.done:
+		case <-ctx.Done():
+			if r.state.CompareAndSwap(reqQueued, reqDropped) {
+				return Message{}, false, fmt.Errorf("send: %w", ctx.Err())
+			}
+			// Taken: it is being committed; wait for the outcome.
+			res = <-r.done
+		}
 	}
-	select {
-	case res := <-r.done:
-		return res.m, res.err
-	case <-ctx.Done():
-		if r.state.CompareAndSwap(reqQueued, reqDropped) {
-			return Message{}, fmt.Errorf("send: %w", ctx.Err())
-		}
-		// Taken: it is being committed; wait for the outcome.
-		res := <-r.done
-		return res.m, res.err
+	s.count(res)
+	return res.m, res.replayed, res.err
+}
+
+// count reports res to the metrics hook.
+func (s *Store) count(res sendResult) {
+	if s.metrics == nil {
+		return
+	}
+	switch {
+	case res.replayed && s.metrics.Replayed != nil:
+		s.metrics.Replayed()
+	case s.metrics.Rejected == nil || res.err == nil:
+	case errors.Is(res.err, ErrChatBusy):
+		s.metrics.Rejected("lock_timeout")
+	case errors.Is(res.err, ErrSendTimeout):
+		s.metrics.Rejected("timeout")
 	}
 }
 
@@ -181,16 +257,23 @@ type History struct {
 
 // History returns chat chatID's messages after the given cursors (seqs of
 // this service's own messages and of the other's). limit caps each list
-// (1..10000).
-func (s *Store) History(ctx context.Context, chatID, afterSent, afterReceived int64, limit int) (History, error) {
-	var h History
+// (1..10000). It runs under the read timeout (DefaultReadTimeout, 5 s):
+// past it, the error wraps ErrReadTimeout.
+func (s *Store) History(ctx context.Context, chatID, afterSent, afterReceived int64, limit int) (h History, err error) {
+	ctx, cancel := context.WithTimeout(ctx, s.readTimeout)
+	defer cancel()
+	defer func() {
+		if err != nil && ctx.Err() == context.DeadlineExceeded {
+			err = fmt.Errorf("%w: %w", ErrReadTimeout, err)
+		}
+	}()
 	rows, err := s.pool.Query(ctx, s.q.history, chatID, afterSent, limit)
 	if err != nil {
 		return h, fmt.Errorf("history: %w", err)
 	}
 	h.Sent, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (Message, error) {
 		m := Message{From: s.service}
-		err := r.Scan(&m.ID, &m.ChatID, &m.Seq, &m.Body, &m.SentAt, &m.DeliveredAt)
+		err := r.Scan(&m.ID, &m.ChatID, &m.Seq, &m.Body, &m.SentAt, &m.Author, &m.DeliveredAt)
 		return m, err
 	})
 	if err != nil {
@@ -211,7 +294,7 @@ func (s *Store) History(ctx context.Context, chatID, afterSent, afterReceived in
 func scanInbox(r pgx.CollectableRow) (Message, error) {
 	var m Message
 	var recv time.Time
-	err := r.Scan(&m.ID, &m.ChatID, &m.Seq, &m.Body, &m.SentAt, &recv, &m.From)
+	err := r.Scan(&m.ID, &m.ChatID, &m.Seq, &m.Body, &m.SentAt, &recv, &m.From, &m.Author)
 	m.ReceivedAt, m.DeliveredAt = &recv, &recv
 	return m, err
 }

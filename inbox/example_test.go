@@ -24,7 +24,8 @@ import (
 //	  received_at timestamptz NOT NULL DEFAULT now());
 //
 // It needs running Postgres and Redis servers, so it is compiled but not
-// run.
+// run; outboxtest's Example runs the whole path (Writer, Relay, redisq, inbox)
+// on private servers and checks its output.
 func ExampleConsumer() {
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))

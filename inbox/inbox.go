@@ -19,7 +19,10 @@ type Delivery struct {
 	ID      string
 	Name    string
 	Payload []byte
-	Err     error
+	// Sig is the entry's signature, when the queue carries one ("" = none);
+	// the Handler checks it (the inbox does not).
+	Sig string
+	Err error
 }
 
 // Source is the queue side the Consumer reads from. Implementations must be

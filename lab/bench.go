@@ -18,6 +18,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/outboxchat/outboxchat/chat"
 	"github.com/outboxchat/outboxchat/redisq"
 )
@@ -63,6 +65,15 @@ type BenchOptions struct {
 	ProgressEvery time.Duration
 	// Progress receives progress lines. nil discards them.
 	Progress io.Writer
+	// HoldSnapshot, when true, opens a REPEATABLE READ transaction on a
+	// connection of its own before the first send, reads consumers.outbox in
+	// it (so it holds a snapshot, and with it the database's xmin horizon)
+	// and keeps it open, idle, until the run has drained: the forgotten
+	// psql session of issue 17. Default false.
+	HoldSnapshot bool
+	// Insecure runs the services without auth and signed stream entries
+	// (EnvOptions.Insecure), to measure what they cost.
+	Insecure bool
 }
 
 // BenchResult is what Bench measured. The JSON fields are DESIGN.md's
@@ -121,6 +132,32 @@ type BenchResult struct {
 	MaxUnsent, MaxPending int64 `json:"-"`
 	// Stages are the p50s of the three legs (see LatencyRun.Stages).
 	Stages Stages `json:"-"`
+	// HoldSnapshot echoes BenchOptions.HoldSnapshot.
+	HoldSnapshot bool `json:"hold_snapshot"`
+	// WindowsMsgsPerS is the rate of messages shown in each successive
+	// 10 s window from the first send (the last window may be shorter; it
+	// is dropped when under 2 s), in msg/s.
+	WindowsMsgsPerS []float64 `json:"windows_msgs_per_s"`
+	// Tables is pg_stat_user_tables of the services' tables at the end of
+	// the run (after the drain, before the held snapshot is released).
+	Tables []TableStat `json:"tables"`
+}
+
+// benchWindow is the width of BenchResult.WindowsMsgsPerS's windows.
+const benchWindow = 10 * time.Second
+
+// TableStat is one row of pg_stat_user_tables: dead and live tuples, and
+// the cumulative inserts, updates (HOT among them) and deletes.
+type TableStat struct {
+	Table     string `json:"table"`
+	DeadTup   int64  `json:"n_dead_tup"`
+	LiveTup   int64  `json:"n_live_tup"`
+	Ins       int64  `json:"n_tup_ins"`
+	Upd       int64  `json:"n_tup_upd"`
+	HotUpd    int64  `json:"n_tup_hot_upd"`
+	Del       int64  `json:"n_tup_del"`
+	Autovac   int64  `json:"autovacuum_count"`
+	SizeBytes int64  `json:"total_bytes"`
 }
 
 // WaitCount is how often one (role, state, wait event) was seen across the
@@ -143,7 +180,10 @@ func Bench(ctx context.Context, opts BenchOptions) (*BenchResult, error) {
 	if progress == nil {
 		progress = io.Discard
 	}
-	env, err := StartEnv(ctx, EnvOptions{Variant: opts.Variant, Progress: progress})
+	// The bench is one client IP and one user pushing thousands of
+	// messages a second over a socket per chat: the per-IP and per-user
+	// limits and the socket cap, meant for people, are off.
+	env, err := StartEnv(ctx, EnvOptions{Variant: opts.Variant, Progress: progress, ExtraArgs: unlimitedArgs, Insecure: opts.Insecure})
 	if err != nil {
 		return nil, err
 	}
@@ -162,7 +202,7 @@ func Bench(ctx context.Context, opts BenchOptions) (*BenchResult, error) {
 		}
 	}()
 	for c := 1; c <= opts.Chats; c++ {
-		w, err := NewWatcher(env.WorkersURL, int64(c), &WatcherConfig{OnFrame: func(s Shown) {
+		w, err := NewWatcher(env.WorkersURL, int64(c), &WatcherConfig{Token: env.Token, OnFrame: func(s Shown) {
 			if s.Message.From != chat.Consumers || s.Duplicate {
 				return
 			}
@@ -196,6 +236,15 @@ func Bench(ctx context.Context, opts BenchOptions) (*BenchResult, error) {
 	if res.RedisUsedMBBefore, err = redisUsedMB(ctx, env); err != nil {
 		return nil, err
 	}
+	res.HoldSnapshot = opts.HoldSnapshot
+	if opts.HoldSnapshot {
+		release, err := holdSnapshot(ctx, env)
+		if err != nil {
+			return nil, err
+		}
+		defer release()
+		fmt.Fprintln(progress, "lab: bench: holding a REPEATABLE READ snapshot (idle in transaction) until the run has drained")
+	}
 	cpu0, err := benchCPU(ctx, env)
 	if err != nil {
 		return nil, err
@@ -226,7 +275,7 @@ func Bench(ctx context.Context, opts BenchOptions) (*BenchResult, error) {
 	start := time.Now()
 	var wg sync.WaitGroup
 	for range opts.Senders {
-		snd, err := newConnSender(env.ConsumersURL, 10*time.Second)
+		snd, err := newConnSender(env.ConsumersURL, env.Token, 10*time.Second)
 		if err != nil {
 			return nil, err
 		}
@@ -308,6 +357,7 @@ func Bench(ctx context.Context, opts BenchOptions) (*BenchResult, error) {
 	stopSampler()
 	report("done")
 	res.Wall = end.Sub(start)
+	res.Tables = tableStats(ctx, env)
 
 	cpu1, err := benchCPU(ctx, env)
 	if err != nil {
@@ -345,6 +395,7 @@ func Bench(ctx context.Context, opts BenchOptions) (*BenchResult, error) {
 		}
 	}
 	amu.Unlock()
+	res.WindowsMsgsPerS = windowRates(start, shownTimes(arrived, &amu), benchWindow)
 	slices.Sort(lat)
 	slices.Sort(sendLat)
 	res.P50Ms, res.P95Ms, res.P99Ms = roundMs(percentile(lat, .5)), roundMs(percentile(lat, .95)), roundMs(percentile(lat, .99))
@@ -387,6 +438,95 @@ func Bench(ctx context.Context, opts BenchOptions) (*BenchResult, error) {
 		res.PGWaits = res.PGWaits[:12]
 	}
 	return res, nil
+}
+
+// holdSnapshot opens the held snapshot of BenchOptions.HoldSnapshot on a
+// connection of its own and returns the function that ends it.
+func holdSnapshot(ctx context.Context, env *Env) (release func(), err error) {
+	conn, err := pgx.Connect(ctx, env.DatabaseURL)
+	if err != nil {
+		return nil, fmt.Errorf("lab: bench: hold snapshot: connect: %w", err)
+	}
+	var n int64
+	if _, err = conn.Exec(ctx, "BEGIN ISOLATION LEVEL REPEATABLE READ"); err == nil {
+		err = conn.QueryRow(ctx, "SELECT count(*) FROM consumers.outbox").Scan(&n)
+	}
+	if err != nil {
+		_ = conn.Close(context.Background())
+		return nil, fmt.Errorf("lab: bench: hold snapshot: %w", err)
+	}
+	return func() {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_, _ = conn.Exec(cctx, "ROLLBACK")
+		_ = conn.Close(cctx)
+	}, nil
+}
+
+// tableStats reads pg_stat_user_tables for the services' schemas, largest
+// n_dead_tup first; nil if it cannot be read. The statistics are flushed by
+// backends at most once a second, so the figures may lag the run by that.
+func tableStats(ctx context.Context, env *Env) []TableStat {
+	rows, err := env.Admin().Query(ctx, `SELECT schemaname || '.' || relname, n_dead_tup, n_live_tup,
+		n_tup_ins, n_tup_upd, n_tup_hot_upd, n_tup_del, autovacuum_count, pg_total_relation_size(relid)
+		FROM pg_stat_user_tables WHERE schemaname IN ('consumers', 'workers')
+		ORDER BY n_dead_tup DESC, 1`)
+	if err != nil {
+		return nil
+	}
+	ts, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (TableStat, error) {
+		var t TableStat
+		err := r.Scan(&t.Table, &t.DeadTup, &t.LiveTup, &t.Ins, &t.Upd, &t.HotUpd, &t.Del, &t.Autovac, &t.SizeBytes)
+		return t, err
+	})
+	if err != nil {
+		return nil
+	}
+	return ts
+}
+
+// shownTimes returns the arrival times in arrived, read under mu.
+func shownTimes(arrived map[string]Shown, mu *sync.Mutex) []time.Time {
+	mu.Lock()
+	defer mu.Unlock()
+	ts := make([]time.Time, 0, len(arrived))
+	for _, s := range arrived {
+		ts = append(ts, s.At)
+	}
+	return ts
+}
+
+// windowRates counts ts in successive windows of width w from start and
+// returns each window's rate per second. The last window counts over its
+// true length up to the last time, and is dropped when shorter than w/5.
+func windowRates(start time.Time, ts []time.Time, w time.Duration) []float64 {
+	var counts []int
+	var last time.Time
+	for _, t := range ts {
+		if t.Before(start) {
+			continue
+		}
+		i := int(t.Sub(start) / w)
+		for len(counts) <= i {
+			counts = append(counts, 0)
+		}
+		counts[i]++
+		if t.After(last) {
+			last = t
+		}
+	}
+	rates := make([]float64, 0, len(counts))
+	for i, n := range counts {
+		width := w
+		if i == len(counts)-1 {
+			width = last.Sub(start) - time.Duration(i)*w
+			if width < w/5 {
+				break
+			}
+		}
+		rates = append(rates, math.Round(float64(n)/width.Seconds()*10)/10)
+	}
+	return rates
 }
 
 func benchDefaults(o BenchOptions) BenchOptions {
@@ -596,6 +736,26 @@ func (r *BenchResult) WriteText(w io.Writer) {
 		rows = append(rows, []string{k, fmt.Sprintf("%.2f", r.CPUS[k]), share, rss})
 	}
 	writeColumns(w, rows)
+	if len(r.WindowsMsgsPerS) > 0 {
+		parts := make([]string, len(r.WindowsMsgsPerS))
+		for i, v := range r.WindowsMsgsPerS {
+			parts[i] = fmt.Sprintf("%.0f", v)
+		}
+		fmt.Fprintf(w, "\nshown per %s window (msg/s): %s\n", benchWindow, strings.Join(parts, ", "))
+	}
+	if r.HoldSnapshot {
+		fmt.Fprintln(w, "a REPEATABLE READ snapshot was held through the run (--hold-snapshot)")
+	}
+	if len(r.Tables) > 0 {
+		trows := [][]string{{"table", "n_dead_tup", "n_live_tup", "ins", "upd", "hot upd", "del", "autovacuums", "size MB"}}
+		for _, t := range r.Tables {
+			trows = append(trows, []string{t.Table, strconv.FormatInt(t.DeadTup, 10), strconv.FormatInt(t.LiveTup, 10),
+				strconv.FormatInt(t.Ins, 10), strconv.FormatInt(t.Upd, 10), strconv.FormatInt(t.HotUpd, 10),
+				strconv.FormatInt(t.Del, 10), strconv.FormatInt(t.Autovac, 10), fmt.Sprintf("%.1f", float64(t.SizeBytes)/(1<<20))})
+		}
+		fmt.Fprintln(w)
+		writeColumns(w, trows)
+	}
 	fmt.Fprintf(w, "\nredis used_memory: %.2f MB before, %.2f MB after (stream entries left %d, keys %d)\n",
 		r.RedisUsedMBBefore, r.RedisUsedMBAfter, r.StreamLenAfter, r.RedisKeysAfter)
 	if len(r.PGWaits) > 0 {
@@ -616,6 +776,8 @@ func runBenchCmd(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	variant := fs.String("variant", VariantV2, "v2, v2-intx, v2-poll or v1")
 	timeout := fs.Duration("timeout", DefaultBenchSendTimeout, "bound on the sending phase")
 	asJSON := fs.Bool("json", false, "print one JSON object (DESIGN.md fields plus cpu_s); the details go to stderr")
+	hold := fs.Bool("hold-snapshot", false, "hold a REPEATABLE READ snapshot open (idle in transaction) through the run, as a forgotten session would")
+	insecure := fs.Bool("insecure", false, "services without auth and without signed stream entries (to measure what they cost)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -629,7 +791,7 @@ func runBenchCmd(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		return err
 	}
 	res, err := Bench(ctx, BenchOptions{Senders: *senders, Chats: *chats, Messages: *messages,
-		Variant: *variant, SendTimeout: *timeout, Progress: stderr})
+		Variant: *variant, SendTimeout: *timeout, Progress: stderr, HoldSnapshot: *hold, Insecure: *insecure})
 	if err != nil {
 		return err
 	}

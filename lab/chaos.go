@@ -103,7 +103,7 @@ func Chaos(ctx context.Context, opts ChaosOptions) (*Figures, error) {
 	events := newAsyncEvents()
 	defer events.close() // after the unsubscribes below (defers run last-in first-out)
 
-	w, err := NewWatcher(env.WorkersURL, chaosChat, &WatcherConfig{OnFrame: func(s Shown) {
+	w, err := NewWatcher(env.WorkersURL, chaosChat, &WatcherConfig{Token: env.Token, OnFrame: func(s Shown) {
 		if s.Message.From != chat.Consumers {
 			return
 		}
@@ -203,7 +203,7 @@ func Chaos(ctx context.Context, opts ChaosOptions) (*Figures, error) {
 	}
 	defer func() { stopCrashWatch(); <-crashDone }()
 
-	snd := newSender()
+	snd := newSender(env.Token)
 	stopAll := func(ps ...*Proc) error {
 		errs := make([]error, len(ps))
 		var wg sync.WaitGroup

@@ -28,6 +28,7 @@ import (
 // use: one per sender goroutine.
 type connSender struct {
 	host    string // host:port of the service
+	auth    string // "Authorization: Bearer <token>\r\n", or "" without a token
 	timeout time.Duration
 	conn    net.Conn
 	br      *bufio.Reader
@@ -36,12 +37,16 @@ type connSender struct {
 
 // newConnSender returns a sender to baseURL ("http://host:port"); it dials
 // on first use and again after any error.
-func newConnSender(baseURL string, timeout time.Duration) (*connSender, error) {
+func newConnSender(baseURL, token string, timeout time.Duration) (*connSender, error) {
 	u, err := url.Parse(baseURL)
 	if err != nil || u.Scheme != "http" || u.Host == "" {
 		return nil, fmt.Errorf("lab: sender: base URL %q is not http://host:port", baseURL)
 	}
-	return &connSender{host: u.Host, timeout: timeout}, nil
+	s := &connSender{host: u.Host, timeout: timeout}
+	if token != "" {
+		s.auth = "Authorization: Bearer " + token + "\r\n"
+	}
+	return s, nil
 }
 
 // send posts body to chat chatID and returns the stored message's id on
@@ -84,7 +89,9 @@ func (s *connSender) roundTrip(ctx context.Context, chatID int64, body string) (
 	b = strconv.AppendInt(b, chatID, 10)
 	b = append(b, "/messages HTTP/1.1\r\nHost: "...)
 	b = append(b, s.host...)
-	b = append(b, "\r\nContent-Type: application/json\r\nContent-Length: "...)
+	b = append(b, "\r\n"...)
+	b = append(b, s.auth...)
+	b = append(b, "Content-Type: application/json\r\nContent-Length: "...)
 	b = strconv.AppendInt(b, int64(len(payload)), 10)
 	b = append(b, "\r\n\r\n"...)
 	b = append(b, payload...)

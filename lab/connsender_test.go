@@ -50,7 +50,7 @@ func TestConnSender(t *testing.T) {
 	}
 	srv.Start()
 	defer srv.Close()
-	s, err := newConnSender(srv.URL, 5*time.Second)
+	s, err := newConnSender(srv.URL, "", 5*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}

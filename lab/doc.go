@@ -7,6 +7,8 @@
 // Entry point: Run, dispatched from `outboxchat lab`. Subcommands:
 //
 //	up      private servers and both services; prints their URLs; Ctrl-C stops
+//	        (--consumers-addr/--workers-addr fix the ports, --keep-logs keeps
+//	        the services' logs)
 //	chaos   the write-up's fault experiment (--variant v1|v2) or a named
 //	        scenario (--scenario NAME, --list)
 //	latency the write-up's latency table (v1, v2, v2-intx, v2-poll), the

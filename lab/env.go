@@ -2,6 +2,8 @@ package lab
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -63,12 +65,21 @@ type EnvOptions struct {
 	// Dir holds the process logs. "" (default) makes a temp dir that Close
 	// removes; a given Dir is kept.
 	Dir string
+	// ConsumersAddr and WorkersAddr fix the services' HTTP addresses
+	// ("127.0.0.1:PORT"). "" (default) picks free ports.
+	ConsumersAddr, WorkersAddr string
 	// Progress receives progress lines ("lab: …"). nil discards them.
 	Progress io.Writer
 	// Sentinel runs Redis as a Sentinel-managed pair: the primary (Redis),
 	// one replica (RedisReplica) and three sentinels (Sentinels); the
 	// services get a redis+sentinel:// URL (master SentinelMaster).
 	Sentinel bool
+	// Insecure runs the services without authentication
+	// (--insecure-no-auth) and without signed stream entries: for
+	// measuring what security costs. By default they check bearer tokens
+	// signed with a secret the lab makes (Env.Token) and sign and check
+	// every stream entry with event keys the lab makes.
+	Insecure bool
 }
 
 // SentinelMaster is the master name of the lab's sentinels.
@@ -102,12 +113,17 @@ type Env struct {
 	Variant string
 	// LockDuration is the workers' lock duration.
 	LockDuration time.Duration
+	// Token is a development bearer token of user "lab" for every chat on
+	// both services, valid for 30 days ("" when Insecure).
+	Token string
 
-	admin   *pgxpool.Pool
-	rdb     *redis.Client
-	ownDir  bool
-	closeMu sync.Mutex
-	closed  bool
+	admin *pgxpool.Pool
+	rdb   *redis.Client
+	// redisURLs are the services' own Redis URLs (least-privilege users).
+	redisURLs map[string]string
+	ownDir    bool
+	closeMu   sync.Mutex
+	closed    bool
 }
 
 // variantArgs returns the serve flags of a variant.
@@ -126,6 +142,10 @@ func variantArgs(v string) ([]string, error) {
 	}
 	return nil, fmt.Errorf("lab: unknown variant %q (want v1, v2, v2-poll or v2-intx)", v)
 }
+
+// unlimitedArgs turn the services' per-IP and per-user rate limits and the
+// WebSocket cap off (serve flags), for load the lab generates from one IP.
+var unlimitedArgs = []string{"--rate-ip=-1", "--rate-user=-1", "--ws-per-user=-1"}
 
 // StartEnv starts a private Postgres and Redis (appendonly yes), creates and
 // migrates both services' roles and schemas, starts the service processes
@@ -181,7 +201,9 @@ func StartEnv(ctx context.Context, opts EnvOptions) (_ *Env, err error) {
 	}()
 	go func() {
 		defer wg.Done()
-		e.Redis, rdErr = redisproc.Start(ctx, nil)
+		// An ACL file keeps the services' Redis users across the
+		// experiments' Redis restarts.
+		e.Redis, rdErr = redisproc.Start(ctx, &redisproc.Options{ACLFile: true})
 	}()
 	wg.Wait()
 	if err := errors.Join(pgErr, rdErr); err != nil {
@@ -200,6 +222,9 @@ func StartEnv(ctx context.Context, opts EnvOptions) (_ *Env, err error) {
 	if e.rdb, err = redisq.NewClient(e.RedisURL); err != nil {
 		return nil, fmt.Errorf("lab: %w", err)
 	}
+	if err := e.redisUsers(ctx); err != nil {
+		return nil, err
+	}
 	for _, s := range []string{chat.Consumers, chat.Workers} {
 		if err := chat.Bootstrap(ctx, e.admin, s); err != nil {
 			return nil, fmt.Errorf("lab: %w", err)
@@ -209,16 +234,27 @@ func StartEnv(ctx context.Context, opts EnvOptions) (_ *Env, err error) {
 		}
 	}
 
+	fixedAddr := map[string]string{chat.Consumers: opts.ConsumersAddr, chat.Workers: opts.WorkersAddr}
+	authArgs := []string{"--insecure-no-auth"}
+	if !opts.Insecure {
+		if authArgs, e.Token, err = labSecrets(e.Dir); err != nil {
+			return nil, err
+		}
+	}
 	newProc := func(service, name, roles string, api bool) (*Proc, error) {
 		args := []string{"--service", service, "--role", roles,
-			"--database-url", e.ServiceDatabaseURL(service), "--redis-url", e.RedisURL,
+			"--database-url", e.ServiceDatabaseURL(service), "--redis-url", e.ServiceRedisURL(service),
 			"--lock-duration", opts.LockDuration.String(), "--consumer-name", service + "-1"}
 		args = append(args, vargs...)
+		args = append(args, authArgs...)
 		args = append(args, opts.ExtraArgs...)
 		if f := opts.Faults[name]; f != "" {
 			args = append(args, "--fault", f)
 		}
 		cfg := &ProcConfig{Args: args, API: api, LogPath: filepath.Join(e.Dir, name+".log")}
+		if api {
+			cfg.Addr = fixedAddr[service]
+		}
 		if !api {
 			cfg.ReadyMsg = "relay started"
 		}
@@ -280,6 +316,44 @@ func StartEnv(ctx context.Context, opts EnvOptions) (_ *Env, err error) {
 	return e, nil
 }
 
+// labTokenTTL is how long the lab's development token is valid.
+const labTokenTTL = 30 * 24 * time.Hour
+
+// labSecrets writes fresh random secrets to dir (mode 0600): the HS256
+// secret of bearer tokens (jwt.secret) and one event key per direction
+// (event.keys). It returns the serve flags that use them and a token of
+// user "lab" for every chat on both services.
+func labSecrets(dir string) (args []string, token string, err error) {
+	random := func() (string, error) {
+		b := make([]byte, 32)
+		if _, err := rand.Read(b); err != nil {
+			return "", fmt.Errorf("lab: secrets: %w", err)
+		}
+		return hex.EncodeToString(b), nil
+	}
+	secret, err := random()
+	if err != nil {
+		return nil, "", err
+	}
+	keys := ""
+	for _, s := range []string{chat.Consumers, chat.Workers} {
+		k, err := random()
+		if err != nil {
+			return nil, "", err
+		}
+		keys += chat.QueueName(s) + " " + k + "\n"
+	}
+	secretPath, keysPath := filepath.Join(dir, "jwt.secret"), filepath.Join(dir, "event.keys")
+	if err := errors.Join(os.WriteFile(secretPath, []byte(secret), 0o600), os.WriteFile(keysPath, []byte(keys), 0o600)); err != nil {
+		return nil, "", fmt.Errorf("lab: secrets: %w", err)
+	}
+	token, err = chat.MintToken([]byte(secret), "lab", []string{chat.Consumers, chat.Workers}, chat.ChatScope{All: true}, labTokenTTL)
+	if err != nil {
+		return nil, "", fmt.Errorf("lab: %w", err)
+	}
+	return []string{"--jwt-secret-file", secretPath, "--event-key-file", keysPath}, token, nil
+}
+
 // Procs returns every service process: consumers, its relays, workers, its
 // relays.
 func (e *Env) Procs() []*Proc {
@@ -302,6 +376,36 @@ func (e *Env) Procs() []*Proc {
 func (e *Env) ServiceDatabaseURL(service string) string {
 	return fmt.Sprintf("postgres://%s@127.0.0.1:%d/%s?sslmode=disable", service, e.Postgres.Port(), pgproc.DefaultDatabase)
 }
+
+// labRedisPrefix is the services' default --redis-prefix, which the lab
+// keeps.
+const labRedisPrefix = chat.DefaultRedisPrefix
+
+// redisUsers makes each service's least-privilege Redis user (chat.RedisACL)
+// with a random password, saved in the server's ACL file.
+func (e *Env) redisUsers(ctx context.Context) error {
+	e.redisURLs = map[string]string{}
+	for _, s := range []string{chat.Consumers, chat.Workers} {
+		b := make([]byte, 16)
+		if _, err := rand.Read(b); err != nil {
+			return fmt.Errorf("lab: redis password: %w", err)
+		}
+		pw := hex.EncodeToString(b)
+		args, err := chat.RedisACL(s, labRedisPrefix, s, pw)
+		if err != nil {
+			return fmt.Errorf("lab: %w", err)
+		}
+		if err := chat.ApplyRedisACL(ctx, e.rdb, args); err != nil {
+			return fmt.Errorf("lab: %w", err)
+		}
+		e.redisURLs[s] = fmt.Sprintf("redis://%s:%s@127.0.0.1:%d/0", s, pw, e.Redis.Port())
+	}
+	return nil
+}
+
+// ServiceRedisURL returns the URL a service connects to Redis with: its own
+// least-privilege user (chat.RedisACL). RedisURL is the administrator's.
+func (e *Env) ServiceRedisURL(service string) string { return e.redisURLs[service] }
 
 // Admin returns a superuser pool on the lab database (owned by the Env).
 func (e *Env) Admin() *pgxpool.Pool { return e.admin }

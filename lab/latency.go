@@ -282,7 +282,7 @@ func latencyVariant(ctx context.Context, variant string, opts LatencyOptions, fl
 func latencyRun(ctx context.Context, env *Env, chatID int64, opts LatencyOptions) (*LatencyRun, error) {
 	var mu sync.Mutex
 	arrived := map[string]Shown{}
-	w, err := NewWatcher(env.WorkersURL, chatID, &WatcherConfig{OnFrame: func(s Shown) {
+	w, err := NewWatcher(env.WorkersURL, chatID, &WatcherConfig{Token: env.Token, OnFrame: func(s Shown) {
 		if s.Message.From != chat.Consumers || s.Duplicate {
 			return
 		}
@@ -310,7 +310,7 @@ func latencyRun(ctx context.Context, env *Env, chatID int64, opts LatencyOptions
 		return ok
 	}
 
-	snd, err := newConnSender(env.ConsumersURL, 5*time.Second)
+	snd, err := newConnSender(env.ConsumersURL, env.Token, 5*time.Second)
 	if err != nil {
 		return nil, err
 	}

@@ -47,8 +47,14 @@ type ProcConfig struct {
 	// OUTBOXCHAT_FAULT is always removed (faults are per process, by flag).
 	Env []string
 	// API says the process serves HTTP: a free port is chosen once by NewProc
-	// and kept across restarts, so clients reconnect to the same URL.
+	// (or Addr is used) and kept across restarts, so clients reconnect to
+	// the same URL.
 	API bool
+	// Addr is the fixed HTTP address ("127.0.0.1:PORT") of an API process.
+	// "" (default) picks a free port, and StartReady moves to another free
+	// port if it loses a bind race; a given Addr is never changed (a port in
+	// use fails the start).
+	Addr string
 	// ReadyMsg is the log message ("msg" of a JSON log line) that marks the
 	// process ready. Default "listening" when API is set, else "relay started".
 	ReadyMsg string
@@ -151,7 +157,9 @@ func NewProc(name string, cfg *ProcConfig) (*Proc, error) {
 			p.cfg.ReadyMsg = "listening"
 		}
 	}
-	if p.cfg.API {
+	if p.cfg.API && p.cfg.Addr != "" {
+		p.addr = p.cfg.Addr
+	} else if p.cfg.API {
 		a, err := spawn.FreeAddr()
 		if err != nil {
 			return nil, fmt.Errorf("lab: %s: pick a port: %w", name, err)
@@ -377,7 +385,7 @@ func (p *Proc) StartReady(ctx context.Context) error {
 			p.started = true
 			return nil
 		}
-		if !p.cfg.API || p.started || attempt >= 5 || !strings.Contains(err.Error(), "address already in use") {
+		if !p.cfg.API || p.cfg.Addr != "" || p.started || attempt >= 5 || !strings.Contains(err.Error(), "address already in use") {
 			return err
 		}
 		a, ferr := spawn.FreeAddr()

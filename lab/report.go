@@ -94,10 +94,11 @@ func (a *asyncEvents) close() {
 // sender posts messages to a service's HTTP API.
 type sender struct {
 	client *http.Client
+	token  string // bearer token; "" = none
 }
 
-func newSender() *sender {
-	return &sender{client: &http.Client{Timeout: 5 * time.Second}}
+func newSender(token string) *sender {
+	return &sender{client: &http.Client{Timeout: 5 * time.Second}, token: token}
 }
 
 // send posts body to chat chatID on baseURL. It returns the stored message
@@ -111,6 +112,9 @@ func (s *sender) send(ctx context.Context, baseURL string, chatID int64, body st
 		return m, err
 	}
 	req.Header.Set("Content-Type", "application/json")
+	if s.token != "" {
+		req.Header.Set("Authorization", "Bearer "+s.token)
+	}
 	resp, err := s.client.Do(req)
 	if err != nil {
 		return m, err

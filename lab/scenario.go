@@ -158,9 +158,9 @@ func RunScenarioWith(ctx context.Context, name string, so ScenarioOptions, logW,
 		return nil, err
 	}
 	defer env.Close()
-	s := &scenarioRun{env: env, log: &eventLog{w: logW}, snd: newSender(), events: newAsyncEvents(), progress: progress}
+	s := &scenarioRun{env: env, log: &eventLog{w: logW}, snd: newSender(env.Token), events: newAsyncEvents(), progress: progress}
 	defer s.events.close()
-	s.w, err = NewWatcher(env.WorkersURL, chaosChat, &WatcherConfig{OnFrame: func(f Shown) {
+	s.w, err = NewWatcher(env.WorkersURL, chaosChat, &WatcherConfig{Token: env.Token, OnFrame: func(f Shown) {
 		if f.Message.From != chat.Consumers {
 			return
 		}
@@ -438,14 +438,23 @@ func postgresRestart(ctx context.Context, s *scenarioRun) error {
 	if err := s.sendEvery(ctx, 4, 250*time.Millisecond); err != nil {
 		return err
 	}
-	// Nothing half-written: messages and outbox rows match one to one.
+	// Nothing half-written: every outbox row has its message, and every
+	// message has its outbox row or, once the relay published and deleted
+	// the row, its inbox row on workers (waited for: it may be in flight).
 	var orphans int
-	err := s.env.admin.QueryRow(ctx, `SELECT
+	var err error
+	wctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	_ = waitFor(wctx, 100*time.Millisecond, func() bool {
+		err = s.env.admin.QueryRow(wctx, `SELECT
 		(SELECT count(*) FROM consumers.messages m WHERE NOT EXISTS
-			(SELECT 1 FROM consumers.outbox o WHERE o.payload->>'id' = m.id::text)) +
+			(SELECT 1 FROM consumers.outbox o WHERE o.payload->>'id' = m.id::text)
+			AND NOT EXISTS (SELECT 1 FROM workers.inbox i WHERE i.message_id = m.id)) +
 		(SELECT count(*) FROM consumers.outbox o WHERE o.event = 'message.created' AND NOT EXISTS
 			(SELECT 1 FROM consumers.messages m WHERE o.payload->>'id' = m.id::text))`).Scan(&orphans)
-	if err != nil {
+		return err == nil && orphans == 0
+	})
+	cancel()
+	if err != nil && ctx.Err() == nil && orphans == 0 {
 		return fmt.Errorf("lab: check half-writes: %w", err)
 	}
 	if orphans > 0 {

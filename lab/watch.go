@@ -27,6 +27,9 @@ type WatcherConfig struct {
 	// ReconnectWait is the pause between two connection attempts. Default
 	// DefaultReconnectWait (100 ms).
 	ReconnectWait time.Duration
+	// Token is the bearer token offered as a WebSocket subprotocol, as the
+	// chat page does ("" = none: the services run without auth).
+	Token string
 }
 
 // Shown is one message frame a Watcher received.
@@ -132,6 +135,15 @@ func (w *Watcher) wsURL() string {
 	return "ws" + strings.TrimPrefix(w.base, "http") + "/ws?" + q.Encode()
 }
 
+// wsDialOptions offers token the way the chat page does: subprotocols
+// "outboxchat.v1" and "bearer.<token>" (nil without a token).
+func wsDialOptions(token string) *websocket.DialOptions {
+	if token == "" {
+		return nil
+	}
+	return &websocket.DialOptions{Subprotocols: []string{"outboxchat.v1", "bearer." + token}}
+}
+
 func (w *Watcher) loop(ctx context.Context) {
 	for ctx.Err() == nil {
 		w.session(ctx)
@@ -145,7 +157,7 @@ func (w *Watcher) loop(ctx context.Context) {
 // session runs one connection until it drops.
 func (w *Watcher) session(ctx context.Context) {
 	dctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	c, _, err := websocket.Dial(dctx, w.wsURL(), nil)
+	c, _, err := websocket.Dial(dctx, w.wsURL(), wsDialOptions(w.cfg.Token))
 	cancel()
 	if err != nil {
 		return

@@ -6,8 +6,12 @@
 //
 // The outbox table is created by the application's migrations from TableDDL:
 // identity id, event, idempotency_key, jsonb payload, created_at, sent_at
-// (NULL while unsent), attempts and last_error, plus a partial index on the
-// unsent rows.
+// (NULL; a row is deleted once published, so the table holds only unsent
+// rows), attempts and last_error, plus a partial index on the unsent rows.
+// The identity sequence must keep its default CACHE 1 and ids must not be
+// given explicitly (the claim floor, below, relies on both), and the
+// relay's role needs USAGE or SELECT on that sequence (its owner has both)
+// besides SELECT and DELETE on the table.
 //
 // # Writer
 //
@@ -24,9 +28,16 @@
 //
 // A pass (Relay.RunOnce) is one transaction: BEGIN; set transaction-local
 // lock_timeout, statement_timeout and idle_in_transaction_session_timeout;
-// claim up to BatchSize unsent rows ORDER BY id FOR UPDATE; Publish; mark
-// them sent; COMMIT. The first three statements share one round trip, the
-// last two another. The running relay (Relay.Start) LISTENs on a dedicated
+// claim up to BatchSize unsent rows with id ≥ the claim floor ORDER BY id
+// FOR UPDATE; Publish; DELETE them; COMMIT. The first statements (with a
+// read of the identity sequence and of the snapshot's xmin/xmax, for the
+// floor) share one round trip, the last two another. Deleting rather than
+// updating the published rows, and starting the claim at the floor (an id
+// below which every row is known published, see floor.go), keep a pass's
+// cost independent of how many rows were published since vacuum last ran:
+// while an old snapshot holds the xmin horizon back, nothing can be
+// vacuumed, and an update per message or a claim from the start of the
+// index would make every pass slower than the last. The running relay (Relay.Start) LISTENs on a dedicated
 // connection and runs passes on each notification (but those
 // RelayConfig.IgnoreNotification drops), on Relay.Wake, and every
 // PollInterval without one, until a pass comes back less than full.
@@ -36,9 +47,10 @@
 //   - Atomic write: an event is committed with the caller's data or not at
 //     all; enqueueing touches only PostgreSQL, so it works while the broker
 //     is down.
-//   - The relay holds nothing in memory between passes: a pass either
-//     commits sent_at for every row it published, or rolls back and leaves
-//     them all unsent for the next pass. Failed passes increment attempts and
+//   - The relay holds nothing in memory between passes but the claim
+//     floor, a hint (a fresh relay starts with a full scan, and one runs
+//     every 10 s anyway): a pass either deletes every row it published, or
+//     rolls back and leaves them all unsent for the next pass. Failed passes increment attempts and
 //     set last_error on the claimed rows (best effort, after the rollback).
 //   - At-least-once publication, idempotent by Message.ID: a relay that
 //     crashes (or loses its connection) between Publish and COMMIT leaves the

@@ -14,7 +14,9 @@ import (
 )
 
 // Example shows the write side (enqueue in the caller's transaction, then
-// Committed) and the relay. It needs a database, so it has no output check.
+// Committed) and the relay. It needs a database, so it has no output check;
+// outboxtest's Example runs the whole path (Writer, Relay, redisq, inbox) on
+// private servers and checks its output.
 func Example() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()

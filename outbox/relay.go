@@ -171,7 +171,7 @@ type RelayConfig struct {
 }
 
 // Relay moves unsent outbox rows to a Publisher: claim (FOR UPDATE) in id
-// order, publish, mark sent, commit; see the package doc for its invariants.
+// order, publish, delete the published rows, commit; see the package doc for its invariants.
 // Create it with NewRelay. RunOnce, Wake and Listening are safe for
 // concurrent use; so are Start, Stop, Started and Stopped.
 type Relay struct {
@@ -191,7 +191,9 @@ type Relay struct {
 	m         RelayMetrics
 	onEvent   func(RelayEvent)
 
-	claimSQL, markSQL, recordSQL string
+	claimSQL, markSQL, recordSQL, seqSQL string
+	table                                string // quoted table name, for seqSQL
+	floor                                claimFloor
 
 	wake       chan struct{} // 1-buffered pending wake-up
 	listening  atomic.Bool
@@ -319,11 +321,21 @@ func NewRelay(pool *pgxpool.Pool, cfg *RelayConfig) (*Relay, error) {
 	// LOCKED the second would claim the rows after the first one's batch and
 	// publish them in parallel, out of order. With FOR UPDATE it waits (at
 	// most lock_timeout, then retries) until the first one commits; rows the
-	// first one marked sent then fail the re-checked WHERE and are skipped.
+	// first one deleted are then skipped.
 	// ORDER BY id over the partial index locks the rows in id order.
+	// "id >= $2": the claim floor (floor.go), so a claim does not step
+	// over the index entries of rows already published and deleted that
+	// vacuum has not removed yet.
 	r.claimSQL = "SELECT id, idempotency_key, event, payload, created_at FROM " + t.quoted +
-		" WHERE sent_at IS NULL ORDER BY id LIMIT $1 FOR UPDATE"
-	r.markSQL = "UPDATE " + t.quoted + " SET sent_at = now() WHERE id = ANY($1)"
+		" WHERE sent_at IS NULL AND id >= $2 ORDER BY id LIMIT $1 FOR UPDATE"
+	// Published rows are deleted, not updated: no new row version and no
+	// new index entry per message (issue 17). sent_at stays NULL; a table
+	// whose rows an older relay marked sent keeps those (never claimed).
+	r.markSQL = "DELETE FROM " + t.quoted + " WHERE id = ANY($1)"
+	// The identity sequence's last value, then xmin and xmax of a later
+	// snapshot (floor.go). xid8 fits bigint for 2^63 transactions.
+	r.table = t.quoted
+	r.seqSQL = "SELECT coalesce(pg_sequence_last_value(pg_get_serial_sequence($1, 'id')::regclass), 0)"
 	// Best effort, after the rollback: the claimed rows are unlocked again,
 	// so this may wait for another relay (bounded by lock_timeout).
 	r.recordSQL = "UPDATE " + t.quoted +
@@ -389,7 +401,7 @@ const setTimeoutsSQL = "SELECT set_config('lock_timeout', $1, true), " +
 // BatchSize). In one round trip it sends BEGIN, the transaction-local
 // timeouts and the claim (the unsent rows in id order, at most BatchSize,
 // locked FOR UPDATE); then it calls the Publisher with PublishTimeout; then,
-// in one more round trip, marks the rows sent and commits. An empty pass
+// in one more round trip, deletes the published rows and commits. An empty pass
 // costs two round trips.
 //
 // On any error it rolls back, so the rows stay unsent (nothing is kept in
@@ -419,13 +431,17 @@ func (r *Relay) RunOnce(ctx context.Context) (n int, err error) {
 		}
 	}()
 
+	floor := r.floor.start(start)
 	b := &pgx.Batch{}
+	b.Queue(r.seqSQL, r.table)
 	b.Queue("BEGIN")
+	b.Queue(snapshotSQL)
 	b.Queue(setTimeoutsSQL, r.timeouts[0], r.timeouts[1], r.timeouts[2])
-	b.Queue(r.claimSQL, r.batchSize)
+	b.Queue(r.claimSQL, r.batchSize, floor)
 	br := conn.SendBatch(ctx, b)
 	inTx = true
-	msgs, err := r.readClaim(br)
+	var h horizon
+	msgs, err := r.readClaim(br, &h)
 	if cerr := br.Close(); err == nil && cerr != nil {
 		err = cerr
 	}
@@ -437,6 +453,7 @@ func (r *Relay) RunOnce(ctx context.Context) (n int, err error) {
 			return 0, r.fail("claim", fmt.Errorf("outbox: relay: claim: commit empty pass: %w", err))
 		}
 		inTx = false
+		r.floor.advance(floor, h.v, h.xmin, h.xmax, false, 0)
 		return 0, nil
 	}
 	ids := make([]int64, len(msgs))
@@ -479,6 +496,11 @@ func (r *Relay) RunOnce(ctx context.Context) (n int, err error) {
 		return 0, r.fail("mark_sent", err)
 	}
 	inTx = false
+	last := msgs[len(msgs)-1].RowID
+	if old := r.floor.advance(floor, h.v, h.xmin, h.xmax, len(msgs) == r.batchSize, last); floor == 0 && msgs[0].RowID < old {
+		r.log.Warn("published a row below the claim floor; an outbox writer breaks the floor's assumptions (explicit ids, sequence CACHE > 1?): order across such rows is not guaranteed",
+			slog.Int64("row_id", msgs[0].RowID), slog.Int64("floor", old))
+	}
 	d := time.Since(start)
 	if r.m.Published != nil {
 		r.m.Published(len(msgs), d)
@@ -487,10 +509,24 @@ func (r *Relay) RunOnce(ctx context.Context) (n int, err error) {
 	return len(msgs), nil
 }
 
-// readClaim reads the results of BEGIN, set_config and the claim query.
-func (r *Relay) readClaim(br pgx.BatchResults) ([]Message, error) {
+// snapshotSQL reads xmin and xmax of the statement's snapshot (floor.go).
+const snapshotSQL = "SELECT pg_snapshot_xmin(s)::text::bigint, pg_snapshot_xmax(s)::text::bigint FROM pg_current_snapshot() s"
+
+// horizon is what a pass read before its claim, for the claim floor: the
+// sequence's last value v, then its snapshot's xmin and xmax.
+type horizon struct{ v, xmin, xmax int64 }
+
+// readClaim reads the results of the sequence read, BEGIN, the snapshot
+// read (into h), set_config and the claim query.
+func (r *Relay) readClaim(br pgx.BatchResults, h *horizon) ([]Message, error) {
+	if err := br.QueryRow().Scan(&h.v); err != nil {
+		return nil, fmt.Errorf("read sequence: %w", err)
+	}
 	if _, err := br.Exec(); err != nil {
 		return nil, fmt.Errorf("begin: %w", err)
+	}
+	if err := br.QueryRow().Scan(&h.xmin, &h.xmax); err != nil {
+		return nil, fmt.Errorf("read snapshot: %w", err)
 	}
 	if _, err := br.Exec(); err != nil {
 		return nil, fmt.Errorf("set timeouts: %w", err)

@@ -217,11 +217,17 @@ func NewWriter(pool *pgxpool.Pool, cfg *WriterConfig) (*Writer, error) {
 		wake:          make(chan struct{}, 1),
 		life:          service.Lifecycle{Name: "outbox: writer"},
 	}
-	w.insertOneSQL = "INSERT INTO " + t.quoted + " (event, idempotency_key, payload) VALUES ($1, $2, $3::text::jsonb)"
+	// Both INSERTs make sure the transaction has its xid before the row
+	// takes its id from the identity sequence (the subquery on
+	// pg_current_xact_id is evaluated before any row is produced): the
+	// relay's claim floor (floor.go) relies on it.
+	w.insertOneSQL = "INSERT INTO " + t.quoted + ` (event, idempotency_key, payload)
+SELECT $1, $2, $3::text::jsonb FROM (SELECT pg_current_xact_id() OFFSET 0) AS x`
 	// WITH ORDINALITY + ORDER BY: identity values follow the argument order,
 	// so the relay publishes a multi-event enqueue in the order given.
 	w.insertManySQL = "INSERT INTO " + t.quoted + ` (event, idempotency_key, payload)
-SELECT e, k, p::jsonb FROM unnest($1::text[], $2::text[], $3::text[]) WITH ORDINALITY AS u(e, k, p, n) ORDER BY n`
+SELECT e, k, p::jsonb FROM (SELECT pg_current_xact_id() OFFSET 0) AS x,
+  unnest($1::text[], $2::text[], $3::text[]) WITH ORDINALITY AS u(e, k, p, n) ORDER BY n`
 	return w, nil
 }
 

@@ -10,7 +10,7 @@ import (
 // InboxSource adapts a Consumer to inbox.Source, so that an inbox.Consumer
 // reads a redisq consumer group: Fetch, Ack and DeadLetter call the
 // Consumer's, with inbox.Delivery.Ref = Delivery.StreamID and ID, Name,
-// Payload and Err copied from the entry. It adds no state; it is safe for
+// Payload, Sig and Err copied from the entry. It adds no state; it is safe for
 // concurrent use as the Consumer is.
 func InboxSource(c *Consumer) inbox.Source { return inboxSource{c} }
 
@@ -23,7 +23,7 @@ func (s inboxSource) Fetch(ctx context.Context, max int) ([]inbox.Delivery, erro
 	}
 	out := make([]inbox.Delivery, len(ds))
 	for i, d := range ds {
-		out[i] = inbox.Delivery{Ref: d.StreamID, ID: d.ID, Name: d.Name, Payload: d.Payload, Err: d.Err}
+		out[i] = inbox.Delivery{Ref: d.StreamID, ID: d.ID, Name: d.Name, Payload: d.Payload, Sig: d.Sig, Err: d.Err}
 	}
 	return out, nil
 }

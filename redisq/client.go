@@ -164,6 +164,28 @@ func (e *DurabilityError) Error() string {
 // Is reports whether target is ErrNotDurable.
 func (e *DurabilityError) Is(target error) bool { return target == ErrNotDurable }
 
+// durabilityFromInfo reads appendonly and maxmemory-policy from INFO.
+func durabilityFromInfo(ctx context.Context, rdb redis.UniversalClient) (map[string]string, error) {
+	info, err := rdb.Info(ctx, "persistence", "memory").Result()
+	if err != nil {
+		return nil, err
+	}
+	settings := map[string]string{}
+	for _, line := range strings.Split(info, "\n") {
+		k, v, _ := strings.Cut(strings.TrimSpace(line), ":")
+		switch k {
+		case "aof_enabled":
+			settings["appendonly"] = map[string]string{"1": "yes", "0": "no"}[v]
+		case "maxmemory_policy":
+			settings["maxmemory-policy"] = v
+		}
+	}
+	if settings["appendonly"] == "" || settings["maxmemory-policy"] == "" {
+		return nil, errors.New("INFO lacks aof_enabled or maxmemory_policy")
+	}
+	return settings, nil
+}
+
 // CheckDurability reads the server's appendonly and maxmemory-policy
 // settings (CONFIG GET) and tells whether queued jobs survive a restart and
 // memory pressure (a job acknowledged by nobody yet must not be lost to a
@@ -173,8 +195,11 @@ func (e *DurabilityError) Is(target error) bool { return target == ErrNotDurable
 // "noeviction". Otherwise it logs a warning on logger (nil = slog.Default())
 // and returns a *DurabilityError (matching ErrNotDurable): the warning is
 // deliberately loud, so callers that only want the log line may ignore the
-// error. When the server refuses CONFIG (renamed, disabled or not permitted),
-// it logs that durability could not be checked and returns nil. A connection
+// error. When the server refuses CONFIG (renamed, disabled or not permitted,
+// as for a least-privilege ACL user: ACLRules), the same settings are read
+// from INFO persistence and INFO memory (aof_enabled, maxmemory_policy);
+// when INFO is refused too, it logs that durability could not be checked
+// and returns nil. A connection
 // error is returned wrapped. Safe for concurrent use.
 func CheckDurability(ctx context.Context, rdb redis.UniversalClient, logger *slog.Logger) error {
 	if logger == nil {
@@ -187,8 +212,11 @@ func CheckDurability(ctx context.Context, rdb redis.UniversalClient, logger *slo
 		if err != nil {
 			var rerr redis.Error
 			if errors.As(err, &rerr) {
-				logger.WarnContext(ctx, "could not check redis durability settings: CONFIG GET refused", "err", err)
-				return nil
+				if settings, err = durabilityFromInfo(ctx, rdb); err != nil {
+					logger.WarnContext(ctx, "could not check redis durability settings: CONFIG GET and INFO refused", "err", err)
+					return nil
+				}
+				break
 			}
 			return fmt.Errorf("redisq: checking durability: config get %s: %w", name, err)
 		}

@@ -550,6 +550,9 @@ func decodeEntry(streamID string, values map[string]any) Delivery {
 	if p, ok := field("payload"); ok {
 		d.Payload = []byte(p)
 	}
+	if s, ok := values["sig"].(string); ok {
+		d.Sig = s // optional: absent on unsigned entries
+	}
 	if d.ID == "" && len(missing) == 0 {
 		missing = append(missing, "id")
 	}

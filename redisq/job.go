@@ -10,6 +10,12 @@ type Job struct {
 	ID      string
 	Name    string
 	Payload []byte
+	// Sig is an optional signature of the job, opaque to the queue: when
+	// not empty it is stored as the entry's "sig" field and read back into
+	// Delivery.Sig. The queue never checks it; the receiver does (the chat
+	// signs ID, Name and Payload with HMAC-SHA256, see
+	// PublisherConfig.Sign).
+	Sig string
 }
 
 // Delivery is a Job handed to a consumer-group member.

@@ -52,6 +52,11 @@ type PublisherConfig struct {
 	// OnEvent, when set, receives every typed Event of the Publisher. It
 	// must be safe for concurrent use and must not block. Default nil.
 	OnEvent func(Event)
+	// Sign, when set, signs every added job whose Sig is empty: its result
+	// becomes the entry's "sig" field (Job.Sig). It must be safe for
+	// concurrent use and must not block. Default none: entries carry no
+	// signature.
+	Sign func(Job) string
 }
 
 // EventKind names a typed event of the queue (Event.Kind). The values are
@@ -116,6 +121,7 @@ type Publisher struct {
 	logger *slog.Logger
 	m      Metrics
 	on     func(Event)
+	sign   func(Job) string
 }
 
 // NewPublisher returns a Publisher adding to cfg.Queue through rdb (use
@@ -134,6 +140,7 @@ func NewPublisher(rdb redis.UniversalClient, cfg *PublisherConfig) (*Publisher, 
 		return nil, fmt.Errorf("redisq: new publisher: %w", err)
 	}
 	return &Publisher{
+		sign:   cfg.Sign,
 		rdb:    rdb,
 		keys:   NewKeys(cfg.Prefix, cfg.Queue),
 		queue:  cfg.Queue,
@@ -266,8 +273,11 @@ func (p *Publisher) addOnce(ctx context.Context, script *redis.Script, jobs []Jo
 	cmds := make([]*redis.Cmd, len(todo))
 	for k, i := range todo {
 		j := jobs[i]
+		if j.Sig == "" && p.sign != nil {
+			j.Sig = p.sign(j)
+		}
 		cmds[k] = pipe.EvalSha(ctx, sha, []string{p.keys.Dedupe(j.ID), p.keys.Stream},
-			p.ttlMS, j.ID, j.Name, j.Payload)
+			p.ttlMS, j.ID, j.Name, j.Payload, j.Sig)
 	}
 	// Exec's error is the first failed command's; inspect each instead.
 	_, _ = pipe.Exec(ctx)

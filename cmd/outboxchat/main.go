@@ -2,7 +2,8 @@
 // the lab that proves and measures the outbox's guarantees.
 //
 //	outboxchat serve   --service consumers|workers [--role api,relay,worker] [--database-url URL] [--redis-url URL] [--http ADDR]
-//	outboxchat migrate --service consumers|workers [--database-url URL]
+//	outboxchat migrate --service consumers|workers [--database-url URL] [--redis-password-file F [--redis-admin-url URL]]
+//	outboxchat token   --jwt-secret-file F --service S[,S] --user U --chats 1,2|* [--ttl 1h]
 //	outboxchat lab up|chaos|latency|bench|demo [flags]
 //
 // See the README and DESIGN.md for the contracts.
@@ -49,6 +50,7 @@ const usage = `usage: outboxchat <command> [flags]
 commands:
   serve    run a service (consumers or workers)
   migrate  create the service's role and schema, apply migrations
+  token    mint a development JWT (HS256) for a user, services and chats
   lab      up | chaos | latency | bench | demo: private servers, fault experiments, measurements
 `
 
@@ -62,6 +64,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return serve(ctx, args[1:], stderr)
 	case "migrate":
 		return migrate(ctx, args[1:], stdout, stderr)
+	case "token":
+		return token(args[1:], stdout, stderr)
 	case "lab":
 		return lab.Run(ctx, args[1:], stdout, stderr)
 	case "-h", "--help", "help":
@@ -84,8 +88,10 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	fs.SetOutput(stderr)
 	service := fs.String("service", "", "consumers or workers (required)")
 	roles := fs.String("role", "", "roles to run: any of api,relay,worker (default all)")
-	dbURL := fs.String("database-url", os.Getenv("DATABASE_URL"), "Postgres URL of the service's role (default $DATABASE_URL)")
+	dbURL := fs.String("database-url", os.Getenv("DATABASE_URL"), fmt.Sprintf("Postgres URL of the service's role (default $DATABASE_URL); pgxpool parameters in it are honoured: pool_max_conns=N sets the pool size (default %d: group committer 1 + slow lanes up to 4 + history and gateway reads for the api role, 1 per relay pass, 1 per inbox batch; LISTEN connections are extra)", chat.DefaultPoolMaxConns))
 	redisURL := fs.String("redis-url", os.Getenv("REDIS_URL"), "Redis URL (default $REDIS_URL)")
+	sendLock := fs.Duration("send-lock-timeout", chat.DefaultSendLockTimeout, "how long a send waits for its chat's lock (held by another session) before it answers 503, storing nothing")
+	readTimeout := fs.Duration("read-timeout", chat.DefaultReadTimeout, "bound on each history read (then 503)")
 	httpAddr := fs.String("http", "", "HTTP listen address (default 127.0.0.1:8080 consumers, 127.0.0.1:8081 workers)")
 	mode := fs.String("mode", chat.ModeOutbox, "send path: v2 (transactional outbox) or v1 (naive dual write, lab only)")
 	wake := fs.String("wake", "after-commit", "relay wake-up: after-commit (fast), in-tx (NOTIFY in the send transaction) or none (poll only); after_commit and in_tx are accepted too")
@@ -100,6 +106,8 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	fault := fs.String("fault", os.Getenv("OUTBOXCHAT_FAULT"), "fault injection for the lab, KIND:SEQ (default $OUTBOXCHAT_FAULT; off)")
 	logFormat := fs.String("log-format", "text", "log format: text or json")
 	debugAddr := fs.String("debug-addr", "", "serve Go's pprof profiles (/debug/pprof/) on this address, e.g. 127.0.0.1:6060 (default off)")
+	guard := guardFlags(fs)
+	auth := authFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -128,8 +136,10 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 		Service: *service, Roles: r, DatabaseURL: *dbURL, RedisURL: *redisURL, HTTPAddr: *httpAddr,
 		Mode: *mode, Wake: wm, PollOnly: *pollOnly, PollInterval: *poll, LockDuration: *lock,
 		RedriveAfter: redriveAfter(*redrive),
-		GapTimeout:   *gap, ConsumerName: *consumer, MaxBodyBytes: *maxBody, RedisPrefix: *prefix, Fault: *fault,
-		Logger: newLogger(stderr, *logFormat),
+		GapTimeout: *gap, ConsumerName: *consumer, MaxBodyBytes: *maxBody, RedisPrefix: *prefix, Fault: *fault,
+		SendLockTimeout: *sendLock, ReadTimeout: *readTimeout,
+		Guard: guard.config(), Auth: auth.config(), EventKeyFile: *auth.eventKeys,
+		TLSCertFile: *auth.tlsCert, TLSKeyFile: *auth.tlsKey, Logger: newLogger(stderr, *logFormat),
 	})
 }
 
@@ -138,8 +148,17 @@ func migrate(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.SetOutput(stderr)
 	service := fs.String("service", "", "consumers or workers (required)")
 	dbURL := fs.String("database-url", os.Getenv("DATABASE_URL"), "Postgres URL; a superuser URL also creates the role and schema (default $DATABASE_URL)")
+	acl := redisACLFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if acl.wanted() {
+		if err := acl.run(ctx, *service, stdout); err != nil {
+			return err
+		}
+		if *dbURL == "" {
+			return nil // the Redis user only
+		}
 	}
 	if *dbURL == "" {
 		return errors.New("migrate: no database URL (--database-url or DATABASE_URL)")

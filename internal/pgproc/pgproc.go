@@ -189,6 +189,23 @@ func Start(ctx context.Context, opts *Options) (*Server, error) {
 
 var errBind = errors.New("could not bind port")
 
+// Available reports why Start with default Options cannot run on this
+// machine: nil when the initdb and postgres binaries are found (on PATH or
+// in /usr/lib/postgresql/*/bin) and, when running as root, an unprivileged
+// user (postgres or nobody) exists to run them as. It starts nothing and is
+// safe for concurrent use.
+func Available() error {
+	if _, err := findBinDir(""); err != nil {
+		return err
+	}
+	if os.Geteuid() == 0 {
+		if _, err := unprivilegedCred(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 func findBinDir(dir string) (string, error) {
 	if dir != "" {
 		return dir, nil

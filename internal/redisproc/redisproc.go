@@ -54,6 +54,10 @@ type Options struct {
 	// <dir>/sentinel.conf --sentinel) instead of a data server: no AOF, it
 	// monitors the given master. ReplicaOf is ignored then.
 	Sentinel *SentinelOptions
+	// ACLFile keeps the server's ACL users in Dir/users.acl (--aclfile,
+	// created empty when missing): users made with ACL SETUSER and saved
+	// with ACL SAVE survive restarts. Default false: no ACL file.
+	ACLFile bool
 }
 
 // SentinelOptions configures a sentinel started by Start.
@@ -85,6 +89,7 @@ type Server struct {
 	binary       string
 	startTimeout time.Duration
 	log          *slog.Logger
+	aclFile      bool
 
 	mu     sync.Mutex
 	run    *run // nil when not running
@@ -99,6 +104,25 @@ type run struct {
 
 var errBind = errors.New("could not bind port")
 
+// defaultBinary is redis-server on PATH, else /usr/bin/redis-server.
+func defaultBinary() string {
+	if p, err := exec.LookPath("redis-server"); err == nil {
+		return p
+	}
+	return "/usr/bin/redis-server"
+}
+
+// Available reports why Start with default Options cannot run on this
+// machine: nil when a redis-server executable is found on PATH or at
+// /usr/bin/redis-server. It starts nothing and is safe for concurrent use.
+func Available() error {
+	b := defaultBinary()
+	if fi, err := os.Stat(b); err != nil || fi.IsDir() || fi.Mode()&0o111 == 0 {
+		return errors.New("redisproc: redis-server not found on PATH or at /usr/bin/redis-server")
+	}
+	return nil
+}
+
 // Start runs redis-server on 127.0.0.1 with appendonly yes, appendfsync
 // everysec, no RDB snapshots and maxmemory-policy noeviction, and waits until
 // it answers PING. ctx bounds the whole start; on error everything started
@@ -108,7 +132,7 @@ func Start(ctx context.Context, opts *Options) (*Server, error) {
 	if opts == nil {
 		opts = &Options{}
 	}
-	s := &Server{log: opts.Logger, binary: opts.Binary, startTimeout: opts.StartTimeout, replicaOf: opts.ReplicaOf, sentinel: opts.Sentinel}
+	s := &Server{log: opts.Logger, binary: opts.Binary, startTimeout: opts.StartTimeout, replicaOf: opts.ReplicaOf, sentinel: opts.Sentinel, aclFile: opts.ACLFile}
 	if so := s.sentinel; so != nil {
 		if so.MasterName == "" || so.MasterAddr == "" {
 			return nil, errors.New("redisproc: a sentinel needs MasterName and MasterAddr")
@@ -132,11 +156,7 @@ func Start(ctx context.Context, opts *Options) (*Server, error) {
 		s.startTimeout = defaultStartTimeout
 	}
 	if s.binary == "" {
-		p, err := exec.LookPath("redis-server")
-		if err != nil {
-			p = "/usr/bin/redis-server"
-		}
-		s.binary = p
+		s.binary = defaultBinary()
 	}
 	var err error
 	if opts.Dir == "" {
@@ -158,6 +178,16 @@ func Start(ctx context.Context, opts *Options) (*Server, error) {
 		}
 	}
 	s.logPath = filepath.Join(s.dir, "redis.log")
+	if s.aclFile {
+		f, err := os.OpenFile(filepath.Join(s.dir, "users.acl"), os.O_CREATE|os.O_WRONLY, 0o600)
+		if err == nil {
+			err = f.Close()
+		}
+		if err != nil {
+			_ = s.Close()
+			return nil, fmt.Errorf("redisproc: acl file: %w", err)
+		}
+	}
 	for attempt := 0; ; attempt++ {
 		s.port = opts.Port
 		if s.port == 0 {
@@ -230,6 +260,9 @@ func (s *Server) startLocked(ctx context.Context) error {
 		}
 	}
 	cmd := exec.Command(s.binary, args...)
+	if s.aclFile && s.sentinel == nil {
+		cmd.Args = append(cmd.Args, "--aclfile", filepath.Join(s.dir, "users.acl"))
+	}
 	cmd.Dir = s.dir
 	cmd.Env = []string{"PATH=" + os.Getenv("PATH")}
 	if err := spawn.Start(cmd); err != nil {

@@ -1,5 +1,9 @@
-// Package testenv gives tests private PostgreSQL and Redis servers, shared
-// per test binary, plus helpers to isolate tests from each other on them.
+// Package testenv gives this module's tests private PostgreSQL and Redis
+// servers, shared per test binary, plus helpers to isolate tests from each
+// other on them. The shared servers, databases and keys come from the
+// exported test kit, outboxtest (one implementation, which users' tests
+// use too); testenv adds the goleak check of Main and PrivatePostgres /
+// PrivateRedis, servers of a test's own that it can kill and restart.
 //
 // Use it from TestMain:
 //
@@ -15,78 +19,51 @@ package testenv
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
 	"log/slog"
-	"net/url"
 	"os"
-	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
 
 	"github.com/outboxchat/outboxchat/internal/pgproc"
 	"github.com/outboxchat/outboxchat/internal/redisproc"
+	"github.com/outboxchat/outboxchat/outboxtest"
 )
 
-// Environment variables that point tests at existing servers.
+// Environment variables that point tests at existing servers (the same as
+// outboxtest's).
 const (
 	// EnvDatabaseURL names a postgres:// URL of a superuser; Database
 	// creates its databases on that server instead of a private one.
-	EnvDatabaseURL = "TEST_DATABASE_URL"
+	EnvDatabaseURL = outboxtest.EnvDatabaseURL
 	// EnvRedisURL names a redis:// URL used instead of a private Redis.
-	EnvRedisURL = "TEST_REDIS_URL"
+	EnvRedisURL = outboxtest.EnvRedisURL
 )
 
 const startTimeout = 60 * time.Second
 
-var (
-	mainCalled atomic.Bool
-	counter    atomic.Uint64
-
-	pgOnce sync.Once
-	pgSrv  *pgproc.Server
-	pgURL  string // server-level admin URL on which databases are created
-	pgErr  error
-
-	redisOnce sync.Once
-	redisSrv  *redisproc.Server
-	redisURL  string
-	redisErr  error
-
-	logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-)
+var logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 
 // leakIgnores are goroutines that legitimately outlive the tests: the
-// process spawners of pgproc/redisproc live for the whole process by design.
+// process spawner of pgproc/redisproc lives for the whole process by design.
 var leakIgnores = []goleak.Option{
-	goleak.IgnoreAnyFunction("github.com/outboxchat/outboxchat/internal/spawn.spawnLoop"),
+	goleak.IgnoreAnyFunction(outboxtest.SpawnerGoroutine),
 }
 
-// Main runs the tests (m.Run), then stops the shared servers and removes
-// their directories, then checks for leaked goroutines with goleak (ignoring
-// goroutines that existed when Main was called and the process spawners of
-// pgproc/redisproc). It exits the process: with m.Run's code, or 1 if the
-// tests passed but goroutines leaked or a server failed to close. Call it
-// from TestMain; the shared servers require it (without it their temp dirs
-// would leak, so Database/RedisURL fail the test).
+// Main runs the tests with outboxtest.Run (m.Run, then the shared servers
+// are stopped and their directories removed), then checks for leaked
+// goroutines with goleak (ignoring goroutines that existed when Main was
+// called and the process spawner). It exits the process: with m.Run's code,
+// or 1 if the tests passed but goroutines leaked or a server failed to
+// close. Call it from TestMain; the shared servers require it (or
+// outboxtest.Main), else Database/RedisURL fail the test.
 func Main(m *testing.M) {
 	opts := append([]goleak.Option{goleak.IgnoreCurrent()}, leakIgnores...)
-	mainCalled.Store(true)
-	code := m.Run()
-	if err := shutdown(); err != nil {
-		fmt.Fprintf(os.Stderr, "testenv: closing shared servers: %v\n", err)
-		if code == 0 {
-			code = 1
-		}
-	}
+	code := outboxtest.Run(m)
 	if code == 0 {
 		if err := goleak.Find(opts...); err != nil {
 			fmt.Fprintf(os.Stderr, "testenv: goroutine leak after tests: %v\n", err)
@@ -96,169 +73,43 @@ func Main(m *testing.M) {
 	os.Exit(code)
 }
 
-func shutdown() error {
-	var errs []string
-	if pgSrv != nil {
-		if err := pgSrv.Close(); err != nil {
-			errs = append(errs, err.Error())
-		}
-	}
-	if redisSrv != nil {
-		if err := redisSrv.Close(); err != nil {
-			errs = append(errs, err.Error())
-		}
-	}
-	if err := pgproc.RemoveTemplate(); err != nil {
-		errs = append(errs, err.Error())
-	}
-	if len(errs) > 0 {
-		return fmt.Errorf("%s", strings.Join(errs, "; "))
-	}
-	return nil
-}
-
-func requireMain(t testing.TB, what string) {
-	t.Helper()
-	if !mainCalled.Load() {
-		t.Fatalf("testenv: %s needs the shared server: call testenv.Main(m) from TestMain (or set %s/%s)", what, EnvDatabaseURL, EnvRedisURL)
-	}
-}
-
-// serverURL returns the admin URL of the Postgres server on which test
-// databases are created, starting the shared server on first use.
-func serverURL(t testing.TB) string {
-	t.Helper()
-	if u := os.Getenv(EnvDatabaseURL); u != "" {
-		if !strings.HasPrefix(u, "postgres://") && !strings.HasPrefix(u, "postgresql://") {
-			t.Fatalf("testenv: %s must be a postgres:// URL", EnvDatabaseURL)
-		}
-		return u
-	}
-	requireMain(t, "Database")
-	pgOnce.Do(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
-		defer cancel()
-		pgSrv, pgErr = pgproc.Start(ctx, &pgproc.Options{Logger: logger})
-		if pgErr == nil {
-			pgURL = pgSrv.AdminURL()
-		}
-	})
-	if pgErr != nil {
-		t.Fatalf("testenv: start shared postgres: %v", pgErr)
-	}
-	return pgURL
-}
-
-func randHex(n int) string {
-	b := make([]byte, n)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
-}
-
-// Database creates a fresh, empty database named t_<random> on the shared
-// private Postgres server (or on TEST_DATABASE_URL's server) and returns a
-// superuser URL for it. The database is dropped WITH (FORCE) at t.Cleanup,
-// terminating remaining connections. It fails the test if the server cannot
-// be started or the database cannot be created.
+// Database is outboxtest.DatabaseURL(t) with no schema: a fresh, empty
+// database named t_<random> on the shared private Postgres server (or on
+// TEST_DATABASE_URL's server), dropped WITH (FORCE) at t.Cleanup; it returns
+// a superuser URL for it.
 func Database(t testing.TB) string {
 	t.Helper()
-	base := serverURL(t)
-	name := "t_" + randHex(8)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if err := adminExec(ctx, base, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
-		t.Fatalf("testenv: create database: %v", err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if err := adminExec(ctx, base, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil {
-			t.Errorf("testenv: drop database %s: %v", name, err)
-		}
-	})
-	u, err := url.Parse(base)
-	if err != nil {
-		t.Fatalf("testenv: parse database URL: %v", err)
-	}
-	u.Path = "/" + name
-	u.RawPath = ""
-	return u.String()
+	return outboxtest.DatabaseURL(t)
 }
 
-func adminExec(ctx context.Context, dsn, sql string) error {
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		return err
-	}
-	defer conn.Close(context.WithoutCancel(ctx))
-	_, err = conn.Exec(ctx, sql)
-	return err
-}
-
-// Pool returns a *pgxpool.Pool (default pool settings) connected to a fresh
-// Database(t). The pool is closed at t.Cleanup, before the database is
-// dropped.
+// Pool is outboxtest.Pool(t) with no schema: a *pgxpool.Pool (default
+// settings) on a fresh Database(t), closed at t.Cleanup before the database
+// is dropped.
 func Pool(t testing.TB) *pgxpool.Pool {
 	t.Helper()
-	dsn := Database(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	p, err := pgxpool.New(ctx, dsn)
-	if err != nil {
-		t.Fatalf("testenv: pgxpool: %v", err)
-	}
-	if err := p.Ping(ctx); err != nil {
-		p.Close()
-		t.Fatalf("testenv: pgxpool ping: %v", err)
-	}
-	t.Cleanup(p.Close)
-	return p
+	return outboxtest.Pool(t)
 }
 
-// RedisURL returns the URL ("redis://127.0.0.1:PORT/0") of the shared
-// private Redis server, starting it on first use, or TEST_REDIS_URL if set.
-// The server is shared by all tests of the binary: isolate keys with
-// Prefix(t), and do not FLUSHALL. It fails the test if the server cannot be
-// started.
+// RedisURL is outboxtest.RedisURL: the URL ("redis://127.0.0.1:PORT/0") of
+// the shared private Redis server, or TEST_REDIS_URL if set. Isolate keys
+// with Prefix(t), and do not FLUSHALL.
 func RedisURL(t testing.TB) string {
 	t.Helper()
-	if u := os.Getenv(EnvRedisURL); u != "" {
-		return u
-	}
-	requireMain(t, "RedisURL")
-	redisOnce.Do(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
-		defer cancel()
-		redisSrv, redisErr = redisproc.Start(ctx, &redisproc.Options{Logger: logger})
-		if redisErr == nil {
-			redisURL = redisSrv.URL()
-		}
-	})
-	if redisErr != nil {
-		t.Fatalf("testenv: start shared redis: %v", redisErr)
-	}
-	return redisURL
+	return outboxtest.RedisURL(t)
 }
 
-// Prefix returns a key prefix unique to this call within the test binary and,
-// with high probability, across binaries sharing a server, e.g.
-// "t12-9f3a2c1b:". Each call returns a new prefix.
+// Prefix is outboxtest.Prefix: a key prefix unique to this call, e.g.
+// "t12-9f3a2c1b:".
 func Prefix(t testing.TB) string {
 	t.Helper()
-	return fmt.Sprintf("t%d-%s:", counter.Add(1), randHex(4))
+	return outboxtest.Prefix(t)
 }
 
-// Redis returns a *redis.Client on RedisURL(t) (default client settings),
-// closed at t.Cleanup.
+// Redis is outboxtest.Redis: a *redis.Client (default settings) on
+// RedisURL(t), closed at t.Cleanup.
 func Redis(t testing.TB) *redis.Client {
 	t.Helper()
-	o, err := redis.ParseURL(RedisURL(t))
-	if err != nil {
-		t.Fatalf("testenv: parse redis URL: %v", err)
-	}
-	c := redis.NewClient(o)
-	t.Cleanup(func() { _ = c.Close() })
-	return c
+	return outboxtest.Redis(t)
 }
 
 // PrivatePostgres starts a dedicated Postgres server (pgproc defaults: temp
@@ -302,16 +153,10 @@ func PrivateRedis(t testing.TB) *redisproc.Server {
 	return s
 }
 
-// WaitFor calls cond immediately and then every 5ms until it returns true,
-// or fails the test with t.Fatalf(msg) once timeout has elapsed. Use it
-// instead of sleeps. cond runs on the calling goroutine.
+// WaitFor is outboxtest.WaitFor: it calls cond at once and then every 5 ms
+// until it returns true, or fails the test with t.Fatalf(msg) once timeout
+// has elapsed. Use it instead of sleeps. cond runs on the calling goroutine.
 func WaitFor(t testing.TB, timeout time.Duration, msg string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("testenv.WaitFor: timed out after %v: %s", timeout, msg)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	outboxtest.WaitFor(t, timeout, msg, cond)
 }

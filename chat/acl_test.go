@@ -1,0 +1,105 @@
+package chat
+
+import (
+	"context"
+	"log/slog"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/outboxchat/outboxchat/internal/testenv"
+	"github.com/outboxchat/outboxchat/redisq"
+)
+
+// TestRedisACLLeastPrivilege makes each service's Redis user with
+// RedisACL, runs both services with those credentials (messages must flow
+// both ways: the rules are enough), and checks what consumers' credentials
+// cannot do: add to the stream consumers reads (forge messages to itself),
+// add to or delete workers' outbound keys, FLUSHALL, CONFIG, KEYS.
+func TestRedisACLLeastPrivilege(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, "")
+	ctx := context.Background()
+	admin := testenv.Redis(t)
+	urls := map[string]string{}
+	for _, s := range []string{Consumers, Workers} {
+		user := strings.TrimSuffix(h.prefix, ":") + "-" + s
+		args, err := RedisACL(s, h.prefix, user, "pw-"+user)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if line := RedisACLLine(args); strings.Contains(line, "pw-"+user) || !strings.HasPrefix(line, "ACL SETUSER "+user+" reset #") {
+			t.Fatalf("printed line shows the password or is malformed: %s", line)
+		}
+		if err := ApplyRedisACL(ctx, admin, args); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { admin.Do(context.Background(), "ACL", "DELUSER", user) })
+		u, err := url.Parse(h.redisURL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		u.User = url.UserPassword(user, "pw-"+user)
+		urls[s] = u.String()
+	}
+	cons := h.start(Consumers, func(c *Config) { c.RedisURL = urls[Consumers] })
+	work := h.start(Workers, func(c *Config) { c.RedisURL = urls[Workers] })
+	wc, ww := watch(t, cons.base, 11), watch(t, work.base, 11)
+	for range 3 {
+		send(t, cons.base, 11, "to workers")
+		send(t, work.base, 11, "to consumers")
+	}
+	ww.waitSeqs(t, Consumers, 3, 20*time.Second)
+	wc.waitSeqs(t, Workers, 3, 20*time.Second)
+
+	rdb, err := redisq.NewClient(urls[Consumers])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rdb.Close()
+	in := redisq.NewKeys(h.prefix, QueueName(Workers))    // what consumers reads
+	out := redisq.NewKeys(h.prefix, QueueName(Consumers)) // what consumers writes
+	denied := func(what string, err error) {
+		t.Helper()
+		// Inside a script Redis says "can't access" instead of NOPERM.
+		if err == nil || !strings.Contains(err.Error(), "NOPERM") && !strings.Contains(err.Error(), "can't access") {
+			t.Errorf("consumers' credentials: %s: %v, want a permission error", what, err)
+		}
+	}
+	denied("XADD to the stream it reads", rdb.XAdd(ctx, &redis.XAddArgs{Stream: in.Stream, Values: []any{"id", "x", "name", EventMessageCreated, "payload", "{}"}}).Err())
+	denied("add.lua on the stream it reads", rdb.Eval(ctx, `return redis.call('XADD', KEYS[1], '*', 'id', 'x')`, []string{in.Stream}).Err())
+	denied("a script adding to it without declaring it", rdb.Eval(ctx, `return redis.call('XADD', ARGV[1], '*', 'id', 'x')`, nil, in.Stream).Err())
+	denied("SET on workers' dedupe key", rdb.Set(ctx, in.Dedupe("x"), "1", time.Minute).Err())
+	denied("DEL of workers' stream", rdb.Del(ctx, in.Stream).Err())
+	denied("FLUSHALL", rdb.FlushAll(ctx).Err())
+	denied("CONFIG GET", rdb.ConfigGet(ctx, "appendonly").Err())
+	denied("CONFIG SET", rdb.ConfigSet(ctx, "appendonly", "no").Err())
+	denied("KEYS", rdb.Keys(ctx, "*").Err())
+	denied("XRANGE of its own outbound stream", rdb.XRange(ctx, out.Stream, "-", "+").Err())
+	denied("a key outside the prefix", rdb.Set(ctx, "elsewhere", "1", 0).Err())
+	// The durability check falls back from CONFIG GET to INFO.
+	var logs syncBuffer
+	if err := redisq.CheckDurability(ctx, rdb, slog.New(slog.NewTextHandler(&logs, nil))); err != nil || logs.String() != "" {
+		t.Errorf("durability check as consumers: %v, logged %q; want nil and nothing", err, logs.String())
+	}
+	// What it needs still works: read its inbound stream, add to its own.
+	if err := rdb.XRange(ctx, in.Stream, "-", "+").Err(); err != nil {
+		t.Errorf("XRANGE of its inbound stream: %v", err)
+	}
+	pub, err := redisq.NewPublisher(rdb, &redisq.PublisherConfig{Queue: QueueName(Consumers), Prefix: h.prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pub.Add(ctx, redisq.Job{ID: "acl-check", Name: "noop", Payload: []byte("{}")}); err != nil {
+		t.Errorf("add to its outbound queue: %v", err)
+	}
+	fake, err := redisq.NewPublisher(rdb, &redisq.PublisherConfig{Queue: QueueName(Workers), Prefix: h.prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = fake.Add(ctx, redisq.Job{ID: "forged", Name: EventMessageCreated, Payload: []byte("{}")})
+	denied("Publisher.Add to workers' queue", err)
+}

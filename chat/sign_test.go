@@ -1,0 +1,155 @@
+package chat
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/outboxchat/outboxchat/inbox"
+	"github.com/outboxchat/outboxchat/internal/testenv"
+	"github.com/outboxchat/outboxchat/redisq"
+)
+
+// writeEventKeys writes an event key file with the given lines and
+// returns its path.
+func writeEventKeys(t *testing.T, lines ...string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "event.keys")
+	if err := os.WriteFile(p, []byte(strings.Join(lines, "\n")+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func hexKey(b byte) string { return strings.Repeat(fmt.Sprintf("%02x", b), 32) }
+
+// TestForgedEntryDoesNotTakeSlot: someone who can write to Redis adds
+// entries for chat 7 seq 1 before the real message 1 of chat 7 is sent, one
+// unsigned and one signed with a key the services do not have. Both are
+// dead-lettered with their reason before the inbox is touched, and the real
+// message takes its slot and reaches the room.
+func TestForgedEntryDoesNotTakeSlot(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, "")
+	keysFile := writeEventKeys(t, "consumers-to-workers "+hexKey(1), "workers-to-consumers "+hexKey(2))
+	withKeys := func(c *Config) { c.EventKeyFile = keysFile }
+	work := h.start(Workers, withKeys)
+	w := watch(t, work.base, 7)
+
+	attacker, err := ReadEventKeys(writeEventKeys(t, "consumers-to-workers "+hexKey(9), "workers-to-consumers "+hexKey(9)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rdb := testenv.Redis(t)
+	keys := redisq.NewKeys(h.prefix, QueueName(Consumers))
+	forge := func(body string, sign bool) {
+		id := uuid.NewString()
+		payload, _ := json.Marshal(Message{ID: id, ChatID: 7, Seq: 1, Body: body, SentAt: time.Now(), From: Consumers})
+		args := xaddArgs(keys.Stream, id, payload)
+		if sign {
+			sig := attacker.Signer(QueueName(Consumers))(redisq.Job{ID: id, Name: EventMessageCreated, Payload: payload})
+			args.Values = append(args.Values.([]any), "sig", sig)
+		}
+		if err := rdb.XAdd(context.Background(), args).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	forge("forged, unsigned", false)
+	forge("forged, wrong key", true)
+	var dead []redis.XMessage
+	testenv.WaitFor(t, 20*time.Second, "both forged entries dead-lettered", func() bool {
+		dead, _ = rdb.XRange(context.Background(), keys.Dead, "-", "+").Result()
+		return len(dead) == 2
+	})
+	reasons := fmt.Sprint(dead[0].Values["reason"], " | ", dead[1].Values["reason"])
+	if !strings.Contains(reasons, ErrUnsigned.Error()) || !strings.Contains(reasons, ErrForged.Error()) {
+		t.Fatalf("dead-letter reasons %q: want one unsigned, one forged", reasons)
+	}
+	if n := h.count(t, `SELECT count(*) FROM workers.inbox`); n != 0 {
+		t.Fatalf("a forged entry reached the inbox (%d rows)", n)
+	}
+
+	cons := h.start(Consumers, withKeys)
+	m := send(t, cons.base, 7, "the real one")
+	got := w.waitSeqs(t, Consumers, 1, 20*time.Second)
+	if got[0].ID != m.ID || got[0].Body != "the real one" {
+		t.Fatalf("room shows %+v, want the real message %s", got[0], m.ID)
+	}
+	if n := h.count(t, `SELECT count(*) FROM workers.inbox WHERE chat_id = 7 AND seq = 1 AND message_id = $1`, m.ID); n != 1 {
+		t.Fatal("the real message does not hold its (chat, seq) slot")
+	}
+}
+
+// TestEventKeys covers the key file and rotation: the first key of a
+// direction signs, both verify; a key only the sender has is refused.
+func TestEventKeys(t *testing.T) {
+	t.Parallel()
+	old, err := ReadEventKeys(writeEventKeys(t, "consumers-to-workers "+hexKey(1), "workers-to-consumers "+hexKey(2)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rotating, err := ReadEventKeys(writeEventKeys(t, "# new key first, old one still accepted",
+		"consumers-to-workers "+hexKey(3), "consumers-to-workers "+hexKey(1), "", "workers-to-consumers "+hexKey(2)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rotated, err := ReadEventKeys(writeEventKeys(t, "consumers-to-workers "+hexKey(3), "workers-to-consumers "+hexKey(2)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := QueueName(Consumers)
+	job := redisq.Job{ID: uuid.NewString(), Name: EventMessageCreated, Payload: []byte(`{"x":1}`)}
+	d := func(sig string) inbox.Delivery {
+		return inbox.Delivery{ID: job.ID, Name: job.Name, Payload: job.Payload, Sig: sig}
+	}
+	oldSig, newSig := old.Signer(q)(job), rotating.Signer(q)(job)
+	for _, tc := range []struct {
+		name string
+		keys *EventKeys
+		sig  string
+		want error
+	}{
+		{"old key, old receiver", old, oldSig, nil},
+		{"old key, rotating receiver", rotating, oldSig, nil},
+		{"new key, rotating receiver", rotating, newSig, nil},
+		{"new key, old receiver", old, newSig, ErrForged},
+		{"old key, rotated receiver", rotated, oldSig, ErrForged},
+		{"other direction's key", old, old.Signer(QueueName(Workers))(job), ErrForged},
+		{"no signature", old, "", ErrUnsigned},
+		{"garbage", old, "v1=zz", ErrForged},
+	} {
+		if err := tc.keys.Verify(q, d(tc.sig)); !errors.Is(err, tc.want) && err != tc.want {
+			t.Errorf("%s: %v, want %v", tc.name, err, tc.want)
+		}
+	}
+	// The payload, name and id are all covered.
+	changed := d(oldSig)
+	changed.Payload = []byte(`{"x":2}`)
+	if err := old.Verify(q, changed); !errors.Is(err, ErrForged) {
+		t.Errorf("changed payload: %v, want ErrForged", err)
+	}
+	changed = d(oldSig)
+	changed.ID = uuid.NewString()
+	if err := old.Verify(q, changed); !errors.Is(err, ErrForged) {
+		t.Errorf("changed id: %v, want ErrForged", err)
+	}
+	for _, bad := range [][]string{
+		{"consumers-to-workers " + hexKey(1)},                              // no key for the other direction
+		{"consumers-to-workers abcd", "workers-to-consumers " + hexKey(2)}, // short
+		{"sideways " + hexKey(1), "workers-to-consumers " + hexKey(2)},     // direction
+		{"consumers-to-workers " + hexKey(1), "consumers-to-workers " + hexKey(2), "consumers-to-workers " + hexKey(3), "workers-to-consumers " + hexKey(2)}, // three keys
+	} {
+		if _, err := ReadEventKeys(writeEventKeys(t, bad...)); err == nil {
+			t.Errorf("key file %q accepted", bad)
+		}
+	}
+}

@@ -1,0 +1,120 @@
+package lab
+
+import (
+	"bufio"
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/outboxchat/outboxchat/internal/spawn"
+)
+
+func TestLoopbackAddr(t *testing.T) {
+	t.Parallel()
+	port, err := spawn.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := strconv.Itoa(port)
+	for in, want := range map[string]string{
+		"":               "",
+		p:                "127.0.0.1:" + p,
+		":" + p:          "127.0.0.1:" + p,
+		"localhost:" + p: "127.0.0.1:" + p,
+		"127.0.0.1:" + p: "127.0.0.1:" + p,
+		"[::1]:" + p:     "[::1]:" + p,
+	} {
+		if got, err := loopbackAddr("--x", in); err != nil || got != want {
+			t.Errorf("loopbackAddr(%q) = %q, %v; want %q", in, got, err, want)
+		}
+	}
+	for _, bad := range []string{"0", "65536", "x", "0.0.0.0:" + p, "192.0.2.1:" + p, "example.com:" + p} {
+		if got, err := loopbackAddr("--x", bad); err == nil {
+			t.Errorf("loopbackAddr(%q) = %q, want an error", bad, got)
+		}
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	taken := ln.Addr().String()
+	if _, err := loopbackAddr("--x", taken); err == nil || !strings.Contains(err.Error(), "in use") {
+		t.Errorf("a taken port: %v, want \"address already in use\"", err)
+	}
+}
+
+// lab up on fixed ports: the URLs it prints are those ports, the services
+// answer there, and --keep-logs leaves the logs behind.
+func TestUpFixedAddrsKeepLogs(t *testing.T) {
+	t.Parallel()
+	var ports [2]int
+	for i := range ports {
+		p, err := spawn.FreePort()
+		if err != nil {
+			t.Fatal(err)
+		}
+		ports[i] = p
+	}
+	cons, work := "127.0.0.1:"+strconv.Itoa(ports[0]), "127.0.0.1:"+strconv.Itoa(ports[1])
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	pr, pw := io.Pipe()
+	var stderr strings.Builder
+	done := make(chan error, 1)
+	go func() {
+		err := runUp(ctx, []string{"--consumers-addr", strconv.Itoa(ports[0]), "--workers-addr", ":" + strconv.Itoa(ports[1]), "--keep-logs"}, pw, &stderr)
+		pw.Close()
+		done <- err
+	}()
+	lines := map[string]string{}
+	sc := bufio.NewScanner(pr)
+	for len(lines) < 4 && sc.Scan() {
+		k, v, _ := strings.Cut(sc.Text(), ": ")
+		lines[k] = v
+	}
+	go func() { _, _ = io.Copy(io.Discard, pr) }()
+	if lines["consumers"] != "http://"+cons || lines["workers"] != "http://"+work {
+		cancel()
+		t.Fatalf("lab up printed %v (err %v), want consumers on %s and workers on %s", lines, <-done, cons, work)
+	}
+	for _, u := range []string{lines["consumers"], lines["workers"]} {
+		resp, err := http.Get(u + "/healthz")
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("%s/healthz: %d", u, resp.StatusCode)
+		}
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("lab up did not stop within 60 s of its context ending")
+	}
+	var dir string
+	for _, l := range strings.Split(stderr.String(), "\n") {
+		if d, ok := strings.CutPrefix(l, "lab: logs kept in "); ok {
+			dir = d
+		}
+	}
+	if dir == "" {
+		t.Fatalf("no \"lab: logs kept in\" line in:\n%s", stderr.String())
+	}
+	defer os.RemoveAll(dir)
+	if fi, err := os.Stat(filepath.Join(dir, "consumers.log")); err != nil || fi.Size() == 0 {
+		t.Fatalf("consumers.log after the lab stopped: %v", err)
+	}
+}

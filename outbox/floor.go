@@ -1,0 +1,93 @@
+package outbox
+
+import (
+	"sync"
+	"time"
+)
+
+// The claim floor: where a pass's claim starts.
+//
+// Published rows are deleted (issue 17: no per-message update of a hot
+// row), but their index entries stay until vacuum removes them, and vacuum
+// cannot while any session holds an older snapshot (a forgotten
+// transaction, a long report, a replica's hot_standby_feedback). A claim
+// that walked the index from the start would step over every row published
+// since that snapshot, on every pass: O(rows published) per pass. So the
+// relay remembers a floor, an id below which every row is known to be
+// published or never to become visible, and claims "id >= floor".
+//
+// Ids are taken from the identity sequence before commit, so transactions
+// commit out of id order: a row with a lower id may become visible after
+// higher ones were published, and the floor must not pass it. The floor
+// moves only past ids whose transactions are known to be over:
+//
+//  1. Before its transaction, each pass reads the sequence's last value V
+//     (pg_sequence_last_value), then, in a later statement (so a later
+//     snapshot), xmax X of its snapshot: every transaction that took an
+//     id ≤ V had its xid before it took the id (the Writer's INSERT assigns
+//     the xid first), so before V was read, so its xid < X.
+//  2. A later pass whose snapshot's xmin is ≥ X knows all those
+//     transactions have ended: every row with id ≤ V is visible to its
+//     claim, or deleted, or rolled back. Its claim reads from the floor in
+//     id order; once it commits, every row in [floor, min(V, last claimed
+//     id)] is published (min(V) when the claim was not full), so the floor
+//     moves just past that.
+//
+// The floor is a hint, not state the invariants rest on: it lives in
+// memory, starts at 0 (a full scan) when a Relay is created, and a full
+// scan is made again every floorRescanEvery as a safety net, logging any
+// row it finds below the floor (that would mean a writer broke the
+// assumptions: ids inserted explicitly, a sequence with CACHE > 1, or an
+// INSERT that took an id before its xid). A transaction holding an xid for
+// long (not a read-only snapshot: those hold back vacuum, not xmin of
+// snapshots) stops the floor from moving, and claims then scan from where
+// it stopped: slower, still correct.
+
+// floorRescanEvery is how often a pass claims from id 0 regardless of the
+// floor (a safety net; costs one scan over the not yet vacuumed entries).
+const floorRescanEvery = 10 * time.Second
+
+// claimFloor is a Relay's floor state. Safe for concurrent use.
+type claimFloor struct {
+	mu       sync.Mutex
+	floor    int64     // rows with id < floor are published or never visible
+	pending  bool      // a (pendV, pendX) pair awaits a pass with xmin ≥ pendX
+	pendV    int64     // sequence last value read before …
+	pendX    int64     // … a snapshot with this xmax
+	rescanAt time.Time // when the next full scan is due
+}
+
+// start returns the id the pass's claim starts at (0 for a full scan).
+func (f *claimFloor) start(now time.Time) int64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if !now.Before(f.rescanAt) {
+		f.rescanAt = now.Add(floorRescanEvery)
+		return 0
+	}
+	return f.floor
+}
+
+// advance records a committed pass that claimed from start: v and xmin,
+// xmax as read before its claim (v −1 when unknown), full whether its claim
+// was cut at the batch size, lastID the last claimed id (0 for none). It
+// returns the floor before the call.
+func (f *claimFloor) advance(start, v, xmin, xmax int64, full bool, lastID int64) (old int64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	old = f.floor
+	if f.pending && xmin >= f.pendX {
+		bound := f.pendV
+		if full {
+			bound = min(bound, lastID)
+		}
+		if bound >= start-1 {
+			f.floor = max(f.floor, bound+1)
+		}
+		f.pending = false
+	}
+	if !f.pending && v >= 0 {
+		f.pending, f.pendV, f.pendX = true, v, xmax
+	}
+	return old
+}

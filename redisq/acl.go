@@ -1,0 +1,60 @@
+package redisq
+
+import "strings"
+
+// ACLRules returns the Redis ACL rules (the arguments of ACL SETUSER after
+// the user name, without a password rule) that let one service do exactly
+// what redisq needs and no more, under key prefix prefix:
+//
+//   - on its outbound queue out: add jobs (add.lua: SET NX, XADD, DEL of a
+//     dedupe key), nothing else;
+//   - on its inbound queue in, as a consumer-group member: read, claim,
+//     acknowledge and trim (XREADGROUP, XAUTOCLAIM, XACK, XPENDING, XINFO,
+//     XRANGE, XTRIM, XGROUP CREATE, trim.lua), delete the dedupe keys of
+//     trimmed entries, and XADD to the dead-letter stream — but never XADD
+//     to the inbound stream itself, so a service cannot forge messages to
+//     itself;
+//   - no other key, and no FLUSHALL, CONFIG, KEYS or other administrative
+//     command (INFO, PING, HELLO, SELECT, MULTI/EXEC, SCRIPT LOAD are
+//     allowed: they touch no key).
+//
+// Key rules are in Redis 7.0 selectors ("(…)"), one per group of keys, so a
+// command allowed on one key is not thereby allowed on another. Commands
+// run inside Lua scripts are checked against the same rules. The caller
+// prefixes "reset" or a password rule as it needs.
+func ACLRules(prefix, out, in string) []string {
+	o, i := NewKeys(prefix, out), NewKeys(prefix, in)
+	return []string{
+		"on", "resetkeys", "resetchannels", "-@all",
+		// Connection and transaction commands: no keys.
+		"+ping", "+hello", "+select", "+info", "+multi", "+exec", "+discard", "+script|load",
+		// Outbound: add jobs only.
+		"(" + keyRule(o.Stream) + " " + keyRule(o.dedupe+"*") + " +evalsha +eval +set +xadd +del)",
+		// Inbound stream: consume, never add.
+		"(" + keyRule(i.Stream) + " +xreadgroup +xack +xautoclaim +xpending +xgroup|create +xinfo|groups" +
+			" +xrange +xtrim +xlen +exists +evalsha +eval)",
+		// Inbound dedupe keys: deleted with trimmed entries (trim.lua).
+		"(" + keyRule(i.dedupe+"*") + " +del)",
+		// Inbound dead letters.
+		"(" + keyRule(i.Dead) + " +xadd)",
+	}
+}
+
+// keyRule is the "~pattern" rule matching key name k, with the glob
+// characters of k escaped except a final "*".
+func keyRule(k string) string {
+	star := strings.HasSuffix(k, "*")
+	k = strings.TrimSuffix(k, "*")
+	var b strings.Builder
+	b.WriteString("~")
+	for _, r := range k {
+		if strings.ContainsRune(`*?[]\`, r) {
+			b.WriteByte('\\')
+		}
+		b.WriteRune(r)
+	}
+	if star {
+		b.WriteByte('*')
+	}
+	return b.String()
+}
