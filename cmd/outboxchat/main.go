@@ -136,7 +136,7 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 		Service: *service, Roles: r, DatabaseURL: *dbURL, RedisURL: *redisURL, HTTPAddr: *httpAddr,
 		Mode: *mode, Wake: wm, PollOnly: *pollOnly, PollInterval: *poll, LockDuration: *lock,
 		RedriveAfter: redriveAfter(*redrive),
-		GapTimeout: *gap, ConsumerName: *consumer, MaxBodyBytes: *maxBody, RedisPrefix: *prefix, Fault: *fault,
+		GapTimeout:   *gap, ConsumerName: *consumer, MaxBodyBytes: *maxBody, RedisPrefix: *prefix, Fault: *fault,
 		SendLockTimeout: *sendLock, ReadTimeout: *readTimeout,
 		Guard: guard.config(), Auth: auth.config(), EventKeyFile: *auth.eventKeys,
 		TLSCertFile: *auth.tlsCert, TLSKeyFile: *auth.tlsKey, Logger: newLogger(stderr, *logFormat),
