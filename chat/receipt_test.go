@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net/http"
 	"testing"
 	"time"
 
@@ -39,7 +38,7 @@ func TestReceiptsMarkMessagesDelivered(t *testing.T) {
 		WHERE m.chat_id = 8 AND m.delivered_at >= m.created_at AND m.delivered_at <= i.received_at + interval '1 second'`); n != 5 {
 		t.Fatalf("%d of 5 messages have a delivered_at between their send and the receipt", n)
 	}
-	resp, err := http.Get(cons.base + "/api/chats/8/messages")
+	resp, err := authClient.Get(cons.base + "/api/chats/8/messages")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -192,7 +192,7 @@ func TestIdempotentSendHTTP(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, "")
 	cons := h.start(Consumers, func(c *Config) { c.Roles = []string{RoleAPI} })
-	c := http.DefaultClient
+	c := authClient
 
 	code, raw, err := postKeyed(t, c, cons.base, 5, "k-1", `{"body":"hello"}`)
 	if err != nil || code != http.StatusCreated {
@@ -275,11 +275,11 @@ func TestRetryAfterClientTimeoutStoresOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	cons := h.start(Consumers, func(c *Config) { c.Roles = []string{RoleAPI}; c.SendLockTimeout = 10 * time.Second })
-	impatient := &http.Client{Timeout: time.Second}
+	impatient := &http.Client{Timeout: time.Second, Transport: bearerTransport{}}
 	if code, raw, err := postKeyed(t, impatient, cons.base, 9, "retry-1", `{"body":"once"}`); err == nil {
 		t.Fatalf("the first send answered within 1 s (%d %s): the slow commit did not apply", code, raw)
 	}
-	code, raw, err := postKeyed(t, &http.Client{Timeout: 20 * time.Second}, cons.base, 9, "retry-1", `{"body":"once"}`)
+	code, raw, err := postKeyed(t, &http.Client{Timeout: 20 * time.Second, Transport: bearerTransport{}}, cons.base, 9, "retry-1", `{"body":"once"}`)
 	if err != nil || code != http.StatusOK {
 		t.Fatalf("retry: %d %s %v, want 200 with the first message", code, raw, err)
 	}
@@ -318,7 +318,7 @@ func TestLockedChatHTTP(t *testing.T) {
 	busy := make(chan answer, 1)
 	go func() {
 		start := time.Now()
-		code, raw, _ := postKeyed(t, http.DefaultClient, cons.base, 71, "", `{"body":"locked"}`)
+		code, raw, _ := postKeyed(t, authClient, cons.base, 71, "", `{"body":"locked"}`)
 		busy <- answer{code, raw, time.Since(start)}
 	}()
 	for _, c := range []int64{72, 73, 75} {
@@ -360,7 +360,7 @@ func TestHistoryTimeout(t *testing.T) {
 	if _, err := tx.Exec(ctx, `LOCK TABLE consumers.messages IN ACCESS EXCLUSIVE MODE`); err != nil {
 		t.Fatal(err)
 	}
-	resp, err := (&http.Client{Timeout: 20 * time.Second}).Get(cons.base + "/api/chats/1/messages")
+	resp, err := (&http.Client{Timeout: 20 * time.Second, Transport: bearerTransport{}}).Get(cons.base + "/api/chats/1/messages")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -375,7 +375,7 @@ func TestHistoryTimeout(t *testing.T) {
 	// Served again once the lock is gone (retried: on a loaded machine one
 	// read may itself take longer than the short read timeout).
 	testenv.WaitFor(t, 10*time.Second, "history served after the lock", func() bool {
-		resp, err := http.Get(cons.base + "/api/chats/1/messages")
+		resp, err := authClient.Get(cons.base + "/api/chats/1/messages")
 		if err != nil {
 			return false
 		}
@@ -412,7 +412,7 @@ func TestPoolMaxConnsHonoured(t *testing.T) {
 	var wg sync.WaitGroup
 	for range 6 {
 		wg.Go(func() {
-			if resp, err := http.Get(cons.base + "/api/chats/1/messages"); err == nil {
+			if resp, err := authClient.Get(cons.base + "/api/chats/1/messages"); err == nil {
 				resp.Body.Close()
 			}
 		})
@@ -486,7 +486,7 @@ func wsSend(t testing.TB, base string, chat int64, done func() bool, frames ...s
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	c, _, err := websocket.Dial(ctx, fmt.Sprintf("ws%s/ws?chat_id=%d", base[len("http"):], chat), nil)
+	c, _, err := websocket.Dial(ctx, fmt.Sprintf("ws%s/ws?chat_id=%d", base[len("http"):], chat), wsOpts(testToken()))
 	if err != nil {
 		t.Fatalf("dial: %v", err)
 	}
