@@ -399,6 +399,18 @@ func (e *Env) redisUsers(ctx context.Context) error {
 			return fmt.Errorf("lab: %w", err)
 		}
 		e.redisURLs[s] = fmt.Sprintf("redis://%s:%s@127.0.0.1:%d/0", s, pw, e.Redis.Port())
+		if e.RedisReplica != nil {
+			// ACL users are not replicated: the replica that a failover
+			// promotes needs them too. The services find the primary
+			// through the sentinels.
+			rc := redis.NewClient(&redis.Options{Addr: e.RedisReplica.Addr()})
+			err := chat.ApplyRedisACL(ctx, rc, args)
+			rc.Close()
+			if err != nil {
+				return fmt.Errorf("lab: redis user on the replica: %w", err)
+			}
+			e.redisURLs[s] = redisq.SentinelScheme + "://" + s + ":" + pw + "@" + strings.TrimPrefix(e.RedisURL, redisq.SentinelScheme+"://")
+		}
 	}
 	return nil
 }

@@ -10,9 +10,14 @@
 -- ARGV[2]  job id
 -- ARGV[3]  job name
 -- ARGV[4]  job payload (bytes)
+-- ARGV[5]  job signature ("" = none: no sig field), as in add.lua
 --
--- Returns  1 (the job was added: SET <dedupe key> 1 PX ttl, then XADD).
+-- Returns  1 (the job was added: SET <dedupe key> 1 PX ttl, then XADD
+--          <stream> * id .. name .. payload .. [sig ..]).
 -- Errors   the XADD error reply (the dedupe key is then left set: a later
 --          plain add of the id is a no-op, a later re-add adds it).
 redis.call('SET', KEYS[1], '1', 'PX', ARGV[1])
+if ARGV[5] ~= nil and ARGV[5] ~= '' then
+  return redis.call('XADD', KEYS[2], '*', 'id', ARGV[2], 'name', ARGV[3], 'payload', ARGV[4], 'sig', ARGV[5]) and 1
+end
 return redis.call('XADD', KEYS[2], '*', 'id', ARGV[2], 'name', ARGV[3], 'payload', ARGV[4]) and 1
