@@ -81,7 +81,7 @@ func TestRedisACLLeastPrivilege(t *testing.T) {
 	denied("XRANGE of its own outbound stream", rdb.XRange(ctx, out.Stream, "-", "+").Err())
 	denied("a key outside the prefix", rdb.Set(ctx, "elsewhere", "1", 0).Err())
 	// The durability check falls back from CONFIG GET to INFO.
-	var logs syncBuffer
+	var logs testenv.SyncBuffer
 	if err := redisq.CheckDurability(ctx, rdb, slog.New(slog.NewTextHandler(&logs, nil))); err != nil || logs.String() != "" {
 		t.Errorf("durability check as consumers: %v, logged %q; want nil and nothing", err, logs.String())
 	}

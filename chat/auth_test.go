@@ -296,7 +296,7 @@ func TestServeNeedsAuthConfig(t *testing.T) {
 	if !errors.Is(err, ErrNoAuth) {
 		t.Fatalf("serve without auth config: %v, want ErrNoAuth", err)
 	}
-	var logs syncBuffer
+	var logs testenv.SyncBuffer
 	cons := h.start(Consumers, func(c *Config) {
 		c.Auth = AuthConfig{Insecure: true}
 		c.Logger = slog.New(slog.NewTextHandler(&logs, nil))

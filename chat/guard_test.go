@@ -299,31 +299,13 @@ func TestRateLimitsAndSocketCap(t *testing.T) {
 	b.CloseNow()
 }
 
-// syncBuffer is a bytes.Buffer safe for a logger and a test to share.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // TestSilentWebSocketIsDroppedLoggedCounted: a client that stops reading
 // stops answering pings; it is dropped after the pong timeout, and the drop
 // is logged and counted. A client that reads stays.
 func TestSilentWebSocketIsDroppedLoggedCounted(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, "")
-	var logs syncBuffer
+	var logs testenv.SyncBuffer
 	cons := h.start(Consumers, func(c *Config) {
 		c.Roles = []string{RoleAPI}
 		c.Guard.PingInterval, c.Guard.PongTimeout = 100*time.Millisecond, 300*time.Millisecond

@@ -656,24 +656,6 @@ func TestKilledRedisKeepsEntriesWithAOF(t *testing.T) {
 	}
 }
 
-// syncBuffer is a goroutine-safe log sink.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 func TestCheckDurability(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -683,7 +665,7 @@ func TestCheckDurability(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = rdb.Close() })
-	var logs syncBuffer
+	var logs testenv.SyncBuffer
 	logger := slog.New(slog.NewTextHandler(&logs, nil))
 
 	if err := redisq.CheckDurability(ctx, rdb, logger); err != nil {
