@@ -61,6 +61,18 @@ func NewInboxHandler(service string) (*InboxHandler, error) {
 	}, nil
 }
 
+// verify checks d's signature when the handler requires signatures
+// (RequireSignatures). Errors wrap inbox.ErrMalformed.
+func (h *InboxHandler) verify(d inbox.Delivery) error {
+	if h.keys == nil {
+		return nil
+	}
+	if err := h.keys.Verify(QueueName(Peer(h.service)), d); err != nil {
+		return fmt.Errorf("%w: %w", inbox.ErrMalformed, err)
+	}
+	return nil
+}
+
 // decodeReceipt checks a receipt delivery without touching the database: a
 // valid receipt from the other service whose id is the job id. Errors wrap
 // inbox.ErrMalformed.
@@ -83,11 +95,6 @@ func (h *InboxHandler) decodeReceipt(d inbox.Delivery) (Receipt, error) {
 // the job id.
 // Errors wrap inbox.ErrMalformed.
 func (h *InboxHandler) decode(d inbox.Delivery) (Message, error) {
-	if h.keys != nil {
-		if err := h.keys.Verify(QueueName(Peer(h.service)), d); err != nil {
-			return Message{}, fmt.Errorf("%w: %w", inbox.ErrMalformed, err)
-		}
-	}
 	if d.Name != EventMessageCreated {
 		return Message{}, fmt.Errorf("%w: event %q, expected %q or %q", inbox.ErrMalformed, d.Name, EventMessageCreated, EventReceipt)
 	}
@@ -159,6 +166,13 @@ func (h *InboxHandler) QueueBatch(b *pgx.Batch, ds []inbox.Delivery, rs []inbox.
 	first := map[string]int{} // message id → index of its first delivery in ds
 	msgs := make([]Message, len(ds))
 	for i, d := range ds {
+		// Every delivery, message or receipt, is checked against the event
+		// keys first: a forged receipt would otherwise mark messages
+		// delivered and stop their re-drive.
+		if err := h.verify(d); err != nil {
+			rs[i].Err = err
+			continue
+		}
 		if d.Name == EventReceipt {
 			r, err := h.decodeReceipt(d)
 			if err != nil {
