@@ -27,9 +27,6 @@ const (
 
 // The app's own event kinds.
 const (
-	// EventFaultCrash: a lab fault hook is about to SIGKILL the process
-	// (attributes fault, seq).
-	EventFaultCrash = "chat.fault_crash"
 	// EventV1AddFailed: the v1 dual writer could not add a committed
 	// message's job to Redis and keeps it in memory (message_id, err).
 	EventV1AddFailed = "chat.v1_add_failed"

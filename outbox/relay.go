@@ -86,24 +86,6 @@ type RelayEvent struct {
 	Err error
 }
 
-// RelayMetrics receives relay events, e.g. to feed Prometheus. It predates
-// RelayConfig.OnEvent, which carries the same events and more; both are
-// called. Every field is
-// optional (nil = ignored); set fields must be cheap, must not block and must
-// be safe for concurrent use.
-type RelayMetrics struct {
-	// Published is called after a pass that claimed n ≥ 1 rows published
-	// them and committed; d is the pass's duration (claim to commit).
-	Published func(n int, d time.Duration)
-	// Failed is called when a pass fails (the error RunOnce returns; its
-	// rows stay unsent) or the LISTEN connection fails. stage is "claim",
-	// "publish", "mark_sent" or "listen".
-	Failed func(stage string, err error)
-	// Listening is called with true when the LISTEN connection is
-	// established and false when it is lost.
-	Listening func(up bool)
-}
-
 // RelayConfig configures NewRelay. Publisher and Table are required, so a nil
 // *RelayConfig is invalid.
 type RelayConfig struct {
@@ -161,8 +143,6 @@ type RelayConfig struct {
 	// Logger receives pass failures (Warn) and LISTEN state changes (Info,
 	// Warn) with component=outbox.relay. Default nil means slog.Default().
 	Logger *slog.Logger
-	// Metrics is an optional hook; see RelayMetrics.
-	Metrics RelayMetrics
 	// OnEvent, when set, receives every typed Event of the relay (the app
 	// feeds Prometheus and its event log from it). Called from the relay's
 	// goroutines (and RunOnce's caller); must be cheap, must not block,
@@ -188,7 +168,6 @@ type Relay struct {
 	pubTO     time.Duration
 	timeouts  [3]string // lock, statement, idle-in-tx, as "<n>ms"
 	log       *slog.Logger
-	m         RelayMetrics
 	onEvent   func(RelayEvent)
 
 	claimSQL, markSQL, recordSQL, seqSQL string
@@ -297,7 +276,6 @@ func NewRelay(pool *pgxpool.Pool, cfg *RelayConfig) (*Relay, error) {
 		pubTO:     cfg.PublishTimeout,
 		timeouts:  [3]string{pgMillis(cfg.LockTimeout), pgMillis(cfg.StatementTimeout), pgMillis(cfg.IdleInTxTimeout)},
 		log:       cfg.Logger.With(slog.String("component", "outbox.relay")),
-		m:         cfg.Metrics,
 		onEvent:   cfg.OnEvent,
 		wake:      make(chan struct{}, 1),
 		life:      service.Lifecycle{Name: "outbox: relay"},
@@ -502,9 +480,6 @@ func (r *Relay) RunOnce(ctx context.Context) (n int, err error) {
 			slog.Int64("row_id", msgs[0].RowID), slog.Int64("floor", old))
 	}
 	d := time.Since(start)
-	if r.m.Published != nil {
-		r.m.Published(len(msgs), d)
-	}
 	r.event(RelayEvent{Kind: EventPublished, N: len(msgs), Duration: d})
 	return len(msgs), nil
 }
@@ -591,9 +566,6 @@ func lastError(err error) string {
 }
 
 func (r *Relay) fail(stage string, err error) error {
-	if r.m.Failed != nil {
-		r.m.Failed(stage, err)
-	}
 	if stage != "listen" {
 		r.event(RelayEvent{Kind: EventPassFailed, Stage: stage, Err: err})
 	}
@@ -752,11 +724,4 @@ func (r *Relay) onListenDown(err error) {
 	r.event(RelayEvent{Kind: EventListenDown, Err: err})
 }
 
-func (r *Relay) setListening(up bool) {
-	if r.listening.Swap(up) == up && !up {
-		return // already down: report a loss once
-	}
-	if r.m.Listening != nil {
-		r.m.Listening(up)
-	}
-}
+func (r *Relay) setListening(up bool) { r.listening.Store(up) }

@@ -123,8 +123,12 @@ func TestPublisherErrorRowsStayUnsent(t *testing.T) {
 	}}
 	var failedStages []string
 	var mu sync.Mutex
-	r := newRelay(t, pool, outbox.RelayConfig{Publisher: rec, Metrics: outbox.RelayMetrics{
-		Failed: func(stage string, _ error) { mu.Lock(); failedStages = append(failedStages, stage); mu.Unlock() },
+	r := newRelay(t, pool, outbox.RelayConfig{Publisher: rec, OnEvent: func(e outbox.RelayEvent) {
+		if e.Kind == outbox.EventPassFailed {
+			mu.Lock()
+			failedStages = append(failedStages, e.Stage)
+			mu.Unlock()
+		}
 	}})
 	enqueue(t, pool, w, ev("p1"), ev("p2"))
 
@@ -262,16 +266,15 @@ func TestListenConnectionKilled(t *testing.T) {
 	rec := &recorder{}
 	var ups, downs int
 	var mu sync.Mutex
-	r := newRelay(t, pool, outbox.RelayConfig{Publisher: rec, PollInterval: time.Hour, Metrics: outbox.RelayMetrics{
-		Listening: func(up bool) {
-			mu.Lock()
-			defer mu.Unlock()
-			if up {
-				ups++
-			} else {
-				downs++
-			}
-		},
+	r := newRelay(t, pool, outbox.RelayConfig{Publisher: rec, PollInterval: time.Hour, OnEvent: func(e outbox.RelayEvent) {
+		mu.Lock()
+		defer mu.Unlock()
+		switch e.Kind {
+		case outbox.EventListenUp:
+			ups++
+		case outbox.EventListenDown:
+			downs++
+		}
 	}})
 	startRelay(t, r)
 	var pid int
@@ -297,7 +300,7 @@ func TestListenConnectionKilled(t *testing.T) {
 	mu.Lock()
 	defer mu.Unlock()
 	if ups < 2 || downs < 1 {
-		t.Errorf("Listening hook: %d ups, %d downs; want ≥2 and ≥1", ups, downs)
+		t.Errorf("listen events: %d ups, %d downs; want ≥2 and ≥1", ups, downs)
 	}
 }
 
