@@ -153,3 +153,75 @@ func TestEventKeys(t *testing.T) {
 		}
 	}
 }
+
+// TestForgedReceiptIsRefused: someone who can write to Redis adds receipts
+// "workers stored chat 9 up to seq 3" to the stream the consumers read
+// receipts from, one unsigned and one signed with a key the services do not
+// have, while the workers are down. Both are dead-lettered; the messages
+// stay undelivered and the Redriver keeps publishing them again. The same
+// receipt signed with the workers' key (the control) marks them delivered.
+func TestForgedReceiptIsRefused(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, "")
+	keysFile := writeEventKeys(t, "consumers-to-workers "+hexKey(3), "workers-to-consumers "+hexKey(4))
+	cons := h.start(Consumers, func(c *Config) { c.EventKeyFile = keysFile; c.RedriveAfter = 500 * time.Millisecond })
+	for i := 1; i <= 3; i++ {
+		send(t, cons.base, 9, fmt.Sprint("m", i))
+	}
+	redrives := func() int {
+		return h.count(t, `SELECT coalesce(sum(redrives), 0) FROM consumers.messages WHERE chat_id = 9`)
+	}
+	testenv.WaitFor(t, 20*time.Second, "the messages re-driven (no receipt: the workers are down)", func() bool { return redrives() >= 3 })
+
+	attacker, err := ReadEventKeys(writeEventKeys(t, "consumers-to-workers "+hexKey(9), "workers-to-consumers "+hexKey(9)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	real, err := ReadEventKeys(keysFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rdb := testenv.Redis(t)
+	keys := redisq.NewKeys(h.prefix, QueueName(Workers))
+	receipt := func(signer *EventKeys) {
+		id := uuid.NewString()
+		payload, _ := json.Marshal(Receipt{ID: id, Chats: []ReceiptChat{{ChatID: 9, UptoSeq: 3}}, ReceivedAt: time.Now(), From: Workers})
+		args := &redis.XAddArgs{Stream: keys.Stream, Values: []any{"id", id, "name", EventReceipt, "payload", string(payload)}}
+		if signer != nil {
+			sig := signer.Signer(QueueName(Workers))(redisq.Job{ID: id, Name: EventReceipt, Payload: payload})
+			args.Values = append(args.Values.([]any), "sig", sig)
+		}
+		if err := rdb.XAdd(context.Background(), args).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	receipt(nil)
+	receipt(attacker)
+	var dead []redis.XMessage
+	testenv.WaitFor(t, 20*time.Second, "both forged receipts dead-lettered", func() bool {
+		dead, _ = rdb.XRange(context.Background(), keys.Dead, "-", "+").Result()
+		return len(dead) == 2
+	})
+	reasons := fmt.Sprint(dead[0].Values["reason"], " | ", dead[1].Values["reason"])
+	if !strings.Contains(reasons, ErrUnsigned.Error()) || !strings.Contains(reasons, ErrForged.Error()) {
+		t.Fatalf("dead-letter reasons %q: want one unsigned, one forged", reasons)
+	}
+	if n := h.count(t, `SELECT count(*) FROM consumers.messages WHERE chat_id = 9 AND delivered_at IS NOT NULL`); n != 0 {
+		t.Fatalf("a forged receipt marked %d messages delivered", n)
+	}
+	// The re-drive goes on after the forged receipts were refused.
+	before := redrives()
+	testenv.WaitFor(t, 30*time.Second, "the messages re-driven again after the forged receipts", func() bool { return redrives() >= before+3 })
+	if n := h.count(t, `SELECT count(*) FROM consumers.messages WHERE chat_id = 9 AND delivered_at IS NOT NULL`); n != 0 {
+		t.Fatalf("%d messages marked delivered without a genuine receipt", n)
+	}
+
+	// Control: the same receipt signed with the workers' key is applied.
+	receipt(real)
+	testenv.WaitFor(t, 20*time.Second, "the genuine receipt marks the messages delivered", func() bool {
+		return h.count(t, `SELECT count(*) FROM consumers.messages WHERE chat_id = 9 AND delivered_at IS NOT NULL`) == 3
+	})
+	if n, _ := rdb.XLen(context.Background(), keys.Dead).Result(); n != 2 {
+		t.Fatalf("dead letters %d, want the 2 forged receipts only", n)
+	}
+}

@@ -190,14 +190,14 @@ func RunScenarioWith(ctx context.Context, name string, so ScenarioOptions, logW,
 			s.log.at(l.Time, "workers", "reclaimed %s stalled job(s) after the lock duration", l.Str("count"))
 		case labfault.EventCrash:
 			s.log.at(l.Time, "workers", "fault injected: crashing (%s)", l.Str("fault"))
-		case "pending entry was deleted from the stream: its job is lost in Redis until the sender re-drives it":
+		case string(redisq.EventDeletedPending):
 			s.log.at(l.Time, "workers", "pending entry %s found deleted from the stream: counted, acknowledged away", l.Str("stream_id"))
-		case "consumer group vanished; the next fetch creates it again from 0":
+		case string(redisq.EventGroupLost):
 			s.log.at(l.Time, "workers", "consumer group gone (NOGROUP): created again from 0")
 		}
 	})()
 	defer env.Consumers.Subscribe(func(l LogLine) {
-		if l.Msg == "message re-driven: stored, no receipt in time; published again" {
+		if l.Event() == chat.EventRedriven {
 			s.log.at(l.Time, "consumers", "seq %s (message %s) had no receipt: re-driven", l.Str("seq"), l.Str("message_id"))
 		}
 	})()

@@ -458,7 +458,7 @@ func (c *Consumer) dropDeleted(ctx context.Context, msgs []redis.XMessage, delet
 				"stream_id", id)
 		}
 		if c.on != nil {
-			c.on(Event{Kind: EventDeletedPending, Queue: c.queue, N: int64(len(gone))})
+			c.on(Event{Kind: EventDeletedPending, Queue: c.queue, N: int64(len(gone)), StreamIDs: gone})
 		}
 	}
 	return live, nil
@@ -481,6 +481,9 @@ func (c *Consumer) noteNoGroup(ctx context.Context, err error) {
 	c.groupReady = false
 	c.mu.Unlock()
 	c.logger.WarnContext(ctx, "consumer group vanished; the next fetch creates it again from 0", "err", err)
+	if c.on != nil {
+		c.on(Event{Kind: EventGroupLost, Queue: c.queue, Err: err})
+	}
 }
 
 // deliveries converts msgs. For redelivered entries it looks up the

@@ -77,6 +77,10 @@ const (
 	// acknowledged them away; their jobs are lost in Redis until the sender
 	// re-drives them (Consumer.DeletedPending counts them too).
 	EventDeletedPending EventKind = "redisq.deleted_pending"
+	// EventGroupLost: a read or ack met NOGROUP (the stream or its group
+	// vanished: FLUSHALL, a failover to an empty replica); the next Fetch
+	// creates the group again from 0. Err is Redis's answer.
+	EventGroupLost EventKind = "redisq.group_lost"
 )
 
 // Event is one typed event of a Publisher or Consumer, given to its
@@ -90,6 +94,10 @@ type Event struct {
 	// Duplicates is the number of jobs skipped as already added
 	// (EventAdded).
 	Duplicates int
+	// StreamIDs are the entries found deleted (EventDeletedPending).
+	StreamIDs []string
+	// Err is Redis's answer (EventGroupLost).
+	Err error
 }
 
 // Publisher adds jobs to one queue. It is safe for concurrent use and holds
