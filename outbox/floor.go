@@ -22,11 +22,11 @@ import (
 // moves only past ids whose transactions are known to be over:
 //
 //  1. Before its transaction, a pass reads the sequence's last value V
-//     (pg_sequence_last_value); then, in its transaction, it takes its own
-//     xid R (pg_current_xact_id). Every transaction that took an id ≤ V
-//     had its xid before it took the id (the Writer's INSERT assigns the
-//     xid first), so before V was read, so before R was assigned: its xid
-//     is < R.
+//     (pg_sequence_last_value); a pass that claims rows is then given an
+//     xid R by its row locks, and reads it (pg_current_xact_id) with its
+//     DELETE. Every transaction that took an id ≤ V had its xid before it
+//     took the id (the Writer's INSERT assigns the xid first), so before V
+//     was read, so before R was assigned: its xid is < R.
 //  2. A later pass whose snapshot's xmin is ≥ R knows all those
 //     transactions have ended: every row with id ≤ V is visible to its
 //     claim, or deleted, or rolled back. Its claim reads from the floor in
@@ -39,9 +39,8 @@ import (
 // above it may be running, invisible in the snapshot's xip list; xmin then
 // equals xmax while it runs, and a floor keyed on xmax passed its row (the
 // row then waited for the full scan below, up to 10 s: the end-to-end p99
-// of issue 17's first build). A pass takes an xid only when it starts a new
-// (V, R) pair, one pass in two under load; the passes that publish rows
-// have one anyway for their DELETE.
+// of issue 17's first build). Only passes that claimed rows start a pair:
+// they have an xid anyway, so the floor costs no transaction id of its own.
 //
 // The floor is a hint, not state the invariants rest on: it lives in
 // memory, starts at 0 (a full scan) when a Relay is created, and a full
@@ -68,7 +67,8 @@ type claimFloor struct {
 }
 
 // start returns the id the pass's claim starts at (0 for a full scan), and
-// whether the pass should take its xid for a new (V, R) pair.
+// whether the pass should read its xid for a new (V, R) pair (when it
+// claims rows).
 func (f *claimFloor) start(now time.Time) (from int64, wantXid bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -80,8 +80,8 @@ func (f *claimFloor) start(now time.Time) (from int64, wantXid bool) {
 }
 
 // advance records a committed pass that claimed from start: v and xmin as
-// read before its claim (v −1 when unknown), xid the xid it took after
-// reading v (0 when it took none), full whether its claim was cut at the
+// read before its claim (v −1 when unknown), xid its xid, given after it
+// read v (0 when it claimed nothing or did not read it), full whether its claim was cut at the
 // batch size, lastID the last claimed id (0 for none). It returns the floor
 // before the call.
 func (f *claimFloor) advance(start, v, xmin, xid int64, full bool, lastID int64) (old int64) {

@@ -310,8 +310,8 @@ func NewRelay(pool *pgxpool.Pool, cfg *RelayConfig) (*Relay, error) {
 	// new index entry per message (issue 17). sent_at stays NULL; a table
 	// whose rows an older relay marked sent keeps those (never claimed).
 	r.markSQL = "DELETE FROM " + t.quoted + " WHERE id = ANY($1)"
-	// The identity sequence's last value, then xmin of a later snapshot and
-	// the pass's xid (floor.go).
+	// The identity sequence's last value, then xmin of a later snapshot
+	// (floor.go).
 	r.table = t.quoted
 	r.seqSQL = "SELECT coalesce(pg_sequence_last_value(pg_get_serial_sequence($1, 'id')::regclass), 0)"
 	// Best effort, after the rollback: the claimed rows are unlocked again,
@@ -413,11 +413,7 @@ func (r *Relay) RunOnce(ctx context.Context) (n int, err error) {
 	b := &pgx.Batch{}
 	b.Queue(r.seqSQL, r.table)
 	b.Queue("BEGIN")
-	if wantXid {
-		b.Queue(snapshotXidSQL)
-	} else {
-		b.Queue(snapshotSQL)
-	}
+	b.Queue(snapshotSQL)
 	b.Queue(setTimeoutsSQL, r.timeouts[0], r.timeouts[1], r.timeouts[2])
 	b.Queue(r.claimSQL, r.batchSize, floor)
 	br := conn.SendBatch(ctx, b)
@@ -435,7 +431,7 @@ func (r *Relay) RunOnce(ctx context.Context) (n int, err error) {
 			return 0, r.fail("claim", fmt.Errorf("outbox: relay: claim: commit empty pass: %w", err))
 		}
 		inTx = false
-		r.floor.advance(floor, h.v, h.xmin, h.xid, false, 0)
+		r.floor.advance(floor, h.v, h.xmin, 0, false, 0)
 		return 0, nil
 	}
 	ids := make([]int64, len(msgs))
@@ -455,9 +451,18 @@ func (r *Relay) RunOnce(ctx context.Context) (n int, err error) {
 
 	b = &pgx.Batch{}
 	b.Queue(r.markSQL, ids)
+	if wantXid {
+		// The xid the claim's row locks gave this transaction, after the
+		// sequence read: the floor's R (floor.go).
+		b.Queue(xidSQL)
+	}
 	b.Queue("COMMIT")
 	br = conn.SendBatch(ctx, b)
 	_, err = br.Exec()
+	var xid int64
+	if err == nil && wantXid {
+		err = br.QueryRow().Scan(&xid)
+	}
 	var tag string
 	if err == nil {
 		var ct pgconn.CommandTag
@@ -479,7 +484,7 @@ func (r *Relay) RunOnce(ctx context.Context) (n int, err error) {
 	}
 	inTx = false
 	last := msgs[len(msgs)-1].RowID
-	if old := r.floor.advance(floor, h.v, h.xmin, h.xid, len(msgs) == r.batchSize, last); floor == 0 && msgs[0].RowID < old {
+	if old := r.floor.advance(floor, h.v, h.xmin, xid, len(msgs) == r.batchSize, last); floor == 0 && msgs[0].RowID < old {
 		r.log.Warn("published a row below the claim floor; an outbox writer breaks the floor's assumptions (explicit ids, sequence CACHE > 1?): order across such rows is not guaranteed",
 			slog.Int64("row_id", msgs[0].RowID), slog.Int64("floor", old))
 	}
@@ -488,18 +493,17 @@ func (r *Relay) RunOnce(ctx context.Context) (n int, err error) {
 	return len(msgs), nil
 }
 
-// snapshotSQL reads xmin of the statement's snapshot, and 0 for the xid
-// (floor.go); snapshotXidSQL reads xmin and assigns the pass's transaction
-// its xid, returning it. xid8 fits bigint for 2^63 transactions.
+// snapshotSQL reads xmin of the statement's snapshot; xidSQL the xid of a
+// pass that claimed rows (its row locks assigned it; floor.go). xid8 fits
+// bigint for 2^63 transactions.
 const (
-	snapshotSQL    = "SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint, 0::bigint"
-	snapshotXidSQL = "SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint, pg_current_xact_id()::text::bigint"
+	snapshotSQL = "SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint"
+	xidSQL      = "SELECT pg_current_xact_id()::text::bigint"
 )
 
 // horizon is what a pass read before its claim, for the claim floor: the
-// sequence's last value v, then its snapshot's xmin and (when the floor
-// asked for it) the xid its transaction was given after v was read, else 0.
-type horizon struct{ v, xmin, xid int64 }
+// sequence's last value v, then its snapshot's xmin.
+type horizon struct{ v, xmin int64 }
 
 // readClaim reads the results of the sequence read, BEGIN, the snapshot
 // read (into h), set_config and the claim query.
@@ -510,7 +514,7 @@ func (r *Relay) readClaim(br pgx.BatchResults, h *horizon) ([]Message, error) {
 	if _, err := br.Exec(); err != nil {
 		return nil, fmt.Errorf("begin: %w", err)
 	}
-	if err := br.QueryRow().Scan(&h.xmin, &h.xid); err != nil {
+	if err := br.QueryRow().Scan(&h.xmin); err != nil {
 		return nil, fmt.Errorf("read snapshot: %w", err)
 	}
 	if _, err := br.Exec(); err != nil {
