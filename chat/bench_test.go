@@ -107,14 +107,7 @@ func benchmarkSendWhileChatLocked(b *testing.B, locked bool) {
 	stop := make(chan struct{})
 	var answered201, answered503 atomic.Int64
 	if locked {
-		tx, err := h.admin.Begin(ctx)
-		if err != nil {
-			b.Fatal(err)
-		}
-		defer tx.Rollback(ctx)
-		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(`+ChatLockSQL(Consumers, "71")+`)`); err != nil {
-			b.Fatal(err)
-		}
+		defer h.holdChatLock(b, Consumers, 71).Rollback(ctx)
 		t := time.NewTicker(100 * time.Millisecond)
 		defer t.Stop()
 		for range 8 { // up to 8 sends waiting at once: 2 s lock timeout × 10/s, halved

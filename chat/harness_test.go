@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
@@ -352,4 +353,21 @@ func (h testHooks) Handler(x inbox.Handler) inbox.Handler {
 		return x
 	}
 	return h.handler(x)
+}
+
+// holdChatLock takes chat's send lock of service in a transaction of
+// another session (the admin pool) and returns it: the lock is held until
+// the caller ends it.
+func (h *harness) holdChatLock(t testing.TB, service string, chat int64) pgx.Tx {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := h.admin.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(`+ChatLockSQL(service, "$1::bigint")+`)`, chat); err != nil {
+		_ = tx.Rollback(ctx)
+		t.Fatal(err)
+	}
+	return tx
 }

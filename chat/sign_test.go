@@ -51,29 +51,14 @@ func TestForgedEntryDoesNotTakeSlot(t *testing.T) {
 	}
 	rdb := testenv.Redis(t)
 	keys := redisq.NewKeys(h.prefix, QueueName(Consumers))
-	forge := func(body string, sign bool) {
+	forge := func(body string, signer *EventKeys) {
 		id := uuid.NewString()
 		payload, _ := json.Marshal(Message{ID: id, ChatID: 7, Seq: 1, Body: body, SentAt: time.Now(), From: Consumers})
-		args := xaddArgs(keys.Stream, id, payload)
-		if sign {
-			sig := attacker.Signer(QueueName(Consumers))(redisq.Job{ID: id, Name: EventMessageCreated, Payload: payload})
-			args.Values = append(args.Values.([]any), "sig", sig)
-		}
-		if err := rdb.XAdd(context.Background(), args).Err(); err != nil {
-			t.Fatal(err)
-		}
+		addEntry(t, rdb, keys.Stream, QueueName(Consumers), redisq.Job{ID: id, Name: EventMessageCreated, Payload: payload}, signer)
 	}
-	forge("forged, unsigned", false)
-	forge("forged, wrong key", true)
-	var dead []redis.XMessage
-	testenv.WaitFor(t, 20*time.Second, "both forged entries dead-lettered", func() bool {
-		dead, _ = rdb.XRange(context.Background(), keys.Dead, "-", "+").Result()
-		return len(dead) == 2
-	})
-	reasons := fmt.Sprint(dead[0].Values["reason"], " | ", dead[1].Values["reason"])
-	if !strings.Contains(reasons, ErrUnsigned.Error()) || !strings.Contains(reasons, ErrForged.Error()) {
-		t.Fatalf("dead-letter reasons %q: want one unsigned, one forged", reasons)
-	}
+	forge("forged, unsigned", nil)
+	forge("forged, wrong key", attacker)
+	waitForgedDeadLettered(t, rdb, keys.Dead)
 	if n := h.count(t, `SELECT count(*) FROM workers.inbox`); n != 0 {
 		t.Fatalf("a forged entry reached the inbox (%d rows)", n)
 	}
@@ -186,26 +171,11 @@ func TestForgedReceiptIsRefused(t *testing.T) {
 	receipt := func(signer *EventKeys) {
 		id := uuid.NewString()
 		payload, _ := json.Marshal(Receipt{ID: id, Chats: []ReceiptChat{{ChatID: 9, UptoSeq: 3}}, ReceivedAt: time.Now(), From: Workers})
-		args := &redis.XAddArgs{Stream: keys.Stream, Values: []any{"id", id, "name", EventReceipt, "payload", string(payload)}}
-		if signer != nil {
-			sig := signer.Signer(QueueName(Workers))(redisq.Job{ID: id, Name: EventReceipt, Payload: payload})
-			args.Values = append(args.Values.([]any), "sig", sig)
-		}
-		if err := rdb.XAdd(context.Background(), args).Err(); err != nil {
-			t.Fatal(err)
-		}
+		addEntry(t, rdb, keys.Stream, QueueName(Workers), redisq.Job{ID: id, Name: EventReceipt, Payload: payload}, signer)
 	}
 	receipt(nil)
 	receipt(attacker)
-	var dead []redis.XMessage
-	testenv.WaitFor(t, 20*time.Second, "both forged receipts dead-lettered", func() bool {
-		dead, _ = rdb.XRange(context.Background(), keys.Dead, "-", "+").Result()
-		return len(dead) == 2
-	})
-	reasons := fmt.Sprint(dead[0].Values["reason"], " | ", dead[1].Values["reason"])
-	if !strings.Contains(reasons, ErrUnsigned.Error()) || !strings.Contains(reasons, ErrForged.Error()) {
-		t.Fatalf("dead-letter reasons %q: want one unsigned, one forged", reasons)
-	}
+	waitForgedDeadLettered(t, rdb, keys.Dead)
 	if n := h.count(t, `SELECT count(*) FROM consumers.messages WHERE chat_id = 9 AND delivered_at IS NOT NULL`); n != 0 {
 		t.Fatalf("a forged receipt marked %d messages delivered", n)
 	}
@@ -223,5 +193,33 @@ func TestForgedReceiptIsRefused(t *testing.T) {
 	})
 	if n, _ := rdb.XLen(context.Background(), keys.Dead).Result(); n != 2 {
 		t.Fatalf("dead letters %d, want the 2 forged receipts only", n)
+	}
+}
+
+// addEntry adds j to stream as the relay would, signed for queue with
+// signer's key (no signature when signer is nil), bypassing the dedupe key.
+func addEntry(t *testing.T, rdb *redis.Client, stream, queue string, j redisq.Job, signer *EventKeys) {
+	t.Helper()
+	args := &redis.XAddArgs{Stream: stream, Values: []any{"id", j.ID, "name", j.Name, "payload", string(j.Payload)}}
+	if signer != nil {
+		args.Values = append(args.Values.([]any), "sig", signer.Signer(queue)(j))
+	}
+	if err := rdb.XAdd(context.Background(), args).Err(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// waitForgedDeadLettered waits for two dead letters in dead, one unsigned
+// and one forged (signed with a key the services do not have).
+func waitForgedDeadLettered(t *testing.T, rdb *redis.Client, dead string) {
+	t.Helper()
+	var ds []redis.XMessage
+	testenv.WaitFor(t, 20*time.Second, "both forged entries dead-lettered", func() bool {
+		ds, _ = rdb.XRange(context.Background(), dead, "-", "+").Result()
+		return len(ds) == 2
+	})
+	reasons := fmt.Sprint(ds[0].Values["reason"], " | ", ds[1].Values["reason"])
+	if !strings.Contains(reasons, ErrUnsigned.Error()) || !strings.Contains(reasons, ErrForged.Error()) {
+		t.Fatalf("dead-letter reasons %q: want one unsigned, one forged", reasons)
 	}
 }
