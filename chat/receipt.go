@@ -164,12 +164,12 @@ type receiptQueries struct {
 	// rows above the stored watermark: the batch, plus any held behind a
 	// gap. $2 is the service (the receipt's "from"). A watermark is never
 	// updated: an advance inserts (chat_id, upto) and deletes the chat's
-	// lower rows, so no row is written by every batch (a hot row whose dead
-	// versions a held xmin horizon keeps; issue 17), and the newest row is
-	// the first a backward scan of the primary key meets. Rows are inserted
-	// and locked for deletion in chat_id order, so two worker processes
-	// cannot deadlock on them; two batches of one chat at once may both
-	// insert, and the lower row goes with the chat's next advance.
+	// rows below the previous newest (so a chat keeps about two), and no
+	// row is written by every batch (a hot row whose dead versions a held
+	// xmin horizon keeps; issue 17); the newest row is the first a backward
+	// scan of the primary key meets. Inserts go in chat_id order and the
+	// delete skips rows another batch has locked (that batch deletes them),
+	// so two worker processes cannot deadlock on them.
 	emit string
 	// apply sets delivered_at on the service's messages covered by the
 	// receipts ($1 chats, $2 upto seqs, $3 times; several per chat allowed:
@@ -189,10 +189,10 @@ func newReceiptQueries(service string) receiptQueries {
 	s := pgx.Identifier{service}.Sanitize()
 	return receiptQueries{
 		emit: `WITH c AS (SELECT DISTINCT unnest($1::bigint[]) AS chat_id),
-			cur AS (SELECT c.chat_id, COALESCE((SELECT w.upto FROM ` + s + `.inbox_watermarks w
+			cur AS MATERIALIZED (SELECT c.chat_id, COALESCE((SELECT w.upto FROM ` + s + `.inbox_watermarks w
 					WHERE w.chat_id = c.chat_id ORDER BY w.upto DESC LIMIT 1), 0) AS old
 				FROM c),
-			calc AS (SELECT cur.chat_id, cur.old, cur.old + (
+			calc AS MATERIALIZED (SELECT cur.chat_id, cur.old, cur.old + (
 				SELECT count(*) FROM (
 					SELECT i.seq, row_number() OVER (ORDER BY i.seq) AS rn
 					FROM ` + s + `.inbox i WHERE i.chat_id = cur.chat_id AND i.seq > cur.old
@@ -201,10 +201,11 @@ func newReceiptQueries(service string) receiptQueries {
 			up AS (INSERT INTO ` + s + `.inbox_watermarks (chat_id, upto)
 				SELECT chat_id, upto FROM calc WHERE upto > old ORDER BY chat_id
 				ON CONFLICT DO NOTHING),
-			old AS (DELETE FROM ` + s + `.inbox_watermarks w WHERE (w.chat_id, w.upto) IN (
-				SELECT w2.chat_id, w2.upto FROM ` + s + `.inbox_watermarks w2 JOIN calc USING (chat_id)
-				WHERE calc.upto > calc.old AND w2.upto < calc.upto
-				ORDER BY w2.chat_id, w2.upto FOR UPDATE OF w2)),
+			gone AS (DELETE FROM ` + s + `.inbox_watermarks w WHERE (w.chat_id, w.upto) IN (
+				SELECT w2.chat_id, w2.upto FROM calc JOIN ` + s + `.inbox_watermarks w2
+					ON w2.chat_id = calc.chat_id AND w2.upto < calc.old
+				WHERE calc.upto > calc.old
+				FOR UPDATE OF w2 SKIP LOCKED)),
 			r AS (SELECT jsonb_agg(jsonb_build_object('chat_id', chat_id, 'upto_seq', upto) ORDER BY chat_id) AS chats
 				FROM calc WHERE upto > 0 HAVING count(*) > 0),
 			g AS (SELECT gen_random_uuid() AS id)
