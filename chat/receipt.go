@@ -163,13 +163,15 @@ type receiptQueries struct {
 	// stays ahead of it). Its cost is one index range scan per chat over the
 	// rows above the stored watermark: the batch, plus any held behind a
 	// gap. $2 is the service (the receipt's "from"). A watermark is never
-	// updated: an advance inserts (chat_id, upto) and deletes the chat's
-	// rows below the previous newest (so a chat keeps about two), and no
-	// row is written by every batch (a hot row whose dead versions a held
-	// xmin horizon keeps; issue 17); the newest row is the first a backward
-	// scan of the primary key meets. Inserts go in chat_id order and the
-	// delete skips rows another batch has locked (that batch deletes them),
-	// so two worker processes cannot deadlock on them.
+	// updated: an advance inserts (chat_id, upto), so no row is written by
+	// every batch (a hot row whose dead versions a held xmin horizon keeps;
+	// issue 17), and the newest row is the first a backward scan of the
+	// primary key meets. Inserts go in chat_id order, so two worker
+	// processes cannot deadlock on them. The rows below each chat's newest
+	// are deleted by the watermark pruner, not here: a delete in every
+	// batch cost 60 % more Postgres CPU in lab bench (13.5 s against 8.3 s
+	// for 60,000 messages, two alternating pairs) and raised p99 from
+	// 0.15–0.45 s to 3–6 s.
 	emit string
 	// apply sets delivered_at on the service's messages covered by the
 	// receipts ($1 chats, $2 upto seqs, $3 times; several per chat allowed:
@@ -201,11 +203,6 @@ func newReceiptQueries(service string) receiptQueries {
 			up AS (INSERT INTO ` + s + `.inbox_watermarks (chat_id, upto)
 				SELECT chat_id, upto FROM calc WHERE upto > old ORDER BY chat_id
 				ON CONFLICT DO NOTHING),
-			gone AS (DELETE FROM ` + s + `.inbox_watermarks w WHERE (w.chat_id, w.upto) IN (
-				SELECT w2.chat_id, w2.upto FROM calc JOIN ` + s + `.inbox_watermarks w2
-					ON w2.chat_id = calc.chat_id AND w2.upto < calc.old
-				WHERE calc.upto > calc.old
-				FOR UPDATE OF w2 SKIP LOCKED)),
 			r AS (SELECT jsonb_agg(jsonb_build_object('chat_id', chat_id, 'upto_seq', upto) ORDER BY chat_id) AS chats
 				FROM calc WHERE upto > 0 HAVING count(*) > 0),
 			g AS (SELECT gen_random_uuid() AS id)

@@ -137,6 +137,27 @@ func TestReceiptWatermarkStopsAtGap(t *testing.T) {
 	if n := h.count(t, `SELECT max(upto) FROM workers.inbox_watermarks WHERE chat_id = $1`, chat); n != 4 {
 		t.Fatalf("received_upto %d, want 4", n)
 	}
+	// Watermarks are insert-only (rows 2 and 4); the pruner keeps the
+	// newest, and the inbox goes on from it.
+	pr, err := newWatermarkPruner(wpool, Workers, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, err := pr.RunOnce(ctx); err != nil || n != 1 {
+		t.Fatalf("prune = %d, %v; want 1 row", n, err)
+	}
+	if n := h.count(t, `SELECT count(*) FROM workers.inbox_watermarks WHERE chat_id = $1 AND upto = 4`, chat); n != 1 {
+		t.Fatalf("after prune: %d rows at 4, want 1", n)
+	}
+	if n := h.count(t, `SELECT count(*) FROM workers.inbox_watermarks WHERE chat_id = $1`, chat); n != 1 {
+		t.Fatalf("after prune: %d rows, want 1", n)
+	}
+	if err := wc.ProcessBatch(ctx, []inbox.Delivery{mk(5)}); err != nil {
+		t.Fatal(err)
+	}
+	if got := receipts(); fmt.Sprint(got) != fmt.Sprint([]int64{2, 4, 4, 4, 6}) {
+		t.Fatalf("after the prune and seq 5: receipts %v, want [2 4 4 4 6]", got)
+	}
 
 	// The sender side: messages 1..6 of consumers; a receipt up to 4 marks
 	// 1..4 and no more; a receipt from the wrong side is dead-lettered.

@@ -390,6 +390,11 @@ func Serve(ctx context.Context, cfg Config) error {
 			return err
 		}
 		add(ic)
+		pruner, err := newWatermarkPruner(pool, cfg.Service, log)
+		if err != nil {
+			return err
+		}
+		add(pruner)
 		log.Info("worker started", "queue", QueueName(Peer(cfg.Service)), "consumer", cfg.ConsumerName)
 	}
 
