@@ -20,6 +20,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/outboxchat/outboxchat/chat"
+	"github.com/outboxchat/outboxchat/internal/pgbouncerproc"
 	"github.com/outboxchat/outboxchat/internal/pgproc"
 	"github.com/outboxchat/outboxchat/internal/redisproc"
 	"github.com/outboxchat/outboxchat/internal/spawn"
@@ -80,6 +81,12 @@ type EnvOptions struct {
 	// signed with a secret the lab makes (Env.Token) and sign and check
 	// every stream entry with event keys the lab makes.
 	Insecure bool
+	// PgBouncer puts a private PgBouncer (internal/pgbouncerproc, transaction
+	// mode) between the services and Postgres, as on most managed
+	// deployments: their --database-url goes through it with
+	// default_query_exec_mode=exec, their --listen-database-url straight to
+	// Postgres. Default false: direct.
+	PgBouncer bool
 }
 
 // SentinelMaster is the master name of the lab's sentinels.
@@ -91,7 +98,10 @@ const SentinelMaster = "outboxchat"
 // concurrent use.
 type Env struct {
 	Postgres *pgproc.Server
-	Redis    *redisproc.Server
+	// PgBouncer is the pooler in front of Postgres (EnvOptions.PgBouncer),
+	// nil without one.
+	PgBouncer *pgbouncerproc.Server
+	Redis     *redisproc.Server
 	// RedisReplica and Sentinels are set with EnvOptions.Sentinel: the
 	// primary's replica and the three sentinels watching them.
 	RedisReplica *redisproc.Server
@@ -211,6 +221,15 @@ func StartEnv(ctx context.Context, opts EnvOptions) (_ *Env, err error) {
 	}
 	e.DatabaseURL = e.Postgres.AdminURL()
 	e.RedisURL = e.Redis.URL()
+	if opts.PgBouncer {
+		fmt.Fprintln(progress, "lab: starting private PgBouncer (transaction mode)")
+		if e.PgBouncer, err = pgbouncerproc.Start(ctx, &pgbouncerproc.Options{
+			Upstream: fmt.Sprintf("127.0.0.1:%d", e.Postgres.Port()), Mode: pgbouncerproc.ModeTransaction,
+			Users: []string{"postgres", chat.Consumers, chat.Workers},
+		}); err != nil {
+			return nil, fmt.Errorf("lab: %w", err)
+		}
+	}
 	if opts.Sentinel {
 		if err := e.startSentinels(ctx, progress); err != nil {
 			return nil, err
@@ -243,8 +262,11 @@ func StartEnv(ctx context.Context, opts EnvOptions) (_ *Env, err error) {
 	}
 	newProc := func(service, name, roles string, api bool) (*Proc, error) {
 		args := []string{"--service", service, "--role", roles,
-			"--database-url", e.ServiceDatabaseURL(service), "--redis-url", e.ServiceRedisURL(service),
+			"--database-url", e.serveDatabaseURL(service), "--redis-url", e.ServiceRedisURL(service),
 			"--lock-duration", opts.LockDuration.String(), "--consumer-name", service + "-1"}
+		if e.PgBouncer != nil {
+			args = append(args, "--listen-database-url", e.ServiceDatabaseURL(service))
+		}
 		args = append(args, vargs...)
 		args = append(args, authArgs...)
 		args = append(args, opts.ExtraArgs...)
@@ -377,6 +399,15 @@ func (e *Env) ServiceDatabaseURL(service string) string {
 	return fmt.Sprintf("postgres://%s@127.0.0.1:%d/%s?sslmode=disable", service, e.Postgres.Port(), pgproc.DefaultDatabase)
 }
 
+// serveDatabaseURL is the --database-url of service's processes: through
+// the PgBouncer when the Env has one, else ServiceDatabaseURL.
+func (e *Env) serveDatabaseURL(service string) string {
+	if e.PgBouncer != nil {
+		return e.PgBouncer.Rewrite(e.ServiceDatabaseURL(service)) + "&default_query_exec_mode=exec"
+	}
+	return e.ServiceDatabaseURL(service)
+}
+
 // labRedisPrefix is the services' default --redis-prefix, which the lab
 // keeps.
 const labRedisPrefix = chat.DefaultRedisPrefix
@@ -454,6 +485,9 @@ func (e *Env) Close() error {
 	}
 	if e.Redis != nil {
 		errs = append(errs, e.Redis.Close())
+	}
+	if e.PgBouncer != nil {
+		errs = append(errs, e.PgBouncer.Close())
 	}
 	if e.Postgres != nil {
 		errs = append(errs, e.Postgres.Close())

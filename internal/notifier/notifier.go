@@ -24,9 +24,11 @@
 // right after, so the notification never reaches this client: the check
 // fails, a loud warning names the cause and Config.SelfCheckFix, and
 // SelfCheckOK reports false (subscribers keep their poll). The NOTIFY is
-// sent from another connection, not this one, because a pooler that hands
-// both statements to the same server connection would deliver a
-// connection's own NOTIFY to it and pass a check that real senders fail.
+// sent from another connection, not this one, and the LISTEN connection
+// runs no statement while it waits (subscription changes wait up to the 2 s):
+// through a pooler, a statement of its own could reach the server
+// connection that ran the LISTEN and collect the notification there,
+// passing a check that other processes' notifications fail.
 package notifier
 
 import (
@@ -207,10 +209,7 @@ type Notifier struct {
 	interrupt context.CancelFunc // ends the loop's current wait, nil when not waiting
 	listening atomic.Bool
 
-	checkMu      sync.Mutex
-	checkPayload string        // the running self-check's payload, "" when none
-	checkGot     chan struct{} // closed when it arrived
-	checkOK      atomic.Bool
+	checkOK atomic.Bool
 }
 
 // New validates cfg (after WithDefaults) and returns a stopped Notifier.
@@ -273,7 +272,7 @@ func (n *Notifier) changedLocked() {
 // at once (internal/service contract: cancelling ctx is a hard stop).
 // Errors: service.ErrAlreadyStarted or ctx.Err(), wrapped.
 func (n *Notifier) Start(ctx context.Context) error {
-	return n.life.Start(ctx, func(r *service.Run) { r.Go(func() { n.run(r) }) })
+	return n.life.Start(ctx, func(r *service.Run) { r.Go(func() { n.run(r.DrainContext()) }) })
 }
 
 // Stop closes the connection and waits for the goroutine; ctx bounds the
@@ -288,9 +287,8 @@ func (n *Notifier) Started() <-chan struct{} { return n.life.Started() }
 // Stopped returns a channel closed once the latest run has stopped.
 func (n *Notifier) Stopped() <-chan struct{} { return n.life.Stopped() }
 
-// run keeps a connection open until the run drains.
-func (n *Notifier) run(r *service.Run) {
-	ctx := r.DrainContext()
+// run keeps a connection open until ctx ends.
+func (n *Notifier) run(ctx context.Context) {
 	backoff := time.Duration(0)
 	for ctx.Err() == nil {
 		conn, err := n.connect(ctx)
@@ -313,7 +311,7 @@ func (n *Notifier) run(r *service.Run) {
 		}
 		backoff = 0
 		n.listening.Store(true)
-		err = n.serve(ctx, r, conn)
+		err = n.serve(ctx, conn)
 		n.listening.Store(false)
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), n.cfg.PingTimeout)
 		_ = conn.Close(cctx)
@@ -361,15 +359,15 @@ func (n *Notifier) down(err error) {
 
 // serve LISTENs for the subscriptions and dispatches notifications until
 // the connection fails (returned) or ctx ends (nil).
-func (n *Notifier) serve(ctx context.Context, r *service.Run, conn *pgx.Conn) error {
+func (n *Notifier) serve(ctx context.Context, conn *pgx.Conn) error {
 	listened := map[string]bool{}
+	if err := n.sync(ctx, conn, listened); err != nil {
+		return err
+	}
 	if n.cfg.SelfCheckTimeout > 0 {
-		if err := n.exec(ctx, conn, "LISTEN "+pgx.Identifier{SelfCheckChannel}.Sanitize()); err != nil {
-			return fmt.Errorf("notifier: listen %q: %w", SelfCheckChannel, err)
+		if err := n.selfCheck(ctx, conn, listened); err != nil || ctx.Err() != nil {
+			return err
 		}
-		listened[SelfCheckChannel] = true
-		payload, got := n.armSelfCheck()
-		r.Go(func() { n.selfCheck(ctx, payload, got) })
 	}
 	for {
 		if err := n.sync(ctx, conn, listened); err != nil {
@@ -459,46 +457,44 @@ func (n *Notifier) exec(ctx context.Context, conn *pgx.Conn, sql string) error {
 	return err
 }
 
-// armSelfCheck starts a new self-check: a fresh random payload and the
-// channel closed when it arrives.
-func (n *Notifier) armSelfCheck() (payload string, got chan struct{}) {
+// selfCheck LISTENs on SelfCheckChannel, sends it a NOTIFY with a random
+// payload from a connection of its own and waits SelfCheckTimeout for it
+// on conn, dispatching other notifications meanwhile. conn runs no other
+// statement during the wait (subscription changes wait for the next sync):
+// through a transaction pooler any statement may reach the server
+// connection that ran the LISTEN and pick up the notification there, which
+// would pass a check that other processes' notifications fail. It records
+// and reports the outcome; it returns an error only when conn failed, and
+// nil, recording nothing, when ctx ended.
+func (n *Notifier) selfCheck(ctx context.Context, conn *pgx.Conn, listened map[string]bool) error {
+	if err := n.exec(ctx, conn, "LISTEN "+pgx.Identifier{SelfCheckChannel}.Sanitize()); err != nil {
+		return fmt.Errorf("notifier: listen %q: %w", SelfCheckChannel, err)
+	}
+	listened[SelfCheckChannel] = true
+	deadline := time.Now().Add(n.cfg.SelfCheckTimeout)
 	var b [12]byte
 	_, _ = rand.Read(b[:])
-	payload, got = hex.EncodeToString(b[:]), make(chan struct{})
-	n.checkMu.Lock()
-	n.checkPayload, n.checkGot = payload, got
-	n.checkMu.Unlock()
-	return payload, got
-}
-
-// selfCheck sends the NOTIFY of the check armed with payload from a
-// connection of its own and waits SelfCheckTimeout for got; it records and
-// reports the outcome. It returns early, recording nothing, when ctx ends.
-func (n *Notifier) selfCheck(ctx context.Context, payload string, got chan struct{}) {
-	deadline := time.NewTimer(n.cfg.SelfCheckTimeout)
-	defer deadline.Stop()
+	payload := hex.EncodeToString(b[:])
 	sendErr := n.sendSelfCheck(ctx, payload)
-	if ctx.Err() != nil {
-		return
-	}
 	ok := false
-	if sendErr == nil {
-		select {
-		case <-ctx.Done():
-			return
-		case <-got:
-			ok = true
-		case <-deadline.C:
+	for sendErr == nil && !ok {
+		wctx, cancel := context.WithDeadline(ctx, deadline)
+		note, err := conn.WaitForNotification(wctx)
+		cancel()
+		if ctx.Err() != nil {
+			return nil
 		}
-	}
-	n.checkMu.Lock()
-	current := n.checkPayload == payload
-	if current {
-		n.checkPayload = ""
-	}
-	n.checkMu.Unlock()
-	if !current {
-		return // a reconnect armed a newer check
+		if err != nil {
+			if conn.IsClosed() || !errors.Is(err, context.DeadlineExceeded) {
+				return fmt.Errorf("notifier: wait: %w", err)
+			}
+			break // timed out
+		}
+		if note.Channel == SelfCheckChannel {
+			ok = note.Payload == payload
+			continue
+		}
+		n.dispatch(note.Channel, note.Payload, note.PID)
 	}
 	n.checkOK.Store(ok)
 	switch {
@@ -518,6 +514,7 @@ func (n *Notifier) selfCheck(ctx context.Context, payload string, got chan struc
 	if n.cfg.OnSelfCheck != nil {
 		n.cfg.OnSelfCheck(ok)
 	}
+	return nil
 }
 
 // sendSelfCheck NOTIFYs SelfCheckChannel with payload from a new
@@ -541,13 +538,7 @@ func (n *Notifier) sendSelfCheck(ctx context.Context, payload string) error {
 // dispatch hands one notification to the channel's subscribers.
 func (n *Notifier) dispatch(channel, payload string, pid uint32) {
 	if channel == SelfCheckChannel {
-		n.checkMu.Lock()
-		if payload == n.checkPayload && n.checkGot != nil {
-			close(n.checkGot)
-			n.checkGot = nil
-		}
-		n.checkMu.Unlock()
-		return
+		return // a late or another process's self-check
 	}
 	n.mu.Lock()
 	var subs []*sub
