@@ -13,6 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outboxchat/outboxchat/internal/pgbouncerproc"
 	"github.com/outboxchat/outboxchat/internal/testenv"
 )
 
@@ -213,4 +214,35 @@ func TestBootstrapAsCreateRoleAdmin(t *testing.T) {
 			t.Errorf("%s.outbox owned by %q (%v), want %s", s, owner, err, s)
 		}
 	}
+}
+
+// Through PgBouncer in session mode nothing is needed: the URL keeps pgx's
+// default query mode (the start-up probe passes), LISTEN works through it
+// (the self-check passes), sends are stored and shown.
+func TestServeThroughSessionModePgBouncer(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, "")
+	u, err := url.Parse(h.adminURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	session, err := pgbouncerproc.Start(context.Background(), &pgbouncerproc.Options{
+		Upstream: u.Host, Mode: pgbouncerproc.ModeSession, Users: []string{Consumers},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = session.Close() })
+	var checks selfChecks
+	api := h.start(Consumers, func(c *Config) {
+		c.Roles = []string{RoleAPI}
+		c.DatabaseURL = session.Rewrite(h.roleURL(Consumers))
+		c.onSelfCheck = checks.on
+	})
+	if !checks.first(t) {
+		t.Error("the self-check failed through a session-mode pooler")
+	}
+	w := watch(t, api.base, 23)
+	send(t, api.base, 23, "through a session pooler")
+	w.waitSeqs(t, Consumers, 1, 30*time.Second)
 }

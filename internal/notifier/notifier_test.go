@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"net/url"
 	"strings"
 	"sync"
 	"testing"
@@ -13,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxchat/outboxchat/internal/notifier"
+	"github.com/outboxchat/outboxchat/internal/pgbouncerproc"
 	"github.com/outboxchat/outboxchat/internal/testenv"
 )
 
@@ -261,18 +263,28 @@ func (s *selfChecks) snapshot() []bool {
 	return append([]bool(nil), s.got...)
 }
 
-// The self-check passes on a direct connection and fails, loudly, through a
-// real PgBouncer in transaction mode, where LISTEN cannot work; either way
-// the notifier keeps running.
+// The self-check passes on a direct connection and through a real PgBouncer
+// in session mode, and fails, loudly, through one in transaction mode,
+// where LISTEN cannot work; either way the notifier keeps running.
 func TestSelfCheck(t *testing.T) {
 	t.Parallel()
 	direct := testenv.Database(t)
+	u, err := url.Parse(direct)
+	if err != nil {
+		t.Fatal(err)
+	}
+	session, err := pgbouncerproc.Start(context.Background(), &pgbouncerproc.Options{Upstream: u.Host, Mode: pgbouncerproc.ModeSession})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = session.Close() })
 	for _, tc := range []struct {
 		name   string
 		url    string
 		wantOK bool
 	}{
 		{"direct", direct, true},
+		{"session pooler", session.Rewrite(direct), true},
 		{"transaction pooler", testenv.PgBouncer(t).Rewrite(direct), false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
