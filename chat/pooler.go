@@ -26,7 +26,7 @@ import (
 //     transaction may reach a server connection that never saw it
 //     (SQLSTATE 26000) or one that already has that name (42P05).
 //     default_query_exec_mode=exec in the URL uses unnamed statements;
-//     checkPooler refuses to start without it behind such a pooler;
+//     CheckPooler refuses to start without it behind such a pooler;
 //   - LISTEN: notifications go to a server connection the client no longer
 //     holds; --listen-database-url gives the notifier a direct (or
 //     session-mode) URL, and its self-check warns when LISTEN does not work.
@@ -38,7 +38,7 @@ import (
 // Postgres through a pooler in transaction mode that does not keep
 // prepared statements (PgBouncer before 1.21, or max_prepared_statements =
 // 0) and the URL keeps pgx's default query mode, which relies on them.
-var ErrTransactionPooler = errors.New("serve: the database URL goes through a connection pooler in transaction mode " +
+var ErrTransactionPooler = errors.New("chat: the database URL goes through a connection pooler in transaction mode " +
 	"(e.g. PgBouncer pool_mode = transaction) that does not keep prepared statements across transactions: " +
 	"add default_query_exec_mode=exec to --database-url (or, with PgBouncer 1.21 or later, set max_prepared_statements = 200 in pgbouncer.ini)")
 
@@ -66,10 +66,10 @@ func planCacheSetup(pcfg *pgxpool.Config) string {
 	return "SET plan_cache_mode = " + planCacheMode
 }
 
-// poolerProbeTimeout bounds checkPooler.
+// poolerProbeTimeout bounds CheckPooler.
 const poolerProbeTimeout = 5 * time.Second
 
-// checkPooler returns ErrTransactionPooler when pool's connections lose
+// CheckPooler returns ErrTransactionPooler when pool's connections lose
 // their prepared statements between transactions and pool uses pgx's
 // default query mode (cache_statement); other modes are not probed. The
 // probe: client connection A opens a transaction (the pooler gives it
@@ -80,9 +80,16 @@ const poolerProbeTimeout = 5 * time.Second
 // prepared statement support, B's session keeps it and the probe passes.
 // A pooler that hands out server connections in another order can pass
 // the probe and fail later: the README names the URL option either way.
-// A probe that cannot finish (pool_max_conns=1, or one server connection)
-// logs a warning and returns nil.
-func checkPooler(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger) error {
+// With pool_max_conns=1 there is no probe; a probe that cannot finish
+// (the pooler has one server connection) logs a warning and returns nil.
+//
+// Serve calls it at start; `outboxchat migrate` too. log (nil: slog.Default)
+// receives the warning. Safe for concurrent use; it holds two of pool's
+// connections for at most 5 s.
+func CheckPooler(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger) error {
+	if log == nil {
+		log = slog.Default()
+	}
 	if pool.Config().ConnConfig.DefaultQueryExecMode != pgx.QueryExecModeCacheStatement || pool.Config().MaxConns < 2 {
 		return nil
 	}

@@ -262,7 +262,7 @@ func Serve(ctx context.Context, cfg Config) error {
 	}
 	defer pool.Close()
 	log.Info("database pool", "max_conns", pcfg.MaxConns, "min_conns", pcfg.MinConns)
-	if err := checkPooler(ctx, pool, log); err != nil {
+	if err := CheckPooler(ctx, pool, log); err != nil {
 		return err
 	}
 	if n, err := Migrate(ctx, pool, cfg.Service); err != nil {

@@ -177,6 +177,9 @@ func migrate(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return fmt.Errorf("migrate: %w", err)
 	}
 	defer pool.Close()
+	if err := chat.CheckPooler(ctx, pool, nil); err != nil {
+		return fmt.Errorf("migrate: %w", err)
+	}
 	var canCreate bool
 	if err := pool.QueryRow(ctx, `SELECT rolsuper OR rolcreaterole FROM pg_roles WHERE rolname = current_user`).Scan(&canCreate); err != nil {
 		return fmt.Errorf("migrate: %w", err)
