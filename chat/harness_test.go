@@ -74,7 +74,13 @@ type harness struct {
 
 func newHarness(t testing.TB, redisURL string) *harness {
 	t.Helper()
-	adminURL := testenv.Database(t)
+	return newHarnessOn(t, testenv.Database(t), redisURL)
+}
+
+// newHarnessOn is newHarness on the database of the superuser URL adminURL
+// (e.g. a private server of the test's own).
+func newHarnessOn(t testing.TB, adminURL, redisURL string) *harness {
+	t.Helper()
 	ctx := context.Background()
 	admin, err := pgxpool.New(ctx, adminURL)
 	if err != nil {

@@ -76,7 +76,9 @@ func migrations() ([]migration, error) {
 // Bootstrap creates the service's role (LOGIN, no password: set one yourself
 // where auth is not trust) and its schema owned by that role, and grants the
 // role CONNECT on the current database. It needs a connection with the
-// CREATEROLE privilege on a database the caller owns (the lab's superuser). It
+// CREATEROLE privilege on a database the caller owns (the lab's superuser,
+// or a managed service's admin user, which it makes a member of the role:
+// CREATE SCHEMA … AUTHORIZATION and Migrate's SET ROLE need that). It
 // is idempotent and safe to run concurrently with itself (advisory lock).
 //
 // The role gets no rights on the other service's schema: consumers cannot read
@@ -92,12 +94,24 @@ func Bootstrap(ctx context.Context, pool *pgxpool.Pool, service string) error {
 		}
 		// Roles are cluster-wide and advisory locks per database: another
 		// database's bootstrap may create the role at the same moment.
+		var super bool // or the service's role itself
+		if err := tx.QueryRow(ctx, `SELECT rolsuper OR rolname = $1 FROM pg_roles WHERE rolname = current_user`, service).Scan(&super); err != nil {
+			return fmt.Errorf("bootstrap %s: look up current user: %w", service, err)
+		}
 		stmts := []string{
 			`DO $$ BEGIN CREATE ROLE ` + id + ` LOGIN;
 			EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL; END $$`,
-			"CREATE SCHEMA IF NOT EXISTS " + id + " AUTHORIZATION " + id,
-			"GRANT CONNECT ON DATABASE " + pgx.Identifier{currentDatabase(ctx, tx)}.Sanitize() + " TO " + id,
 		}
+		if !super {
+			// A CREATEROLE admin (a managed service's) must be a member of
+			// the role to give it a schema and to SET ROLE to it in Migrate:
+			// PostgreSQL 15 does not make it one, 16 only with ADMIN OPTION.
+			stmts = append(stmts, "GRANT "+id+" TO CURRENT_USER")
+		}
+		stmts = append(stmts,
+			"CREATE SCHEMA IF NOT EXISTS "+id+" AUTHORIZATION "+id,
+			"GRANT CONNECT ON DATABASE "+pgx.Identifier{currentDatabase(ctx, tx)}.Sanitize()+" TO "+id,
+		)
 		for _, s := range stmts {
 			if _, err := tx.Exec(ctx, s); err != nil {
 				return fmt.Errorf("bootstrap %s: %s: %w", service, s, err)

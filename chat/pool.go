@@ -12,8 +12,9 @@ import (
 // DefaultPoolMaxConns is the size of a service's database pool when the
 // database URL sets no pool_max_conns.
 //
-// What each role holds at a time (connections of the pool; the relay's and
-// the gateway's LISTEN connections are opened outside it, one each):
+// What each role holds at a time (connections of the pool; the process's
+// one LISTEN connection, on ListenDatabaseURL when set, is opened outside
+// it):
 //
 //   - api: the group committer 1, plus one per slow lane (chats waiting for
 //     their locks: a quarter of the pool, 1 to 4), one per history request

@@ -54,8 +54,17 @@ type Config struct {
 	Service string
 	// Roles to run; nil or empty means all three.
 	Roles []string
-	// DatabaseURL is the service role's Postgres URL. Required.
+	// DatabaseURL is the service role's Postgres URL. Required. Behind a
+	// pooler in transaction mode it needs default_query_exec_mode=exec
+	// (ErrTransactionPooler; pooler.go).
 	DatabaseURL string
+	// ListenDatabaseURL is the URL of the process's one LISTEN connection
+	// (the relay's and the gateway's wake-ups): a direct or session-mode
+	// URL of the same database when DatabaseURL goes through a
+	// transaction-mode pooler, which cannot deliver notifications. Default
+	// "": DatabaseURL. Only its connection settings are used (pool_*
+	// parameters are ignored).
+	ListenDatabaseURL string
 	// RedisURL is the Redis URL. Required for the relay and worker roles and
 	// for ModeDualWrite.
 	RedisURL string
@@ -126,6 +135,12 @@ type Config struct {
 	Logger *slog.Logger
 	// Listening, when set, is called with the bound HTTP address.
 	Listening func(addr string)
+
+	// Test hooks (package tests only).
+	// onSelfCheck sees each LISTEN self-check's outcome.
+	onSelfCheck func(ok bool)
+	// gatewayPoll is the gateway's PollInterval (0: its default).
+	gatewayPoll time.Duration
 }
 
 // DefaultRedisPrefix is Config.RedisPrefix's default.
@@ -223,19 +238,21 @@ func Serve(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return err
 	}
-	// Every statement of the service is a short index lookup or insert
-	// whose best plan does not depend on its parameters, but Postgres
-	// re-plans a prepared statement with custom plans while they look
-	// cheaper, which for the gateway's LATERAL read cost 0.5 ms of planning
-	// against 0.2 ms with a generic plan. Set it unless the URL does.
-	if _, ok := pcfg.ConnConfig.RuntimeParams["plan_cache_mode"]; !ok {
-		pcfg.ConnConfig.RuntimeParams["plan_cache_mode"] = "force_generic_plan"
-	}
+	// plan_cache_mode per session, not as a startup parameter, which
+	// poolers refuse (pooler.go).
+	setPlan := planCacheSetup(pcfg)
 	// The backend pids of this process's pool, so the notifier can tell its
-	// own notifications from other processes'.
+	// own notifications from other processes'. (Through a pooler they are
+	// the pooler's, so none matches: own notifications then cost the
+	// gateway and relay one redundant read each.)
 	var ownBackends sync.Map // uint32 → struct{}
-	pcfg.AfterConnect = func(_ context.Context, c *pgx.Conn) error {
+	pcfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
 		ownBackends.Store(c.PgConn().PID(), struct{}{})
+		if setPlan != "" {
+			if _, err := c.Exec(ctx, setPlan); err != nil {
+				return fmt.Errorf("set plan_cache_mode: %w", err)
+			}
+		}
 		return nil
 	}
 	pcfg.BeforeClose = func(c *pgx.Conn) { ownBackends.Delete(c.PgConn().PID()) }
@@ -245,6 +262,9 @@ func Serve(ctx context.Context, cfg Config) error {
 	}
 	defer pool.Close()
 	log.Info("database pool", "max_conns", pcfg.MaxConns, "min_conns", pcfg.MinConns)
+	if err := CheckPooler(ctx, pool, log); err != nil {
+		return err
+	}
 	if n, err := Migrate(ctx, pool, cfg.Service); err != nil {
 		return fmt.Errorf("serve: %w", err)
 	} else if n > 0 {
@@ -297,9 +317,25 @@ func Serve(ctx context.Context, cfg Config) error {
 	// subscribe to it by channel. Started first, stopped last (after them).
 	var listener *notifier.Notifier
 	if cfg.has(RoleAPI) || (cfg.has(RoleRelay) && cfg.Mode == ModeOutbox && !cfg.PollOnly) {
+		lcc, err := listenConnConfig(cfg.ListenDatabaseURL, pool)
+		if err != nil {
+			return err
+		}
+		selfCheckOK := prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "outboxchat_listen_selfcheck_ok",
+			Help: "1 when the latest start-up self-check's NOTIFY reached this process's LISTEN connection; 0 before it passed or when it failed (a transaction-mode pooler: set --listen-database-url).",
+		})
+		reg.MustRegister(selfCheckOK)
 		listener, err = notifier.New(&notifier.Config{
-			ConnConfig: pool.Config().ConnConfig, Logger: log,
-			Own: func(pid uint32) bool { _, own := ownBackends.Load(pid); return own },
+			ConnConfig: lcc, Logger: log,
+			Own:          func(pid uint32) bool { _, own := ownBackends.Load(pid); return own },
+			SelfCheckFix: "set --listen-database-url (LISTEN_DATABASE_URL) to a direct or session-mode URL of the same database",
+			OnSelfCheck: func(ok bool) {
+				selfCheckOK.Set(map[bool]float64{false: 0, true: 1}[ok])
+				if cfg.onSelfCheck != nil {
+					cfg.onSelfCheck(ok)
+				}
+			},
 		})
 		if err != nil {
 			return err
@@ -334,7 +370,7 @@ func Serve(ctx context.Context, cfg Config) error {
 		}
 		gw, err = NewGateway(pool, cfg.Service, &GatewayConfig{
 			Channels:   []string{InboxChannel(cfg.Service), OutboxChannel(cfg.Service), ReceiptChannel(cfg.Service)},
-			GapTimeout: cfg.GapTimeout, Logger: log, Notifier: listener, SkipOwnOn: skip,
+			GapTimeout: cfg.GapTimeout, Logger: log, Notifier: listener, SkipOwnOn: skip, PollInterval: cfg.gatewayPoll,
 		})
 		if err != nil {
 			return err

@@ -74,6 +74,9 @@ type BenchOptions struct {
 	// Insecure runs the services without auth and signed stream entries
 	// (EnvOptions.Insecure), to measure what they cost.
 	Insecure bool
+	// PgBouncer runs the services through a private PgBouncer in
+	// transaction mode (EnvOptions.PgBouncer).
+	PgBouncer bool
 }
 
 // BenchResult is what Bench measured. The JSON fields are DESIGN.md's
@@ -183,7 +186,7 @@ func Bench(ctx context.Context, opts BenchOptions) (*BenchResult, error) {
 	// The bench is one client IP and one user pushing thousands of
 	// messages a second over a socket per chat: the per-IP and per-user
 	// limits and the socket cap, meant for people, are off.
-	env, err := StartEnv(ctx, EnvOptions{Variant: opts.Variant, Progress: progress, ExtraArgs: unlimitedArgs, Insecure: opts.Insecure})
+	env, err := StartEnv(ctx, EnvOptions{Variant: opts.Variant, Progress: progress, ExtraArgs: unlimitedArgs, Insecure: opts.Insecure, PgBouncer: opts.PgBouncer})
 	if err != nil {
 		return nil, err
 	}
@@ -778,6 +781,7 @@ func runBenchCmd(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	asJSON := fs.Bool("json", false, "print one JSON object (DESIGN.md fields plus cpu_s); the details go to stderr")
 	hold := fs.Bool("hold-snapshot", false, "hold a REPEATABLE READ snapshot open (idle in transaction) through the run, as a forgotten session would")
 	insecure := fs.Bool("insecure", false, "services without auth and without signed stream entries (to measure what they cost)")
+	pgbouncer := fs.Bool("pgbouncer", false, "services reach Postgres through a private PgBouncer in transaction mode (LISTEN direct), as on a managed deployment")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -791,7 +795,7 @@ func runBenchCmd(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		return err
 	}
 	res, err := Bench(ctx, BenchOptions{Senders: *senders, Chats: *chats, Messages: *messages,
-		Variant: *variant, SendTimeout: *timeout, Progress: stderr, HoldSnapshot: *hold, Insecure: *insecure})
+		Variant: *variant, SendTimeout: *timeout, Progress: stderr, HoldSnapshot: *hold, Insecure: *insecure, PgBouncer: *pgbouncer})
 	if err != nil {
 		return err
 	}

@@ -8,13 +8,15 @@
 //
 //	up      private servers and both services; prints their URLs; Ctrl-C stops
 //	        (--consumers-addr/--workers-addr fix the ports, --keep-logs keeps
-//	        the services' logs)
+//	        the services' logs, --tls runs everything over TLS with a
+//	        private CA)
 //	chaos   the write-up's fault experiment (--variant v1|v2) or a named
 //	        scenario (--scenario NAME, --list)
 //	latency the write-up's latency table (v1, v2, v2-intx, v2-poll), the
 //	        floors it is bounded by, and a CDF plot
 //	bench   sustained end-to-end throughput and latency under load, CPU and
-//	        peak RSS per process, Redis memory before and after
+//	        peak RSS per process, Redis memory before and after (--pgbouncer:
+//	        the services through a private PgBouncer in transaction mode)
 //	demo    chaos v1, chaos v2 and the latency table; fails unless the
 //	        results are the expected ones
 //

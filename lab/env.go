@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -20,6 +21,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/outboxchat/outboxchat/chat"
+	"github.com/outboxchat/outboxchat/internal/devca"
+	"github.com/outboxchat/outboxchat/internal/pgbouncerproc"
 	"github.com/outboxchat/outboxchat/internal/pgproc"
 	"github.com/outboxchat/outboxchat/internal/redisproc"
 	"github.com/outboxchat/outboxchat/internal/spawn"
@@ -80,6 +83,18 @@ type EnvOptions struct {
 	// signed with a secret the lab makes (Env.Token) and sign and check
 	// every stream entry with event keys the lab makes.
 	Insecure bool
+	// PgBouncer puts a private PgBouncer (internal/pgbouncerproc, transaction
+	// mode) between the services and Postgres, as on most managed
+	// deployments: their --database-url goes through it with
+	// default_query_exec_mode=exec, their --listen-database-url straight to
+	// Postgres. Default false: direct.
+	PgBouncer bool
+	// TLS runs everything over TLS with a private CA (internal/devca) made
+	// in Dir (Env.CAFile): Postgres (ssl = on; every URL the lab hands out
+	// says sslmode=verify-full), Redis (TLS only; rediss:// URLs with
+	// tls_ca_file), and the services' HTTP API and WebSocket (HTTPS, WSS;
+	// Env.ConsumersURL is https://). Not with Sentinel. Default false.
+	TLS bool
 }
 
 // SentinelMaster is the master name of the lab's sentinels.
@@ -91,7 +106,10 @@ const SentinelMaster = "outboxchat"
 // concurrent use.
 type Env struct {
 	Postgres *pgproc.Server
-	Redis    *redisproc.Server
+	// PgBouncer is the pooler in front of Postgres (EnvOptions.PgBouncer),
+	// nil without one.
+	PgBouncer *pgbouncerproc.Server
+	Redis     *redisproc.Server
 	// RedisReplica and Sentinels are set with EnvOptions.Sentinel: the
 	// primary's replica and the three sentinels watching them.
 	RedisReplica *redisproc.Server
@@ -113,6 +131,9 @@ type Env struct {
 	Variant string
 	// LockDuration is the workers' lock duration.
 	LockDuration time.Duration
+	// CAFile is the private CA's certificate (PEM) with EnvOptions.TLS:
+	// clients trust it to reach the lab's servers (curl --cacert). "" without.
+	CAFile string
 	// Token is a development bearer token of user "lab" for every chat on
 	// both services, valid for 30 days ("" when Insecure).
 	Token string
@@ -191,26 +212,55 @@ func StartEnv(ctx context.Context, opts EnvOptions) (_ *Env, err error) {
 		}
 	}()
 
+	var pgOpts pgproc.Options
+	rdOpts := redisproc.Options{ACLFile: true}
+	var certFile, keyFile string
+	if opts.TLS {
+		if opts.Sentinel {
+			return nil, errors.New("lab: TLS with sentinels is not supported")
+		}
+		ca, err := devca.New()
+		if err != nil {
+			return nil, fmt.Errorf("lab: %w", err)
+		}
+		if e.CAFile, err = ca.WriteCA(e.Dir); err != nil {
+			return nil, fmt.Errorf("lab: %w", err)
+		}
+		if certFile, keyFile, err = ca.Issue(e.Dir, "server", "127.0.0.1", "localhost", "::1"); err != nil {
+			return nil, fmt.Errorf("lab: %w", err)
+		}
+		pgOpts.TLSCertFile, pgOpts.TLSKeyFile = certFile, keyFile
+		rdOpts.TLSCertFile, rdOpts.TLSKeyFile = certFile, keyFile
+	}
 	fmt.Fprintln(progress, "lab: starting private Postgres and Redis")
 	var wg sync.WaitGroup
 	var pgErr, rdErr error
 	wg.Add(2)
 	go func() {
 		defer wg.Done()
-		e.Postgres, pgErr = pgproc.Start(ctx, nil)
+		e.Postgres, pgErr = pgproc.Start(ctx, &pgOpts)
 	}()
 	go func() {
 		defer wg.Done()
 		// An ACL file keeps the services' Redis users across the
 		// experiments' Redis restarts.
-		e.Redis, rdErr = redisproc.Start(ctx, &redisproc.Options{ACLFile: true})
+		e.Redis, rdErr = redisproc.Start(ctx, &rdOpts)
 	}()
 	wg.Wait()
 	if err := errors.Join(pgErr, rdErr); err != nil {
 		return nil, fmt.Errorf("lab: start servers: %w", err)
 	}
-	e.DatabaseURL = e.Postgres.AdminURL()
-	e.RedisURL = e.Redis.URL()
+	e.DatabaseURL = e.verifyFull(e.Postgres.AdminURL())
+	e.RedisURL = e.withRedisCA(e.Redis.URL())
+	if opts.PgBouncer {
+		fmt.Fprintln(progress, "lab: starting private PgBouncer (transaction mode)")
+		if e.PgBouncer, err = pgbouncerproc.Start(ctx, &pgbouncerproc.Options{
+			Upstream: fmt.Sprintf("127.0.0.1:%d", e.Postgres.Port()), Mode: pgbouncerproc.ModeTransaction,
+			Users: []string{"postgres", chat.Consumers, chat.Workers},
+		}); err != nil {
+			return nil, fmt.Errorf("lab: %w", err)
+		}
+	}
 	if opts.Sentinel {
 		if err := e.startSentinels(ctx, progress); err != nil {
 			return nil, err
@@ -241,17 +291,23 @@ func StartEnv(ctx context.Context, opts EnvOptions) (_ *Env, err error) {
 			return nil, err
 		}
 	}
+	if opts.TLS {
+		authArgs = append(authArgs, "--tls-cert", certFile, "--tls-key", keyFile)
+	}
 	newProc := func(service, name, roles string, api bool) (*Proc, error) {
 		args := []string{"--service", service, "--role", roles,
-			"--database-url", e.ServiceDatabaseURL(service), "--redis-url", e.ServiceRedisURL(service),
+			"--database-url", e.serveDatabaseURL(service), "--redis-url", e.ServiceRedisURL(service),
 			"--lock-duration", opts.LockDuration.String(), "--consumer-name", service + "-1"}
+		if e.PgBouncer != nil {
+			args = append(args, "--listen-database-url", e.ServiceDatabaseURL(service))
+		}
 		args = append(args, vargs...)
 		args = append(args, authArgs...)
 		args = append(args, opts.ExtraArgs...)
 		if f := opts.Faults[name]; f != "" {
 			args = append(args, "--fault", f)
 		}
-		cfg := &ProcConfig{Args: args, API: api, LogPath: filepath.Join(e.Dir, name+".log")}
+		cfg := &ProcConfig{Args: args, API: api, LogPath: filepath.Join(e.Dir, name+".log"), TLS: opts.TLS}
 		if api {
 			cfg.Addr = fixedAddr[service]
 		}
@@ -372,9 +428,36 @@ func (e *Env) Procs() []*Proc {
 }
 
 // ServiceDatabaseURL returns the URL a service connects with: its own role
-// (trust auth on the private server).
+// (trust auth on the private server); with EnvOptions.TLS it says
+// sslmode=verify-full against the lab's CA.
 func (e *Env) ServiceDatabaseURL(service string) string {
-	return fmt.Sprintf("postgres://%s@127.0.0.1:%d/%s?sslmode=disable", service, e.Postgres.Port(), pgproc.DefaultDatabase)
+	return e.verifyFull(fmt.Sprintf("postgres://%s@127.0.0.1:%d/%s?sslmode=disable", service, e.Postgres.Port(), pgproc.DefaultDatabase))
+}
+
+// verifyFull turns a private server URL's sslmode=disable into
+// sslmode=verify-full against the lab's CA when the Env runs TLS.
+func (e *Env) verifyFull(u string) string {
+	if e.CAFile == "" {
+		return u
+	}
+	return strings.Replace(u, "sslmode=disable", "sslmode=verify-full&sslrootcert="+url.QueryEscape(e.CAFile), 1)
+}
+
+// withRedisCA adds the lab CA (redisq.TLSCAFileParam) to a rediss:// URL.
+func (e *Env) withRedisCA(u string) string {
+	if e.CAFile == "" || !strings.HasPrefix(u, "rediss://") {
+		return u
+	}
+	return u + "?" + redisq.TLSCAFileParam + "=" + url.QueryEscape(e.CAFile)
+}
+
+// serveDatabaseURL is the --database-url of service's processes: through
+// the PgBouncer when the Env has one, else ServiceDatabaseURL.
+func (e *Env) serveDatabaseURL(service string) string {
+	if e.PgBouncer != nil {
+		return e.PgBouncer.Rewrite(e.ServiceDatabaseURL(service)) + "&default_query_exec_mode=exec"
+	}
+	return e.ServiceDatabaseURL(service)
 }
 
 // labRedisPrefix is the services' default --redis-prefix, which the lab
@@ -398,7 +481,7 @@ func (e *Env) redisUsers(ctx context.Context) error {
 		if err := chat.ApplyRedisACL(ctx, e.rdb, args); err != nil {
 			return fmt.Errorf("lab: %w", err)
 		}
-		e.redisURLs[s] = fmt.Sprintf("redis://%s:%s@127.0.0.1:%d/0", s, pw, e.Redis.Port())
+		e.redisURLs[s] = e.withRedisCA(strings.Replace(e.Redis.URL(), "://", "://"+s+":"+pw+"@", 1))
 		if e.RedisReplica != nil {
 			// ACL users are not replicated: the replica that a failover
 			// promotes needs them too. The services find the primary
@@ -454,6 +537,9 @@ func (e *Env) Close() error {
 	}
 	if e.Redis != nil {
 		errs = append(errs, e.Redis.Close())
+	}
+	if e.PgBouncer != nil {
+		errs = append(errs, e.PgBouncer.Close())
 	}
 	if e.Postgres != nil {
 		errs = append(errs, e.Postgres.Close())

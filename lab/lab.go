@@ -14,12 +14,12 @@ const usage = `usage: outboxchat lab <command> [flags]
 
 commands:
   up      start private Postgres and Redis and both services; print their URLs; Ctrl-C stops all:
-          [--consumers-addr PORT] [--workers-addr PORT] [--keep-logs] [--variant v2]
+          [--consumers-addr PORT] [--workers-addr PORT] [--keep-logs] [--variant v2] [--tls]
   chaos   the write-up's fault experiment: --variant v1|v2 [--json]; or --scenario NAME; --list
   scenario NAME [--json] [--redrive-after D]: a named fault scenario (redis-flush, stream-entry-deleted, …); --list
   latency the write-up's latency table: [--variants v1,v2,v2-intx,v2-poll] [--messages 100] [--interval 100ms]
           [--runs 3] [--json] [--plot lab-output/latency-cdf.png]; plus the floors (commit, PING, NOTIFY)
-  bench   sustained load: [--senders 16] [--chats 100] [--messages 20000] [--variant v2] [--hold-snapshot] [--json]
+  bench   sustained load: [--senders 16] [--chats 100] [--messages 20000] [--variant v2] [--hold-snapshot] [--pgbouncer] [--json]
   demo    chaos v1, then chaos v2, then the latency table (1 run); fails unless results are as expected
 `
 

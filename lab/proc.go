@@ -63,6 +63,9 @@ type ProcConfig struct {
 	LogPath string
 	// Binary overrides the package-level Binary for this process.
 	Binary string
+	// TLS says the process serves HTTPS (its Args carry --tls-cert and
+	// --tls-key): URL is then https://.
+	TLS bool
 }
 
 // LogLine is one line a child wrote to stderr, as read by the lab.
@@ -182,10 +185,14 @@ func (p *Proc) Name() string { return p.name }
 // Addr returns the fixed HTTP address "127.0.0.1:PORT" ("" without API).
 func (p *Proc) Addr() string { return p.addr }
 
-// URL returns "http://127.0.0.1:PORT" ("" without API).
+// URL returns "http://127.0.0.1:PORT" ("https://…" with ProcConfig.TLS;
+// "" without API).
 func (p *Proc) URL() string {
 	if p.addr == "" {
 		return ""
+	}
+	if p.cfg.TLS {
+		return "https://" + p.addr
 	}
 	return "http://" + p.addr
 }

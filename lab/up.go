@@ -19,10 +19,11 @@ func runUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	consAddr := fs.String("consumers-addr", "", "consumers' HTTP address: PORT, :PORT or 127.0.0.1:PORT (default: a free port, new each run)")
 	workAddr := fs.String("workers-addr", "", "workers' HTTP address: PORT, :PORT or 127.0.0.1:PORT (default: a free port, new each run)")
 	keepLogs := fs.Bool("keep-logs", false, "keep the services' logs (a temp dir, printed) after the lab stops; by default they are removed")
+	useTLS := fs.Bool("tls", false, "everything over TLS with a private CA made for this run (printed as \"ca: PATH\"): HTTPS and WSS to the services, sslmode=verify-full to Postgres, rediss:// to Redis")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	opts := EnvOptions{Variant: *variant, Progress: stderr}
+	opts := EnvOptions{Variant: *variant, Progress: stderr, TLS: *useTLS}
 	var err error
 	if opts.ConsumersAddr, err = loopbackAddr("--consumers-addr", *consAddr); err != nil {
 		return err
@@ -54,6 +55,10 @@ func runUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fmt.Fprintf(stdout, "token: %s\n", env.Token)
 	fmt.Fprintf(stdout, "consumers page: %s/?chat_id=1#token=%s\n", env.ConsumersURL, env.Token)
 	fmt.Fprintf(stdout, "workers page: %s/?chat_id=1#token=%s\n", env.WorkersURL, env.Token)
+	if env.CAFile != "" {
+		fmt.Fprintf(stdout, "ca: %s\n", env.CAFile)
+		fmt.Fprintf(stderr, "lab: TLS with a private CA: trust %s to connect (curl --cacert %s …; a browser: import it as an authority, or accept the warning); it lives as long as the lab\n", env.CAFile, env.CAFile)
+	}
 	if *keepLogs {
 		fmt.Fprintf(stderr, "lab: logs in %s (kept after the lab stops); Ctrl-C stops everything\n", env.Dir)
 	} else {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxchat/outboxchat/internal/testenv"
 	"github.com/outboxchat/outboxchat/outbox"
@@ -787,6 +788,69 @@ func TestClaimFloorWaitsForNewestOpenTransaction(t *testing.T) {
 		t.Fatalf("RunOnce after the late commit = %d, %v; want 1: the floor moved past the open transaction's row, which now waits for the full scan", n, err)
 	}
 	if got := rec.ids(); !slices.Equal(got, []string{"first", "late"}) {
+		t.Fatalf("published %v", got)
+	}
+}
+
+// TestClaimFloorOlderTransactionEndsFirst: a snapshot's xmax is the latest
+// completed xid + 1, not the next xid to be assigned, so a transaction that
+// took its xid and its outbox id before a pass read them can have an xid
+// at or above that pass's xmax. When an older transaction then ends first,
+// a later pass's xmin passes the xmax while the row's transaction is still
+// open; the floor must not move past the row. On a private server, so that
+// no other test's commits move the latest completed xid.
+func TestClaimFloorOlderTransactionEndsFirst(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	srv := testenv.PrivatePostgres(t)
+	pool, err := pgxpool.New(ctx, srv.AdminURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	if _, err := pool.Exec(ctx, "CREATE SCHEMA ob;\n"+outbox.TableDDL(testTable)); err != nil {
+		t.Fatal(err)
+	}
+	w := newWriter(t, pool, outbox.WakeNone)
+	rec := &recorder{}
+	r := newRelay(t, pool, outbox.RelayConfig{Publisher: rec})
+	if _, err := r.RunOnce(ctx); err != nil { // the first pass scans from 0
+		t.Fatal(err)
+	}
+	older, err := pool.Begin(ctx) // an unrelated writer: an xid, no outbox row
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer older.Rollback(ctx)
+	if _, err := older.Exec(ctx, "SELECT pg_current_xact_id()"); err != nil {
+		t.Fatal(err)
+	}
+	slow, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer slow.Rollback(ctx)
+	if err := w.Enqueue(ctx, slow, ev("slow")); err != nil { // a newer xid, id 1
+		t.Fatal(err)
+	}
+	if _, err := r.RunOnce(ctx); err != nil { // reads V = 1 and a snapshot's xmax
+		t.Fatal(err)
+	}
+	if err := older.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 { // xmin is now slow's xid: past that xmax
+		if _, err := r.RunOnce(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := slow.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := r.RunOnce(ctx); err != nil || n != 1 {
+		t.Fatalf("RunOnce after the slow commit = %d, %v; want 1 (the floor passed the open row)", n, err)
+	}
+	if got := rec.ids(); !slices.Equal(got, []string{"slow"}) {
 		t.Fatalf("published %v", got)
 	}
 }

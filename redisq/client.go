@@ -2,9 +2,12 @@ package redisq
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
+	neturl "net/url"
+	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -42,8 +45,12 @@ const (
 // pass; a client that buffered commands would add jobs behind its back.
 //
 // url's query parameters (e.g. "?dial_timeout=2s") are applied first and then
-// overridden by the settings above. The caller owns the client and must Close
-// it. Errors: a malformed url.
+// overridden by the settings above. One parameter is ours, not go-redis's:
+// "rediss://host:port/0?tls_ca_file=/path/ca.pem" verifies the server's
+// certificate against the CA certificates (PEM) in that file instead of
+// the system's roots (a private CA; the host name is still checked). The
+// caller owns the client and must Close it. Errors: a malformed url, an
+// unreadable or empty tls_ca_file, tls_ca_file without rediss://.
 //
 // A "redis+sentinel://" url (see ParseSentinelURL) returns go-redis's
 // failover client instead, with the same fail-fast settings: it asks the
@@ -59,9 +66,27 @@ func NewClient(url string) (*redis.Client, error) {
 			&fo.PoolTimeout, &fo.ContextTimeoutEnabled, &fo.DisableIdentity)
 		return redis.NewFailoverClient(fo), nil
 	}
+	url, caFile, err := cutQueryParam(url, TLSCAFileParam)
+	if err != nil {
+		return nil, fmt.Errorf("redisq: parsing redis url: %w", err)
+	}
 	opt, err := redis.ParseURL(url)
 	if err != nil {
 		return nil, fmt.Errorf("redisq: parsing redis url: %w", err)
+	}
+	if caFile != "" {
+		if opt.TLSConfig == nil {
+			return nil, fmt.Errorf("redisq: %s needs a rediss:// url", TLSCAFileParam)
+		}
+		pem, err := os.ReadFile(caFile)
+		if err != nil {
+			return nil, fmt.Errorf("redisq: %s: %w", TLSCAFileParam, err)
+		}
+		roots := x509.NewCertPool()
+		if !roots.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("redisq: %s %s: no PEM certificate in it", TLSCAFileParam, caFile)
+		}
+		opt.TLSConfig.RootCAs = roots
 	}
 	failFast(&opt.MaxRetries, &opt.DialerRetries, &opt.DialTimeout, &opt.ReadTimeout, &opt.WriteTimeout,
 		&opt.PoolTimeout, &opt.ContextTimeoutEnabled, &opt.DisableIdentity)
@@ -77,6 +102,27 @@ func failFast(maxRetries, dialerRetries *int, dial, read, write, pool *time.Dura
 	*maxRetries, *dialerRetries = -1, 1
 	*dial, *read, *write, *pool = ClientDialTimeout, ClientReadTimeout, ClientWriteTimeout, ClientPoolTimeout
 	*ctxTimeout, *noIdentity = true, true
+}
+
+// TLSCAFileParam is NewClient's URL parameter naming a file of CA
+// certificates (PEM) that a rediss:// server's certificate must chain to.
+const TLSCAFileParam = "tls_ca_file"
+
+// cutQueryParam returns rawURL without its query parameter name, and the
+// parameter's value ("" when absent).
+func cutQueryParam(rawURL, name string) (string, string, error) {
+	u, err := neturl.Parse(rawURL)
+	if err != nil {
+		return "", "", err
+	}
+	q := u.Query()
+	if !q.Has(name) {
+		return rawURL, "", nil
+	}
+	v := q.Get(name)
+	q.Del(name)
+	u.RawQuery = q.Encode()
+	return u.String(), v, nil
 }
 
 // SentinelScheme is the URL scheme of a Sentinel-managed primary.

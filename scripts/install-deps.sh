@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what outboxchat's tests and lab need when it is missing:
-# PostgreSQL server binaries (initdb, postgres), redis-server, and — with
-# --browser — Chromium for the browser test. Debian/Ubuntu only (apt-get);
+# PostgreSQL server binaries (initdb, postgres), redis-server, pgbouncer
+# (the connection-pooler tests), and — with --browser — Chromium for the
+# browser test. Debian/Ubuntu only (apt-get);
 # elsewhere it says what to install. It never starts or touches a system
 # server: the tests and the lab run private servers on free ports.
 set -euo pipefail
@@ -14,11 +15,13 @@ have_pg() {
   ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1
 }
 have_redis() { command -v redis-server >/dev/null 2>&1; }
+have_pgbouncer() { command -v pgbouncer >/dev/null 2>&1 || [ -x /usr/sbin/pgbouncer ]; }
 have_chromium() { command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || command -v google-chrome >/dev/null 2>&1; }
 
 pkgs=()
 have_pg || pkgs+=(postgresql)
 have_redis || pkgs+=(redis-server)
+have_pgbouncer || pkgs+=(pgbouncer)
 if [ "$want_browser" = 1 ] && ! have_chromium; then pkgs+=(chromium); fi
 [ ${#pkgs[@]} -eq 0 ] && exit 0
 

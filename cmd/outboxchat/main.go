@@ -1,7 +1,7 @@
 // Command outboxchat runs the chat services, applies their schema, and runs
 // the lab that proves and measures the outbox's guarantees.
 //
-//	outboxchat serve   --service consumers|workers [--role api,relay,worker] [--database-url URL] [--redis-url URL] [--http ADDR]
+//	outboxchat serve   --service consumers|workers [--role api,relay,worker] [--database-url URL] [--listen-database-url URL] [--redis-url URL] [--http ADDR]
 //	outboxchat migrate --service consumers|workers [--database-url URL] [--redis-password-file F [--redis-admin-url URL]]
 //	outboxchat token   --jwt-secret-file F --service S[,S] --user U --chats 1,2|* [--ttl 1h]
 //	outboxchat lab up|chaos|latency|bench|demo [flags]
@@ -90,6 +90,7 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	service := fs.String("service", "", "consumers or workers (required)")
 	roles := fs.String("role", "", "roles to run: any of api,relay,worker (default all)")
 	dbURL := fs.String("database-url", os.Getenv("DATABASE_URL"), fmt.Sprintf("Postgres URL of the service's role (default $DATABASE_URL); pgxpool parameters in it are honoured: pool_max_conns=N sets the pool size (default %d: group committer 1 + slow lanes up to 4 + history and gateway reads for the api role, 1 per relay pass, 1 per inbox batch; LISTEN connections are extra)", chat.DefaultPoolMaxConns))
+	listenURL := fs.String("listen-database-url", os.Getenv("LISTEN_DATABASE_URL"), "Postgres URL of the process's one LISTEN connection (relay and gateway wake-ups), direct or through a session-mode pooler, for when --database-url goes through a transaction-mode pooler such as PgBouncer (default $LISTEN_DATABASE_URL, else --database-url)")
 	redisURL := fs.String("redis-url", os.Getenv("REDIS_URL"), "Redis URL (default $REDIS_URL)")
 	sendLock := fs.Duration("send-lock-timeout", chat.DefaultSendLockTimeout, "how long a send waits for its chat's lock (held by another session) before it answers 503, storing nothing")
 	readTimeout := fs.Duration("read-timeout", chat.DefaultReadTimeout, "bound on each history read (then 503)")
@@ -141,7 +142,7 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 		hooks = f
 	}
 	return chat.Serve(ctx, chat.Config{
-		Service: *service, Roles: r, DatabaseURL: *dbURL, RedisURL: *redisURL, HTTPAddr: *httpAddr,
+		Service: *service, Roles: r, DatabaseURL: *dbURL, ListenDatabaseURL: *listenURL, RedisURL: *redisURL, HTTPAddr: *httpAddr,
 		Mode: *mode, Wake: wm, PollOnly: *pollOnly, PollInterval: *poll, LockDuration: *lock,
 		RedriveAfter: redriveAfter(*redrive),
 		GapTimeout:   *gap, ConsumerName: *consumer, MaxBodyBytes: *maxBody, RedisPrefix: *prefix, Hooks: hooks,
@@ -176,6 +177,9 @@ func migrate(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return fmt.Errorf("migrate: %w", err)
 	}
 	defer pool.Close()
+	if err := chat.CheckPooler(ctx, pool, nil); err != nil {
+		return fmt.Errorf("migrate: %w", err)
+	}
 	var canCreate bool
 	if err := pool.QueryRow(ctx, `SELECT rolsuper OR rolcreaterole FROM pg_roles WHERE rolname = current_user`).Scan(&canCreate); err != nil {
 		return fmt.Errorf("migrate: %w", err)

@@ -15,10 +15,26 @@
 // The connection's settings come from Config.ConnConfig: a separate LISTEN
 // database URL (e.g. direct to Postgres when the pool goes through a
 // transaction-mode PgBouncer, which cannot LISTEN) is a different ConnConfig.
+//
+// Self-check: after each (re)connect the notifier LISTENs on
+// SelfCheckChannel and sends that channel a NOTIFY with a random payload
+// from a second, short-lived connection of the same ConnConfig, then waits
+// Config.SelfCheckTimeout (2 s) for it. Through a pooler in transaction mode
+// the LISTEN lands on some server connection that is handed back to the pool
+// right after, so the notification never reaches this client: the check
+// fails, a loud warning names the cause and Config.SelfCheckFix, and
+// SelfCheckOK reports false (subscribers keep their poll). The NOTIFY is
+// sent from another connection, not this one, and the LISTEN connection
+// runs no statement while it waits (subscription changes wait up to the 2 s):
+// through a pooler, a statement of its own could reach the server
+// connection that ran the LISTEN and collect the notification there,
+// passing a check that other processes' notifications fail.
 package notifier
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -48,7 +64,19 @@ const (
 	DefaultPingEvery = 30 * time.Second
 	// DefaultPingTimeout bounds that ping.
 	DefaultPingTimeout = 5 * time.Second
+	// DefaultSelfCheckTimeout is how long the self-check waits for its own
+	// NOTIFY after each connect (the figure: a notification on a
+	// working connection arrives in milliseconds; 2 s leaves room for a
+	// loaded machine).
+	DefaultSelfCheckTimeout = 2 * time.Second
+	// DefaultSelfCheckFix is the remedy the self-check's warning names when
+	// Config.SelfCheckFix is empty.
+	DefaultSelfCheckFix = "give the LISTEN connection a direct (or session-mode pooler) database URL"
 )
+
+// SelfCheckChannel is the channel of the self-check's NOTIFY. Every
+// notifier LISTENs on it; a payload that is not its own is ignored.
+const SelfCheckChannel = "outboxchat_notifier_selfcheck"
 
 // ErrInvalidConfig is wrapped by New for an unusable Config.
 var ErrInvalidConfig = errors.New("notifier: invalid config")
@@ -77,6 +105,18 @@ type Config struct {
 	// PingTimeout bounds the ping. Defaults DefaultPingEvery (30 s) and
 	// DefaultPingTimeout (5 s).
 	PingEvery, PingTimeout time.Duration
+	// SelfCheckTimeout is how long the self-check (package doc) waits for its
+	// NOTIFY after each connect. Default DefaultSelfCheckTimeout (2 s);
+	// negative turns the self-check off (SelfCheckOK then stays false).
+	SelfCheckTimeout time.Duration
+	// SelfCheckFix is the remedy named by the failed self-check's warning,
+	// e.g. the flag that sets a direct LISTEN URL. Default
+	// DefaultSelfCheckFix.
+	SelfCheckFix string
+	// OnSelfCheck, when set, is called with each self-check's outcome (true:
+	// the NOTIFY arrived) from one of the notifier's goroutines; it must
+	// not block. Default nil.
+	OnSelfCheck func(ok bool)
 	// Logger receives connection failures (Warn) with component=notifier.
 	// Default slog.Default().
 	Logger *slog.Logger
@@ -101,10 +141,14 @@ func (c *Config) WithDefaults() *Config {
 		{&d.ConnectTimeout, DefaultConnectTimeout},
 		{&d.PingEvery, DefaultPingEvery},
 		{&d.PingTimeout, DefaultPingTimeout},
+		{&d.SelfCheckTimeout, DefaultSelfCheckTimeout},
 	} {
 		if *f.v == 0 {
 			*f.v = f.def
 		}
+	}
+	if d.SelfCheckFix == "" {
+		d.SelfCheckFix = DefaultSelfCheckFix
 	}
 	if d.Logger == nil {
 		d.Logger = slog.Default()
@@ -164,6 +208,8 @@ type Notifier struct {
 	dirty     bool               // subscriptions changed since the loop last looked
 	interrupt context.CancelFunc // ends the loop's current wait, nil when not waiting
 	listening atomic.Bool
+
+	checkOK atomic.Bool
 }
 
 // New validates cfg (after WithDefaults) and returns a stopped Notifier.
@@ -183,6 +229,11 @@ func (n *Notifier) Own(pid uint32) bool { return n.cfg.Own != nil && n.cfg.Own(p
 
 // Listening reports whether the LISTEN connection is up.
 func (n *Notifier) Listening() bool { return n.listening.Load() }
+
+// SelfCheckOK reports whether the latest self-check's NOTIFY arrived:
+// false before the first check has passed, after a failed one, and while
+// the self-check is off. Safe for concurrent use.
+func (n *Notifier) SelfCheckOK() bool { return n.checkOK.Load() }
 
 // Subscribe adds s and returns the function that removes it (idempotent;
 // after it returns no callback of s runs... except one already running).
@@ -310,6 +361,14 @@ func (n *Notifier) down(err error) {
 // the connection fails (returned) or ctx ends (nil).
 func (n *Notifier) serve(ctx context.Context, conn *pgx.Conn) error {
 	listened := map[string]bool{}
+	if err := n.sync(ctx, conn, listened); err != nil {
+		return err
+	}
+	if n.cfg.SelfCheckTimeout > 0 {
+		if err := n.selfCheck(ctx, conn, listened); err != nil || ctx.Err() != nil {
+			return err
+		}
+	}
 	for {
 		if err := n.sync(ctx, conn, listened); err != nil {
 			return err
@@ -373,7 +432,7 @@ func (n *Notifier) sync(ctx context.Context, conn *pgx.Conn, listened map[string
 		}
 	}
 	for ch := range listened {
-		if !want[ch] {
+		if !want[ch] && ch != SelfCheckChannel {
 			if err := n.exec(ctx, conn, "UNLISTEN "+pgx.Identifier{ch}.Sanitize()); err != nil {
 				return fmt.Errorf("notifier: unlisten %q: %w", ch, err)
 			}
@@ -398,8 +457,89 @@ func (n *Notifier) exec(ctx context.Context, conn *pgx.Conn, sql string) error {
 	return err
 }
 
+// selfCheck LISTENs on SelfCheckChannel, sends it a NOTIFY with a random
+// payload from a connection of its own and waits SelfCheckTimeout for it
+// on conn, dispatching other notifications meanwhile. conn runs no other
+// statement during the wait (subscription changes wait for the next sync):
+// through a transaction pooler any statement may reach the server
+// connection that ran the LISTEN and pick up the notification there, which
+// would pass a check that other processes' notifications fail. It records
+// and reports the outcome; it returns an error only when conn failed, and
+// nil, recording nothing, when ctx ended.
+func (n *Notifier) selfCheck(ctx context.Context, conn *pgx.Conn, listened map[string]bool) error {
+	if err := n.exec(ctx, conn, "LISTEN "+pgx.Identifier{SelfCheckChannel}.Sanitize()); err != nil {
+		return fmt.Errorf("notifier: listen %q: %w", SelfCheckChannel, err)
+	}
+	listened[SelfCheckChannel] = true
+	deadline := time.Now().Add(n.cfg.SelfCheckTimeout)
+	var b [12]byte
+	_, _ = rand.Read(b[:])
+	payload := hex.EncodeToString(b[:])
+	sendErr := n.sendSelfCheck(ctx, payload)
+	ok := false
+	for sendErr == nil && !ok {
+		wctx, cancel := context.WithDeadline(ctx, deadline)
+		note, err := conn.WaitForNotification(wctx)
+		cancel()
+		if ctx.Err() != nil {
+			return nil
+		}
+		if err != nil {
+			if conn.IsClosed() || !errors.Is(err, context.DeadlineExceeded) {
+				return fmt.Errorf("notifier: wait: %w", err)
+			}
+			break // timed out
+		}
+		if note.Channel == SelfCheckChannel {
+			ok = note.Payload == payload
+			continue
+		}
+		n.dispatch(note.Channel, note.Payload, note.PID)
+	}
+	n.checkOK.Store(ok)
+	switch {
+	case ok:
+		n.cfg.Logger.Info("listen self-check passed: notifications reach this process")
+	case sendErr != nil:
+		n.cfg.Logger.Warn("listen self-check could not send its NOTIFY; notifications are unverified, subscribers keep polling",
+			slog.Any("err", sendErr))
+	default:
+		n.cfg.Logger.Warn("LISTEN SELF-CHECK FAILED: a NOTIFY sent to this process's LISTEN connection did not arrive within "+
+			n.cfg.SelfCheckTimeout.String()+". The usual cause is a connection pooler in transaction mode "+
+			"(PgBouncer pool_mode = transaction) between this process and Postgres: it hands the LISTEN to a "+
+			"server connection it then gives to other clients, so notifications never come back. "+
+			"Subscribers fall back to their poll (other processes' messages and receipts arrive up to a poll interval late)",
+			slog.String("fix", n.cfg.SelfCheckFix))
+	}
+	if n.cfg.OnSelfCheck != nil {
+		n.cfg.OnSelfCheck(ok)
+	}
+	return nil
+}
+
+// sendSelfCheck NOTIFYs SelfCheckChannel with payload from a new
+// connection of ConnConfig, closed before it returns. The statement has no
+// arguments, so pgx sends it with the simple protocol: no prepared
+// statement for a pooler to lose.
+func (n *Notifier) sendSelfCheck(ctx context.Context, payload string) error {
+	conn, err := n.connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), n.cfg.PingTimeout)
+		_ = conn.Close(cctx)
+		cancel()
+	}()
+	// payload is hex: safe to quote.
+	return n.exec(ctx, conn, "NOTIFY "+pgx.Identifier{SelfCheckChannel}.Sanitize()+", '"+payload+"'")
+}
+
 // dispatch hands one notification to the channel's subscribers.
 func (n *Notifier) dispatch(channel, payload string, pid uint32) {
+	if channel == SelfCheckChannel {
+		return // a late or another process's self-check
+	}
 	n.mu.Lock()
 	var subs []*sub
 	for _, s := range n.subs {

@@ -3,6 +3,9 @@ package notifier_test
 import (
 	"context"
 	"errors"
+	"log/slog"
+	"net/url"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -11,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxchat/outboxchat/internal/notifier"
+	"github.com/outboxchat/outboxchat/internal/pgbouncerproc"
 	"github.com/outboxchat/outboxchat/internal/testenv"
 )
 
@@ -242,5 +246,108 @@ func TestStopAndRestart(t *testing.T) {
 	}
 	if _, err := notifier.New(nil); !errors.Is(err, notifier.ErrInvalidConfig) {
 		t.Fatalf("New(nil) = %v, want ErrInvalidConfig", err)
+	}
+}
+
+// selfChecks records OnSelfCheck's outcomes.
+type selfChecks struct {
+	mu  sync.Mutex
+	got []bool
+}
+
+func (s *selfChecks) on(ok bool) { s.mu.Lock(); s.got = append(s.got, ok); s.mu.Unlock() }
+
+func (s *selfChecks) snapshot() []bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]bool(nil), s.got...)
+}
+
+// The self-check passes on a direct connection and through a real PgBouncer
+// in session mode, and fails, loudly, through one in transaction mode,
+// where LISTEN cannot work; either way the notifier keeps running.
+func TestSelfCheck(t *testing.T) {
+	t.Parallel()
+	direct := testenv.Database(t)
+	u, err := url.Parse(direct)
+	if err != nil {
+		t.Fatal(err)
+	}
+	session, err := pgbouncerproc.Start(context.Background(), &pgbouncerproc.Options{Upstream: u.Host, Mode: pgbouncerproc.ModeSession})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = session.Close() })
+	for _, tc := range []struct {
+		name   string
+		url    string
+		wantOK bool
+	}{
+		{"direct", direct, true},
+		{"session pooler", session.Rewrite(direct), true},
+		{"transaction pooler", testenv.PgBouncer(t).Rewrite(direct), false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			cc, err := pgx.ParseConfig(tc.url)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var logs testenv.SyncBuffer
+			var checks selfChecks
+			n, err := notifier.New(&notifier.Config{
+				ConnConfig: cc, SelfCheckFix: "set --the-fix", OnSelfCheck: checks.on,
+				Logger: slog.New(slog.NewTextHandler(&logs, nil)),
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var ev events
+			n.Subscribe(ev.sub("a", false))
+			start(t, n)
+			testenv.WaitFor(t, wait, "the self-check's outcome", func() bool { return len(checks.snapshot()) > 0 })
+			if got := checks.snapshot(); got[0] != tc.wantOK || n.SelfCheckOK() != tc.wantOK {
+				t.Fatalf("self-check outcome %v, SelfCheckOK %v; want %v; log:\n%s", got, n.SelfCheckOK(), tc.wantOK, logs.String())
+			}
+			warned := strings.Contains(logs.String(), "LISTEN SELF-CHECK FAILED")
+			if warned == tc.wantOK {
+				t.Errorf("warning logged = %v with the check ok = %v; log:\n%s", warned, tc.wantOK, logs.String())
+			}
+			if !tc.wantOK {
+				for _, want := range []string{"transaction mode", "fix=\"set --the-fix\""} {
+					if !strings.Contains(logs.String(), want) {
+						t.Errorf("warning does not name %q; log:\n%s", want, logs.String())
+					}
+				}
+			}
+			// Still up (the subscribers poll through a pooler).
+			if !n.Listening() {
+				t.Error("notifier not listening after the self-check")
+			}
+			_, ups, _ := ev.snapshot()
+			if ups == 0 {
+				t.Error("subscription never got Up")
+			}
+		})
+	}
+}
+
+// A self-check that is off never reports.
+func TestSelfCheckOff(t *testing.T) {
+	t.Parallel()
+	p := testenv.Pool(t)
+	var checks selfChecks
+	n, err := notifier.New(&notifier.Config{ConnConfig: p.Config().ConnConfig, SelfCheckTimeout: -1, OnSelfCheck: checks.on})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ev events
+	n.Subscribe(ev.sub("a", false))
+	start(t, n)
+	testenv.WaitFor(t, wait, "Up", func() bool { _, ups, _ := ev.snapshot(); return ups > 0 })
+	notify(t, p, "a", "x")
+	testenv.WaitFor(t, wait, "the notification", func() bool { return ev.has("x") })
+	if got := checks.snapshot(); len(got) != 0 || n.SelfCheckOK() {
+		t.Errorf("self-check off reported %v (ok %v)", got, n.SelfCheckOK())
 	}
 }

@@ -66,6 +66,11 @@ type Options struct {
 	// StartTimeout bounds how long Start and Restart wait for the server to
 	// accept connections when ctx has no deadline. 0 means 60s.
 	StartTimeout time.Duration
+	// TLSCertFile and TLSKeyFile (PEM), when both set, turn TLS on
+	// (ssl = on): clients may then connect with sslmode=require or
+	// verify-full; plain connections are still accepted. Start copies them
+	// into Dir (readable by the server's user). Default "": no TLS.
+	TLSCertFile, TLSKeyFile string
 }
 
 // Server is a running (or stopped) private PostgreSQL server. All methods are
@@ -82,6 +87,7 @@ type Server struct {
 	startTimeout time.Duration
 	log          *slog.Logger
 	cred         *syscall.Credential
+	tls          bool // Dir/server.crt and Dir/server.key serve TLS
 
 	mu     sync.Mutex
 	run    *run // nil when not running
@@ -160,6 +166,11 @@ func Start(ctx context.Context, opts *Options) (*Server, error) {
 	if err := s.initdb(ctx); err != nil {
 		return nil, err
 	}
+	if opts.TLSCertFile != "" && opts.TLSKeyFile != "" {
+		if err := s.installTLS(opts.TLSCertFile, opts.TLSKeyFile); err != nil {
+			return nil, err
+		}
+	}
 
 	for attempt := 0; ; attempt++ {
 		s.port = opts.Port
@@ -188,6 +199,29 @@ func Start(ctx context.Context, opts *Options) (*Server, error) {
 }
 
 var errBind = errors.New("could not bind port")
+
+// installTLS copies the certificate and key into s.dir as server.crt and
+// server.key (0600, owned by the server's user: postgres refuses a key
+// others can read).
+func (s *Server) installTLS(certFile, keyFile string) error {
+	for _, f := range []struct{ from, to string }{{certFile, "server.crt"}, {keyFile, "server.key"}} {
+		b, err := os.ReadFile(f.from)
+		if err != nil {
+			return fmt.Errorf("pgproc: tls: %w", err)
+		}
+		to := filepath.Join(s.dir, f.to)
+		if err := os.WriteFile(to, b, 0o600); err != nil {
+			return fmt.Errorf("pgproc: tls: %w", err)
+		}
+		if s.cred != nil {
+			if err := os.Chown(to, int(s.cred.Uid), int(s.cred.Gid)); err != nil {
+				return fmt.Errorf("pgproc: tls: %w", err)
+			}
+		}
+	}
+	s.tls = true
+	return nil
+}
 
 // Available reports why Start with default Options cannot run on this
 // machine: nil when the initdb and postgres binaries are found (on PATH or
@@ -392,6 +426,11 @@ func (s *Server) startLocked(ctx context.Context) error {
 		"-c", "log_destination=stderr",
 		"-c", "TimeZone=UTC",
 	)
+	if s.tls {
+		cmd.Args = append(cmd.Args, "-c", "ssl=on",
+			"-c", "ssl_cert_file="+filepath.Join(s.dir, "server.crt"),
+			"-c", "ssl_key_file="+filepath.Join(s.dir, "server.key"))
+	}
 	logf, err := os.OpenFile(s.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return fmt.Errorf("pgproc: open log: %w", err)

@@ -11,6 +11,7 @@ import (
 	"github.com/outboxchat/outboxchat/internal/spawn"
 
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -58,6 +59,11 @@ type Options struct {
 	// created empty when missing): users made with ACL SETUSER and saved
 	// with ACL SAVE survive restarts. Default false: no ACL file.
 	ACLFile bool
+	// TLSCertFile and TLSKeyFile (PEM), when both set, make the server
+	// speak TLS only (--tls-port on Port, --port 0; clients need no
+	// certificate): URL is then rediss://. Not for sentinels. Default "":
+	// plain TCP.
+	TLSCertFile, TLSKeyFile string
 }
 
 // SentinelOptions configures a sentinel started by Start.
@@ -90,6 +96,8 @@ type Server struct {
 	startTimeout time.Duration
 	log          *slog.Logger
 	aclFile      bool
+	tlsCert      string
+	tlsKey       string
 
 	mu     sync.Mutex
 	run    *run // nil when not running
@@ -133,6 +141,9 @@ func Start(ctx context.Context, opts *Options) (*Server, error) {
 		opts = &Options{}
 	}
 	s := &Server{log: opts.Logger, binary: opts.Binary, startTimeout: opts.StartTimeout, replicaOf: opts.ReplicaOf, sentinel: opts.Sentinel, aclFile: opts.ACLFile}
+	if opts.TLSCertFile != "" && opts.TLSKeyFile != "" && opts.Sentinel == nil {
+		s.tlsCert, s.tlsKey = opts.TLSCertFile, opts.TLSKeyFile
+	}
 	if so := s.sentinel; so != nil {
 		if so.MasterName == "" || so.MasterAddr == "" {
 			return nil, errors.New("redisproc: a sentinel needs MasterName and MasterAddr")
@@ -227,6 +238,11 @@ func (s *Server) startLocked(ctx context.Context) error {
 		"--maxmemory-policy", "noeviction",
 		"--daemonize", "no",
 		"--logfile", s.logPath,
+	}
+	if s.tlsCert != "" {
+		args[1] = "0"
+		args = append(args, "--tls-port", strconv.Itoa(s.port),
+			"--tls-cert-file", s.tlsCert, "--tls-key-file", s.tlsKey, "--tls-auth-clients", "no")
 	}
 	if s.replicaOf != "" {
 		host, port, err := net.SplitHostPort(s.replicaOf)
@@ -330,7 +346,7 @@ func (s *Server) ping(ctx context.Context, r *run) error {
 		return err
 	}
 	_ = nc.Close()
-	c := redis.NewClient(&redis.Options{
+	opts := &redis.Options{
 		Addr:            s.Addr(),
 		DialTimeout:     time.Second,
 		ReadTimeout:     time.Second,
@@ -339,7 +355,12 @@ func (s *Server) ping(ctx context.Context, r *run) error {
 		PoolSize:        1,
 		DisableIdentity: true,
 		Protocol:        2,
-	})
+	}
+	if s.tlsCert != "" {
+		// Readiness only: the INFO check below tells our server apart.
+		opts.TLSConfig = &tls.Config{InsecureSkipVerify: true} //nolint:gosec
+	}
+	c := redis.NewClient(opts)
 	defer c.Close()
 	if err := c.Ping(ctx).Err(); err != nil {
 		return err
@@ -355,9 +376,14 @@ func (s *Server) ping(ctx context.Context, r *run) error {
 	return nil
 }
 
-// URL returns the server URL for database 0, "redis://127.0.0.1:PORT/0",
-// suitable for redis.ParseURL.
-func (s *Server) URL() string { return fmt.Sprintf("redis://%s/0", s.Addr()) }
+// URL returns the server URL for database 0, "redis://127.0.0.1:PORT/0"
+// ("rediss://…" with TLS), suitable for redis.ParseURL.
+func (s *Server) URL() string {
+	if s.tlsCert != "" {
+		return fmt.Sprintf("rediss://%s/0", s.Addr())
+	}
+	return fmt.Sprintf("redis://%s/0", s.Addr())
+}
 
 // Addr returns "127.0.0.1:PORT".
 func (s *Server) Addr() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(s.port)) }

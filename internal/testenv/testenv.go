@@ -64,6 +64,12 @@ var leakIgnores = []goleak.Option{
 func Main(m *testing.M) {
 	opts := append([]goleak.Option{goleak.IgnoreCurrent()}, leakIgnores...)
 	code := outboxtest.Run(m)
+	if err := closeBouncer(); err != nil {
+		fmt.Fprintf(os.Stderr, "testenv: close pgbouncer: %v\n", err)
+		if code == 0 {
+			code = 1
+		}
+	}
 	if code == 0 {
 		if err := goleak.Find(opts...); err != nil {
 			fmt.Fprintf(os.Stderr, "testenv: goroutine leak after tests: %v\n", err)
