@@ -122,6 +122,19 @@ type Config struct {
 	Guard GuardConfig
 	// Fault is a fault-injection spec for the lab (see ParseFault); "" = none.
 	Fault string
+	// RelayMaxAttempts is how many failures of its own a row may have
+	// before the relay parks it (outbox.RelayConfig.MaxAttempts). Default
+	// 0 means outbox.DefaultMaxAttempts (10); negative: never park.
+	RelayMaxAttempts int
+	// DeadLetterMax caps the dead-letter stream this service's worker
+	// writes (redisq.ConsumerConfig.DeadLetterMax). Default 0 means
+	// redisq.DefaultDeadLetterMax (100,000); negative: no cap.
+	DeadLetterMax int64
+	// OutboxVacuumRows is the dead-row count of the outbox from which the
+	// relay role vacuums it (outbox.Vacuum). Default 0 means
+	// outbox.DefaultVacuumDeadRows (10,000); negative: never (autovacuum
+	// only).
+	OutboxVacuumRows int64
 	// Logger; nil means slog.Default().
 	Logger *slog.Logger
 	// Listening, when set, is called with the bound HTTP address.
@@ -277,6 +290,19 @@ func Serve(ctx context.Context, cfg Config) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		newHorizonCollector(pool))
+	if cfg.has(RoleRelay) || cfg.has(RoleWorker) {
+		// The outbox gauges where the relay runs, the queue's where the
+		// worker does (status.go).
+		var db outbox.DB
+		if cfg.has(RoleRelay) {
+			db = pool
+		}
+		var qr redis.UniversalClient
+		if cfg.has(RoleWorker) {
+			qr = rdb
+		}
+		reg.MustRegister(newStatusCollector(db, qr, cfg.RedisPrefix, cfg.Service))
+	}
 	// Services are started in order and stopped in reverse, gracefully
 	// (internal/service: Stop drains, then cancels). They are started with
 	// a context the signal does not cancel, because cancelling Start's ctx
@@ -379,8 +405,8 @@ func Serve(ctx context.Context, cfg Config) error {
 		}
 		qc, err := redisq.NewConsumer(rdb, &redisq.ConsumerConfig{
 			Queue: QueueName(Peer(cfg.Service)), Prefix: cfg.RedisPrefix, Group: cfg.Service,
-			Consumer: cfg.ConsumerName, LockDuration: cfg.LockDuration, Logger: log,
-			OnEvent: queueEvents(reg, log, cmp.Or(cfg.LockDuration, redisq.DefaultLockDuration)),
+			Consumer: cfg.ConsumerName, LockDuration: cfg.LockDuration, Logger: log, DeadLetterMax: cfg.DeadLetterMax,
+			OnEvent: opsQueueEvents(reg, queueEvents(reg, log, cmp.Or(cfg.LockDuration, redisq.DefaultLockDuration))),
 		})
 		if err != nil {
 			return err
@@ -442,7 +468,7 @@ func Serve(ctx context.Context, cfg Config) error {
 		rcfg := &outbox.RelayConfig{
 			Table: cfg.Service + ".outbox", Channel: OutboxChannel(cfg.Service), Publisher: p,
 			PollInterval: cfg.PollInterval, DisableListen: cfg.PollOnly, Logger: log,
-			OnEvent: relayEvents(reg, log), Notifier: listener,
+			OnEvent: opsRelayEvents(reg, relayEvents(reg, log)), Notifier: listener, MaxAttempts: cfg.RelayMaxAttempts,
 			// This process's sends wake the relay directly; their NOTIFYs
 			// (for other processes) would only cause a second pass here.
 			SkipOwnNotifications: cfg.directRelayWake(),
@@ -453,6 +479,18 @@ func Serve(ctx context.Context, cfg Config) error {
 		}
 		if err := start(relay); err != nil {
 			return err
+		}
+		if err := start(newHeartbeat(pool, cfg.Service, cfg.ConsumerName, relay.LastPass, log)); err != nil {
+			return err
+		}
+		if cfg.OutboxVacuumRows >= 0 {
+			vac, err := outbox.NewVacuum(pool, &outbox.VacuumConfig{Table: cfg.Service + ".outbox", DeadRows: cfg.OutboxVacuumRows, Logger: log})
+			if err != nil {
+				return err
+			}
+			if err := start(vac); err != nil {
+				return err
+			}
 		}
 		if after := cfg.redriveAfter(); after > 0 {
 			redriven := prometheus.NewCounter(prometheus.CounterOpts{
