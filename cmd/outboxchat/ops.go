@@ -207,7 +207,8 @@ func deadletters(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	count := fs.Int("count", 100, "list: at most this many per service")
 	all := fs.Bool("all", false, "replay, drop: every entry")
 	logFormat := fs.String("log-format", "text", "log format (stderr): text or json")
-	if err := fs.Parse(args[1:]); err != nil {
+	ids, err := parseInterleaved(fs, args[1:])
+	if err != nil {
 		return err
 	}
 	switch action {
@@ -216,7 +217,6 @@ func deadletters(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		fmt.Fprint(stderr, deadlettersUsage)
 		return fmt.Errorf("deadletters: unknown action %q", action)
 	}
-	ids := fs.Args()
 	services := []string{chat.Consumers, chat.Workers}
 	if *svc != "" {
 		if chat.Peer(*svc) == "" {
@@ -450,4 +450,21 @@ func outboxCmd(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	fmt.Fprintf(stdout, "retried %d parked row(s)\n", len(re))
 	return nil
+}
+
+// parseInterleaved parses args with fs, flags and positional arguments in
+// any order ("replay ID --service S" as well as "replay --service S ID"),
+// and returns the positional ones.
+func parseInterleaved(fs *flag.FlagSet, args []string) ([]string, error) {
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		if fs.NArg() == 0 {
+			return pos, nil
+		}
+		pos = append(pos, fs.Arg(0))
+		args = fs.Args()[1:]
+	}
 }
