@@ -132,7 +132,7 @@ type Config struct {
 	DeadLetterMax int64
 	// OutboxVacuumRows is the dead-row count of the outbox from which the
 	// relay role vacuums it (outbox.Vacuum). Default 0 means
-	// outbox.DefaultVacuumDeadRows (10,000); negative: never (autovacuum
+	// outbox.DefaultVacuumDeadRows (5,000); negative: never (autovacuum
 	// only).
 	OutboxVacuumRows int64
 	// Logger; nil means slog.Default().

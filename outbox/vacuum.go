@@ -39,9 +39,9 @@ type Vacuum struct {
 // Vacuum defaults.
 const (
 	// DefaultVacuumInterval is VacuumConfig.Interval's default.
-	DefaultVacuumInterval = 10 * time.Second
+	DefaultVacuumInterval = 2 * time.Second
 	// DefaultVacuumDeadRows is VacuumConfig.DeadRows's default.
-	DefaultVacuumDeadRows = 10_000
+	DefaultVacuumDeadRows = 5_000
 )
 
 // VacuumConfig configures NewVacuum. Table is required.
@@ -49,11 +49,12 @@ type VacuumConfig struct {
 	// Table is the outbox table, as for RelayConfig.
 	Table string
 	// Interval is how often the statistics are read (one small query).
-	// Default 0 means DefaultVacuumInterval (10 s).
+	// Default 0 means DefaultVacuumInterval (2 s: at 2,700 msg/s about
+	// 5,400 rows, 2 MB of heap, die between two checks).
 	Interval time.Duration
 	// DeadRows is the number of dead rows (pg_stat_user_tables.n_dead_tup)
 	// from which a VACUUM is run. Default 0 means DefaultVacuumDeadRows
-	// (10,000: about 3.5 MB of heap for the chat's rows).
+	// (5,000: about 2 MB of heap for the chat's rows).
 	DeadRows int64
 	// Vacuumed, when set, is called after each VACUUM with the dead rows
 	// before and after it and its duration. Must not block.
