@@ -340,7 +340,7 @@ func deadletters(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		}
 	}
 	verb := map[string]string{"replay": "replayed", "drop": "dropped"}[action]
-	fmt.Fprintf(stdout, "%s %d of %d (the others were not there: %s before)\n", verb, done, len(res), verb)
+	fmt.Fprintf(stdout, "%s %d of %d (the others were gone already)\n", verb, done, len(res))
 	return nil
 }
 
