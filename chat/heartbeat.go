@@ -57,17 +57,20 @@ func (h *heartbeat) runOnce(ctx context.Context) error {
 func (h *heartbeat) Start(ctx context.Context) error {
 	return h.life.Start(ctx, func(run *service.Run) {
 		run.Go(func() {
-			t := time.NewTicker(heartbeatEvery)
+			// The first write a second after start (the relay's first pass
+			// has run by then), then every heartbeatEvery.
+			t := time.NewTimer(time.Second)
 			defer t.Stop()
 			for {
-				if err := h.runOnce(run.Context()); err != nil && run.Context().Err() == nil {
-					h.log.Warn("writing the relay heartbeat failed; retried in 5 s", "err", err)
-				}
 				select {
 				case <-run.Stopping():
 					return
 				case <-t.C:
 				}
+				if err := h.runOnce(run.Context()); err != nil && run.Context().Err() == nil {
+					h.log.Warn("writing the relay heartbeat failed; retried in 5 s", "err", err)
+				}
+				t.Reset(heartbeatEvery)
 			}
 		})
 	})
