@@ -16,7 +16,13 @@
 //   - relay: outbox.Relay publishing the service's outbox to the queue
 //     "<service>-to-<peer>" (QueueName) with the message id as job id; and
 //     the Redriver, which publishes again the messages no receipt came back
-//     for within Config.RedriveAfter (redrive.go).
+//     for within Config.RedriveAfter (redrive.go); the relay parks a row
+//     whose publish failed Config.RelayMaxAttempts times by its own fault,
+//     outbox.Vacuum keeps the outbox small, and a heartbeat row says when
+//     the relay last passed (heartbeat.go).
+//   - status (status.go): ReadStatus is the operator's snapshot of both
+//     services (`outboxchat status`); each process exports its part of it
+//     as gauges, read at most every 5 s.
 //   - worker: inbox.Consumer reading "<peer>-to-<service>" in consumer group
 //     "<service>"; InboxHandler records each message once in the inbox and
 //     NOTIFYs the gateway channel in the same transaction, enqueues one
