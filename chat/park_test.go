@@ -2,6 +2,7 @@ package chat
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"slices"
 	"strings"
@@ -29,7 +30,7 @@ func TestParkedMessageLeavesAGapThenRetryDelivers(t *testing.T) {
 	poison := func(p outbox.Publisher) outbox.Publisher {
 		return outbox.PublisherFunc(func(ctx context.Context, msgs []outbox.Message) error {
 			for i, m := range msgs {
-				if failing.Load() && m.Event == EventMessageCreated && payloadSeq(m.Payload) == badSeq {
+				if failing.Load() && m.Event == EventMessageCreated && seqOf(m.Payload) == badSeq {
 					if err := p.Publish(ctx, msgs[:i]); err != nil {
 						return err
 					}
@@ -118,4 +119,13 @@ func seqs(ms []Message) []int64 {
 		out[i] = m.Seq
 	}
 	return out
+}
+
+// seqOf reads the seq of a message.created payload (0 if none).
+func seqOf(payload []byte) int64 {
+	var p struct {
+		Seq int64 `json:"seq"`
+	}
+	_ = json.Unmarshal(payload, &p)
+	return p.Seq
 }

@@ -657,7 +657,7 @@ func (c *Consumer) settled(ids ...string) {
 // dead-letter stream (Keys().Dead) with fields id, name, payload, [sig,]
 // reason and stream_id, acknowledges d.StreamID, and trims the dead-letter
 // stream to DeadLetterMax entries (oldest first; EventDeadLetterTrimmed
-// and Metrics' DeadLetterMetrics count them). Use it for entries that can
+// counts them). Use it for entries that can
 // never be processed as they are (malformed, poison, forged); operators
 // inspect, replay and drop them with DeadLetters. The sig field keeps the
 // entry's signature, so a replay is accepted by a receiver that checks
@@ -691,9 +691,6 @@ func (c *Consumer) DeadLetter(ctx context.Context, d Delivery, reason string) er
 	c.logger.WarnContext(ctx, "dead-lettered entry", "stream_id", d.StreamID, "message_id", d.ID, "reason", reason)
 	if trim != nil {
 		if n := trim.Val(); n > 0 {
-			if dm, ok := c.m.(DeadLetterMetrics); ok {
-				dm.DeadLettersTrimmed(c.queue, n)
-			}
 			if c.on != nil {
 				c.on(Event{Kind: EventDeadLetterTrimmed, Queue: c.queue, N: n})
 			}

@@ -17,10 +17,13 @@ type dlCounter struct {
 	trimmed int64
 }
 
-func (m *dlCounter) JobsAdded(string, int, int)           {}
-func (m *dlCounter) JobsReclaimed(string, int)            {}
-func (m *dlCounter) JobsTrimmed(string, int64)            {}
-func (m *dlCounter) DeadLettersTrimmed(_ string, n int64) { m.mu.Lock(); m.trimmed += n; m.mu.Unlock() }
+func (m *dlCounter) onEvent(e redisq.Event) {
+	if e.Kind == redisq.EventDeadLetterTrimmed {
+		m.mu.Lock()
+		m.trimmed += e.N
+		m.mu.Unlock()
+	}
+}
 
 // The dead-letter stream keeps at most DeadLetterMax entries (the oldest
 // go, counted), and an entry keeps its signature; Replay puts an entry back
@@ -31,7 +34,7 @@ func TestDeadLettersCapReplayDrop(t *testing.T) {
 	ctx := context.Background()
 	q := newQueue(t, nil)
 	m := &dlCounter{}
-	c := q.consumer(t, "w1", &redisq.ConsumerConfig{DeadLetterMax: 3, Metrics: m})
+	c := q.consumer(t, "w1", &redisq.ConsumerConfig{DeadLetterMax: 3, OnEvent: m.onEvent})
 	var sigs []string
 	for i := range 5 {
 		j := jobs(1, i)[0]

@@ -114,14 +114,6 @@ type LossMetrics interface {
 	JobsDeleted(queue string, n int)
 }
 
-// DeadLetterMetrics is an optional interface of a Metrics: a Consumer whose
-// Metrics has it reports dead-letter entries dropped by the cap.
-type DeadLetterMetrics interface {
-	// DeadLettersTrimmed is called when DeadLetter dropped the n > 0
-	// oldest dead-letter entries (ConsumerConfig.DeadLetterMax).
-	DeadLettersTrimmed(queue string, n int64)
-}
-
 // Publisher adds jobs to one queue. It is safe for concurrent use and holds
 // no state besides its configuration: nothing is buffered between calls.
 type Publisher struct {
