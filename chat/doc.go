@@ -53,5 +53,7 @@
 // inbox_duplicates; Postgres down — sends answer 503 and write nothing, the
 // relay and worker back off and resume.
 //
-// ModeDualWrite (v1) and the fault specs (ParseFault) exist for the lab only.
+// ModeDualWrite (v1) exists for the lab only. The lab injects its crashes
+// through Config.Hooks (package internal/labfault, `serve --fault`); this
+// package has no fault code.
 package chat

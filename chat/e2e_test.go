@@ -163,7 +163,7 @@ func TestRelayCrashBetweenPublishAndCommit(t *testing.T) {
 			return nil
 		})
 	}
-	cons := h.start(Consumers, func(c *Config) { c.wrapPublisher = crashy })
+	cons := h.start(Consumers, func(c *Config) { c.Hooks = testHooks{publisher: crashy} })
 	work := h.start(Workers, nil)
 	w := watch(t, work.base, 4)
 	for i := 1; i <= 4; i++ {
@@ -235,9 +235,9 @@ func TestWorkerCrashAfterCommitBeforeAck(t *testing.T) {
 	worker := h.start(Workers, func(c *Config) {
 		c.Roles = []string{RoleWorker}
 		c.ConsumerName = "workers-test"
-		c.wrapSource = func(s inbox.Source) inbox.Source {
+		c.Hooks = testHooks{source: func(s inbox.Source) inbox.Source {
 			return ackFails{Source: s, onAck: func() { once.Do(func() { close(crashed) }) }}
-		}
+		}}
 	})
 	send(t, cons.base, 6, "crash on my ack")
 	<-crashed

@@ -27,9 +27,10 @@ const (
 
 // The app's own event kinds.
 const (
-	// EventFaultCrash: a lab fault hook is about to SIGKILL the process
-	// (attributes fault, seq).
-	EventFaultCrash = "chat.fault_crash"
+	// EventRedriven: the Redriver published a stored message again because
+	// no receipt came back in time (attributes message_id, chat_id, seq,
+	// attempt).
+	EventRedriven = "chat.redriven"
 	// EventV1AddFailed: the v1 dual writer could not add a committed
 	// message's job to Redis and keeps it in memory (message_id, err).
 	EventV1AddFailed = "chat.v1_add_failed"
@@ -102,16 +103,24 @@ func inboxEvents(reg prometheus.Registerer, log *slog.Logger) func(inbox.Event) 
 }
 
 // queueEvents exports the queue consumer's reclaims as a Prometheus counter
-// and logs them as events.
+// and logs them, the pending entries found deleted from the stream (one
+// line per entry) and a lost consumer group as events.
 func queueEvents(reg prometheus.Registerer, log *slog.Logger, lock time.Duration) func(redisq.Event) {
 	reclaimed := prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "outboxchat_queue_reclaimed_total", Help: "Stalled jobs taken over from another consumer after the lock duration.",
 	})
 	reg.MustRegister(reclaimed)
 	return func(e redisq.Event) {
-		if e.Kind == redisq.EventReclaimed {
+		switch e.Kind {
+		case redisq.EventReclaimed:
 			reclaimed.Add(float64(e.N))
 			logEvent(log, slog.LevelInfo, string(e.Kind), "count", e.N, "lock_duration", lock)
+		case redisq.EventDeletedPending:
+			for _, id := range e.StreamIDs {
+				logEvent(log, slog.LevelWarn, string(e.Kind), "stream_id", id)
+			}
+		case redisq.EventGroupLost:
+			logEvent(log, slog.LevelWarn, string(e.Kind), "err", e.Err)
 		}
 	}
 }

@@ -16,10 +16,13 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/outboxchat/outboxchat/inbox"
 	"github.com/outboxchat/outboxchat/internal/testenv"
+	"github.com/outboxchat/outboxchat/outbox"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }
@@ -322,4 +325,49 @@ func http_get(u string) (string, error) {
 
 func xaddArgs(stream, id string, payload []byte) *redis.XAddArgs {
 	return &redis.XAddArgs{Stream: stream, Values: []any{"id", id, "name", EventMessageCreated, "payload", string(payload)}}
+}
+
+// testHooks is a Hooks whose nil funcs leave their part alone.
+type testHooks struct {
+	publisher func(outbox.Publisher) outbox.Publisher
+	source    func(inbox.Source) inbox.Source
+	handler   func(inbox.Handler) inbox.Handler
+}
+
+func (h testHooks) Publisher(p outbox.Publisher) outbox.Publisher {
+	if h.publisher == nil {
+		return p
+	}
+	return h.publisher(p)
+}
+
+func (h testHooks) Source(s inbox.Source) inbox.Source {
+	if h.source == nil {
+		return s
+	}
+	return h.source(s)
+}
+
+func (h testHooks) Handler(x inbox.Handler) inbox.Handler {
+	if h.handler == nil {
+		return x
+	}
+	return h.handler(x)
+}
+
+// holdChatLock takes chat's send lock of service in a transaction of
+// another session (the admin pool) and returns it: the lock is held until
+// the caller ends it.
+func (h *harness) holdChatLock(t testing.TB, service string, chat int64) pgx.Tx {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := h.admin.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(`+ChatLockSQL(service, "$1::bigint")+`)`, chat); err != nil {
+		_ = tx.Rollback(ctx)
+		t.Fatal(err)
+	}
+	return tx
 }

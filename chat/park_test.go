@@ -40,7 +40,7 @@ func TestParkedMessageLeavesAGapThenRetryDelivers(t *testing.T) {
 			return p.Publish(ctx, msgs)
 		})
 	}
-	cons := h.start(Consumers, func(c *Config) { c.wrapPublisher = poison; c.RelayMaxAttempts = 3 })
+	cons := h.start(Consumers, func(c *Config) { c.Hooks = testHooks{publisher: poison}; c.RelayMaxAttempts = 3 })
 	const gap = 2 * time.Second
 	work := h.start(Workers, func(c *Config) { c.GapTimeout = gap })
 	w := watch(t, work.base, chatID)

@@ -16,8 +16,8 @@ import (
 // enqueues in that service's own outbox one receipt for the batch, with one
 // entry per chat of the batch: "I have stored every message of yours in
 // this chat up to seq N", N being the highest seq below which nothing is
-// missing (<service>.inbox_chats keeps it per chat, advanced once per
-// batch). One receipt per batch rather than per chat: under load a batch
+// missing (<service>.inbox_watermarks keeps it per chat, insert-only:
+// see migration 005). One receipt per batch rather than per chat: under load a batch
 // spans many chats, and the receipts' round trip (outbox row, relay, Redis,
 // the other side's inbox) is paid once per batch. The receipt travels back exactly as
 // a message does — relay, Redis stream, the other side's inbox consumer —
@@ -153,7 +153,7 @@ type receiptNote struct {
 
 // receiptQueries are the receipts' statements for one service.
 type receiptQueries struct {
-	// emit advances inbox_chats for the chats $1 of an inbox batch (it runs
+	// emit advances the watermarks of the chats $1 of an inbox batch (it runs
 	// after the batch's insert, in the same transaction, so it sees the new
 	// rows) and enqueues one receipt listing every chat whose watermark is
 	// above 0 in the service's own outbox. The new watermark is the stored
@@ -162,15 +162,24 @@ type receiptQueries struct {
 	// the run exactly when seq = stored + its row number (after a gap, seq
 	// stays ahead of it). Its cost is one index range scan per chat over the
 	// rows above the stored watermark: the batch, plus any held behind a
-	// gap. $2 is the service (the receipt's "from"). Rows of inbox_chats are
-	// written in chat_id order, so two worker processes cannot deadlock on
-	// them.
+	// gap. $2 is the service (the receipt's "from"). A watermark is never
+	// updated: an advance inserts (chat_id, upto) and deletes the chat's
+	// rows below the previous newest (so a chat keeps about two), and no
+	// row is written by every batch (a hot row whose dead versions a held
+	// xmin horizon keeps; issue 17); the newest row is the first a backward
+	// scan of the primary key meets. Inserts go in chat_id order and the
+	// delete skips rows another batch has locked (that batch deletes them),
+	// so two worker processes cannot deadlock on them.
 	emit string
 	// apply sets delivered_at on the service's messages covered by the
 	// receipts ($1 chats, $2 upto seqs, $3 times; several per chat allowed:
 	// the highest seq and latest time win), NOTIFYs $4 with the chats that
-	// changed, and returns each chat's upto and time. The partial index
-	// messages_undelivered makes it touch only undelivered rows.
+	// changed, and returns each chat's upto and time. Delivered messages
+	// are a prefix of each chat (a receipt marks every seq <= upto), so the
+	// scan starts above the chat's highest delivered seq: the partial index
+	// messages_undelivered still holds the dead versions of delivered rows
+	// while a session holds back the xmin horizon, and a scan from seq 1
+	// walked all of them on every receipt (issue 17).
 	apply string
 	// watermark reads a chat's highest delivered seq and its time.
 	watermark string
@@ -180,18 +189,23 @@ func newReceiptQueries(service string) receiptQueries {
 	s := pgx.Identifier{service}.Sanitize()
 	return receiptQueries{
 		emit: `WITH c AS (SELECT DISTINCT unnest($1::bigint[]) AS chat_id),
-			cur AS (SELECT c.chat_id, COALESCE(ic.received_upto, 0) AS old
-				FROM c LEFT JOIN ` + s + `.inbox_chats ic USING (chat_id)),
-			calc AS (SELECT cur.chat_id, cur.old, cur.old + (
+			cur AS MATERIALIZED (SELECT c.chat_id, COALESCE((SELECT w.upto FROM ` + s + `.inbox_watermarks w
+					WHERE w.chat_id = c.chat_id ORDER BY w.upto DESC LIMIT 1), 0) AS old
+				FROM c),
+			calc AS MATERIALIZED (SELECT cur.chat_id, cur.old, cur.old + (
 				SELECT count(*) FROM (
 					SELECT i.seq, row_number() OVER (ORDER BY i.seq) AS rn
 					FROM ` + s + `.inbox i WHERE i.chat_id = cur.chat_id AND i.seq > cur.old
 				) run WHERE run.seq = cur.old + run.rn
 			) AS upto FROM cur),
-			up AS (INSERT INTO ` + s + `.inbox_chats AS ic (chat_id, received_upto)
+			up AS (INSERT INTO ` + s + `.inbox_watermarks (chat_id, upto)
 				SELECT chat_id, upto FROM calc WHERE upto > old ORDER BY chat_id
-				ON CONFLICT (chat_id) DO UPDATE SET received_upto = EXCLUDED.received_upto
-				WHERE ic.received_upto < EXCLUDED.received_upto),
+				ON CONFLICT DO NOTHING),
+			gone AS (DELETE FROM ` + s + `.inbox_watermarks w WHERE (w.chat_id, w.upto) IN (
+				SELECT w2.chat_id, w2.upto FROM calc JOIN ` + s + `.inbox_watermarks w2
+					ON w2.chat_id = calc.chat_id AND w2.upto < calc.old
+				WHERE calc.upto > calc.old
+				FOR UPDATE OF w2 SKIP LOCKED)),
 			r AS (SELECT jsonb_agg(jsonb_build_object('chat_id', chat_id, 'upto_seq', upto) ORDER BY chat_id) AS chats
 				FROM calc WHERE upto > 0 HAVING count(*) > 0),
 			g AS (SELECT gen_random_uuid() AS id)
@@ -201,8 +215,11 @@ func newReceiptQueries(service string) receiptQueries {
 			FROM r, g`,
 		apply: `WITH r AS (SELECT chat_id, max(upto) AS upto, max(at) AS at
 				FROM unnest($1::bigint[], $2::bigint[], $3::timestamptz[]) AS u(chat_id, upto, at) GROUP BY chat_id),
-			upd AS (UPDATE ` + s + `.messages m SET delivered_at = r.at FROM r
-				WHERE m.chat_id = r.chat_id AND m.seq <= r.upto AND m.delivered_at IS NULL
+			d AS (SELECT r.chat_id, r.upto, r.at, COALESCE((SELECT m.seq FROM ` + s + `.messages m
+					WHERE m.chat_id = r.chat_id AND m.delivered_at IS NOT NULL
+					ORDER BY m.seq DESC LIMIT 1), 0) AS done FROM r),
+			upd AS (UPDATE ` + s + `.messages m SET delivered_at = d.at FROM d
+				WHERE m.chat_id = d.chat_id AND m.seq > d.done AND m.seq <= d.upto AND m.delivered_at IS NULL
 				RETURNING m.chat_id),
 			changed AS (SELECT DISTINCT chat_id FROM upd),
 			note AS (SELECT pg_notify($4, string_agg(r.chat_id || ':' || r.upto || ':' ||

@@ -134,7 +134,7 @@ func TestReceiptWatermarkStopsAtGap(t *testing.T) {
 			t.Fatalf("after batch %v: receipts %v, want %v", st.batch, got, st.want)
 		}
 	}
-	if n := h.count(t, `SELECT received_upto FROM workers.inbox_chats WHERE chat_id = $1`, chat); n != 4 {
+	if n := h.count(t, `SELECT max(upto) FROM workers.inbox_watermarks WHERE chat_id = $1`, chat); n != 4 {
 		t.Fatalf("received_upto %d, want 4", n)
 	}
 

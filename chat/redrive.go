@@ -256,7 +256,7 @@ func (r *Redriver) RunOnce(ctx context.Context) (int, error) {
 			return fmt.Errorf("publish again: %w", err)
 		}
 		for _, k := range order {
-			r.log.Warn("message re-driven: stored, no receipt in time; published again",
+			logEvent(r.log, slog.LevelWarn, EventRedriven,
 				"message_id", ms[k].ID, "chat_id", ms[k].ChatID, "seq", ms[k].Seq, "attempt", attempts[k])
 		}
 		n = len(jobs)

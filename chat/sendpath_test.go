@@ -302,14 +302,8 @@ func TestLockedChatHTTP(t *testing.T) {
 	h := newHarness(t, "")
 	cons := h.start(Consumers, func(c *Config) { c.Roles = []string{RoleAPI}; c.SendLockTimeout = 500 * time.Millisecond })
 	ctx := context.Background()
-	tx, err := h.admin.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tx := h.holdChatLock(t, Consumers, 71)
 	defer tx.Rollback(ctx)
-	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(`+ChatLockSQL(Consumers, "71")+`)`); err != nil {
-		t.Fatal(err)
-	}
 	type answer struct {
 		code int
 		raw  []byte

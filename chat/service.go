@@ -13,7 +13,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -120,8 +119,6 @@ type Config struct {
 	// Guard bounds what one client can take: timeouts, host and origin
 	// allow-lists, rate limits, the WebSocket cap (guard.go).
 	Guard GuardConfig
-	// Fault is a fault-injection spec for the lab (see ParseFault); "" = none.
-	Fault string
 	// RelayMaxAttempts is how many failures of its own a row may have
 	// before the relay parks it (outbox.RelayConfig.MaxAttempts). Default
 	// 0 means outbox.DefaultMaxAttempts (10); negative: never park.
@@ -135,15 +132,13 @@ type Config struct {
 	// outbox.DefaultVacuumDeadRows (5,000); negative: never (autovacuum
 	// only).
 	OutboxVacuumRows int64
+	// Hooks wraps the relay's publisher and the worker's source and handler
+	// (the lab's fault injection, tests); nil means none.
+	Hooks Hooks
 	// Logger; nil means slog.Default().
 	Logger *slog.Logger
 	// Listening, when set, is called with the bound HTTP address.
 	Listening func(addr string)
-
-	// Test hooks (package tests only): wrap the relay's publisher and the
-	// worker's source to inject faults in-process.
-	wrapPublisher func(outbox.Publisher) outbox.Publisher
-	wrapSource    func(inbox.Source) inbox.Source
 }
 
 // DefaultRedisPrefix is Config.RedisPrefix's default.
@@ -213,11 +208,10 @@ func Serve(ctx context.Context, cfg Config) error {
 		host, _ := os.Hostname()
 		cfg.ConsumerName = cfg.Service + "-" + host
 	}
-	fault, err := ParseFault(cfg.Fault)
-	if err != nil {
-		return err
-	}
-	var eventKeys *EventKeys
+	var (
+		eventKeys *EventKeys
+		err       error
+	)
 	if cfg.EventKeyFile != "" {
 		if eventKeys, err = ReadEventKeys(cfg.EventKeyFile); err != nil {
 			return fmt.Errorf("serve: %w", err)
@@ -303,29 +297,13 @@ func Serve(ctx context.Context, cfg Config) error {
 		}
 		reg.MustRegister(newStatusCollector(db, qr, cfg.RedisPrefix, cfg.Service))
 	}
-	// Services are started in order and stopped in reverse, gracefully
-	// (internal/service: Stop drains, then cancels). They are started with
-	// a context the signal does not cancel, because cancelling Start's ctx
-	// is a hard stop; ctx ending makes Serve stop them, in reverse.
-	runCtx := context.WithoutCancel(ctx)
-	var started []service.Service
-	start := func(svc service.Service) error {
-		if err := svc.Start(runCtx); err != nil {
-			return err
-		}
-		started = append(started, svc)
-		return nil
-	}
-	stopAll := func() {
-		sctx, cancel := context.WithTimeout(runCtx, 10*time.Second)
-		defer cancel()
-		for i := len(started) - 1; i >= 0; i-- {
-			if err := started[i].Stop(sctx); err != nil {
-				log.Warn("stop", "err", err)
-			}
-		}
-	}
-	defer stopAll()
+	// The services of the chosen roles, in start order (runServices starts
+	// them in order and stops them in reverse): notifier, inbox consumer,
+	// relay, redriver, writer, gateway, store, dual writer, HTTP server.
+	// Everything is built before anything starts, so a bad setting fails
+	// with nothing running.
+	var services []service.Service
+	add := func(svc service.Service) { services = append(services, svc) }
 
 	wcfg := &outbox.WriterConfig{
 		Table: cfg.Service + ".outbox", Channel: OutboxChannel(cfg.Service), Mode: cfg.Wake, Logger: log,
@@ -352,9 +330,7 @@ func Serve(ctx context.Context, cfg Config) error {
 		if err != nil {
 			return err
 		}
-		if err := start(listener); err != nil {
-			return err
-		}
+		add(listener)
 	}
 
 	// The gateway exists before the worker, which hands it every inbox
@@ -417,11 +393,8 @@ func Serve(ctx context.Context, cfg Config) error {
 		}, func() float64 { return float64(qc.DeletedPending()) }))
 		var src inbox.Source = redisq.InboxSource(qc)
 		var handler inbox.Handler = h
-		if fault != nil {
-			src, handler = fault.wrapSource(src, log), fault.wrapHandler(handler, log)
-		}
-		if cfg.wrapSource != nil {
-			src = cfg.wrapSource(src)
+		if cfg.Hooks != nil {
+			src, handler = cfg.Hooks.Source(src), cfg.Hooks.Handler(handler)
 		}
 		icfg := &inbox.Config{Logger: log, OnEvent: inboxEvents(reg, log)}
 		// The inbox transaction enqueued a receipt in this service's
@@ -442,9 +415,7 @@ func Serve(ctx context.Context, cfg Config) error {
 		if err != nil {
 			return err
 		}
-		if err := start(ic); err != nil {
-			return err
-		}
+		add(ic)
 		log.Info("worker started", "queue", QueueName(Peer(cfg.Service)), "consumer", cfg.ConsumerName)
 	}
 
@@ -459,11 +430,8 @@ func Serve(ctx context.Context, cfg Config) error {
 			return err
 		}
 		p := redisq.OutboxPublisher(pub)
-		if fault != nil {
-			p = fault.wrapPublisher(p, log)
-		}
-		if cfg.wrapPublisher != nil {
-			p = cfg.wrapPublisher(p)
+		if cfg.Hooks != nil {
+			p = cfg.Hooks.Publisher(p)
 		}
 		rcfg := &outbox.RelayConfig{
 			Table: cfg.Service + ".outbox", Channel: OutboxChannel(cfg.Service), Publisher: p,
@@ -477,20 +445,14 @@ func Serve(ctx context.Context, cfg Config) error {
 		if err != nil {
 			return err
 		}
-		if err := start(relay); err != nil {
-			return err
-		}
-		if err := start(newHeartbeat(pool, cfg.Service, cfg.ConsumerName, relay.LastPass, log)); err != nil {
-			return err
-		}
+		add(relay)
+		add(newHeartbeat(pool, cfg.Service, cfg.ConsumerName, relay.LastPass, log))
 		if cfg.OutboxVacuumRows >= 0 {
 			vac, err := outbox.NewVacuum(pool, &outbox.VacuumConfig{Table: cfg.Service + ".outbox", DeadRows: cfg.OutboxVacuumRows, Logger: log})
 			if err != nil {
 				return err
 			}
-			if err := start(vac); err != nil {
-				return err
-			}
+			add(vac)
 		}
 		if after := cfg.redriveAfter(); after > 0 {
 			redriven := prometheus.NewCounter(prometheus.CounterOpts{
@@ -504,9 +466,7 @@ func Serve(ctx context.Context, cfg Config) error {
 			if err != nil {
 				return err
 			}
-			if err := start(rd); err != nil {
-				return err
-			}
+			add(rd)
 			log.Info("re-drive started", "after", after)
 		}
 		relayWake = relay.Wake
@@ -515,14 +475,10 @@ func Serve(ctx context.Context, cfg Config) error {
 	}
 
 	if !cfg.has(RoleAPI) {
-		<-ctx.Done()
-		log.Info("stopping")
-		return nil
+		return runServices(ctx, log, services, nil)
 	}
 
-	if err := start(writer); err != nil {
-		return err
-	}
+	add(writer)
 	store, err := NewStore(pool, cfg.Service, writer)
 	if err != nil {
 		return err
@@ -534,9 +490,7 @@ func Serve(ctx context.Context, cfg Config) error {
 		store.readTimeout = cfg.ReadTimeout
 	}
 	store.metrics = sendMetrics(reg)
-	if err := start(gw); err != nil {
-		return err
-	}
+	add(gw)
 	store.afterCommit = func(ms []Message) { gw.Offer(false, ms) }
 	if relayWake != nil && cfg.directRelayWake() {
 		// In the after-commit mode the relay in this process is woken
@@ -545,9 +499,7 @@ func Serve(ctx context.Context, cfg Config) error {
 		// what they are (in-tx NOTIFY, poll only).
 		store.afterCommit = func(ms []Message) { relayWake(); gw.Offer(false, ms) }
 	}
-	if err := start(store); err != nil {
-		return err
-	}
+	add(store)
 	api := &API{store: store, gateway: gw, service: cfg.Service, maxBody: cfg.MaxBodyBytes, log: log, closing: make(chan struct{})}
 	if cfg.Mode == ModeDualWrite {
 		pub, err := redisq.NewPublisher(rdb, pubConfig)
@@ -555,9 +507,7 @@ func Serve(ctx context.Context, cfg Config) error {
 			return err
 		}
 		dw := newDualWriter(store, pub, log)
-		if err := start(dw); err != nil {
-			return err
-		}
+		add(dw)
 		api.onSend = dw.send
 	}
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
@@ -626,6 +576,7 @@ func Serve(ctx context.Context, cfg Config) error {
 	if tlsConfig != nil {
 		ln = tls.NewListener(ln, tlsConfig)
 	}
+	defer ln.Close() // when a service fails to start, the server never served it
 	gc := guard.cfg
 	// Outermost first: connection checks (host, origin, per-IP rate, body
 	// size and deadline), then the token, then the per-user rate.
@@ -633,31 +584,49 @@ func Serve(ctx context.Context, cfg Config) error {
 		MaxHeaderBytes: maxHeaderBytes,
 		// Failed TLS handshakes and the like: every scanner causes them.
 		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug)}
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			log.Error("http", "err", err)
+	add(&httpService{srv: srv, ln: ln, api: api, log: log})
+	return runServices(ctx, log, services, func() {
+		log.Info("listening", "addr", ln.Addr().String(), "mode", cfg.Mode, "wake", cfg.Wake.String(), "tls", tlsConfig != nil)
+		if cfg.Listening != nil {
+			cfg.Listening(ln.Addr().String())
+		}
+	})
+}
+
+// runServices starts svcs in order, calls up (when set) once all have
+// started, waits for ctx to end and stops the started ones in reverse,
+// gracefully (internal/service: Stop drains, then cancels), within
+// stopTimeout in all. They are started with a context the signal does not
+// cancel, because cancelling Start's ctx is a hard stop. A failed Start
+// stops the ones before it and returns its error.
+func runServices(ctx context.Context, log *slog.Logger, svcs []service.Service, up func()) error {
+	runCtx := context.WithoutCancel(ctx)
+	var started []service.Service
+	defer func() {
+		sctx, cancel := context.WithTimeout(runCtx, stopTimeout)
+		defer cancel()
+		for i := len(started) - 1; i >= 0; i-- {
+			if err := started[i].Stop(sctx); err != nil {
+				log.Warn("stop", "err", err)
+			}
 		}
 	}()
-	log.Info("listening", "addr", ln.Addr().String(), "mode", cfg.Mode, "wake", cfg.Wake.String(), "tls", tlsConfig != nil)
-	if cfg.Listening != nil {
-		cfg.Listening(ln.Addr().String())
+	for _, svc := range svcs {
+		if err := svc.Start(runCtx); err != nil {
+			return err
+		}
+		started = append(started, svc)
+	}
+	if up != nil {
+		up()
 	}
 	<-ctx.Done()
 	log.Info("stopping")
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-	defer cancel()
-	// WebSocket handlers are hijacked: Shutdown does not wait for them; Close does end them.
-	_ = srv.Shutdown(sctx)
-	if err := api.closeSockets(sctx); err != nil {
-		log.Warn("stopping", "err", err)
-	}
-	_ = srv.Close()
-	wg.Wait()
 	return nil
 }
+
+// stopTimeout bounds Serve's graceful stop of all its services.
+const stopTimeout = 15 * time.Second
 
 // redisRoles lists the roles of this process that need Redis.
 func (c *Config) redisRoles() []string {
@@ -709,11 +678,4 @@ const notifyInterval = 5 * time.Millisecond
 func (c *Config) directRelayWake() bool {
 	return c.has(RoleAPI) && c.has(RoleRelay) && c.Mode == ModeOutbox &&
 		c.Wake == outbox.WakeAfterCommit && !c.PollOnly
-}
-
-// killSelf ends the process at once, as a crash would: no deferred
-// functions, no graceful stop (the lab's fault hooks).
-func killSelf() {
-	_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
-	select {}
 }

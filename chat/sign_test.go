@@ -51,29 +51,14 @@ func TestForgedEntryDoesNotTakeSlot(t *testing.T) {
 	}
 	rdb := testenv.Redis(t)
 	keys := redisq.NewKeys(h.prefix, QueueName(Consumers))
-	forge := func(body string, sign bool) {
+	forge := func(body string, signer *EventKeys) {
 		id := uuid.NewString()
 		payload, _ := json.Marshal(Message{ID: id, ChatID: 7, Seq: 1, Body: body, SentAt: time.Now(), From: Consumers})
-		args := xaddArgs(keys.Stream, id, payload)
-		if sign {
-			sig := attacker.Signer(QueueName(Consumers))(redisq.Job{ID: id, Name: EventMessageCreated, Payload: payload})
-			args.Values = append(args.Values.([]any), "sig", sig)
-		}
-		if err := rdb.XAdd(context.Background(), args).Err(); err != nil {
-			t.Fatal(err)
-		}
+		addEntry(t, rdb, keys.Stream, QueueName(Consumers), redisq.Job{ID: id, Name: EventMessageCreated, Payload: payload}, signer)
 	}
-	forge("forged, unsigned", false)
-	forge("forged, wrong key", true)
-	var dead []redis.XMessage
-	testenv.WaitFor(t, 20*time.Second, "both forged entries dead-lettered", func() bool {
-		dead, _ = rdb.XRange(context.Background(), keys.Dead, "-", "+").Result()
-		return len(dead) == 2
-	})
-	reasons := fmt.Sprint(dead[0].Values["reason"], " | ", dead[1].Values["reason"])
-	if !strings.Contains(reasons, ErrUnsigned.Error()) || !strings.Contains(reasons, ErrForged.Error()) {
-		t.Fatalf("dead-letter reasons %q: want one unsigned, one forged", reasons)
-	}
+	forge("forged, unsigned", nil)
+	forge("forged, wrong key", attacker)
+	waitForgedDeadLettered(t, rdb, keys.Dead)
 	if n := h.count(t, `SELECT count(*) FROM workers.inbox`); n != 0 {
 		t.Fatalf("a forged entry reached the inbox (%d rows)", n)
 	}
@@ -151,5 +136,90 @@ func TestEventKeys(t *testing.T) {
 		if _, err := ReadEventKeys(writeEventKeys(t, bad...)); err == nil {
 			t.Errorf("key file %q accepted", bad)
 		}
+	}
+}
+
+// TestForgedReceiptIsRefused: someone who can write to Redis adds receipts
+// "workers stored chat 9 up to seq 3" to the stream the consumers read
+// receipts from, one unsigned and one signed with a key the services do not
+// have, while the workers are down. Both are dead-lettered; the messages
+// stay undelivered and the Redriver keeps publishing them again. The same
+// receipt signed with the workers' key (the control) marks them delivered.
+func TestForgedReceiptIsRefused(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, "")
+	keysFile := writeEventKeys(t, "consumers-to-workers "+hexKey(3), "workers-to-consumers "+hexKey(4))
+	cons := h.start(Consumers, func(c *Config) { c.EventKeyFile = keysFile; c.RedriveAfter = 500 * time.Millisecond })
+	for i := 1; i <= 3; i++ {
+		send(t, cons.base, 9, fmt.Sprint("m", i))
+	}
+	redrives := func() int {
+		return h.count(t, `SELECT coalesce(sum(redrives), 0) FROM consumers.messages WHERE chat_id = 9`)
+	}
+	testenv.WaitFor(t, 20*time.Second, "the messages re-driven (no receipt: the workers are down)", func() bool { return redrives() >= 3 })
+
+	attacker, err := ReadEventKeys(writeEventKeys(t, "consumers-to-workers "+hexKey(9), "workers-to-consumers "+hexKey(9)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	real, err := ReadEventKeys(keysFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rdb := testenv.Redis(t)
+	keys := redisq.NewKeys(h.prefix, QueueName(Workers))
+	receipt := func(signer *EventKeys) {
+		id := uuid.NewString()
+		payload, _ := json.Marshal(Receipt{ID: id, Chats: []ReceiptChat{{ChatID: 9, UptoSeq: 3}}, ReceivedAt: time.Now(), From: Workers})
+		addEntry(t, rdb, keys.Stream, QueueName(Workers), redisq.Job{ID: id, Name: EventReceipt, Payload: payload}, signer)
+	}
+	receipt(nil)
+	receipt(attacker)
+	waitForgedDeadLettered(t, rdb, keys.Dead)
+	if n := h.count(t, `SELECT count(*) FROM consumers.messages WHERE chat_id = 9 AND delivered_at IS NOT NULL`); n != 0 {
+		t.Fatalf("a forged receipt marked %d messages delivered", n)
+	}
+	// The re-drive goes on after the forged receipts were refused.
+	before := redrives()
+	testenv.WaitFor(t, 30*time.Second, "the messages re-driven again after the forged receipts", func() bool { return redrives() >= before+3 })
+	if n := h.count(t, `SELECT count(*) FROM consumers.messages WHERE chat_id = 9 AND delivered_at IS NOT NULL`); n != 0 {
+		t.Fatalf("%d messages marked delivered without a genuine receipt", n)
+	}
+
+	// Control: the same receipt signed with the workers' key is applied.
+	receipt(real)
+	testenv.WaitFor(t, 20*time.Second, "the genuine receipt marks the messages delivered", func() bool {
+		return h.count(t, `SELECT count(*) FROM consumers.messages WHERE chat_id = 9 AND delivered_at IS NOT NULL`) == 3
+	})
+	if n, _ := rdb.XLen(context.Background(), keys.Dead).Result(); n != 2 {
+		t.Fatalf("dead letters %d, want the 2 forged receipts only", n)
+	}
+}
+
+// addEntry adds j to stream as the relay would, signed for queue with
+// signer's key (no signature when signer is nil), bypassing the dedupe key.
+func addEntry(t *testing.T, rdb *redis.Client, stream, queue string, j redisq.Job, signer *EventKeys) {
+	t.Helper()
+	args := &redis.XAddArgs{Stream: stream, Values: []any{"id", j.ID, "name", j.Name, "payload", string(j.Payload)}}
+	if signer != nil {
+		args.Values = append(args.Values.([]any), "sig", signer.Signer(queue)(j))
+	}
+	if err := rdb.XAdd(context.Background(), args).Err(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// waitForgedDeadLettered waits for two dead letters in dead, one unsigned
+// and one forged (signed with a key the services do not have).
+func waitForgedDeadLettered(t *testing.T, rdb *redis.Client, dead string) {
+	t.Helper()
+	var ds []redis.XMessage
+	testenv.WaitFor(t, 20*time.Second, "both forged entries dead-lettered", func() bool {
+		ds, _ = rdb.XRange(context.Background(), dead, "-", "+").Result()
+		return len(ds) == 2
+	})
+	reasons := fmt.Sprint(ds[0].Values["reason"], " | ", ds[1].Values["reason"])
+	if !strings.Contains(reasons, ErrUnsigned.Error()) || !strings.Contains(reasons, ErrForged.Error()) {
+		t.Fatalf("dead-letter reasons %q: want one unsigned, one forged", reasons)
 	}
 }

@@ -80,27 +80,6 @@ type Event struct {
 	Duration time.Duration
 }
 
-// Metrics are optional hooks the Consumer calls after the events they name
-// (Config.OnEvent carries the same events and more; both are called);
-// a nil field is skipped. They are called from the Consumer's goroutine (or
-// from the ProcessBatch caller's) and must not block. The app wires them to
-// Prometheus; this package imports no metrics library.
-type Metrics struct {
-	// Applied is called with the number of new inbox rows after each commit
-	// that recorded at least one.
-	Applied func(n int)
-	// Duplicates is called with the number of deliveries skipped as
-	// duplicates (inbox row already present) after each commit that saw any.
-	Duplicates func(n int)
-	// DeadLettered is called with the number of deliveries moved to the dead
-	// letter after each successful DeadLetter call (n is 1).
-	DeadLettered func(n int)
-	// BatchDuration is called once per batch attempt (success or failure)
-	// with the wall time from begin to commit and ack, including the
-	// one-per-transaction re-run that isolates a poison delivery.
-	BatchDuration func(d time.Duration)
-}
-
 // Config configures a Consumer. A nil *Config means all defaults; a zero
 // field means its default.
 type Config struct {
@@ -130,9 +109,6 @@ type Config struct {
 	// Logger receives the Consumer's logs, with attribute
 	// component=inbox. Default slog.Default().
 	Logger *slog.Logger
-
-	// Metrics are optional hooks; the zero value disables them.
-	Metrics Metrics
 
 	// OnEvent, when set, receives every typed Event of the Consumer (the app
 	// feeds Prometheus and its event log from it). Called from the
@@ -179,7 +155,6 @@ type Consumer struct {
 	maxBack     time.Duration
 	timeout     time.Duration
 	log         *slog.Logger
-	metrics     Metrics
 	onEvent     func(Event)
 	afterCommit func([]Applied)
 	applied     atomic.Int64
@@ -253,7 +228,6 @@ func NewConsumer(pool *pgxpool.Pool, src Source, h Handler, cfg *Config) (*Consu
 		maxBack:     cfg.MaxRetryBackoff,
 		timeout:     cfg.BatchTimeout,
 		log:         cfg.Logger.With("component", "inbox"),
-		metrics:     cfg.Metrics,
 		onEvent:     cfg.OnEvent,
 		afterCommit: cfg.AfterCommit,
 		life:        service.Lifecycle{Name: "inbox: consumer"},
@@ -440,9 +414,6 @@ func (c *Consumer) process(ctx context.Context, ds []Delivery) ([]Delivery, erro
 	start := time.Now()
 	defer func() {
 		d := time.Since(start)
-		if c.metrics.BatchDuration != nil {
-			c.metrics.BatchDuration(d)
-		}
 		c.event(Event{Kind: EventBatch, N: len(ds), Duration: d})
 	}()
 	if c.timeout > 0 {
@@ -698,13 +669,7 @@ func (c *Consumer) finish(ctx context.Context, results []result) {
 	c.applied.Add(int64(applied))
 	c.dups.Add(int64(dups))
 	if applied > 0 {
-		if c.metrics.Applied != nil {
-			c.metrics.Applied(applied)
-		}
 		c.event(Event{Kind: EventApplied, N: applied})
-	}
-	if dups > 0 && c.metrics.Duplicates != nil {
-		c.metrics.Duplicates(dups)
 	}
 	if len(refs) > 0 {
 		if err := c.src.Ack(ctx, refs...); err != nil {
@@ -719,9 +684,6 @@ func (c *Consumer) finish(ctx context.Context, results []result) {
 			continue
 		}
 		c.deadLets.Add(1)
-		if c.metrics.DeadLettered != nil {
-			c.metrics.DeadLettered(1)
-		}
 		c.event(Event{Kind: EventDeadLettered, N: 1, MessageID: r.d.ID, Ref: r.d.Ref, Reason: r.reason})
 		c.log.Warn("delivery dead-lettered", "message_id", r.d.ID, "ref", r.d.Ref, "reason", r.reason)
 	}

@@ -194,7 +194,11 @@ func TestConsumerPostgresDown(t *testing.T) {
 	e.add(t, j)
 	var attempts atomic.Int64
 	c := e.consumer(t, e.source(t, "w1"), testHandler, &inbox.Config{
-		Metrics: inbox.Metrics{BatchDuration: func(time.Duration) { attempts.Add(1) }},
+		OnEvent: func(e inbox.Event) {
+			if e.Kind == inbox.EventBatch {
+				attempts.Add(1)
+			}
+		},
 	})
 	if err := c.Start(ctx); err != nil {
 		t.Fatalf("Start: %v", err)

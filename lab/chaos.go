@@ -13,6 +13,7 @@ import (
 
 	"github.com/outboxchat/outboxchat/chat"
 	"github.com/outboxchat/outboxchat/inbox"
+	"github.com/outboxchat/outboxchat/internal/labfault"
 	"github.com/outboxchat/outboxchat/outbox"
 )
 
@@ -91,7 +92,7 @@ func Chaos(ctx context.Context, opts ChaosOptions) (*Figures, error) {
 	if v2 {
 		// "The relay is a process of its own."
 		eo.ConsumersRelays = 1
-		eo.Faults = map[string]string{ProcWorkers: fmt.Sprintf("%s:%d", chat.FaultWorkerAfterCommit, crashSeq)}
+		eo.Faults = map[string]string{ProcWorkers: fmt.Sprintf("%s:%d", labfault.WorkerAfterCommit, crashSeq)}
 	}
 	env, err := StartEnv(ctx, eo)
 	if err != nil {
@@ -129,7 +130,7 @@ func Chaos(ctx context.Context, opts ChaosOptions) (*Figures, error) {
 		case string(inbox.EventDuplicate):
 			id := l.Str("message_id")
 			events.do(func() { log.at(l.Time, "workers", "%s again, already in inbox, skipped", env.label(ctx, id)) })
-		case chat.EventFaultCrash:
+		case labfault.EventCrash:
 			crashMu.Lock()
 			crashLabel = env.labelSeq(ctx, chaosChat, int64(l.Attrs["seq"].(float64)))
 			crashMu.Unlock()

@@ -15,6 +15,7 @@ import (
 
 	"github.com/outboxchat/outboxchat/chat"
 	"github.com/outboxchat/outboxchat/inbox"
+	"github.com/outboxchat/outboxchat/internal/labfault"
 	"github.com/outboxchat/outboxchat/redisq"
 )
 
@@ -28,7 +29,7 @@ type scenario struct {
 // scenarios are listed by `lab chaos --list` in this order.
 var scenarios = []scenario{
 	{name: "relay-crash", doc: "the relay gets SIGKILL between its publish and its commit; restarted, it re-sends; nothing shown twice",
-		opts: EnvOptions{ConsumersRelays: 1, Faults: map[string]string{"consumers-relay": chat.FaultRelayAfterPublish + ":3"}},
+		opts: EnvOptions{ConsumersRelays: 1, Faults: map[string]string{"consumers-relay": labfault.RelayAfterPublish + ":3"}},
 		run:  relayCrash},
 	{name: "relay-freeze", doc: "two relays; one is frozen (SIGSTOP) while it holds a batch; the other delivers, bounded by the relay's timeouts",
 		opts: EnvOptions{ConsumersRelays: 2}, run: relayFreeze},
@@ -37,7 +38,7 @@ var scenarios = []scenario{
 	{name: "redis-restart", doc: "Redis is killed (SIGKILL) and restarted with jobs queued for a stopped worker: AOF keeps them",
 		run: redisRestart},
 	{name: "worker-crash-before-commit", doc: "the worker gets SIGKILL after reading a job, before its inbox commit; another worker reclaims it after the lock duration; order holds",
-		opts: EnvOptions{Faults: map[string]string{ProcWorkers: chat.FaultWorkerBeforeCommit + ":3"}}, run: workerCrashBeforeCommit},
+		opts: EnvOptions{Faults: map[string]string{ProcWorkers: labfault.WorkerBeforeCommit + ":3"}}, run: workerCrashBeforeCommit},
 	{name: "redis-flush", doc: "workers stopped; 20 messages published and marked sent; FLUSHALL; workers started: the re-drive brings all 20, each shown once, in order",
 		run: redisFlush},
 	{name: "stream-entry-deleted", doc: "workers stopped; 2 messages published; a ghost consumer reads the first and its entry is XDELed; workers started: counted, re-driven, shown once, in order",
@@ -187,22 +188,22 @@ func RunScenarioWith(ctx context.Context, name string, so ScenarioOptions, logW,
 			s.events.do(func() { s.log.at(l.Time, "workers", "%s again, already in inbox, skipped", env.label(ctx, id)) })
 		case string(redisq.EventReclaimed):
 			s.log.at(l.Time, "workers", "reclaimed %s stalled job(s) after the lock duration", l.Str("count"))
-		case chat.EventFaultCrash:
+		case labfault.EventCrash:
 			s.log.at(l.Time, "workers", "fault injected: crashing (%s)", l.Str("fault"))
-		case "pending entry was deleted from the stream: its job is lost in Redis until the sender re-drives it":
+		case string(redisq.EventDeletedPending):
 			s.log.at(l.Time, "workers", "pending entry %s found deleted from the stream: counted, acknowledged away", l.Str("stream_id"))
-		case "consumer group vanished; the next fetch creates it again from 0":
+		case string(redisq.EventGroupLost):
 			s.log.at(l.Time, "workers", "consumer group gone (NOGROUP): created again from 0")
 		}
 	})()
 	defer env.Consumers.Subscribe(func(l LogLine) {
-		if l.Msg == "message re-driven: stored, no receipt in time; published again" {
+		if l.Event() == chat.EventRedriven {
 			s.log.at(l.Time, "consumers", "seq %s (message %s) had no receipt: re-driven", l.Str("seq"), l.Str("message_id"))
 		}
 	})()
 	for _, p := range env.ConsumersRelays {
 		defer p.Subscribe(func(l LogLine) {
-			if l.Event() == chat.EventFaultCrash {
+			if l.Event() == labfault.EventCrash {
 				s.log.at(l.Time, p.Name(), "fault injected: crashing (%s)", l.Str("fault"))
 			}
 		})()

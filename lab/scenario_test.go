@@ -24,8 +24,21 @@ func TestScenarios(t *testing.T) {
 			if f.Saved == 0 || f.Received != f.Saved {
 				t.Errorf("figures %+v: want every saved message received", *f)
 			}
+			// Lines the event log writes from the services' typed events
+			// (chat.EventRedriven, redisq.EventDeletedPending), not log text.
+			for _, want := range scenarioLogWants[name] {
+				if !bytes.Contains(log.Bytes(), []byte(want)) {
+					t.Errorf("event log lacks %q", want)
+				}
+			}
 		})
 	}
+}
+
+// scenarioLogWants lists, per scenario, event-log text each run must show.
+var scenarioLogWants = map[string][]string{
+	"redis-flush":          {"had no receipt: re-driven"},
+	"stream-entry-deleted": {"found deleted from the stream", "had no receipt: re-driven"},
 }
 
 // With the re-drive off, the Redis-loss scenarios really lose messages:

@@ -32,8 +32,9 @@
 // lock_timeout, statement_timeout and idle_in_transaction_session_timeout;
 // claim up to BatchSize unsent rows with id ≥ the claim floor ORDER BY id
 // FOR UPDATE; Publish; DELETE them; COMMIT. The first statements (with a
-// read of the identity sequence and of the snapshot's xmin/xmax, for the
-// floor) share one round trip, the last two another. Deleting rather than
+// read of the identity sequence and of the snapshot's xmin, for the floor)
+// share one round trip, the last two (with a read of the pass's xid when
+// the floor asks for it) another. Deleting rather than
 // updating the published rows, and starting the claim at the floor (an id
 // below which every row is known published, see floor.go), keep a pass's
 // cost independent of how many rows were published since vacuum last ran:

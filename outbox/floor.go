@@ -21,17 +21,26 @@ import (
 // higher ones were published, and the floor must not pass it. The floor
 // moves only past ids whose transactions are known to be over:
 //
-//  1. Before its transaction, each pass reads the sequence's last value V
-//     (pg_sequence_last_value), then, in a later statement (so a later
-//     snapshot), xmax X of its snapshot: every transaction that took an
-//     id ≤ V had its xid before it took the id (the Writer's INSERT assigns
-//     the xid first), so before V was read, so its xid < X.
-//  2. A later pass whose snapshot's xmin is ≥ X knows all those
+//  1. Before its transaction, a pass reads the sequence's last value V
+//     (pg_sequence_last_value); a pass that claims rows is then given an
+//     xid R by its row locks, and reads it (pg_current_xact_id) with its
+//     DELETE. Every transaction that took an id ≤ V had its xid before it
+//     took the id (the Writer's INSERT assigns the xid first), so before V
+//     was read, so before R was assigned: its xid is < R.
+//  2. A later pass whose snapshot's xmin is ≥ R knows all those
 //     transactions have ended: every row with id ≤ V is visible to its
 //     claim, or deleted, or rolled back. Its claim reads from the floor in
 //     id order; once it commits, every row in [floor, min(V, last claimed
 //     id)] is published (min(V) when the claim was not full), so the floor
 //     moves just past that.
+//
+// R must be an xid the pass was given, not its snapshot's xmax: xmax is one
+// past the latest *completed* xid, and a transaction given an xid at or
+// above it may be running, invisible in the snapshot's xip list; xmin then
+// equals xmax while it runs, and a floor keyed on xmax passed its row (the
+// row then waited for the full scan below, up to 10 s: the end-to-end p99
+// of issue 17's first build). Only passes that claimed rows start a pair:
+// they have an xid anyway, so the floor costs no transaction id of its own.
 //
 // The floor is a hint, not state the invariants rest on: it lives in
 // memory, starts at 0 (a full scan) when a Relay is created, and a full
@@ -53,26 +62,29 @@ type claimFloor struct {
 	floor    int64     // rows with id < floor are published or never visible
 	pending  bool      // a (pendV, pendX) pair awaits a pass with xmin ≥ pendX
 	pendV    int64     // sequence last value read before …
-	pendX    int64     // … a snapshot with this xmax
+	pendX    int64     // … a pass was given this xid
 	rescanAt time.Time // when the next full scan is due
 }
 
-// start returns the id the pass's claim starts at (0 for a full scan).
-func (f *claimFloor) start(now time.Time) int64 {
+// start returns the id the pass's claim starts at (0 for a full scan), and
+// whether the pass should read its xid for a new (V, R) pair (when it
+// claims rows).
+func (f *claimFloor) start(now time.Time) (from int64, wantXid bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if !now.Before(f.rescanAt) {
 		f.rescanAt = now.Add(floorRescanEvery)
-		return 0
+		return 0, !f.pending
 	}
-	return f.floor
+	return f.floor, !f.pending
 }
 
-// advance records a committed pass that claimed from start: v and xmin,
-// xmax as read before its claim (v −1 when unknown), full whether its claim
-// was cut at the batch size, lastID the last claimed id (0 for none). It
-// returns the floor before the call.
-func (f *claimFloor) advance(start, v, xmin, xmax int64, full bool, lastID int64) (old int64) {
+// advance records a committed pass that claimed from start: v and xmin as
+// read before its claim (v −1 when unknown), xid its xid, given after it
+// read v (0 when it claimed nothing or did not read it), full whether its claim was cut at the
+// batch size, lastID the last claimed id (0 for none). It returns the floor
+// before the call.
+func (f *claimFloor) advance(start, v, xmin, xid int64, full bool, lastID int64) (old int64) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	old = f.floor
@@ -86,8 +98,8 @@ func (f *claimFloor) advance(start, v, xmin, xmax int64, full bool, lastID int64
 		}
 		f.pending = false
 	}
-	if !f.pending && v >= 0 {
-		f.pending, f.pendV, f.pendX = true, v, xmax
+	if !f.pending && v >= 0 && xid > 0 {
+		f.pending, f.pendV, f.pendX = true, v, xid
 	}
 	return old
 }

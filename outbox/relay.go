@@ -116,24 +116,6 @@ type RelayEvent struct {
 	Attempts  int
 }
 
-// RelayMetrics receives relay events, e.g. to feed Prometheus. It predates
-// RelayConfig.OnEvent, which carries the same events and more; both are
-// called. Every field is
-// optional (nil = ignored); set fields must be cheap, must not block and must
-// be safe for concurrent use.
-type RelayMetrics struct {
-	// Published is called after a pass that claimed n ≥ 1 rows published
-	// them and committed; d is the pass's duration (claim to commit).
-	Published func(n int, d time.Duration)
-	// Failed is called when a pass fails (the error RunOnce returns; its
-	// rows stay unsent) or the LISTEN connection fails. stage is "claim",
-	// "publish", "mark_sent" or "listen".
-	Failed func(stage string, err error)
-	// Listening is called with true when the LISTEN connection is
-	// established and false when it is lost.
-	Listening func(up bool)
-}
-
 // RelayConfig configures NewRelay. Publisher and Table are required, so a nil
 // *RelayConfig is invalid.
 type RelayConfig struct {
@@ -191,8 +173,6 @@ type RelayConfig struct {
 	// Logger receives pass failures (Warn) and LISTEN state changes (Info,
 	// Warn) with component=outbox.relay. Default nil means slog.Default().
 	Logger *slog.Logger
-	// Metrics is an optional hook; see RelayMetrics.
-	Metrics RelayMetrics
 	// MaxAttempts is how many failures of its own (the Publisher returned
 	// a MessageError naming it) a row may have before it is parked: parked
 	// rows are not claimed, so they stop holding back the rows behind them,
@@ -231,7 +211,6 @@ type Relay struct {
 	pubTO     time.Duration
 	timeouts  [3]string // lock, statement, idle-in-tx, as "<n>ms"
 	log       *slog.Logger
-	m         RelayMetrics
 	onEvent   func(RelayEvent)
 
 	maxAttempts                          int
@@ -349,7 +328,6 @@ func NewRelay(pool *pgxpool.Pool, cfg *RelayConfig) (*Relay, error) {
 		pubTO:       cfg.PublishTimeout,
 		timeouts:    [3]string{pgMillis(cfg.LockTimeout), pgMillis(cfg.StatementTimeout), pgMillis(cfg.IdleInTxTimeout)},
 		log:         cfg.Logger.With(slog.String("component", "outbox.relay")),
-		m:           cfg.Metrics,
 		maxAttempts: cfg.MaxAttempts,
 		backoffMin:  cfg.RetryBackoff,
 		backoffMax:  cfg.RetryBackoffMax,
@@ -392,8 +370,8 @@ func NewRelay(pool *pgxpool.Pool, cfg *RelayConfig) (*Relay, error) {
 	// new index entry per message (issue 17). sent_at stays NULL; a table
 	// whose rows an older relay marked sent keeps those (never claimed).
 	r.markSQL = "DELETE FROM " + t.quoted + " WHERE id = ANY($1)"
-	// The identity sequence's last value, then xmin and xmax of a later
-	// snapshot (floor.go). xid8 fits bigint for 2^63 transactions.
+	// The identity sequence's last value, then xmin of a later snapshot
+	// (floor.go).
 	r.table = t.quoted
 	r.seqSQL = "SELECT coalesce(pg_sequence_last_value(pg_get_serial_sequence($1, 'id')::regclass), 0)"
 	// Best effort, after the rollback: the claimed rows are unlocked again,
@@ -530,7 +508,7 @@ func (r *Relay) runOnce(ctx context.Context) (p pass, err error) {
 		}
 	}()
 
-	floor := r.floor.start(start)
+	floor, wantXid := r.floor.start(start)
 	b := &pgx.Batch{}
 	b.Queue(r.seqSQL, r.table)
 	b.Queue("BEGIN")
@@ -571,7 +549,7 @@ func (r *Relay) runOnce(ctx context.Context) (p pass, err error) {
 		}
 		inTx = false
 		r.lastPass.Store(time.Now().UnixNano())
-		r.floor.advance(floor, h.v, h.xmin, h.xmax, full, lastID)
+		r.floor.advance(floor, h.v, h.xmin, 0, full, lastID)
 		return p, nil
 	}
 	ids := make([]int64, len(msgs))
@@ -602,20 +580,29 @@ func (r *Relay) runOnce(ctx context.Context) (p pass, err error) {
 		// The rows before the blamed one were published; it fails alone.
 		ids = ids[:k]
 		full, lastID = true, poison.RowID-1
-		b.Queue(r.markSQL, ids)
+	}
+	b.Queue(r.markSQL, ids)
+	if k >= 0 {
 		b.Queue(r.failSQL, poison.RowID, lastError(poison.Err), r.backoffMin.Milliseconds(),
 			r.backoffMax.Milliseconds(), r.maxAttempts)
-	} else {
-		b.Queue(r.markSQL, ids)
+	}
+	if wantXid {
+		// The xid the claim's row locks gave this transaction, after the
+		// sequence read: the floor's R (floor.go).
+		b.Queue(xidSQL)
 	}
 	b.Queue("COMMIT")
 	br = conn.SendBatch(ctx, b)
+	_, err = br.Exec()
+	if err == nil && k >= 0 {
+		err = br.QueryRow().Scan(&failures, &parked)
+	}
+	var xid int64
+	if err == nil && wantXid {
+		err = br.QueryRow().Scan(&xid)
+	}
 	var tag pgconn.CommandTag
-	for i := 0; i < b.Len() && err == nil; i++ {
-		if i == 1 && k >= 0 {
-			err = br.QueryRow().Scan(&failures, &parked)
-			continue
-		}
+	if err == nil {
 		tag, err = br.Exec()
 	}
 	if cerr := br.Close(); err == nil && cerr != nil {
@@ -631,7 +618,7 @@ func (r *Relay) runOnce(ctx context.Context) (p pass, err error) {
 	}
 	inTx = false
 	r.lastPass.Store(time.Now().UnixNano())
-	if old := r.floor.advance(floor, h.v, h.xmin, h.xmax, full, lastID); floor == 0 && msgs[0].RowID < old && k != 0 {
+	if old := r.floor.advance(floor, h.v, h.xmin, xid, full, lastID); floor == 0 && msgs[0].RowID < old && k != 0 {
 		r.log.Warn("published a row below the claim floor; an outbox writer breaks the floor's assumptions (explicit ids, sequence CACHE > 1?): order across such rows is not guaranteed",
 			slog.Int64("row_id", msgs[0].RowID), slog.Int64("floor", old))
 	}
@@ -656,20 +643,22 @@ func (r *Relay) runOnce(ctx context.Context) (p pass, err error) {
 	}
 	if p.n > 0 {
 		d := time.Since(start)
-		if r.m.Published != nil {
-			r.m.Published(p.n, d)
-		}
 		r.event(RelayEvent{Kind: EventPublished, N: p.n, Duration: d})
 	}
 	return p, nil
 }
 
-// snapshotSQL reads xmin and xmax of the statement's snapshot (floor.go).
-const snapshotSQL = "SELECT pg_snapshot_xmin(s)::text::bigint, pg_snapshot_xmax(s)::text::bigint FROM pg_current_snapshot() s"
+// snapshotSQL reads xmin of the statement's snapshot; xidSQL the xid of a
+// pass that claimed rows (its row locks assigned it; floor.go). xid8 fits
+// bigint for 2^63 transactions.
+const (
+	snapshotSQL = "SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint"
+	xidSQL      = "SELECT pg_current_xact_id()::text::bigint"
+)
 
 // horizon is what a pass read before its claim, for the claim floor: the
-// sequence's last value v, then its snapshot's xmin and xmax.
-type horizon struct{ v, xmin, xmax int64 }
+// sequence's last value v, then its snapshot's xmin.
+type horizon struct{ v, xmin int64 }
 
 // readClaim reads the results of the sequence read, BEGIN, the snapshot
 // read (into h), set_config and the claim query.
@@ -680,7 +669,7 @@ func (r *Relay) readClaim(br pgx.BatchResults, h *horizon) ([]Message, []time.Du
 	if _, err := br.Exec(); err != nil {
 		return nil, nil, fmt.Errorf("begin: %w", err)
 	}
-	if err := br.QueryRow().Scan(&h.xmin, &h.xmax); err != nil {
+	if err := br.QueryRow().Scan(&h.xmin); err != nil {
 		return nil, nil, fmt.Errorf("read snapshot: %w", err)
 	}
 	if _, err := br.Exec(); err != nil {
@@ -753,9 +742,6 @@ func lastError(err error) string {
 }
 
 func (r *Relay) fail(stage string, err error) error {
-	if r.m.Failed != nil {
-		r.m.Failed(stage, err)
-	}
 	if stage != "listen" {
 		r.event(RelayEvent{Kind: EventPassFailed, Stage: stage, Err: err})
 	}
@@ -920,11 +906,4 @@ func (r *Relay) onListenDown(err error) {
 	r.event(RelayEvent{Kind: EventListenDown, Err: err})
 }
 
-func (r *Relay) setListening(up bool) {
-	if r.listening.Swap(up) == up && !up {
-		return // already down: report a loss once
-	}
-	if r.m.Listening != nil {
-		r.m.Listening(up)
-	}
-}
+func (r *Relay) setListening(up bool) { r.listening.Store(up) }

@@ -55,30 +55,28 @@ func NewClient(url string) (*redis.Client, error) {
 		if err != nil {
 			return nil, err
 		}
-		fo.MaxRetries = -1
-		fo.DialerRetries = 1
-		fo.DialTimeout = ClientDialTimeout
-		fo.ReadTimeout = ClientReadTimeout
-		fo.WriteTimeout = ClientWriteTimeout
-		fo.PoolTimeout = ClientPoolTimeout
-		fo.ContextTimeoutEnabled = true
-		fo.DisableIdentity = true
+		failFast(&fo.MaxRetries, &fo.DialerRetries, &fo.DialTimeout, &fo.ReadTimeout, &fo.WriteTimeout,
+			&fo.PoolTimeout, &fo.ContextTimeoutEnabled, &fo.DisableIdentity)
 		return redis.NewFailoverClient(fo), nil
 	}
 	opt, err := redis.ParseURL(url)
 	if err != nil {
 		return nil, fmt.Errorf("redisq: parsing redis url: %w", err)
 	}
-	opt.MaxRetries = -1
-	opt.DialerRetries = 1
-	opt.DialTimeout = ClientDialTimeout
-	opt.ReadTimeout = ClientReadTimeout
-	opt.WriteTimeout = ClientWriteTimeout
-	opt.PoolTimeout = ClientPoolTimeout
-	opt.ContextTimeoutEnabled = true
-	opt.DisableIdentity = true
+	failFast(&opt.MaxRetries, &opt.DialerRetries, &opt.DialTimeout, &opt.ReadTimeout, &opt.WriteTimeout,
+		&opt.PoolTimeout, &opt.ContextTimeoutEnabled, &opt.DisableIdentity)
 	opt.MaintNotificationsConfig = &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
 	return redis.NewClient(opt), nil
+}
+
+// failFast sets NewClient's fail-fast settings on the fields of either
+// option type (redis.Options, redis.FailoverOptions), which share the
+// fields but no type: no retries, one dial attempt, the Client* timeouts,
+// context deadlines honoured, no CLIENT SETINFO.
+func failFast(maxRetries, dialerRetries *int, dial, read, write, pool *time.Duration, ctxTimeout, noIdentity *bool) {
+	*maxRetries, *dialerRetries = -1, 1
+	*dial, *read, *write, *pool = ClientDialTimeout, ClientReadTimeout, ClientWriteTimeout, ClientPoolTimeout
+	*ctxTimeout, *noIdentity = true, true
 }
 
 // SentinelScheme is the URL scheme of a Sentinel-managed primary.

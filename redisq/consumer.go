@@ -80,8 +80,6 @@ type ConsumerConfig struct {
 	DeadLetterMax int64
 	// Logger receives warnings and debug logs (default slog.Default()).
 	Logger *slog.Logger
-	// Metrics receives counts (default none).
-	Metrics Metrics
 	// OnEvent, when set, receives every typed Event of the Consumer. It
 	// must be safe for concurrent use and must not block. Default nil.
 	OnEvent func(Event)
@@ -105,7 +103,6 @@ type Consumer struct {
 	trimI  time.Duration
 	dlMax  int64
 	logger *slog.Logger
-	m      Metrics
 	on     func(Event)
 
 	mu sync.Mutex // guards the fields below
@@ -216,7 +213,6 @@ func NewConsumer(rdb redis.UniversalClient, cfg *ConsumerConfig) (*Consumer, err
 		trimI:       cfg.TrimInterval,
 		dlMax:       cfg.DeadLetterMax,
 		logger:      cfg.Logger.With("component", "redisq", "queue", cfg.Queue, "group", cfg.Group, "consumer", cfg.Consumer),
-		m:           cfg.Metrics,
 		on:          cfg.OnEvent,
 		cursor:      "0",
 		outstanding: map[string]struct{}{},
@@ -394,9 +390,6 @@ func (c *Consumer) fetchStalled(ctx context.Context, max int) ([]Delivery, error
 		}
 		if len(live) > 0 {
 			c.logger.InfoContext(ctx, "reclaimed stalled entries", "count", len(live), "lock_duration", c.lock)
-			if c.m != nil {
-				c.m.JobsReclaimed(c.queue, len(live))
-			}
 			if c.on != nil {
 				c.on(Event{Kind: EventReclaimed, Queue: c.queue, N: int64(len(live))})
 			}
@@ -477,8 +470,8 @@ func (c *Consumer) dropDeleted(ctx context.Context, msgs []redis.XMessage, delet
 			c.logger.WarnContext(ctx, "pending entry was deleted from the stream: its job is lost in Redis until the sender re-drives it",
 				"stream_id", id)
 		}
-		if lm, ok := c.m.(LossMetrics); ok {
-			lm.JobsDeleted(c.queue, len(gone))
+		if c.on != nil {
+			c.on(Event{Kind: EventDeletedPending, Queue: c.queue, N: int64(len(gone)), StreamIDs: gone})
 		}
 	}
 	return live, nil
@@ -501,6 +494,9 @@ func (c *Consumer) noteNoGroup(ctx context.Context, err error) {
 	c.groupReady = false
 	c.mu.Unlock()
 	c.logger.WarnContext(ctx, "consumer group vanished; the next fetch creates it again from 0", "err", err)
+	if c.on != nil {
+		c.on(Event{Kind: EventGroupLost, Queue: c.queue, Err: err})
+	}
 }
 
 // deliveries converts msgs. For redelivered entries it looks up the
@@ -635,9 +631,6 @@ func (c *Consumer) Trim(ctx context.Context) (int64, error) {
 	n, err := trimScript.Run(ctx, c.rdb, []string{c.keys.Stream}, c.keys.dedupe, trimBatch).Int64()
 	if err != nil {
 		return 0, fmt.Errorf("redisq: trimming stream: %w", err)
-	}
-	if n > 0 && c.m != nil {
-		c.m.JobsTrimmed(c.queue, n)
 	}
 	if n > 0 && c.on != nil {
 		c.on(Event{Kind: EventTrimmed, Queue: c.queue, N: n})

@@ -47,8 +47,6 @@ type PublisherConfig struct {
 	DedupeTTL time.Duration
 	// Logger receives debug logs (default slog.Default()).
 	Logger *slog.Logger
-	// Metrics receives counts (default none).
-	Metrics Metrics
 	// OnEvent, when set, receives every typed Event of the Publisher. It
 	// must be safe for concurrent use and must not block. Default nil.
 	OnEvent func(Event)
@@ -77,6 +75,15 @@ const (
 	// EventDeadLetterTrimmed: DeadLetter dropped the N > 0 oldest entries
 	// of the dead-letter stream to keep it at ConsumerConfig.DeadLetterMax.
 	EventDeadLetterTrimmed EventKind = "redisq.dead_letter_trimmed"
+	// EventDeletedPending: a Fetch found N > 0 of the group's pending
+	// entries deleted from the stream (XDEL, a trim, a failover) and
+	// acknowledged them away; their jobs are lost in Redis until the sender
+	// re-drives them (Consumer.DeletedPending counts them too).
+	EventDeletedPending EventKind = "redisq.deleted_pending"
+	// EventGroupLost: a read or ack met NOGROUP (the stream or its group
+	// vanished: FLUSHALL, a failover to an empty replica); the next Fetch
+	// creates the group again from 0. Err is Redis's answer.
+	EventGroupLost EventKind = "redisq.group_lost"
 )
 
 // Event is one typed event of a Publisher or Consumer, given to its
@@ -84,34 +91,16 @@ const (
 type Event struct {
 	Kind  EventKind
 	Queue string
-	// N is the number of entries added, reclaimed or trimmed.
+	// N is the number of entries added, reclaimed, trimmed or found
+	// deleted.
 	N int64
 	// Duplicates is the number of jobs skipped as already added
 	// (EventAdded).
 	Duplicates int
-}
-
-// Metrics receives queue counters (the configs' OnEvent carries the same
-// events; both are called). Implementations must be safe for
-// concurrent use and must not block; the app adapts them to Prometheus.
-type Metrics interface {
-	// JobsAdded is called after every successful Add: added new entries and
-	// duplicates skipped (both >= 0).
-	JobsAdded(queue string, added, duplicates int)
-	// JobsReclaimed is called when Fetch took over n > 0 stalled entries
-	// from other consumers (XAUTOCLAIM).
-	JobsReclaimed(queue string, n int)
-	// JobsTrimmed is called when a trim (by Ack, an idle Fetch or Trim)
-	// removed n > 0 acknowledged entries.
-	JobsTrimmed(queue string, n int64)
-}
-
-// LossMetrics is an optional interface of a Metrics: a Consumer whose
-// Metrics has it reports pending entries found deleted from the stream.
-type LossMetrics interface {
-	// JobsDeleted is called when Fetch found n > 0 pending entries deleted
-	// from the stream (XDEL, a trim, a failover) and acknowledged them away.
-	JobsDeleted(queue string, n int)
+	// StreamIDs are the entries found deleted (EventDeletedPending).
+	StreamIDs []string
+	// Err is Redis's answer (EventGroupLost).
+	Err error
 }
 
 // Publisher adds jobs to one queue. It is safe for concurrent use and holds
@@ -122,7 +111,6 @@ type Publisher struct {
 	queue  string
 	ttlMS  int64
 	logger *slog.Logger
-	m      Metrics
 	on     func(Event)
 	sign   func(Job) string
 }
@@ -149,7 +137,6 @@ func NewPublisher(rdb redis.UniversalClient, cfg *PublisherConfig) (*Publisher, 
 		queue:  cfg.Queue,
 		ttlMS:  cfg.DedupeTTL.Milliseconds(),
 		logger: cfg.Logger.With("component", "redisq", "queue", cfg.Queue),
-		m:      cfg.Metrics,
 		on:     cfg.OnEvent,
 	}, nil
 }
@@ -207,9 +194,6 @@ func (p *Publisher) Add(ctx context.Context, jobs ...Job) (added int, err error)
 	added, err = p.run(ctx, addScript, jobs)
 	if err != nil || len(jobs) == 0 {
 		return added, err
-	}
-	if p.m != nil {
-		p.m.JobsAdded(p.queue, added, len(jobs)-added)
 	}
 	if p.on != nil {
 		p.on(Event{Kind: EventAdded, Queue: p.queue, N: int64(added), Duplicates: len(jobs) - added})

@@ -110,38 +110,6 @@ func fetchN(t *testing.T, c *redisq.Consumer, n int) []redisq.Delivery {
 	return got
 }
 
-// counts is a Metrics recording totals.
-type counts struct {
-	mu                      sync.Mutex
-	added, dupes, reclaimed int
-	trimmed                 int64
-}
-
-func (c *counts) JobsAdded(_ string, added, dupes int) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.added += added
-	c.dupes += dupes
-}
-
-func (c *counts) JobsReclaimed(_ string, n int) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.reclaimed += n
-}
-
-func (c *counts) JobsTrimmed(_ string, n int64) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.trimmed += n
-}
-
-func (c *counts) String() string {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return fmt.Sprintf("added=%d dupes=%d reclaimed=%d trimmed=%d", c.added, c.dupes, c.reclaimed, c.trimmed)
-}
-
 // events is an OnEvent recording totals per kind, in String's format.
 type events struct {
 	mu sync.Mutex
@@ -159,6 +127,13 @@ func (e *events) on(ev redisq.Event) {
 	e.d += ev.Duplicates
 }
 
+// count is the total N of kind.
+func (e *events) count(kind redisq.EventKind) int64 {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.n[kind]
+}
+
 func (e *events) String() string {
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -169,9 +144,8 @@ func TestAddTwiceSameIDAddsOnce(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	q := newQueue(t, nil)
-	var m counts
 	var ev events
-	pub, err := redisq.NewPublisher(q.rdb, &redisq.PublisherConfig{Queue: "chat", Prefix: q.prefix, Metrics: &m, OnEvent: ev.on})
+	pub, err := redisq.NewPublisher(q.rdb, &redisq.PublisherConfig{Queue: "chat", Prefix: q.prefix, OnEvent: ev.on})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -193,9 +167,6 @@ func TestAddTwiceSameIDAddsOnce(t *testing.T) {
 	}
 	if l := q.rdb.XLen(ctx, q.keys.Stream).Val(); l != 2 {
 		t.Fatalf("stream length %d, want 2", l)
-	}
-	if got := m.String(); got != "added=2 dupes=3 reclaimed=0 trimmed=0" {
-		t.Fatalf("metrics %s", got)
 	}
 	if got := ev.String(); got != "added=2 dupes=3 reclaimed=0 trimmed=0" {
 		t.Fatalf("events %s", got)
@@ -391,9 +362,8 @@ func TestStalledDeliveryIsReclaimed(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	q := newQueue(t, nil)
-	var m counts
 	var ev events
-	cfg := &redisq.ConsumerConfig{LockDuration: 200 * time.Millisecond, Metrics: &m, OnEvent: ev.on}
+	cfg := &redisq.ConsumerConfig{LockDuration: 200 * time.Millisecond, OnEvent: ev.on}
 	dead := q.consumer(t, "dies", cfg)
 	live := q.consumer(t, "lives", cfg)
 
@@ -422,9 +392,6 @@ func TestStalledDeliveryIsReclaimed(t *testing.T) {
 	}
 	if s := stats(t, live); s.Pending != 0 {
 		t.Fatalf("pending %d after ack", s.Pending)
-	}
-	if got := m.String(); got != "added=0 dupes=0 reclaimed=1 trimmed=0" {
-		t.Fatalf("metrics %s", got)
 	}
 	if got := ev.String(); got != "added=0 dupes=0 reclaimed=1 trimmed=0" {
 		t.Fatalf("events %s", got)
@@ -518,26 +485,46 @@ func TestMalformedEntryIsReturnedAndDeadLettered(t *testing.T) {
 	}
 }
 
+// A pending entry deleted from the stream (XDEL) is acked away, counted
+// (DeletedPending, EventDeletedPending) and the rest delivered, whether the
+// consumer re-reads its own pending entries (XREADGROUP 0 answers the
+// deleted one with no fields) or reclaims another consumer's (XAUTOCLAIM
+// reports it in its third reply element).
 func TestDeletedPendingEntryIsAckedAway(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	q := newQueue(t, nil)
-	if _, err := q.pub.Add(ctx, jobs(2, 0)...); err != nil {
-		t.Fatal(err)
-	}
-	ds := fetchN(t, q.consumer(t, "w1", nil), 2)
-	q.rdb.XDel(ctx, q.keys.Stream, ds[0].StreamID)
-
-	c := q.consumer(t, "w1", nil)
-	got, err := c.Fetch(ctx, 10)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(got) != 1 || got[0].ID != "job-1" {
-		t.Fatalf("Fetch = %v, want only job-1", ids(got))
-	}
-	if s := stats(t, c); s.Pending != 1 {
-		t.Fatalf("pending %d, want 1 (deleted entry acked away)", s.Pending)
+	for _, tc := range []struct{ name, reader string }{{"own pending", "w1"}, {"reclaimed", "live"}} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			q := newQueue(t, nil)
+			if _, err := q.pub.Add(ctx, jobs(2, 0)...); err != nil {
+				t.Fatal(err)
+			}
+			var ev events
+			cfg := &redisq.ConsumerConfig{LockDuration: 100 * time.Millisecond, OnEvent: ev.on}
+			ds := fetchN(t, q.consumer(t, "w1", cfg), 2)
+			if err := q.rdb.XDel(ctx, q.keys.Stream, ds[0].StreamID).Err(); err != nil {
+				t.Fatal(err)
+			}
+			c := q.consumer(t, tc.reader, cfg)
+			var got []redisq.Delivery
+			testenv.WaitFor(t, 10*time.Second, "the live entry delivered again", func() bool {
+				ds, err := c.Fetch(ctx, 10)
+				if err != nil {
+					t.Fatal(err)
+				}
+				got = append(got, ds...)
+				return len(got) > 0
+			})
+			if len(got) != 1 || got[0].ID != "job-1" {
+				t.Fatalf("Fetch = %v, want only job-1", ids(got))
+			}
+			if s := stats(t, c); s.Pending != 1 {
+				t.Fatalf("pending %d, want 1 (deleted entry acked away)", s.Pending)
+			}
+			if c.DeletedPending() != 1 || ev.count(redisq.EventDeletedPending) != 1 {
+				t.Fatalf("DeletedPending = %d, EventDeletedPending N = %d; want 1 and 1", c.DeletedPending(), ev.count(redisq.EventDeletedPending))
+			}
+		})
 	}
 }
 
@@ -695,5 +682,63 @@ func TestCheckDurability(t *testing.T) {
 	}
 	if err := redisq.CheckDurability(ctx, rdb, logger); err == nil || errors.Is(err, redisq.ErrNotDurable) {
 		t.Fatalf("server down: err %v, want a connection error", err)
+	}
+}
+
+// The group vanishes between a fetch and its ack (FLUSHALL) while jobs are
+// added to a new stream: the next fetch meets NOGROUP and creates the group
+// again from 0 (not $), so the jobs added before it are delivered.
+func TestAckNoGroupRecreatesGroupFromZero(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	q := newQueue(t, nil)
+	c := q.consumer(t, "w1", nil)
+	if _, err := q.pub.Add(ctx, jobs(1, 0)...); err != nil {
+		t.Fatal(err)
+	}
+	ds := fetchN(t, c, 1)
+	// The stream and group are lost; another publisher adds two jobs to a
+	// fresh stream (no group yet) before the ack.
+	if err := q.rdb.Del(ctx, q.keys.Stream).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := q.pub.Add(ctx, jobs(2, 1)...); err != nil {
+		t.Fatal(err)
+	}
+	// XACK on a stream without the group answers 0 or NOGROUP depending on
+	// the server; either way nothing breaks.
+	_ = c.Ack(ctx, ds[0].StreamID)
+	got := fetchN(t, c, 2)
+	if ids(got)[0] != "job-1" || ids(got)[1] != "job-2" {
+		t.Fatalf("after the group came back: %v, want job-1, job-2 (created from 0, not $)", ids(got))
+	}
+}
+
+// Readd adds a job whose dedupe key is still there (its entry lost), where
+// Add would see a duplicate.
+func TestReaddGetsPastTheDedupeKey(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	q := newQueue(t, nil)
+	if _, err := q.pub.Add(ctx, jobs(1, 0)...); err != nil {
+		t.Fatal(err)
+	}
+	if err := q.rdb.Del(ctx, q.keys.Stream).Err(); err != nil { // entry lost, key kept
+		t.Fatal(err)
+	}
+	if n, err := q.pub.Add(ctx, jobs(1, 0)...); err != nil || n != 0 {
+		t.Fatalf("Add = %d, %v; want 0 (the dedupe key says duplicate)", n, err)
+	}
+	if n, err := q.pub.Readd(ctx, jobs(1, 0)...); err != nil || n != 1 {
+		t.Fatalf("Readd = %d, %v; want 1", n, err)
+	}
+	if n := q.rdb.XLen(ctx, q.keys.Stream).Val(); n != 1 {
+		t.Fatalf("stream length %d, want 1", n)
+	}
+	if ttl := q.rdb.PTTL(ctx, q.keys.Dedupe("job-0")).Val(); ttl <= 0 {
+		t.Fatalf("dedupe key TTL %v, want set", ttl)
+	}
+	if _, err := q.pub.Readd(ctx, redisq.Job{}); err == nil {
+		t.Fatal("Readd of an empty id succeeded")
 	}
 }

@@ -30,6 +30,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxchat/outboxchat/chat"
+	"github.com/outboxchat/outboxchat/internal/labfault"
 	"github.com/outboxchat/outboxchat/lab"
 	"github.com/outboxchat/outboxchat/outbox"
 	"github.com/outboxchat/outboxchat/redisq"
@@ -147,15 +148,22 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 		go func() { _ = srv.Serve(ln) }()
 		defer srv.Close()
 	}
+	log := newLogger(stderr, *logFormat)
+	var hooks chat.Hooks // nil unless --fault: an interface holding a nil *Fault is not nil
+	if f, err := labfault.Parse(*fault, log.With("service", *service)); err != nil {
+		return err
+	} else if f != nil {
+		hooks = f
+	}
 	return chat.Serve(ctx, chat.Config{
 		Service: *service, Roles: r, DatabaseURL: *dbURL, RedisURL: *redisURL, HTTPAddr: *httpAddr,
 		Mode: *mode, Wake: wm, PollOnly: *pollOnly, PollInterval: *poll, LockDuration: *lock,
 		RedriveAfter: redriveAfter(*redrive),
-		GapTimeout:   *gap, ConsumerName: *consumer, MaxBodyBytes: *maxBody, RedisPrefix: *prefix, Fault: *fault,
+		GapTimeout:   *gap, ConsumerName: *consumer, MaxBodyBytes: *maxBody, RedisPrefix: *prefix, Hooks: hooks,
 		SendLockTimeout: *sendLock, ReadTimeout: *readTimeout,
 		RelayMaxAttempts: *maxAttempts, DeadLetterMax: *deadMax, OutboxVacuumRows: *vacuumRows,
 		Guard: guard.config(), Auth: auth.config(), EventKeyFile: *auth.eventKeys,
-		TLSCertFile: *auth.tlsCert, TLSKeyFile: *auth.tlsKey, Logger: newLogger(stderr, *logFormat),
+		TLSCertFile: *auth.tlsCert, TLSKeyFile: *auth.tlsKey, Logger: log,
 	})
 }
 

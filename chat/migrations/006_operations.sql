@@ -1,4 +1,4 @@
--- 005_operations: poison rows parked at the relay, and the relay's
+-- 006_operations: poison rows parked at the relay, and the relay's
 -- heartbeat (issue 12). Applied like 001 (search_path = the service's
 -- schema, as its role). Shipped: never edit; add a later file instead.
 

@@ -1,0 +1,57 @@
+package chat
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+
+	"github.com/outboxchat/outboxchat/internal/service"
+)
+
+// httpService serves the API on a listener that is already bound, as one
+// of Serve's services (internal/service contract): Start serves in a
+// goroutine of the run; Stop stops taking connections, waits for
+// in-flight requests (net/http Shutdown), closes the WebSockets (hijacked,
+// so Shutdown does not wait for them) and waits for their handlers, then
+// closes the server — all bounded by Stop's ctx. Serve starts it last, so
+// it stops first.
+type httpService struct {
+	srv  *http.Server
+	ln   net.Listener
+	api  *API
+	log  *slog.Logger
+	life service.Lifecycle
+	once sync.Once // closeSockets runs once
+}
+
+func (h *httpService) Start(ctx context.Context) error {
+	return h.life.Start(ctx, func(r *service.Run) {
+		r.Go(func() {
+			if err := h.srv.Serve(h.ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				h.log.Error("http", "err", err)
+			}
+		})
+		// A hard stop (Start's ctx ended) closes the server at once.
+		r.Go(func() {
+			select {
+			case <-r.Context().Done():
+				_ = h.srv.Close()
+			case <-r.Stopping():
+			}
+		})
+	})
+}
+
+func (h *httpService) Stop(ctx context.Context) error {
+	h.once.Do(func() {
+		_ = h.srv.Shutdown(ctx)
+		if err := h.api.closeSockets(ctx); err != nil {
+			h.log.Warn("stopping", "err", err)
+		}
+		_ = h.srv.Close()
+	})
+	return h.life.Stop(ctx)
+}
