@@ -102,4 +102,28 @@ func TestRedisACLLeastPrivilege(t *testing.T) {
 	}
 	_, err = fake.Add(ctx, redisq.Job{ID: "forged", Name: EventMessageCreated, Payload: []byte("{}")})
 	denied("Publisher.Add to workers' queue", err)
+
+	// The worker dead-letters (and caps the dead-letter stream) and the
+	// gauges read the queue with these credentials: a malformed entry put
+	// on the stream consumers reads (by the admin) is dead-lettered and
+	// counted.
+	if err := admin.XAdd(ctx, &redis.XAddArgs{Stream: in.Stream, Values: []any{"garbage", "x"}}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	var m string
+	testenv.WaitFor(t, 30*time.Second, "the malformed entry dead-lettered and in consumers' gauges", func() bool {
+		m, err = http_get(cons.base + "/metrics")
+		ok := err == nil && strings.Contains(m, "outboxchat_deadletter_entries 1") && strings.Contains(m, "outboxchat_queue_pending 0")
+		if !ok && testing.Verbose() {
+			for _, l := range strings.Split(m, "\n") {
+				if strings.HasPrefix(l, "outboxchat_queue") || strings.HasPrefix(l, "outboxchat_dead") {
+					t.Log(l)
+				}
+			}
+		}
+		return ok
+	})
+	if qi, err := redisq.Inspect(ctx, rdb, h.prefix, QueueName(Workers)); err != nil || qi.DeadLetters != 1 || len(qi.Groups) != 1 {
+		t.Errorf("Inspect with consumers' credentials = %+v, %v", qi, err)
+	}
 }

@@ -16,13 +16,20 @@
 //   - relay: outbox.Relay publishing the service's outbox to the queue
 //     "<service>-to-<peer>" (QueueName) with the message id as job id; and
 //     the Redriver, which publishes again the messages no receipt came back
-//     for within Config.RedriveAfter (redrive.go).
+//     for within Config.RedriveAfter (redrive.go); the relay parks a row
+//     whose publish failed Config.RelayMaxAttempts times by its own fault,
+//     outbox.Vacuum keeps the outbox small, and a heartbeat row says when
+//     the relay last passed (heartbeat.go).
 //   - worker: inbox.Consumer reading "<peer>-to-<service>" in consumer group
 //     "<service>"; InboxHandler records each message once in the inbox and
 //     NOTIFYs the gateway channel in the same transaction, enqueues one
 //     cumulative receipt per chat in the service's own outbox, and applies
 //     the peer's receipts to the service's messages (delivered_at;
 //     receipt.go).
+//
+// ReadStatus (status.go) is the operator's snapshot of both services
+// (`outboxchat status`); each process exports its part of it as gauges,
+// read at most every 5 s.
 //
 // Invariants (DESIGN.md): a message and its event commit together; only the
 // relay writes to Redis and it holds nothing in memory; publish is

@@ -128,6 +128,19 @@ type Config struct {
 	// Guard bounds what one client can take: timeouts, host and origin
 	// allow-lists, rate limits, the WebSocket cap (guard.go).
 	Guard GuardConfig
+	// RelayMaxAttempts is how many failures of its own a row may have
+	// before the relay parks it (outbox.RelayConfig.MaxAttempts). Default
+	// 0 means outbox.DefaultMaxAttempts (10); negative: never park.
+	RelayMaxAttempts int
+	// DeadLetterMax caps the dead-letter stream this service's worker
+	// writes (redisq.ConsumerConfig.DeadLetterMax). Default 0 means
+	// redisq.DefaultDeadLetterMax (100,000); negative: no cap.
+	DeadLetterMax int64
+	// OutboxVacuumRows is the dead-row count of the outbox from which the
+	// relay role vacuums it (outbox.Vacuum). Default 0 means
+	// outbox.DefaultVacuumDeadRows (5,000); negative: never (autovacuum
+	// only).
+	OutboxVacuumRows int64
 	// Hooks wraps the relay's publisher and the worker's source and handler
 	// (the lab's fault injection, tests); nil means none.
 	Hooks Hooks
@@ -291,6 +304,19 @@ func Serve(ctx context.Context, cfg Config) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		newHorizonCollector(pool))
+	if cfg.has(RoleRelay) || cfg.has(RoleWorker) {
+		// The outbox gauges where the relay runs, the queue's where the
+		// worker does (status.go).
+		var db outbox.DB
+		if cfg.has(RoleRelay) {
+			db = pool
+		}
+		var qr redis.UniversalClient
+		if cfg.has(RoleWorker) {
+			qr = rdb
+		}
+		reg.MustRegister(newStatusCollector(db, qr, cfg.RedisPrefix, cfg.Service))
+	}
 	// The services of the chosen roles, in start order (runServices starts
 	// them in order and stops them in reverse): notifier, inbox consumer,
 	// relay, redriver, writer, gateway, store, dual writer, HTTP server.
@@ -391,8 +417,8 @@ func Serve(ctx context.Context, cfg Config) error {
 		}
 		qc, err := redisq.NewConsumer(rdb, &redisq.ConsumerConfig{
 			Queue: QueueName(Peer(cfg.Service)), Prefix: cfg.RedisPrefix, Group: cfg.Service,
-			Consumer: cfg.ConsumerName, LockDuration: cfg.LockDuration, Logger: log,
-			OnEvent: queueEvents(reg, log, cmp.Or(cfg.LockDuration, redisq.DefaultLockDuration)),
+			Consumer: cfg.ConsumerName, LockDuration: cfg.LockDuration, Logger: log, DeadLetterMax: cfg.DeadLetterMax,
+			OnEvent: opsQueueEvents(reg, queueEvents(reg, log, cmp.Or(cfg.LockDuration, redisq.DefaultLockDuration))),
 		})
 		if err != nil {
 			return err
@@ -451,7 +477,7 @@ func Serve(ctx context.Context, cfg Config) error {
 		rcfg := &outbox.RelayConfig{
 			Table: cfg.Service + ".outbox", Channel: OutboxChannel(cfg.Service), Publisher: p,
 			PollInterval: cfg.PollInterval, DisableListen: cfg.PollOnly, Logger: log,
-			OnEvent: relayEvents(reg, log), Notifier: listener,
+			OnEvent: opsRelayEvents(reg, relayEvents(reg, log)), Notifier: listener, MaxAttempts: cfg.RelayMaxAttempts,
 			// This process's sends wake the relay directly; their NOTIFYs
 			// (for other processes) would only cause a second pass here.
 			SkipOwnNotifications: cfg.directRelayWake(),
@@ -461,6 +487,14 @@ func Serve(ctx context.Context, cfg Config) error {
 			return err
 		}
 		add(relay)
+		add(newHeartbeat(pool, cfg.Service, cfg.ConsumerName, relay.LastPass, log))
+		if cfg.OutboxVacuumRows >= 0 {
+			vac, err := outbox.NewVacuum(pool, &outbox.VacuumConfig{Table: cfg.Service + ".outbox", DeadRows: cfg.OutboxVacuumRows, Logger: log})
+			if err != nil {
+				return err
+			}
+			add(vac)
+		}
 		if after := cfg.redriveAfter(); after > 0 {
 			redriven := prometheus.NewCounter(prometheus.CounterOpts{
 				Name: "outboxchat_redriven_total",

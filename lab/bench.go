@@ -144,6 +144,25 @@ type BenchResult struct {
 	// Tables is pg_stat_user_tables of the services' tables at the end of
 	// the run (after the drain, before the held snapshot is released).
 	Tables []TableStat `json:"tables"`
+	// OutboxBytesBefore and OutboxBytesAfter are pg_total_relation_size
+	// (heap, indexes, TOAST) of each service's outbox before the first
+	// send and after the drain and Redis trim (issue 12's retention).
+	OutboxBytesBefore map[string]int64 `json:"outbox_bytes_before"`
+	OutboxBytesAfter  map[string]int64 `json:"outbox_bytes_after"`
+}
+
+// outboxBytes reads pg_total_relation_size of both outbox tables (nil if
+// it cannot).
+func outboxBytes(ctx context.Context, env *Env) map[string]int64 {
+	out := map[string]int64{}
+	for _, t := range []string{"consumers.outbox", "workers.outbox"} {
+		var n int64
+		if err := env.Admin().QueryRow(ctx, "SELECT pg_total_relation_size($1::regclass)", t).Scan(&n); err != nil {
+			return nil
+		}
+		out[t] = n
+	}
+	return out
 }
 
 // benchWindow is the width of BenchResult.WindowsMsgsPerS's windows.
@@ -239,6 +258,7 @@ func Bench(ctx context.Context, opts BenchOptions) (*BenchResult, error) {
 	if res.RedisUsedMBBefore, err = redisUsedMB(ctx, env); err != nil {
 		return nil, err
 	}
+	res.OutboxBytesBefore = outboxBytes(ctx, env)
 	res.HoldSnapshot = opts.HoldSnapshot
 	if opts.HoldSnapshot {
 		release, err := holdSnapshot(ctx, env)
@@ -429,6 +449,7 @@ func Bench(ctx context.Context, opts BenchOptions) (*BenchResult, error) {
 	if res.RedisUsedMBAfter, err = redisUsedMB(ctx, env); err != nil {
 		return nil, err
 	}
+	res.OutboxBytesAfter = outboxBytes(ctx, env)
 
 	for k, n := range waits {
 		res.PGWaits = append(res.PGWaits, WaitCount{k, n})
@@ -761,6 +782,11 @@ func (r *BenchResult) WriteText(w io.Writer) {
 	}
 	fmt.Fprintf(w, "\nredis used_memory: %.2f MB before, %.2f MB after (stream entries left %d, keys %d)\n",
 		r.RedisUsedMBBefore, r.RedisUsedMBAfter, r.StreamLenAfter, r.RedisKeysAfter)
+	for _, t := range []string{"consumers.outbox", "workers.outbox"} {
+		if b, ok := r.OutboxBytesBefore[t]; ok {
+			fmt.Fprintf(w, "%s total size: %.2f MB before, %.2f MB after\n", t, float64(b)/(1<<20), float64(r.OutboxBytesAfter[t])/(1<<20))
+		}
+	}
 	if len(r.PGWaits) > 0 {
 		fmt.Fprintf(w, "\npostgres, non-idle client backends over %d samples (avg backends in that state):\n", r.PGWaitSamples)
 		for _, wc := range r.PGWaits {

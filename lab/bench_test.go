@@ -85,6 +85,11 @@ func TestBenchCmd(t *testing.T) {
 	if r.RedisUsedMBBefore <= 0 || r.RedisUsedMBAfter <= 0 {
 		t.Errorf("redis used memory %v → %v", r.RedisUsedMBBefore, r.RedisUsedMBAfter)
 	}
+	for _, tb := range []string{"consumers.outbox", "workers.outbox"} {
+		if r.OutboxBytesBefore[tb] <= 0 || r.OutboxBytesAfter[tb] <= 0 {
+			t.Errorf("%s size %d → %d bytes; want both read", tb, r.OutboxBytesBefore[tb], r.OutboxBytesAfter[tb])
+		}
+	}
 	if !strings.Contains(errb.String(), "lab: bench sending") && !strings.Contains(errb.String(), "lab: bench done") {
 		t.Errorf("no progress line on stderr")
 	}

@@ -7,7 +7,9 @@
 // The outbox table is created by the application's migrations from TableDDL:
 // identity id, event, idempotency_key, jsonb payload, created_at, sent_at
 // (NULL; a row is deleted once published, so the table holds only unsent
-// rows), attempts and last_error, plus a partial index on the unsent rows.
+// rows), attempts and last_error, failures, retry_at and parked_at (poison
+// handling, below; ParkingDDL adds them to an older table), plus a partial
+// index on the unsent rows.
 // The identity sequence must keep its default CACHE 1 and ids must not be
 // given explicitly (the claim floor, below, relies on both), and the
 // relay's role needs USAGE or SELECT on that sequence (its owner has both)
@@ -85,6 +87,35 @@
 //   - Two relays on one table: the second one's claim waits on the first
 //     one's row locks (at most LockTimeout, then it fails and retries); each
 //     ID is published by one of them (or by both, after a failure).
-//   - A row that can never be published (poison) is retried forever and
-//     blocks the rows after it; attempts and last_error show it.
+//   - A row that can never be published (poison): the Publisher blames it
+//     with a MessageError (redisq's adapter does for an empty id or an
+//     "ERR" reply to its job). The rows before it are published; it gets
+//     failures+1, last_error and a backoff (RetryBackoff, 50 ms doubling to
+//     RetryBackoffMax, 1 s) during which passes publish nothing behind it,
+//     so order holds; at MaxAttempts (10) failures it is parked (parked_at,
+//     EventParked, an Error log line naming row_id and message_id): no
+//     longer claimed, it stops holding back the rows behind it, which then
+//     overtake it (the chat's receivers see a gap, see below). Failures of a
+//     whole pass (broker down, timeouts) never count toward parking.
+//
+// # Operating it
+//
+// ReadStats (unsent rows, the oldest one's age on the database clock,
+// parked rows) is one statement, for dashboards and probes. Parked lists
+// parked rows; Retry enqueues them again under new ids (so they sort after
+// every row already enqueued and a running relay's claim floor does not
+// hide them), clearing failures and parked_at, and notifies the relays; a
+// repeated Retry is a no-op. The order policy for a parked row: it is
+// published after the rows that overtook it, so a receiver that applies a
+// chat in seq order meets a gap while it is parked (the chat's gateway
+// holds the rows behind the gap for its gap timeout, then shows them) and
+// the parked row late once retried.
+//
+// Published rows are deleted, so the table holds only unsent rows, but
+// their space returns only with VACUUM: Vacuum, a small service for the
+// relay's process, vacuums the table whenever it has at least DeadRows
+// (5,000) dead rows, checked every 2 s; a lab bench of 200,000 messages
+// then ends with the outbox near its starting size instead of 73 MB.
+// There is no retention setting: nothing is kept once published (history
+// belongs in the application's own tables).
 package outbox

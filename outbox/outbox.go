@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"fmt"
 	"time"
 )
 
@@ -49,3 +50,26 @@ type PublisherFunc func(ctx context.Context, msgs []Message) error
 func (f PublisherFunc) Publish(ctx context.Context, msgs []Message) error { return f(ctx, msgs) }
 
 var _ Publisher = PublisherFunc(nil)
+
+// MessageError is returned by a Publisher (possibly wrapped) when one
+// message of the batch cannot be published through its own fault (the
+// broker refuses it, it cannot be encoded or signed), while the broker
+// itself works. Every message before it in the batch must have been
+// published. The relay then deletes those, counts a failure on the row
+// RowID (attempts, last_error, a backoff during which it holds back the
+// rows behind it) and parks it after RelayConfig.MaxAttempts such
+// failures. Return a plain error instead when the failure is not the
+// message's (broker down, timeout): those never park a row.
+type MessageError struct {
+	// RowID is Message.RowID of the message at fault.
+	RowID int64
+	// Err is why it failed; it becomes the row's last_error.
+	Err error
+}
+
+func (e *MessageError) Error() string {
+	return fmt.Sprintf("outbox: publishing row %d: %v", e.RowID, e.Err)
+}
+
+// Unwrap returns Err.
+func (e *MessageError) Unwrap() error { return e.Err }

@@ -2,8 +2,10 @@ package outbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -36,6 +38,18 @@ const (
 	// DefaultListenApplicationName is the application_name of the relay's
 	// LISTEN connection when the pool's config sets none.
 	DefaultListenApplicationName = "outbox_relay_listen"
+	// DefaultMaxAttempts is RelayConfig.MaxAttempts's default: a row whose
+	// publish failed this many times by its own fault (MessageError) is
+	// parked.
+	DefaultMaxAttempts = 10
+	// DefaultRetryBackoff and DefaultRetryBackoffMax bound the pause
+	// before a row that failed by its own fault is tried again: the first
+	// pause is DefaultRetryBackoff (50 ms), each further failure doubles
+	// it, up to DefaultRetryBackoffMax (1 s). With DefaultMaxAttempts the
+	// row holds the relay back for about 5.5 s in all before it is parked
+	// (50+100+200+400+800 ms, then 4 × 1 s).
+	DefaultRetryBackoff    = 50 * time.Millisecond
+	DefaultRetryBackoffMax = time.Second
 )
 
 // Internal tunables (not configurable).
@@ -71,6 +85,15 @@ const (
 	// EventListenDown: the LISTEN connection failed or was lost (Err), or
 	// closed on stop (Err nil); the poll covers the gap.
 	EventListenDown RelayEventKind = "outbox.listen_down"
+	// EventMessageFailed: the Publisher blamed one row (a MessageError):
+	// RowID, MessageID, Attempts (its failures so far, ≥ 1) and Err; the
+	// rows before it were published and deleted, it waits Duration before
+	// it is tried again, holding back the rows behind it.
+	EventMessageFailed RelayEventKind = "outbox.message_failed"
+	// EventParked: a row reached MaxAttempts failures of its own and was
+	// parked (RowID, MessageID, Attempts, Err): no longer claimed, it no
+	// longer holds back the rows behind it; see Parked and Retry.
+	EventParked RelayEventKind = "outbox.parked"
 )
 
 // RelayEvent is one typed event of the relay, given to RelayConfig.OnEvent.
@@ -82,8 +105,15 @@ type RelayEvent struct {
 	Duration time.Duration
 	// Stage is where a pass failed (EventPassFailed).
 	Stage string
-	// Err is the failure (EventPassFailed, EventListenDown).
+	// Err is the failure (EventPassFailed, EventListenDown,
+	// EventMessageFailed, EventParked).
 	Err error
+	// RowID, MessageID (the idempotency key) and Attempts (failures of
+	// the row's own, ≥ 1) name the row of EventMessageFailed and
+	// EventParked.
+	RowID     int64
+	MessageID string
+	Attempts  int
 }
 
 // RelayConfig configures NewRelay. Publisher and Table are required, so a nil
@@ -143,6 +173,19 @@ type RelayConfig struct {
 	// Logger receives pass failures (Warn) and LISTEN state changes (Info,
 	// Warn) with component=outbox.relay. Default nil means slog.Default().
 	Logger *slog.Logger
+	// MaxAttempts is how many failures of its own (the Publisher returned
+	// a MessageError naming it) a row may have before it is parked: parked
+	// rows are not claimed, so they stop holding back the rows behind them,
+	// and wait for Retry. Failures of a whole pass (broker down, timeout)
+	// never count. Default 0 means DefaultMaxAttempts (10); negative means
+	// never park (the row is retried with backoff for ever).
+	MaxAttempts int
+	// RetryBackoff is the pause after a row's first failure of its own;
+	// it doubles with each further one up to RetryBackoffMax. While a row
+	// waits, passes publish only the rows before it (order: nothing behind
+	// it overtakes it). Defaults 0 mean DefaultRetryBackoff (50 ms) and
+	// DefaultRetryBackoffMax (1 s).
+	RetryBackoff, RetryBackoffMax time.Duration
 	// OnEvent, when set, receives every typed Event of the relay (the app
 	// feeds Prometheus and its event log from it). Called from the relay's
 	// goroutines (and RunOnce's caller); must be cheap, must not block,
@@ -170,7 +213,11 @@ type Relay struct {
 	log       *slog.Logger
 	onEvent   func(RelayEvent)
 
+	maxAttempts                          int
+	backoffMin, backoffMax               time.Duration
+	lastPass                             atomic.Int64 // unix nanoseconds of the last committed pass
 	claimSQL, markSQL, recordSQL, seqSQL string
+	failSQL                              string
 	table                                string // quoted table name, for seqSQL
 	floor                                claimFloor
 
@@ -203,6 +250,9 @@ func (c *RelayConfig) WithDefaults() *RelayConfig {
 	d.LockTimeout = orDefault(d.LockTimeout, DefaultLockTimeout)
 	d.StatementTimeout = orDefault(d.StatementTimeout, DefaultStatementTimeout)
 	d.IdleInTxTimeout = orDefault(d.IdleInTxTimeout, DefaultIdleInTxTimeout)
+	d.MaxAttempts = orDefault(d.MaxAttempts, DefaultMaxAttempts)
+	d.RetryBackoff = orDefault(d.RetryBackoff, DefaultRetryBackoff)
+	d.RetryBackoffMax = orDefault(d.RetryBackoffMax, DefaultRetryBackoffMax)
 	if d.Logger == nil {
 		d.Logger = slog.Default()
 	}
@@ -234,6 +284,8 @@ func (c *RelayConfig) validate() (table, error) {
 		{"LockTimeout", c.LockTimeout},
 		{"StatementTimeout", c.StatementTimeout},
 		{"IdleInTxTimeout", c.IdleInTxTimeout},
+		{"RetryBackoff", c.RetryBackoff},
+		{"RetryBackoffMax", c.RetryBackoffMax},
 	} {
 		if d.v < 0 {
 			return table{}, fmt.Errorf("negative %s: %w", d.name, ErrInvalidConfig)
@@ -266,21 +318,24 @@ func NewRelay(pool *pgxpool.Pool, cfg *RelayConfig) (*Relay, error) {
 		return nil, fmt.Errorf("outbox: new relay: %w", err)
 	}
 	r := &Relay{
-		pool:      pool,
-		pub:       cfg.Publisher,
-		channel:   cfg.Channel,
-		batchSize: cfg.BatchSize,
-		poll:      cfg.PollInterval,
-		listen:    !cfg.DisableListen,
-		ignore:    cfg.IgnoreNotification,
-		pubTO:     cfg.PublishTimeout,
-		timeouts:  [3]string{pgMillis(cfg.LockTimeout), pgMillis(cfg.StatementTimeout), pgMillis(cfg.IdleInTxTimeout)},
-		log:       cfg.Logger.With(slog.String("component", "outbox.relay")),
-		onEvent:   cfg.OnEvent,
-		wake:      make(chan struct{}, 1),
-		life:      service.Lifecycle{Name: "outbox: relay"},
-		notifier:  cfg.Notifier,
-		skipOwn:   cfg.SkipOwnNotifications,
+		pool:        pool,
+		pub:         cfg.Publisher,
+		channel:     cfg.Channel,
+		batchSize:   cfg.BatchSize,
+		poll:        cfg.PollInterval,
+		listen:      !cfg.DisableListen,
+		ignore:      cfg.IgnoreNotification,
+		pubTO:       cfg.PublishTimeout,
+		timeouts:    [3]string{pgMillis(cfg.LockTimeout), pgMillis(cfg.StatementTimeout), pgMillis(cfg.IdleInTxTimeout)},
+		log:         cfg.Logger.With(slog.String("component", "outbox.relay")),
+		maxAttempts: cfg.MaxAttempts,
+		backoffMin:  cfg.RetryBackoff,
+		backoffMax:  cfg.RetryBackoffMax,
+		onEvent:     cfg.OnEvent,
+		wake:        make(chan struct{}, 1),
+		life:        service.Lifecycle{Name: "outbox: relay"},
+		notifier:    cfg.Notifier,
+		skipOwn:     cfg.SkipOwnNotifications,
 	}
 	if r.listen && r.notifier == nil {
 		n, err := notifier.New(&notifier.Config{
@@ -304,8 +359,13 @@ func NewRelay(pool *pgxpool.Pool, cfg *RelayConfig) (*Relay, error) {
 	// "id >= $2": the claim floor (floor.go), so a claim does not step
 	// over the index entries of rows already published and deleted that
 	// vacuum has not removed yet.
-	r.claimSQL = "SELECT id, idempotency_key, event, payload, created_at FROM " + t.quoted +
-		" WHERE sent_at IS NULL AND id >= $2 ORDER BY id LIMIT $1 FOR UPDATE"
+	// "parked_at IS NULL": parked rows (poison, see failSQL) are not
+	// claimed. The last column is how long the row still waits after a
+	// failure of its own (NULL: not waiting); the pass publishes only the
+	// rows before the first waiting one.
+	r.claimSQL = "SELECT id, idempotency_key, event, payload, created_at, " +
+		"extract(epoch FROM retry_at - now())::float8 FROM " + t.quoted +
+		" WHERE sent_at IS NULL AND parked_at IS NULL AND id >= $2 ORDER BY id LIMIT $1 FOR UPDATE"
 	// Published rows are deleted, not updated: no new row version and no
 	// new index entry per message (issue 17). sent_at stays NULL; a table
 	// whose rows an older relay marked sent keeps those (never claimed).
@@ -318,6 +378,15 @@ func NewRelay(pool *pgxpool.Pool, cfg *RelayConfig) (*Relay, error) {
 	// so this may wait for another relay (bounded by lock_timeout).
 	r.recordSQL = "UPDATE " + t.quoted +
 		" SET attempts = attempts + 1, last_error = $2 WHERE id = ANY($1) AND sent_at IS NULL"
+	// A row the Publisher blamed (MessageError), in the pass's own
+	// transaction (the row is locked by the claim): one more failure of
+	// its own, the pause before the next try ($3 ms doubling per failure,
+	// capped at $4 ms), parked once failures reach $5 (≤ 0: never). An
+	// UPDATE of one row per failure, never per message published.
+	r.failSQL = "UPDATE " + t.quoted + ` SET attempts = attempts + 1, failures = failures + 1, last_error = $2,
+  retry_at = now() + least($3::float8 * power(2, least(failures, 30)), $4::float8) * interval '1 millisecond',
+  parked_at = CASE WHEN $5::int > 0 AND failures + 1 >= $5::int THEN now() END
+WHERE id = $1 RETURNING failures, parked_at IS NOT NULL`
 	return r, nil
 }
 
@@ -377,13 +446,20 @@ const setTimeoutsSQL = "SELECT set_config('lock_timeout', $1, true), " +
 
 // RunOnce runs one pass and returns the number of rows published (0 to
 // BatchSize). In one round trip it sends BEGIN, the transaction-local
-// timeouts and the claim (the unsent rows in id order, at most BatchSize,
-// locked FOR UPDATE); then it calls the Publisher with PublishTimeout; then,
-// in one more round trip, deletes the published rows and commits. An empty pass
-// costs two round trips.
+// timeouts and the claim (the unsent, unparked rows in id order, at most
+// BatchSize, locked FOR UPDATE); then it calls the Publisher with
+// PublishTimeout for the claimed rows before the first one still waiting
+// after a failure of its own (RetryBackoff); then, in one more round trip,
+// deletes the published rows and commits. An empty pass costs two round
+// trips.
 //
-// On any error it rolls back, so the rows stay unsent (nothing is kept in
-// memory); if rows had been claimed it then records attempts+1 and
+// When the Publisher returns a MessageError naming a claimed row, the rows
+// before it count as published and are deleted, and the row gets one more
+// failure, last_error and its backoff, or is parked at MaxAttempts
+// (EventMessageFailed, EventParked, a log line naming it), all in the
+// pass's transaction; RunOnce then returns the rows published and nil. On
+// any other error it rolls back, so the rows stay unsent (nothing is kept
+// in memory); if rows had been claimed it then records attempts+1 and
 // last_error on them in a separate short transaction (best effort), and
 // returns the error wrapped "outbox: relay: <stage>: ...". If the commit's
 // outcome is unknown (connection lost) the rows may or may not be marked;
@@ -391,10 +467,33 @@ const setTimeoutsSQL = "SELECT set_config('lock_timeout', $1, true), " +
 // Safe for concurrent use, also while the relay is started (passes then
 // serialise on the row locks).
 func (r *Relay) RunOnce(ctx context.Context) (n int, err error) {
+	p, err := r.runOnce(ctx)
+	return p.n, err
+}
+
+// pass is what one pass did: n rows published; more when a row was parked
+// (the rows behind it may be claimed at once); wait > 0 when the pass
+// stopped at a row waiting after a failure of its own, for that long.
+type pass struct {
+	n    int
+	more bool
+	wait time.Duration
+}
+
+// LastPass returns when the latest pass committed (an empty one too), by
+// this process's clock; zero before the first. Safe for concurrent use.
+func (r *Relay) LastPass() time.Time {
+	if ns := r.lastPass.Load(); ns != 0 {
+		return time.Unix(0, ns)
+	}
+	return time.Time{}
+}
+
+func (r *Relay) runOnce(ctx context.Context) (p pass, err error) {
 	start := time.Now()
 	conn, err := r.pool.Acquire(ctx)
 	if err != nil {
-		return 0, r.fail("claim", fmt.Errorf("outbox: relay: claim: acquire connection: %w", err))
+		return p, r.fail("claim", fmt.Errorf("outbox: relay: claim: acquire connection: %w", err))
 	}
 	defer conn.Release() // destroys the connection if a transaction is left open
 
@@ -419,20 +518,39 @@ func (r *Relay) RunOnce(ctx context.Context) (n int, err error) {
 	br := conn.SendBatch(ctx, b)
 	inTx = true
 	var h horizon
-	msgs, err := r.readClaim(br, &h)
+	claimed, waits, err := r.readClaim(br, &h)
 	if cerr := br.Close(); err == nil && cerr != nil {
 		err = cerr
 	}
 	if err != nil {
-		return 0, r.fail("claim", fmt.Errorf("outbox: relay: claim: %w", err))
+		return p, r.fail("claim", fmt.Errorf("outbox: relay: claim: %w", err))
+	}
+	// Publish only the rows before the first one still waiting after a
+	// failure of its own: nothing behind it overtakes it.
+	msgs := claimed
+	cut := false
+	for i, w := range waits {
+		if w > 0 {
+			msgs, cut, p.wait = claimed[:i], true, w
+			break
+		}
+	}
+	// The floor may move past the rows this pass accounts for: all it
+	// claimed (a full claim), or those before the waiting row.
+	full, lastID := len(claimed) == r.batchSize, int64(0)
+	if cut {
+		full, lastID = true, claimed[len(msgs)].RowID-1
+	} else if len(claimed) > 0 {
+		lastID = claimed[len(claimed)-1].RowID
 	}
 	if len(msgs) == 0 {
 		if _, err := conn.Exec(ctx, "COMMIT"); err != nil {
-			return 0, r.fail("claim", fmt.Errorf("outbox: relay: claim: commit empty pass: %w", err))
+			return p, r.fail("claim", fmt.Errorf("outbox: relay: claim: commit empty pass: %w", err))
 		}
 		inTx = false
-		r.floor.advance(floor, h.v, h.xmin, 0, false, 0)
-		return 0, nil
+		r.lastPass.Store(time.Now().UnixNano())
+		r.floor.advance(floor, h.v, h.xmin, 0, full, lastID)
+		return p, nil
 	}
 	ids := make([]int64, len(msgs))
 	for i, m := range msgs {
@@ -443,14 +561,31 @@ func (r *Relay) RunOnce(ctx context.Context) (n int, err error) {
 	pctx, cancel := context.WithTimeout(ctx, r.pubTO)
 	err = r.pub.Publish(pctx, msgs)
 	cancel()
-	if err != nil {
+	var poison *MessageError
+	k := -1
+	if err != nil && errors.As(err, &poison) {
+		k = slices.IndexFunc(msgs, func(m Message) bool { return m.RowID == poison.RowID })
+	}
+	if err != nil && k < 0 {
 		err = fmt.Errorf("outbox: relay: publish %d rows: %w", len(msgs), err)
 		r.rollbackAndRecord(ctx, conn, &inTx, ids, err)
-		return 0, r.fail("publish", err)
+		return pass{}, r.fail("publish", err)
 	}
 
+	err = nil
 	b = &pgx.Batch{}
+	var failures int
+	var parked bool
+	if k >= 0 {
+		// The rows before the blamed one were published; it fails alone.
+		ids = ids[:k]
+		full, lastID = true, poison.RowID-1
+	}
 	b.Queue(r.markSQL, ids)
+	if k >= 0 {
+		b.Queue(r.failSQL, poison.RowID, lastError(poison.Err), r.backoffMin.Milliseconds(),
+			r.backoffMax.Milliseconds(), r.maxAttempts)
+	}
 	if wantXid {
 		// The xid the claim's row locks gave this transaction, after the
 		// sequence read: the floor's R (floor.go).
@@ -459,38 +594,58 @@ func (r *Relay) RunOnce(ctx context.Context) (n int, err error) {
 	b.Queue("COMMIT")
 	br = conn.SendBatch(ctx, b)
 	_, err = br.Exec()
+	if err == nil && k >= 0 {
+		err = br.QueryRow().Scan(&failures, &parked)
+	}
 	var xid int64
 	if err == nil && wantXid {
 		err = br.QueryRow().Scan(&xid)
 	}
-	var tag string
+	var tag pgconn.CommandTag
 	if err == nil {
-		var ct pgconn.CommandTag
-		ct, err = br.Exec()
-		if err == nil {
-			tag = ct.String()
-		}
+		tag, err = br.Exec()
 	}
 	if cerr := br.Close(); err == nil && cerr != nil {
 		err = cerr
 	}
-	if err == nil && tag != "COMMIT" {
-		err = fmt.Errorf("commit ended in %q", tag)
+	if err == nil && tag.String() != "COMMIT" {
+		err = fmt.Errorf("commit ended in %q", tag.String())
 	}
 	if err != nil {
-		err = fmt.Errorf("outbox: relay: mark %d rows sent: %w", len(msgs), err)
+		err = fmt.Errorf("outbox: relay: mark %d rows sent: %w", len(ids), err)
 		r.rollbackAndRecord(ctx, conn, &inTx, ids, err)
-		return 0, r.fail("mark_sent", err)
+		return pass{}, r.fail("mark_sent", err)
 	}
 	inTx = false
-	last := msgs[len(msgs)-1].RowID
-	if old := r.floor.advance(floor, h.v, h.xmin, xid, len(msgs) == r.batchSize, last); floor == 0 && msgs[0].RowID < old {
+	r.lastPass.Store(time.Now().UnixNano())
+	if old := r.floor.advance(floor, h.v, h.xmin, xid, full, lastID); floor == 0 && msgs[0].RowID < old && k != 0 {
 		r.log.Warn("published a row below the claim floor; an outbox writer breaks the floor's assumptions (explicit ids, sequence CACHE > 1?): order across such rows is not guaranteed",
 			slog.Int64("row_id", msgs[0].RowID), slog.Int64("floor", old))
 	}
-	d := time.Since(start)
-	r.event(RelayEvent{Kind: EventPublished, N: len(msgs), Duration: d})
-	return len(msgs), nil
+	p.n = len(ids)
+	if k >= 0 {
+		bad := msgs[k]
+		e := RelayEvent{Kind: EventMessageFailed, RowID: bad.RowID, MessageID: bad.ID, Attempts: failures, Err: poison.Err}
+		if parked {
+			// The rows behind it can go at once.
+			e.Kind, p.more, p.wait = EventParked, true, 0
+			r.log.Error("parked an outbox row: its publish failed too often; the rows behind it go on, it waits for a retry",
+				slog.Int64("row_id", bad.RowID), slog.String("message_id", bad.ID), slog.Int("attempts", failures),
+				slog.Any("err", poison.Err))
+		} else {
+			p.wait = min(r.backoffMin<<min(failures-1, 30), r.backoffMax)
+			e.Duration = p.wait
+			r.log.Warn("publishing an outbox row failed; it holds back the rows behind it until it is published or parked",
+				slog.Int64("row_id", bad.RowID), slog.String("message_id", bad.ID), slog.Int("attempts", failures),
+				slog.Int("max_attempts", r.maxAttempts), slog.Duration("retry_in", p.wait), slog.Any("err", poison.Err))
+		}
+		r.event(e)
+	}
+	if p.n > 0 {
+		d := time.Since(start)
+		r.event(RelayEvent{Kind: EventPublished, N: p.n, Duration: d})
+	}
+	return p, nil
 }
 
 // snapshotSQL reads xmin of the statement's snapshot; xidSQL the xid of a
@@ -507,37 +662,44 @@ type horizon struct{ v, xmin int64 }
 
 // readClaim reads the results of the sequence read, BEGIN, the snapshot
 // read (into h), set_config and the claim query.
-func (r *Relay) readClaim(br pgx.BatchResults, h *horizon) ([]Message, error) {
+func (r *Relay) readClaim(br pgx.BatchResults, h *horizon) ([]Message, []time.Duration, error) {
 	if err := br.QueryRow().Scan(&h.v); err != nil {
-		return nil, fmt.Errorf("read sequence: %w", err)
+		return nil, nil, fmt.Errorf("read sequence: %w", err)
 	}
 	if _, err := br.Exec(); err != nil {
-		return nil, fmt.Errorf("begin: %w", err)
+		return nil, nil, fmt.Errorf("begin: %w", err)
 	}
 	if err := br.QueryRow().Scan(&h.xmin); err != nil {
-		return nil, fmt.Errorf("read snapshot: %w", err)
+		return nil, nil, fmt.Errorf("read snapshot: %w", err)
 	}
 	if _, err := br.Exec(); err != nil {
-		return nil, fmt.Errorf("set timeouts: %w", err)
+		return nil, nil, fmt.Errorf("set timeouts: %w", err)
 	}
 	rows, err := br.Query()
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	var msgs []Message
+	var waits []time.Duration
 	for rows.Next() {
 		var m Message
-		if err := rows.Scan(&m.RowID, &m.ID, &m.Event, &m.Payload, &m.CreatedAt); err != nil {
+		var wait *float64
+		if err := rows.Scan(&m.RowID, &m.ID, &m.Event, &m.Payload, &m.CreatedAt, &wait); err != nil {
 			rows.Close()
-			return nil, fmt.Errorf("scan: %w", err)
+			return nil, nil, fmt.Errorf("scan: %w", err)
+		}
+		w := time.Duration(0)
+		if wait != nil && *wait > 0 {
+			w = time.Duration(*wait * float64(time.Second))
 		}
 		msgs = append(msgs, m)
+		waits = append(waits, w)
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return msgs, nil
+	return msgs, waits, nil
 }
 
 // rollbackAndRecord rolls back the pass's transaction and then, best effort,
@@ -660,15 +822,18 @@ func (r *Relay) loop(ctx context.Context, stopping <-chan struct{}) {
 		case <-r.wake:
 		case <-poll.C:
 		}
-		// Drain: keep passing while passes come back full. A wake-up that
-		// arrives meanwhile sits in r.wake and causes one more pass.
+		// Drain: keep passing while passes come back full (or parked a
+		// row). A wake-up that arrives meanwhile sits in r.wake and causes
+		// one more pass. A pass that stopped at a row waiting after a
+		// failure of its own sets the next pass for when the wait ends.
+		next := r.poll
 		for {
 			select {
 			case <-stopping:
 				return
 			default:
 			}
-			n, err := r.RunOnce(ctx)
+			p, err := r.runOnce(ctx)
 			if err != nil {
 				if ctx.Err() != nil {
 					return
@@ -682,11 +847,14 @@ func (r *Relay) loop(ctx context.Context, stopping <-chan struct{}) {
 				continue
 			}
 			backoff = 0
-			if n < r.batchSize {
+			if p.n < r.batchSize && !p.more {
+				if p.wait > 0 {
+					next = min(next, p.wait)
+				}
 				break
 			}
 		}
-		poll.Reset(r.poll)
+		poll.Reset(next)
 	}
 }
 

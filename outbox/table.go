@@ -73,12 +73,19 @@ func checkChannel(ch string) error {
 //	  created_at      timestamptz NOT NULL DEFAULT now(),
 //	  sent_at         timestamptz,
 //	  attempts        integer     NOT NULL DEFAULT 0,
-//	  last_error      text
+//	  last_error      text,
+//	  failures        integer     NOT NULL DEFAULT 0,
+//	  retry_at        timestamptz,
+//	  parked_at       timestamptz
 //	);
 //	CREATE INDEX <table with '.' as '_'>_unsent ON <table> (id) WHERE sent_at IS NULL;
 //
 // The partial index keeps the relay's claim query cheap however many sent
-// rows the table holds. TableDDL panics if table is invalid: the name is a
+// rows the table holds. attempts counts every failed pass that claimed the
+// row; failures those the Publisher blamed on the row itself
+// (MessageError), retry_at is when it may be tried again and parked_at when
+// it was parked (RelayConfig.MaxAttempts). A table made from an earlier
+// TableDDL (without the last three columns) needs ParkingDDL. TableDDL panics if table is invalid: the name is a
 // constant of the calling program, so an invalid one is a programming error.
 func TableDDL(table string) string {
 	t, err := parseTable(table)
@@ -94,7 +101,26 @@ func TableDDL(table string) string {
   created_at      timestamptz NOT NULL DEFAULT now(),
   sent_at         timestamptz,
   attempts        integer     NOT NULL DEFAULT 0,
-  last_error      text
+  last_error      text,
+  failures        integer     NOT NULL DEFAULT 0,
+  retry_at        timestamptz,
+  parked_at       timestamptz
 );
 CREATE INDEX ` + idx + " ON " + t.quoted + " (id) WHERE sent_at IS NULL;\n"
+}
+
+// ParkingDDL returns the ALTER TABLE statement (ending in ";\n") that adds
+// the columns poison handling needs (failures, retry_at, parked_at; see
+// TableDDL) to an outbox table created by an earlier TableDDL. Include it
+// in a migration. It panics if table is invalid, as TableDDL does.
+func ParkingDDL(table string) string {
+	t, err := parseTable(table)
+	if err != nil {
+		panic("outbox: ParkingDDL: " + err.Error())
+	}
+	return "ALTER TABLE " + t.quoted + `
+  ADD COLUMN failures  integer NOT NULL DEFAULT 0,
+  ADD COLUMN retry_at  timestamptz,
+  ADD COLUMN parked_at timestamptz;
+`
 }

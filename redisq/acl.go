@@ -10,8 +10,9 @@ import "strings"
 //     dedupe key), nothing else;
 //   - on its inbound queue in, as a consumer-group member: read, claim,
 //     acknowledge and trim (XREADGROUP, XAUTOCLAIM, XACK, XPENDING, XINFO,
-//     XRANGE, XTRIM, XGROUP CREATE, trim.lua), delete the dedupe keys of
-//     trimmed entries, and XADD to the dead-letter stream — but never XADD
+//     XRANGE, XTRIM, XGROUP CREATE, XINFO GROUPS and CONSUMERS, trim.lua), delete the dedupe keys of
+//     trimmed entries, and XADD to the dead-letter stream (XTRIM to cap it,
+//     XLEN for the gauges) — but never XADD
 //     to the inbound stream itself, so a service cannot forge messages to
 //     itself;
 //   - no other key, and no FLUSHALL, CONFIG, KEYS or other administrative
@@ -31,12 +32,14 @@ func ACLRules(prefix, out, in string) []string {
 		// Outbound: add jobs only.
 		"(" + keyRule(o.Stream) + " " + keyRule(o.dedupe+"*") + " +evalsha +eval +set +xadd +del)",
 		// Inbound stream: consume, never add.
-		"(" + keyRule(i.Stream) + " +xreadgroup +xack +xautoclaim +xpending +xgroup|create +xinfo|groups" +
+		"(" + keyRule(i.Stream) + " +xreadgroup +xack +xautoclaim +xpending +xgroup|create +xinfo|groups +xinfo|consumers" +
 			" +xrange +xtrim +xlen +exists +evalsha +eval)",
 		// Inbound dedupe keys: deleted with trimmed entries (trim.lua).
 		"(" + keyRule(i.dedupe+"*") + " +del)",
-		// Inbound dead letters.
-		"(" + keyRule(i.Dead) + " +xadd)",
+		// Inbound dead letters: added, capped (DeadLetterMax) and counted
+		// (the gauges); reading, replaying and dropping them is the
+		// operator's (an admin user).
+		"(" + keyRule(i.Dead) + " +xadd +xtrim +xlen)",
 	}
 }
 

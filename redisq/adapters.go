@@ -2,6 +2,7 @@ package redisq
 
 import (
 	"context"
+	"errors"
 
 	"github.com/outboxchat/outboxchat/inbox"
 	"github.com/outboxchat/outboxchat/outbox"
@@ -31,7 +32,7 @@ func (s inboxSource) Fetch(ctx context.Context, max int) ([]inbox.Delivery, erro
 func (s inboxSource) Ack(ctx context.Context, refs ...string) error { return s.c.Ack(ctx, refs...) }
 
 func (s inboxSource) DeadLetter(ctx context.Context, d inbox.Delivery, reason string) error {
-	return s.c.DeadLetter(ctx, Delivery{Job: Job{ID: d.ID, Name: d.Name, Payload: d.Payload}, StreamID: d.Ref}, reason)
+	return s.c.DeadLetter(ctx, Delivery{Job: Job{ID: d.ID, Name: d.Name, Payload: d.Payload, Sig: d.Sig}, StreamID: d.Ref}, reason)
 }
 
 // OutboxPublisher adapts a Publisher to outbox.Publisher, so that an
@@ -39,7 +40,11 @@ func (s inboxSource) DeadLetter(ctx context.Context, d inbox.Delivery, reason st
 // a Job with ID = Message.ID (the idempotency key), Name = Message.Event and
 // Payload = Message.Payload, added in order with one pipelined Add (a
 // re-published message is a successful no-op while its job is in the
-// stream). Errors are Add's. Safe for concurrent use.
+// stream). Errors are Add's; one that is a job's own fault (JobFault: an
+// empty ID, an "ERR" reply to its script) is returned as an
+// *outbox.MessageError naming its row, after the jobs before it were
+// added, so the relay parks that row rather than retrying the batch for
+// ever. Safe for concurrent use.
 func OutboxPublisher(p *Publisher) outbox.Publisher {
 	return outbox.PublisherFunc(func(ctx context.Context, msgs []outbox.Message) error {
 		jobs := make([]Job, len(msgs))
@@ -47,6 +52,16 @@ func OutboxPublisher(p *Publisher) outbox.Publisher {
 			jobs[i] = Job{ID: m.ID, Name: m.Event, Payload: m.Payload}
 		}
 		_, err := p.Add(ctx, jobs...)
-		return err
+		je, own := JobFault(err)
+		if !own {
+			return err
+		}
+		if errors.Is(je.Err, ErrInvalidJob) && je.Index > 0 {
+			// Nothing was sent: the jobs before it go now.
+			if _, err := p.Add(ctx, jobs[:je.Index]...); err != nil {
+				return err
+			}
+		}
+		return &outbox.MessageError{RowID: msgs[je.Index].RowID, Err: err}
 	})
 }

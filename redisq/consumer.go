@@ -23,6 +23,9 @@ const (
 	// DefaultTrimInterval is ConsumerConfig.TrimInterval's default: the
 	// least time between two trims of acknowledged entries.
 	DefaultTrimInterval = time.Second
+	// DefaultDeadLetterMax is ConsumerConfig.DeadLetterMax's default: the
+	// most entries the dead-letter stream keeps.
+	DefaultDeadLetterMax = 100_000
 )
 
 // trimBatch is the most entries one trim call deletes (with their dedupe
@@ -70,6 +73,11 @@ type ConsumerConfig struct {
 	// entries, done by Ack and by a Fetch that finds nothing (default
 	// DefaultTrimInterval); Trim trims at once.
 	TrimInterval time.Duration
+	// DeadLetterMax caps the dead-letter stream: DeadLetter trims it to
+	// this many entries (the oldest go first, exactly, counted in an
+	// EventDeadLetterTrimmed). Default 0 means DefaultDeadLetterMax
+	// (100,000); negative means no cap.
+	DeadLetterMax int64
 	// Logger receives warnings and debug logs (default slog.Default()).
 	Logger *slog.Logger
 	// OnEvent, when set, receives every typed Event of the Consumer. It
@@ -93,6 +101,7 @@ type Consumer struct {
 	lock   time.Duration
 	claimI time.Duration
 	trimI  time.Duration
+	dlMax  int64
 	logger *slog.Logger
 	on     func(Event)
 
@@ -141,6 +150,9 @@ func (c *ConsumerConfig) WithDefaults() *ConsumerConfig {
 	}
 	if d.TrimInterval == 0 {
 		d.TrimInterval = DefaultTrimInterval
+	}
+	if d.DeadLetterMax == 0 {
+		d.DeadLetterMax = DefaultDeadLetterMax
 	}
 	if d.Logger == nil {
 		d.Logger = slog.Default()
@@ -199,6 +211,7 @@ func NewConsumer(rdb redis.UniversalClient, cfg *ConsumerConfig) (*Consumer, err
 		lock:        cfg.LockDuration,
 		claimI:      cfg.ClaimInterval,
 		trimI:       cfg.TrimInterval,
+		dlMax:       cfg.DeadLetterMax,
 		logger:      cfg.Logger.With("component", "redisq", "queue", cfg.Queue, "group", cfg.Group, "consumer", cfg.Consumer),
 		on:          cfg.OnEvent,
 		cursor:      "0",
@@ -634,21 +647,33 @@ func (c *Consumer) settled(ids ...string) {
 }
 
 // DeadLetter moves d out of the way: in one MULTI/EXEC it XADDs d to the
-// dead-letter stream (Keys().Dead) with fields id, name, payload, reason and
-// stream_id, and acknowledges d.StreamID. Use it for entries that can never
-// be processed (malformed, poison). The dead-letter stream is not trimmed;
-// operators inspect and clear it. Errors: empty d.StreamID, Redis errors
-// (wrapped; then neither step happened). Safe for concurrent use.
+// dead-letter stream (Keys().Dead) with fields id, name, payload, [sig,]
+// reason and stream_id, acknowledges d.StreamID, and trims the dead-letter
+// stream to DeadLetterMax entries (oldest first; EventDeadLetterTrimmed
+// counts them). Use it for entries that can
+// never be processed as they are (malformed, poison, forged); operators
+// inspect, replay and drop them with DeadLetters. The sig field keeps the
+// entry's signature, so a replay is accepted by a receiver that checks
+// signatures. Errors: empty d.StreamID, Redis errors (wrapped; then none of
+// the steps happened). Safe for concurrent use.
 func (c *Consumer) DeadLetter(ctx context.Context, d Delivery, reason string) error {
 	if d.StreamID == "" {
 		return fmt.Errorf("redisq: dead-lettering: empty stream id")
 	}
+	var trim *redis.IntCmd
 	_, err := c.rdb.TxPipelined(ctx, func(pipe redis.Pipeliner) error {
+		vals := []any{"id", d.ID, "name", d.Name, "payload", d.Payload}
+		if d.Sig != "" {
+			vals = append(vals, "sig", d.Sig)
+		}
 		pipe.XAdd(ctx, &redis.XAddArgs{
 			Stream: c.keys.Dead,
-			Values: []any{"id", d.ID, "name", d.Name, "payload", d.Payload, "reason", reason, "stream_id", d.StreamID},
+			Values: append(vals, "reason", reason, "stream_id", d.StreamID),
 		})
 		pipe.XAck(ctx, c.keys.Stream, c.group, d.StreamID)
+		if c.dlMax > 0 {
+			trim = pipe.XTrimMaxLen(ctx, c.keys.Dead, c.dlMax)
+		}
 		return nil
 	})
 	if err != nil {
@@ -657,6 +682,14 @@ func (c *Consumer) DeadLetter(ctx context.Context, d Delivery, reason string) er
 	}
 	c.settled(d.StreamID)
 	c.logger.WarnContext(ctx, "dead-lettered entry", "stream_id", d.StreamID, "message_id", d.ID, "reason", reason)
+	if trim != nil {
+		if n := trim.Val(); n > 0 {
+			if c.on != nil {
+				c.on(Event{Kind: EventDeadLetterTrimmed, Queue: c.queue, N: n})
+			}
+			c.logger.WarnContext(ctx, "dead-letter stream full: oldest entries dropped", "dropped", n, "max", c.dlMax)
+		}
+	}
 	return nil
 }
 

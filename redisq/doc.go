@@ -93,5 +93,15 @@
 // every TrimInterval, by Ack and by a Fetch that finds nothing new), so the
 // stream holds only the backlog, not history, and memory returns to where it
 // started once the queue drains.
-// The dead-letter stream is never trimmed by this package.
+// The dead-letter stream is capped at ConsumerConfig.DeadLetterMax entries
+// (100,000 by default; the oldest are dropped, exactly, and counted by
+// EventDeadLetterTrimmed).
+//
+// # Operating it
+//
+// Inspect reads a queue's length, each group's pending entries and lag and
+// each consumer's idle time, and the dead letters. DeadLetters lists,
+// shows, replays (back on the stream with the entry's signature, its
+// dedupe key set, the dead entry deleted, in one script) and drops dead
+// letters; a repeated Replay or Drop changes nothing.
 package redisq

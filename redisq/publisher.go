@@ -72,6 +72,9 @@ const (
 	EventReclaimed EventKind = "redisq.reclaimed"
 	// EventTrimmed: a trim removed N > 0 acknowledged entries.
 	EventTrimmed EventKind = "redisq.trimmed"
+	// EventDeadLetterTrimmed: DeadLetter dropped the N > 0 oldest entries
+	// of the dead-letter stream to keep it at ConsumerConfig.DeadLetterMax.
+	EventDeadLetterTrimmed EventKind = "redisq.dead_letter_trimmed"
 	// EventDeletedPending: a Fetch found N > 0 of the group's pending
 	// entries deleted from the stream (XDEL, a trim, a failover) and
 	// acknowledged them away; their jobs are lost in Redis until the sender
@@ -222,7 +225,7 @@ func (p *Publisher) run(ctx context.Context, script *redis.Script, jobs []Job) (
 	}
 	for i, j := range jobs {
 		if j.ID == "" {
-			return 0, fmt.Errorf("redisq: adding jobs: job %d has an empty ID: %w", i, ErrInvalidJob)
+			return 0, &JobError{Index: i, Err: fmt.Errorf("job %d has an empty ID: %w", i, ErrInvalidJob)}
 		}
 	}
 	todo := make([]int, len(jobs))
@@ -275,8 +278,50 @@ func (p *Publisher) addOnce(ctx context.Context, script *redis.Script, jobs []Jo
 		case redis.HasErrorPrefix(err, "NOSCRIPT"):
 			missing = append(missing, todo[k])
 		default:
-			return 0, nil, fmt.Errorf("redisq: adding job %q: %w", jobs[todo[k]].ID, err)
+			return 0, nil, &JobError{Index: todo[k], ID: jobs[todo[k]].ID, Err: err}
 		}
 	}
 	return added, missing, nil
+}
+
+// JobError is the error of Add and Readd that names the job it arose at:
+// Index in the jobs given, ID, and Err (ErrInvalidJob for an empty ID, else
+// Redis's error for that job's command). It says nothing of the other jobs
+// (Redis down fails every one; the first is named).
+type JobError struct {
+	Index int
+	ID    string
+	Err   error
+}
+
+func (e *JobError) Error() string {
+	if e.ID == "" {
+		return fmt.Sprintf("redisq: adding jobs: %v", e.Err)
+	}
+	return fmt.Sprintf("redisq: adding job %q: %v", e.ID, e.Err)
+}
+
+// Unwrap returns Err.
+func (e *JobError) Unwrap() error { return e.Err }
+
+// JobFault reports whether err (from Add) is the job's own fault rather
+// than the server's or the connection's: an empty ID (ErrInvalidJob; then
+// nothing was sent), or a plain "ERR ..." reply to that job's script (a
+// command error from the job's arguments; every job before it was
+// added). Replies that describe the server's state (OOM, READONLY,
+// LOADING, NOPERM, WRONGTYPE, BUSY, …) and network errors are not: they
+// fail every job alike.
+func JobFault(err error) (*JobError, bool) {
+	var je *JobError
+	if !errors.As(err, &je) {
+		return nil, false
+	}
+	if errors.Is(je.Err, ErrInvalidJob) {
+		return je, true
+	}
+	var re redis.Error
+	if errors.As(je.Err, &re) && strings.HasPrefix(re.Error(), "ERR ") {
+		return je, true
+	}
+	return nil, false
 }

@@ -17,8 +17,11 @@ var (
 	trimSource string
 	//go:embed scripts/readd.lua
 	readdSource string
+	//go:embed scripts/replay.lua
+	replaySource string
 
-	addScript   = redis.NewScript(addSource)
-	trimScript  = redis.NewScript(trimSource)
-	readdScript = redis.NewScript(readdSource)
+	addScript    = redis.NewScript(addSource)
+	trimScript   = redis.NewScript(trimSource)
+	readdScript  = redis.NewScript(readdSource)
+	replayScript = redis.NewScript(replaySource)
 )

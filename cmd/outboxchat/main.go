@@ -5,6 +5,9 @@
 //	outboxchat migrate --service consumers|workers [--database-url URL] [--redis-password-file F [--redis-admin-url URL]]
 //	outboxchat token   --jwt-secret-file F --service S[,S] --user U --chats 1,2|* [--ttl 1h]
 //	outboxchat lab up|chaos|latency|bench|demo [flags]
+//	outboxchat status [--database-url URL] [--redis-url URL] [--json]
+//	outboxchat deadletters list|show|replay|drop [--service S] [--redis-url URL] [--json] [ID ...]
+//	outboxchat outbox parked|retry --service S [--database-url URL] [--json]
 //
 // See the README and DESIGN.md for the contracts.
 package main
@@ -53,6 +56,9 @@ commands:
   migrate  create the service's role and schema, apply migrations
   token    mint a development JWT (HS256) for a user, services and chats
   lab      up | chaos | latency | bench | demo: private servers, fault experiments, measurements
+  status       both services on one screen; exits 1 when something needs a person
+  deadletters  list | show | replay | drop the dead letters
+  outbox       parked | retry: the outbox rows parked after failed publishes
 `
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -69,6 +75,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return token(args[1:], stdout, stderr)
 	case "lab":
 		return lab.Run(ctx, args[1:], stdout, stderr)
+	case "status":
+		return status(ctx, args[1:], stdout, stderr)
+	case "deadletters":
+		return deadletters(ctx, args[1:], stdout, stderr)
+	case "outbox":
+		return outboxCmd(ctx, args[1:], stdout, stderr)
 	case "-h", "--help", "help":
 		fmt.Fprint(stdout, usage)
 		return nil
@@ -106,6 +118,9 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	maxBody := fs.Int("max-body-bytes", chat.DefaultMaxBodyBytes, "message body limit in bytes")
 	prefix := fs.String("redis-prefix", chat.DefaultRedisPrefix, "prefix of every Redis key")
 	fault := fs.String("fault", os.Getenv("OUTBOXCHAT_FAULT"), "fault injection for the lab, KIND:SEQ (default $OUTBOXCHAT_FAULT; off)")
+	maxAttempts := fs.Int("relay-max-attempts", outbox.DefaultMaxAttempts, "relay: park an outbox row after this many failed publishes of its own (broker outages never count; negative = never park)")
+	deadMax := fs.Int64("dead-letter-max", redisq.DefaultDeadLetterMax, "worker: keep at most this many dead letters (the oldest are dropped, counted in outboxchat_deadletter_trimmed_total; negative = no cap)")
+	vacuumRows := fs.Int64("outbox-vacuum-rows", outbox.DefaultVacuumDeadRows, "relay: VACUUM the outbox once it holds this many dead (published and deleted) rows, checked every 2 s (negative = leave it to autovacuum)")
 	logFormat := fs.String("log-format", "text", "log format: text or json")
 	debugAddr := fs.String("debug-addr", "", "serve Go's pprof profiles (/debug/pprof/) on this address, e.g. 127.0.0.1:6060 (default off)")
 	guard := guardFlags(fs)
@@ -147,6 +162,7 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 		RedriveAfter: redriveAfter(*redrive),
 		GapTimeout:   *gap, ConsumerName: *consumer, MaxBodyBytes: *maxBody, RedisPrefix: *prefix, Hooks: hooks,
 		SendLockTimeout: *sendLock, ReadTimeout: *readTimeout,
+		RelayMaxAttempts: *maxAttempts, DeadLetterMax: *deadMax, OutboxVacuumRows: *vacuumRows,
 		Guard: guard.config(), Auth: auth.config(), EventKeyFile: *auth.eventKeys,
 		TLSCertFile: *auth.tlsCert, TLSKeyFile: *auth.tlsKey, Logger: log,
 	})

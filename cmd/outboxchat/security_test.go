@@ -60,7 +60,7 @@ func TestMigratePrintsRedisACL(t *testing.T) {
 	}
 	line := out.String()
 	if !strings.HasPrefix(line, "ACL SETUSER workers reset #") || strings.Contains(line, "s3cret") ||
-		!strings.Contains(line, `"(~outboxchat:q:{workers-to-consumers}:stream`) || !strings.Contains(line, `"(~outboxchat:q:{consumers-to-workers}:dead +xadd)"`) {
+		!strings.Contains(line, `"(~outboxchat:q:{workers-to-consumers}:stream`) || !strings.Contains(line, `"(~outboxchat:q:{consumers-to-workers}:dead +xadd +xtrim +xlen)"`) {
 		t.Fatalf("line: %s", line)
 	}
 }

@@ -1,0 +1,167 @@
+package outbox
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// The operator's view of an outbox table: one snapshot query (Stats) that
+// the chat's status command and its Prometheus gauges share, and the
+// parked rows (Parked) with their Retry. These run on demand, never per
+// message.
+
+// DB is what the functions below need of a pgx connection, pool or
+// transaction (*pgxpool.Pool, *pgx.Conn and pgx.Tx have it).
+type DB interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Stats is a snapshot of an outbox table.
+type Stats struct {
+	// Unsent is the number of rows not yet published and not parked.
+	Unsent int64
+	// OldestUnsent is the age of the oldest of them (its created_at), by
+	// the database clock; 0 when there is none.
+	OldestUnsent time.Duration
+	// Parked is the number of parked rows (see RelayConfig.MaxAttempts).
+	Parked int64
+}
+
+// ReadStats reads table's Stats with one statement (a count over the
+// unsent rows, which are all the table holds: the relay deletes what it
+// published). table is "ident" or "schema.ident" as for TableDDL; an
+// invalid name wraps ErrInvalidConfig. The caller's role needs SELECT on
+// the table. Safe for concurrent use.
+func ReadStats(ctx context.Context, db DB, table string) (Stats, error) {
+	t, err := parseTable(table)
+	if err != nil {
+		return Stats{}, fmt.Errorf("outbox: stats: %w", err)
+	}
+	var s Stats
+	var age float64
+	err = db.QueryRow(ctx, `SELECT count(*) FILTER (WHERE parked_at IS NULL),
+  count(*) FILTER (WHERE parked_at IS NOT NULL),
+  coalesce(extract(epoch FROM now() - min(created_at) FILTER (WHERE parked_at IS NULL)), 0)::float8
+FROM `+t.quoted+` WHERE sent_at IS NULL`).Scan(&s.Unsent, &s.Parked, &age)
+	if err != nil {
+		return Stats{}, fmt.Errorf("outbox: stats of %s: %w", table, err)
+	}
+	s.OldestUnsent = time.Duration(max(age, 0) * float64(time.Second))
+	return s, nil
+}
+
+// ParkedRow is one parked outbox row.
+type ParkedRow struct {
+	// RowID is the row's id; ID its idempotency key (the chat's message
+	// id); Event and Payload as enqueued.
+	RowID   int64
+	ID      string
+	Event   string
+	Payload []byte
+	// CreatedAt is when it was enqueued, ParkedAt when it was parked
+	// (database clock).
+	CreatedAt, ParkedAt time.Time
+	// Attempts counts every failed pass that claimed it, Failures those
+	// blamed on the row itself; LastError is the last failure's text.
+	Attempts, Failures int
+	LastError          string
+}
+
+// Parked returns up to limit parked rows of table in id order (limit ≤ 0:
+// all). Errors: an invalid table name (wrapping ErrInvalidConfig), query
+// errors. Safe for concurrent use.
+func Parked(ctx context.Context, db DB, table string, limit int) ([]ParkedRow, error) {
+	t, err := parseTable(table)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: parked: %w", err)
+	}
+	var lim *int
+	if limit > 0 {
+		lim = &limit
+	}
+	rows, err := db.Query(ctx, `SELECT id, idempotency_key, event, payload, created_at, parked_at, attempts, failures,
+  coalesce(last_error, '') FROM `+t.quoted+` WHERE sent_at IS NULL AND parked_at IS NOT NULL ORDER BY id LIMIT $1`, lim)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: parked rows of %s: %w", table, err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (ParkedRow, error) {
+		var p ParkedRow
+		err := r.Scan(&p.RowID, &p.ID, &p.Event, &p.Payload, &p.CreatedAt, &p.ParkedAt, &p.Attempts, &p.Failures, &p.LastError)
+		return p, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("outbox: parked rows of %s: %w", table, err)
+	}
+	return out, nil
+}
+
+// Retried is one row Retry put back: the parked row's id and idempotency
+// key, and the id of the row that replaced it.
+type Retried struct {
+	OldRowID, NewRowID int64
+	ID                 string
+}
+
+// Retry puts parked rows of table back in line: in one transaction each is
+// deleted and enqueued again as a new row (new id, so it sorts after every
+// row already enqueued: the claim floor of a running relay has passed the
+// old id; failures, retry_at and parked_at cleared; attempts, last_error
+// and created_at kept), and channel (the relays' LISTEN channel; "" = none)
+// is notified. rowIDs selects the rows; nil or empty retries every parked
+// row. Ids that are not parked rows (already retried, published, unknown)
+// are skipped, so a repeated Retry is a no-op: the result lists only the
+// rows retried now, in old id order. Errors: an invalid table name
+// (wrapping ErrInvalidConfig), database errors (nothing is then changed).
+// Safe for concurrent use.
+func Retry(ctx context.Context, db DB, table, channel string, rowIDs []int64) ([]Retried, error) {
+	t, err := parseTable(table)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: retry: %w", err)
+	}
+	var sel []int64
+	if len(rowIDs) > 0 {
+		sel = rowIDs
+	}
+	var out []Retried
+	err = pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		// The transaction takes its xid before the new rows take their ids
+		// (the claim floor's assumption, floor.go): the DELETE below would
+		// too, but only once it finds a row.
+		if _, err := tx.Exec(ctx, "SELECT pg_current_xact_id()"); err != nil {
+			return err
+		}
+		rows, err := tx.Query(ctx, `WITH old AS (
+  DELETE FROM `+t.quoted+` WHERE sent_at IS NULL AND parked_at IS NOT NULL AND ($1::bigint[] IS NULL OR id = ANY($1))
+  RETURNING id, event, idempotency_key, payload, created_at, attempts, last_error
+), ins AS (
+  INSERT INTO `+t.quoted+` (event, idempotency_key, payload, created_at, attempts, last_error)
+  SELECT event, idempotency_key, payload, created_at, attempts, last_error FROM old ORDER BY id
+  RETURNING id, idempotency_key
+)
+SELECT old.id, ins.id, ins.idempotency_key FROM old JOIN ins USING (idempotency_key) ORDER BY old.id`, sel)
+		if err != nil {
+			return err
+		}
+		out, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (Retried, error) {
+			var x Retried
+			err := r.Scan(&x.OldRowID, &x.NewRowID, &x.ID)
+			return x, err
+		})
+		if err != nil {
+			return err
+		}
+		if len(out) > 0 && channel != "" {
+			_, err = tx.Exec(ctx, "SELECT pg_notify($1, '')", channel)
+		}
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("outbox: retry parked rows of %s: %w", table, err)
+	}
+	return out, nil
+}

@@ -1,0 +1,160 @@
+package redisq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// DeadLetter is one entry of a queue's dead-letter stream (written by
+// Consumer.DeadLetter).
+type DeadLetter struct {
+	// DeadID is the entry's id in the dead-letter stream: what Replay and
+	// Drop take.
+	DeadID string
+	// Job is the entry's id, name, payload and sig fields (empty when the
+	// entry lacked them: a malformed entry can only be dropped).
+	Job
+	// Reason is why it was dead-lettered; StreamID its id in the queue
+	// stream when it was.
+	Reason, StreamID string
+	// At is when it was dead-lettered (from DeadID's milliseconds, the
+	// Redis clock).
+	At time.Time
+}
+
+// DeadLetters reads and mends one queue's dead-letter stream: List, Get,
+// Replay, Drop and Len. Every call is one Redis round trip (Replay one per
+// entry, each atomic in a script), so each is safe to repeat and safe for
+// concurrent use. Build it with NewDeadLetters.
+type DeadLetters struct {
+	rdb    redis.UniversalClient
+	keys   Keys
+	queue  string
+	ttlMS  int64
+	logger *slog.Logger
+}
+
+// NewDeadLetters returns the dead-letter tools of queue under prefix (as in
+// PublisherConfig) through rdb; dedupeTTL is the publisher's DedupeTTL (0 =
+// DefaultDedupeTTL), which a replayed job's dedupe key gets. Replay and
+// Drop log each entry they change at Info with component=redisq (logger
+// nil = slog.Default()). Errors wrap ErrInvalidConfig: nil rdb, empty or
+// bad queue name.
+func NewDeadLetters(rdb redis.UniversalClient, prefix, queue string, dedupeTTL time.Duration, logger *slog.Logger) (*DeadLetters, error) {
+	if rdb == nil {
+		return nil, fmt.Errorf("redisq: dead letters: nil redis client: %w", ErrInvalidConfig)
+	}
+	if queue == "" {
+		return nil, fmt.Errorf("redisq: dead letters: queue is required: %w", ErrInvalidConfig)
+	}
+	if err := checkQueueName(queue); err != nil {
+		return nil, fmt.Errorf("redisq: dead letters: %w", err)
+	}
+	if dedupeTTL <= 0 {
+		dedupeTTL = DefaultDedupeTTL
+	}
+	if logger == nil {
+		logger = slog.Default()
+	}
+	return &DeadLetters{rdb: rdb, keys: NewKeys(prefix, queue), queue: queue, ttlMS: dedupeTTL.Milliseconds(),
+		logger: logger.With("component", "redisq", "queue", queue)}, nil
+}
+
+// Len returns the number of dead-letter entries (XLEN; 0 when none).
+func (d *DeadLetters) Len(ctx context.Context) (int64, error) {
+	n, err := d.rdb.XLen(ctx, d.keys.Dead).Result()
+	if err != nil {
+		return 0, fmt.Errorf("redisq: dead letters of %s: %w", d.queue, err)
+	}
+	return n, nil
+}
+
+// List returns up to count entries (count ≤ 0: 100) oldest first, starting
+// after the entry id after ("" = from the start): page with the last
+// DeadID.
+func (d *DeadLetters) List(ctx context.Context, after string, count int) ([]DeadLetter, error) {
+	if count <= 0 {
+		count = 100
+	}
+	start := "-"
+	if after != "" {
+		start = "(" + after
+	}
+	msgs, err := d.rdb.XRangeN(ctx, d.keys.Dead, start, "+", int64(count)).Result()
+	if err != nil {
+		return nil, fmt.Errorf("redisq: listing dead letters of %s: %w", d.queue, err)
+	}
+	out := make([]DeadLetter, len(msgs))
+	for i, m := range msgs {
+		out[i] = deadLetter(m)
+	}
+	return out, nil
+}
+
+// Get returns the entry deadID; ok false when there is none.
+func (d *DeadLetters) Get(ctx context.Context, deadID string) (dl DeadLetter, ok bool, err error) {
+	msgs, err := d.rdb.XRange(ctx, d.keys.Dead, deadID, deadID).Result()
+	if err != nil {
+		return DeadLetter{}, false, fmt.Errorf("redisq: reading dead letter %s of %s: %w", deadID, d.queue, err)
+	}
+	if len(msgs) == 0 {
+		return DeadLetter{}, false, nil
+	}
+	return deadLetter(msgs[0]), true, nil
+}
+
+// Replay puts each entry back on the queue stream (scripts/replay.lua: XADD
+// with its id, name, payload and signature, its dedupe key set, the
+// dead-letter entry deleted, atomically) and returns, per deadID in order,
+// the new stream entry id, or "" when the entry was not there (replayed or
+// dropped before: a repeated Replay changes nothing). The receiver's inbox
+// drops the job if it already has it. Errors: a malformed entry (lacking
+// id, name or payload; drop it) or Redis errors, wrapped; the entries
+// before it were replayed.
+func (d *DeadLetters) Replay(ctx context.Context, deadIDs ...string) ([]string, error) {
+	out := make([]string, 0, len(deadIDs))
+	for _, id := range deadIDs {
+		nid, err := replayScript.Run(ctx, d.rdb, []string{d.keys.Dead, d.keys.Stream}, id, d.keys.dedupe, d.ttlMS).Text()
+		if errors.Is(err, redis.Nil) {
+			d.logger.InfoContext(ctx, "dead letter not replayed: no such entry (replayed or dropped already)", "dead_id", id)
+			out = append(out, "")
+			continue
+		}
+		if err != nil {
+			return out, fmt.Errorf("redisq: replaying dead letter %s of %s: %w", id, d.queue, err)
+		}
+		d.logger.InfoContext(ctx, "dead letter replayed", "dead_id", id, "stream_id", nid)
+		out = append(out, nid)
+	}
+	return out, nil
+}
+
+// Drop deletes the entries (XDEL) and returns how many existed; ids that do
+// not exist are skipped (a repeated Drop deletes nothing).
+func (d *DeadLetters) Drop(ctx context.Context, deadIDs ...string) (int64, error) {
+	if len(deadIDs) == 0 {
+		return 0, nil
+	}
+	n, err := d.rdb.XDel(ctx, d.keys.Dead, deadIDs...).Result()
+	if err != nil {
+		return 0, fmt.Errorf("redisq: dropping dead letters of %s: %w", d.queue, err)
+	}
+	d.logger.InfoContext(ctx, "dead letters dropped", "dead_ids", deadIDs, "dropped", n)
+	return n, nil
+}
+
+func deadLetter(m redis.XMessage) DeadLetter {
+	str := func(k string) string { s, _ := m.Values[k].(string); return s }
+	dl := DeadLetter{DeadID: m.ID, Reason: str("reason"), StreamID: str("stream_id"),
+		Job: Job{ID: str("id"), Name: str("name"), Payload: []byte(str("payload")), Sig: str("sig")}}
+	var ms, seq int64
+	if _, err := fmt.Sscanf(m.ID, "%d-%d", &ms, &seq); err == nil {
+		dl.At = time.UnixMilli(ms)
+	}
+	return dl
+}

@@ -1,0 +1,36 @@
+-- replay.lua: put one dead-letter entry back on its queue stream.
+--
+-- KEYS[1]  dead-letter stream (<prefix>q:{<queue>}:dead)
+-- KEYS[2]  stream key         (<prefix>q:{<queue>}:stream)
+-- ARGV[1]  the dead-letter entry's id ("ms-seq")
+-- ARGV[2]  dedupe key prefix (<prefix>q:{<queue>}:dedupe:); the dedupe keys
+--          share the stream's hash tag, so they live in its cluster slot
+-- ARGV[3]  dedupe TTL in milliseconds (integer > 0)
+--
+-- In one step: XADD <stream> * id .. name .. payload .. [sig ..] with the
+-- entry's fields (its signature too, so a receiver that checks signatures
+-- accepts it), SET <dedupe key> 1 PX ttl (as a re-add does: a later plain
+-- add of the id is a no-op), XDEL the dead-letter entry.
+--
+-- Returns  the new stream entry id, or false (a nil reply) when the
+--          dead-letter entry does not exist (already replayed or dropped:
+--          a repeated replay is a no-op).
+-- Errors   "ERR dead-letter entry lacks id, name or payload" (nothing done;
+--          such an entry can only be dropped).
+local e = redis.call('XRANGE', KEYS[1], ARGV[1], ARGV[1])
+if #e == 0 then return false end
+local f = e[1][2]
+local v = {}
+for i = 1, #f, 2 do v[f[i]] = f[i + 1] end
+if not v['id'] or v['id'] == '' or not v['name'] or not v['payload'] then
+  return redis.error_reply('ERR dead-letter entry lacks id, name or payload')
+end
+local id
+if v['sig'] and v['sig'] ~= '' then
+  id = redis.call('XADD', KEYS[2], '*', 'id', v['id'], 'name', v['name'], 'payload', v['payload'], 'sig', v['sig'])
+else
+  id = redis.call('XADD', KEYS[2], '*', 'id', v['id'], 'name', v['name'], 'payload', v['payload'])
+end
+redis.call('SET', ARGV[2] .. v['id'], '1', 'PX', ARGV[3])
+redis.call('XDEL', KEYS[1], ARGV[1])
+return id
