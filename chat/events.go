@@ -61,6 +61,9 @@ func relayEvents(reg prometheus.Registerer, log *slog.Logger) func(outbox.RelayE
 	listening := prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "outboxchat_relay_listening", Help: "1 while the relay's LISTEN connection is up.",
 	})
+	for _, stage := range []string{"claim", "publish", "mark_sent", "listen"} {
+		failed.WithLabelValues(stage) // export zeros: alerts and the dashboard use the series
+	}
 	reg.MustRegister(published, passes, failed, listening)
 	return func(e outbox.RelayEvent) {
 		switch e.Kind {

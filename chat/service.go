@@ -590,6 +590,9 @@ func Serve(ctx context.Context, cfg Config) error {
 	refused := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "outboxchat_http_refused_total", Help: "Requests refused by the connection guard, by reason (host, origin, too_large, rate_ip, rate_user, sockets).",
 	}, []string{"reason"})
+	for _, r := range []string{"host", "origin", "too_large", "body_timeout", "rate_ip", "rate_user", "sockets"} {
+		refused.WithLabelValues(r) // export zeros
+	}
 	reg.MustRegister(refused)
 	guard.refused = func(reason string) { refused.WithLabelValues(reason).Inc() }
 	api.ws = newWSMetrics(reg)
