@@ -9,7 +9,9 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/outboxchat/outboxchat/inbox"
 	"github.com/outboxchat/outboxchat/internal/testenv"
 )
 
@@ -114,4 +116,31 @@ func TestEndToEndAndWebSocketMetrics(t *testing.T) {
 	testenv.WaitFor(t, 30*time.Second, "1 WebSocket connection on workers after a close", func() bool {
 		return scrape(t, work.base, "outboxchat_ws_connections") == 1
 	})
+}
+
+// BenchmarkE2EObserve is the per-message cost of outboxchat_e2e_seconds on
+// the worker's after-commit path: one observation per stored message, from
+// times the inbox insert already returned (ns/op is per message).
+func BenchmarkE2EObserve(b *testing.B) {
+	observe := e2eMetric(prometheus.NewRegistry())
+	sent := time.Now()
+	recv := sent.Add(3 * time.Millisecond)
+	batch := make([]inbox.Applied, 100)
+	for i := range batch {
+		batch[i].Value = Message{ID: "m", ChatID: 1, Seq: int64(i + 1), SentAt: sent, ReceivedAt: &recv}
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i += len(batch) {
+		observe(batch)
+	}
+}
+
+// BenchmarkWSFrameCount is the per-frame cost of outboxchat_ws_frames_total.
+func BenchmarkWSFrameCount(b *testing.B) {
+	m := newWSMetrics(prometheus.NewRegistry())
+	b.ReportAllocs()
+	for b.Loop() {
+		m.frameOut()
+	}
 }

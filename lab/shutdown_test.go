@@ -221,6 +221,20 @@ func TestSIGTERMMidLoad(t *testing.T) {
 		}
 	}()
 
+	// A part whose Stop ran out of time was stopped hard: Serve logs
+	// "stop" with the error. None may.
+	var hardMu sync.Mutex
+	var hard []string
+	for _, p := range []*Proc{env.Consumers, env.Workers} {
+		defer p.Subscribe(func(l LogLine) {
+			if l.Msg == "stop" || l.Msg == "stopping with a batch not acknowledged; the queue delivers it again" {
+				hardMu.Lock()
+				hard = append(hard, p.Name()+": "+l.Raw)
+				hardMu.Unlock()
+			}
+		})()
+	}
+
 	load := &shutdownLoad{base: env.ConsumersURL, token: env.Token, chats: chats,
 		client: &http.Client{Timeout: 15 * time.Second}, ok: map[string]chat.Message{}}
 	stop := make(chan struct{})
@@ -273,6 +287,11 @@ func TestSIGTERMMidLoad(t *testing.T) {
 	load.waitOK(ctx, t, load.okCount.Load()+300)
 	stopSenders()
 
+	hardMu.Lock()
+	for _, h := range hard {
+		t.Errorf("not a graceful stop: %s", h)
+	}
+	hardMu.Unlock()
 	load.mu.Lock()
 	defer load.mu.Unlock()
 	for _, f := range load.failures {
