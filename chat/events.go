@@ -61,6 +61,9 @@ func relayEvents(reg prometheus.Registerer, log *slog.Logger) func(outbox.RelayE
 	listening := prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "outboxchat_relay_listening", Help: "1 while the relay's LISTEN connection is up.",
 	})
+	for _, stage := range []string{"claim", "publish", "mark_sent", "listen"} {
+		failed.WithLabelValues(stage) // export zeros: alerts and the dashboard use the series
+	}
 	reg.MustRegister(published, passes, failed, listening)
 	return func(e outbox.RelayEvent) {
 		switch e.Kind {
@@ -102,19 +105,25 @@ func inboxEvents(reg prometheus.Registerer, log *slog.Logger) func(inbox.Event) 
 	}
 }
 
-// queueEvents exports the queue consumer's reclaims as a Prometheus counter
-// and logs them, the pending entries found deleted from the stream (one
-// line per entry) and a lost consumer group as events.
+// queueEvents exports the queue consumer's reclaims and trims as Prometheus
+// counters (outboxchat_queue_reclaimed_total, outboxchat_queue_trimmed_total)
+// and logs the reclaims, the pending entries found deleted from the stream
+// (one line per entry) and a lost consumer group as events.
 func queueEvents(reg prometheus.Registerer, log *slog.Logger, lock time.Duration) func(redisq.Event) {
 	reclaimed := prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "outboxchat_queue_reclaimed_total", Help: "Stalled jobs taken over from another consumer after the lock duration.",
 	})
-	reg.MustRegister(reclaimed)
+	trimmed := prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "outboxchat_queue_trimmed_total", Help: "Acknowledged entries trimmed from the stream this service reads.",
+	})
+	reg.MustRegister(reclaimed, trimmed)
 	return func(e redisq.Event) {
 		switch e.Kind {
 		case redisq.EventReclaimed:
 			reclaimed.Add(float64(e.N))
 			logEvent(log, slog.LevelInfo, string(e.Kind), "count", e.N, "lock_duration", lock)
+		case redisq.EventTrimmed:
+			trimmed.Add(float64(e.N))
 		case redisq.EventDeletedPending:
 			for _, id := range e.StreamIDs {
 				logEvent(log, slog.LevelWarn, string(e.Kind), "stream_id", id)

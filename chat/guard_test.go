@@ -321,7 +321,7 @@ func TestSilentWebSocketIsDroppedLoggedCounted(t *testing.T) {
 	defer silent.CloseNow()
 	testenv.WaitFor(t, 10*time.Second, "the silent socket's drop counted", func() bool {
 		m, err := http_get(cons.base + "/metrics")
-		return err == nil && strings.Contains(m, `outboxchat_ws_dropped_total{reason="ping_timeout"} 1`)
+		return err == nil && strings.Contains(m, `outboxchat_ws_evictions_total{reason="ping_timeout"} 1`)
 	})
 	if !strings.Contains(logs.String(), `msg="websocket dropped" service=consumers reason=ping_timeout chat_id=3`) {
 		t.Fatalf("no drop logged:\n%s", logs.String())
@@ -330,7 +330,7 @@ func TestSilentWebSocketIsDroppedLoggedCounted(t *testing.T) {
 	// messages; it was not dropped.
 	send(t, cons.base, 3, "still here")
 	live.waitSeqs(t, Consumers, 1, 10*time.Second)
-	if m, _ := http_get(cons.base + "/metrics"); !strings.Contains(m, `outboxchat_ws_dropped_total{reason="ping_timeout"} 1`) {
+	if m, _ := http_get(cons.base + "/metrics"); !strings.Contains(m, `outboxchat_ws_evictions_total{reason="ping_timeout"} 1`) {
 		t.Fatalf("drop count moved:\n%s", m)
 	}
 }

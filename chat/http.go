@@ -51,10 +51,10 @@ type API struct {
 	onSend func(ctx context.Context, chatID int64, body string) (Message, error)
 	// verifier checks bearer tokens (auth.go); nil when auth is off.
 	verifier *Verifier
-	// guard bounds what one client can take (guard.go); wsDropped counts
-	// WebSockets the server dropped, by reason (nil = not counted).
-	guard     *guard
-	wsDropped func(reason string)
+	// guard bounds what one client can take (guard.go).
+	guard *guard
+	// ws counts connections, evictions and frames (nil = not counted).
+	ws *wsMetrics
 	// closing is closed when the service stops: every WebSocket is closed
 	// with StatusGoingAway so clients reconnect (http.Server.Shutdown does
 	// not track hijacked connections). sockets counts the live handlers.
@@ -311,6 +311,8 @@ func (a *API) handleWS(w http.ResponseWriter, r *http.Request) {
 		return // acceptWS wrote the HTTP error.
 	}
 	c.SetReadLimit(int64(a.maxBody)*6 + 1024)
+	a.ws.opened()
+	defer a.ws.closed()
 	if firstFrame {
 		p, release, ok := a.wsFirstFrame(r.Context(), c, chatID)
 		if !ok {
@@ -337,6 +339,7 @@ func (a *API) handleWS(w http.ResponseWriter, r *http.Request) {
 		if err != nil {
 			return
 		}
+		a.ws.frameOut()
 	}
 	// Reader: a client may send {"body": "..."} frames; each is a send, and
 	// errors come back as {"error": ..., "field": ...} frames.
@@ -348,6 +351,7 @@ func (a *API) handleWS(w http.ResponseWriter, r *http.Request) {
 			if err != nil {
 				return
 			}
+			a.ws.frameIn()
 			var req SendRequest
 			if typ != websocket.MessageText {
 				err = &FieldError{Field: "", Msg: "send text frames holding {\"body\": \"...\"}"}
@@ -407,5 +411,6 @@ func (a *API) handleWS(w http.ResponseWriter, r *http.Request) {
 			}
 			return
 		}
+		a.ws.frameOut()
 	}
 }

@@ -7,13 +7,17 @@ import (
 	"net"
 	"net/http"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/outboxchat/outboxchat/internal/service"
 )
 
 // httpService serves the API on a listener that is already bound, as one
 // of Serve's services (internal/service contract): Start serves in a
-// goroutine of the run; Stop stops taking connections, waits for
+// goroutine of the run; Stop first sets stopping (/readyz then answers 503
+// "stopping") and keeps serving for delay (Config.ShutdownDelay, cut short
+// when Stop's ctx ends), then stops taking connections, waits for
 // in-flight requests (net/http Shutdown), closes the WebSockets (hijacked,
 // so Shutdown does not wait for them) and waits for their handlers, then
 // closes the server — all bounded by Stop's ctx. Serve starts it last, so
@@ -25,6 +29,10 @@ type httpService struct {
 	log  *slog.Logger
 	life service.Lifecycle
 	once sync.Once // closeSockets runs once
+	// stopping is set first thing in Stop (read by /readyz); delay is how
+	// long the API then keeps serving. nil and 0: none.
+	stopping *atomic.Bool
+	delay    time.Duration
 }
 
 func (h *httpService) Start(ctx context.Context) error {
@@ -47,6 +55,18 @@ func (h *httpService) Start(ctx context.Context) error {
 
 func (h *httpService) Stop(ctx context.Context) error {
 	h.once.Do(func() {
+		if h.stopping != nil {
+			h.stopping.Store(true)
+		}
+		if h.delay > 0 {
+			h.log.Info("not ready, serving on", "shutdown_delay", h.delay)
+			t := time.NewTimer(h.delay)
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				t.Stop()
+			}
+		}
 		_ = h.srv.Shutdown(ctx)
 		if err := h.api.closeSockets(ctx); err != nil {
 			h.log.Warn("stopping", "err", err)

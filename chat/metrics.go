@@ -11,6 +11,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/outboxchat/outboxchat/inbox"
 )
 
 // sendMetrics registers the send path's counters on reg and returns the
@@ -172,4 +174,102 @@ func (c *horizonCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	ch <- prometheus.MustNewConstMetric(c.xidAge, prometheus.GaugeValue, xids)
 	ch <- prometheus.MustNewConstMetric(c.xactStart, prometheus.GaugeValue, secs)
+}
+
+// e2eMetric registers the end-to-end histogram and returns the worker's
+// observer, called with every committed inbox batch (inbox.Config.AfterCommit):
+//
+//	outboxchat_e2e_seconds   1 ms … 32.8 s buckets (×2)
+//
+// One observation per message recorded as new in this service's inbox:
+// the inbox row's received_at minus the message's sent_at. Both are
+// Postgres now() values on the one database the services share — the
+// receiver's inbox transaction and the sender's send transaction, each
+// taken when its transaction began, a statement before its commit — so
+// the figure is sender commit → receiver inbox commit on the database
+// clock, relay, Redis and worker included, with no host clock in it. The
+// values come back from the insert the inbox batch runs anyway (no extra
+// query); receipts, duplicates and dead letters are not observed. A
+// message published again by the re-drive is observed from its first
+// send. Safe for concurrent use.
+func e2eMetric(reg prometheus.Registerer) func([]inbox.Applied) {
+	h := prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "outboxchat_e2e_seconds",
+		Help:    "Sender commit to receiver inbox commit, database clock (inbox received_at − message sent_at), per message received.",
+		Buckets: prometheus.ExponentialBuckets(0.001, 2, 16),
+	})
+	reg.MustRegister(h)
+	return func(applied []inbox.Applied) {
+		for _, a := range applied {
+			if m, ok := a.Value.(Message); ok && m.ReceivedAt != nil && !m.SentAt.IsZero() {
+				h.Observe(max(m.ReceivedAt.Sub(m.SentAt).Seconds(), 0))
+			}
+		}
+	}
+}
+
+// wsMetrics are the WebSocket gateway's metrics, registered by
+// newWSMetrics:
+//
+//	outboxchat_ws_connections                   gauge: WebSockets open now (upgraded, not yet closed)
+//	outboxchat_ws_evictions_total{reason}       sockets the server dropped: slow (fell a client buffer
+//	                                            behind), write_timeout, ping_timeout
+//	outboxchat_ws_frames_total{direction}       data frames: in (from clients), out (to clients)
+//
+// Labels carry no chat id. The methods are safe for concurrent use; a nil
+// *wsMetrics counts nothing.
+type wsMetrics struct {
+	conns               prometheus.Gauge
+	evictions           *prometheus.CounterVec
+	framesIn, framesOut prometheus.Counter
+}
+
+func newWSMetrics(reg prometheus.Registerer) *wsMetrics {
+	m := &wsMetrics{
+		conns: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "outboxchat_ws_connections", Help: "WebSocket connections open now.",
+		}),
+		evictions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "outboxchat_ws_evictions_total", Help: "WebSockets the server dropped, by reason (slow, write_timeout, ping_timeout).",
+		}, []string{"reason"}),
+	}
+	frames := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "outboxchat_ws_frames_total", Help: "WebSocket data frames, by direction (in: from clients, out: to clients).",
+	}, []string{"direction"})
+	m.framesIn, m.framesOut = frames.WithLabelValues("in"), frames.WithLabelValues("out")
+	for _, r := range []string{"slow", "write_timeout", "ping_timeout"} {
+		m.evictions.WithLabelValues(r) // export zeros
+	}
+	reg.MustRegister(m.conns, m.evictions, frames)
+	return m
+}
+
+func (m *wsMetrics) opened() {
+	if m != nil {
+		m.conns.Inc()
+	}
+}
+
+func (m *wsMetrics) closed() {
+	if m != nil {
+		m.conns.Dec()
+	}
+}
+
+func (m *wsMetrics) evicted(reason string) {
+	if m != nil {
+		m.evictions.WithLabelValues(reason).Inc()
+	}
+}
+
+func (m *wsMetrics) frameIn() {
+	if m != nil {
+		m.framesIn.Inc()
+	}
+}
+
+func (m *wsMetrics) frameOut() {
+	if m != nil {
+		m.framesOut.Inc()
+	}
 }

@@ -141,6 +141,13 @@ type Config struct {
 	// outbox.DefaultVacuumDeadRows (5,000); negative: never (autovacuum
 	// only).
 	OutboxVacuumRows int64
+	// ShutdownDelay is how long, after ctx ends (SIGTERM), the API keeps
+	// serving while /readyz answers 503 {"status": "stopping"}, so a load
+	// balancer that probes it stops sending new requests before the
+	// listener closes. Default 0: /readyz turns not ready and the listener
+	// closes at once (a probe then finds the port closed). Set it to a
+	// little more than the balancer's probe interval × failure threshold.
+	ShutdownDelay time.Duration
 	// Hooks wraps the relay's publisher and the worker's source and handler
 	// (the lab's fault injection, tests); nil means none.
 	Hooks Hooks
@@ -192,9 +199,26 @@ func ParseRoles(s string) ([]string, error) {
 	return out, nil
 }
 
-// Serve runs one service process until ctx is done, then stops gracefully in
-// the order: stop taking requests and jobs, finish in-flight work, ack, close
-// connections. Migrations are applied at start.
+// Serve runs one service process until ctx is done, then stops gracefully.
+// Migrations are applied at start. The stop, in order (README "Graceful
+// shutdown"):
+//
+//  1. /readyz answers 503 {"status": "stopping"}; the API keeps serving for
+//     Config.ShutdownDelay (default 0).
+//  2. The listener closes; HTTP requests in flight finish: each send
+//     answers 201 with its row committed, or an error with no row.
+//  3. Every WebSocket is closed with 1001 (going away), so clients
+//     reconnect, elsewhere, with their cursors.
+//  4. The other services stop in the reverse of their start
+//     (internal/service; steps 1–4 within stopTimeout, 15 s, in all): the
+//     send path's group committer, the gateway,
+//     the relay (it finishes its pass: published rows are marked sent),
+//     the worker (it finishes its batch, commits and acks it; a batch
+//     still failing is left pending for the queue to hand out again), the
+//     LISTEN connection.
+//
+// It returns nil after a stop caused by ctx, or the error that kept it
+// from starting.
 func Serve(ctx context.Context, cfg Config) error {
 	if err := checkService(cfg.Service); err != nil {
 		return err
@@ -439,7 +463,9 @@ func Serve(ctx context.Context, cfg Config) error {
 		// receipts of many inbox batches (another process's relay finds
 		// them at its next wake-up or poll).
 		var wakePending atomic.Bool
+		observeE2E := e2eMetric(reg)
 		icfg.AfterCommit = func(applied []inbox.Applied) {
+			observeE2E(applied)
 			if gw != nil {
 				gw.offerApplied(applied)
 			}
@@ -564,20 +590,26 @@ func Serve(ctx context.Context, cfg Config) error {
 	refused := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "outboxchat_http_refused_total", Help: "Requests refused by the connection guard, by reason (host, origin, too_large, rate_ip, rate_user, sockets).",
 	}, []string{"reason"})
-	dropped := prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "outboxchat_ws_dropped_total", Help: "WebSockets the server dropped, by reason (slow, write_timeout, ping_timeout).",
-	}, []string{"reason"})
-	reg.MustRegister(refused, dropped)
+	for _, r := range []string{"host", "origin", "too_large", "body_timeout", "rate_ip", "rate_user", "sockets"} {
+		refused.WithLabelValues(r) // export zeros
+	}
+	reg.MustRegister(refused)
 	guard.refused = func(reason string) { refused.WithLabelValues(reason).Inc() }
-	api.wsDropped = func(reason string) { dropped.WithLabelValues(reason).Inc() }
+	api.ws = newWSMetrics(reg)
 
 	mux := http.NewServeMux()
 	api.Register(mux)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("GET /openapi.json", serveOpenAPI)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
+	var stopping atomic.Bool // set first thing when ctx ends
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		if stopping.Load() {
+			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "stopping", "error": "service stopping", "field": ""})
+			return
+		}
 		pctx, cancel := context.WithTimeout(r.Context(), time.Second)
 		defer cancel()
 		if err := pool.Ping(pctx); err != nil {
@@ -625,7 +657,7 @@ func Serve(ctx context.Context, cfg Config) error {
 		MaxHeaderBytes: maxHeaderBytes,
 		// Failed TLS handshakes and the like: every scanner causes them.
 		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug)}
-	add(&httpService{srv: srv, ln: ln, api: api, log: log})
+	add(&httpService{srv: srv, ln: ln, api: api, log: log, stopping: &stopping, delay: cfg.ShutdownDelay})
 	return runServices(ctx, log, services, func() {
 		log.Info("listening", "addr", ln.Addr().String(), "mode", cfg.Mode, "wake", cfg.Wake.String(), "tls", tlsConfig != nil)
 		if cfg.Listening != nil {

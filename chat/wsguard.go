@@ -44,7 +44,7 @@ func (a *API) keepAlive(ctx context.Context, c *websocket.Conn) <-chan struct{} 
 	return failed
 }
 
-// dropSocket logs and counts a WebSocket the server drops: reason is
+// dropSocket logs and counts (outboxchat_ws_evictions_total) a WebSocket the server drops: reason is
 // "slow" (fell a client buffer behind), "write_timeout" (a frame took over
 // the write timeout) or "ping_timeout" (no pong in time).
 func (a *API) dropSocket(r *http.Request, chatID int64, reason string, err error) {
@@ -53,9 +53,7 @@ func (a *API) dropSocket(r *http.Request, chatID int64, reason string, err error
 		attrs = append(attrs, "err", err)
 	}
 	a.log.Warn("websocket dropped", attrs...)
-	if a.wsDropped != nil {
-		a.wsDropped(reason)
-	}
+	a.ws.evicted(reason)
 }
 
 // sendAllowed applies the per-user rate limit to a WebSocket send frame: a

@@ -90,7 +90,8 @@ type Config struct {
 	// RetryBackoff is the wait after the first transient error (a failed
 	// Fetch, or a batch rolled back for a non-permanent error); it doubles
 	// after each further consecutive error up to MaxRetryBackoff and resets
-	// after a success. Default DefaultRetryBackoff (100 ms). Must not be
+	// after a success (a Fetch that returned, even with nothing, or a
+	// committed batch). Default DefaultRetryBackoff (100 ms). Must not be
 	// negative.
 	RetryBackoff time.Duration
 
@@ -323,6 +324,11 @@ func (c *Consumer) run(fetchCtx, workCtx context.Context) {
 				}
 				continue
 			}
+			// A fetch that worked, empty or not, ends a run of fetch
+			// errors: the next incident starts again at RetryBackoff (an
+			// idle consumer used to carry its count across unrelated
+			// incidents and wait MaxRetryBackoff at the first error).
+			failures = 0
 			pending = ds
 			if len(pending) == 0 {
 				continue

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs what outboxchat's tests and lab need when it is missing:
 # PostgreSQL server binaries (initdb, postgres), redis-server, pgbouncer
-# (the connection-pooler tests), and — with --browser — Chromium for the
+# (the connection-pooler tests), promtool (from Debian's prometheus package:
+# the deploy/ rules test runs `promtool check rules` and `promtool test
+# rules`), and — with --browser — Chromium for the
 # browser test. Debian/Ubuntu only (apt-get);
 # elsewhere it says what to install. It never starts or touches a system
 # server: the tests and the lab run private servers on free ports.
@@ -16,12 +18,14 @@ have_pg() {
 }
 have_redis() { command -v redis-server >/dev/null 2>&1; }
 have_pgbouncer() { command -v pgbouncer >/dev/null 2>&1 || [ -x /usr/sbin/pgbouncer ]; }
+have_promtool() { command -v promtool >/dev/null 2>&1; }
 have_chromium() { command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || command -v google-chrome >/dev/null 2>&1; }
 
 pkgs=()
 have_pg || pkgs+=(postgresql)
 have_redis || pkgs+=(redis-server)
 have_pgbouncer || pkgs+=(pgbouncer)
+have_promtool || pkgs+=(prometheus)
 if [ "$want_browser" = 1 ] && ! have_chromium; then pkgs+=(chromium); fi
 [ ${#pkgs[@]} -eq 0 ] && exit 0
 
@@ -37,4 +41,14 @@ fi
 echo "installing ${pkgs[*]} with apt-get…" >&2
 export DEBIAN_FRONTEND=noninteractive
 $sudo apt-get update -qq
+# The prometheus package's maintainer scripts would start a Prometheus
+# server where an init system runs: policy-rc.d (exit 101) tells
+# invoke-rc.d not to start any service during this install. Only promtool
+# is used.
+prc=/usr/sbin/policy-rc.d
+made_prc=0
+if [ ! -e "$prc" ]; then
+  printf '#!/bin/sh\nexit 101\n' | $sudo tee "$prc" >/dev/null && $sudo chmod +x "$prc" && made_prc=1
+fi
+trap 'if [ "$made_prc" = 1 ]; then $sudo rm -f "$prc"; fi' EXIT
 $sudo apt-get install -y -qq --no-install-recommends "${pkgs[@]}" >/dev/null

@@ -122,6 +122,7 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	deadMax := fs.Int64("dead-letter-max", redisq.DefaultDeadLetterMax, "worker: keep at most this many dead letters (the oldest are dropped, counted in outboxchat_deadletter_trimmed_total; negative = no cap)")
 	vacuumRows := fs.Int64("outbox-vacuum-rows", outbox.DefaultVacuumDeadRows, "relay: VACUUM the outbox once it holds this many dead (published and deleted) rows, checked every 2 s (negative = leave it to autovacuum)")
 	logFormat := fs.String("log-format", "text", "log format: text or json")
+	shutdownDelay := fs.Duration("shutdown-delay", 0, "on SIGTERM, keep serving this long with /readyz answering 503 before the listener closes (for a load balancer's probe)")
 	debugAddr := fs.String("debug-addr", "", "serve Go's pprof profiles (/debug/pprof/) on this address, e.g. 127.0.0.1:6060 (default off)")
 	guard := guardFlags(fs)
 	auth := authFlags(fs)
@@ -161,7 +162,7 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 		Mode: *mode, Wake: wm, PollOnly: *pollOnly, PollInterval: *poll, LockDuration: *lock,
 		RedriveAfter: redriveAfter(*redrive),
 		GapTimeout:   *gap, ConsumerName: *consumer, MaxBodyBytes: *maxBody, RedisPrefix: *prefix, Hooks: hooks,
-		SendLockTimeout: *sendLock, ReadTimeout: *readTimeout,
+		SendLockTimeout: *sendLock, ReadTimeout: *readTimeout, ShutdownDelay: *shutdownDelay,
 		RelayMaxAttempts: *maxAttempts, DeadLetterMax: *deadMax, OutboxVacuumRows: *vacuumRows,
 		Guard: guard.config(), Auth: auth.config(), EventKeyFile: *auth.eventKeys,
 		TLSCertFile: *auth.tlsCert, TLSKeyFile: *auth.tlsKey, Logger: log,
