@@ -81,7 +81,8 @@ func benchmarkSend(b *testing.B, mode outbox.WakeMode, batched bool) {
 // chat: HTTP sends to other chats at 100 msg/s (chats 72…171 in turn, one
 // op each, paced every 10 ms) through the whole consumers service (API,
 // relay, worker), "free" with no lock held and "locked" while another
-// session holds chat 71's lock and chat 71 gets a send every 100 ms. It
+// session holds chat 71's lock and chat 71 gets a send every 100 ms while
+// fewer than 8 of them wait (each waits the 2 s lock timeout, so about 4/s). It
 // reports the other chats' send latency (p50, p99, max, in ms) and, when
 // locked, how chat 71's sends ended (locked_503: answered 503 within the
 // send lock timeout, default 2 s; locked_201 should stay 0). Run it with
@@ -110,7 +111,7 @@ func benchmarkSendWhileChatLocked(b *testing.B, locked bool) {
 		defer h.holdChatLock(b, Consumers, 71).Rollback(ctx)
 		t := time.NewTicker(100 * time.Millisecond)
 		defer t.Stop()
-		for range 8 { // up to 8 sends waiting at once: 2 s lock timeout × 10/s, halved
+		for range 8 { // up to 8 sends to chat 71 waiting at once
 			ended.Add(1)
 			go func() {
 				defer ended.Done()

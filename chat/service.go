@@ -348,6 +348,14 @@ func Serve(ctx context.Context, cfg Config) error {
 	// with nothing running.
 	var services []service.Service
 	add := func(svc service.Service) { services = append(services, svc) }
+	// Log lines saying a role started (the lab waits for "relay started"),
+	// written once every service has.
+	var announce []func()
+	announced := func() {
+		for _, f := range announce {
+			f()
+		}
+	}
 
 	wcfg := &outbox.WriterConfig{
 		Table: cfg.Service + ".outbox", Channel: OutboxChannel(cfg.Service), Mode: cfg.Wake, Logger: log,
@@ -483,7 +491,9 @@ func Serve(ctx context.Context, cfg Config) error {
 			return err
 		}
 		add(pruner)
-		log.Info("worker started", "queue", QueueName(Peer(cfg.Service)), "consumer", cfg.ConsumerName)
+		announce = append(announce, func() {
+			log.Info("worker started", "queue", QueueName(Peer(cfg.Service)), "consumer", cfg.ConsumerName)
+		})
 	}
 
 	pubConfig := &redisq.PublisherConfig{Queue: QueueName(cfg.Service), Prefix: cfg.RedisPrefix, Logger: log}
@@ -534,15 +544,17 @@ func Serve(ctx context.Context, cfg Config) error {
 				return err
 			}
 			add(rd)
-			log.Info("re-drive started", "after", after)
+			announce = append(announce, func() { log.Info("re-drive started", "after", after) })
 		}
 		relayWake = relay.Wake
 		wakeRelay.Store(relayWake)
-		log.Info("relay started", "queue", QueueName(cfg.Service), "poll_only", cfg.PollOnly)
+		announce = append(announce, func() {
+			log.Info("relay started", "queue", QueueName(cfg.Service), "poll_only", cfg.PollOnly)
+		})
 	}
 
 	if !cfg.has(RoleAPI) {
-		return runServices(ctx, log, services, nil)
+		return runServices(ctx, log, services, announced)
 	}
 
 	add(writer)
@@ -659,6 +671,7 @@ func Serve(ctx context.Context, cfg Config) error {
 		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug)}
 	add(&httpService{srv: srv, ln: ln, api: api, log: log, stopping: &stopping, delay: cfg.ShutdownDelay})
 	return runServices(ctx, log, services, func() {
+		announced()
 		log.Info("listening", "addr", ln.Addr().String(), "mode", cfg.Mode, "wake", cfg.Wake.String(), "tls", tlsConfig != nil)
 		if cfg.Listening != nil {
 			cfg.Listening(ln.Addr().String())

@@ -90,15 +90,8 @@ type Server struct {
 	tls          bool // Dir/server.crt and Dir/server.key serve TLS
 
 	mu     sync.Mutex
-	run    *run // nil when not running
+	run    *spawn.Proc // nil when not running
 	closed bool
-}
-
-// run is one postmaster process.
-type run struct {
-	cmd    *exec.Cmd
-	exited chan struct{} // closed after cmd.Wait returns
-	err    error         // cmd.Wait result, valid after exited is closed
 }
 
 // Start creates (initdb: trust auth, UTF8, superuser "postgres") or reuses a
@@ -445,11 +438,7 @@ func (s *Server) startLocked(ctx context.Context) error {
 	if err := spawn.Start(cmd); err != nil {
 		return fmt.Errorf("pgproc: start postgres: %w", err)
 	}
-	r := &run{cmd: cmd, exited: make(chan struct{})}
-	go func() {
-		r.err = cmd.Wait()
-		close(r.exited)
-	}()
+	r := spawn.Watch(cmd)
 	s.run = r
 	if err := s.waitReady(ctx, r); err != nil {
 		s.killLocked()
@@ -474,7 +463,7 @@ func tailSince(path string, off int64) string {
 
 // waitReady pings until the server accepts connections, the process exits, or
 // the deadline (ctx or StartTimeout) passes.
-func (s *Server) waitReady(ctx context.Context, r *run) error {
+func (s *Server) waitReady(ctx context.Context, r *spawn.Proc) error {
 	ctx, cancel := context.WithTimeout(ctx, s.startTimeout)
 	defer cancel()
 	dsn := s.URL("postgres") + "&connect_timeout=2"
@@ -499,9 +488,9 @@ func (s *Server) waitReady(ctx context.Context, r *run) error {
 		last = err
 		t := time.NewTimer(20 * time.Millisecond)
 		select {
-		case <-r.exited:
+		case <-r.Exited():
 			t.Stop()
-			return fmt.Errorf("postgres exited: %v", r.err)
+			return fmt.Errorf("postgres exited: %v", r.Err())
 		case <-ctx.Done():
 			t.Stop()
 			return fmt.Errorf("%w (last error: %v)", ctx.Err(), last)
@@ -553,19 +542,7 @@ func (s *Server) LogPath() string { return s.logPath }
 func (s *Server) Running() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.aliveLocked()
-}
-
-func (s *Server) aliveLocked() bool {
-	if s.run == nil {
-		return false
-	}
-	select {
-	case <-s.run.exited:
-		return false
-	default:
-		return true
-	}
+	return s.run.Alive()
 }
 
 // Stop shuts the server down cleanly using fast mode (SIGINT: open
@@ -579,19 +556,13 @@ func (s *Server) Stop(ctx context.Context) error {
 }
 
 func (s *Server) stopLocked(ctx context.Context) error {
-	r := s.run
-	if r == nil {
+	if s.run == nil {
 		return nil
 	}
-	pid := r.cmd.Process.Pid
-	_ = syscall.Kill(pid, syscall.SIGINT)
-	select {
-	case <-r.exited:
-	case <-ctx.Done():
-		s.killLocked()
-		return fmt.Errorf("pgproc: stop: %w (killed)", ctx.Err())
+	if err := s.run.Stop(ctx, syscall.SIGINT); err != nil {
+		_ = s.killLocked()
+		return fmt.Errorf("pgproc: stop: %w (killed)", err)
 	}
-	spawn.WaitGroupGone(pid, 10*time.Second)
 	s.run = nil
 	s.log.Info("pgproc: stopped", "port", s.port)
 	return nil
@@ -613,7 +584,7 @@ func (s *Server) killLocked() error {
 	if r == nil {
 		return nil
 	}
-	pid := r.cmd.Process.Pid
+	pid := r.Cmd.Process.Pid
 	// Postgres children call setsid(), so they are not in the postmaster's
 	// process group. Freeze the postmaster (it cannot fork while stopped),
 	// collect its descendants, then SIGKILL all of them.
@@ -623,7 +594,7 @@ func (s *Server) killLocked() error {
 	for _, p := range procs {
 		_ = syscall.Kill(p, syscall.SIGKILL)
 	}
-	<-r.exited
+	<-r.Exited()
 	s.run = nil
 	deadline := time.Now().Add(10 * time.Second)
 	for _, p := range procs {

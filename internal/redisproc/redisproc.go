@@ -100,14 +100,8 @@ type Server struct {
 	tlsKey       string
 
 	mu     sync.Mutex
-	run    *run // nil when not running
+	run    *spawn.Proc // nil when not running
 	closed bool
-}
-
-type run struct {
-	cmd    *exec.Cmd
-	exited chan struct{}
-	err    error
 }
 
 var errBind = errors.New("could not bind port")
@@ -284,11 +278,7 @@ func (s *Server) startLocked(ctx context.Context) error {
 	if err := spawn.Start(cmd); err != nil {
 		return fmt.Errorf("redisproc: start redis-server: %w", err)
 	}
-	r := &run{cmd: cmd, exited: make(chan struct{})}
-	go func() {
-		r.err = cmd.Wait()
-		close(r.exited)
-	}()
+	r := spawn.Watch(cmd)
 	s.run = r
 	if err := s.waitReady(ctx, r); err != nil {
 		_ = s.killLocked()
@@ -313,7 +303,7 @@ func tailSince(path string, off int64) string {
 // waitReady PINGs until the server answers, the process exits, or the
 // deadline (ctx or StartTimeout) passes. While the AOF is loading Redis
 // answers LOADING, which counts as not ready.
-func (s *Server) waitReady(ctx context.Context, r *run) error {
+func (s *Server) waitReady(ctx context.Context, r *spawn.Proc) error {
 	ctx, cancel := context.WithTimeout(ctx, s.startTimeout)
 	defer cancel()
 	var last error
@@ -324,9 +314,9 @@ func (s *Server) waitReady(ctx context.Context, r *run) error {
 		}
 		t := time.NewTimer(10 * time.Millisecond)
 		select {
-		case <-r.exited:
+		case <-r.Exited():
 			t.Stop()
-			return fmt.Errorf("redis-server exited: %v", r.err)
+			return fmt.Errorf("redis-server exited: %v", r.Err())
 		case <-ctx.Done():
 			t.Stop()
 			return fmt.Errorf("%w (last error: %v)", ctx.Err(), last)
@@ -337,7 +327,7 @@ func (s *Server) waitReady(ctx context.Context, r *run) error {
 
 // ping sends one PING over a fresh connection and checks, via INFO, that the
 // answering server is our process (another server could own the port).
-func (s *Server) ping(ctx context.Context, r *run) error {
+func (s *Server) ping(ctx context.Context, r *spawn.Proc) error {
 	// A plain TCP probe first keeps go-redis from logging dial failures
 	// while the server is still starting.
 	d := net.Dialer{Timeout: time.Second}
@@ -369,7 +359,7 @@ func (s *Server) ping(ctx context.Context, r *run) error {
 	if err != nil {
 		return err
 	}
-	want := "process_id:" + strconv.Itoa(r.cmd.Process.Pid)
+	want := "process_id:" + strconv.Itoa(r.Cmd.Process.Pid)
 	if !strings.Contains(info, want+"\r\n") && !strings.Contains(info, want+"\n") {
 		return fmt.Errorf("port %d is served by another redis", s.port)
 	}
@@ -401,15 +391,7 @@ func (s *Server) LogPath() string { return s.logPath }
 func (s *Server) Running() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.run == nil {
-		return false
-	}
-	select {
-	case <-s.run.exited:
-		return false
-	default:
-		return true
-	}
+	return s.run.Alive()
 }
 
 // Stop shuts the server down gracefully: SIGTERM makes Redis fsync and close
@@ -423,19 +405,13 @@ func (s *Server) Stop(ctx context.Context) error {
 }
 
 func (s *Server) stopLocked(ctx context.Context) error {
-	r := s.run
-	if r == nil {
+	if s.run == nil {
 		return nil
 	}
-	pid := r.cmd.Process.Pid
-	_ = syscall.Kill(pid, syscall.SIGTERM)
-	select {
-	case <-r.exited:
-	case <-ctx.Done():
+	if err := s.run.Stop(ctx, syscall.SIGTERM); err != nil {
 		_ = s.killLocked()
-		return fmt.Errorf("redisproc: stop: %w (killed)", ctx.Err())
+		return fmt.Errorf("redisproc: stop: %w (killed)", err)
 	}
-	spawn.WaitGroupGone(pid, 10*time.Second)
 	s.run = nil
 	s.log.Info("redisproc: stopped", "port", s.port)
 	return nil
@@ -457,9 +433,9 @@ func (s *Server) killLocked() error {
 	if r == nil {
 		return nil
 	}
-	pid := r.cmd.Process.Pid
+	pid := r.Cmd.Process.Pid
 	_ = syscall.Kill(-pid, syscall.SIGKILL)
-	<-r.exited
+	<-r.Exited()
 	s.run = nil
 	if !spawn.WaitGroupGone(pid, 10*time.Second) {
 		return fmt.Errorf("redisproc: processes of group %d still alive after SIGKILL", pid)
@@ -483,7 +459,7 @@ func (s *Server) signal(sig syscall.Signal) error {
 	if s.run == nil {
 		return fmt.Errorf("redisproc: %v: server not running", sig)
 	}
-	if err := syscall.Kill(-s.run.cmd.Process.Pid, sig); err != nil {
+	if err := syscall.Kill(-s.run.Cmd.Process.Pid, sig); err != nil {
 		return fmt.Errorf("redisproc: %v: %w", sig, err)
 	}
 	return nil

@@ -242,3 +242,58 @@ func Close(name string, closed *bool, timeout time.Duration, st Steps, dir strin
 	}
 	return err
 }
+
+// Proc is one started child process of a private server, whose exit is
+// watched: Exited is closed once cmd.Wait returned, and Err then holds its
+// result. Its methods are safe for concurrent use.
+type Proc struct {
+	Cmd    *exec.Cmd
+	exited chan struct{}
+	err    error
+}
+
+// Watch returns the Proc of cmd, already started (Start), and waits for it
+// in a goroutine of its own.
+func Watch(cmd *exec.Cmd) *Proc {
+	p := &Proc{Cmd: cmd, exited: make(chan struct{})}
+	go func() {
+		p.err = cmd.Wait()
+		close(p.exited)
+	}()
+	return p
+}
+
+// Exited is closed once the process has exited and been reaped.
+func (p *Proc) Exited() <-chan struct{} { return p.exited }
+
+// Err is cmd.Wait's result; valid once Exited is closed.
+func (p *Proc) Err() error { return p.err }
+
+// Alive reports whether p is a process that has not exited (false for nil).
+func (p *Proc) Alive() bool {
+	if p == nil {
+		return false
+	}
+	select {
+	case <-p.exited:
+		return false
+	default:
+		return true
+	}
+}
+
+// Stop sends sig (the server's graceful shutdown signal) to the process and
+// waits until it has exited and, for at most 10 s more, until its process
+// group is gone. If ctx ends first it returns ctx.Err() and leaves the
+// process running: the caller kills it.
+func (p *Proc) Stop(ctx context.Context, sig syscall.Signal) error {
+	pid := p.Cmd.Process.Pid
+	_ = syscall.Kill(pid, sig)
+	select {
+	case <-p.exited:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	WaitGroupGone(pid, 10*time.Second)
+	return nil
+}
