@@ -56,22 +56,13 @@ func (h *heartbeat) runOnce(ctx context.Context) error {
 
 func (h *heartbeat) Start(ctx context.Context) error {
 	return h.life.Start(ctx, func(run *service.Run) {
-		run.Go(func() {
-			// The first write a second after start (the relay's first pass
-			// has run by then), then every heartbeatEvery.
-			t := time.NewTimer(time.Second)
-			defer t.Stop()
-			for {
-				select {
-				case <-run.Stopping():
-					return
-				case <-t.C:
-				}
-				if err := h.runOnce(run.Context()); err != nil && run.Context().Err() == nil {
-					h.log.Warn("writing the relay heartbeat failed; retried in 5 s", "err", err)
-				}
-				t.Reset(heartbeatEvery)
+		// The first write a second after start (the relay's first pass
+		// has run by then), then every heartbeatEvery.
+		run.Every(time.Second, func(ctx context.Context) time.Duration {
+			if err := h.runOnce(ctx); err != nil && ctx.Err() == nil {
+				h.log.Warn("writing the relay heartbeat failed; retried in 5 s", "err", err)
 			}
+			return heartbeatEvery
 		})
 	})
 }

@@ -91,19 +91,11 @@ func (p *watermarkPruner) RunOnce(ctx context.Context) (int64, error) {
 // It does not block.
 func (p *watermarkPruner) Start(ctx context.Context) error {
 	return p.life.Start(ctx, func(run *service.Run) {
-		run.Go(func() {
-			t := time.NewTicker(p.interval)
-			defer t.Stop()
-			for {
-				select {
-				case <-run.Stopping():
-					return
-				case <-t.C:
-				}
-				if _, err := p.RunOnce(run.Context()); err != nil && run.Context().Err() == nil {
-					p.log.Warn("watermark prune failed; retried at the next interval", "err", err)
-				}
+		run.Every(p.interval, func(ctx context.Context) time.Duration {
+			if _, err := p.RunOnce(ctx); err != nil && ctx.Err() == nil {
+				p.log.Warn("watermark prune failed; retried at the next interval", "err", err)
 			}
+			return p.interval
 		})
 	})
 }

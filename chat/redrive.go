@@ -166,19 +166,11 @@ func redriveInterval(after time.Duration) time.Duration {
 // is in progress, or ctx.Err() if ctx is already done.
 func (r *Redriver) Start(ctx context.Context) error {
 	err := r.life.Start(ctx, func(run *service.Run) {
-		run.Go(func() {
-			t := time.NewTicker(r.cfg.Interval)
-			defer t.Stop()
-			for {
-				select {
-				case <-run.Stopping():
-					return
-				case <-t.C:
-				}
-				if _, err := r.RunOnce(run.Context()); err != nil && run.Context().Err() == nil {
-					r.log.Warn("re-drive pass failed; retried at the next one", "err", err)
-				}
+		run.Every(r.cfg.Interval, func(ctx context.Context) time.Duration {
+			if _, err := r.RunOnce(ctx); err != nil && ctx.Err() == nil {
+				r.log.Warn("re-drive pass failed; retried at the next one", "err", err)
 			}
+			return r.cfg.Interval
 		})
 	})
 	if err != nil {

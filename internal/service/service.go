@@ -31,6 +31,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 )
 
 // ErrAlreadyStarted is wrapped by Start while a run is in progress: started
@@ -97,6 +98,28 @@ func (r *Run) Go(f func()) {
 		defer r.wg.Done()
 		f()
 	}()
+}
+
+// Every starts one of the run's goroutines (see Go): it calls fn after the
+// delay first, then again after each delay fn returns, until the run is
+// stopping. A call in flight is never interrupted by a graceful stop; fn
+// gets the run's Context, which a hard stop cancels. For the periodic loops
+// (re-drive, pruning, heartbeats): the time between calls is measured from
+// the end of one to the start of the next, so a slow call is not followed
+// by a burst. Call it where Go may be called.
+func (r *Run) Every(first time.Duration, fn func(ctx context.Context) (next time.Duration)) {
+	r.Go(func() {
+		t := time.NewTimer(first)
+		defer t.Stop()
+		for {
+			select {
+			case <-r.stopping:
+				return
+			case <-t.C:
+			}
+			t.Reset(fn(r.ctx))
+		}
+	})
 }
 
 // Start begins a run: it derives the run's context from ctx, calls launch

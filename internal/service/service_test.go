@@ -223,3 +223,52 @@ func TestConcurrentStartStop(t *testing.T) {
 		t.Fatalf("%d loops left", w.loops.Load())
 	}
 }
+
+// Every calls fn after the first delay, then after each delay fn returns;
+// a graceful Stop lets the call in flight finish and makes no further call.
+func TestEvery(t *testing.T) {
+	var l service.Lifecycle
+	calls := make(chan int, 10)
+	inFlight := make(chan struct{})
+	release := make(chan struct{})
+	var n atomic.Int32
+	err := l.Start(context.Background(), func(r *service.Run) {
+		r.Every(0, func(ctx context.Context) time.Duration {
+			c := int(n.Add(1))
+			calls <- c
+			if c == 3 {
+				close(inFlight)
+				<-release // a call in flight when Stop begins
+			}
+			return time.Millisecond
+		})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for want := 1; want <= 3; want++ {
+		select {
+		case got := <-calls:
+			if got != want {
+				t.Fatalf("call %d, want %d", got, want)
+			}
+		case <-time.After(wait):
+			t.Fatalf("call %d did not come within %v", want, wait)
+		}
+	}
+	closedWithin(t, inFlight, "third call")
+	stopped := make(chan error, 1)
+	go func() { stopped <- l.Stop(context.Background()) }()
+	select {
+	case err := <-stopped:
+		t.Fatalf("Stop returned (%v) while a call was in flight", err)
+	case <-time.After(20 * time.Millisecond):
+	}
+	close(release)
+	if err := <-stopped; err != nil {
+		t.Fatal(err)
+	}
+	if got := n.Load(); got != 3 {
+		t.Fatalf("%d calls after Stop, want 3 (no call after the graceful stop)", got)
+	}
+}
