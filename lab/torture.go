@@ -135,12 +135,12 @@ type ScheduleResult struct {
 
 // Fault kinds of a schedule (besides the network kinds, NetLatency …).
 const (
-	faultKill       = "sigkill"         // SIGKILL a service process, restart it after a pause
-	faultStop       = "sigstop"         // SIGSTOP a service process for a while, then SIGCONT
-	faultTerm       = "sigterm"         // SIGTERM (graceful stop), restart after a pause
-	faultCrashPoint = "crash-point"     // restart with --fault KIND:SEQ: it SIGKILLs itself at that step
-	faultRedisKill  = "redis-kill"      // kill -9 Redis, start it again after a pause
-	faultRedisStop  = "redis-stop"      // graceful Redis shutdown, start again after a pause
+	faultKill       = "sigkill"     // SIGKILL a service process, restart it after a pause
+	faultStop       = "sigstop"     // SIGSTOP a service process for a while, then SIGCONT
+	faultTerm       = "sigterm"     // SIGTERM (graceful stop), restart after a pause
+	faultCrashPoint = "crash-point" // restart with --fault KIND:SEQ: it SIGKILLs itself at that step
+	faultRedisKill  = "redis-kill"  // kill -9 Redis, start it again after a pause
+	faultRedisStop  = "redis-stop"  // graceful Redis shutdown, start again after a pause
 	faultPgImm      = "postgres-immediate"
 	faultPgFast     = "postgres-fast"
 	faultNet        = "net" // a toxic on one service's link to Postgres or Redis
