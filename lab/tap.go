@@ -43,18 +43,26 @@ type streamTap struct {
 	top      map[string]map[int64]int64
 	order    []string
 	inserted map[string]int
+	// entries maps each message entry read to its message id, per stream
+	// (from); confirmed holds the entries found acknowledged with their
+	// message in the inbox; early the messages found acknowledged and not
+	// in the inbox (id → what was seen).
+	entries   map[string]map[string]string
+	confirmed map[string]bool
+	early     map[string]string
 }
 
 // startStreamTap creates the tap's group on both streams (from the start)
 // and starts reading them.
 func startStreamTap(ctx context.Context, env *Env) (*streamTap, error) {
-	t := &streamTap{rdb: env.rdb, seen: map[string]map[int64]map[int64]bool{}, top: map[string]map[int64]int64{}, inserted: map[string]int{}}
+	t := &streamTap{rdb: env.rdb, seen: map[string]map[int64]map[int64]bool{}, top: map[string]map[int64]int64{}, inserted: map[string]int{},
+		entries: map[string]map[string]string{}, confirmed: map[string]bool{}, early: map[string]string{}}
 	for _, from := range []string{chat.Consumers, chat.Workers} {
 		err := t.rdb.XGroupCreateMkStream(ctx, tortureStream(from), tapGroup, "0").Err()
 		if err != nil && !strings.Contains(err.Error(), "BUSYGROUP") {
 			return nil, fmt.Errorf("lab: torture: stream tap: %w", err)
 		}
-		t.seen[from], t.top[from] = map[int64]map[int64]bool{}, map[int64]int64{}
+		t.seen[from], t.top[from], t.entries[from] = map[int64]map[int64]bool{}, map[int64]int64{}, map[string]string{}
 	}
 	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	t.cancel = cancel
@@ -101,14 +109,18 @@ func (t *streamTap) entry(from string, m redis.XMessage) {
 	}
 	payload, _ := m.Values["payload"].(string)
 	var ev struct {
-		ChatID int64 `json:"chat_id"`
-		Seq    int64 `json:"seq"`
+		ID     string `json:"id"`
+		ChatID int64  `json:"chat_id"`
+		Seq    int64  `json:"seq"`
 	}
 	if json.Unmarshal([]byte(payload), &ev) != nil || ev.Seq <= 0 {
 		return // a malformed entry (the schedule may inject some)
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	if t.entries != nil && t.entries[from] != nil {
+		t.entries[from][m.ID] = ev.ID
+	}
 	seen := t.seen[from][ev.ChatID]
 	if seen == nil {
 		seen = map[int64]bool{}
@@ -142,6 +154,122 @@ func (t *streamTap) violations() []string {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return append([]string(nil), t.order...)
+}
+
+// sampleAcks checks invariant 4 from outside: every message entry the
+// receiving service's group has acknowledged (delivered: at or below the
+// group's last-delivered id; and no longer pending) must have its message
+// in the receiver's inbox. Read in that order — Redis first, then Postgres
+// — an entry acknowledged only after its inbox commit is always found
+// there; one acknowledged before its commit is caught while the commit is
+// outstanding, and for good if the worker died in between. Errors (a
+// server down) skip the sample.
+func (t *streamTap) sampleAcks(ctx context.Context, env *Env) {
+	for _, from := range []string{chat.Consumers, chat.Workers} {
+		receiver := chat.Peer(from)
+		t.mu.Lock()
+		cand := map[string]string{}
+		for ref, id := range t.entries[from] {
+			if !t.confirmed[ref] {
+				cand[ref] = id
+			}
+		}
+		t.mu.Unlock()
+		if len(cand) == 0 {
+			continue
+		}
+		stream := tortureStream(from)
+		groups, err := t.rdb.XInfoGroups(ctx, stream).Result()
+		if err != nil {
+			continue
+		}
+		last := ""
+		for _, g := range groups {
+			if g.Name == receiver {
+				last = g.LastDeliveredID
+			}
+		}
+		if last == "" {
+			continue
+		}
+		pend, err := t.rdb.XPendingExt(ctx, &redis.XPendingExtArgs{Stream: stream, Group: receiver, Start: "-", End: "+", Count: 1 << 20}).Result()
+		if err != nil {
+			continue
+		}
+		pending := map[string]bool{}
+		for _, p := range pend {
+			pending[p.ID] = true
+		}
+		acked := map[string]string{} // ref → message id
+		var ids []string
+		for ref, id := range cand {
+			if !pending[ref] && streamIDLE(ref, last) {
+				acked[ref] = id
+				ids = append(ids, id)
+			}
+		}
+		if len(ids) == 0 {
+			continue
+		}
+		in := map[string]bool{}
+		rows, err := env.admin.Query(ctx, `SELECT message_id::text FROM `+receiver+`.inbox WHERE message_id::text = ANY($1)`, ids)
+		if err != nil {
+			continue
+		}
+		for rows.Next() {
+			var id string
+			if rows.Scan(&id) == nil {
+				in[id] = true
+			}
+		}
+		rows.Close()
+		if rows.Err() != nil {
+			continue
+		}
+		t.mu.Lock()
+		for ref, id := range acked {
+			if in[id] {
+				t.confirmed[ref] = true
+				continue
+			}
+			if _, ok := t.early[id]; !ok {
+				t.early[id] = fmt.Sprintf("%s entry %s (message %s) acknowledged by %s before it was in its inbox", chat.QueueName(from), ref, id, receiver)
+			}
+		}
+		t.mu.Unlock()
+	}
+}
+
+// earlyAcks returns what sampleAcks found.
+func (t *streamTap) earlyAcks() []string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	out := make([]string, 0, len(t.early))
+	for _, s := range t.early {
+		out = append(out, s)
+	}
+	return out
+}
+
+// streamIDLE reports whether stream entry id a ("ms-seq") is at or below b.
+func streamIDLE(a, b string) bool {
+	am, as, _ := strings.Cut(a, "-")
+	bm, bs, _ := strings.Cut(b, "-")
+	if c := cmpDecimal(am, bm); c != 0 {
+		return c < 0
+	}
+	return cmpDecimal(as, bs) <= 0
+}
+
+// cmpDecimal compares two decimal strings without leading zeros.
+func cmpDecimal(a, b string) int {
+	if len(a) != len(b) {
+		if len(a) < len(b) {
+			return -1
+		}
+		return 1
+	}
+	return strings.Compare(a, b)
 }
 
 // stop ends the readers and waits for them.

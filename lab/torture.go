@@ -16,6 +16,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/outboxchat/outboxchat/chat"
 )
 
@@ -353,6 +355,9 @@ func Torture(ctx context.Context, opts TortureOptions) (*TortureResult, error) {
 	if opts.Log == nil {
 		opts.Log = io.Discard
 	}
+	// The lab's own Redis client dials a Redis the schedule has stopped on
+	// purpose; go-redis would print every failed dial.
+	redis.SetLogger(quietRedis{})
 	res := &TortureResult{Seed: opts.Seed, Faults: map[string]int{}, Failures: []TortureFailure{}}
 	ks := make([]int, 0, opts.Schedules)
 	if opts.Only > 0 {
@@ -403,6 +408,11 @@ func Torture(ctx context.Context, opts TortureOptions) (*TortureResult, error) {
 	}
 	return res, nil
 }
+
+// quietRedis is a go-redis logger that drops everything.
+type quietRedis struct{}
+
+func (quietRedis) Printf(context.Context, string, ...any) {}
 
 // dropFaults returns faults without the indexes in drop.
 func dropFaults(faults []tortureFault, drop []int) []tortureFault {
@@ -590,6 +600,13 @@ func runSchedule(ctx context.Context, opts TortureOptions, s *tortureSchedule) (
 			go func() { defer load.Done(); t.dropLoop(lctx, w) }()
 		}
 	}
+	load.Add(1)
+	go func() { // invariant 4, sampled from outside while faults run
+		defer load.Done()
+		for sleepUntil(lctx, time.Now().Add(250*time.Millisecond)) == nil {
+			t.tap.sampleAcks(lctx, env)
+		}
+	}()
 	if s.Malformed > 0 {
 		load.Add(1)
 		go func() { defer load.Done(); t.injectMalformed(lctx, opts.Duration/2) }()
@@ -617,7 +634,10 @@ func runSchedule(ctx context.Context, opts TortureOptions, s *tortureSchedule) (
 	// empty, within the bound.
 	healed := time.Now()
 	dctx, cancel := context.WithTimeout(ctx, opts.DrainBound)
-	derr := waitFor(dctx, 200*time.Millisecond, func() bool { return t.drained(dctx) })
+	derr := waitFor(dctx, 200*time.Millisecond, func() bool {
+		t.tap.sampleAcks(dctx, env)
+		return t.drained(dctx)
+	})
 	cancel()
 	if ctx.Err() != nil {
 		return nil, ctx.Err()
@@ -1047,7 +1067,13 @@ func (t *tortureRun) check(ctx context.Context, res *ScheduleResult) {
 		problem("stream entries out of order: %s", firstFew(order))
 	}
 
-	// 4. Dead letters only for the entries the schedule injected.
+	// 4. No entry acknowledged before its message was in the inbox.
+	t.tap.sampleAcks(qctx, t.env)
+	if early := t.tap.earlyAcks(); len(early) > 0 {
+		problem("%d entr(ies) acknowledged before the inbox commit: %s", len(early), firstFew(early))
+	}
+
+	// 5. Dead letters only for the entries the schedule injected.
 	for _, svc := range []string{chat.Consumers, chat.Workers} {
 		n, err := t.env.rdb.XLen(qctx, tortureKeys(svc).Dead).Result()
 		if err != nil {
