@@ -747,30 +747,24 @@ func (t *tortureRun) apply(ctx context.Context, start time.Time, f tortureFault)
 		t.log.add("fault", "SIGCONT %s", f.Target)
 	case faultCrashPoint:
 		t.crashPoint(ctx, rctx, p, f)
-	case faultRedisKill, faultRedisStop:
-		if f.Kind == faultRedisKill {
-			_ = t.env.Redis.Kill()
-		} else {
-			_ = t.env.Redis.Stop(rctx)
+	case faultRedisKill, faultRedisStop, faultPgImm, faultPgFast:
+		stop := map[string]func() error{
+			faultRedisKill: t.env.Redis.Kill,
+			faultRedisStop: func() error { return t.env.Redis.Stop(rctx) },
+			faultPgImm:     func() error { return t.env.Postgres.StopImmediate(rctx) },
+			faultPgFast:    func() error { return t.env.Postgres.Stop(rctx) },
+		}[f.Kind]
+		restart := t.env.Redis.Restart
+		if target == "postgres" {
+			restart = t.env.Postgres.Restart
 		}
+		_ = stop()
 		t.log.add("fault", "%s", f.Kind)
 		hold()
-		if err := t.env.Redis.Restart(rctx); err != nil {
-			t.log.add("lab", "redis restart: %v", err)
+		if err := restart(rctx); err != nil {
+			t.log.add("lab", "%s restart: %v", target, err)
 		}
-		t.log.add("fault", "redis up")
-	case faultPgImm, faultPgFast:
-		if f.Kind == faultPgImm {
-			_ = t.env.Postgres.StopImmediate(rctx)
-		} else {
-			_ = t.env.Postgres.Stop(rctx)
-		}
-		t.log.add("fault", "%s", f.Kind)
-		hold()
-		if err := t.env.Postgres.Restart(rctx); err != nil {
-			t.log.add("lab", "postgres restart: %v", err)
-		}
-		t.log.add("fault", "postgres up")
+		t.log.add("fault", "%s up", target)
 	case faultNet:
 		name, err := t.net.add(f.Target, f.Net, f.Stream, f.Attrs)
 		if err != nil {
