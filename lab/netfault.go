@@ -39,6 +39,9 @@ type netFaults struct {
 }
 
 func newNetFaults() *netFaults {
+	// The toxics log through zerolog's global logger (a trace line per
+	// interrupted chunk); the lab does not use zerolog otherwise.
+	zerolog.SetGlobalLevel(zerolog.Disabled)
 	return &netFaults{
 		server:  toxiproxy.NewServer(toxiproxy.NewMetricsContainer(nil), zerolog.Nop()),
 		proxies: map[string]*toxiproxy.Proxy{},
