@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"sort"
 	"strings"
 	"sync"
 
@@ -60,18 +59,6 @@ func (n *netFaults) route(service, server, addr string) (string, error) {
 	n.proxies[key] = p
 	n.mu.Unlock()
 	return p.Listen, nil
-}
-
-// links returns the proxies' keys, sorted.
-func (n *netFaults) links() []string {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	out := make([]string, 0, len(n.proxies))
-	for k := range n.proxies {
-		out = append(out, k)
-	}
-	sort.Strings(out)
-	return out
 }
 
 // add puts a toxic of kind on link's stream ("upstream": service to server;
