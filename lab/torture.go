@@ -399,8 +399,8 @@ func Torture(ctx context.Context, opts TortureOptions) (*TortureResult, error) {
 		if !r.OK {
 			status = "FAILED: " + strings.Join(r.Problems, "; ")
 		}
-		fmt.Fprintf(opts.Progress, "torture %d/%d seed %d: %s; faults: %s; sent %d, shown %d, reconnects %d, drained in %.1fs: %s\n",
-			k, len(ks), opts.Seed, r.Topology, strings.Join(r.Faults, ", "), r.Sent, r.Shown, r.Reconnects, r.DrainS, status)
+		fmt.Fprintf(opts.Progress, "torture schedule %d (%d of %d) seed %d: %s; faults: %s; sent %d, shown %d, reconnects %d, drained in %.1fs: %s\n",
+			k, res.Schedules, len(ks), opts.Seed, r.Topology, strings.Join(r.Faults, ", "), r.Sent, r.Shown, r.Reconnects, r.DrainS, status)
 		if !r.OK {
 			res.Failed++
 			f := TortureFailure{Seed: opts.Seed, Schedule: k, Problems: r.Problems}
@@ -458,7 +458,10 @@ func shrink(ctx context.Context, opts TortureOptions, s *tortureSchedule) string
 	for i, d := range drop {
 		ds[i] = strconv.Itoa(d)
 	}
-	out := fmt.Sprintf("faults %s (replay: --seed %d --schedule %d --drop %s)", strings.Join(kept, ", "), opts.Seed, s.K, strings.Join(ds, ","))
+	if len(kept) == 0 {
+		kept = []string{"none (it fails without faults)"}
+	}
+	out := fmt.Sprintf("faults: %s (replay: --seed %d --schedule %d --duration %s --drop %s)", strings.Join(kept, ", "), opts.Seed, s.K, opts.Duration, strings.Join(ds, ","))
 	fmt.Fprintf(opts.Progress, "torture: shrunk schedule %d to %s\n", s.K, out)
 	return out
 }
