@@ -19,6 +19,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/outboxchat/outboxchat/chat"
+	"github.com/outboxchat/outboxchat/internal/labfault"
 )
 
 // Torture defaults.
@@ -301,11 +302,11 @@ func drawSchedule(seed uint64, k int, d time.Duration) *tortureSchedule {
 			f.Kind, f.For = faultCrashPoint, 6*time.Second
 			switch r.IntN(3) {
 			case 0:
-				f.Crash, f.Target = chat.FaultRelayAfterPublish, relays[r.IntN(len(relays))]
+				f.Crash, f.Target = labfault.RelayAfterPublish, relays[r.IntN(len(relays))]
 			case 1:
-				f.Crash, f.Target = chat.FaultWorkerBeforeCommit, workers[r.IntN(len(workers))]
+				f.Crash, f.Target = labfault.WorkerBeforeCommit, workers[r.IntN(len(workers))]
 			default:
-				f.Crash, f.Target = chat.FaultWorkerAfterCommit, workers[r.IntN(len(workers))]
+				f.Crash, f.Target = labfault.WorkerAfterCommit, workers[r.IntN(len(workers))]
 			}
 		case c < 59:
 			f.Kind, f.For = faultRedisKill, ms(200, 2500)
@@ -803,7 +804,7 @@ func (t *tortureRun) restart(ctx context.Context, p *Proc) {
 // fault's time is up) and starts it again without the fault.
 func (t *tortureRun) crashPoint(ctx, rctx context.Context, p *Proc, f tortureFault) {
 	side := p.Name()[:strings.IndexAny(p.Name()+"-", "-")]
-	if f.Crash != chat.FaultRelayAfterPublish {
+	if f.Crash != labfault.RelayAfterPublish {
 		side = chat.Peer(side) // a worker sees the other side's seqs
 	}
 	var top int64

@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/outboxchat/outboxchat/chat"
+	"github.com/outboxchat/outboxchat/internal/labfault"
 )
 
 // tortureTestSeed draws, for the 5 short schedules of make test, two
@@ -94,8 +95,8 @@ func TestDrawScheduleReplays(t *testing.T) {
 			}
 		}
 	}
-	for _, want := range []string{faultKill, faultStop, faultTerm, chat.FaultRelayAfterPublish, chat.FaultWorkerBeforeCommit,
-		chat.FaultWorkerAfterCommit, faultRedisKill, faultRedisStop, faultPgImm, faultPgFast,
+	for _, want := range []string{faultKill, faultStop, faultTerm, labfault.RelayAfterPublish, labfault.WorkerBeforeCommit,
+		labfault.WorkerAfterCommit, faultRedisKill, faultRedisStop, faultPgImm, faultPgFast,
 		"net-" + NetLatency, "net-" + NetTimeout, "net-" + NetReset, "net-" + NetBandwidth, "net-" + NetBlackHole} {
 		if !kinds[want] {
 			t.Errorf("200 schedules never drew %s", want)
