@@ -83,6 +83,17 @@ func TestLifecycle(t *testing.T) {
 	if s.Port() != port {
 		t.Fatalf("port changed %d -> %d", port, s.Port())
 	}
+	// Immediate shutdown (SIGQUIT, no checkpoint): crash recovery at the
+	// next start keeps every committed row.
+	if err := s.StopImmediate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if s.Running() {
+		t.Fatal("running after StopImmediate")
+	}
+	if err := s.Restart(ctx); err != nil {
+		t.Fatal(err)
+	}
 	c = connect(t, ctx, s.AdminURL())
 	var n int
 	if err := c.QueryRow(ctx, "SELECT count(*) FROM t").Scan(&n); err != nil || n != 2 {
@@ -166,44 +177,4 @@ func TestPortInUse(t *testing.T) {
 		t.Fatal("second server on same port started")
 	}
 	t.Logf("expected error: %v", err)
-}
-
-// TestStopImmediate: an immediate shutdown (SIGQUIT: no checkpoint) keeps
-// every committed row through the crash recovery of the next start, on the
-// same port.
-func TestStopImmediate(t *testing.T) {
-	t.Parallel()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	s, err := Start(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	c := connect(t, ctx, s.AdminURL())
-	if _, err := c.Exec(ctx, "CREATE TABLE t (v int); INSERT INTO t SELECT generate_series(1, 100)"); err != nil {
-		t.Fatal(err)
-	}
-	c.Close(ctx)
-	port := s.Port()
-	if err := s.StopImmediate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if s.Running() {
-		t.Fatal("running after StopImmediate")
-	}
-	if err := s.StopImmediate(ctx); err != nil { // no-op
-		t.Fatal(err)
-	}
-	if err := s.Restart(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if s.Port() != port {
-		t.Fatalf("port changed %d -> %d", port, s.Port())
-	}
-	c = connect(t, ctx, s.AdminURL())
-	var n int
-	if err := c.QueryRow(ctx, "SELECT count(*) FROM t").Scan(&n); err != nil || n != 100 {
-		t.Fatalf("rows=%d err=%v", n, err)
-	}
 }
