@@ -77,6 +77,16 @@ type EnvOptions struct {
 	// one replica (RedisReplica) and three sentinels (Sentinels); the
 	// services get a redis+sentinel:// URL (master SentinelMaster).
 	Sentinel bool
+	// APIs is the number of processes per service that run the api and
+	// worker roles (each with its own HTTP port and consumer name
+	// "<service>-N"). Default 1; the second and later are
+	// Env.ConsumersAPIs and Env.WorkersAPIs.
+	APIs int
+	// Route, when set, is asked once per service and server ("postgres"
+	// or "redis") for the address the service connects to instead of the
+	// server's addr ("127.0.0.1:PORT"): a toxiproxy proxy in front of it,
+	// say (lab torture). An error fails StartEnv. Default nil: direct.
+	Route func(service, server, addr string) (string, error)
 	// Insecure runs the services without authentication
 	// (--insecure-no-auth) and without signed stream entries: for
 	// measuring what security costs. By default they check bearer tokens
@@ -119,6 +129,9 @@ type Env struct {
 	Consumers, Workers *Proc
 	// ConsumersRelays and WorkersRelays are separate relay processes.
 	ConsumersRelays, WorkersRelays []*Proc
+	// ConsumersAPIs and WorkersAPIs are the further api,worker processes
+	// of EnvOptions.APIs ("consumers-2", …), each with its own URL.
+	ConsumersAPIs, WorkersAPIs []*Proc
 	// ConsumersURL and WorkersURL are the services' HTTP base URLs
 	// ("http://127.0.0.1:PORT"), fixed across restarts.
 	ConsumersURL, WorkersURL string
@@ -142,9 +155,11 @@ type Env struct {
 	rdb   *redis.Client
 	// redisURLs are the services' own Redis URLs (least-privilege users).
 	redisURLs map[string]string
-	ownDir    bool
-	closeMu   sync.Mutex
-	closed    bool
+	// dbURLs are the services' own database URLs, when routed.
+	dbURLs  map[string]string
+	ownDir  bool
+	closeMu sync.Mutex
+	closed  bool
 }
 
 // variantArgs returns the serve flags of a variant.
@@ -183,8 +198,11 @@ func StartEnv(ctx context.Context, opts EnvOptions) (_ *Env, err error) {
 	if opts.LockDuration <= 0 {
 		opts.LockDuration = DefaultLockDuration
 	}
-	if opts.ConsumersRelays < 0 || opts.WorkersRelays < 0 {
-		return nil, errors.New("lab: negative relay count")
+	if opts.ConsumersRelays < 0 || opts.WorkersRelays < 0 || opts.APIs < 0 {
+		return nil, errors.New("lab: negative process count")
+	}
+	if opts.APIs == 0 {
+		opts.APIs = 1
 	}
 	progress := opts.Progress
 	if progress == nil {
@@ -275,6 +293,11 @@ func StartEnv(ctx context.Context, opts EnvOptions) (_ *Env, err error) {
 	if err := e.redisUsers(ctx); err != nil {
 		return nil, err
 	}
+	if opts.Route != nil {
+		if err := e.route(opts.Route); err != nil {
+			return nil, err
+		}
+	}
 	for _, s := range []string{chat.Consumers, chat.Workers} {
 		if err := chat.Bootstrap(ctx, e.admin, s); err != nil {
 			return nil, fmt.Errorf("lab: %w", err)
@@ -294,10 +317,10 @@ func StartEnv(ctx context.Context, opts EnvOptions) (_ *Env, err error) {
 	if opts.TLS {
 		authArgs = append(authArgs, "--tls-cert", certFile, "--tls-key", keyFile)
 	}
-	newProc := func(service, name, roles string, api bool) (*Proc, error) {
+	newProc := func(service, name, roles string, api bool, consumer string) (*Proc, error) {
 		args := []string{"--service", service, "--role", roles,
 			"--database-url", e.serveDatabaseURL(service), "--redis-url", e.ServiceRedisURL(service),
-			"--lock-duration", opts.LockDuration.String(), "--consumer-name", service + "-1"}
+			"--lock-duration", opts.LockDuration.String(), "--consumer-name", consumer}
 		if e.PgBouncer != nil {
 			args = append(args, "--listen-database-url", e.ServiceDatabaseURL(service))
 		}
@@ -308,7 +331,7 @@ func StartEnv(ctx context.Context, opts EnvOptions) (_ *Env, err error) {
 			args = append(args, "--fault", f)
 		}
 		cfg := &ProcConfig{Args: args, API: api, LogPath: filepath.Join(e.Dir, name+".log"), TLS: opts.TLS}
-		if api {
+		if api && consumer == service+"-1" {
 			cfg.Addr = fixedAddr[service]
 		}
 		if !api {
@@ -332,22 +355,31 @@ func StartEnv(ctx context.Context, opts EnvOptions) (_ *Env, err error) {
 		relays  int
 		main    **Proc
 		rel     *[]*Proc
+		apis    *[]*Proc
 	}{
-		{chat.Consumers, opts.ConsumersRelays, &e.Consumers, &e.ConsumersRelays},
-		{chat.Workers, opts.WorkersRelays, &e.Workers, &e.WorkersRelays},
+		{chat.Consumers, opts.ConsumersRelays, &e.Consumers, &e.ConsumersRelays, &e.ConsumersAPIs},
+		{chat.Workers, opts.WorkersRelays, &e.Workers, &e.WorkersRelays, &e.WorkersAPIs},
 	} {
 		roles := "api,worker,relay"
 		if s.relays > 0 || opts.Variant == VariantV1 {
 			roles = "api,worker"
 		}
-		if *s.main, err = newProc(s.service, s.service, roles, true); err != nil {
+		if *s.main, err = newProc(s.service, s.service, roles, true, s.service+"-1"); err != nil {
 			return nil, err
+		}
+		for i := 2; i <= opts.APIs; i++ {
+			name := s.service + "-" + strconv.Itoa(i)
+			p, err := newProc(s.service, name, roles, true, name)
+			if err != nil {
+				return nil, err
+			}
+			*s.apis = append(*s.apis, p)
 		}
 		if opts.Variant == VariantV1 {
 			continue
 		}
 		for _, name := range relayNames(s.service, s.relays) {
-			p, err := newProc(s.service, name, "relay", false)
+			p, err := newProc(s.service, name, "relay", false, s.service+"-1")
 			if err != nil {
 				return nil, err
 			}
@@ -410,16 +442,16 @@ func labSecrets(dir string) (args []string, token string, err error) {
 	return []string{"--jwt-secret-file", secretPath, "--event-key-file", keysPath}, token, nil
 }
 
-// Procs returns every service process: consumers, its relays, workers, its
-// relays.
+// Procs returns every service process: consumers, its further API
+// processes, its relays, then the same of workers.
 func (e *Env) Procs() []*Proc {
 	var out []*Proc
-	for _, p := range append([]*Proc{e.Consumers}, e.ConsumersRelays...) {
+	for _, p := range append(append([]*Proc{e.Consumers}, e.ConsumersAPIs...), e.ConsumersRelays...) {
 		if p != nil {
 			out = append(out, p)
 		}
 	}
-	for _, p := range append([]*Proc{e.Workers}, e.WorkersRelays...) {
+	for _, p := range append(append([]*Proc{e.Workers}, e.WorkersAPIs...), e.WorkersRelays...) {
 		if p != nil {
 			out = append(out, p)
 		}
@@ -494,6 +526,25 @@ func (e *Env) redisUsers(ctx context.Context) error {
 			}
 			e.redisURLs[s] = redisq.SentinelScheme + "://" + s + ":" + pw + "@" + strings.TrimPrefix(e.RedisURL, redisq.SentinelScheme+"://")
 		}
+	}
+	return nil
+}
+
+// route points each service's database and Redis URL at the address
+// Route gives for it.
+func (e *Env) route(route func(service, server, addr string) (string, error)) error {
+	e.dbURLs = map[string]string{}
+	for _, s := range []string{chat.Consumers, chat.Workers} {
+		pg, err := route(s, "postgres", net.JoinHostPort("127.0.0.1", strconv.Itoa(e.Postgres.Port())))
+		if err != nil {
+			return fmt.Errorf("lab: route %s to postgres: %w", s, err)
+		}
+		rd, err := route(s, "redis", e.Redis.Addr())
+		if err != nil {
+			return fmt.Errorf("lab: route %s to redis: %w", s, err)
+		}
+		e.dbURLs[s] = fmt.Sprintf("postgres://%s@%s/%s?sslmode=disable", s, pg, pgproc.DefaultDatabase)
+		e.redisURLs[s] = strings.Replace(e.redisURLs[s], "@"+e.Redis.Addr()+"/", "@"+rd+"/", 1)
 	}
 	return nil
 }

@@ -21,6 +21,8 @@ commands:
           [--runs 3] [--json] [--plot lab-output/latency-cdf.png]; plus the floors (commit, PING, NOTIFY)
   bench   sustained load: [--senders 16] [--chats 100] [--messages 20000] [--variant v2] [--hold-snapshot] [--pgbouncer] [--json]
   demo    chaos v1, then chaos v2, then the latency table (1 run); fails unless results are as expected
+  torture random fault schedules checked by an independent checker: [--schedules 10] [--seed 1]
+          [--schedule K] [--duration 20s] [--drain-bound 60s] [--drop I,J] [--shrink] [--dir DIR] [-v] [--json]
 `
 
 // Run runs `outboxchat lab <args>` (up, chaos, demo, …). The report goes to

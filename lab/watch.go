@@ -30,6 +30,11 @@ type WatcherConfig struct {
 	// Token is the bearer token offered as a WebSocket subprotocol, as the
 	// chat page does ("" = none: the services run without auth).
 	Token string
+	// Base, when set, is called before every connection attempt for the
+	// base URL to dial ("http://127.0.0.1:PORT"): a client that lands on
+	// another API process of the service after each reconnect. Default
+	// nil: always the URL given to NewWatcher.
+	Base func() string
 }
 
 // Shown is one message frame a Watcher received.
@@ -44,6 +49,8 @@ type Shown struct {
 	// OutOfOrder is set when the frame's seq is not greater than the last
 	// seq shown from the same origin (and it is not a duplicate).
 	OutOfOrder bool
+	// Conn numbers the connection the frame came on (1 for the first).
+	Conn int
 }
 
 // Watcher is a WebSocket client of one service's /ws for one chat, as a
@@ -65,6 +72,7 @@ type Watcher struct {
 	order     []string
 	connected bool
 	connects  int
+	drop      context.CancelFunc // ends the current connection (Drop)
 
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -126,13 +134,17 @@ func (w *Watcher) Stop(ctx context.Context) error {
 }
 
 func (w *Watcher) wsURL() string {
+	base := w.base
+	if w.cfg.Base != nil {
+		base = strings.TrimRight(w.cfg.Base(), "/")
+	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	q := url.Values{}
 	q.Set("chat_id", strconv.FormatInt(w.chatID, 10))
 	q.Set("after_"+chat.Consumers, strconv.FormatInt(w.last[chat.Consumers], 10))
 	q.Set("after_"+chat.Workers, strconv.FormatInt(w.last[chat.Workers], 10))
-	return "ws" + strings.TrimPrefix(w.base, "http") + "/ws?" + q.Encode()
+	return "ws" + strings.TrimPrefix(base, "http") + "/ws?" + q.Encode()
 }
 
 // wsDialOptions offers token the way the chat page does: subprotocols
@@ -164,13 +176,18 @@ func (w *Watcher) session(ctx context.Context) {
 	}
 	defer c.CloseNow()
 	c.SetReadLimit(1 << 20)
+	ctx, drop := context.WithCancel(ctx)
+	defer drop()
 	w.mu.Lock()
 	w.connected = true
 	w.connects++
+	conn := w.connects
+	w.drop = drop
 	w.mu.Unlock()
 	defer func() {
 		w.mu.Lock()
 		w.connected = false
+		w.drop = nil
 		w.mu.Unlock()
 	}()
 	for {
@@ -182,12 +199,23 @@ func (w *Watcher) session(ctx context.Context) {
 		if json.Unmarshal(data, &m) != nil || m.ID == "" || m.Seq <= 0 {
 			continue // an error frame or something else: not a message
 		}
-		w.record(m, time.Now())
+		w.record(m, time.Now(), conn)
 	}
 }
 
-func (w *Watcher) record(m chat.Message, at time.Time) {
-	s := Shown{Message: m, At: at}
+// Drop closes the current connection, if any, as a user closing the tab
+// would; the watcher reconnects after ReconnectWait with its cursors.
+func (w *Watcher) Drop() {
+	w.mu.Lock()
+	drop := w.drop
+	w.mu.Unlock()
+	if drop != nil {
+		drop()
+	}
+}
+
+func (w *Watcher) record(m chat.Message, at time.Time, conn int) {
+	s := Shown{Message: m, At: at, Conn: conn}
 	w.mu.Lock()
 	byseq := w.first[m.From]
 	if byseq == nil {

@@ -552,14 +552,23 @@ func (s *Server) Running() bool {
 func (s *Server) Stop(ctx context.Context) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.stopLocked(ctx)
+	return s.stopLocked(ctx, syscall.SIGINT)
 }
 
-func (s *Server) stopLocked(ctx context.Context) error {
+// StopImmediate shuts the server down in immediate mode (SIGQUIT: the
+// children exit at once without a checkpoint, so the next start runs crash
+// recovery), and waits as Stop does. Stopping a stopped server is a no-op.
+func (s *Server) StopImmediate(ctx context.Context) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.stopLocked(ctx, syscall.SIGQUIT)
+}
+
+func (s *Server) stopLocked(ctx context.Context, sig syscall.Signal) error {
 	if s.run == nil {
 		return nil
 	}
-	if err := s.run.Stop(ctx, syscall.SIGINT); err != nil {
+	if err := s.run.Stop(ctx, sig); err != nil {
 		_ = s.killLocked()
 		return fmt.Errorf("pgproc: stop: %w (killed)", err)
 	}
@@ -638,7 +647,7 @@ func (s *Server) Close() error {
 // steps are the server's own lifecycle steps, for spawn.Restart and
 // spawn.Close (called with s.mu held).
 func (s *Server) steps() spawn.Steps {
-	return spawn.Steps{Start: s.startLocked, Stop: s.stopLocked, Kill: s.killLocked, Running: func() bool { return s.run != nil }}
+	return spawn.Steps{Start: s.startLocked, Stop: func(ctx context.Context) error { return s.stopLocked(ctx, syscall.SIGINT) }, Kill: s.killLocked, Running: func() bool { return s.run != nil }}
 }
 
 // procStat returns the state and ppid of pid from /proc/pid/stat.

@@ -83,6 +83,17 @@ func TestLifecycle(t *testing.T) {
 	if s.Port() != port {
 		t.Fatalf("port changed %d -> %d", port, s.Port())
 	}
+	// Immediate shutdown (SIGQUIT, no checkpoint): crash recovery at the
+	// next start keeps every committed row.
+	if err := s.StopImmediate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if s.Running() {
+		t.Fatal("running after StopImmediate")
+	}
+	if err := s.Restart(ctx); err != nil {
+		t.Fatal(err)
+	}
 	c = connect(t, ctx, s.AdminURL())
 	var n int
 	if err := c.QueryRow(ctx, "SELECT count(*) FROM t").Scan(&n); err != nil || n != 2 {
