@@ -547,7 +547,13 @@ func Serve(ctx context.Context, cfg Config) error {
 			announce = append(announce, func() { log.Info("re-drive started", "after", after) })
 		}
 		relayWake = relay.Wake
-		wakeRelay.Store(relayWake)
+		if !cfg.PollOnly {
+			// Poll-only means the relay moves at its poll alone: an inbox
+			// commit's receipt wake-up would publish this process's
+			// pending messages too (lab latency's v2-poll measured
+			// 50 ms, the receipt wake delay, instead of the poll).
+			wakeRelay.Store(relayWake)
+		}
 		announce = append(announce, func() {
 			log.Info("relay started", "queue", QueueName(cfg.Service), "poll_only", cfg.PollOnly)
 		})

@@ -211,6 +211,34 @@ func TestLatencyCmd(t *testing.T) {
 	}
 }
 
+// With polling only, a message waits for the relay's 1 s poll: nothing else
+// may wake the relay. Regression: an inbox commit's receipt wake-up also
+// woke the poll-only relay, and v2-poll's p50 was 50 ms (the receipt wake
+// delay) instead of about half the poll. 20 messages 50 ms apart span one
+// poll interval, so however the polls fall the median waits at least about
+// a quarter of it; 150 ms leaves room, and a slow machine only adds.
+func TestLatencyPollOnlyWaitsForThePoll(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	var out, errb bytes.Buffer
+	err := runLatencyCmd(ctx, []string{"--variants", "v2-poll", "--messages", "20", "--interval", "50ms", "--runs", "1",
+		"--json"}, &out, &errb)
+	if err != nil {
+		t.Fatalf("lab latency: %v\nstderr:\n%s", err, errb.String())
+	}
+	var s LatencySummary
+	if err := json.Unmarshal(bytes.TrimSpace(out.Bytes()), &s); err != nil {
+		t.Fatalf("output %q: %v", out.String(), err)
+	}
+	if s.Variant != VariantV2Poll || s.N != 20 {
+		t.Fatalf("summary = %+v; want v2-poll, n 20", s)
+	}
+	if s.P50Ms < 150 {
+		t.Errorf("v2-poll p50 = %.1f ms; want >= 150 ms (something woke the poll-only relay)", s.P50Ms)
+	}
+}
+
 // ExampleLatency measures v2's latency on one short run and prints the
 // write-up's table and the floors (it needs postgres and redis-server).
 func ExampleLatency() {
