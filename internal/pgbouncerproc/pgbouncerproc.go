@@ -24,7 +24,6 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
-	"os/user"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -257,18 +256,11 @@ func (s *Server) startCmd(ctx context.Context, cmd *exec.Cmd, user string) error
 }
 
 func unprivilegedCred() (*syscall.Credential, error) {
-	u, err := user.Lookup("postgres")
+	cred, err := spawn.UnprivilegedCred()
 	if err != nil {
-		if u, err = user.Lookup("nobody"); err != nil {
-			return nil, fmt.Errorf("pgbouncerproc: running as root and no postgres/nobody user: %w", err)
-		}
+		return nil, fmt.Errorf("pgbouncerproc: %w", err)
 	}
-	uid, err1 := strconv.ParseUint(u.Uid, 10, 32)
-	gid, err2 := strconv.ParseUint(u.Gid, 10, 32)
-	if err1 != nil || err2 != nil {
-		return nil, fmt.Errorf("pgbouncerproc: bad uid/gid for user %s", u.Username)
-	}
-	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid), NoSetGroups: true}, nil
+	return cred, nil
 }
 
 // URL returns a connection URL through the pooler for database db as user,

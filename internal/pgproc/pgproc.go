@@ -23,7 +23,6 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
-	"os/user"
 	"path/filepath"
 	"sort"
 	"strconv"
@@ -255,18 +254,11 @@ func findBinDir(dir string) (string, error) {
 }
 
 func unprivilegedCred() (*syscall.Credential, error) {
-	u, err := user.Lookup("postgres")
+	cred, err := spawn.UnprivilegedCred()
 	if err != nil {
-		if u, err = user.Lookup("nobody"); err != nil {
-			return nil, fmt.Errorf("pgproc: running as root and no postgres/nobody user: %w", err)
-		}
+		return nil, fmt.Errorf("pgproc: %w", err)
 	}
-	uid, err1 := strconv.ParseUint(u.Uid, 10, 32)
-	gid, err2 := strconv.ParseUint(u.Gid, 10, 32)
-	if err1 != nil || err2 != nil {
-		return nil, fmt.Errorf("pgproc: bad uid/gid for user %s", u.Username)
-	}
-	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid), NoSetGroups: true}, nil
+	return cred, nil
 }
 
 func (s *Server) command(name string, args ...string) *exec.Cmd {

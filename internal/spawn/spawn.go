@@ -12,6 +12,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"os/user"
 	"path/filepath"
 	"runtime"
 	"strconv"
@@ -296,4 +297,23 @@ func (p *Proc) Stop(ctx context.Context, sig syscall.Signal) error {
 	}
 	WaitGroupGone(pid, 10*time.Second)
 	return nil
+}
+
+// UnprivilegedCred is the credential a server started by root runs as:
+// the "postgres" user, else "nobody" (initdb, postgres and pgbouncer
+// refuse to run as root). Errors: neither user exists, or its uid/gid does
+// not parse. Safe for concurrent use.
+func UnprivilegedCred() (*syscall.Credential, error) {
+	u, err := user.Lookup("postgres")
+	if err != nil {
+		if u, err = user.Lookup("nobody"); err != nil {
+			return nil, fmt.Errorf("running as root and no postgres/nobody user: %w", err)
+		}
+	}
+	uid, err1 := strconv.ParseUint(u.Uid, 10, 32)
+	gid, err2 := strconv.ParseUint(u.Gid, 10, 32)
+	if err1 != nil || err2 != nil {
+		return nil, fmt.Errorf("bad uid/gid for user %s", u.Username)
+	}
+	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid), NoSetGroups: true}, nil
 }
