@@ -78,6 +78,24 @@ func runUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 // port fails before anything starts. Other hosts are refused: the lab is
 // for this machine only.
 func loopbackAddr(flagName, v string) (string, error) {
+	addr, err := parseLoopbackAddr(flagName, v)
+	if err != nil || addr == "" {
+		return addr, err
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		var opErr *net.OpError
+		if errors.As(err, &opErr) {
+			err = opErr.Err
+		}
+		return "", fmt.Errorf("lab up: %s %s: %w", flagName, addr, err)
+	}
+	_ = ln.Close()
+	return addr, nil
+}
+
+// parseLoopbackAddr is loopbackAddr without the check that the port is free.
+func parseLoopbackAddr(flagName, v string) (string, error) {
 	if v == "" {
 		return "", nil
 	}
@@ -96,15 +114,5 @@ func loopbackAddr(flagName, v string) (string, error) {
 			return "", fmt.Errorf("lab up: %s %q: the lab listens on loopback addresses only (127.0.0.1, ::1)", flagName, v)
 		}
 	}
-	addr := net.JoinHostPort(host, port)
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		var opErr *net.OpError
-		if errors.As(err, &opErr) {
-			err = opErr.Err
-		}
-		return "", fmt.Errorf("lab up: %s %s: %w", flagName, addr, err)
-	}
-	_ = ln.Close()
-	return addr, nil
+	return net.JoinHostPort(host, port), nil
 }
