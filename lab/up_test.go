@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -12,8 +13,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/outboxchat/outboxchat/internal/spawn"
 )
 
 func TestLoopbackAddr(t *testing.T) {
@@ -53,13 +52,9 @@ func TestLoopbackAddr(t *testing.T) {
 // answer there, and --keep-logs leaves the logs behind.
 func TestUpFixedAddrsKeepLogs(t *testing.T) {
 	t.Parallel()
-	var ports [2]int
-	for i := range ports {
-		p, err := spawn.FreePort()
-		if err != nil {
-			t.Fatal(err)
-		}
-		ports[i] = p
+	ports := [2]int{fixedPort(t), fixedPort(t)}
+	for ports[1] == ports[0] {
+		ports[1] = fixedPort(t)
 	}
 	cons, work := "127.0.0.1:"+strconv.Itoa(ports[0]), "127.0.0.1:"+strconv.Itoa(ports[1])
 	ctx, cancel := context.WithCancel(t.Context())
@@ -115,4 +110,21 @@ func TestUpFixedAddrsKeepLogs(t *testing.T) {
 	if fi, err := os.Stat(filepath.Join(dir, "consumers.log")); err != nil || fi.Size() == 0 {
 		t.Fatalf("consumers.log after the lab stopped: %v", err)
 	}
+}
+
+// fixedPort picks a port that is free now from below the kernel's
+// ephemeral range (32768–60999 on Linux), so that neither an outgoing
+// connection nor a server that asked for port 0 takes it before lab up
+// binds it: the race that spawn.FreePort warns of.
+func fixedPort(t *testing.T) int {
+	t.Helper()
+	for range 100 {
+		p := 20000 + rand.IntN(12000)
+		if ln, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p)); err == nil {
+			ln.Close()
+			return p
+		}
+	}
+	t.Fatal("no free port in 20000–31999")
+	return 0
 }
