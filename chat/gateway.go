@@ -187,9 +187,18 @@ func NewGateway(pool *pgxpool.Pool, service string, cfg *GatewayConfig) (*Gatewa
 	// origin, from the subscribers' lowest cursors on.
 	// A room may be read from two cursors (see push); k is the 1-based
 	// index of the (chat, cursors) entry a row was read for.
-	q := `SELECT r.k, r.chat_id, false, m.id::text, m.seq, m.body, m.created_at, NULL::timestamptz, $4::text, m.delivered_at, coalesce(m.author, '')
+	// A message's delivered_at is the time of the first receipt at or
+	// above its seq; it is looked up only for messages the room's newest
+	// receipt covers (a catch-up), not for the live ones, which no receipt
+	// covers yet (their receipt frame follows).
+	q := `SELECT r.k, r.chat_id, false, m.id::text, m.seq, m.body, m.created_at, NULL::timestamptz, $4::text,
+			CASE WHEN m.seq <= w.upto THEN (SELECT d.delivered_at FROM ` + s + `.receipts d
+				WHERE d.chat_id = r.chat_id AND d.upto_seq >= m.seq ORDER BY d.upto_seq LIMIT 1) END,
+			coalesce(m.author, '')
 		FROM unnest($1::bigint[], $2::bigint[]) WITH ORDINALITY AS r(chat_id, after, k)
-		CROSS JOIN LATERAL (SELECT id, seq, body, created_at, delivered_at, author FROM ` + s + `.messages
+		CROSS JOIN LATERAL (SELECT coalesce((SELECT upto_seq FROM ` + s + `.receipts
+			WHERE chat_id = r.chat_id ORDER BY upto_seq DESC LIMIT 1), 0) AS upto) w
+		CROSS JOIN LATERAL (SELECT id, seq, body, created_at, author FROM ` + s + `.messages
 			WHERE chat_id = r.chat_id AND seq > r.after ORDER BY seq LIMIT ` + page + `) m
 		UNION ALL
 		SELECT r.k, r.chat_id, true, i.message_id::text, i.seq, i.body, i.sent_at, i.received_at, i.sender, i.received_at, coalesce(i.author, '')

@@ -21,9 +21,11 @@ import (
 // spans many chats, and the receipts' round trip (outbox row, relay, Redis,
 // the other side's inbox) is paid once per batch. The receipt travels back exactly as
 // a message does — relay, Redis stream, the other side's inbox consumer —
-// and the sender applies it in its inbox transaction: delivered_at is set on
-// its messages of that chat with seq <= N that have none yet, and a NOTIFY
-// on ReceiptChannel tells the gateways, which push a receipt frame to the
+// and the sender applies it in its inbox transaction: a row (chat, N, the
+// receiver's commit time) goes into <service>.receipts when N is above the
+// chat's newest (migration 007: insert-only; a message's delivered_at is
+// the time of the first row at or above its seq), and a NOTIFY on
+// ReceiptChannel tells the gateways, which push a receipt frame to the
 // room. Receipts are cumulative, so a lost or repeated one is harmless: the
 // next one covers it, and applying one twice changes nothing. A receipt is
 // also sent for a batch made only of duplicates, so a message the re-drive
@@ -173,15 +175,19 @@ type receiptQueries struct {
 	// for 60,000 messages, two alternating pairs) and raised p99 from
 	// 0.15–0.45 s to 3–6 s.
 	emit string
-	// apply sets delivered_at on the service's messages covered by the
-	// receipts ($1 chats, $2 upto seqs, $3 times; several per chat allowed:
-	// the highest seq and latest time win), NOTIFYs $4 with the chats that
-	// changed, and returns each chat's upto and time. Delivered messages
-	// are a prefix of each chat (a receipt marks every seq <= upto), so the
-	// scan starts above the chat's highest delivered seq: the partial index
-	// messages_undelivered still holds the dead versions of delivered rows
-	// while a session holds back the xmin horizon, and a scan from seq 1
-	// walked all of them on every receipt (issue 17).
+	// apply records the receipts ($1 chats, $2 upto seqs, $3 times;
+	// several per chat allowed: the highest seq and latest time win) in
+	// the service's receipts table, NOTIFYs $4 with the chats that
+	// advanced, and returns each chat's upto and time. A chat advances
+	// when the receipt's upto is above the chat's newest row (a backward
+	// scan of the primary key meets it first); the insert is one row per
+	// chat, whatever the number of messages covered. Nothing is updated:
+	// the UPDATE of delivered_at on every covered message that this
+	// replaced made each message a second row version and a set of index
+	// entries, and its cost grew while a session held back the xmin
+	// horizon (migration 007; issues 9 and 17). Inserts go in chat_id
+	// order, so two inbox consumers cannot deadlock on them; ON CONFLICT:
+	// another consumer inserted the same row first.
 	apply string
 	// watermark reads a chat's highest delivered seq and its time.
 	watermark string
@@ -212,18 +218,18 @@ func newReceiptQueries(service string) receiptQueries {
 			FROM r, g`,
 		apply: `WITH r AS (SELECT chat_id, max(upto) AS upto, max(at) AS at
 				FROM unnest($1::bigint[], $2::bigint[], $3::timestamptz[]) AS u(chat_id, upto, at) GROUP BY chat_id),
-			d AS (SELECT r.chat_id, r.upto, r.at, COALESCE((SELECT m.seq FROM ` + s + `.messages m
-					WHERE m.chat_id = r.chat_id AND m.delivered_at IS NOT NULL
-					ORDER BY m.seq DESC LIMIT 1), 0) AS done FROM r),
-			upd AS (UPDATE ` + s + `.messages m SET delivered_at = d.at FROM d
-				WHERE m.chat_id = d.chat_id AND m.seq > d.done AND m.seq <= d.upto AND m.delivered_at IS NULL
-				RETURNING m.chat_id),
-			changed AS (SELECT DISTINCT chat_id FROM upd),
+			ins AS (INSERT INTO ` + s + `.receipts (chat_id, upto_seq, delivered_at)
+				SELECT r.chat_id, r.upto, r.at FROM r
+				WHERE r.upto > COALESCE((SELECT d.upto_seq FROM ` + s + `.receipts d
+					WHERE d.chat_id = r.chat_id ORDER BY d.upto_seq DESC LIMIT 1), 0)
+				ORDER BY r.chat_id
+				ON CONFLICT DO NOTHING
+				RETURNING chat_id),
 			note AS (SELECT pg_notify($4, string_agg(r.chat_id || ':' || r.upto || ':' ||
 					(extract(epoch FROM r.at) * 1000000)::bigint, ','))
-				FROM r JOIN changed USING (chat_id) HAVING count(*) > 0)
+				FROM r JOIN ins USING (chat_id) HAVING count(*) > 0)
 			SELECT r.chat_id, r.upto, r.at, (SELECT count(*) FROM note) FROM r`,
-		watermark: `SELECT seq, delivered_at FROM ` + s + `.messages
-			WHERE chat_id = $1 AND delivered_at IS NOT NULL ORDER BY seq DESC LIMIT 1`,
+		watermark: `SELECT upto_seq, delivered_at FROM ` + s + `.receipts
+			WHERE chat_id = $1 ORDER BY upto_seq DESC LIMIT 1`,
 	}
 }

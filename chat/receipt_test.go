@@ -30,11 +30,11 @@ func TestReceiptsMarkMessagesDelivered(t *testing.T) {
 	testenv.WaitFor(t, 15*time.Second, "a receipt frame up to seq 5 on the sender's socket", func() bool {
 		return w.lastReceipt(Consumers).UptoSeq == 5
 	})
-	if n := h.count(t, `SELECT count(*) FROM consumers.messages WHERE chat_id = 8 AND delivered_at IS NOT NULL`); n != 5 {
+	if n := h.count(t, `SELECT count(*) FROM consumers.messages_with_receipts WHERE chat_id = 8 AND delivered_at IS NOT NULL`); n != 5 {
 		t.Fatalf("%d of 5 messages have delivered_at", n)
 	}
 	// delivered_at is the receiver's inbox commit time: never before the send.
-	if n := h.count(t, `SELECT count(*) FROM consumers.messages m JOIN workers.inbox i ON i.message_id = m.id
+	if n := h.count(t, `SELECT count(*) FROM consumers.messages_with_receipts m JOIN workers.inbox i ON i.message_id = m.id
 		WHERE m.chat_id = 8 AND m.delivered_at >= m.created_at AND m.delivered_at <= i.received_at + interval '1 second'`); n != 5 {
 		t.Fatalf("%d of 5 messages have a delivered_at between their send and the receipt", n)
 	}
@@ -184,10 +184,10 @@ func TestReceiptWatermarkStopsAtGap(t *testing.T) {
 	if err := cc.ProcessBatch(ctx, []inbox.Delivery{rcpt(2, Workers), rcpt(4, Workers), rcpt(5, Consumers)}); err != nil {
 		t.Fatal(err)
 	}
-	if n := h.count(t, `SELECT count(*) FROM consumers.messages WHERE chat_id = $1 AND delivered_at IS NOT NULL`, chat); n != 4 {
+	if n := h.count(t, `SELECT count(*) FROM consumers.messages_with_receipts WHERE chat_id = $1 AND delivered_at IS NOT NULL`, chat); n != 4 {
 		t.Fatalf("%d messages delivered, want 4 (seqs 1..4)", n)
 	}
-	if n := h.count(t, `SELECT max(seq) FROM consumers.messages WHERE chat_id = $1 AND delivered_at IS NOT NULL`, chat); n != 4 {
+	if n := h.count(t, `SELECT max(seq) FROM consumers.messages_with_receipts WHERE chat_id = $1 AND delivered_at IS NOT NULL`, chat); n != 4 {
 		t.Fatalf("highest delivered seq %d, want 4", n)
 	}
 	if len(src.deadLetter) != 1 {
@@ -197,7 +197,7 @@ func TestReceiptWatermarkStopsAtGap(t *testing.T) {
 	if err := cc.ProcessBatch(ctx, []inbox.Delivery{rcpt(1, Workers)}); err != nil {
 		t.Fatal(err)
 	}
-	if n := h.count(t, `SELECT count(*) FROM consumers.messages WHERE chat_id = $1 AND delivered_at IS NOT NULL`, chat); n != 4 {
+	if n := h.count(t, `SELECT count(*) FROM consumers.messages_with_receipts WHERE chat_id = $1 AND delivered_at IS NOT NULL`, chat); n != 4 {
 		t.Fatalf("%d messages delivered after a stale receipt, want 4", n)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sort"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -29,24 +30,31 @@ import (
 //
 // Who re-drives: a loop of its own (this file), run next to the relay (the
 // relay role: it needs the database and Redis), not a branch inside the
-// relay. It works from the messages table (delivered_at IS NULL and old
-// enough), not from outbox rows, which the relay may delete or mark when
-// published. Several instances share the work: each pass locks its rows
+// relay. It works from the messages table (above the chat's newest receipt
+// and old enough), not from outbox rows, which the relay may delete or mark
+// when published. Several instances share the work: each pass locks its rows
 // with FOR UPDATE SKIP LOCKED and stamps redriven_at before it commits.
 //
-// Cost: in steady state one index scan per Interval of the partial index
-// messages_undelivered (only messages in flight: the last few milliseconds'
-// worth), and nothing published. When the receiver is down or behind for
-// longer than After, its undelivered messages are published again at most
-// MaxPerPass per Interval, each with a backoff doubling from After up to
-// MaxBackoff: the stream gets copies that the inbox skips as duplicates
-// (counted in outboxchat_inbox_duplicates_total), and each copy costs one
+// Cost: in steady state, per Interval, three index descents for each of
+// up to ChatsPerPass chats (the passes go round the chats, in chat_id
+// order), and nothing published; no index grows with the delivered
+// messages, so a session holding back the xmin horizon does not slow it
+// (the partial index of undelivered messages it used to scan kept every
+// delivered row's dead entry then: 229 ms a pass; issue 17). When the
+// receiver is down or behind for longer than After, its undelivered
+// messages are published again at most MaxPerPass per Interval, each with a
+// backoff doubling from After up to MaxBackoff: the stream gets copies that
+// the inbox skips as duplicates (counted in
+// outboxchat_inbox_duplicates_total), and each copy costs one
 // UPDATE of its message row here.
 
 // Re-drive defaults.
 const (
 	// DefaultRedriveMaxPerPass is RedriveConfig.MaxPerPass's default.
 	DefaultRedriveMaxPerPass = 100
+	// DefaultRedriveChatsPerPass is RedriveConfig.ChatsPerPass's default:
+	// about 30,000 index descents, some 30–60 ms of one core, per pass.
+	DefaultRedriveChatsPerPass = 10000
 	// DefaultRedriveInterval is RedriveConfig.Interval's default ceiling.
 	DefaultRedriveInterval = 5 * time.Second
 	// redriveTimeout bounds one pass: claim, publish, commit.
@@ -75,6 +83,12 @@ type RedriveConfig struct {
 	// rate is at most MaxPerPass per Interval. Default
 	// DefaultRedriveMaxPerPass (100).
 	MaxPerPass int
+	// ChatsPerPass bounds the chats one pass looks at: a pass costs about
+	// three index descents per chat, and the passes go round the chats
+	// (in chat_id order) ChatsPerPass at a time, so a message is re-driven
+	// at most ceil(chats / ChatsPerPass) × Interval after it is due.
+	// Default DefaultRedriveChatsPerPass (10,000).
+	ChatsPerPass int
 	// MaxBackoff caps the per-message backoff: after its k-th re-drive a
 	// message waits After × 2^k (at most MaxBackoff) before the next.
 	// Default 16 × After.
@@ -97,8 +111,13 @@ type Redriver struct {
 	pub     Republisher
 	cfg     RedriveConfig
 	log     *slog.Logger
+	chats   string
 	claim   string
 	life    service.Lifecycle
+	// cursor is the chat_id after which the next pass starts (0: from the
+	// first chat). Only a place in the cycle over the chats: lost on a
+	// restart, which starts the cycle again.
+	cursor atomic.Int64
 }
 
 // NewRedriver returns a Redriver of service's messages on pool, publishing
@@ -115,14 +134,17 @@ func NewRedriver(pool *pgxpool.Pool, service string, pub Republisher, cfg *Redri
 	switch {
 	case c.After <= 0:
 		return nil, fmt.Errorf("chat: redrive: After %v must be positive", c.After)
-	case c.Interval < 0 || c.MaxPerPass < 0 || c.MaxBackoff < 0:
-		return nil, errors.New("chat: redrive: negative Interval, MaxPerPass or MaxBackoff")
+	case c.Interval < 0 || c.MaxPerPass < 0 || c.MaxBackoff < 0 || c.ChatsPerPass < 0:
+		return nil, errors.New("chat: redrive: negative Interval, MaxPerPass, ChatsPerPass or MaxBackoff")
 	}
 	if c.Interval == 0 {
 		c.Interval = redriveInterval(c.After)
 	}
 	if c.MaxPerPass == 0 {
 		c.MaxPerPass = DefaultRedriveMaxPerPass
+	}
+	if c.ChatsPerPass == 0 {
+		c.ChatsPerPass = DefaultRedriveChatsPerPass
 	}
 	if c.MaxBackoff == 0 {
 		c.MaxBackoff = 16 * c.After
@@ -135,20 +157,35 @@ func NewRedriver(pool *pgxpool.Pool, service string, pub Republisher, cfg *Redri
 	return &Redriver{
 		pool: pool, service: service, pub: pub, cfg: c,
 		log: log.With("component", "chat.redrive"),
-		// Messages without a receipt, older than After, past their own
-		// backoff (After × 2^redrives, capped), whose outbox event is not
-		// still waiting for the relay (the relay publishes those; with
+		// One pass looks at up to ChatsPerPass chats, from the chat after
+		// the cursor on: a skip scan of the (chat_id, seq) index, one
+		// descent per chat (a recursive CTE; the outer LIMIT stops it).
+		chats: `WITH RECURSIVE c AS (
+				(SELECT chat_id FROM ` + s + `.messages WHERE chat_id > $1 ORDER BY chat_id LIMIT 1)
+				UNION ALL
+				SELECT (SELECT m.chat_id FROM ` + s + `.messages m WHERE m.chat_id > c.chat_id ORDER BY m.chat_id LIMIT 1)
+				FROM c WHERE c.chat_id IS NOT NULL)
+			SELECT chat_id FROM c WHERE chat_id IS NOT NULL LIMIT $2`,
+		// Of those chats ($4, ascending), the messages above the chat's
+		// newest receipt (none covers them), older than After, past their
+		// own backoff (After × 2^redrives, capped), whose outbox event is
+		// not still waiting for the relay (the relay publishes those; with
 		// rows deleted when published, no row means published). In chat
 		// and seq order, so the receiver gets each chat's in order. SKIP
 		// LOCKED: another re-drive pass has them. The UPDATE stamps them
-		// in the same transaction, committed after the publish.
+		// in the same transaction, committed after the publish. Each chat
+		// costs two index descents when nothing of it is in flight.
 		claim: `WITH due AS (
-				SELECT m.id FROM ` + s + `.messages m
-				WHERE m.delivered_at IS NULL AND m.created_at < now() - $1::interval
-				  AND (m.redriven_at IS NULL OR m.redriven_at < now() - least($1::interval * power(2, m.redrives), $2::interval))
-				  AND NOT EXISTS (SELECT 1 FROM ` + s + `.outbox o WHERE o.sent_at IS NULL AND o.idempotency_key = m.id::text)
-				ORDER BY m.chat_id, m.seq LIMIT $3
-				FOR UPDATE OF m SKIP LOCKED)
+				SELECT m.id, c.ord, m.seq FROM unnest($4::bigint[]) WITH ORDINALITY AS c(chat_id, ord)
+				CROSS JOIN LATERAL (SELECT coalesce((SELECT upto_seq FROM ` + s + `.receipts
+					WHERE chat_id = c.chat_id ORDER BY upto_seq DESC LIMIT 1), 0) AS upto) w
+				CROSS JOIN LATERAL (SELECT m.id, m.seq FROM ` + s + `.messages m
+					WHERE m.chat_id = c.chat_id AND m.seq > w.upto AND m.created_at < now() - $1::interval
+					  AND (m.redriven_at IS NULL OR m.redriven_at < now() - least($1::interval * power(2, m.redrives), $2::interval))
+					  AND NOT EXISTS (SELECT 1 FROM ` + s + `.outbox o WHERE o.sent_at IS NULL AND o.idempotency_key = m.id::text)
+					ORDER BY m.seq LIMIT $3
+					FOR UPDATE OF m SKIP LOCKED) m
+				ORDER BY c.ord, m.seq LIMIT $3)
 			UPDATE ` + s + `.messages m SET redrives = m.redrives + 1, redriven_at = now()
 			FROM due WHERE m.id = due.id
 			RETURNING m.id::text, m.chat_id, m.seq, m.body, m.created_at, m.redrives`,
@@ -197,8 +234,26 @@ func (r *Redriver) RunOnce(ctx context.Context) (int, error) {
 	ctx, cancel := context.WithTimeout(ctx, redriveTimeout)
 	defer cancel()
 	var n int
+	from := r.cursor.Load()
+	next := from
 	err := pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, r.claim, r.cfg.After, r.cfg.MaxBackoff, r.cfg.MaxPerPass)
+		rows, err := tx.Query(ctx, r.chats, from, r.cfg.ChatsPerPass)
+		if err != nil {
+			return fmt.Errorf("list chats: %w", err)
+		}
+		chats, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+		if err != nil {
+			return fmt.Errorf("list chats: %w", err)
+		}
+		if len(chats) < r.cfg.ChatsPerPass {
+			next = 0 // the cycle is done: the next pass starts again
+		} else {
+			next = chats[len(chats)-1]
+		}
+		if len(chats) == 0 {
+			return nil
+		}
+		rows, err = tx.Query(ctx, r.claim, r.cfg.After, r.cfg.MaxBackoff, r.cfg.MaxPerPass, chats)
 		if err != nil {
 			return fmt.Errorf("claim undelivered messages: %w", err)
 		}
@@ -244,6 +299,11 @@ func (r *Redriver) RunOnce(ctx context.Context) (int, error) {
 		for i, k := range order {
 			sorted[i] = jobs[k]
 		}
+		if len(jobs) == r.cfg.MaxPerPass {
+			// The pass was full: the last chat may have more that are
+			// due; the next pass starts with it.
+			next = ms[order[len(order)-1]].ChatID - 1
+		}
 		if _, err := r.pub.Readd(ctx, sorted...); err != nil {
 			return fmt.Errorf("publish again: %w", err)
 		}
@@ -257,6 +317,7 @@ func (r *Redriver) RunOnce(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, err
 	}
+	r.cursor.CompareAndSwap(from, next)
 	if n > 0 && r.cfg.Redriven != nil {
 		r.cfg.Redriven(n)
 	}

@@ -32,12 +32,13 @@ func TestRedriverRunOnceSelectsDueMessages(t *testing.T) {
 		t.Fatal(err)
 	}
 	// seq 1: delivered; 2, 3: due; 4: too young; 5: its outbox row unsent.
-	_, err = pool.Exec(ctx, `INSERT INTO consumers.messages (chat_id, seq, body, created_at, delivered_at) VALUES
-		(5, 1, 'a', now() - interval '1 minute', now()),
-		(5, 3, 'c', now() - interval '1 minute', NULL),
-		(5, 2, 'b', now() - interval '1 minute', NULL),
-		(5, 4, 'd', now(), NULL),
-		(5, 5, 'e', now() - interval '1 minute', NULL)`)
+	_, err = pool.Exec(ctx, `INSERT INTO consumers.messages (chat_id, seq, body, created_at) VALUES
+		(5, 1, 'a', now() - interval '1 minute'),
+		(5, 3, 'c', now() - interval '1 minute'),
+		(5, 2, 'b', now() - interval '1 minute'),
+		(5, 4, 'd', now()),
+		(5, 5, 'e', now() - interval '1 minute');
+		INSERT INTO consumers.receipts (chat_id, upto_seq, delivered_at) VALUES (5, 1, now())`)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -93,6 +94,66 @@ func TestRedriverRunOnceSelectsDueMessages(t *testing.T) {
 	}
 }
 
+// The passes go round the chats ChatsPerPass at a time, and a full pass
+// (MaxPerPass published) starts the next with the chat it stopped in: every
+// due message is published once, each chat's in seq order, none skipped.
+func TestRedriverGoesRoundTheChats(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, "")
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, h.roleURL(Consumers))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	rdb := testenv.Redis(t)
+	pub, err := redisq.NewPublisher(rdb, &redisq.PublisherConfig{Queue: QueueName(Consumers), Prefix: h.prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Due: chat 11 seqs 1–3, chat 12 seq 1, chat 13 seq 2 (seq 1 has its
+	// receipt); chat 14's one message has its receipt.
+	_, err = pool.Exec(ctx, `INSERT INTO consumers.messages (chat_id, seq, body, created_at)
+		SELECT c, s, 'x', now() - interval '1 minute'
+		FROM (VALUES (11, 1), (11, 2), (11, 3), (12, 1), (13, 1), (13, 2), (14, 1)) AS v(c, s);
+		INSERT INTO consumers.receipts (chat_id, upto_seq, delivered_at) VALUES (13, 1, now()), (14, 1, now())`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rd, err := NewRedriver(pool, Consumers, pub, &RedriveConfig{After: 10 * time.Second, ChatsPerPass: 2, MaxPerPass: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var perPass []int
+	for range 6 {
+		n, err := rd.RunOnce(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		perPass = append(perPass, n)
+	}
+	// [11 12]: 11/1, 11/2 (full); [11 12]: 11/3, 12/1 (full); [12 13]:
+	// 13/2; [14]: the end, nothing; then round again: all backing off.
+	if fmt.Sprint(perPass) != "[2 2 1 0 0 0]" {
+		t.Fatalf("published per pass %v, want [2 2 1 0 0 0]", perPass)
+	}
+	entries, err := rdb.XRange(ctx, pub.Keys().Stream, "-", "+").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, e := range entries {
+		m, err := DecodeEvent([]byte(e.Values["payload"].(string)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, fmt.Sprintf("%d/%d", m.ChatID, m.Seq))
+	}
+	if fmt.Sprint(got) != "[11/1 11/2 11/3 12/1 13/2]" {
+		t.Fatalf("stream holds %v, want [11/1 11/2 11/3 12/1 13/2]", got)
+	}
+}
+
 // End to end: the stream is lost (deleted with its group) after the relay
 // published, while the dedupe keys stay; the re-drive publishes the
 // messages again, the receiver shows each once, and receipts stop it.
@@ -121,7 +182,7 @@ func TestRedriveHealsALostStream(t *testing.T) {
 	w2 := watch(t, work.base, 9)
 	w2.waitSeqs(t, Consumers, 4, 20*time.Second)
 	testenv.WaitFor(t, 10*time.Second, "every message delivered", func() bool {
-		return h.count(t, `SELECT count(*) FROM consumers.messages WHERE chat_id = 9 AND delivered_at IS NULL`) == 0
+		return h.count(t, `SELECT count(*) FROM consumers.messages_with_receipts WHERE chat_id = 9 AND delivered_at IS NULL`) == 0
 	})
 	if n := h.count(t, `SELECT count(*) FROM workers.inbox WHERE chat_id = 9`); n != 4 {
 		t.Fatalf("workers.inbox has %d rows, want 4", n)

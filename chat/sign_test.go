@@ -176,20 +176,20 @@ func TestForgedReceiptIsRefused(t *testing.T) {
 	receipt(nil)
 	receipt(attacker)
 	waitForgedDeadLettered(t, rdb, keys.Dead)
-	if n := h.count(t, `SELECT count(*) FROM consumers.messages WHERE chat_id = 9 AND delivered_at IS NOT NULL`); n != 0 {
+	if n := h.count(t, `SELECT count(*) FROM consumers.messages_with_receipts WHERE chat_id = 9 AND delivered_at IS NOT NULL`); n != 0 {
 		t.Fatalf("a forged receipt marked %d messages delivered", n)
 	}
 	// The re-drive goes on after the forged receipts were refused.
 	before := redrives()
 	testenv.WaitFor(t, 30*time.Second, "the messages re-driven again after the forged receipts", func() bool { return redrives() >= before+3 })
-	if n := h.count(t, `SELECT count(*) FROM consumers.messages WHERE chat_id = 9 AND delivered_at IS NOT NULL`); n != 0 {
+	if n := h.count(t, `SELECT count(*) FROM consumers.messages_with_receipts WHERE chat_id = 9 AND delivered_at IS NOT NULL`); n != 0 {
 		t.Fatalf("%d messages marked delivered without a genuine receipt", n)
 	}
 
 	// Control: the same receipt signed with the workers' key is applied.
 	receipt(real)
 	testenv.WaitFor(t, 20*time.Second, "the genuine receipt marks the messages delivered", func() bool {
-		return h.count(t, `SELECT count(*) FROM consumers.messages WHERE chat_id = 9 AND delivered_at IS NOT NULL`) == 3
+		return h.count(t, `SELECT count(*) FROM consumers.messages_with_receipts WHERE chat_id = 9 AND delivered_at IS NOT NULL`) == 3
 	})
 	if n, _ := rdb.XLen(context.Background(), keys.Dead).Result(); n != 2 {
 		t.Fatalf("dead letters %d, want the 2 forged receipts only", n)

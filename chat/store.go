@@ -118,8 +118,17 @@ func newQueries(service string) queries {
 		insertOne: `INSERT INTO ` + s + `.messages (chat_id, seq, body, author)
 			SELECT $1, coalesce(max(seq), 0) + 1, $2, nullif($3, '') FROM ` + s + `.messages WHERE chat_id = $1
 			RETURNING id::text, seq, created_at`,
-		history: `SELECT id::text, chat_id, seq, body, created_at, coalesce(author, ''), delivered_at FROM ` + s + `.messages
-			WHERE chat_id = $1 AND seq > $2 ORDER BY seq LIMIT $3`,
+		// history: a page of the service's own messages, each with the
+		// delivered_at of the first receipt at or above its seq (one probe
+		// of the receipts' primary key per message the chat's newest
+		// receipt covers; none for the rest).
+		history: `SELECT m.id::text, m.chat_id, m.seq, m.body, m.created_at, coalesce(m.author, ''),
+				CASE WHEN m.seq <= w.upto THEN (SELECT r.delivered_at FROM ` + s + `.receipts r
+					WHERE r.chat_id = m.chat_id AND r.upto_seq >= m.seq ORDER BY r.upto_seq LIMIT 1) END
+			FROM ` + s + `.messages m,
+				(SELECT coalesce((SELECT upto_seq FROM ` + s + `.receipts WHERE chat_id = $1
+					ORDER BY upto_seq DESC LIMIT 1), 0) AS upto) w
+			WHERE m.chat_id = $1 AND m.seq > $2 ORDER BY m.seq LIMIT $3`,
 		historyInbox: `SELECT message_id::text, chat_id, seq, body, sent_at, received_at, sender, coalesce(author, '') FROM ` + s + `.inbox
 			WHERE chat_id = $1 AND seq > $2 ORDER BY seq LIMIT $3`,
 	}
