@@ -47,15 +47,26 @@ func NewInboxHandler(service string) (*InboxHandler, error) {
 		// those that hit an existing row), and return the new ids. The
 		// NOTIFY's CTE is read by the final SELECT, so it runs whenever a row
 		// was inserted.
-		insertBatch: `WITH ins AS (
-			INSERT INTO ` + s + `.inbox (message_id, chat_id, seq, body, sender, sent_at, author)
-			SELECT u.id, u.chat, u.seq, u.body, u.sender, u.sent_at, NULLIF(u.author, '')
-			FROM unnest($1::uuid[], $2::bigint[], $3::bigint[], $4::text[], $5::text[], $6::timestamptz[], $9::text[])
-				AS u(id, chat, seq, body, sender, sent_at, author)
+		// A row is stored held (behind a gap) unless every seq below it is
+		// in the inbox: the batch's rows of a chat, in seq order, up to its
+		// first gap, are not held when the row below the first of them is
+		// (or the first is seq 1): one probe per chat. Rows behind a gap
+		// that an earlier or concurrent batch fills are released by the
+		// receipts' emit (receipt.go), which runs next in the transaction.
+		insertBatch: `WITH u AS (SELECT * FROM unnest($1::uuid[], $2::bigint[], $3::bigint[], $4::text[], $5::text[], $6::timestamptz[], $9::text[])
+				AS u(id, chat, seq, body, sender, sent_at, author)),
+			f AS (SELECT chat, first, first = 1 OR EXISTS (SELECT 1 FROM ` + s + `.inbox p
+					WHERE p.chat_id = x.chat AND p.seq = x.first - 1 AND NOT p.held) AS base
+				FROM (SELECT chat, min(seq) AS first FROM u GROUP BY chat) x),
+			r AS (SELECT u.*, NOT (f.base AND u.seq - f.first = row_number() OVER (PARTITION BY u.chat ORDER BY u.seq) - 1) AS held
+				FROM u JOIN f USING (chat)),
+		ins AS (
+			INSERT INTO ` + s + `.inbox (message_id, chat_id, seq, body, sender, sent_at, author, held)
+			SELECT r.id, r.chat, r.seq, r.body, r.sender, r.sent_at, NULLIF(r.author, ''), r.held FROM r
 			ON CONFLICT (message_id) DO NOTHING RETURNING message_id, chat_id, received_at),
 		note AS (SELECT pg_notify($7, string_agg(DISTINCT chat_id::text, ',')) AS n FROM ins HAVING count(*) > 0),
 		dup AS (INSERT INTO ` + s + `.inbox_duplicates (message_id)
-			SELECT u FROM unnest($1::uuid[]) AS u WHERE u NOT IN (SELECT message_id FROM ins)
+			SELECT u.id FROM u WHERE u.id NOT IN (SELECT message_id FROM ins)
 			UNION ALL SELECT u FROM unnest($8::uuid[]) AS u)
 		SELECT message_id::text, received_at, (SELECT count(*) FROM note) FROM ins`,
 	}, nil

@@ -16,8 +16,8 @@ import (
 // enqueues in that service's own outbox one receipt for the batch, with one
 // entry per chat of the batch: "I have stored every message of yours in
 // this chat up to seq N", N being the highest seq below which nothing is
-// missing (<service>.inbox_watermarks keeps it per chat, insert-only:
-// see migration 005). One receipt per batch rather than per chat: under load a batch
+// missing (the highest inbox row of the chat that was not stored behind a
+// gap: see migration 007). One receipt per batch rather than per chat: under load a batch
 // spans many chats, and the receipts' round trip (outbox row, relay, Redis,
 // the other side's inbox) is paid once per batch. The receipt travels back exactly as
 // a message does — relay, Redis stream, the other side's inbox consumer —
@@ -155,25 +155,23 @@ type receiptNote struct {
 
 // receiptQueries are the receipts' statements for one service.
 type receiptQueries struct {
-	// emit advances the watermarks of the chats $1 of an inbox batch (it runs
-	// after the batch's insert, in the same transaction, so it sees the new
-	// rows) and enqueues one receipt listing every chat whose watermark is
-	// above 0 in the service's own outbox. The new watermark is the stored
-	// one plus the length of the run of consecutive seqs right above it:
-	// numbering the rows above the stored value in seq order, a row is in
-	// the run exactly when seq = stored + its row number (after a gap, seq
-	// stays ahead of it). Its cost is one index range scan per chat over the
-	// rows above the stored watermark: the batch, plus any held behind a
-	// gap. $2 is the service (the receipt's "from"). A watermark is never
-	// updated: an advance inserts (chat_id, upto), so no row is written by
-	// every batch (a hot row whose dead versions a held xmin horizon keeps;
-	// issue 17), and the newest row is the first a backward scan of the
-	// primary key meets. Inserts go in chat_id order, so two worker
-	// processes cannot deadlock on them. The rows below each chat's newest
-	// are deleted by the watermark pruner, not here: a delete in every
-	// batch cost 60 % more Postgres CPU in lab bench (13.5 s against 8.3 s
-	// for 60,000 messages, two alternating pairs) and raised p99 from
-	// 0.15–0.45 s to 3–6 s.
+	// emit computes the watermarks of the chats $1 of an inbox batch (it
+	// runs after the batch's insert, in the same transaction, so it sees
+	// the new rows) and enqueues one receipt listing every chat whose
+	// watermark is above 0 in the service's own outbox. A chat's stored
+	// watermark is its highest inbox row that is not held (stored behind a
+	// gap; migration 007): a backward scan of (chat_id, seq) that steps
+	// over the held rows at the top, usually none. The watermark is that
+	// plus the run of consecutive seqs right above it: numbering the rows
+	// above it in seq order, a row is in the run exactly when seq = stored
+	// + its row number (after a gap, seq stays ahead of it); the rows of
+	// the run were held behind a gap that is now filled, and are released
+	// (held = false, the one UPDATE here: only after a gap). In steady
+	// state that is one index descent and one heap fetch per chat and
+	// nothing written but the receipt: the inbox_watermarks row this used
+	// to insert per chat and batch, and its pruning, cost more than the
+	// batch's insert itself (issue 9's cost). $2 is the service (the
+	// receipt's "from").
 	emit string
 	// apply records the receipts ($1 chats, $2 upto seqs, $3 times;
 	// several per chat allowed: the highest seq and latest time win) in
@@ -197,8 +195,8 @@ func newReceiptQueries(service string) receiptQueries {
 	s := pgx.Identifier{service}.Sanitize()
 	return receiptQueries{
 		emit: `WITH c AS (SELECT DISTINCT unnest($1::bigint[]) AS chat_id),
-			cur AS MATERIALIZED (SELECT c.chat_id, COALESCE((SELECT w.upto FROM ` + s + `.inbox_watermarks w
-					WHERE w.chat_id = c.chat_id ORDER BY w.upto DESC LIMIT 1), 0) AS old
+			cur AS MATERIALIZED (SELECT c.chat_id, COALESCE((SELECT i.seq FROM ` + s + `.inbox i
+					WHERE i.chat_id = c.chat_id AND NOT i.held ORDER BY i.seq DESC LIMIT 1), 0) AS old
 				FROM c),
 			calc AS MATERIALIZED (SELECT cur.chat_id, cur.old, cur.old + (
 				SELECT count(*) FROM (
@@ -206,9 +204,8 @@ func newReceiptQueries(service string) receiptQueries {
 					FROM ` + s + `.inbox i WHERE i.chat_id = cur.chat_id AND i.seq > cur.old
 				) run WHERE run.seq = cur.old + run.rn
 			) AS upto FROM cur),
-			up AS (INSERT INTO ` + s + `.inbox_watermarks (chat_id, upto)
-				SELECT chat_id, upto FROM calc WHERE upto > old ORDER BY chat_id
-				ON CONFLICT DO NOTHING),
+			up AS (UPDATE ` + s + `.inbox i SET held = false FROM calc
+				WHERE calc.upto > calc.old AND i.chat_id = calc.chat_id AND i.seq > calc.old AND i.seq <= calc.upto AND i.held),
 			r AS (SELECT jsonb_agg(jsonb_build_object('chat_id', chat_id, 'upto_seq', upto) ORDER BY chat_id) AS chats
 				FROM calc WHERE upto > 0 HAVING count(*) > 0),
 			g AS (SELECT gen_random_uuid() AS id)

@@ -134,29 +134,27 @@ func TestReceiptWatermarkStopsAtGap(t *testing.T) {
 			t.Fatalf("after batch %v: receipts %v, want %v", st.batch, got, st.want)
 		}
 	}
-	if n := h.count(t, `SELECT max(upto) FROM workers.inbox_watermarks WHERE chat_id = $1`, chat); n != 4 {
-		t.Fatalf("received_upto %d, want 4", n)
+	// Seq 4 was stored held (behind the gap at 3) and released when 3
+	// came; 6 is held behind the gap at 5.
+	held := func() string {
+		t.Helper()
+		var s string
+		if err := h.admin.QueryRow(ctx, `SELECT string_agg(seq || ':' || held, ' ' ORDER BY seq) FROM workers.inbox WHERE chat_id = $1`, chat).Scan(&s); err != nil {
+			t.Fatal(err)
+		}
+		return s
 	}
-	// Watermarks are insert-only (rows 2 and 4); the pruner keeps the
-	// newest, and the inbox goes on from it.
-	pr, err := newWatermarkPruner(wpool, Workers, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if n, err := pr.RunOnce(ctx); err != nil || n != 1 {
-		t.Fatalf("prune = %d, %v; want 1 row", n, err)
-	}
-	if n := h.count(t, `SELECT count(*) FROM workers.inbox_watermarks WHERE chat_id = $1 AND upto = 4`, chat); n != 1 {
-		t.Fatalf("after prune: %d rows at 4, want 1", n)
-	}
-	if n := h.count(t, `SELECT count(*) FROM workers.inbox_watermarks WHERE chat_id = $1`, chat); n != 1 {
-		t.Fatalf("after prune: %d rows, want 1", n)
+	if got := held(); got != "1:false 2:false 3:false 4:false 6:true" {
+		t.Fatalf("inbox seq:held %q, want 1:false 2:false 3:false 4:false 6:true", got)
 	}
 	if err := wc.ProcessBatch(ctx, []inbox.Delivery{mk(5)}); err != nil {
 		t.Fatal(err)
 	}
 	if got := receipts(); fmt.Sprint(got) != fmt.Sprint([]int64{2, 4, 4, 4, 6}) {
-		t.Fatalf("after the prune and seq 5: receipts %v, want [2 4 4 4 6]", got)
+		t.Fatalf("after seq 5: receipts %v, want [2 4 4 4 6]", got)
+	}
+	if got := held(); got != "1:false 2:false 3:false 4:false 5:false 6:false" {
+		t.Fatalf("after seq 5: inbox seq:held %q, want none held", got)
 	}
 
 	// The sender side: messages 1..6 of consumers; a receipt up to 4 marks

@@ -486,11 +486,6 @@ func Serve(ctx context.Context, cfg Config) error {
 			return err
 		}
 		add(ic)
-		pruner, err := newWatermarkPruner(pool, cfg.Service, log)
-		if err != nil {
-			return err
-		}
-		add(pruner)
 		announce = append(announce, func() {
 			log.Info("worker started", "queue", QueueName(Peer(cfg.Service)), "consumer", cfg.ConsumerName)
 		})
