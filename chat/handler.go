@@ -50,13 +50,18 @@ func NewInboxHandler(service string) (*InboxHandler, error) {
 		// A row is stored held (behind a gap) unless every seq below it is
 		// in the inbox: the batch's rows of a chat, in seq order, up to its
 		// first gap, are not held when the row below the first of them is
-		// (or the first is seq 1): one probe per chat. Rows behind a gap
-		// that an earlier or concurrent batch fills are released by the
-		// receipts' emit (receipt.go), which runs next in the transaction.
+		// not held, or is covered by the chat's newest gap fill, or the
+		// first is seq 1 (migration 007). A row held behind a gap that an
+		// earlier or concurrent batch fills is counted by the receipts'
+		// emit (receipt.go), which runs next in the transaction.
+		// The probe is a scalar subquery, not EXISTS: a plan cached while
+		// the inbox was empty turned EXISTS into a hashed scan of the
+		// whole table.
 		insertBatch: `WITH u AS (SELECT * FROM unnest($1::uuid[], $2::bigint[], $3::bigint[], $4::text[], $5::text[], $6::timestamptz[], $9::text[])
 				AS u(id, chat, seq, body, sender, sent_at, author)),
-			f AS (SELECT chat, first, first = 1 OR EXISTS (SELECT 1 FROM ` + s + `.inbox p
-					WHERE p.chat_id = x.chat AND p.seq = x.first - 1 AND NOT p.held) AS base
+			f AS (SELECT chat, first, first = 1 OR coalesce((SELECT NOT p.held OR p.seq <= coalesce((SELECT g.upto
+						FROM ` + s + `.inbox_gap_fills g WHERE g.chat_id = x.chat ORDER BY g.upto DESC LIMIT 1), 0)
+					FROM ` + s + `.inbox p WHERE p.chat_id = x.chat AND p.seq = x.first - 1), false) AS base
 				FROM (SELECT chat, min(seq) AS first FROM u GROUP BY chat) x),
 			r AS (SELECT u.*, NOT (f.base AND u.seq - f.first = row_number() OVER (PARTITION BY u.chat ORDER BY u.seq) - 1) AS held
 				FROM u JOIN f USING (chat)),

@@ -158,18 +158,24 @@ type receiptQueries struct {
 	// emit computes the watermarks of the chats $1 of an inbox batch (it
 	// runs after the batch's insert, in the same transaction, so it sees
 	// the new rows) and enqueues one receipt listing every chat whose
-	// watermark is above 0 in the service's own outbox. A chat's stored
-	// watermark is its highest inbox row that is not held (stored behind a
-	// gap; migration 007): a backward scan of (chat_id, seq) that steps
-	// over the held rows at the top, usually none. The watermark is that
-	// plus the run of consecutive seqs right above it: numbering the rows
-	// above it in seq order, a row is in the run exactly when seq = stored
-	// + its row number (after a gap, seq stays ahead of it); the rows of
-	// the run were held behind a gap that is now filled, and are released
-	// (held = false, the one UPDATE here: only after a gap). In steady
-	// state that is one index descent and one heap fetch per chat and
-	// nothing written but the receipt: the inbox_watermarks row this used
-	// to insert per chat and batch, and its pruning, cost more than the
+	// watermark is above 0 in the service's own outbox (migration 007).
+	//
+	// A chat's stored watermark: its top row (max(seq)) when that is not
+	// held; otherwise the highest of the rows below it that are not held
+	// (a backward scan over the rows held behind the open gap) and of the
+	// chat's newest gap fill. Not one filtered backward scan: a plan cached
+	// while the inbox was empty read the whole chat and sorted it, 30 ms
+	// per batch. The watermark is the stored one plus the run of
+	// consecutive seqs right above it: numbering the rows above it in seq
+	// order, a row is in the run exactly when seq = stored + its row
+	// number (after a gap, seq stays ahead of it). Rows above the stored
+	// watermark are held behind a gap; when the run reaches them the gap
+	// is filled, and (chat, watermark) goes into inbox_gap_fills, the one
+	// write here besides the receipt.
+	//
+	// In steady state that is three index descents per chat and nothing
+	// written but the receipt: the inbox_watermarks row this used to
+	// insert per chat and batch, and its pruning, cost more than the
 	// batch's insert itself (issue 9's cost). $2 is the service (the
 	// receipt's "from").
 	emit string
@@ -195,17 +201,23 @@ func newReceiptQueries(service string) receiptQueries {
 	s := pgx.Identifier{service}.Sanitize()
 	return receiptQueries{
 		emit: `WITH c AS (SELECT DISTINCT unnest($1::bigint[]) AS chat_id),
-			cur AS MATERIALIZED (SELECT c.chat_id, COALESCE((SELECT i.seq FROM ` + s + `.inbox i
-					WHERE i.chat_id = c.chat_id AND NOT i.held ORDER BY i.seq DESC LIMIT 1), 0) AS old
-				FROM c),
+			cur AS MATERIALIZED (SELECT c.chat_id, CASE WHEN t.top IS NULL THEN 0
+					WHEN NOT (SELECT i.held FROM ` + s + `.inbox i WHERE i.chat_id = c.chat_id AND i.seq = t.top) THEN t.top
+					ELSE greatest(
+						COALESCE((SELECT i.seq FROM ` + s + `.inbox i
+							WHERE i.chat_id = c.chat_id AND i.seq < t.top AND NOT i.held ORDER BY i.seq DESC LIMIT 1), 0),
+						COALESCE((SELECT g.upto FROM ` + s + `.inbox_gap_fills g
+							WHERE g.chat_id = c.chat_id ORDER BY g.upto DESC LIMIT 1), 0)) END AS old
+				FROM c, LATERAL (SELECT max(i.seq) AS top FROM ` + s + `.inbox i WHERE i.chat_id = c.chat_id) t),
 			calc AS MATERIALIZED (SELECT cur.chat_id, cur.old, cur.old + (
 				SELECT count(*) FROM (
 					SELECT i.seq, row_number() OVER (ORDER BY i.seq) AS rn
 					FROM ` + s + `.inbox i WHERE i.chat_id = cur.chat_id AND i.seq > cur.old
 				) run WHERE run.seq = cur.old + run.rn
 			) AS upto FROM cur),
-			up AS (UPDATE ` + s + `.inbox i SET held = false FROM calc
-				WHERE calc.upto > calc.old AND i.chat_id = calc.chat_id AND i.seq > calc.old AND i.seq <= calc.upto AND i.held),
+			up AS (INSERT INTO ` + s + `.inbox_gap_fills (chat_id, upto)
+				SELECT chat_id, upto FROM calc WHERE upto > old ORDER BY chat_id
+				ON CONFLICT DO NOTHING),
 			r AS (SELECT jsonb_agg(jsonb_build_object('chat_id', chat_id, 'upto_seq', upto) ORDER BY chat_id) AS chats
 				FROM calc WHERE upto > 0 HAVING count(*) > 0),
 			g AS (SELECT gen_random_uuid() AS id)

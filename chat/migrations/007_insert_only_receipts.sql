@@ -8,11 +8,15 @@
 -- statement of a lab bench run (1.0 ms per batch, 2.6 s of Postgres time
 -- for 50,000 messages). Now each inbox row says whether it was stored
 -- behind a gap: held = false means every seq from 1 to this one was in
--- the inbox when it was stored (or later, once the gap was filled). The
--- chat's watermark is its highest seq with held = false, the first row a
--- backward scan of (chat_id, seq) meets that is not held; the insert
--- decides held from the predecessor of the batch's first row of the chat,
--- and the rare rows held behind a gap are updated once the gap is filled.
+-- the inbox when it was stored. The insert decides it from the row below
+-- the batch's first row of the chat (one probe). When a gap is filled, the
+-- rows held behind it stay as they are (no UPDATE): a row goes into
+-- inbox_gap_fills instead, "seqs 1..upto are all in the inbox now", and a
+-- later row whose predecessor is held but at or below that is not held.
+-- The chat's watermark is the highest of its top row when not held, the
+-- highest row not held and its newest gap fill. Both tables are only
+-- inserted into; inbox_gap_fills only after a gap, which takes a lost or
+-- reordered delivery.
 ALTER TABLE inbox ADD COLUMN held boolean NOT NULL DEFAULT false;
 
 -- A row is contiguous exactly when its seq equals its rank in the chat.
@@ -20,6 +24,12 @@ UPDATE inbox SET held = true WHERE (chat_id, seq) IN (
   SELECT chat_id, seq FROM (
     SELECT chat_id, seq, row_number() OVER (PARTITION BY chat_id ORDER BY seq) AS rn FROM inbox) x
   WHERE x.seq <> x.rn);
+
+CREATE TABLE inbox_gap_fills (
+  chat_id bigint NOT NULL,
+  upto    bigint NOT NULL,
+  PRIMARY KEY (chat_id, upto)
+);
 
 DROP TABLE inbox_watermarks;
 
