@@ -160,8 +160,8 @@ type receiptQueries struct {
 	// the new rows) and enqueues one receipt listing every chat whose
 	// watermark is above 0 in the service's own outbox (migration 007).
 	//
-	// A chat's stored watermark: its top row (max(seq)) when that is not
-	// held; otherwise the highest of the rows below it that are not held
+	// A chat's stored watermark: its top row (one backward index descent)
+	// when that is not held, and then it is the watermark; otherwise the highest of the rows below it that are not held
 	// (a backward scan over the rows held behind the open gap) and of the
 	// chat's newest gap fill. Not one filtered backward scan: a plan cached
 	// while the inbox was empty read the whole chat and sorted it, 30 ms
@@ -173,7 +173,7 @@ type receiptQueries struct {
 	// is filled, and (chat, watermark) goes into inbox_gap_fills, the one
 	// write here besides the receipt.
 	//
-	// In steady state that is three index descents per chat and nothing
+	// In steady state that is one index descent per chat and nothing
 	// written but the receipt: the inbox_watermarks row this used to
 	// insert per chat and batch, and its pruning, cost more than the
 	// batch's insert itself (issue 9's cost). $2 is the service (the
@@ -201,20 +201,22 @@ func newReceiptQueries(service string) receiptQueries {
 	s := pgx.Identifier{service}.Sanitize()
 	return receiptQueries{
 		emit: `WITH c AS (SELECT DISTINCT unnest($1::bigint[]) AS chat_id),
-			cur AS MATERIALIZED (SELECT c.chat_id, CASE WHEN t.top IS NULL THEN 0
-					WHEN NOT (SELECT i.held FROM ` + s + `.inbox i WHERE i.chat_id = c.chat_id AND i.seq = t.top) THEN t.top
+			top AS MATERIALIZED (SELECT c.chat_id, t.seq AS top, t.held FROM c
+				LEFT JOIN LATERAL (SELECT i.seq, i.held FROM ` + s + `.inbox i WHERE i.chat_id = c.chat_id
+					ORDER BY i.chat_id DESC, i.seq DESC LIMIT 1) t ON true),
+			cur AS MATERIALIZED (SELECT top.chat_id, top.held, CASE WHEN top.top IS NULL THEN 0 WHEN NOT top.held THEN top.top
 					ELSE greatest(
 						COALESCE((SELECT i.seq FROM ` + s + `.inbox i
-							WHERE i.chat_id = c.chat_id AND i.seq < t.top AND NOT i.held ORDER BY i.seq DESC LIMIT 1), 0),
+							WHERE i.chat_id = top.chat_id AND i.seq < top.top AND NOT i.held ORDER BY i.seq DESC LIMIT 1), 0),
 						COALESCE((SELECT g.upto FROM ` + s + `.inbox_gap_fills g
-							WHERE g.chat_id = c.chat_id ORDER BY g.upto DESC LIMIT 1), 0)) END AS old
-				FROM c, LATERAL (SELECT max(i.seq) AS top FROM ` + s + `.inbox i WHERE i.chat_id = c.chat_id) t),
-			calc AS MATERIALIZED (SELECT cur.chat_id, cur.old, cur.old + (
+							WHERE g.chat_id = top.chat_id ORDER BY g.upto DESC LIMIT 1), 0)) END AS old
+				FROM top),
+			calc AS MATERIALIZED (SELECT cur.chat_id, cur.old, CASE WHEN cur.held IS NOT TRUE THEN cur.old ELSE cur.old + (
 				SELECT count(*) FROM (
 					SELECT i.seq, row_number() OVER (ORDER BY i.seq) AS rn
 					FROM ` + s + `.inbox i WHERE i.chat_id = cur.chat_id AND i.seq > cur.old
 				) run WHERE run.seq = cur.old + run.rn
-			) AS upto FROM cur),
+			) END AS upto FROM cur),
 			up AS (INSERT INTO ` + s + `.inbox_gap_fills (chat_id, upto)
 				SELECT chat_id, upto FROM calc WHERE upto > old ORDER BY chat_id
 				ON CONFLICT DO NOTHING),
