@@ -9,28 +9,60 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/outboxchat/outboxchat/internal/testenv"
 	"github.com/outboxchat/outboxchat/redisq"
 )
+
+// newRedriveFixture is a fresh database, a pool of the consumers' role and
+// a publisher to the consumers' queue, for Redriver tests.
+func newRedriveFixture(t *testing.T) (*harness, *pgxpool.Pool, *redis.Client, *redisq.Publisher) {
+	t.Helper()
+	h := newHarness(t, "")
+	pool, err := pgxpool.New(context.Background(), h.roleURL(Consumers))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	rdb := testenv.Redis(t)
+	pub, err := redisq.NewPublisher(rdb, &redisq.PublisherConfig{Queue: QueueName(Consumers), Prefix: h.prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h, pool, rdb, pub
+}
+
+// streamMessages decodes every entry of pub's stream, in stream order; each
+// must be a message.created event whose job id is the message id.
+func streamMessages(t *testing.T, rdb *redis.Client, pub *redisq.Publisher) []Message {
+	t.Helper()
+	entries, err := rdb.XRange(context.Background(), pub.Keys().Stream, "-", "+").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []Message
+	for _, e := range entries {
+		m, err := DecodeEvent([]byte(e.Values["payload"].(string)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if e.Values["name"] != EventMessageCreated || e.Values["id"] != m.ID {
+			t.Fatalf("entry %v: want name message.created and id = message id", e.Values)
+		}
+		out = append(out, m)
+	}
+	return out
+}
 
 // One pass publishes exactly the messages that are due: old enough, no
 // receipt, not waiting for the relay, past their backoff; in seq order, past
 // the dedupe key.
 func TestRedriverRunOnceSelectsDueMessages(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t, "")
+	h, pool, rdb, pub := newRedriveFixture(t)
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, h.roleURL(Consumers))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	rdb := testenv.Redis(t)
-	pub, err := redisq.NewPublisher(rdb, &redisq.PublisherConfig{Queue: QueueName(Consumers), Prefix: h.prefix})
-	if err != nil {
-		t.Fatal(err)
-	}
+	var err error
 	// seq 1: delivered; 2, 3: due; 4: too young; 5: its outbox row unsent.
 	_, err = pool.Exec(ctx, `INSERT INTO consumers.messages (chat_id, seq, body, created_at) VALUES
 		(5, 1, 'a', now() - interval '1 minute'),
@@ -64,19 +96,8 @@ func TestRedriverRunOnceSelectsDueMessages(t *testing.T) {
 	if err != nil || n != 2 {
 		t.Fatalf("RunOnce = %d, %v; want 2 (seqs 2 and 3)", n, err)
 	}
-	entries, err := rdb.XRange(ctx, pub.Keys().Stream, "-", "+").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
 	var seqs []int64
-	for _, e := range entries {
-		m, err := DecodeEvent([]byte(e.Values["payload"].(string)))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if e.Values["name"] != EventMessageCreated || e.Values["id"] != m.ID {
-			t.Fatalf("entry %v: want name message.created and id = message id", e.Values)
-		}
+	for _, m := range streamMessages(t, rdb, pub) {
 		seqs = append(seqs, m.Seq)
 	}
 	if fmt.Sprint(seqs) != "[2 3]" {
@@ -99,21 +120,11 @@ func TestRedriverRunOnceSelectsDueMessages(t *testing.T) {
 // due message is published once, each chat's in seq order, none skipped.
 func TestRedriverGoesRoundTheChats(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t, "")
+	_, pool, rdb, pub := newRedriveFixture(t)
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, h.roleURL(Consumers))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	rdb := testenv.Redis(t)
-	pub, err := redisq.NewPublisher(rdb, &redisq.PublisherConfig{Queue: QueueName(Consumers), Prefix: h.prefix})
-	if err != nil {
-		t.Fatal(err)
-	}
 	// Due: chat 11 seqs 1–3, chat 12 seq 1, chat 13 seq 2 (seq 1 has its
 	// receipt); chat 14's one message has its receipt.
-	_, err = pool.Exec(ctx, `INSERT INTO consumers.messages (chat_id, seq, body, created_at)
+	_, err := pool.Exec(ctx, `INSERT INTO consumers.messages (chat_id, seq, body, created_at)
 		SELECT c, s, 'x', now() - interval '1 minute'
 		FROM (VALUES (11, 1), (11, 2), (11, 3), (12, 1), (13, 1), (13, 2), (14, 1)) AS v(c, s);
 		INSERT INTO consumers.receipts (chat_id, upto_seq, delivered_at) VALUES (13, 1, now()), (14, 1, now())`)
@@ -137,16 +148,8 @@ func TestRedriverGoesRoundTheChats(t *testing.T) {
 	if fmt.Sprint(perPass) != "[2 2 1 0 0 0]" {
 		t.Fatalf("published per pass %v, want [2 2 1 0 0 0]", perPass)
 	}
-	entries, err := rdb.XRange(ctx, pub.Keys().Stream, "-", "+").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
 	var got []string
-	for _, e := range entries {
-		m, err := DecodeEvent([]byte(e.Values["payload"].(string)))
-		if err != nil {
-			t.Fatal(err)
-		}
+	for _, m := range streamMessages(t, rdb, pub) {
 		got = append(got, fmt.Sprintf("%d/%d", m.ChatID, m.Seq))
 	}
 	if fmt.Sprint(got) != "[11/1 11/2 11/3 12/1 13/2]" {
