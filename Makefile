@@ -1,6 +1,7 @@
 # outboxchat: `make demo` runs the lab's demo; `make test` runs every test.
-# Both install PostgreSQL, Redis (and Chromium for the browser test) with
-# apt-get when they are missing: see scripts/install-deps.sh.
+# Both install PostgreSQL and Redis with apt-get when they are missing;
+# `make test` (through `make deps`) also PgBouncer, promtool and Chromium,
+# which only the tests use: see scripts/install-deps.sh.
 
 GO ?= go
 BIN := bin/outboxchat
@@ -12,7 +13,7 @@ TESTFLAGS ?= -race -count=1 -timeout 12m
 all: build
 
 deps:
-	./scripts/install-deps.sh --browser
+	./scripts/install-deps.sh --test --browser
 
 build:
 	$(GO) build -o $(BIN) ./cmd/outboxchat

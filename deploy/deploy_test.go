@@ -58,12 +58,12 @@ const (
 )
 
 // promtool returns the promtool binary, failing the test when it is
-// missing (scripts/install-deps.sh installs it: `make test` runs that).
+// missing (scripts/install-deps.sh --test installs it: `make test` runs that).
 func promtool(t *testing.T) string {
 	t.Helper()
 	p, err := exec.LookPath("promtool")
 	if err != nil {
-		t.Fatalf("promtool not found (Debian package prometheus; scripts/install-deps.sh installs it): %v", err)
+		t.Fatalf("promtool not found (Debian package prometheus; scripts/install-deps.sh --test installs it): %v", err)
 	}
 	return p
 }

@@ -11,7 +11,7 @@
 //
 // The package has no Go API. Its test runs `promtool check rules` and
 // `promtool test rules` (promtool comes with Debian's prometheus package,
-// which scripts/install-deps.sh installs) and checks that every metric the
+// which scripts/install-deps.sh --test installs) and checks that every metric the
 // rules and the dashboard use is exported by running `outboxchat serve`
 // processes.
 package deploy

@@ -222,8 +222,10 @@ func TestLatencyPollOnlyWaitsForThePoll(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	var out, errb bytes.Buffer
+	// --plot none: the default plot path is relative to the package
+	// directory, and a test must not write into the source tree.
 	err := runLatencyCmd(ctx, []string{"--variants", "v2-poll", "--messages", "20", "--interval", "50ms", "--runs", "1",
-		"--json"}, &out, &errb)
+		"--json", "--plot", "none"}, &out, &errb)
 	if err != nil {
 		t.Fatalf("lab latency: %v\nstderr:\n%s", err, errb.String())
 	}

@@ -1,16 +1,24 @@
 #!/usr/bin/env bash
-# Installs what outboxchat's tests and lab need when it is missing:
-# PostgreSQL server binaries (initdb, postgres), redis-server, pgbouncer
-# (the connection-pooler tests), promtool (from Debian's prometheus package:
+# Installs what outboxchat's lab and tests need when it is missing:
+# PostgreSQL server binaries (initdb, postgres) and redis-server (what
+# `make demo` and `make up` need); with --test also pgbouncer (the
+# connection-pooler tests) and promtool (from Debian's prometheus package:
 # the deploy/ rules test runs `promtool check rules` and `promtool test
-# rules`), and — with --browser — Chromium for the
-# browser test. Debian/Ubuntu only (apt-get);
-# elsewhere it says what to install. It never starts or touches a system
-# server: the tests and the lab run private servers on free ports.
+# rules`); with --browser Chromium for the browser test. `make test` and
+# `make deps` pass both flags. Debian/Ubuntu only (apt-get); elsewhere it
+# says what to install. It never starts or touches a system server: the
+# tests and the lab run private servers on free ports.
 set -euo pipefail
 
 want_browser=0
-[ "${1:-}" = "--browser" ] && want_browser=1
+want_test=0
+for arg in "$@"; do
+  case "$arg" in
+    --browser) want_browser=1 ;;
+    --test) want_test=1 ;;
+    *) echo "usage: $0 [--test] [--browser]" >&2; exit 2 ;;
+  esac
+done
 
 have_pg() {
   command -v initdb >/dev/null 2>&1 && command -v postgres >/dev/null 2>&1 && return 0
@@ -24,13 +32,15 @@ have_chromium() { command -v chromium >/dev/null 2>&1 || command -v chromium-bro
 pkgs=()
 have_pg || pkgs+=(postgresql)
 have_redis || pkgs+=(redis-server)
-have_pgbouncer || pkgs+=(pgbouncer)
-have_promtool || pkgs+=(prometheus)
+if [ "$want_test" = 1 ]; then
+  have_pgbouncer || pkgs+=(pgbouncer)
+  have_promtool || pkgs+=(prometheus)
+fi
 if [ "$want_browser" = 1 ] && ! have_chromium; then pkgs+=(chromium); fi
 [ ${#pkgs[@]} -eq 0 ] && exit 0
 
 if ! command -v apt-get >/dev/null 2>&1; then
-  echo "outboxchat needs: ${pkgs[*]} (PostgreSQL 15+ server binaries, Redis 7+, Chromium). Install them with your package manager and run again." >&2
+  echo "outboxchat needs: ${pkgs[*]} (Debian names: postgresql = PostgreSQL 15+ server binaries, redis-server = Redis 7+, prometheus for its promtool). Install them with your package manager and run again." >&2
   exit 1
 fi
 sudo=""

@@ -95,11 +95,11 @@ func defaultBinary() string {
 
 // Available reports why Start cannot run on this machine: nil when a
 // pgbouncer executable is found on PATH or at /usr/sbin/pgbouncer
-// (scripts/install-deps.sh installs Debian's package). It starts nothing.
+// (scripts/install-deps.sh --test installs Debian's package). It starts nothing.
 func Available() error {
 	b := defaultBinary()
 	if fi, err := os.Stat(b); err != nil || fi.IsDir() || fi.Mode()&0o111 == 0 {
-		return errors.New("pgbouncerproc: pgbouncer not found on PATH or at /usr/sbin/pgbouncer (run scripts/install-deps.sh)")
+		return errors.New("pgbouncerproc: pgbouncer not found on PATH or at /usr/sbin/pgbouncer (run scripts/install-deps.sh --test)")
 	}
 	return nil
 }

@@ -24,7 +24,7 @@ var bouncer struct {
 // tests. Users postgres, consumers and workers may log in; every database
 // is forwarded. Point a URL of Database(t) through it with its Rewrite.
 // The test fails (t.Fatal) when pgbouncer cannot start, e.g. when it is
-// not installed: scripts/install-deps.sh installs it. Safe for concurrent
+// not installed: scripts/install-deps.sh --test installs it. Safe for concurrent
 // use.
 func PgBouncer(t testing.TB) *pgbouncerproc.Server {
 	t.Helper()
