@@ -23,9 +23,9 @@
 //   - worker: inbox.Consumer reading "<peer>-to-<service>" in consumer group
 //     "<service>"; InboxHandler records each message once in the inbox and
 //     NOTIFYs the gateway channel in the same transaction, enqueues one
-//     cumulative receipt per chat in the service's own outbox, and applies
-//     the peer's receipts to the service's messages (delivered_at;
-//     receipt.go).
+//     cumulative receipt per batch (an entry per chat) in the service's own
+//     outbox, and records the peer's receipts in <service>.receipts, from
+//     which a message's delivered_at is derived (receipt.go; migration 007).
 //
 // ReadStatus (status.go) is the operator's snapshot of both services
 // (`outboxchat status`); each process exports its part of it as gauges,

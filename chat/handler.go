@@ -168,8 +168,9 @@ func (h *InboxHandler) ApplyBatch(ctx context.Context, tx pgx.Tx, ds []inbox.Del
 // for the messages, one that inserts the new rows, NOTIFYs the gateway
 // channel and records duplicates, then one that enqueues a receipt for the
 // chats of those messages in the service's own outbox (see receipt.go); for the
-// receipts (EventReceipt deliveries), one that sets delivered_at on the
-// service's messages they cover. It fills the results from their rows: a
+// receipts (EventReceipt deliveries), one that records them in the
+// service's receipts table (a row per chat they advance; the covered
+// messages' delivered_at is derived from it). It fills the results from their rows: a
 // message is Fresh when its row is new (Value: the stored Message), a
 // receipt always (Value: the Receipt). It queues nothing when every
 // delivery is malformed.
