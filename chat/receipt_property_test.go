@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"math/rand"
 	"reflect"
+	"sync"
 	"testing"
 	"time"
 
@@ -537,5 +538,156 @@ func TestReceiptPropertyAfterMigration(t *testing.T) {
 		r.p.check("after migration 007")
 		r.p.sequential(c, r.p.batches(r.skip, 8))
 		r.p.heal(c)
+	}
+}
+
+// The sender's side: random receipts (several chats each, uptos growing
+// per chat up to a final one, shuffled, repeated, in random batches)
+// applied by two inbox consumers at once. Then each chat's messages up to
+// its highest receipt, and no others, have delivered_at (the view and
+// DeliveredUpTo); and the re-drive, going round the chats a few at a time
+// with small passes, publishes each message above its chat's receipt
+// exactly once and nothing at or below it.
+func TestReceiptPropertySenderAndRedrive(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, "")
+	ctx := context.Background()
+	var pools [2]*pgxpool.Pool
+	var cs [2]*inbox.Consumer
+	ch, _ := NewInboxHandler(Consumers)
+	for i := range pools {
+		pool, err := pgxpool.New(ctx, h.roleURL(Consumers))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer pool.Close()
+		pools[i] = pool
+		if cs[i], err = inbox.NewConsumer(pool, &recordingSource{}, ch, quietInbox()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, seed := range []int64{31, 32, 33, 34, 35, 36} {
+		rng := rand.New(rand.NewSource(seed))
+		const n = 20
+		chats := []int64{seed*10 + 1, seed*10 + 2, seed*10 + 3, seed*10 + 4}
+		if _, err := pools[0].Exec(ctx, `INSERT INTO consumers.messages (chat_id, seq, body, created_at)
+			SELECT c, s, 'x', now() - interval '1 day' FROM unnest($1::bigint[]) c, generate_series(1, $2::int) s`, chats, n); err != nil {
+			t.Fatal(err)
+		}
+		final := map[int64]int64{}
+		var entries []ReceiptChat
+		for _, c := range chats {
+			final[c] = rng.Int63n(n + 1)
+			for u := int64(0); u < final[c]; {
+				u = min(final[c], u+1+rng.Int63n(5))
+				entries = append(entries, ReceiptChat{ChatID: c, UptoSeq: u})
+			}
+		}
+		rng.Shuffle(len(entries), func(i, j int) { entries[i], entries[j] = entries[j], entries[i] })
+		var ds []inbox.Delivery
+		for len(entries) > 0 {
+			k := min(1+rng.Intn(3), len(entries))
+			id := uuid.NewString()
+			p, _ := json.Marshal(Receipt{ID: id, Chats: entries[:k], ReceivedAt: time.Now().Add(time.Duration(rng.Intn(1000)) * time.Millisecond), From: Workers})
+			ds = append(ds, inbox.Delivery{ID: id, Ref: "r-" + id, Name: EventReceipt, Payload: p})
+			if rng.Intn(5) == 0 {
+				ds = append(ds, ds[rng.Intn(len(ds))])
+			}
+			entries = entries[k:]
+		}
+		var batches [2][][]inbox.Delivery
+		for len(ds) > 0 {
+			k := min(1+rng.Intn(3), len(ds))
+			i := rng.Intn(2)
+			batches[i] = append(batches[i], ds[:k])
+			ds = ds[k:]
+		}
+		var wg sync.WaitGroup
+		errs := make(chan error, 2)
+		for i := range cs {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for _, b := range batches[i] {
+					if err := cs[i].ProcessBatch(ctx, b); err != nil {
+						errs <- err
+						return
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Fatal(err)
+		}
+		store := &Store{pool: pools[0], rq: newReceiptQueries(Consumers)}
+		for _, c := range chats {
+			var delivered, top int64
+			if err := h.admin.QueryRow(ctx, `SELECT count(*) FILTER (WHERE delivered_at IS NOT NULL), coalesce(max(seq) FILTER (WHERE delivered_at IS NOT NULL), 0)
+				FROM consumers.messages_with_receipts WHERE chat_id = $1`, c).Scan(&delivered, &top); err != nil {
+				t.Fatal(err)
+			}
+			if delivered != final[c] || top != final[c] {
+				t.Fatalf("seed %d chat %d: %d messages delivered, the highest %d; want 1..%d", seed, c, delivered, top, final[c])
+			}
+			if up, _, err := store.DeliveredUpTo(ctx, c); err != nil || up != final[c] {
+				t.Fatalf("seed %d chat %d: DeliveredUpTo %d, %v; want %d", seed, c, up, err, final[c])
+			}
+		}
+		pub := &recordingRepublisher{}
+		rd, err := NewRedriver(pools[0], Consumers, pub, &RedriveConfig{After: time.Hour, ChatsPerPass: 1 + rng.Intn(3), MaxPerPass: 1 + rng.Intn(4)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := 0
+		for _, c := range chats {
+			want += int(n - final[c])
+		}
+		// Until every message due was published, and then a few rounds
+		// more (the other seeds' chats are in the table too), which must
+		// publish none of them again.
+		seen := map[[2]int64]int{}
+		last := map[int64]int64{}
+		read := 0
+		for pass, extra := 0, -1; extra != 0; pass++ {
+			if pass > 2000 {
+				t.Fatalf("seed %d: %d of %d due messages re-driven after 2000 passes", seed, len(seen), want)
+			}
+			if _, err := rd.RunOnce(ctx); err != nil {
+				t.Fatal(err)
+			}
+			for _, j := range pub.jobs[read:] {
+				m, err := DecodeEvent(j.Payload)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, ok := final[m.ChatID]; !ok {
+					continue // an earlier seed's chat
+				}
+				seen[[2]int64{m.ChatID, m.Seq}]++
+				if m.Seq <= final[m.ChatID] {
+					t.Fatalf("seed %d: chat %d seq %d re-driven, though its receipt covers up to %d", seed, m.ChatID, m.Seq, final[m.ChatID])
+				}
+				if m.Seq <= last[m.ChatID] {
+					t.Fatalf("seed %d: chat %d re-driven out of order: %d after %d", seed, m.ChatID, m.Seq, last[m.ChatID])
+				}
+				last[m.ChatID] = m.Seq
+			}
+			read = len(pub.jobs)
+			switch {
+			case extra > 0:
+				extra--
+			case extra < 0 && len(seen) == want:
+				extra = 3 * len(chats) * int(seed-30)
+			}
+		}
+		for _, c := range chats {
+			for s := final[c] + 1; s <= n; s++ {
+				if seen[[2]int64{c, s}] != 1 {
+					t.Fatalf("seed %d: chat %d seq %d re-driven %d times, want once", seed, c, s, seen[[2]int64{c, s}])
+				}
+			}
+		}
 	}
 }
