@@ -7,7 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sort"
-	"sync/atomic"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -114,10 +114,23 @@ type Redriver struct {
 	chats   string
 	claim   string
 	life    service.Lifecycle
-	// cursor is the chat_id after which the next pass starts (0: from the
-	// first chat). Only a place in the cycle over the chats: lost on a
-	// restart, which starts the cycle again.
-	cursor atomic.Int64
+	// pos is where the next pass starts in the cycle over the chats. Only
+	// a place in the cycle: lost on a restart, which starts it again.
+	mu  sync.Mutex
+	pos redrivePos
+}
+
+// redrivePos is a Redriver's place in its cycle over the chats.
+type redrivePos struct {
+	// after is the chat_id after which the pass starts (0: from the
+	// first chat).
+	after int64
+	// resumed: the pass starts in the chat a full pass stopped in. If it
+	// is full again and stops in that same chat, the next pass goes on
+	// past it: a chat that always has MaxPerPass messages due (one whose
+	// receipt never comes) must not hold back the re-drive of the chats
+	// after it.
+	resumed bool
 }
 
 // NewRedriver returns a Redriver of service's messages on pool, publishing
@@ -158,7 +171,7 @@ func NewRedriver(pool *pgxpool.Pool, service string, pub Republisher, cfg *Redri
 		pool: pool, service: service, pub: pub, cfg: c,
 		log: log.With("component", "chat.redrive"),
 		// One pass looks at up to ChatsPerPass chats, from the chat after
-		// the cursor on: a skip scan of the (chat_id, seq) index, one
+		// pos.after on: a skip scan of the (chat_id, seq) index, one
 		// descent per chat (a recursive CTE; the outer LIMIT stops it).
 		chats: `WITH RECURSIVE c AS (
 				(SELECT chat_id FROM ` + s + `.messages WHERE chat_id > $1 ORDER BY chat_id LIMIT 1)
@@ -234,10 +247,12 @@ func (r *Redriver) RunOnce(ctx context.Context) (int, error) {
 	ctx, cancel := context.WithTimeout(ctx, redriveTimeout)
 	defer cancel()
 	var n int
-	from := r.cursor.Load()
+	r.mu.Lock()
+	from := r.pos
+	r.mu.Unlock()
 	next := from
 	err := pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, r.chats, from, r.cfg.ChatsPerPass)
+		rows, err := tx.Query(ctx, r.chats, from.after, r.cfg.ChatsPerPass)
 		if err != nil {
 			return fmt.Errorf("list chats: %w", err)
 		}
@@ -246,9 +261,9 @@ func (r *Redriver) RunOnce(ctx context.Context) (int, error) {
 			return fmt.Errorf("list chats: %w", err)
 		}
 		if len(chats) < r.cfg.ChatsPerPass {
-			next = 0 // the cycle is done: the next pass starts again
+			next = redrivePos{} // the cycle is done: the next pass starts again
 		} else {
-			next = chats[len(chats)-1]
+			next = redrivePos{after: chats[len(chats)-1]}
 		}
 		if len(chats) == 0 {
 			return nil
@@ -301,8 +316,16 @@ func (r *Redriver) RunOnce(ctx context.Context) (int, error) {
 		}
 		if len(jobs) == r.cfg.MaxPerPass {
 			// The pass was full: the last chat may have more that are
-			// due; the next pass starts with it.
-			next = ms[order[len(order)-1]].ChatID - 1
+			// due; the next pass starts with it, unless this pass already
+			// resumed in that chat and never got past it: then the next
+			// goes on past it (its due messages come at the next round),
+			// so each pass after two moves the cycle on.
+			last := ms[order[len(order)-1]].ChatID
+			if from.resumed && last == chats[0] {
+				next = redrivePos{after: last}
+			} else {
+				next = redrivePos{after: last - 1, resumed: true}
+			}
 		}
 		if _, err := r.pub.Readd(ctx, sorted...); err != nil {
 			return fmt.Errorf("publish again: %w", err)
@@ -317,7 +340,11 @@ func (r *Redriver) RunOnce(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	r.cursor.CompareAndSwap(from, next)
+	r.mu.Lock()
+	if r.pos == from { // unless a concurrent pass moved it
+		r.pos = next
+	}
+	r.mu.Unlock()
 	if n > 0 && r.cfg.Redriven != nil {
 		r.cfg.Redriven(n)
 	}
