@@ -3,6 +3,7 @@ package chat
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -18,6 +19,7 @@ import (
 type InboxHandler struct {
 	service     string
 	channel     string
+	lockChats   string
 	insertBatch string
 	rq          receiptQueries
 	// keys, when set, check every delivery's signature before anything
@@ -41,6 +43,18 @@ func NewInboxHandler(service string) (*InboxHandler, error) {
 		service: service,
 		channel: InboxChannel(service),
 		rq:      newReceiptQueries(service),
+		// lockChats takes, in the order given (ascending, so two inbox
+		// transactions cannot deadlock), a transaction advisory lock per
+		// chat of the batch's messages: hashtextextended('<service>.inbox.'
+		// || chat, 0). Two inbox consumers (two worker processes) storing
+		// the same chat then take turns, and the second one's insert and
+		// receipt see the first one's rows: without it, both could compute
+		// their receipt before either committed, each missing the other's
+		// row, and the chat's receipt stayed below its top until its next
+		// message or the re-drive's copy (a property test saw it 7 times
+		// in 20 seeds). A single consumer never waits on it.
+		lockChats: `SELECT count(pg_advisory_xact_lock(hashtextextended(` + quoteLiteral(service+".inbox.") + ` || c::text, 0)))
+			FROM unnest($1::bigint[]) AS c`,
 		// The whole batch in one statement: insert the rows, NOTIFY the
 		// gateway once with every chat id that got a new row, record the
 		// duplicates ($8: ids already known to repeat inside the batch, plus
@@ -164,8 +178,9 @@ func (h *InboxHandler) ApplyBatch(ctx context.Context, tx pgx.Tx, ds []inbox.Del
 }
 
 // QueueBatch implements inbox.PipelineHandler: it decodes ds (a malformed
-// delivery's result gets its error) and queues up to three statements:
-// for the messages, one that inserts the new rows, NOTIFYs the gateway
+// delivery's result gets its error) and queues up to four statements:
+// for the messages, one that locks their chats (in chat order), one that
+// inserts the new rows, NOTIFYs the gateway
 // channel and records duplicates, then one that enqueues a receipt for the
 // chats of those messages in the service's own outbox (see receipt.go); for the
 // receipts (EventReceipt deliveries), one that records them in the
@@ -229,6 +244,9 @@ func (h *InboxHandler) QueueBatch(b *pgx.Batch, ds []inbox.Delivery, rs []inbox.
 	if len(ids) == 0 {
 		return nil
 	}
+	locks := slices.Clone(chats)
+	slices.Sort(locks)
+	b.Queue(h.lockChats, slices.Compact(locks))
 	b.Queue(h.insertBatch, ids, chats, seqs, bodies, senders, sentAts, h.channel, repeats, authors).Query(func(rows pgx.Rows) error {
 		for rows.Next() {
 			var id string
