@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxchat/outboxchat/inbox"
 )
@@ -41,17 +40,7 @@ func TestInboxHandlerBatchMixedDeliveries(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, "")
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, h.roleURL(Workers))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	ih, _ := NewInboxHandler(Workers)
-	src := &recordingSource{}
-	c, err := inbox.NewConsumer(pool, src, ih, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, _, c, src := h.inboxConsumer(t, Workers, nil)
 	mk := func(seq int64) inbox.Delivery {
 		id := uuid.NewString()
 		p, _ := json.Marshal(Message{ID: id, ChatID: 2, Seq: seq, Body: "b", SentAt: time.Now(), From: Consumers})

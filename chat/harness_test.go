@@ -122,6 +122,35 @@ type running struct {
 	once   sync.Once
 }
 
+// rolePool is a pool of service's role on the harness database, closed
+// when the test ends.
+func (h *harness) rolePool(t testing.TB, service string) *pgxpool.Pool {
+	t.Helper()
+	pool, err := pgxpool.New(context.Background(), h.roleURL(service))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// inboxConsumer is service's InboxHandler behind an inbox.Consumer on a
+// rolePool, fed by a recordingSource; cfg may be nil.
+func (h *harness) inboxConsumer(t testing.TB, service string, cfg *inbox.Config) (*pgxpool.Pool, *InboxHandler, *inbox.Consumer, *recordingSource) {
+	t.Helper()
+	pool := h.rolePool(t, service)
+	ih, err := NewInboxHandler(service)
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := &recordingSource{}
+	c, err := inbox.NewConsumer(pool, src, ih, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pool, ih, c, src
+}
+
 // start runs service with cfg adjusted by mutate; it returns once the HTTP
 // server listens (or, without the api role, at once). It is stopped at
 // cleanup.

@@ -247,17 +247,7 @@ func (p *receiptProp) sequential(c *inbox.Consumer, bs [][]inbox.Delivery) {
 func TestReceiptPropertySequential(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, "")
-	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, h.roleURL(Workers))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	wh, _ := NewInboxHandler(Workers)
-	c, err := inbox.NewConsumer(pool, &recordingSource{}, wh, quietInbox())
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, _, c, _ := h.inboxConsumer(t, Workers, quietInbox())
 	for _, seed := range []int64{1, 2, 3, 4, 5, 6} {
 		chats := []int64{seed*10 + 1, seed*10 + 2, seed*10 + 3}
 		p := newReceiptProp(t, h, seed, chats, 30)
@@ -528,16 +518,7 @@ func TestReceiptPropertyAfterMigration(t *testing.T) {
 			t.Fatalf("migrate %s: %d, %v; want migration 007 applied", s, n, err)
 		}
 	}
-	pool, err := pgxpool.New(ctx, h.roleURL(Workers))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	wh, _ := NewInboxHandler(Workers)
-	c, err := inbox.NewConsumer(pool, &recordingSource{}, wh, quietInbox())
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, _, c, _ := h.inboxConsumer(t, Workers, quietInbox())
 	for _, r := range runs {
 		r.p.check("after migration 007")
 		r.p.sequential(c, r.p.batches(r.skip, 8))

@@ -77,16 +77,7 @@ func TestReceiptWatermarkStopsAtGap(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, "")
 	ctx := context.Background()
-	wpool, err := pgxpool.New(ctx, h.roleURL(Workers))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer wpool.Close()
-	wh, _ := NewInboxHandler(Workers)
-	wc, err := inbox.NewConsumer(wpool, &recordingSource{}, wh, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, _, wc, _ := h.inboxConsumer(t, Workers, nil)
 	const chat = 3
 	ids := map[int64]string{}
 	mk := func(seq int64) inbox.Delivery {

@@ -6,8 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/outboxchat/outboxchat/redisq"
 )
 
@@ -40,12 +38,8 @@ func TestRedriveReachesTheChatsBehindAStuckOne(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, "")
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, h.roleURL(Consumers))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	_, err = pool.Exec(ctx, `INSERT INTO consumers.messages (chat_id, seq, body, created_at)
+	pool := h.rolePool(t, Consumers)
+	_, err := pool.Exec(ctx, `INSERT INTO consumers.messages (chat_id, seq, body, created_at)
 		SELECT 1, s, 'x', now() - interval '10 seconds' FROM generate_series(1, 40) s;
 		INSERT INTO consumers.messages (chat_id, seq, body, created_at) VALUES (2, 1, 'lost', now() - interval '10 seconds')`)
 	if err != nil {

@@ -20,11 +20,7 @@ import (
 func newRedriveFixture(t *testing.T) (*harness, *pgxpool.Pool, *redis.Client, *redisq.Publisher) {
 	t.Helper()
 	h := newHarness(t, "")
-	pool, err := pgxpool.New(context.Background(), h.roleURL(Consumers))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
+	pool := h.rolePool(t, Consumers)
 	rdb := testenv.Redis(t)
 	pub, err := redisq.NewPublisher(rdb, &redisq.PublisherConfig{Queue: QueueName(Consumers), Prefix: h.prefix})
 	if err != nil {
