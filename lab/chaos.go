@@ -253,16 +253,15 @@ func Chaos(ctx context.Context, opts ChaosOptions) (*Figures, error) {
 			}
 			log.add("deploy", "workers stopped")
 		case 7: // Redis down during msgs 7–8
-			if v2 {
-				// The workers came back after msg 6: let them show and
-				// acknowledge msgs 4–6 first, so the one duplicate the
-				// script expects is the crash's (msg 2). Without this
-				// wait, on a busy machine Redis went down before the
-				// acks and 4–6 came again as duplicates.
-				wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-				_ = waitFor(wctx, 20*time.Millisecond, func() bool { return env.settled(wctx, w) })
-				cancel()
-			}
+			// The workers came back after msg 6: let them show and
+			// acknowledge msgs 4–6 first (both variants: nothing is lost
+			// yet), so the duplicates are the script's own (v2: the
+			// crash's msg 2; v1: none). Without this wait, on a busy
+			// machine Redis went down before the acks and 4–6 came
+			// again as duplicates.
+			wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			_ = waitFor(wctx, 20*time.Millisecond, func() bool { return env.settled(wctx, w) })
+			cancel()
 			if err := env.Redis.Stop(ctx); err != nil {
 				return nil, fmt.Errorf("lab: stop redis: %w", err)
 			}
