@@ -17,39 +17,14 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
-
 	"github.com/outboxchat/outboxchat/chat"
+	"github.com/outboxchat/outboxchat/internal/labtest"
 	"github.com/outboxchat/outboxchat/lab"
 )
 
 // TestMain builds the outboxchat binary once: the test runs it as the
 // services' processes.
-func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "deploy-test-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	lab.Binary = filepath.Join(dir, "outboxchat")
-	out, err := exec.Command("go", "build", "-o", lab.Binary, "../cmd/outboxchat").CombinedOutput()
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "build outboxchat: %v\n%s", err, out)
-		os.RemoveAll(dir)
-		os.Exit(1)
-	}
-	code := m.Run()
-	os.RemoveAll(dir)
-	if code == 0 {
-		if err := goleak.Find(
-			goleak.IgnoreTopFunction("github.com/outboxchat/outboxchat/internal/spawn.spawnLoop"),
-		); err != nil {
-			fmt.Fprintln(os.Stderr, "goleak:", err)
-			code = 1
-		}
-	}
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { labtest.Main(m, "deploy-test-") }
 
 const (
 	rulesFile     = "prometheus/outboxchat-rules.yml"
