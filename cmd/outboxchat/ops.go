@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -194,13 +195,10 @@ func viewDeadLetter(svc string, d redisq.DeadLetter, withPayload bool) deadLette
 }
 
 func deadletters(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
-		fmt.Fprint(stderr, deadlettersUsage)
-		return errors.New("deadletters: want an action: list, show, replay or drop")
+	action, fs, err := parseAction("deadletters", deadlettersUsage, []string{"list", "show", "replay", "drop"}, args, stderr)
+	if err != nil {
+		return err
 	}
-	action := args[0]
-	fs := flag.NewFlagSet("deadletters "+action, flag.ContinueOnError)
-	fs.SetOutput(stderr)
 	f := newOpsFlags(fs, false, true)
 	svc := fs.String("service", "", "the service whose worker dead-lettered the entries (it reads the other's stream)")
 	after := fs.String("after", "", "list: start after this dead-letter id")
@@ -210,12 +208,6 @@ func deadletters(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	ids, err := parseInterleaved(fs, args[1:])
 	if err != nil {
 		return err
-	}
-	switch action {
-	case "list", "show", "replay", "drop":
-	default:
-		fmt.Fprint(stderr, deadlettersUsage)
-		return fmt.Errorf("deadletters: unknown action %q", action)
 	}
 	services := []string{chat.Consumers, chat.Workers}
 	if *svc != "" {
@@ -353,13 +345,10 @@ flags: --database-url URL, --json
 `
 
 func outboxCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
-		fmt.Fprint(stderr, outboxUsage)
-		return errors.New("outbox: want an action: parked or retry")
+	action, fs, err := parseAction("outbox", outboxUsage, []string{"parked", "retry"}, args, stderr)
+	if err != nil {
+		return err
 	}
-	action := args[0]
-	fs := flag.NewFlagSet("outbox "+action, flag.ContinueOnError)
-	fs.SetOutput(stderr)
 	f := newOpsFlags(fs, true, false)
 	svc := fs.String("service", "", "consumers or workers (required)")
 	limit := fs.Int("limit", 100, "parked: at most this many rows (0 = all)")
@@ -368,10 +357,6 @@ func outboxCmd(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	logFormat := fs.String("log-format", "text", "log format (stderr): text or json")
 	if err := fs.Parse(args[1:]); err != nil {
 		return err
-	}
-	if action != "parked" && action != "retry" {
-		fmt.Fprint(stderr, outboxUsage)
-		return fmt.Errorf("outbox: unknown action %q", action)
 	}
 	if chat.Peer(*svc) == "" {
 		return fmt.Errorf("outbox %s: --service %q: want consumers or workers", action, *svc)
@@ -455,6 +440,32 @@ func outboxCmd(ctx context.Context, args []string, stdout, stderr io.Writer) err
 // parseInterleaved parses args with fs, flags and positional arguments in
 // any order ("replay ID --service S" as well as "replay --service S ID"),
 // and returns the positional ones.
+// parseAction reads the action of `outboxchat <cmd> <action> [flags]`
+// (args[0], one of actions) and returns it with a FlagSet named
+// "<cmd> <action>" that reports to stderr. A missing or unknown action
+// prints usage and is an error.
+func parseAction(cmd, usage string, actions, args []string, stderr io.Writer) (string, *flag.FlagSet, error) {
+	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
+		fmt.Fprint(stderr, usage)
+		return "", nil, fmt.Errorf("%s: want an action: %s", cmd, orList(actions))
+	}
+	if !slices.Contains(actions, args[0]) {
+		fmt.Fprint(stderr, usage)
+		return "", nil, fmt.Errorf("%s: unknown action %q", cmd, args[0])
+	}
+	fs := flag.NewFlagSet(cmd+" "+args[0], flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	return args[0], fs, nil
+}
+
+// orList joins words as "a, b or c".
+func orList(words []string) string {
+	if len(words) < 2 {
+		return strings.Join(words, "")
+	}
+	return strings.Join(words[:len(words)-1], ", ") + " or " + words[len(words)-1]
+}
+
 func parseInterleaved(fs *flag.FlagSet, args []string) ([]string, error) {
 	var pos []string
 	for {
