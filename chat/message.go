@@ -323,6 +323,9 @@ func DecodeEvent(data []byte) (Message, error) {
 	return Message{ID: strings.ToLower(raw.ID), ChatID: raw.ChatID, Seq: raw.Seq, Body: *raw.Body, SentAt: t, From: raw.From, Author: raw.Author}, nil
 }
 
+// MaxClientIDBytes is the longest idempotency key, in bytes.
+const MaxClientIDBytes = 128
+
 // ValidateClientID checks an idempotency key (the Idempotency-Key header or
 // the client_id field, named by field): 1 to MaxClientIDBytes (128) bytes of
 // valid UTF-8 without NUL or other control characters. It returns a

@@ -4,7 +4,7 @@ package chat
 // each already in seq order, into one list ordered by sent_at, without ever
 // reordering messages of one origin: sent_at is the sending transaction's
 // start time, which need not grow with seq.
-func mergeBySentAt(a, b []Message) []Message {
+func MergeBySentAt(a, b []Message) []Message {
 	out := make([]Message, 0, len(a)+len(b))
 	for len(a) > 0 && len(b) > 0 {
 		if b[0].SentAt.Before(a[0].SentAt) {

@@ -1,0 +1,417 @@
+package httpapi
+
+import (
+	"fmt"
+	"log/slog"
+	"math"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/time/rate"
+)
+
+// Defaults of GuardConfig. The timeouts follow the usual advice for a Go
+// server facing the internet (Cloudflare's "So you want to expose Go on the
+// Internet", 2016: bound the header read, the body read and idle
+// keep-alives); the rates are a chat user's generous ceiling, not a
+// measured figure: a person sends a few messages per second at most.
+const (
+	DefaultReadHeaderTimeout = 5 * time.Second
+	DefaultBodyReadTimeout   = 10 * time.Second
+	DefaultIdleTimeout       = 60 * time.Second
+	DefaultPingInterval      = 20 * time.Second
+	DefaultPongTimeout       = 10 * time.Second
+	DefaultUserRate          = 20  // requests (and WebSocket sends) per second per user
+	DefaultUserBurst         = 40  // requests at once per user
+	DefaultIPRate            = 100 // requests per second per client IP
+	DefaultIPBurst           = 200 // requests at once per client IP
+	DefaultSocketsPerUser    = 16  // open WebSockets per user
+)
+
+// GuardConfig bounds what one client can take from a service's HTTP server.
+// A zero field means its default; a negative rate, burst or cap turns that
+// limit off (the lab's bench does, to measure the pipeline rather than the
+// limiter).
+type GuardConfig struct {
+	// AllowedHosts are the host names (no port) the Host header may name;
+	// any other gets 421, which defeats DNS rebinding (a hostile page whose
+	// name was re-pointed at this server sends its own name as Host).
+	// Default: the listen host, "localhost", "127.0.0.1" and "::1"; when the
+	// listen host is unspecified (0.0.0.0, ::), also any IP literal (an IP
+	// literal cannot be rebound). "*" allows every host.
+	AllowedHosts []string
+	// AllowedOrigins are the origins ("scheme://host[:port]") a browser
+	// page may open a WebSocket or POST from. Default: the page's own
+	// origin (Origin's host:port equals Host) on an allowed host. "*"
+	// allows every origin. A request without Origin (not a browser) passes.
+	AllowedOrigins []string
+	// ReadHeaderTimeout bounds reading a request's headers. Default
+	// DefaultReadHeaderTimeout (5 s).
+	ReadHeaderTimeout time.Duration
+	// BodyReadTimeout bounds reading a request's body, from the end of its
+	// headers: a client trickling its body is cut with 408 and the
+	// connection closed. Default DefaultBodyReadTimeout (10 s).
+	BodyReadTimeout time.Duration
+	// IdleTimeout closes a keep-alive connection with no request for this
+	// long. Default DefaultIdleTimeout (60 s).
+	IdleTimeout time.Duration
+	// PingInterval is how often a WebSocket is pinged; PongTimeout how long
+	// the pong may take before the connection is dropped (logged and
+	// counted). Defaults DefaultPingInterval (20 s), DefaultPongTimeout
+	// (10 s).
+	PingInterval, PongTimeout time.Duration
+	// UserRate and UserBurst limit each user's API requests and WebSocket
+	// sends (token bucket: UserRate per second, UserBurst at once); over it
+	// gets 429 with Retry-After (or an error frame on a WebSocket).
+	// Defaults DefaultUserRate, DefaultUserBurst. Without auth the user is
+	// the client IP.
+	UserRate  float64
+	UserBurst int
+	// IPRate and IPBurst limit each client IP's API and WebSocket requests
+	// the same way (the connecting address: behind a proxy that is the
+	// proxy). Defaults DefaultIPRate, DefaultIPBurst.
+	IPRate  float64
+	IPBurst int
+	// SocketsPerUser caps a user's open WebSockets; one more gets 429.
+	// Default DefaultSocketsPerUser.
+	SocketsPerUser int
+}
+
+// withDefaults fills zero fields.
+func (c GuardConfig) withDefaults() GuardConfig {
+	dur := func(d *time.Duration, def time.Duration) {
+		if *d == 0 {
+			*d = def
+		}
+	}
+	dur(&c.ReadHeaderTimeout, DefaultReadHeaderTimeout)
+	dur(&c.BodyReadTimeout, DefaultBodyReadTimeout)
+	dur(&c.IdleTimeout, DefaultIdleTimeout)
+	dur(&c.PingInterval, DefaultPingInterval)
+	dur(&c.PongTimeout, DefaultPongTimeout)
+	if c.UserRate == 0 {
+		c.UserRate = DefaultUserRate
+	}
+	if c.UserBurst == 0 {
+		c.UserBurst = DefaultUserBurst
+	}
+	if c.IPRate == 0 {
+		c.IPRate = DefaultIPRate
+	}
+	if c.IPBurst == 0 {
+		c.IPBurst = DefaultIPBurst
+	}
+	if c.SocketsPerUser == 0 {
+		c.SocketsPerUser = DefaultSocketsPerUser
+	}
+	return c
+}
+
+// guard is the HTTP server's defence against hostile connections: host and
+// origin allow-lists, the declared-size check, the body read deadline, rate
+// limits and the WebSocket cap. Safe for concurrent use.
+type guard struct {
+	cfg        GuardConfig
+	hosts      map[string]bool
+	anyHost    bool
+	anyIP      bool // unspecified listen host: IP literals pass
+	origins    map[string]bool
+	anyOrigin  bool
+	maxRequest int64 // declared Content-Length above this gets 413 unread
+	ips, users *keyedLimiter
+	log        *slog.Logger
+	// refused counts refusals by reason (host, origin, too_large,
+	// body_timeout, rate_ip, rate_user, sockets); nil = not counted.
+	refused func(reason string)
+
+	mu      sync.Mutex
+	sockets map[string]int // user → open WebSockets
+}
+
+// newGuard returns the guard of a server listening on listenAddr whose
+// largest acceptable request body is maxRequest bytes; refused (nil: none)
+// counts its refusals.
+func newGuard(cfg GuardConfig, listenAddr string, maxRequest int64, refused func(string), log *slog.Logger) (*guard, error) {
+	cfg = cfg.withDefaults()
+	g := &guard{cfg: cfg, hosts: map[string]bool{}, origins: map[string]bool{}, maxRequest: maxRequest,
+		log: log, sockets: map[string]int{}, refused: refused}
+	if len(cfg.AllowedHosts) == 0 {
+		host, _, err := net.SplitHostPort(listenAddr)
+		if err != nil {
+			return nil, fmt.Errorf("allowed hosts: listen address %q: %w", listenAddr, err)
+		}
+		if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
+			g.anyIP = true
+		} else {
+			g.hosts[strings.ToLower(host)] = true
+		}
+		for _, h := range []string{"localhost", "127.0.0.1", "::1"} {
+			g.hosts[h] = true
+		}
+	}
+	for _, h := range cfg.AllowedHosts {
+		h = strings.ToLower(strings.TrimSpace(h))
+		switch {
+		case h == "*":
+			g.anyHost = true
+		case h == "" || strings.Contains(h, "/"):
+			return nil, fmt.Errorf("allowed hosts: %q is not a host name", h)
+		default:
+			g.hosts[strings.Trim(h, "[]")] = true
+		}
+	}
+	for _, o := range cfg.AllowedOrigins {
+		o = strings.ToLower(strings.TrimSpace(o))
+		if o == "*" {
+			g.anyOrigin = true
+			continue
+		}
+		u, err := url.Parse(o)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || (u.Path != "" && u.Path != "/") {
+			return nil, fmt.Errorf("allowed origins: %q is not scheme://host[:port]", o)
+		}
+		g.origins[u.Scheme+"://"+u.Host] = true
+	}
+	if cfg.IPRate > 0 && cfg.IPBurst > 0 {
+		g.ips = newKeyedLimiter(cfg.IPRate, cfg.IPBurst)
+	}
+	if cfg.UserRate > 0 && cfg.UserBurst > 0 {
+		g.users = newKeyedLimiter(cfg.UserRate, cfg.UserBurst)
+	}
+	return g, nil
+}
+
+func (g *guard) count(reason string) {
+	if g.refused != nil {
+		g.refused(reason)
+	}
+}
+
+// hostAllowed reports whether the request's Host header names an allowed host.
+func (g *guard) hostAllowed(hostport string) bool {
+	if g.anyHost {
+		return true
+	}
+	host := hostport
+	if h, _, err := net.SplitHostPort(hostport); err == nil {
+		host = h
+	}
+	host = strings.ToLower(strings.Trim(host, "[]"))
+	if g.hosts[host] {
+		return true
+	}
+	return g.anyIP && net.ParseIP(host) != nil
+}
+
+// originAllowed reports whether r's Origin (if any) may use the API.
+func (g *guard) originAllowed(r *http.Request) bool {
+	o := r.Header.Get("Origin")
+	if o == "" || g.anyOrigin {
+		return true
+	}
+	u, err := url.Parse(strings.ToLower(o))
+	if err != nil || u.Host == "" {
+		return false
+	}
+	if len(g.origins) > 0 {
+		return g.origins[u.Scheme+"://"+u.Host]
+	}
+	return strings.EqualFold(u.Host, r.Host) && g.hostAllowed(u.Host)
+}
+
+// wrap applies the connection-level checks to every request, then next:
+// Host allow-list (421); for the API and WebSocket routes the Origin
+// allow-list (403), the per-IP rate limit (429), a declared body over the
+// limit (413, nothing read, connection closed) and the body read deadline.
+func (g *guard) wrap(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Body != http.NoBody && r.Header.Get("Upgrade") == "" {
+			// The server's idle and header timeouts do not cover the body:
+			// bound its read from now. (The server resets the deadline for
+			// the next request on the connection.) A request refused
+			// below closes its connection: net/http would otherwise read
+			// the unread body, however slowly it comes, before answering.
+			_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(g.cfg.BodyReadTimeout))
+			w = closeOnRefusal{w}
+		}
+		if !g.hostAllowed(r.Host) {
+			g.count("host")
+			writeJSON(w, http.StatusMisdirectedRequest, errorBody{Error: "host not allowed: this server does not answer for " + strconv.Quote(r.Host), Field: "Host"})
+			return
+		}
+		if !strings.HasPrefix(r.URL.Path, "/api/") && r.URL.Path != "/ws" {
+			next.ServeHTTP(w, r)
+			return
+		}
+		if !g.originAllowed(r) {
+			g.count("origin")
+			writeJSON(w, http.StatusForbidden, errorBody{Error: "origin not allowed", Field: "Origin"})
+			return
+		}
+		if !g.allow(w, g.ips, clientIP(r), "rate_ip") {
+			return
+		}
+		if r.ContentLength > g.maxRequest {
+			// Refused unread: the client may be about to trickle it.
+			g.count("too_large")
+			writeJSON(w, http.StatusRequestEntityTooLarge, errorBody{Error: fmt.Sprintf("request over %d bytes", g.maxRequest), Field: "body"})
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// closeOnRefusal marks every answer of status 400 or more "Connection:
+// close": the request's body may be unread.
+type closeOnRefusal struct{ http.ResponseWriter }
+
+func (c closeOnRefusal) WriteHeader(code int) {
+	if code >= http.StatusBadRequest {
+		c.Header().Set("Connection", "close")
+	}
+	c.ResponseWriter.WriteHeader(code)
+}
+
+// Unwrap lets http.ResponseController reach the connection.
+func (c closeOnRefusal) Unwrap() http.ResponseWriter { return c.ResponseWriter }
+
+// limitUsers applies the per-user rate limit to the API and WebSocket
+// routes; it runs after authentication (the user is the principal).
+func (g *guard) limitUsers(next http.Handler) http.Handler {
+	if g.users == nil {
+		return next
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if (strings.HasPrefix(r.URL.Path, "/api/") || r.URL.Path == "/ws") && !g.allowUser(w, userOf(r)) {
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// allow takes one token of key's bucket in l; when there is none it writes
+// 429 with Retry-After (whole seconds, at least 1), counts reason and
+// reports false. A nil l allows everything.
+func (g *guard) allow(w http.ResponseWriter, l *keyedLimiter, key, reason string) bool {
+	if l == nil {
+		return true
+	}
+	wait := l.reserve(key)
+	if wait == 0 {
+		return true
+	}
+	g.count(reason)
+	w.Header().Set("Retry-After", strconv.Itoa(int(math.Ceil(wait.Seconds()))))
+	writeJSON(w, http.StatusTooManyRequests, errorBody{Error: "too many requests: retry after " + w.Header().Get("Retry-After") + " s"})
+	return false
+}
+
+// allowUser is the per-user limit: true, or 429 written.
+func (g *guard) allowUser(w http.ResponseWriter, user string) bool {
+	return g.allow(w, g.users, user, "rate_user")
+}
+
+// userSend reports whether user may send one more message now (a
+// WebSocket send frame), and if not, how long to wait.
+func (g *guard) userSend(user string) time.Duration {
+	if g.users == nil {
+		return 0
+	}
+	return g.users.reserve(user)
+}
+
+// openSocket counts one more WebSocket of user; when the user is at the cap
+// it writes 429 and returns ok false. Call release when the socket closes.
+func (g *guard) openSocket(w http.ResponseWriter, user string) (release func(), ok bool) {
+	release, ok = g.takeSocket(user)
+	if !ok {
+		w.Header().Set("Retry-After", "1")
+		writeJSON(w, http.StatusTooManyRequests, errorBody{Error: fmt.Sprintf("too many WebSockets: at most %d per user", g.cfg.SocketsPerUser)})
+	}
+	return release, ok
+}
+
+// takeSocket counts one more WebSocket of user unless the user is at the
+// cap (then counted as refused, ok false). release is idempotent.
+func (g *guard) takeSocket(user string) (release func(), ok bool) {
+	if g.cfg.SocketsPerUser < 0 {
+		return func() {}, true
+	}
+	g.mu.Lock()
+	if g.sockets[user] >= g.cfg.SocketsPerUser {
+		g.mu.Unlock()
+		g.count("sockets")
+		return nil, false
+	}
+	g.sockets[user]++
+	g.mu.Unlock()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			g.mu.Lock()
+			if g.sockets[user]--; g.sockets[user] <= 0 {
+				delete(g.sockets, user)
+			}
+			g.mu.Unlock()
+		})
+	}, true
+}
+
+// clientIP is the connecting address's IP (RemoteAddr); forwarded headers
+// are not trusted.
+func clientIP(r *http.Request) string {
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		return r.RemoteAddr
+	}
+	return host
+}
+
+// keyedLimiter is one token bucket per key (golang.org/x/time/rate). Buckets
+// that are full again are dropped when the map grows past sweepAt, so memory
+// stays bounded by the keys active within about burst/rate seconds. Safe for
+// concurrent use.
+type keyedLimiter struct {
+	rate  rate.Limit
+	burst int
+	mu    sync.Mutex
+	m     map[string]*rate.Limiter
+}
+
+// sweepAt is the map size that triggers a sweep of full buckets.
+const sweepAt = 4096
+
+func newKeyedLimiter(perSecond float64, burst int) *keyedLimiter {
+	return &keyedLimiter{rate: rate.Limit(perSecond), burst: burst, m: map[string]*rate.Limiter{}}
+}
+
+// reserve takes a token of key's bucket: 0 when there was one, else the
+// wait until there is (nothing is taken then).
+func (k *keyedLimiter) reserve(key string) time.Duration {
+	now := time.Now()
+	k.mu.Lock()
+	l := k.m[key]
+	if l == nil {
+		if len(k.m) >= sweepAt {
+			for key, l := range k.m {
+				if l.TokensAt(now) >= float64(k.burst) {
+					delete(k.m, key)
+				}
+			}
+		}
+		l = rate.NewLimiter(k.rate, k.burst)
+		k.m[key] = l
+	}
+	k.mu.Unlock()
+	r := l.ReserveN(now, 1)
+	if d := r.DelayFrom(now); d > 0 {
+		r.CancelAt(now)
+		return d
+	}
+	return 0
+}

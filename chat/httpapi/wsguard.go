@@ -1,0 +1,130 @@
+package httpapi
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"net"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/outboxchat/outboxchat/chat"
+	"github.com/outboxchat/outboxchat/chat/auth"
+
+	"github.com/coder/websocket"
+)
+
+// keepAlive pings c every PingInterval until ctx ends. The returned channel
+// is closed when a pong did not come within PongTimeout: the peer is gone or
+// not reading (a client that never reads never answers, since pongs are
+// read with its frames). It needs a concurrent Read on c (handleWS's
+// reader), which is where the pong is taken.
+func (a *API) keepAlive(ctx context.Context, c *websocket.Conn) <-chan struct{} {
+	failed := make(chan struct{})
+	go func() {
+		t := time.NewTicker(a.guard.cfg.PingInterval)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			pctx, cancel := context.WithTimeout(ctx, a.guard.cfg.PongTimeout)
+			err := c.Ping(pctx)
+			cancel()
+			if err != nil {
+				if ctx.Err() == nil {
+					close(failed)
+				}
+				return
+			}
+		}
+	}()
+	return failed
+}
+
+// dropSocket logs and counts (outboxchat_ws_evictions_total) a WebSocket the server drops: reason is
+// "slow" (fell a client buffer behind), "write_timeout" (a frame took over
+// the write timeout) or "ping_timeout" (no pong in time).
+func (a *API) dropSocket(r *http.Request, chatID int64, reason string, err error) {
+	attrs := []any{"reason", reason, "chat_id", chatID, "remote", r.RemoteAddr, "user", userOf(r)}
+	if err != nil {
+		attrs = append(attrs, "err", err)
+	}
+	a.log.Warn("websocket dropped", attrs...)
+	a.ws.evicted(reason)
+}
+
+// sendAllowed applies the per-user rate limit to a WebSocket send frame: a
+// *FieldError to answer with, or nil.
+func (a *API) sendAllowed(user string) error {
+	if d := a.guard.userSend(user); d > 0 {
+		a.guard.count("rate_user")
+		return &chat.FieldError{Msg: fmt.Sprintf("too many messages: retry after %d s", int(math.Ceil(d.Seconds())))}
+	}
+	return nil
+}
+
+// bodyUnreadable answers a request whose body could not be read: 408 and
+// the connection closed when the body read deadline passed (a client
+// trickling its body), else 400.
+func bodyUnreadable(w http.ResponseWriter, err error) {
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		w.Header().Set("Connection", "close")
+		writeJSON(w, http.StatusRequestTimeout, errorBody{Error: "request body not received in time", Field: "body"})
+		return
+	}
+	writeError(w, &chat.FieldError{Field: "body", Msg: "request unreadable"})
+}
+
+// wsFirstFrame authenticates a WebSocket whose upgrade carried no token:
+// its first frame must be {"token": "<jwt>"} within firstFrameWait, for a
+// token covering chatID, and the user must be under the socket cap.
+// Otherwise it closes c with 4401, 4403 or 4429 and reports ok false. On
+// success release must be called when the socket closes.
+func (a *API) wsFirstFrame(ctx context.Context, c *websocket.Conn, chatID int64) (p *auth.Principal, release func(), ok bool) {
+	rctx, cancel := context.WithTimeout(ctx, firstFrameWait)
+	typ, data, err := c.Read(rctx)
+	cancel()
+	if err != nil {
+		c.Close(closeUnauthorized, `no token: send {"token": "<jwt>"} first`)
+		return nil, nil, false
+	}
+	var f struct {
+		Token string `json:"token"`
+	}
+	if typ != websocket.MessageText || json.Unmarshal(data, &f) != nil || f.Token == "" {
+		c.Close(closeUnauthorized, `the first frame must be {"token": "<jwt>"}`)
+		return nil, nil, false
+	}
+	if p, err = a.verifier.Verify(f.Token); err != nil {
+		c.Close(closeUnauthorized, "invalid token")
+		return nil, nil, false
+	}
+	if !p.Chats.Allows(chatID) {
+		c.Close(closeForbidden, "token does not cover chat "+strconv.FormatInt(chatID, 10))
+		return nil, nil, false
+	}
+	if release, ok = a.guard.takeSocket("user:" + p.User); !ok {
+		c.Close(closeTooMany, "too many WebSockets for this user")
+		return nil, nil, false
+	}
+	return p, release, true
+}
+
+// tokenExpiry fires when the token of ctx's principal expires (never
+// without one).
+func tokenExpiry(ctx context.Context) <-chan time.Time {
+	p := auth.PrincipalOf(ctx)
+	if p == nil {
+		return nil
+	}
+	t := time.NewTimer(time.Until(p.Expires))
+	context.AfterFunc(ctx, func() { t.Stop() })
+	return t.C
+}

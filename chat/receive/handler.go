@@ -1,0 +1,277 @@
+package receive
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/outboxchat/outboxchat/chat"
+	"github.com/outboxchat/outboxchat/chat/auth"
+	"github.com/outboxchat/outboxchat/chat/schema"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxchat/outboxchat/inbox"
+)
+
+// InboxHandler is the chat's inbox.Handler: it records a message.created
+// event from the other service in <service>.inbox, keyed by message id, and
+// in the same transaction NOTIFYs the gateway channel with the chat id
+// (invariant 7). A duplicate inserts nothing and is logged in
+// <service>.inbox_duplicates instead. It is safe for concurrent use.
+type InboxHandler struct {
+	service     string
+	channel     string
+	lockChats   string
+	insertBatch string
+	rq          receiptQueries
+	// keys, when set, check every delivery's signature before anything
+	// else (EventKeys.Verify on the inbound queue).
+	keys *auth.EventKeys
+}
+
+// NewInboxHandler returns the handler for service's inbox; it NOTIFYs the
+// gateway's channel chat.InboxChannel(service). With keys non-nil it
+// refuses, as malformed (dead-lettered with the reason, before the inbox is
+// touched), every delivery whose signature is missing or does not match
+// keys for the inbound queue; nil keys: signatures are not checked. Error:
+// an unknown service (chat.ErrUnknownService).
+func NewInboxHandler(service string, keys *auth.EventKeys) (*InboxHandler, error) {
+	if err := chat.CheckService(service); err != nil {
+		return nil, err
+	}
+	s := pgx.Identifier{service}.Sanitize()
+	return &InboxHandler{
+		service: service,
+		keys:    keys,
+		channel: chat.InboxChannel(service),
+		rq:      newReceiptQueries(service),
+		// lockChats takes, in the order given (ascending, so two inbox
+		// transactions cannot deadlock), a transaction advisory lock per
+		// chat of the batch's messages: hashtextextended('<service>.inbox.'
+		// || chat, 0). Two inbox consumers (two worker processes) storing
+		// the same chat then take turns, and the second one's insert and
+		// receipt see the first one's rows: without it, both could compute
+		// their receipt before either committed, each missing the other's
+		// row, and the chat's receipt stayed below its top until its next
+		// message or the re-drive's copy (a property test saw it 7 times
+		// in 20 seeds). A single consumer never waits on it.
+		lockChats: `SELECT count(pg_advisory_xact_lock(` + schema.InboxLockSQL(service, "c") + `))
+			FROM unnest($1::bigint[]) AS c`,
+		// The whole batch in one statement: insert the rows, NOTIFY the
+		// gateway once with every chat id that got a new row, record the
+		// duplicates ($8: ids already known to repeat inside the batch, plus
+		// those that hit an existing row), and return the new ids. The
+		// NOTIFY's CTE is read by the final SELECT, so it runs whenever a row
+		// was inserted.
+		// A row is stored held (behind a gap) unless every seq below it is
+		// in the inbox: the batch's rows of a chat, in seq order, up to its
+		// first gap, are not held when the row below the first of them is
+		// not held, or is covered by the chat's newest gap fill, or the
+		// first is seq 1 (migration 007). A row held behind a gap that an
+		// earlier or concurrent batch fills is counted by the receipts'
+		// emit (receipt.go), which runs next in the transaction.
+		// The probe is a scalar subquery, not EXISTS: a plan cached while
+		// the inbox was empty turned EXISTS into a hashed scan of the
+		// whole table.
+		insertBatch: `WITH u AS (SELECT * FROM unnest($1::uuid[], $2::bigint[], $3::bigint[], $4::text[], $5::text[], $6::timestamptz[], $9::text[])
+				AS u(id, chat, seq, body, sender, sent_at, author)),
+			f AS (SELECT chat, first, first = 1 OR coalesce((SELECT NOT p.held OR p.seq <= coalesce((SELECT g.upto
+						FROM ` + s + `.inbox_gap_fills g WHERE g.chat_id = x.chat ORDER BY g.upto DESC LIMIT 1), 0)
+					FROM ` + s + `.inbox p WHERE p.chat_id = x.chat AND p.seq = x.first - 1), false) AS base
+				FROM (SELECT chat, min(seq) AS first FROM u GROUP BY chat) x),
+			r AS (SELECT u.*, NOT (f.base AND u.seq - f.first = row_number() OVER (PARTITION BY u.chat ORDER BY u.seq) - 1) AS held
+				FROM u JOIN f USING (chat)),
+		ins AS (
+			INSERT INTO ` + s + `.inbox (message_id, chat_id, seq, body, sender, sent_at, author, held)
+			SELECT r.id, r.chat, r.seq, r.body, r.sender, r.sent_at, NULLIF(r.author, ''), r.held FROM r
+			ON CONFLICT (message_id) DO NOTHING RETURNING message_id, chat_id, received_at),
+		note AS (SELECT pg_notify($7, string_agg(DISTINCT chat_id::text, ',')) AS n FROM ins HAVING count(*) > 0),
+		dup AS (INSERT INTO ` + s + `.inbox_duplicates (message_id)
+			SELECT u.id FROM u WHERE u.id NOT IN (SELECT message_id FROM ins)
+			UNION ALL SELECT u FROM unnest($8::uuid[]) AS u)
+		SELECT message_id::text, received_at, (SELECT count(*) FROM note) FROM ins`,
+	}, nil
+}
+
+// verify checks d's signature when the handler requires signatures
+// (RequireSignatures). Errors wrap inbox.ErrMalformed.
+func (h *InboxHandler) verify(d inbox.Delivery) error {
+	if h.keys == nil {
+		return nil
+	}
+	if err := h.keys.Verify(chat.QueueName(chat.Peer(h.service)), d); err != nil {
+		return fmt.Errorf("%w: %w", inbox.ErrMalformed, err)
+	}
+	return nil
+}
+
+// decodeReceipt checks a receipt delivery without touching the database: a
+// valid receipt from the other service whose id is the job id. Errors wrap
+// inbox.ErrMalformed.
+func (h *InboxHandler) decodeReceipt(d inbox.Delivery) (chat.Receipt, error) {
+	r, err := chat.DecodeReceipt(d.Payload)
+	if err != nil {
+		return r, fmt.Errorf("%w: %v", inbox.ErrMalformed, err)
+	}
+	if d.ID != "" && d.ID != r.ID {
+		return r, fmt.Errorf("%w: job id %q differs from receipt id %q", inbox.ErrMalformed, d.ID, r.ID)
+	}
+	if r.From != chat.Peer(h.service) {
+		return r, fmt.Errorf("%w: receipt from %q, expected %q", inbox.ErrMalformed, r.From, chat.Peer(h.service))
+	}
+	return r, nil
+}
+
+// decode checks a delivery without touching the database: a job named
+// message.created holding a valid event from the other service whose id is
+// the job id.
+// Errors wrap inbox.ErrMalformed.
+func (h *InboxHandler) decode(d inbox.Delivery) (chat.Message, error) {
+	if d.Name != chat.EventMessageCreated {
+		return chat.Message{}, fmt.Errorf("%w: event %q, expected %q or %q", inbox.ErrMalformed, d.Name, chat.EventMessageCreated, chat.EventReceipt)
+	}
+	m, err := chat.DecodeEvent(d.Payload)
+	if err != nil {
+		return m, fmt.Errorf("%w: %v", inbox.ErrMalformed, err)
+	}
+	if d.ID != "" && d.ID != m.ID {
+		return m, fmt.Errorf("%w: job id %q differs from message id %q", inbox.ErrMalformed, d.ID, m.ID)
+	}
+	if m.From != chat.Peer(h.service) {
+		return m, fmt.Errorf("%w: message from %q, expected %q", inbox.ErrMalformed, m.From, chat.Peer(h.service))
+	}
+	return m, nil
+}
+
+// Apply implements inbox.Handler as a one-delivery ApplyBatch. A payload
+// that is not a valid message.created event from the other service returns
+// an error wrapping inbox.ErrMalformed without touching tx.
+func (h *InboxHandler) Apply(ctx context.Context, tx pgx.Tx, d inbox.Delivery) (bool, error) {
+	rs, err := h.ApplyBatch(ctx, tx, []inbox.Delivery{d})
+	if err != nil {
+		return false, err
+	}
+	return rs[0].Fresh, rs[0].Err
+}
+
+// ApplyBatch implements inbox.BatchHandler: the same effect as Apply on each
+// delivery in order, in one round trip for the whole batch (QueueBatch's
+// statement, sent on tx). The result of a fresh delivery carries the stored
+// Message (ReceivedAt set) as its Value, for inbox.Config.AfterCommit.
+func (h *InboxHandler) ApplyBatch(ctx context.Context, tx pgx.Tx, ds []inbox.Delivery) ([]inbox.BatchResult, error) {
+	rs := make([]inbox.BatchResult, len(ds))
+	b := &pgx.Batch{}
+	if err := h.QueueBatch(b, ds, rs); err != nil {
+		return nil, err
+	}
+	if b.Len() == 0 {
+		return rs, nil
+	}
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return nil, err
+	}
+	return rs, nil
+}
+
+// QueueBatch implements inbox.PipelineHandler: it decodes ds (a malformed
+// delivery's result gets its error) and queues up to four statements:
+// for the messages, one that locks their chats (in chat order), one that
+// inserts the new rows, NOTIFYs the gateway
+// channel and records duplicates, then one that enqueues a receipt for the
+// chats of those messages in the service's own outbox (see receipt.go); for the
+// receipts (EventReceipt deliveries), one that records them in the
+// service's receipts table (a row per chat they advance; the covered
+// messages' delivered_at is derived from it). It fills the results from their rows: a
+// message is Fresh when its row is new (Value: the stored Message), a
+// receipt always (Value: the Receipt). It queues nothing when every
+// delivery is malformed.
+func (h *InboxHandler) QueueBatch(b *pgx.Batch, ds []inbox.Delivery, rs []inbox.BatchResult) error {
+	var ids, bodies, senders, authors, repeats []string
+	var chats, seqs []int64
+	var sentAts []time.Time
+	var rChats, rUpto []int64
+	var rAts []time.Time
+	first := map[string]int{} // message id → index of its first delivery in ds
+	msgs := make([]chat.Message, len(ds))
+	for i, d := range ds {
+		// Every delivery, message or receipt, is checked against the event
+		// keys first: a forged receipt would otherwise mark messages
+		// delivered and stop their re-drive.
+		if err := h.verify(d); err != nil {
+			rs[i].Err = err
+			continue
+		}
+		if d.Name == chat.EventReceipt {
+			r, err := h.decodeReceipt(d)
+			if err != nil {
+				rs[i].Err = err
+				continue
+			}
+			for _, c := range r.Chats {
+				rChats, rUpto, rAts = append(rChats, c.ChatID), append(rUpto, c.UptoSeq), append(rAts, r.ReceivedAt)
+			}
+			rs[i].Fresh, rs[i].Value = true, r
+			continue
+		}
+		m, err := h.decode(d)
+		if err != nil {
+			rs[i].Err = err
+			continue
+		}
+		if _, seen := first[m.ID]; seen {
+			repeats = append(repeats, m.ID) // a duplicate inside the batch
+			continue
+		}
+		first[m.ID] = i
+		msgs[i] = m
+		ids, chats, seqs = append(ids, m.ID), append(chats, m.ChatID), append(seqs, m.Seq)
+		bodies, senders, sentAts = append(bodies, m.Body), append(senders, m.From), append(sentAts, m.SentAt)
+		authors = append(authors, m.Author)
+	}
+	if len(rChats) > 0 {
+		b.Queue(h.rq.apply, rChats, rUpto, rAts, chat.ReceiptChannel(h.service)).Query(func(rows pgx.Rows) error {
+			rows.Close()
+			if err := rows.Err(); err != nil {
+				return fmt.Errorf("apply receipts: %w", err)
+			}
+			return nil
+		})
+	}
+	if len(ids) == 0 {
+		return nil
+	}
+	locks := slices.Clone(chats)
+	slices.Sort(locks)
+	b.Queue(h.lockChats, slices.Compact(locks))
+	b.Queue(h.insertBatch, ids, chats, seqs, bodies, senders, sentAts, h.channel, repeats, authors).Query(func(rows pgx.Rows) error {
+		for rows.Next() {
+			var id string
+			var at time.Time
+			var n int64
+			if err := rows.Scan(&id, &at, &n); err != nil {
+				return fmt.Errorf("insert inbox batch: %w", err)
+			}
+			if i, ok := first[id]; ok {
+				m := msgs[i]
+				m.ReceivedAt, m.DeliveredAt = &at, &at
+				rs[i].Fresh, rs[i].Value = true, m
+			}
+		}
+		if err := rows.Err(); err != nil {
+			return fmt.Errorf("insert inbox batch: %w", err)
+		}
+		return nil
+	})
+	// After the insert, so it sees the new rows; for duplicates too (a
+	// message published again by the re-drive gets its receipt).
+	b.Queue(h.rq.emit, chats, h.service)
+	return nil
+}
+
+var (
+	_ inbox.Handler         = (*InboxHandler)(nil)
+	_ inbox.BatchHandler    = (*InboxHandler)(nil)
+	_ inbox.PipelineHandler = (*InboxHandler)(nil)
+)

@@ -1,0 +1,95 @@
+package receive
+
+import (
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxchat/outboxchat/chat"
+)
+
+// receiptQueries are the receipts' statements for one service.
+type receiptQueries struct {
+	// emit computes the watermarks of the chats $1 of an inbox batch (it
+	// runs after the batch's insert, in the same transaction, so it sees
+	// the new rows) and enqueues one receipt listing every chat whose
+	// watermark is above 0 in the service's own outbox (migration 007).
+	//
+	// A chat's stored watermark: its top row (one backward index descent)
+	// when that is not held, and then it is the watermark; otherwise the highest of the rows below it that are not held
+	// (a backward scan over the rows held behind the open gap) and of the
+	// chat's newest gap fill. Not one filtered backward scan: a plan cached
+	// while the inbox was empty read the whole chat and sorted it, 30 ms
+	// per batch. The watermark is the stored one plus the run of
+	// consecutive seqs right above it: numbering the rows above it in seq
+	// order, a row is in the run exactly when seq = stored + its row
+	// number (after a gap, seq stays ahead of it). Rows above the stored
+	// watermark are held behind a gap; when the run reaches them the gap
+	// is filled, and (chat, watermark) goes into inbox_gap_fills, the one
+	// write here besides the receipt.
+	//
+	// In steady state that is one index descent per chat and nothing
+	// written but the receipt: the inbox_watermarks row this used to
+	// insert per chat and batch, and its pruning, cost more than the
+	// batch's insert itself (issue 9's cost). $2 is the service (the
+	// receipt's "from").
+	emit string
+	// apply records the receipts ($1 chats, $2 upto seqs, $3 times;
+	// several per chat allowed: the highest seq and latest time win) in
+	// the service's receipts table, NOTIFYs $4 with the chats that
+	// advanced, and returns each chat's upto and time. A chat advances
+	// when the receipt's upto is above the chat's newest row (a backward
+	// scan of the primary key meets it first); the insert is one row per
+	// chat, whatever the number of messages covered. Nothing is updated:
+	// the UPDATE of delivered_at on every covered message that this
+	// replaced made each message a second row version and a set of index
+	// entries, and its cost grew while a session held back the xmin
+	// horizon (migration 007; issues 9 and 17). Inserts go in chat_id
+	// order, so two inbox consumers cannot deadlock on them; ON CONFLICT:
+	// another consumer inserted the same row first.
+	apply string
+}
+
+func newReceiptQueries(service string) receiptQueries {
+	s := pgx.Identifier{service}.Sanitize()
+	return receiptQueries{
+		emit: `WITH c AS (SELECT DISTINCT unnest($1::bigint[]) AS chat_id),
+			top AS MATERIALIZED (SELECT c.chat_id, t.seq AS top, t.held FROM c
+				LEFT JOIN LATERAL (SELECT i.seq, i.held FROM ` + s + `.inbox i WHERE i.chat_id = c.chat_id
+					ORDER BY i.chat_id DESC, i.seq DESC LIMIT 1) t ON true),
+			cur AS MATERIALIZED (SELECT top.chat_id, top.held, CASE WHEN top.top IS NULL THEN 0 WHEN NOT top.held THEN top.top
+					ELSE greatest(
+						COALESCE((SELECT i.seq FROM ` + s + `.inbox i
+							WHERE i.chat_id = top.chat_id AND i.seq < top.top AND NOT i.held ORDER BY i.seq DESC LIMIT 1), 0),
+						COALESCE((SELECT g.upto FROM ` + s + `.inbox_gap_fills g
+							WHERE g.chat_id = top.chat_id ORDER BY g.upto DESC LIMIT 1), 0)) END AS old
+				FROM top),
+			calc AS MATERIALIZED (SELECT cur.chat_id, cur.old, CASE WHEN cur.held IS NOT TRUE THEN cur.old ELSE cur.old + (
+				SELECT count(*) FROM (
+					SELECT i.seq, row_number() OVER (ORDER BY i.seq) AS rn
+					FROM ` + s + `.inbox i WHERE i.chat_id = cur.chat_id AND i.seq > cur.old
+				) run WHERE run.seq = cur.old + run.rn
+			) END AS upto FROM cur),
+			up AS (INSERT INTO ` + s + `.inbox_gap_fills (chat_id, upto)
+				SELECT chat_id, upto FROM calc WHERE upto > old ORDER BY chat_id
+				ON CONFLICT DO NOTHING),
+			r AS (SELECT jsonb_agg(jsonb_build_object('chat_id', chat_id, 'upto_seq', upto) ORDER BY chat_id) AS chats
+				FROM calc WHERE upto > 0 HAVING count(*) > 0),
+			g AS (SELECT gen_random_uuid() AS id)
+			INSERT INTO ` + s + `.outbox (event, idempotency_key, payload)
+			SELECT '` + chat.EventReceipt + `', g.id::text, jsonb_build_object('id', g.id, 'chats', r.chats,
+				'received_at', now(), 'from', $2::text)
+			FROM r, g`,
+		apply: `WITH r AS (SELECT chat_id, max(upto) AS upto, max(at) AS at
+				FROM unnest($1::bigint[], $2::bigint[], $3::timestamptz[]) AS u(chat_id, upto, at) GROUP BY chat_id),
+			ins AS (INSERT INTO ` + s + `.receipts (chat_id, upto_seq, delivered_at)
+				SELECT r.chat_id, r.upto, r.at FROM r
+				WHERE r.upto > COALESCE((SELECT d.upto_seq FROM ` + s + `.receipts d
+					WHERE d.chat_id = r.chat_id ORDER BY d.upto_seq DESC LIMIT 1), 0)
+				ORDER BY r.chat_id
+				ON CONFLICT DO NOTHING
+				RETURNING chat_id),
+			note AS (SELECT pg_notify($4, string_agg(r.chat_id || ':' || r.upto || ':' ||
+					(extract(epoch FROM r.at) * 1000000)::bigint, ','))
+				FROM r JOIN ins USING (chat_id) HAVING count(*) > 0)
+			SELECT r.chat_id, r.upto, r.at, (SELECT count(*) FROM note) FROM r`,
+	}
+}

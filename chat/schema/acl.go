@@ -1,0 +1,66 @@
+package schema
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"strings"
+
+	"github.com/outboxchat/outboxchat/chat"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/outboxchat/outboxchat/redisq"
+)
+
+// RedisACL returns the arguments of the ACL SETUSER command that makes
+// user the least-privilege Redis user of service under key prefix prefix
+// (the services' --redis-prefix, default "outboxchat:"): it may add to its
+// outbound queue and consume its inbound one, nothing else
+// (redisq.ACLRules; in particular it cannot add to the stream it reads, so
+// it cannot forge messages to itself). The password is stored as its
+// SHA-256 ("#<hex>"), so the command can be printed or logged. The rules
+// start with "reset": applying them again replaces the user's rights.
+func RedisACL(service, prefix, user, password string) ([]string, error) {
+	if err := chat.CheckService(service); err != nil {
+		return nil, err
+	}
+	if user == "" || password == "" {
+		return nil, fmt.Errorf("redis acl: a user name and a password are required")
+	}
+	sum := sha256.Sum256([]byte(password))
+	args := []string{"ACL", "SETUSER", user, "reset", "#" + hex.EncodeToString(sum[:])}
+	return append(args, redisq.ACLRules(prefix, chat.QueueName(service), chat.QueueName(chat.Peer(service)))...), nil
+}
+
+// RedisACLLine formats RedisACL's arguments as one redis-cli line (rules
+// holding spaces are quoted).
+func RedisACLLine(args []string) string {
+	out := make([]string, len(args))
+	for i, a := range args {
+		if strings.ContainsAny(a, " \"") {
+			a = `"` + strings.ReplaceAll(a, `"`, `\"`) + `"`
+		}
+		out[i] = a
+	}
+	return strings.Join(out, " ")
+}
+
+// ApplyRedisACL runs args (RedisACL's) on rdb, an administrator's
+// connection, then ACL SAVE when the server has an ACL file (so the user
+// survives a restart; without one the error "no ACL file" is ignored and
+// the user lives until the server stops).
+func ApplyRedisACL(ctx context.Context, rdb *redis.Client, args []string) error {
+	cmd := make([]any, len(args))
+	for i, a := range args {
+		cmd[i] = a
+	}
+	if err := rdb.Do(ctx, cmd...).Err(); err != nil {
+		return fmt.Errorf("redis acl %s: %w", args[2], err)
+	}
+	if err := rdb.Do(ctx, "ACL", "SAVE").Err(); err != nil && !strings.Contains(err.Error(), "ACL file") {
+		return fmt.Errorf("redis acl save: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,171 @@
+package server
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/outboxchat/outboxchat/chat"
+	"github.com/outboxchat/outboxchat/chat/gateway"
+	"github.com/outboxchat/outboxchat/chat/httpapi"
+	"github.com/outboxchat/outboxchat/chat/store"
+	"github.com/outboxchat/outboxchat/outbox"
+	"github.com/outboxchat/outboxchat/redisq"
+)
+
+// maxHeaderBytes bounds a request's headers (net/http's default is 1 MiB;
+// a JWT and a few headers need a few KiB).
+const maxHeaderBytes = 64 << 10
+
+// notifyInterval spaces the post-commit NOTIFYs of a process whose own
+// relay is woken directly (outbox.WriterConfig.NotifyInterval).
+const notifyInterval = 5 * time.Millisecond
+
+// buildAPI builds the api role after the gateway: the outbox writer, the
+// send path, the HTTP API and its server.
+func (p *process) buildAPI() error {
+	c := p.cfg
+	wcfg := &outbox.WriterConfig{
+		Table: c.Service + ".outbox", Channel: chat.OutboxChannel(c.Service), Mode: c.API.Wake, Logger: p.log,
+	}
+	if c.directRelayWake() {
+		// The relay of this process is woken directly (below); the NOTIFY
+		// only wakes other processes' relays and gateways, which can wait a
+		// few milliseconds under load.
+		wcfg.NotifyInterval = notifyInterval
+	}
+	writer, err := outbox.NewWriter(p.pool, wcfg)
+	if err != nil {
+		return err
+	}
+	gw := p.gw
+	afterCommit := func(ms []chat.Message) { gw.Offer(false, ms) }
+	if wake := p.relayWake; wake != nil && c.directRelayWake() {
+		// In the after-commit mode the relay in this process is woken
+		// directly, a round trip sooner than through its LISTEN; the NOTIFY
+		// still wakes relays elsewhere. The other modes are left to measure
+		// what they are (in-tx NOTIFY, poll only).
+		afterCommit = func(ms []chat.Message) { wake(); gw.Offer(false, ms) }
+	}
+	st, err := store.New(p.pool, &store.Config{
+		Service: c.Service, Writer: writer, LockTimeout: c.API.SendLockTimeout, ReadTimeout: c.API.ReadTimeout,
+		Metrics: p.m.sends(), AfterCommit: afterCommit,
+	})
+	if err != nil {
+		return err
+	}
+	p.add(writer, gw, st)
+	var sender httpapi.Sender = st
+	if c.Mode == ModeDualWrite {
+		pub, err := redisq.NewPublisher(p.rdb, p.publisherConfig())
+		if err != nil {
+			return err
+		}
+		dw := store.NewDualWriter(st, pub, p.log)
+		p.add(dw)
+		sender = dualWriteSender{dw}
+	}
+	api, err := httpapi.New(httpapi.Deps{Sender: sender, Reader: st, Rooms: rooms{gw}}, &httpapi.Config{
+		Service: c.Service, ListenAddr: c.API.HTTPAddr, MaxBodyBytes: c.API.MaxBodyBytes, Verifier: p.verifier,
+		Guard: c.API.Guard, Refused: p.m.refused(), Sockets: p.m.sockets(), Logger: p.log,
+	})
+	if err != nil {
+		return fmt.Errorf("serve: %w", err)
+	}
+	return p.buildHTTP(api)
+}
+
+// buildHTTP builds the HTTP server of the api role: the API's routes,
+// /metrics, /healthz and /readyz, behind the API's middleware.
+func (p *process) buildHTTP(api *httpapi.API) error {
+	c := p.cfg
+	var tlsConfig *tls.Config
+	if c.API.TLSCertFile != "" {
+		cert, err := tls.LoadX509KeyPair(c.API.TLSCertFile, c.API.TLSKeyFile)
+		if err != nil {
+			return fmt.Errorf("serve: tls: %w", err)
+		}
+		tlsConfig = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	}
+	hs := &httpService{api: api, log: p.log, stopping: new(atomic.Bool), delay: c.API.ShutdownDelay, tls: tlsConfig != nil}
+	mux := http.NewServeMux()
+	api.Register(mux)
+	mux.Handle("GET /metrics", p.m.handler())
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		httpapi.WriteJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	})
+	mux.HandleFunc("GET /readyz", p.readyz(hs.stopping))
+	ln, err := net.Listen("tcp", c.API.HTTPAddr)
+	if err != nil {
+		return fmt.Errorf("serve: listen %s: %w", c.API.HTTPAddr, err)
+	}
+	if tlsConfig != nil {
+		ln = tls.NewListener(ln, tlsConfig)
+	}
+	readHeader, idle := api.Timeouts()
+	hs.ln = ln
+	hs.srv = &http.Server{Handler: api.Handler(mux, p.m.instrument), ReadHeaderTimeout: readHeader, IdleTimeout: idle,
+		MaxHeaderBytes: maxHeaderBytes,
+		// Failed TLS handshakes and the like: every scanner causes them.
+		ErrorLog: slog.NewLogLogger(p.log.Handler(), slog.LevelDebug)}
+	p.http = hs
+	p.add(hs)
+	return nil
+}
+
+// readyz answers GET /readyz: 503 while stopping, or when the database or
+// (for the roles that need it) Redis cannot be reached, saying which and
+// why; 200 {"status": "ready"} otherwise.
+func (p *process) readyz(stopping *atomic.Bool) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if stopping.Load() {
+			httpapi.WriteJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "stopping", "error": "service stopping", "field": ""})
+			return
+		}
+		pctx, cancel := context.WithTimeout(r.Context(), time.Second)
+		defer cancel()
+		if err := p.pool.Ping(pctx); err != nil {
+			p.log.Warn("readyz: database unreachable", "err", err)
+			httpapi.WriteJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "database unavailable", "error": "database unavailable", "field": ""})
+			return
+		}
+		// The roles that need Redis (relay, worker; the v1 API) cannot do
+		// their work without it: not ready, and say which and why.
+		if p.rdb != nil {
+			if err := p.rdb.Ping(pctx).Err(); err != nil {
+				httpapi.WriteJSON(w, http.StatusServiceUnavailable, map[string]string{
+					"status": "redis unavailable", "roles": strings.Join(p.cfg.redisRoles(), ","), "error": err.Error(),
+				})
+				return
+			}
+		}
+		httpapi.WriteJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+	}
+}
+
+// rooms adapts the gateway to httpapi.Rooms.
+type rooms struct{ g *gateway.Gateway }
+
+var _ httpapi.Rooms = rooms{}
+
+func (r rooms) Follow(chatID, afterSent, afterReceived int64) (<-chan []byte, <-chan struct{}, func()) {
+	s := r.g.Subscribe(chatID, afterSent, afterReceived)
+	return s.C, s.Evicted, s.Close
+}
+
+// dualWriteSender adapts the v1 dual writer to httpapi.Sender: it has no
+// idempotency keys (the write-up's v1 had none), so key is ignored.
+type dualWriteSender struct{ dw *store.DualWriter }
+
+var _ httpapi.Sender = dualWriteSender{}
+
+func (d dualWriteSender) SendIdempotent(ctx context.Context, chatID int64, body, _, author string) (chat.Message, bool, error) {
+	m, err := d.dw.Send(ctx, chatID, body, author)
+	return m, false, err
+}

@@ -1,0 +1,70 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxchat/outboxchat/internal/service"
+)
+
+// heartbeatEvery is how often the relay role writes its heartbeat row
+// (when its relay committed a pass since the last write): one small UPDATE
+// per 5 s, not per message, so the row stays cool even under load.
+const heartbeatEvery = 5 * time.Second
+
+// heartbeat writes, at most every heartbeatEvery, when this process's relay
+// last committed a pass into <service>.relay_heartbeat (row name = the
+// process's consumer name), on the database clock, for `outboxchat
+// status`. A service (Start/Stop) with a runOnce a test can call.
+type heartbeat struct {
+	pool     *pgxpool.Pool
+	name     string
+	lastPass func() time.Time
+	sql      string
+	log      *slog.Logger
+	written  time.Time // the lastPass last written
+	life     service.Lifecycle
+}
+
+func newHeartbeat(pool *pgxpool.Pool, svc, name string, lastPass func() time.Time, log *slog.Logger) *heartbeat {
+	return &heartbeat{pool: pool, name: name, lastPass: lastPass, log: log.With("component", "chat.heartbeat"),
+		life: service.Lifecycle{Name: "chat: relay heartbeat"},
+		// pass_at on the database clock: now() less how long ago, by this
+		// process's clock, the pass committed.
+		sql: "INSERT INTO " + pgx.Identifier{svc, "relay_heartbeat"}.Sanitize() + ` (relay, pass_at)
+VALUES ($1, now() - $2::bigint * interval '1 microsecond')
+ON CONFLICT (relay) DO UPDATE SET pass_at = excluded.pass_at`}
+}
+
+// runOnce writes the heartbeat if the relay passed since the last write.
+func (h *heartbeat) runOnce(ctx context.Context) error {
+	last := h.lastPass()
+	if last.IsZero() || !last.After(h.written) {
+		return nil
+	}
+	if _, err := h.pool.Exec(ctx, h.sql, h.name, time.Since(last).Microseconds()); err != nil {
+		return fmt.Errorf("chat: relay heartbeat: %w", err)
+	}
+	h.written = last
+	return nil
+}
+
+func (h *heartbeat) Start(ctx context.Context) error {
+	return h.life.Start(ctx, func(run *service.Run) {
+		// The first write a second after start (the relay's first pass
+		// has run by then), then every heartbeatEvery.
+		run.Every(time.Second, func(ctx context.Context) time.Duration {
+			if err := h.runOnce(ctx); err != nil && ctx.Err() == nil {
+				h.log.Warn("writing the relay heartbeat failed; retried in 5 s", "err", err)
+			}
+			return heartbeatEvery
+		})
+	})
+}
+
+func (h *heartbeat) Stop(ctx context.Context) error { return h.life.Stop(ctx) }

@@ -1,0 +1,514 @@
+package server
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"log/slog"
+	"net"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/outboxchat/outboxchat/chat"
+	"github.com/outboxchat/outboxchat/chat/httpapi"
+	"github.com/outboxchat/outboxchat/chat/status"
+	"github.com/outboxchat/outboxchat/chat/store"
+	"github.com/outboxchat/outboxchat/inbox"
+	"github.com/outboxchat/outboxchat/outbox"
+	"github.com/outboxchat/outboxchat/redisq"
+)
+
+// Every Prometheus metric of a service process is defined in this file.
+// The library reports typed events (outbox.RelayEvent, inbox.Event,
+// redisq.Event) and hooks (store.SendMetrics, httpapi.SocketMetrics); the
+// methods of metrics register the metrics of one part each and return the
+// hook that feeds them, and write the events worth a line as event log
+// lines (chat.LogEvent), which the lab reads.
+
+// metrics is a process's Prometheus registry and its metrics.
+type metrics struct {
+	reg *prometheus.Registry
+	// selfCheckOK is outboxchat_listen_selfcheck_ok.
+	selfCheckOK prometheus.Gauge
+}
+
+// newMetrics registers on reg the metrics every process has: the Go
+// runtime's and the process's, the database's cleanup horizon, the LISTEN
+// self-check, and the process's part of the status snapshot (the outbox's
+// where the relay runs, the queue's where the worker does).
+func newMetrics(reg *prometheus.Registry, c *Config, pool *pgxpool.Pool, rdb *redis.Client) *metrics {
+	m := &metrics{reg: reg, selfCheckOK: prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "outboxchat_listen_selfcheck_ok",
+		Help: "1 when the latest start-up self-check's NOTIFY reached this process's LISTEN connection; 0 before it passed or when it failed (a transaction-mode pooler: set --listen-database-url).",
+	})}
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		newHorizonCollector(pool))
+	if c.listens() {
+		reg.MustRegister(m.selfCheckOK)
+	}
+	if c.has(RoleRelay) || c.has(RoleWorker) {
+		var db outbox.DB
+		if c.has(RoleRelay) {
+			db = pool
+		}
+		var qr redis.UniversalClient
+		if c.has(RoleWorker) {
+			qr = rdb
+		}
+		reg.MustRegister(newStatusCollector(db, qr, c.RedisPrefix, c.Service))
+	}
+	return m
+}
+
+// handler serves the registry (GET /metrics).
+func (m *metrics) handler() http.Handler { return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{}) }
+
+// selfCheck records a LISTEN self-check's outcome.
+func (m *metrics) selfCheck(ok bool) {
+	if ok {
+		m.selfCheckOK.Set(1)
+	} else {
+		m.selfCheckOK.Set(0)
+	}
+}
+
+// sends registers the send path's counters and returns the
+// Store hook that feeds them:
+//
+//	outboxchat_sends_rejected_total{reason="lock_timeout"|"timeout"}
+//	outboxchat_sends_replayed_total
+func (m *metrics) sends() *store.SendMetrics {
+	reg := m.reg
+	rejected := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "outboxchat_sends_rejected_total",
+		Help: "Sends that failed on a timeout (nothing stored): lock_timeout = the chat's lock stayed busy, timeout = statement or transaction timeout.",
+	}, []string{"reason"})
+	replayed := prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "outboxchat_sends_replayed_total",
+		Help: "Sends answered with the message an earlier send with the same idempotency key stored (nothing stored).",
+	})
+	for _, r := range []string{"lock_timeout", "timeout"} {
+		rejected.WithLabelValues(r) // export zeros
+	}
+	reg.MustRegister(rejected, replayed)
+	return &store.SendMetrics{
+		Rejected: func(reason string) { rejected.WithLabelValues(reason).Inc() },
+		Replayed: replayed.Inc,
+	}
+}
+
+// instrument wraps next (a ServeMux) and counts its requests by route
+// pattern (the mux's, e.g. "POST /api/chats/{chat_id}/messages";
+// "unmatched" for none) and status, with a latency histogram per route
+// (WebSocket requests, which last as long as the connection, are counted
+// but not timed):
+//
+//	outboxchat_http_requests_total{route, code}
+//	outboxchat_http_request_duration_seconds{route}   0.5 ms … 8 s buckets
+func (m *metrics) instrument(next http.Handler) http.Handler {
+	reg := m.reg
+	reqs := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "outboxchat_http_requests_total", Help: "HTTP requests by route pattern and status code.",
+	}, []string{"route", "code"})
+	dur := prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name: "outboxchat_http_request_duration_seconds", Help: "HTTP request duration by route pattern (WebSocket connections excluded).",
+		Buckets: prometheus.ExponentialBuckets(0.0005, 2, 15),
+	}, []string{"route"})
+	reg.MustRegister(reqs, dur)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		rec := &statusRecorder{ResponseWriter: w}
+		next.ServeHTTP(rec, r)
+		route := r.Pattern // set by the ServeMux on r
+		if route == "" {
+			route = "unmatched"
+		}
+		code := rec.code
+		switch {
+		case rec.hijacked:
+			code = http.StatusSwitchingProtocols
+		case code == 0:
+			code = http.StatusOK
+		}
+		reqs.WithLabelValues(route, strconv.Itoa(code)).Inc()
+		if !rec.hijacked {
+			dur.WithLabelValues(route).Observe(time.Since(start).Seconds())
+		}
+	})
+}
+
+// statusRecorder remembers the status code written through it; it passes
+// Hijack (WebSocket) and Flush on, and Unwrap gives http.ResponseController
+// the original.
+type statusRecorder struct {
+	http.ResponseWriter
+	code     int
+	hijacked bool
+}
+
+func (s *statusRecorder) WriteHeader(code int) {
+	if s.code == 0 {
+		s.code = code
+	}
+	s.ResponseWriter.WriteHeader(code)
+}
+
+func (s *statusRecorder) Write(b []byte) (int, error) {
+	if s.code == 0 {
+		s.code = http.StatusOK
+	}
+	return s.ResponseWriter.Write(b)
+}
+
+func (s *statusRecorder) Flush() {
+	if f, ok := s.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+func (s *statusRecorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	hj, ok := s.ResponseWriter.(http.Hijacker)
+	if !ok {
+		return nil, nil, errors.New("chat: response writer cannot hijack")
+	}
+	c, rw, err := hj.Hijack()
+	if err == nil {
+		s.hijacked = true
+	}
+	return c, rw, err
+}
+
+func (s *statusRecorder) Unwrap() http.ResponseWriter { return s.ResponseWriter }
+
+// horizonCollector exports, on each scrape, how far back the oldest
+// transaction or snapshot the service's database can see holds the xmin
+// horizon (while it is held, no dead row version younger than it
+// can be cleaned up, and queue tables slow down):
+//
+//	outboxchat_db_oldest_xmin_age_xids     age() in transaction ids of the oldest backend_xid / backend_xmin
+//	                                       in pg_stat_activity (this database), replication slot xmin and
+//	                                       prepared transaction; visible to any role
+//	outboxchat_db_oldest_transaction_seconds  now() − the oldest xact_start of a session holding an xid or
+//	                                       snapshot; Postgres shows another role's xact_start only to
+//	                                       superusers and pg_read_all_stats members, so without that the
+//	                                       figure covers the service role's own sessions
+//
+// A failed query (2 s bound) exports nothing for that scrape.
+type horizonCollector struct {
+	pool              *pgxpool.Pool
+	xidAge, xactStart *prometheus.Desc
+}
+
+func newHorizonCollector(pool *pgxpool.Pool) *horizonCollector {
+	return &horizonCollector{
+		pool: pool,
+		xidAge: prometheus.NewDesc("outboxchat_db_oldest_xmin_age_xids",
+			"Age in transaction ids of the oldest xmin holding back the database's cleanup horizon (backends, replication slots, prepared transactions).", nil, nil),
+		xactStart: prometheus.NewDesc("outboxchat_db_oldest_transaction_seconds",
+			"Age in seconds of the oldest transaction holding an xid or snapshot that this role may see in pg_stat_activity.", nil, nil),
+	}
+}
+
+func (c *horizonCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.xidAge
+	ch <- c.xactStart
+}
+
+func (c *horizonCollector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	var xids, secs float64
+	if err := c.pool.QueryRow(ctx, status.HorizonSQL).Scan(&xids, &secs); err != nil {
+		return
+	}
+	ch <- prometheus.MustNewConstMetric(c.xidAge, prometheus.GaugeValue, xids)
+	ch <- prometheus.MustNewConstMetric(c.xactStart, prometheus.GaugeValue, secs)
+}
+
+// e2e registers the end-to-end histogram and returns the worker's
+// observer, called with every committed inbox batch (inbox.Config.AfterCommit):
+//
+//	outboxchat_e2e_seconds   1 ms … 32.8 s buckets (×2)
+//
+// One observation per message recorded as new in this service's inbox:
+// the inbox row's received_at minus the message's sent_at. Both are
+// Postgres now() values on the one database the services share — the
+// receiver's inbox transaction and the sender's send transaction, each
+// taken when its transaction began, a statement before its commit — so
+// the figure is sender commit → receiver inbox commit on the database
+// clock, relay, Redis and worker included, with no host clock in it. The
+// values come back from the insert the inbox batch runs anyway (no extra
+// query); receipts, duplicates and dead letters are not observed. A
+// message published again by the re-drive is observed from its first
+// send. Safe for concurrent use.
+func (m *metrics) e2e() func([]inbox.Applied) {
+	reg := m.reg
+	h := prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "outboxchat_e2e_seconds",
+		Help:    "Sender commit to receiver inbox commit, database clock (inbox received_at − message sent_at), per message received.",
+		Buckets: prometheus.ExponentialBuckets(0.001, 2, 16),
+	})
+	reg.MustRegister(h)
+	return func(applied []inbox.Applied) {
+		for _, a := range applied {
+			if msg, ok := a.Value.(chat.Message); ok && msg.ReceivedAt != nil && !msg.SentAt.IsZero() {
+				h.Observe(max(msg.ReceivedAt.Sub(msg.SentAt).Seconds(), 0))
+			}
+		}
+	}
+}
+
+// sockets registers the WebSocket metrics and returns the API's hooks that
+// feed them:
+//
+//	outboxchat_ws_connections                   gauge: WebSockets open now (upgraded, not yet closed)
+//	outboxchat_ws_evictions_total{reason}       sockets the server dropped: slow (fell a client buffer
+//	                                            behind), write_timeout, ping_timeout
+//	outboxchat_ws_frames_total{direction}       data frames: in (from clients), out (to clients)
+//
+// Labels carry no chat id.
+func (m *metrics) sockets() httpapi.SocketMetrics {
+	conns := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "outboxchat_ws_connections", Help: "WebSocket connections open now.",
+	})
+	evictions := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "outboxchat_ws_evictions_total", Help: "WebSockets the server dropped, by reason (slow, write_timeout, ping_timeout).",
+	}, []string{"reason"})
+	frames := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "outboxchat_ws_frames_total", Help: "WebSocket data frames, by direction (in: from clients, out: to clients).",
+	}, []string{"direction"})
+	for _, r := range []string{"slow", "write_timeout", "ping_timeout"} {
+		evictions.WithLabelValues(r) // export zeros
+	}
+	m.reg.MustRegister(conns, evictions, frames)
+	return httpapi.SocketMetrics{
+		Opened: conns.Inc, Closed: conns.Dec,
+		Evicted: func(reason string) { evictions.WithLabelValues(reason).Inc() },
+		FrameIn: frames.WithLabelValues("in").Inc, FrameOut: frames.WithLabelValues("out").Inc,
+	}
+}
+
+// refused registers outboxchat_http_refused_total{reason} and returns the
+// guard's hook that counts its refusals.
+func (m *metrics) refused() func(reason string) {
+	refused := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "outboxchat_http_refused_total", Help: "Requests refused by the connection guard, by reason (host, origin, too_large, body_timeout, rate_ip, rate_user, sockets).",
+	}, []string{"reason"})
+	for _, r := range []string{"host", "origin", "too_large", "body_timeout", "rate_ip", "rate_user", "sockets"} {
+		refused.WithLabelValues(r) // export zeros
+	}
+	m.reg.MustRegister(refused)
+	return func(reason string) { refused.WithLabelValues(reason).Inc() }
+}
+
+// subscribers registers outboxchat_ws_subscribers, read from n at each
+// scrape (Gateway.Subscribers).
+func (m *metrics) subscribers(n func() int) {
+	m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "outboxchat_ws_subscribers", Help: "Live WebSocket subscribers.",
+	}, func() float64 { return float64(n()) }))
+}
+
+// deletedPending registers outboxchat_queue_deleted_pending_total, read
+// from n at each scrape (redisq.Consumer.DeletedPending).
+func (m *metrics) deletedPending(n func() int64) {
+	m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "outboxchat_queue_deleted_pending_total",
+		Help: "Pending stream entries found deleted from the stream (lost in Redis; healed by the sender's re-drive).",
+	}, func() float64 { return float64(n()) }))
+}
+
+// redriven registers outboxchat_redriven_total and returns the Redriver's
+// hook that counts what each pass published.
+func (m *metrics) redriven() func(n int) {
+	redriven := prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "outboxchat_redriven_total",
+		Help: "Messages published again because no receipt came back within --redrive-after.",
+	})
+	m.reg.MustRegister(redriven)
+	return func(n int) { redriven.Add(float64(n)) }
+}
+
+// statusCacheTTL is the longest a gauge shows a snapshot before a scrape
+// reads a new one: scrapes more often than this cost nothing.
+const statusCacheTTL = 5 * time.Second
+
+// statusCollector exports one service's part of the snapshot, read at most
+// once per statusCacheTTL (by the scrape that finds it stale; 2 s bound):
+//
+//	outboxchat_outbox_unsent                 (relay role) rows not yet published, messages and receipts
+//	outboxchat_outbox_oldest_unsent_seconds  (relay role) age of the oldest, database clock; 0 if none
+//	outboxchat_outbox_parked                 (relay role) parked rows
+//	outboxchat_queue_pending                 (worker role) pending entries of the service's consumer group
+//	outboxchat_queue_lag                     (worker role) entries not yet delivered to the group
+//	outboxchat_deadletter_entries            (worker role) length of the dead-letter stream
+//
+// A part that cannot be read is left out of that scrape.
+type statusCollector struct {
+	db                 outbox.DB // nil without the relay role
+	rdb                redis.UniversalClient
+	prefix, service    string
+	unsent, oldest     *prometheus.Desc
+	parked             *prometheus.Desc
+	pending, lag, dead *prometheus.Desc
+
+	mu            sync.Mutex
+	at            time.Time
+	s             status.ServiceStatus
+	dbOK, redisOK bool
+}
+
+func newStatusCollector(db outbox.DB, rdb redis.UniversalClient, prefix, service string) *statusCollector {
+	d := func(name, help string) *prometheus.Desc { return prometheus.NewDesc(name, help, nil, nil) }
+	return &statusCollector{db: db, rdb: rdb, prefix: prefix, service: service,
+		unsent:  d("outboxchat_outbox_unsent", "Outbox rows not yet published (messages and receipts), parked rows excluded."),
+		oldest:  d("outboxchat_outbox_oldest_unsent_seconds", "Age of the oldest unsent outbox row by the database clock (0 if none)."),
+		parked:  d("outboxchat_outbox_parked", "Parked outbox rows (publish failed --relay-max-attempts times); they wait for `outboxchat outbox retry`."),
+		pending: d("outboxchat_queue_pending", "Entries delivered to this service's consumer group and not yet acknowledged."),
+		lag:     d("outboxchat_queue_lag", "Entries of the stream not yet delivered to this service's consumer group."),
+		dead:    d("outboxchat_deadletter_entries", "Entries in the dead-letter stream of the stream this service reads."),
+	}
+}
+
+func (c *statusCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{c.unsent, c.oldest, c.parked, c.pending, c.lag, c.dead} {
+		ch <- d
+	}
+}
+
+func (c *statusCollector) Collect(ch chan<- prometheus.Metric) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if time.Since(c.at) >= statusCacheTTL {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		s := status.ServiceStatus{Service: c.service}
+		c.dbOK = c.db != nil && status.OutboxStatus(ctx, c.db, c.service, &s) == nil
+		c.redisOK = c.rdb != nil && status.QueueStatus(ctx, c.rdb, c.prefix, c.service, &s) == nil
+		cancel()
+		c.s, c.at = s, time.Now()
+	}
+	g := func(d *prometheus.Desc, v float64) { ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v) }
+	if c.dbOK {
+		g(c.unsent, float64(c.s.Unsent))
+		g(c.oldest, c.s.OldestUnsentSeconds)
+		g(c.parked, float64(c.s.Parked))
+	}
+	if c.redisOK {
+		g(c.pending, float64(c.s.StreamPending))
+		g(c.lag, float64(c.s.StreamLag))
+		g(c.dead, float64(c.s.DeadLetters))
+	}
+}
+
+// relayEvents registers the relay's metrics and returns its
+// outbox.RelayConfig.OnEvent, which counts and times what it published,
+// counts failed passes (logged as events) and parked rows, and tracks its
+// LISTEN connection.
+func (m *metrics) relayEvents(log *slog.Logger) func(outbox.RelayEvent) {
+	reg := m.reg
+	published := prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "outboxchat_relay_published_total", Help: "Outbox rows published (and deleted from the outbox).",
+	})
+	passes := prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name: "outboxchat_relay_pass_seconds", Help: "Duration of relay passes that published rows, claim to commit.",
+		Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
+	})
+	failed := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "outboxchat_relay_failures_total", Help: "Failed relay passes (rows stay unsent) and LISTEN failures, by stage.",
+	}, []string{"stage"})
+	listening := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "outboxchat_relay_listening", Help: "1 while the relay's LISTEN connection is up.",
+	})
+	for _, stage := range []string{"claim", "publish", "mark_sent", "listen"} {
+		failed.WithLabelValues(stage) // export zeros: alerts and the dashboard use the series
+	}
+	parked := prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "outboxchat_relay_parked_total", Help: "Outbox rows parked after --relay-max-attempts failed publishes of their own.",
+	})
+	reg.MustRegister(published, passes, failed, listening, parked)
+	return func(e outbox.RelayEvent) {
+		switch e.Kind {
+		case outbox.EventPublished:
+			published.Add(float64(e.N))
+			passes.Observe(e.Duration.Seconds())
+		case outbox.EventPassFailed:
+			failed.WithLabelValues(e.Stage).Inc()
+			chat.LogEvent(log, slog.LevelInfo, string(e.Kind), "stage", e.Stage, "err", e.Err)
+		case outbox.EventParked:
+			parked.Inc()
+		case outbox.EventListenUp:
+			listening.Set(1)
+		case outbox.EventListenDown:
+			listening.Set(0)
+			if e.Err != nil {
+				failed.WithLabelValues("listen").Inc()
+			}
+		}
+	}
+}
+
+// inboxEvents exports the inbox consumer's events as Prometheus metrics and
+// logs duplicates and dead letters as events.
+func (m *metrics) inboxEvents(log *slog.Logger) func(inbox.Event) {
+	reg := m.reg
+	applied := prometheus.NewCounter(prometheus.CounterOpts{Name: "outboxchat_inbox_applied_total", Help: "Inbox deliveries by outcome."})
+	dups := prometheus.NewCounter(prometheus.CounterOpts{Name: "outboxchat_inbox_duplicates_total", Help: "Inbox deliveries by outcome."})
+	dead := prometheus.NewCounter(prometheus.CounterOpts{Name: "outboxchat_inbox_dead_lettered_total", Help: "Inbox deliveries by outcome."})
+	reg.MustRegister(applied, dups, dead)
+	return func(e inbox.Event) {
+		switch e.Kind {
+		case inbox.EventApplied:
+			applied.Add(float64(e.N))
+		case inbox.EventDuplicate:
+			dups.Add(float64(e.N))
+			chat.LogEvent(log, slog.LevelInfo, string(e.Kind), "message_id", e.MessageID, "ref", e.Ref)
+		case inbox.EventDeadLettered:
+			dead.Add(float64(e.N))
+			chat.LogEvent(log, slog.LevelWarn, string(e.Kind), "message_id", e.MessageID, "ref", e.Ref, "reason", e.Reason)
+		}
+	}
+}
+
+// queueEvents exports the queue consumer's reclaims and trims as Prometheus
+// counters (outboxchat_queue_reclaimed_total, outboxchat_queue_trimmed_total,
+// outboxchat_deadletter_trimmed_total)
+// and logs the reclaims, the pending entries found deleted from the stream
+// (one line per entry) and a lost consumer group as events.
+func (m *metrics) queueEvents(log *slog.Logger, lock time.Duration) func(redisq.Event) {
+	reg := m.reg
+	reclaimed := prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "outboxchat_queue_reclaimed_total", Help: "Stalled jobs taken over from another consumer after the lock duration.",
+	})
+	trimmed := prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "outboxchat_queue_trimmed_total", Help: "Acknowledged entries trimmed from the stream this service reads.",
+	})
+	deadTrimmed := prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "outboxchat_deadletter_trimmed_total", Help: "Dead-letter entries dropped (oldest first) to keep the stream at --dead-letter-max.",
+	})
+	reg.MustRegister(reclaimed, trimmed, deadTrimmed)
+	return func(e redisq.Event) {
+		switch e.Kind {
+		case redisq.EventReclaimed:
+			reclaimed.Add(float64(e.N))
+			chat.LogEvent(log, slog.LevelInfo, string(e.Kind), "count", e.N, "lock_duration", lock)
+		case redisq.EventDeadLetterTrimmed:
+			deadTrimmed.Add(float64(e.N))
+		case redisq.EventTrimmed:
+			trimmed.Add(float64(e.N))
+		case redisq.EventDeletedPending:
+			for _, id := range e.StreamIDs {
+				chat.LogEvent(log, slog.LevelWarn, string(e.Kind), "stream_id", id)
+			}
+		case redisq.EventGroupLost:
+			chat.LogEvent(log, slog.LevelWarn, string(e.Kind), "err", e.Err)
+		}
+	}
+}

@@ -1,0 +1,205 @@
+package status
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/outboxchat/outboxchat/chat"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/outboxchat/outboxchat/outbox"
+	"github.com/outboxchat/outboxchat/redisq"
+)
+
+// The operator's snapshot of the two services: `outboxchat status` prints
+// it and each service's gauges export their part of it. Every figure comes
+// from the few queries below, run on demand (status) or at most once per
+// statusCacheTTL (a scrape), never per message.
+
+// StatusThresholds say when a figure needs a person (Status.Problems; the
+// status command then exits 1). A zero field means its default.
+type StatusThresholds struct {
+	// BacklogAge: the oldest unsent outbox row is older than this.
+	// Default DefaultMaxBacklogAge (1 min).
+	BacklogAge time.Duration
+	// TransactionAge: a transaction or snapshot the database can see is
+	// older than this (it holds back cleanup; issue 17). Default
+	// DefaultMaxTransactionAge (10 min).
+	TransactionAge time.Duration
+}
+
+// Status thresholds' defaults.
+const (
+	DefaultMaxBacklogAge     = time.Minute
+	DefaultMaxTransactionAge = 10 * time.Minute
+)
+
+// Status is what `outboxchat status --json` prints.
+type Status struct {
+	Services []ServiceStatus `json:"services"`
+	Database DatabaseStatus  `json:"database"`
+	// Problems lists what needs a person, one sentence each; empty when
+	// healthy.
+	Problems []string `json:"problems"`
+	// Healthy is len(Problems) == 0.
+	Healthy bool `json:"healthy"`
+}
+
+// ServiceStatus is one service: its outbox (what it sends) and its consumer
+// group on the stream it reads.
+type ServiceStatus struct {
+	Service string `json:"service"`
+	// Unsent, OldestUnsentSeconds (database clock; 0 when none) and Parked
+	// describe the outbox (messages and receipts).
+	Unsent              int64   `json:"unsent"`
+	OldestUnsentSeconds float64 `json:"oldest_unsent_seconds"`
+	Parked              int64   `json:"parked"`
+	// LastRelayPassSeconds is how long ago, by the database clock, a relay
+	// of the service last committed a pass (its heartbeat, written at most
+	// every 5 s, so up to about 5 s stale); null when no relay ever ran.
+	LastRelayPassSeconds *float64 `json:"last_relay_pass_seconds"`
+	// Stream is the stream the service reads (the peer's messages);
+	// StreamLength its entries, StreamPending and StreamLag the service's
+	// consumer group's pending and undelivered entries.
+	Stream        string           `json:"stream"`
+	StreamLength  int64            `json:"stream_length"`
+	StreamPending int64            `json:"stream_pending"`
+	StreamLag     int64            `json:"stream_lag"`
+	Consumers     []ConsumerStatus `json:"consumers"`
+	// DeadLetters is the length of that stream's dead-letter stream.
+	DeadLetters int64 `json:"dead_letters"`
+	// Errors lists what could not be read ("database: …", "redis: …").
+	Errors []string `json:"errors,omitempty"`
+}
+
+// ConsumerStatus is one member of a service's consumer group.
+type ConsumerStatus struct {
+	Name        string  `json:"name"`
+	Pending     int64   `json:"pending"`
+	IdleSeconds float64 `json:"idle_seconds"`
+}
+
+// DatabaseStatus is the database's cleanup horizon (see horizonCollector).
+type DatabaseStatus struct {
+	OldestXminAgeXids        float64 `json:"oldest_xmin_age_xids"`
+	OldestTransactionSeconds float64 `json:"oldest_transaction_seconds"`
+	Error                    string  `json:"error,omitempty"`
+}
+
+// OutboxStatus reads into s a service's outbox figures and its relays' newest
+// heartbeat. db needs SELECT on the service's outbox and relay_heartbeat;
+// the error is the first query's that failed.
+func OutboxStatus(ctx context.Context, db outbox.DB, service string, s *ServiceStatus) error {
+	st, err := outbox.ReadStats(ctx, db, service+".outbox")
+	if err != nil {
+		return err
+	}
+	s.Unsent, s.Parked, s.OldestUnsentSeconds = st.Unsent, st.Parked, st.OldestUnsent.Seconds()
+	var ago *float64
+	if err := db.QueryRow(ctx, "SELECT extract(epoch FROM now() - max(pass_at))::float8 FROM "+
+		pgx.Identifier{service, "relay_heartbeat"}.Sanitize()).Scan(&ago); err != nil {
+		return fmt.Errorf("relay heartbeat: %w", err)
+	}
+	if ago != nil {
+		a := max(*ago, 0)
+		ago = &a
+	}
+	s.LastRelayPassSeconds = ago
+	return nil
+}
+
+// QueueStatus reads into s the stream service reads (keys under prefix)
+// and its consumer group there, with the dead-letter stream's length.
+func QueueStatus(ctx context.Context, rdb redis.UniversalClient, prefix, service string, s *ServiceStatus) error {
+	qi, err := redisq.Inspect(ctx, rdb, prefix, chat.QueueName(chat.Peer(service)))
+	if err != nil {
+		return err
+	}
+	s.Stream, s.StreamLength, s.DeadLetters = qi.Stream, qi.Length, qi.DeadLetters
+	s.StreamLag = qi.Length // no group yet: nothing was delivered
+	s.Consumers = []ConsumerStatus{}
+	for _, g := range qi.Groups {
+		if g.Name != service {
+			continue
+		}
+		s.StreamPending, s.StreamLag = g.Pending, g.Lag
+		for _, c := range g.Consumers {
+			s.Consumers = append(s.Consumers, ConsumerStatus{Name: c.Name, Pending: c.Pending, IdleSeconds: c.Idle.Seconds()})
+		}
+	}
+	return nil
+}
+
+// ReadStatus reads both services' Status through db (a role that can read
+// both schemas and pg_stat_activity: the database owner or a superuser;
+// with a service's own role the other service reports an error) and rdb
+// (nil: the Redis figures are left out, with an error), keys under prefix
+// ("" = DefaultRedisPrefix), and judges it by th. It returns an error only
+// when ctx ends; what it cannot read is in the ServiceStatus's Errors and
+// counts as a problem.
+func ReadStatus(ctx context.Context, db outbox.DB, rdb redis.UniversalClient, prefix string, th StatusThresholds) (*Status, error) {
+	if prefix == "" {
+		prefix = chat.DefaultRedisPrefix
+	}
+	if th.BacklogAge <= 0 {
+		th.BacklogAge = DefaultMaxBacklogAge
+	}
+	if th.TransactionAge <= 0 {
+		th.TransactionAge = DefaultMaxTransactionAge
+	}
+	st := &Status{Problems: []string{}}
+	for _, svc := range []string{chat.Consumers, chat.Workers} {
+		s := ServiceStatus{Service: svc, Consumers: []ConsumerStatus{}}
+		if err := OutboxStatus(ctx, db, svc, &s); err != nil {
+			s.Errors = append(s.Errors, "database: "+err.Error())
+		}
+		if rdb == nil {
+			s.Errors = append(s.Errors, "redis: no --redis-url")
+		} else if err := QueueStatus(ctx, rdb, prefix, svc, &s); err != nil {
+			s.Errors = append(s.Errors, "redis: "+err.Error())
+		}
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		for _, e := range s.Errors {
+			st.Problems = append(st.Problems, fmt.Sprintf("%s: cannot read: %s", svc, e))
+		}
+		if s.OldestUnsentSeconds > th.BacklogAge.Seconds() {
+			st.Problems = append(st.Problems, fmt.Sprintf("%s: oldest unsent outbox row is %.0f s old (threshold %v): is its relay running and Redis reachable?",
+				svc, s.OldestUnsentSeconds, th.BacklogAge))
+		}
+		if s.Parked > 0 {
+			st.Problems = append(st.Problems, fmt.Sprintf("%s: %d parked outbox row(s): see `outboxchat outbox parked --service %s`", svc, s.Parked, svc))
+		}
+		if s.DeadLetters > 0 {
+			st.Problems = append(st.Problems, fmt.Sprintf("%s: %d dead letter(s) on %s: see `outboxchat deadletters list --service %s`", svc, s.DeadLetters, chat.QueueName(chat.Peer(svc)), svc))
+		}
+		st.Services = append(st.Services, s)
+	}
+	if err := db.QueryRow(ctx, HorizonSQL).Scan(&st.Database.OldestXminAgeXids, &st.Database.OldestTransactionSeconds); err != nil {
+		st.Database.Error = err.Error()
+		st.Problems = append(st.Problems, "database: cannot read the cleanup horizon: "+err.Error())
+	} else if st.Database.OldestTransactionSeconds > th.TransactionAge.Seconds() {
+		st.Problems = append(st.Problems, fmt.Sprintf("database: a transaction or snapshot is %.0f s old (threshold %v): it holds back cleanup and slows the queue tables; find it in pg_stat_activity (xact_start) and end it",
+			st.Database.OldestTransactionSeconds, th.TransactionAge))
+	}
+	st.Healthy = len(st.Problems) == 0
+	return st, nil
+}
+
+// HorizonSQL reads how far back the oldest transaction or snapshot holds
+// the database's xmin horizon: the age in transaction ids of the oldest
+// backend xid/xmin of this database, replication slot xmin and prepared
+// transaction, and the age in seconds of the oldest xact_start that this
+// role may see in pg_stat_activity (two float8 columns).
+const HorizonSQL = `SELECT
+	coalesce(greatest(
+		(SELECT max(greatest(age(backend_xid), age(backend_xmin))) FROM pg_stat_activity
+			WHERE datid = (SELECT oid FROM pg_database WHERE datname = current_database()) OR datid IS NULL),
+		(SELECT max(greatest(age(xmin), age(catalog_xmin))) FROM pg_replication_slots),
+		(SELECT max(age(transaction)) FROM pg_prepared_xacts)), 0)::float8,
+	coalesce((SELECT extract(epoch FROM now() - min(xact_start)) FROM pg_stat_activity
+		WHERE backend_xid IS NOT NULL OR backend_xmin IS NOT NULL), 0)::float8`

@@ -1,0 +1,108 @@
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/outboxchat/outboxchat/chat"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxchat/outboxchat/internal/service"
+	"github.com/outboxchat/outboxchat/redisq"
+)
+
+// DualWriter is the write-up's v1, kept for the lab to show what the outbox
+// fixes: commit the message, then add the job to Redis from the API process.
+// An add that fails is kept in this process's memory and retried, as
+// ioredis's offline queue did; a redeploy loses whatever is waiting. Never
+// use this outside the lab.
+type DualWriter struct {
+	store   *Store
+	pub     *redisq.Publisher
+	log     *slog.Logger
+	mu      sync.Mutex
+	pending []redisq.Job
+	life    service.Lifecycle
+}
+
+// NewDualWriter returns a DualWriter that stores through store and adds
+// the jobs through pub, logging to log (not nil). Start runs its retry loop.
+func NewDualWriter(store *Store, pub *redisq.Publisher, log *slog.Logger) *DualWriter {
+	return &DualWriter{store: store, pub: pub, log: log.With("component", "chat.v1")}
+}
+
+// Send stores the message (author "" for none), then adds its job to
+// Redis; a failed add is kept in memory for the retry loop. Safe for
+// concurrent use.
+func (d *DualWriter) Send(ctx context.Context, chatID int64, body, author string) (chat.Message, error) {
+	m := chat.Message{ChatID: chatID, Body: body, From: d.store.service, Author: author}
+	err := pgx.BeginFunc(ctx, d.store.pool, func(tx pgx.Tx) error {
+		// The chat's lock, then (a statement of its own, so a snapshot
+		// that sees the previous holder's commit) the next seq.
+		if _, err := tx.Exec(ctx, d.store.q.lockChat, chatID); err != nil {
+			return fmt.Errorf("lock chat: %w", err)
+		}
+		return tx.QueryRow(ctx, d.store.q.insertOne, chatID, body, m.Author).Scan(&m.ID, &m.Seq, &m.SentAt)
+	})
+	if err != nil {
+		return chat.Message{}, fmt.Errorf("send: %w", err)
+	}
+	if d.store.afterCommit != nil {
+		d.store.afterCommit([]chat.Message{m})
+	}
+	payload, _ := json.Marshal(m)
+	job := redisq.Job{ID: m.ID, Name: chat.EventMessageCreated, Payload: payload}
+	if _, err := d.pub.Add(ctx, job); err != nil {
+		chat.LogEvent(d.log, slog.LevelWarn, chat.EventV1AddFailed, "message_id", m.ID, "err", err)
+		d.mu.Lock()
+		d.pending = append(d.pending, job)
+		d.mu.Unlock()
+	}
+	return m, nil
+}
+
+// Start runs the retry loop (internal/service contract; the loop's Redis
+// adds run under the run's context, so a graceful stop just ends the loop).
+func (d *DualWriter) Start(ctx context.Context) error {
+	return d.life.Start(ctx, func(r *service.Run) { r.Go(func() { d.retryLoop(r.DrainContext()) }) })
+}
+
+func (d *DualWriter) retryLoop(ctx context.Context) {
+	t := time.NewTicker(250 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		d.mu.Lock()
+		jobs := d.pending
+		d.pending = nil
+		d.mu.Unlock()
+		if len(jobs) == 0 {
+			continue
+		}
+		if _, err := d.pub.Add(ctx, jobs...); err != nil {
+			d.mu.Lock()
+			d.pending = append(jobs, d.pending...)
+			d.mu.Unlock()
+		}
+	}
+}
+
+// Stop drops whatever is still pending: exactly the loss the write-up shows.
+func (d *DualWriter) Stop(ctx context.Context) error {
+	err := d.life.Stop(ctx)
+	d.mu.Lock()
+	if n := len(d.pending); n > 0 {
+		chat.LogEvent(d.log, slog.LevelWarn, chat.EventV1Lost, "count", n)
+	}
+	d.mu.Unlock()
+	return err
+}
