@@ -95,3 +95,12 @@ const (
 	WSProtocol     = "outboxchat.v1"
 	WSBearerPrefix = "bearer."
 )
+
+// Close codes of an authenticated WebSocket (4000–4999: private use, RFC
+// 6455 §7.4.2), after the HTTP statuses.
+const (
+	CloseUnauthorized = 4401 // no, bad or expired token
+	CloseForbidden    = 4403 // the token does not cover the chat
+	CloseTooMany      = 4429 // the user's socket cap
+)
+

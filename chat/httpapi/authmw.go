@@ -19,14 +19,6 @@ func userOf(r *http.Request) string {
 	return "ip:" + clientIP(r)
 }
 
-// Close codes of an authenticated WebSocket (4000–4999: private use, RFC
-// 6455 §7.4.2), after the HTTP statuses.
-const (
-	closeUnauthorized = 4401 // no, bad or expired token
-	closeForbidden    = 4403 // the token does not cover the chat
-	closeTooMany      = 4429 // the user's socket cap
-)
-
 // firstFrameWait bounds the wait for a {"token"} first frame.
 const firstFrameWait = 10 * time.Second
 
@@ -65,18 +57,18 @@ func authenticate(v *auth.Verifier, next http.Handler) http.Handler {
 		}
 		if token == "" {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="outboxchat"`)
-			writeJSON(w, http.StatusUnauthorized, errorBody{Error: "missing bearer token", Field: "Authorization"})
+			writeJSON(w, http.StatusUnauthorized, ErrorBody{Error: "missing bearer token", Field: "Authorization"})
 			return
 		}
 		p, err := v.Verify(token)
 		if err != nil {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="outboxchat", error="invalid_token"`)
-			writeJSON(w, http.StatusUnauthorized, errorBody{Error: err.Error(), Field: "Authorization"})
+			writeJSON(w, http.StatusUnauthorized, ErrorBody{Error: err.Error(), Field: "Authorization"})
 			return
 		}
 		// A chat id that does not parse is the handler's 400.
 		if id, err := chat.ParseChatID(rawChat); err == nil && !p.Chats.Allows(id) {
-			writeJSON(w, http.StatusForbidden, errorBody{Error: "token does not cover chat " + strconv.FormatInt(id, 10), Field: "chat_id"})
+			writeJSON(w, http.StatusForbidden, ErrorBody{Error: "token does not cover chat " + strconv.FormatInt(id, 10), Field: "chat_id"})
 			return
 		}
 		next.ServeHTTP(w, r.WithContext(auth.WithPrincipal(r.Context(), p)))

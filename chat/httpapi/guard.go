@@ -241,7 +241,7 @@ func (g *guard) wrap(next http.Handler) http.Handler {
 		}
 		if !g.hostAllowed(r.Host) {
 			g.count("host")
-			writeJSON(w, http.StatusMisdirectedRequest, errorBody{Error: "host not allowed: this server does not answer for " + strconv.Quote(r.Host), Field: "Host"})
+			writeJSON(w, http.StatusMisdirectedRequest, ErrorBody{Error: "host not allowed: this server does not answer for " + strconv.Quote(r.Host), Field: "Host"})
 			return
 		}
 		if !strings.HasPrefix(r.URL.Path, "/api/") && r.URL.Path != "/ws" {
@@ -250,7 +250,7 @@ func (g *guard) wrap(next http.Handler) http.Handler {
 		}
 		if !g.originAllowed(r) {
 			g.count("origin")
-			writeJSON(w, http.StatusForbidden, errorBody{Error: "origin not allowed", Field: "Origin"})
+			writeJSON(w, http.StatusForbidden, ErrorBody{Error: "origin not allowed", Field: "Origin"})
 			return
 		}
 		if !g.allow(w, g.ips, clientIP(r), "rate_ip") {
@@ -259,7 +259,7 @@ func (g *guard) wrap(next http.Handler) http.Handler {
 		if r.ContentLength > g.maxRequest {
 			// Refused unread: the client may be about to trickle it.
 			g.count("too_large")
-			writeJSON(w, http.StatusRequestEntityTooLarge, errorBody{Error: fmt.Sprintf("request over %d bytes", g.maxRequest), Field: "body"})
+			writeJSON(w, http.StatusRequestEntityTooLarge, ErrorBody{Error: fmt.Sprintf("request over %d bytes", g.maxRequest), Field: "body"})
 			return
 		}
 		next.ServeHTTP(w, r)
@@ -307,7 +307,7 @@ func (g *guard) allow(w http.ResponseWriter, l *keyedLimiter, key, reason string
 	}
 	g.count(reason)
 	w.Header().Set("Retry-After", strconv.Itoa(int(math.Ceil(wait.Seconds()))))
-	writeJSON(w, http.StatusTooManyRequests, errorBody{Error: "too many requests: retry after " + w.Header().Get("Retry-After") + " s"})
+	writeJSON(w, http.StatusTooManyRequests, ErrorBody{Error: "too many requests: retry after " + w.Header().Get("Retry-After") + " s"})
 	return false
 }
 
@@ -331,7 +331,7 @@ func (g *guard) openSocket(w http.ResponseWriter, user string) (release func(), 
 	release, ok = g.takeSocket(user)
 	if !ok {
 		w.Header().Set("Retry-After", "1")
-		writeJSON(w, http.StatusTooManyRequests, errorBody{Error: fmt.Sprintf("too many WebSockets: at most %d per user", g.cfg.SocketsPerUser)})
+		writeJSON(w, http.StatusTooManyRequests, ErrorBody{Error: fmt.Sprintf("too many WebSockets: at most %d per user", g.cfg.SocketsPerUser)})
 	}
 	return release, ok
 }

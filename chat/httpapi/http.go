@@ -242,9 +242,9 @@ func (a *API) Register(mux *http.ServeMux) {
 	mux.Handle("GET /{$}", web.Handler(a.service))
 }
 
-// errorBody is every error answer: {"error": "...", "field": "..."}; field
+// ErrorBody is every error answer (JSON): {"error": "...", "field": "..."}; field
 // is "" when the error is not about one field.
-type errorBody struct {
+type ErrorBody struct {
 	Error string `json:"error"`
 	Field string `json:"field"`
 }
@@ -265,10 +265,10 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 func writeError(w http.ResponseWriter, err error) {
 	var fe *chat.FieldError
 	if errors.As(err, &fe) {
-		writeJSON(w, http.StatusBadRequest, errorBody{Error: fe.Error(), Field: fe.Field})
+		writeJSON(w, http.StatusBadRequest, ErrorBody{Error: fe.Error(), Field: fe.Field})
 		return
 	}
-	writeJSON(w, http.StatusServiceUnavailable, errorBody{Error: "database unavailable, try again"})
+	writeJSON(w, http.StatusServiceUnavailable, ErrorBody{Error: "database unavailable, try again"})
 }
 
 // idempotencyKey returns the send's idempotency key: the Idempotency-Key
@@ -300,7 +300,7 @@ func (a *API) handleSend(w http.ResponseWriter, r *http.Request) {
 	// JSON only: a form or text/plain POST from another site's page (a
 	// "simple" cross-origin request, no preflight) is refused.
 	if mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err != nil || mt != "application/json" {
-		writeJSON(w, http.StatusUnsupportedMediaType, errorBody{Error: "Content-Type must be application/json", Field: "Content-Type"})
+		writeJSON(w, http.StatusUnsupportedMediaType, ErrorBody{Error: "Content-Type must be application/json", Field: "Content-Type"})
 		return
 	}
 	// Read at most the body limit plus room for JSON escaping and the key.
@@ -308,7 +308,7 @@ func (a *API) handleSend(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
-			writeJSON(w, http.StatusRequestEntityTooLarge, errorBody{Error: fmt.Sprintf("request over %d bytes", mbe.Limit), Field: "body"})
+			writeJSON(w, http.StatusRequestEntityTooLarge, ErrorBody{Error: fmt.Sprintf("request over %d bytes", mbe.Limit), Field: "body"})
 			return
 		}
 		bodyUnreadable(w, err)
@@ -344,22 +344,22 @@ func (a *API) send(ctx context.Context, chatID int64, body, key string) (chat.Me
 // sendError maps a failed send to its status and body: 400 for bad input,
 // 409 for a reused idempotency key (keyField names where the key came
 // from), 503 otherwise, with a short generic text (never the cause).
-func sendError(err error, keyField string) (int, errorBody) {
+func sendError(err error, keyField string) (int, ErrorBody) {
 	var fe *chat.FieldError
 	var pgErr *pgconn.PgError
 	switch {
 	case errors.As(err, &fe):
-		return http.StatusBadRequest, errorBody{Error: fe.Error(), Field: fe.Field}
+		return http.StatusBadRequest, ErrorBody{Error: fe.Error(), Field: fe.Field}
 	case errors.Is(err, chat.ErrIdempotencyConflict):
-		return http.StatusConflict, errorBody{Error: "this idempotency key was already used for another message in this chat", Field: keyField}
+		return http.StatusConflict, ErrorBody{Error: "this idempotency key was already used for another message in this chat", Field: keyField}
 	case inbox.IsPermanent(err) && errors.As(err, &pgErr):
 		// Input the validator let through but the database refused (a
 		// data exception or constraint violation, SQLSTATE class 22 or 23).
-		return http.StatusBadRequest, errorBody{Error: "the database refused the message", Field: "body"}
+		return http.StatusBadRequest, ErrorBody{Error: "the database refused the message", Field: "body"}
 	case errors.Is(err, chat.ErrChatBusy):
-		return http.StatusServiceUnavailable, errorBody{Error: "chat busy, nothing was stored; retry later with the same idempotency key"}
+		return http.StatusServiceUnavailable, ErrorBody{Error: "chat busy, nothing was stored; retry later with the same idempotency key"}
 	}
-	return http.StatusServiceUnavailable, errorBody{Error: "could not store the message; retry with the same idempotency key"}
+	return http.StatusServiceUnavailable, ErrorBody{Error: "could not store the message; retry with the same idempotency key"}
 }
 
 func (a *API) sendFailed(w http.ResponseWriter, chatID int64, keyField string, err error) {
@@ -422,7 +422,7 @@ func (a *API) handleHistory(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		a.log.Warn("history failed", "chat_id", chatID, "err", err)
 		if errors.Is(err, chat.ErrReadTimeout) {
-			writeJSON(w, http.StatusServiceUnavailable, errorBody{Error: "timed out reading the chat"})
+			writeJSON(w, http.StatusServiceUnavailable, ErrorBody{Error: "timed out reading the chat"})
 			return
 		}
 		writeError(w, err)
@@ -441,7 +441,7 @@ func (a *API) handleWS(w http.ResponseWriter, r *http.Request) {
 	defer a.sockets.Done()
 	select {
 	case <-a.closing:
-		writeJSON(w, http.StatusServiceUnavailable, errorBody{Error: "service stopping"})
+		writeJSON(w, http.StatusServiceUnavailable, ErrorBody{Error: "service stopping"})
 		return
 	default:
 	}
@@ -540,7 +540,7 @@ func (a *API) handleWS(w http.ResponseWriter, r *http.Request) {
 			c.Close(websocket.StatusPolicyViolation, "too slow: reconnect with your cursors")
 			return
 		case <-expired:
-			c.Close(closeUnauthorized, "token expired: reconnect with a new token and your cursors")
+			c.Close(chat.CloseUnauthorized, "token expired: reconnect with a new token and your cursors")
 			return
 		case <-pingFailed:
 			a.dropSocket(r, chatID, "ping_timeout", nil)

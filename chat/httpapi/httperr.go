@@ -28,12 +28,12 @@ func withJSONErrors(mux *http.ServeMux) http.Handler {
 		if rec.code == http.StatusMethodNotAllowed {
 			allow := rec.header.Get("Allow")
 			w.Header().Set("Allow", allow)
-			writeJSON(w, http.StatusMethodNotAllowed, errorBody{
+			writeJSON(w, http.StatusMethodNotAllowed, ErrorBody{
 				Error: "method " + r.Method + " not allowed on " + r.URL.Path + "; allowed: " + allow,
 			})
 			return
 		}
-		writeJSON(w, http.StatusNotFound, errorBody{Error: "no such endpoint: " + r.Method + " " + r.URL.Path})
+		writeJSON(w, http.StatusNotFound, ErrorBody{Error: "no such endpoint: " + r.Method + " " + r.URL.Path})
 	})
 }
 
@@ -82,7 +82,7 @@ func acceptWS(w http.ResponseWriter, r *http.Request, opts *websocket.AcceptOpti
 		if ew.code == http.StatusForbidden {
 			field = "Origin"
 		}
-		writeJSON(w, ew.code, errorBody{Error: msg, Field: field})
+		writeJSON(w, ew.code, ErrorBody{Error: msg, Field: field})
 	}
 	return c, err
 }

@@ -76,7 +76,7 @@ func bodyUnreadable(w http.ResponseWriter, err error) {
 	var ne net.Error
 	if errors.As(err, &ne) && ne.Timeout() {
 		w.Header().Set("Connection", "close")
-		writeJSON(w, http.StatusRequestTimeout, errorBody{Error: "request body not received in time", Field: "body"})
+		writeJSON(w, http.StatusRequestTimeout, ErrorBody{Error: "request body not received in time", Field: "body"})
 		return
 	}
 	writeError(w, &chat.FieldError{Field: "body", Msg: "request unreadable"})
@@ -92,26 +92,26 @@ func (a *API) wsFirstFrame(ctx context.Context, c *websocket.Conn, chatID int64)
 	typ, data, err := c.Read(rctx)
 	cancel()
 	if err != nil {
-		c.Close(closeUnauthorized, `no token: send {"token": "<jwt>"} first`)
+		c.Close(chat.CloseUnauthorized, `no token: send {"token": "<jwt>"} first`)
 		return nil, nil, false
 	}
 	var f struct {
 		Token string `json:"token"`
 	}
 	if typ != websocket.MessageText || json.Unmarshal(data, &f) != nil || f.Token == "" {
-		c.Close(closeUnauthorized, `the first frame must be {"token": "<jwt>"}`)
+		c.Close(chat.CloseUnauthorized, `the first frame must be {"token": "<jwt>"}`)
 		return nil, nil, false
 	}
 	if p, err = a.verifier.Verify(f.Token); err != nil {
-		c.Close(closeUnauthorized, "invalid token")
+		c.Close(chat.CloseUnauthorized, "invalid token")
 		return nil, nil, false
 	}
 	if !p.Chats.Allows(chatID) {
-		c.Close(closeForbidden, "token does not cover chat "+strconv.FormatInt(chatID, 10))
+		c.Close(chat.CloseForbidden, "token does not cover chat "+strconv.FormatInt(chatID, 10))
 		return nil, nil, false
 	}
 	if release, ok = a.guard.takeSocket("user:" + p.User); !ok {
-		c.Close(closeTooMany, "too many WebSockets for this user")
+		c.Close(chat.CloseTooMany, "too many WebSockets for this user")
 		return nil, nil, false
 	}
 	return p, release, true

@@ -111,12 +111,12 @@ func currentDatabase(ctx context.Context, tx pgx.Tx) string {
 // role. Concurrent calls are serialised by an advisory lock. It returns the
 // number of migrations applied.
 func Migrate(ctx context.Context, pool *pgxpool.Pool, service string) (int, error) {
-	return migrateUpTo(ctx, pool, service, math.MaxInt)
+	return MigrateUpTo(ctx, pool, service, math.MaxInt)
 }
 
-// migrateUpTo is Migrate without the migrations above version upto (tests
+// MigrateUpTo is Migrate without the migrations above version upto (tests
 // of a migration's data changes start from the version before it).
-func migrateUpTo(ctx context.Context, pool *pgxpool.Pool, service string, upto int) (int, error) {
+func MigrateUpTo(ctx context.Context, pool *pgxpool.Pool, service string, upto int) (int, error) {
 	if err := chat.CheckService(service); err != nil {
 		return 0, err
 	}

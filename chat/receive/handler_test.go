@@ -1,0 +1,95 @@
+package receive
+
+import (
+	"context"
+	"encoding/json"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxchat/outboxchat/chat"
+	"github.com/outboxchat/outboxchat/chat/internal/chattest"
+	"github.com/outboxchat/outboxchat/inbox"
+)
+
+// recordingSource remembers what was acked and dead-lettered.
+type recordingSource struct {
+	mu         sync.Mutex
+	acked      []string
+	deadLetter []string
+}
+
+func (s *recordingSource) Fetch(context.Context, int) ([]inbox.Delivery, error) { return nil, nil }
+func (s *recordingSource) Ack(_ context.Context, refs ...string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.acked = append(s.acked, refs...)
+	return nil
+}
+func (s *recordingSource) DeadLetter(_ context.Context, d inbox.Delivery, _ string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.deadLetter = append(s.deadLetter, d.Ref)
+	return nil
+}
+
+// One batch mixing a new message, a malformed job, the same message again,
+// a message already in the inbox and another new one: the batch path has the
+// effect of Apply on each in order.
+func TestInboxHandlerBatchMixedDeliveries(t *testing.T) {
+	t.Parallel()
+	h := chattest.New(t, "")
+	ctx := context.Background()
+	_, _, c, src := inboxConsumer(t, h, chat.Workers, nil)
+	mk := func(seq int64) inbox.Delivery {
+		id := uuid.NewString()
+		p, _ := json.Marshal(chat.Message{ID: id, ChatID: 2, Seq: seq, Body: "b", SentAt: time.Now(), From: chat.Consumers})
+		return inbox.Delivery{ID: id, Name: chat.EventMessageCreated, Payload: p}
+	}
+	old := mk(1)
+	old.Ref = "0-1"
+	if err := c.ProcessBatch(ctx, []inbox.Delivery{old}); err != nil {
+		t.Fatal(err)
+	}
+	a, b := mk(2), mk(3)
+	ds := []inbox.Delivery{a, {ID: "x", Payload: []byte(`{nope`)}, a, old, b}
+	for i := range ds {
+		ds[i].Ref = "1-" + string(rune('a'+i))
+	}
+	if err := c.ProcessBatch(ctx, ds); err != nil {
+		t.Fatal(err)
+	}
+	st := c.Stats()
+	if st.Applied != 3 || st.Duplicates != 2 || st.DeadLettered != 1 {
+		t.Fatalf("stats %+v, want applied 3 (1 earlier + 2), duplicates 2, dead-lettered 1", st)
+	}
+	if n := h.Count(t, `SELECT count(*) FROM workers.inbox`); n != 3 {
+		t.Fatalf("inbox rows %d, want 3", n)
+	}
+	if n := h.Count(t, `SELECT count(*) FROM workers.inbox_duplicates`); n != 2 {
+		t.Fatalf("duplicates recorded %d, want 2", n)
+	}
+	if len(src.acked) != 5 || len(src.deadLetter) != 1 || src.deadLetter[0] != "1-b" {
+		t.Fatalf("acked %v, dead-lettered %v", src.acked, src.deadLetter)
+	}
+}
+
+// inboxConsumer is service's InboxHandler behind an inbox.Consumer on a
+// role pool of h, fed by a recordingSource; cfg may be nil.
+func inboxConsumer(t testing.TB, h *chattest.Harness, service string, cfg *inbox.Config) (*pgxpool.Pool, *InboxHandler, *inbox.Consumer, *recordingSource) {
+	t.Helper()
+	pool := h.RolePool(t, service)
+	ih, err := NewInboxHandler(service, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := &recordingSource{}
+	c, err := inbox.NewConsumer(pool, src, ih, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pool, ih, c, src
+}

@@ -1,0 +1,61 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"regexp"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/outboxchat/outboxchat/chat"
+	"github.com/outboxchat/outboxchat/chat/internal/chattest"
+	"github.com/outboxchat/outboxchat/internal/testenv"
+	"github.com/outboxchat/outboxchat/redisq"
+)
+
+// End to end: the stream is lost (deleted with its group) after the relay
+// published, while the dedupe keys stay; the re-drive publishes the
+// messages again, the receiver shows each once, and receipts stop it.
+func TestRedriveHealsALostStream(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, "")
+	fast := func(c *Config) { c.LockDuration = time.Second } // re-drive after 2 s
+	cons := h.start(chat.Consumers, fast)
+	work := h.start(chat.Workers, fast)
+	w := chattest.Watch(t, work.base, 9)
+	chattest.Send(t, cons.base, 9, "before")
+	w.WaitSeqs(t, chat.Consumers, 1, 10*time.Second)
+	work.stop()
+	for i := 1; i <= 3; i++ {
+		chattest.Send(t, cons.base, 9, fmt.Sprintf("lost %d", i))
+	}
+	testenv.WaitFor(t, 10*time.Second, "the relay to publish", func() bool {
+		return h.Count(t, `SELECT count(*) FROM consumers.outbox WHERE sent_at IS NULL`) == 0
+	})
+	rdb := testenv.Redis(t)
+	keys := redisq.NewKeys(h.Prefix, chat.QueueName(chat.Consumers))
+	if err := rdb.Del(context.Background(), keys.Stream).Err(); err != nil {
+		t.Fatal(err)
+	}
+	work = h.start(chat.Workers, fast)
+	w2 := chattest.Watch(t, work.base, 9)
+	w2.WaitSeqs(t, chat.Consumers, 4, 20*time.Second)
+	testenv.WaitFor(t, 10*time.Second, "every message delivered", func() bool {
+		return h.Count(t, `SELECT count(*) FROM consumers.messages_with_receipts WHERE chat_id = 9 AND delivered_at IS NULL`) == 0
+	})
+	if n := h.Count(t, `SELECT count(*) FROM workers.inbox WHERE chat_id = 9`); n != 4 {
+		t.Fatalf("workers.inbox has %d rows, want 4", n)
+	}
+	m, err := chattest.Get(cons.base + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := regexp.MustCompile(`outboxchat_redriven_total (\d+)`).FindStringSubmatch(m)
+	if got == nil {
+		t.Fatal("no outboxchat_redriven_total on /metrics")
+	}
+	if n, _ := strconv.Atoi(got[1]); n < 3 {
+		t.Fatalf("outboxchat_redriven_total %d, want at least 3", n)
+	}
+}

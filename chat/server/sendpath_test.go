@@ -1,0 +1,319 @@
+package server
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+
+	"github.com/outboxchat/outboxchat/chat"
+	"github.com/outboxchat/outboxchat/chat/httpapi"
+	"github.com/outboxchat/outboxchat/chat/internal/chattest"
+	"github.com/outboxchat/outboxchat/internal/testenv"
+)
+
+// postKeyed posts body to chat with an Idempotency-Key header (none when
+// key is "") through client and returns the status and body.
+func postKeyed(t testing.TB, client *http.Client, base string, chatN int64, key, body string) (int, []byte, error) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, fmt.Sprintf("%s/api/chats/%d/messages", base, chatN), strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if key != "" {
+		req.Header.Set("Idempotency-Key", key)
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, raw, err
+}
+
+func decodeMessage(t testing.TB, raw []byte) chat.Message {
+	t.Helper()
+	var m chat.Message
+	if err := json.Unmarshal(raw, &m); err != nil {
+		t.Fatalf("decode %s: %v", raw, err)
+	}
+	return m
+}
+
+// TestIdempotentSendHTTP: the same key and body → 200 with the first
+// message; another body → 409 naming the key's field; client_id in the body
+// works like the header, and a client_id that differs from the header is a
+// 400; a WebSocket frame with a client_id already used stores nothing; the
+// replay metric counts.
+func TestIdempotentSendHTTP(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, "")
+	cons := h.start(chat.Consumers, func(c *Config) { c.Roles = []string{RoleAPI} })
+	c := chattest.AuthClient
+
+	code, raw, err := postKeyed(t, c, cons.base, 5, "k-1", `{"body":"hello"}`)
+	if err != nil || code != http.StatusCreated {
+		t.Fatalf("first send: %d %s %v", code, raw, err)
+	}
+	first := decodeMessage(t, raw)
+	code, raw, err = postKeyed(t, c, cons.base, 5, "k-1", `{"body":"hello"}`)
+	if err != nil || code != http.StatusOK {
+		t.Fatalf("repeat: %d %s %v, want 200", code, raw, err)
+	}
+	if again := decodeMessage(t, raw); again.ID != first.ID || again.Seq != first.Seq || !again.SentAt.Equal(first.SentAt) {
+		t.Fatalf("repeat answered %+v, first was %+v", again, first)
+	}
+	code, raw, _ = postKeyed(t, c, cons.base, 5, "k-1", `{"body":"something else"}`)
+	var eb httpapi.ErrorBody
+	if code != http.StatusConflict || json.Unmarshal(raw, &eb) != nil || eb.Field != "Idempotency-Key" {
+		t.Fatalf("other body, same key: %d %s, want 409 naming Idempotency-Key", code, raw)
+	}
+	// The same key in another chat is another message.
+	if code, raw, _ = postKeyed(t, c, cons.base, 6, "k-1", `{"body":"hello"}`); code != http.StatusCreated {
+		t.Fatalf("same key, other chat: %d %s, want 201", code, raw)
+	}
+	// client_id in the body.
+	if code, raw, _ = postKeyed(t, c, cons.base, 5, "", `{"body":"by body","client_id":"k-2"}`); code != http.StatusCreated {
+		t.Fatalf("client_id send: %d %s", code, raw)
+	}
+	if code, raw, _ = postKeyed(t, c, cons.base, 5, "k-2", `{"body":"by body","client_id":"k-2"}`); code != http.StatusOK {
+		t.Fatalf("client_id and the same header: %d %s, want 200", code, raw)
+	}
+	if code, raw, _ = postKeyed(t, c, cons.base, 5, "", `{"body":"other","client_id":"k-2"}`); code != http.StatusConflict ||
+		!bytes.Contains(raw, []byte(`"field":"client_id"`)) {
+		t.Fatalf("client_id reused with another body: %d %s, want 409 naming client_id", code, raw)
+	}
+	for _, bad := range []struct{ key, body, field string }{
+		{"k-3", `{"body":"x","client_id":"k-4"}`, "client_id"},
+		{strings.Repeat("k", 129), `{"body":"x"}`, "Idempotency-Key"},
+		{"", `{"body":"x","client_id":""}`, "client_id"},
+		{"", `{"body":"x","client_id":7}`, "client_id"},
+	} {
+		code, raw, _ := postKeyed(t, c, cons.base, 5, bad.key, bad.body)
+		if code != http.StatusBadRequest || json.Unmarshal(raw, &eb) != nil || eb.Field != bad.field {
+			t.Errorf("key %q body %s: %d %s, want 400 naming %s", bad.key, bad.body, code, raw, bad.field)
+		}
+	}
+	// A WebSocket send frame with a used client_id stores nothing more.
+	wsSend(t, cons.base, 5, func() bool {
+		return h.Count(t, `SELECT count(*) FROM consumers.messages WHERE chat_id = 5 AND client_id = 'k-ws'`) == 1
+	}, `{"body":"hello","client_id":"k-1"}`, `{"body":"over ws","client_id":"k-ws"}`)
+	if n := h.Count(t, `SELECT count(*) FROM consumers.messages WHERE chat_id = 5`); n != 3 { // hello, by body, over ws
+		t.Fatalf("%d messages in chat 5, want 3", n)
+	}
+	metrics, err := chattest.Get(cons.base + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"outboxchat_sends_replayed_total 3",
+		`outboxchat_http_requests_total{code="409",route="POST /api/chats/{chat_id}/messages"} 2`,
+		`outboxchat_http_requests_total{code="200",route="POST /api/chats/{chat_id}/messages"} 2`,
+		"outboxchat_db_oldest_xmin_age_xids ", "outboxchat_db_oldest_transaction_seconds ",
+		`outboxchat_http_request_duration_seconds_count{route="POST /api/chats/{chat_id}/messages"} 11`} {
+		if !strings.Contains(metrics, want) {
+			t.Errorf("metrics lack %q", want)
+		}
+	}
+}
+
+// TestRetryAfterClientTimeoutStoresOnce: COMMIT is made slow (a deferred
+// constraint trigger sleeping 2 s); a send whose client gives up after 1 s
+// is still stored, and its retry with the same key gets 200 with that very
+// message: one message in all.
+func TestRetryAfterClientTimeoutStoresOnce(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, "")
+	ctx := context.Background()
+	if _, err := h.Admin.Exec(ctx, `
+		CREATE FUNCTION consumers.slow_commit() RETURNS trigger LANGUAGE plpgsql AS
+			$$ BEGIN PERFORM pg_sleep(2); RETURN NULL; END $$;
+		CREATE CONSTRAINT TRIGGER slow_commit AFTER INSERT ON consumers.messages
+			DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION consumers.slow_commit()`); err != nil {
+		t.Fatal(err)
+	}
+	cons := h.start(chat.Consumers, func(c *Config) { c.Roles = []string{RoleAPI}; c.API.SendLockTimeout = 10 * time.Second })
+	impatient := &http.Client{Timeout: time.Second, Transport: chattest.BearerTransport{}}
+	if code, raw, err := postKeyed(t, impatient, cons.base, 9, "retry-1", `{"body":"once"}`); err == nil {
+		t.Fatalf("the first send answered within 1 s (%d %s): the slow commit did not apply", code, raw)
+	}
+	code, raw, err := postKeyed(t, &http.Client{Timeout: 20 * time.Second, Transport: chattest.BearerTransport{}}, cons.base, 9, "retry-1", `{"body":"once"}`)
+	if err != nil || code != http.StatusOK {
+		t.Fatalf("retry: %d %s %v, want 200 with the first message", code, raw, err)
+	}
+	m := decodeMessage(t, raw)
+	var id string
+	if err := h.Admin.QueryRow(ctx, `SELECT id::text FROM consumers.messages WHERE chat_id = 9`).Scan(&id); err != nil {
+		t.Fatalf("exactly one message expected: %v", err)
+	}
+	if m.ID != id || m.Seq != 1 {
+		t.Fatalf("retry answered %+v, stored id %s", m, id)
+	}
+}
+
+// TestLockedChatHTTP: with chat 71's lock held by another session, sends
+// to 72, 73 and 75 answer 201 while it is held; the send to 71 answers 503
+// within the lock timeout with a short generic body, nothing stored, and
+// the rejection is counted.
+func TestLockedChatHTTP(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, "")
+	cons := h.start(chat.Consumers, func(c *Config) { c.Roles = []string{RoleAPI}; c.API.SendLockTimeout = 500 * time.Millisecond })
+	ctx := context.Background()
+	tx := h.HoldChatLock(t, chat.Consumers, 71)
+	defer tx.Rollback(ctx)
+	type answer struct {
+		code int
+		raw  []byte
+		took time.Duration
+	}
+	busy := make(chan answer, 1)
+	go func() {
+		start := time.Now()
+		code, raw, _ := postKeyed(t, chattest.AuthClient, cons.base, 71, "", `{"body":"locked"}`)
+		busy <- answer{code, raw, time.Since(start)}
+	}()
+	for _, c := range []int64{72, 73, 75} {
+		if m := chattest.Send(t, cons.base, c, "free"); m.Seq != 1 {
+			t.Fatalf("chat %d: %+v", c, m)
+		}
+	}
+	a := <-busy
+	var eb httpapi.ErrorBody
+	if a.code != http.StatusServiceUnavailable || json.Unmarshal(a.raw, &eb) != nil || strings.Contains(eb.Error, "lock") ||
+		strings.Contains(eb.Error, "ERROR") || strings.Contains(eb.Error, "SQLSTATE") {
+		t.Fatalf("send to the locked chat: %d %s, want 503 with a generic body", a.code, a.raw)
+	}
+	t.Logf("locked chat answered %d after %v: %s", a.code, a.took, bytes.TrimSpace(a.raw))
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := h.Count(t, `SELECT count(*) FROM consumers.messages WHERE chat_id = 71`); n != 0 {
+		t.Fatalf("%d messages stored in the locked chat", n)
+	}
+	if m, err := chattest.Get(cons.base + "/metrics"); err != nil || !strings.Contains(m, `outboxchat_sends_rejected_total{reason="lock_timeout"} 1`) {
+		t.Errorf("rejection not counted (%v)", err)
+	}
+}
+
+// TestHistoryTimeout: with consumers.messages locked by another session,
+// a history read answers 503 after the read timeout with a short generic
+// body (no driver or SQL text).
+func TestHistoryTimeout(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, "")
+	cons := h.start(chat.Consumers, func(c *Config) { c.Roles = []string{RoleAPI}; c.API.ReadTimeout = time.Second })
+	ctx := context.Background()
+	tx, err := h.Admin.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, `LOCK TABLE consumers.messages IN ACCESS EXCLUSIVE MODE`); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := (&http.Client{Timeout: 20 * time.Second, Transport: chattest.BearerTransport{}}).Get(cons.base + "/api/chats/1/messages")
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable || string(bytes.TrimSpace(raw)) != `{"error":"timed out reading the chat","field":""}` {
+		t.Fatalf("history with the table locked: %d %s, want 503 and a generic body", resp.StatusCode, raw)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Served again once the lock is gone (retried: on a loaded machine one
+	// read may itself take longer than the short read timeout).
+	testenv.WaitFor(t, 10*time.Second, "history served after the lock", func() bool {
+		resp, err := chattest.AuthClient.Get(cons.base + "/api/chats/1/messages")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	})
+}
+
+// TestPoolMaxConnsHonoured: pool_max_conns=2 in the database URL caps the
+// service's pool at 2: six history reads held back by a table lock occupy
+// at most 2 backends of the service's role (with the old floor of 16 all
+// six would wait in backends of their own). LISTEN connections, opened
+// outside the pool, are not counted.
+func TestPoolMaxConnsHonoured(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, "")
+	cons := h.start(chat.Consumers, func(c *Config) {
+		c.Roles = []string{RoleAPI}
+		c.DatabaseURL += "&pool_max_conns=2"
+		if !strings.Contains(c.DatabaseURL, "?") {
+			c.DatabaseURL = strings.Replace(c.DatabaseURL, "&", "?", 1)
+		}
+		c.API.ReadTimeout = 3 * time.Second
+	})
+	ctx := context.Background()
+	tx, err := h.Admin.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, `LOCK TABLE consumers.messages IN ACCESS EXCLUSIVE MODE`); err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	for range 6 {
+		wg.Go(func() {
+			if resp, err := chattest.AuthClient.Get(cons.base + "/api/chats/1/messages"); err == nil {
+				resp.Body.Close()
+			}
+		})
+	}
+	waiting := func() int {
+		return h.Count(t, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND usename = 'consumers' AND wait_event_type = 'Lock'`)
+	}
+	testenv.WaitFor(t, 10*time.Second, "two reads waiting on the lock", func() bool { return waiting() >= 2 })
+	most := 0
+	for range 20 { // the reads wait 3 s: sample while they do
+		most = max(most, waiting())
+	}
+	pooled := h.Count(t, `SELECT count(*) FROM pg_stat_activity
+		WHERE datname = current_database() AND usename = 'consumers' AND application_name NOT IN ('outboxchat-gateway', 'outbox_relay_listen', 'outboxchat_listen')`)
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	if most != 2 || pooled > 2 {
+		t.Fatalf("%d backends waited at once and %d pooled connections were open, want 2 and at most 2", most, pooled)
+	}
+}
+
+// wsSend opens a WebSocket on chat, sends frames (the server handles a
+// connection's sends one after another), waits until done holds and closes
+// it (closing earlier would cancel sends still queued).
+func wsSend(t testing.TB, base string, chatN int64, done func() bool, frames ...string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, _, err := websocket.Dial(ctx, fmt.Sprintf("ws%s/ws?chat_id=%d", base[len("http"):], chatN), chattest.WSOpts(chattest.Token()))
+	if err != nil {
+		t.Fatalf("dial: %v", err)
+	}
+	defer c.CloseNow()
+	for _, f := range frames {
+		if err := c.Write(ctx, websocket.MessageText, []byte(f)); err != nil {
+			t.Fatalf("write %s: %v", f, err)
+		}
+	}
+	testenv.WaitFor(t, 10*time.Second, "the WebSocket sends handled", done)
+}

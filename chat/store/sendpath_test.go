@@ -1,0 +1,147 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/outboxchat/outboxchat/chat"
+	"github.com/outboxchat/outboxchat/outbox"
+)
+
+// TestSeqInvariantsConcurrentOneChat: many senders in two Stores (two API
+// processes, each with its own pool and committer) send to one chat at
+// once, some with idempotency keys sent twice: per chat the seqs are 1..N
+// without a gap, each message has one outbox event, outbox ids ascend with
+// seq (commit order), each sender's own sends ascend, and a repeated key
+// stored one message. The two committers contend for the chat's lock, so
+// sends also go through the slow lanes.
+func TestSeqInvariantsConcurrentOneChat(t *testing.T) {
+	t.Parallel()
+	e := newBatchEnv(t, outbox.WakeAfterCommit)
+	ctx := context.Background()
+	pool2, err := pgxpool.New(ctx, e.h.RoleURL(chat.Consumers))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool2.Close)
+	w2, err := outbox.NewWriter(pool2, &outbox.WriterConfig{Table: "consumers.outbox", Mode: outbox.WakeNone})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s2, err := New(pool2, &Config{Service: chat.Consumers, Writer: w2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s2.lockTimeout = time.Minute
+	if err := s2.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s2.Stop(context.Background()) })
+
+	const senders, each = 12, 60
+	var (
+		mu       sync.Mutex
+		byKey    = map[string]chat.Message{}
+		replayed int
+		wg       sync.WaitGroup
+	)
+	for g := range senders {
+		store := e.store
+		if g%2 == 1 {
+			store = s2
+		}
+		wg.Go(func() {
+			var last int64
+			for i := range each {
+				chatN := int64(1)
+				if i%10 == 9 {
+					chatN = 2 // a little traffic elsewhere
+				}
+				key := ""
+				if i%3 == 0 {
+					key = fmt.Sprintf("g%d-%d", g, i)
+				}
+				body := fmt.Sprintf("g%d m%d", g, i)
+				m, rep, err := store.SendIdempotent(ctx, chatN, body, key, "")
+				if err != nil {
+					t.Errorf("send: %v", err)
+					return
+				}
+				if chatN == 1 {
+					if rep || m.Seq <= last {
+						t.Errorf("sender %d: seq %d (replayed %v) after %d", g, m.Seq, rep, last)
+					}
+					last = m.Seq
+				}
+				if key == "" {
+					continue
+				}
+				// The same key again, through the other Store: the same
+				// message, nothing stored.
+				other := s2
+				if store == s2 {
+					other = e.store
+				}
+				again, rep, err := other.SendIdempotent(ctx, chatN, body, key, "")
+				if err != nil || !rep || !sameMessage(again, m) {
+					t.Errorf("repeat of key %s: %+v replayed %v, %v; first %+v", key, again, rep, err, m)
+				}
+				mu.Lock()
+				byKey[key] = m
+				replayed++
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	if t.Failed() {
+		return
+	}
+	stored := e.checkConsistent(t)
+	if len(stored) != senders*each {
+		t.Fatalf("%d messages stored, want %d (repeats must store nothing)", len(stored), senders*each)
+	}
+	if n := e.count(t, `SELECT count(*) FROM consumers.messages WHERE client_id IS NOT NULL`); n != len(byKey) {
+		t.Fatalf("%d messages with a key, want %d", n, len(byKey))
+	}
+	t.Logf("%d messages, %d replays, %d transactions", len(stored), replayed,
+		e.count(t, `SELECT count(DISTINCT xmin::text) FROM consumers.messages`))
+}
+
+// TestLockedChatDoesNotHoldBackOthers: while another session holds chat
+// 71's lock, sends to chats 72, 73 and 75 are committed (the lock is still
+// held when they return), and the send to chat 71 fails with ErrChatBusy
+// after the lock timeout, storing nothing; once the lock is free chat 71
+// numbers on from 1.
+func TestLockedChatDoesNotHoldBackOthers(t *testing.T) {
+	t.Parallel()
+	e := newBatchEnv(t, outbox.WakeAfterCommit)
+	e.store.lockTimeout = 300 * time.Millisecond
+	release := e.lockChat(t, 71)
+	ctx := context.Background()
+	locked := e.goSend(ctx, 71, "to the locked chat")
+	queuedBehind := e.goSend(ctx, 71, "queued behind it")
+	for _, c := range []int64{72, 73, 75} {
+		if m, err := e.store.Send(ctx, c, "elsewhere", ""); err != nil || m.Seq != 1 {
+			t.Fatalf("chat %d while 71 is locked: %+v, %v", c, m, err)
+		}
+	}
+	for _, ch := range []<-chan sendOutcome{locked, queuedBehind} {
+		if o := <-ch; !errors.Is(o.err, chat.ErrChatBusy) {
+			t.Fatalf("send to the locked chat: %+v, want ErrChatBusy", o)
+		}
+	}
+	if n := e.count(t, `SELECT count(*) FROM consumers.messages WHERE chat_id = 71`); n != 0 {
+		t.Fatalf("%d messages stored in the locked chat", n)
+	}
+	release(false)
+	if m, err := e.store.Send(ctx, 71, "after", ""); err != nil || m.Seq != 1 {
+		t.Fatalf("chat 71 after the lock: %+v, %v", m, err)
+	}
+	e.checkConsistent(t)
+}
