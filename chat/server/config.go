@@ -242,14 +242,22 @@ func (c *Config) WithDefaults() *Config {
 	return &d
 }
 
-// validate checks a config that went through WithDefaults.
+// validate checks the service and the mode of a config that went through
+// WithDefaults.
 func (c *Config) validate() error {
 	if err := chat.CheckService(c.Service); err != nil {
 		return err
 	}
-	switch {
-	case c.Mode != ModeOutbox && c.Mode != ModeDualWrite:
+	if c.Mode != ModeOutbox && c.Mode != ModeDualWrite {
 		return fmt.Errorf("unknown mode %q (want v1 or v2)", c.Mode)
+	}
+	return nil
+}
+
+// validateEndpoints checks the URLs and the TLS files, after the keys were
+// read (a missing auth setting is reported first).
+func (c *Config) validateEndpoints() error {
+	switch {
 	case c.DatabaseURL == "":
 		return errors.New("serve: no database URL (--database-url or DATABASE_URL)")
 	case c.needsRedis() && c.RedisURL == "":

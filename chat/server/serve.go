@@ -53,6 +53,9 @@ func Serve(ctx context.Context, cfg Config) error {
 	if err := p.loadKeys(); err != nil {
 		return err
 	}
+	if err := c.validateEndpoints(); err != nil {
+		return err
+	}
 	pool, err := p.connectPostgres(ctx)
 	if err != nil {
 		return err

@@ -16,6 +16,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxchat/outboxchat/internal/service"
 	"github.com/outboxchat/outboxchat/outbox"
@@ -366,10 +367,6 @@ func (s *Store) slowLane(ctx context.Context, chatID int64, sc *slowChat) {
 // On error nothing is stored.
 func (s *Store) commitBatch(ctx context.Context, reqs []*sendReq, wait bool, lockTimeout time.Duration) (res []*sendResult, skipped []*sendReq, err error) {
 	chatSet := make(map[int64]bool, len(reqs))
-	type chatKey struct {
-		chat int64
-		key  string
-	}
 	keySet := map[chatKey]bool{}
 	var keyChats []int64
 	var keys []string
@@ -393,9 +390,81 @@ func (s *Store) commitBatch(ctx context.Context, reqs []*sendReq, wait bool, loc
 	// below): that rolls the batch back.
 	defer conn.Release()
 
-	// Round trip 1: BEGIN, timeouts, the chats' locks, then (new statements,
-	// so new snapshots taken after the locks were granted) the chats' last
-	// seqs and the keys already stored.
+	st, err := s.lockAndRead(ctx, conn, chats, keyChats, keys, wait, lockTimeout)
+	if err != nil {
+		return nil, nil, classifySendError(err)
+	}
+
+	// Number the new messages; answer replays and conflicts.
+	res = make([]*sendResult, len(reqs))
+	leader := map[chatKey]int{} // key → index of the batch's first send with it
+	var fresh []int             // indexes of the new messages
+	for i, r := range reqs {
+		if !st.locked[r.chatID] {
+			skipped = append(skipped, r)
+			continue
+		}
+		ck := chatKey{r.chatID, r.key}
+		if r.key != "" {
+			if m, ok := st.stored[ck]; ok {
+				res[i] = replayOrConflict(m, r.body)
+				continue
+			}
+			if _, ok := leader[ck]; ok {
+				continue // resolved after the commit, from its leader
+			}
+			leader[ck] = i
+		}
+		id, err := uuid.NewV7()
+		if err != nil {
+			return nil, nil, fmt.Errorf("message id: %w", err)
+		}
+		st.last[r.chatID]++
+		res[i] = &sendResult{m: chat.Message{ID: id.String(), ChatID: r.chatID, Seq: st.last[r.chatID], Body: r.body, SentAt: st.now, From: s.service, Author: r.author}}
+		fresh = append(fresh, i)
+	}
+
+	ms, err := s.insertAndCommit(ctx, conn, reqs, res, fresh)
+	if err != nil {
+		return nil, nil, err
+	}
+	// Later sends of a key the batch stored: replays of (or conflicts with)
+	// the first.
+	for i, r := range reqs {
+		if res[i] == nil && st.locked[r.chatID] {
+			res[i] = replayOrConflict(res[leader[chatKey{r.chatID, r.key}]].m, r.body)
+		}
+	}
+	if len(ms) > 0 {
+		s.writer.Committed()
+		if s.afterCommit != nil {
+			s.afterCommit(ms)
+		}
+	}
+	return res, skipped, nil
+}
+
+// chatKey is an idempotency key within its chat.
+type chatKey struct {
+	chat int64
+	key  string
+}
+
+// batchState is what the first round trip of a batch learns: the chats
+// whose locks it holds, their last seqs, the messages already stored under
+// the batch's idempotency keys, and the transaction's start time.
+type batchState struct {
+	locked map[int64]bool
+	last   map[int64]int64
+	stored map[chatKey]chat.Message
+	now    time.Time
+}
+
+// lockAndRead is a batch's first round trip: BEGIN, timeouts, the chats'
+// locks (waiting for the one chat's, or taking those that are free), then
+// (new statements, so new snapshots taken after the locks were granted)
+// the chats' last seqs and the keys already stored.
+func (s *Store) lockAndRead(ctx context.Context, conn *pgxpool.Conn, chats, keyChats []int64, keys []string, wait bool, lockTimeout time.Duration) (*batchState, error) {
 	b := &pgx.Batch{}
 	b.Queue("BEGIN")
 	b.Queue(setSendTimeoutsSQL, pgMillis(lockTimeout), pgMillis(sendStatementTimeout))
@@ -408,12 +477,9 @@ func (s *Store) commitBatch(ctx context.Context, reqs []*sendReq, wait bool, loc
 	if len(keys) > 0 {
 		b.Queue(s.q.findKeys, keyChats, keys)
 	}
-	locked := make(map[int64]bool, len(chats))
-	last := make(map[int64]int64, len(chats))
-	stored := map[chatKey]chat.Message{}
-	var now time.Time
+	st := &batchState{locked: make(map[int64]bool, len(chats)), last: make(map[int64]int64, len(chats)), stored: map[chatKey]chat.Message{}}
 	br := conn.SendBatch(ctx, b)
-	err = func() error {
+	err := func() error {
 		if _, err := br.Exec(); err != nil {
 			return fmt.Errorf("begin: %w", err)
 		}
@@ -424,7 +490,7 @@ func (s *Store) commitBatch(ctx context.Context, reqs []*sendReq, wait bool, loc
 			if _, err := br.Exec(); err != nil {
 				return fmt.Errorf("lock chat %d: %w", chats[0], err)
 			}
-			locked[chats[0]] = true
+			st.locked[chats[0]] = true
 		} else {
 			rows, _ := br.Query()
 			got, err := pgx.CollectRows(rows, pgx.RowTo[int64])
@@ -432,17 +498,17 @@ func (s *Store) commitBatch(ctx context.Context, reqs []*sendReq, wait bool, loc
 				return fmt.Errorf("lock chats: %w", err)
 			}
 			for _, c := range got {
-				locked[c] = true
+				st.locked[c] = true
 			}
 		}
 		rows, _ := br.Query()
 		for rows.Next() {
 			var c, seq int64
-			if err := rows.Scan(&c, &seq, &now); err != nil {
+			if err := rows.Scan(&c, &seq, &st.now); err != nil {
 				rows.Close()
 				return fmt.Errorf("read last seqs: %w", err)
 			}
-			last[c] = seq
+			st.last[c] = seq
 		}
 		rows.Close()
 		if err := rows.Err(); err != nil {
@@ -460,7 +526,7 @@ func (s *Store) commitBatch(ctx context.Context, reqs []*sendReq, wait bool, loc
 				return fmt.Errorf("look up idempotency keys: %w", err)
 			}
 			m.ChatID = ck.chat
-			stored[ck] = m
+			st.stored[ck] = m
 		}
 		rows.Close()
 		if err := rows.Err(); err != nil {
@@ -472,40 +538,16 @@ func (s *Store) commitBatch(ctx context.Context, reqs []*sendReq, wait bool, loc
 		err = fmt.Errorf("lock and number: %w", cerr)
 	}
 	if err != nil {
-		return nil, nil, classifySendError(err)
+		return nil, err
 	}
+	return st, nil
+}
 
-	// Number the new messages; answer replays and conflicts.
-	res = make([]*sendResult, len(reqs))
-	leader := map[chatKey]int{} // key → index of the batch's first send with it
-	var fresh []int             // indexes of the new messages
-	for i, r := range reqs {
-		if !locked[r.chatID] {
-			skipped = append(skipped, r)
-			continue
-		}
-		ck := chatKey{r.chatID, r.key}
-		if r.key != "" {
-			if m, ok := stored[ck]; ok {
-				res[i] = replayOrConflict(m, r.body)
-				continue
-			}
-			if _, ok := leader[ck]; ok {
-				continue // resolved after the commit, from its leader
-			}
-			leader[ck] = i
-		}
-		id, err := uuid.NewV7()
-		if err != nil {
-			return nil, nil, fmt.Errorf("message id: %w", err)
-		}
-		last[r.chatID]++
-		res[i] = &sendResult{m: chat.Message{ID: id.String(), ChatID: r.chatID, Seq: last[r.chatID], Body: r.body, SentAt: now, From: s.service, Author: r.author}}
-		fresh = append(fresh, i)
-	}
-
-	// Round trip 2: the messages, their outbox events, COMMIT.
-	b = &pgx.Batch{}
+// insertAndCommit is a batch's second round trip: the new messages
+// (res[i] for i in fresh), their outbox events, COMMIT. It returns the
+// messages committed; on error nothing is stored.
+func (s *Store) insertAndCommit(ctx context.Context, conn *pgxpool.Conn, reqs []*sendReq, res []*sendResult, fresh []int) ([]chat.Message, error) {
+	b := &pgx.Batch{}
 	var ms []chat.Message
 	if len(fresh) > 0 {
 		ms = make([]chat.Message, len(fresh))
@@ -522,7 +564,7 @@ func (s *Store) commitBatch(ctx context.Context, reqs []*sendReq, wait bool, loc
 			ids[j], chatIDs[j], seqs[j], bodies[j], cids[j], authors[j] = m.ID, m.ChatID, m.Seq, m.Body, reqs[i].key, m.Author
 			payload, err := json.Marshal(m)
 			if err != nil {
-				return nil, nil, fmt.Errorf("encode event: %w", err)
+				return nil, fmt.Errorf("encode event: %w", err)
 			}
 			// Request order: each chat's events, hence its outbox ids, ascend
 			// with seq (invariant 5).
@@ -530,12 +572,13 @@ func (s *Store) commitBatch(ctx context.Context, reqs []*sendReq, wait bool, loc
 		}
 		b.Queue(s.q.insertMessages, ids, chatIDs, seqs, bodies, cids, authors)
 		if _, err := s.writer.QueueEnqueue(b, events...); err != nil {
-			return nil, nil, err
+			return nil, err
 		}
 	}
 	b.Queue("COMMIT")
-	br = conn.SendBatch(ctx, b)
+	br := conn.SendBatch(ctx, b)
 	var tag pgconn.CommandTag
+	var err error
 	for i := range b.Len() {
 		if tag, err = br.Exec(); err != nil {
 			break
@@ -552,22 +595,9 @@ func (s *Store) commitBatch(ctx context.Context, reqs []*sendReq, wait bool, loc
 		err = fmt.Errorf("transaction ended in %q", tag.String())
 	}
 	if err != nil {
-		return nil, nil, classifySendError(fmt.Errorf("insert and commit: %w", err))
+		return nil, classifySendError(fmt.Errorf("insert and commit: %w", err))
 	}
-	// Later sends of a key the batch stored: replays of (or conflicts with)
-	// the first.
-	for i, r := range reqs {
-		if res[i] == nil && locked[r.chatID] {
-			res[i] = replayOrConflict(res[leader[chatKey{r.chatID, r.key}]].m, r.body)
-		}
-	}
-	if len(ms) > 0 {
-		s.writer.Committed()
-		if s.afterCommit != nil {
-			s.afterCommit(ms)
-		}
-	}
-	return res, skipped, nil
+	return ms, nil
 }
 
 // replayOrConflict answers a send whose key already stored m: m itself

@@ -64,15 +64,21 @@ func WSOpts(token string) *websocket.DialOptions {
 // JWT secret file holding Secret. The services themselves are started by
 // the tests of package server.
 type Harness struct {
-	t        testing.TB
+	t testing.TB
+	// AdminURL is the superuser URL of the test's database; Admin a pool
+	// on it, closed when the test ends.
 	AdminURL string
 	Admin    *pgxpool.Pool
+	// RedisURL is the Redis the test uses; Prefix its own key prefix.
 	RedisURL string
 	Prefix   string
-	// secretFile holds Secret: every service started has auth on.
+	// SecretFile holds Secret: every service started with it has auth on.
 	SecretFile string
 }
 
+// New is a Harness on a fresh database of the shared private Postgres and
+// redisURL ("" means the shared private Redis). It needs the test binary's
+// TestMain to run testenv.Main.
 func New(t testing.TB, redisURL string) *Harness {
 	t.Helper()
 	return NewOn(t, testenv.Database(t), redisURL)
@@ -128,6 +134,7 @@ func (h *Harness) RolePool(t testing.TB, service string) *pgxpool.Pool {
 	return pool
 }
 
+// TestWriter writes each log line to T.Log (verbose test runs).
 type TestWriter struct{ T testing.TB }
 
 func (w TestWriter) Write(p []byte) (int, error) {
@@ -149,6 +156,8 @@ func Send(t testing.TB, base string, chatID int64, body string) chat.Message {
 	return m
 }
 
+// Post posts body (JSON) to chat chatID on base with the test token and
+// returns the status and the answer.
 func Post(t testing.TB, base, chatID, body string) (int, []byte) {
 	t.Helper()
 	resp, err := AuthClient.Post(base+"/api/chats/"+chatID+"/messages", "application/json", bytes.NewBufferString(body))
@@ -160,6 +169,7 @@ func Post(t testing.TB, base, chatID, body string) (int, []byte) {
 	return resp.StatusCode, raw
 }
 
+// JSONString is s as a JSON string literal.
 func JSONString(s string) string { b, _ := json.Marshal(s); return string(b) }
 
 // Watcher is a WebSocket client of one room that records every frame.
@@ -222,6 +232,8 @@ func (w *Watcher) WaitSeqs(t testing.TB, service string, n int, timeout time.Dur
 	return got
 }
 
+// Count runs query (one integer column) on the admin pool and fails the
+// test on an error.
 func (h *Harness) Count(t testing.TB, query string, args ...any) int {
 	t.Helper()
 	var n int
@@ -231,6 +243,9 @@ func (h *Harness) Count(t testing.TB, query string, args ...any) int {
 	return n
 }
 
+// WatchURL dials the WebSocket at u (http or https URL) with the test
+// token and records every message and receipt frame until the test ends
+// or ctx does.
 func WatchURL(t testing.TB, ctx context.Context, u string) *Watcher {
 	t.Helper()
 	ctx, cancel := context.WithCancel(ctx)
@@ -273,6 +288,7 @@ func WatchURL(t testing.TB, ctx context.Context, u string) *Watcher {
 	return w
 }
 
+// Get GETs u with the test token and returns the body of a 200 answer.
 func Get(u string) (string, error) {
 	resp, err := AuthClient.Get(u)
 	if err != nil {
@@ -286,6 +302,8 @@ func Get(u string) (string, error) {
 	return string(b), err
 }
 
+// XAddArgs adds a message.created stream entry with job id id and payload
+// to stream (unsigned: for tests of the worker's refusals).
 func XAddArgs(stream, id string, payload []byte) *redis.XAddArgs {
 	return &redis.XAddArgs{Stream: stream, Values: []any{"id", id, "name", chat.EventMessageCreated, "payload", string(payload)}}
 }
