@@ -29,7 +29,7 @@ type receiptQueries struct {
 	// In steady state that is one index descent per chat and nothing
 	// written but the receipt: the inbox_watermarks row this used to
 	// insert per chat and batch, and its pruning, cost more than the
-	// batch's insert itself (issue 9's cost). $2 is the service (the
+	// batch's insert itself. $2 is the service (the
 	// receipt's "from").
 	emit string
 	// apply records the receipts ($1 chats, $2 upto seqs, $3 times;
@@ -42,7 +42,7 @@ type receiptQueries struct {
 	// the UPDATE of delivered_at on every covered message that this
 	// replaced made each message a second row version and a set of index
 	// entries, and its cost grew while a session held back the xmin
-	// horizon (migration 007; issues 9 and 17). Inserts go in chat_id
+	// horizon (migration 007). Inserts go in chat_id
 	// order, so two inbox consumers cannot deadlock on them; ON CONFLICT:
 	// another consumer inserted the same row first.
 	apply string

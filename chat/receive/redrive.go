@@ -42,7 +42,7 @@ import (
 // order), and nothing published; no index grows with the delivered
 // messages, so a session holding back the xmin horizon does not slow it
 // (the partial index of undelivered messages it used to scan kept every
-// delivered row's dead entry then: 229 ms a pass; issue 17). When the
+// delivered row's dead entry then: 229 ms a pass). When the
 // receiver is down or behind for longer than After, its undelivered
 // messages are published again at most MaxPerPass per Interval, each with a
 // backoff doubling from After up to MaxBackoff: the stream gets copies that

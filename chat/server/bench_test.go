@@ -13,8 +13,8 @@ import (
 	"github.com/outboxchat/outboxchat/chat/internal/chattest"
 )
 
-// BenchmarkSendWhileChatLocked measures what issue 10 asks of a locked
-// chat: HTTP sends to other chats at 100 msg/s (chats 72…171 in turn, one
+// BenchmarkSendWhileChatLocked measures what a locked chat costs the
+// others: HTTP sends to other chats at 100 msg/s (chats 72…171 in turn, one
 // op each, paced every 10 ms) through the whole consumers service (API,
 // relay, worker), "free" with no lock held and "locked" while another
 // session holds chat 71's lock and chat 71 gets a send every 100 ms while

@@ -58,7 +58,7 @@ func waitClosed(t *testing.T, c net.Conn, br *bufio.Reader, timeout time.Duratio
 	}
 }
 
-// TestDeclaredSizeOverLimitIs413Unread sends the request: a POST
+// TestDeclaredSizeOverLimitIs413Unread sends a hostile request: a POST
 // declaring Content-Length 1,000,000 and then nothing. The answer must be
 // 413 at once, without waiting for a byte of the body, and the connection
 // must close.

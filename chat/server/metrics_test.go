@@ -47,7 +47,7 @@ func scrape(t *testing.T, base, series string) float64 {
 // The end-to-end histogram observes, on the receiving service, exactly
 // received_at − sent_at of each message its inbox stored (database clock);
 // the WebSocket gauge follows connections, and frames are counted in and
-// out (issue 12 point 5).
+// out.
 func TestEndToEndAndWebSocketMetrics(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, "")

@@ -136,7 +136,7 @@ func (c *apiCheck) request(method, path string, header ...string) *http.Request 
 
 // Real requests to a running service and its real answers — successes and
 // errors — validated against the OpenAPI document it serves at
-// /openapi.json (issue 12 point 8). Requests the service refuses with 4xx
+// /openapi.json. Requests the service refuses with 4xx
 // must be invalid per the document too, where the document can say so.
 func TestOpenAPIDescribesRealTraffic(t *testing.T) {
 	t.Parallel()

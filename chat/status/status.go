@@ -26,7 +26,7 @@ type StatusThresholds struct {
 	// Default DefaultMaxBacklogAge (1 min).
 	BacklogAge time.Duration
 	// TransactionAge: a transaction or snapshot the database can see is
-	// older than this (it holds back cleanup; issue 17). Default
+	// older than this (it holds back cleanup). Default
 	// DefaultMaxTransactionAge (10 min).
 	TransactionAge time.Duration
 }

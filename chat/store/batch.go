@@ -26,7 +26,7 @@ import (
 //
 // Numbering. A chat's seq is not kept in a counter row (every send would
 // update the same row; with the xmin horizon held back by an old snapshot
-// those dead versions pile up and every update walks them: issue 17).
+// those dead versions pile up and every update walks them).
 // Instead the send transaction takes the chat's advisory transaction lock
 // (pg_try_advisory_xact_lock / pg_advisory_xact_lock of ChatLockSQL's key)
 // and then, in a later statement and so with a snapshot taken after the

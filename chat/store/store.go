@@ -22,7 +22,7 @@ import (
 
 // Store writes and reads one service's chat tables.
 //
-// Send is the transactional-outbox write: the chat's counter row is locked,
+// Send is the transactional-outbox write: the chat's advisory lock is taken,
 // the message and its outbox event are inserted, and everything commits
 // together or not at all (invariant 1). While the Store is started (Start),
 // concurrent sends are group-committed: one committer goroutine takes every
