@@ -82,14 +82,14 @@ type Server struct {
 	life spawn.Server // the pooler; SIGINT (immediate shutdown) stops it
 }
 
-func defaultBinary() string { return spawn.Binary("pgbouncer", "/usr/sbin/pgbouncer") }
+func defaultBinary() (string, error) { return spawn.Binary("pgbouncer", "/usr/sbin/pgbouncer") }
 
 // Available reports why Start cannot run on this machine: nil when a
 // pgbouncer executable is found on PATH or at /usr/sbin/pgbouncer
 // (scripts/install-deps.sh --test installs Debian's package). It starts nothing.
 func Available() error {
-	if !spawn.Executable(defaultBinary()) {
-		return errors.New("pgbouncerproc: pgbouncer not found on PATH or at /usr/sbin/pgbouncer (run scripts/install-deps.sh --test)")
+	if _, err := defaultBinary(); err != nil {
+		return fmt.Errorf("pgbouncerproc: %w (run scripts/install-deps.sh --test)", err)
 	}
 	return nil
 }
@@ -128,7 +128,8 @@ func Start(ctx context.Context, opts *Options) (*Server, error) {
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
-	if s.dir, _, err = spawn.Dir("pgbouncerproc", "", s.log); err != nil {
+	s.life = spawn.Server{Name: "pgbouncerproc", Log: s.log, StopSignal: syscall.SIGINT}
+	if s.dir, s.life.Dir, err = spawn.Dir("pgbouncerproc", "", s.log); err != nil {
 		return nil, err
 	}
 	var cred *syscall.Credential
@@ -154,7 +155,6 @@ func Start(ctx context.Context, opts *Options) (*Server, error) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, defaultStartTimeout)
 	defer cancel()
-	s.life = spawn.Server{Name: "pgbouncerproc", Log: s.log, StopSignal: syscall.SIGINT}
 	_, err = spawn.OnFreePort(ctx, 0, "pgbouncerproc", s.log, func(port int) error {
 		s.port, s.life.Port = port, port
 		ini := fmt.Sprintf(`[databases]
@@ -181,7 +181,7 @@ log_disconnections = 0
 		}
 		binary := opts.Binary
 		if binary == "" {
-			binary = defaultBinary()
+			binary, _ = defaultBinary() // a missing one fails to start
 		}
 		cmd := exec.Command(binary, conf)
 		cmd.Dir = s.dir
@@ -257,4 +257,4 @@ func (s *Server) LogPath() string { return s.logPath }
 
 // Close stops the pooler (SIGINT: PgBouncer's immediate shutdown; SIGKILL
 // after 10 s) and removes its directory. Idempotent; later calls return nil.
-func (s *Server) Close() error { return s.life.Close(10*time.Second, s.dir) }
+func (s *Server) Close() error { return s.life.Close(10 * time.Second) }

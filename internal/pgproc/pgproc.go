@@ -80,7 +80,6 @@ type Server struct {
 	dir          string
 	dataDir      string
 	logPath      string
-	ownDir       bool
 	fsync        bool
 	binDir       string
 	startTimeout time.Duration
@@ -122,7 +121,7 @@ func Start(ctx context.Context, opts *Options) (*Server, error) {
 		}
 	}
 	s.life = spawn.Server{Name: "pgproc", Log: s.log, Launch: s.launch, KillProc: s.kill, StopSignal: syscall.SIGINT}
-	if s.dir, s.ownDir, err = spawn.Dir("pgproc", opts.Dir, s.log); err != nil {
+	if s.dir, s.life.Dir, err = spawn.Dir("pgproc", opts.Dir, s.log); err != nil {
 		return nil, err
 	}
 	s.dataDir = filepath.Join(s.dir, "data")
@@ -133,7 +132,7 @@ func Start(ctx context.Context, opts *Options) (*Server, error) {
 			_ = s.Close()
 		}
 	}()
-	if s.ownDir {
+	if s.life.Dir != "" { // a temp dir of ours
 		if err := os.Chmod(s.dir, 0o755); err != nil {
 			return nil, fmt.Errorf("pgproc: chmod dir: %w", err)
 		}
@@ -514,10 +513,4 @@ func (s *Server) Restart(ctx context.Context) error { return s.life.Restart(ctx)
 // Close stops the server if it is running (fast shutdown, SIGKILL after
 // 15s) and removes the directory if Start created it. It is idempotent and
 // safe to call concurrently; later calls return nil.
-func (s *Server) Close() error {
-	dir := ""
-	if s.ownDir {
-		dir = s.dir
-	}
-	return s.life.Close(15*time.Second, dir)
-}
+func (s *Server) Close() error { return s.life.Close(15 * time.Second) }

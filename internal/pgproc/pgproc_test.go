@@ -6,7 +6,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -21,17 +20,10 @@ func connect(t *testing.T, ctx context.Context, url string) *pgx.Conn {
 	return c
 }
 
-// testContext is the test's context, ended after 60s.
-func testContext(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
-	t.Cleanup(cancel)
-	return ctx
-}
-
 // start starts a server with opts, closed at the end of the test.
-func start(t *testing.T, ctx context.Context, opts *Options) *Server {
+func start(t *testing.T, opts *Options) *Server {
 	t.Helper()
-	s, err := Start(ctx, opts)
+	s, err := Start(t.Context(), opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -41,8 +33,8 @@ func start(t *testing.T, ctx context.Context, opts *Options) *Server {
 
 func TestLifecycle(t *testing.T) {
 	t.Parallel()
-	ctx := testContext(t)
-	s := start(t, ctx, nil)
+	ctx := t.Context() // Start bounds itself (StartTimeout)
+	s := start(t, nil)
 	if s.Port() == 5432 || s.Port() == 0 {
 		t.Fatalf("bad port %d", s.Port())
 	}
@@ -131,7 +123,7 @@ func TestLifecycle(t *testing.T) {
 
 func TestCallerDirKeptAndReused(t *testing.T) {
 	t.Parallel()
-	ctx := testContext(t)
+	ctx := t.Context() // Start bounds itself (StartTimeout)
 	// The postgres user must be able to traverse every parent, so do not
 	// use t.TempDir (its parent is 0700).
 	base, err := os.MkdirTemp("", "pgproc-test-")
@@ -143,7 +135,7 @@ func TestCallerDirKeptAndReused(t *testing.T) {
 		t.Fatal(err)
 	}
 	dir := filepath.Join(base, "pg")
-	s := start(t, ctx, &Options{Dir: dir})
+	s := start(t, &Options{Dir: dir})
 	c := connect(t, ctx, s.AdminURL())
 	if _, err := c.Exec(ctx, "CREATE TABLE keep (v int); INSERT INTO keep VALUES (7)"); err != nil {
 		t.Fatal(err)
@@ -155,7 +147,7 @@ func TestCallerDirKeptAndReused(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(dir, "data", "PG_VERSION")); err != nil {
 		t.Fatalf("caller dir removed: %v", err)
 	}
-	s2 := start(t, ctx, &Options{Dir: dir, Port: s.Port()})
+	s2 := start(t, &Options{Dir: dir, Port: s.Port()})
 	c = connect(t, ctx, s2.AdminURL())
 	var v int
 	if err := c.QueryRow(ctx, "SELECT v FROM keep").Scan(&v); err != nil || v != 7 {
@@ -170,8 +162,8 @@ func itoa(i int) string { return strconv.Itoa(i) }
 
 func TestPortInUse(t *testing.T) {
 	t.Parallel()
-	ctx := testContext(t)
-	s := start(t, ctx, nil)
+	ctx := t.Context() // Start bounds itself (StartTimeout)
+	s := start(t, nil)
 	_, err := Start(ctx, &Options{Port: s.Port()})
 	if err == nil {
 		t.Fatal("second server on same port started")

@@ -90,7 +90,6 @@ type Server struct {
 	port         int
 	dir          string
 	logPath      string
-	ownDir       bool
 	binary       string
 	startTimeout time.Duration
 	log          *slog.Logger
@@ -102,14 +101,14 @@ type Server struct {
 }
 
 // defaultBinary is redis-server on PATH, else /usr/bin/redis-server.
-func defaultBinary() string { return spawn.Binary("redis-server", "/usr/bin/redis-server") }
+func defaultBinary() (string, error) { return spawn.Binary("redis-server", "/usr/bin/redis-server") }
 
 // Available reports why Start with default Options cannot run on this
 // machine: nil when a redis-server executable is found on PATH or at
 // /usr/bin/redis-server. It starts nothing and is safe for concurrent use.
 func Available() error {
-	if !spawn.Executable(defaultBinary()) {
-		return errors.New("redisproc: redis-server not found on PATH or at /usr/bin/redis-server")
+	if _, err := defaultBinary(); err != nil {
+		return fmt.Errorf("redisproc: %w", err)
 	}
 	return nil
 }
@@ -150,11 +149,11 @@ func Start(ctx context.Context, opts *Options) (*Server, error) {
 		s.startTimeout = defaultStartTimeout
 	}
 	if s.binary == "" {
-		s.binary = defaultBinary()
+		s.binary, _ = defaultBinary() // a missing one fails to start
 	}
 	s.life = spawn.Server{Name: "redisproc", Log: s.log, Launch: s.launch, StopSignal: syscall.SIGTERM}
 	var err error
-	if s.dir, s.ownDir, err = spawn.Dir("redisproc", opts.Dir, s.log); err != nil {
+	if s.dir, s.life.Dir, err = spawn.Dir("redisproc", opts.Dir, s.log); err != nil {
 		return nil, err
 	}
 	s.logPath = filepath.Join(s.dir, "redis.log")
@@ -351,10 +350,4 @@ func (s *Server) Restart(ctx context.Context) error { return s.life.Restart(ctx)
 // Close stops the server if running (SIGTERM, SIGKILL after 10s) and removes
 // the directory if Start created it. It is idempotent and safe to call
 // concurrently; later calls return nil.
-func (s *Server) Close() error {
-	dir := ""
-	if s.ownDir {
-		dir = s.dir
-	}
-	return s.life.Close(10*time.Second, dir)
-}
+func (s *Server) Close() error { return s.life.Close(10 * time.Second) }

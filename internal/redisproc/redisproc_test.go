@@ -1,12 +1,10 @@
 package redisproc
 
 import (
-	"context"
 	"net"
 	"os"
 	"strconv"
 	"testing"
-	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -22,17 +20,10 @@ func client(t *testing.T, s *Server) *redis.Client {
 	return c
 }
 
-// testContext is the test's context, ended after 30s.
-func testContext(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
-	t.Cleanup(cancel)
-	return ctx
-}
-
 // start starts a server with opts, closed at the end of the test.
-func start(t *testing.T, ctx context.Context, opts *Options) *Server {
+func start(t *testing.T, opts *Options) *Server {
 	t.Helper()
-	s, err := Start(ctx, opts)
+	s, err := Start(t.Context(), opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -42,8 +33,8 @@ func start(t *testing.T, ctx context.Context, opts *Options) *Server {
 
 func TestLifecycle(t *testing.T) {
 	t.Parallel()
-	ctx := testContext(t)
-	s := start(t, ctx, nil)
+	ctx := t.Context() // Start bounds itself (StartTimeout)
+	s := start(t, nil)
 	if s.Port() == 6379 || s.Port() == 0 {
 		t.Fatalf("bad port %d", s.Port())
 	}
@@ -116,8 +107,8 @@ func TestLifecycle(t *testing.T) {
 
 func TestPortInUse(t *testing.T) {
 	t.Parallel()
-	ctx := testContext(t)
-	s := start(t, ctx, nil)
+	ctx := t.Context() // Start bounds itself (StartTimeout)
+	s := start(t, nil)
 	s2, err := Start(ctx, &Options{Port: s.Port()})
 	if err == nil {
 		s2.Close()
@@ -128,16 +119,16 @@ func TestPortInUse(t *testing.T) {
 
 func TestCallerDirKept(t *testing.T) {
 	t.Parallel()
-	ctx := testContext(t)
+	ctx := t.Context() // Start bounds itself (StartTimeout)
 	dir := t.TempDir()
-	s := start(t, ctx, &Options{Dir: dir})
+	s := start(t, &Options{Dir: dir})
 	if err := client(t, s).Set(ctx, "k", "v", 0).Err(); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
-	s2 := start(t, ctx, &Options{Dir: dir})
+	s2 := start(t, &Options{Dir: dir})
 	if v, err := client(t, s2).Get(ctx, "k").Result(); err != nil || v != "v" {
 		t.Fatalf("%q %v", v, err)
 	}

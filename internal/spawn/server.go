@@ -35,6 +35,9 @@ type Server struct {
 	KillProc func(p *Proc) error
 	// StopSignal is the graceful shutdown signal of Restart and Close.
 	StopSignal syscall.Signal
+	// Dir, when not "", is the directory the server created, which Close
+	// removes.
+	Dir string
 
 	mu     sync.Mutex
 	run    *Proc // nil when not running
@@ -148,10 +151,9 @@ func (s *Server) Restart(ctx context.Context) error {
 }
 
 // Close, once (later calls return nil), stops the server (StopSignal)
-// within timeout, kills whatever is left, then removes dir unless it is ""
-// (the directory the server created). The error is the stop's, else the
-// removal's.
-func (s *Server) Close(timeout time.Duration, dir string) error {
+// within timeout, kills whatever is left, then removes Dir unless it is "".
+// The error is the stop's, else the removal's.
+func (s *Server) Close(timeout time.Duration) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
@@ -164,8 +166,8 @@ func (s *Server) Close(timeout time.Duration, dir string) error {
 	if s.run != nil { // the stop's kill failed; try once more
 		_ = s.killLocked()
 	}
-	if dir != "" {
-		if rerr := os.RemoveAll(dir); rerr != nil && err == nil {
+	if s.Dir != "" {
+		if rerr := os.RemoveAll(s.Dir); rerr != nil && err == nil {
 			err = fmt.Errorf("%s: remove dir: %w", s.Name, rerr)
 		}
 	}
@@ -204,23 +206,23 @@ func OnFreePort(ctx context.Context, fixed int, name string, log *slog.Logger, s
 // Dir returns the directory a private server named name keeps its files
 // in: dir made absolute and created when dir is not "", else a new temp
 // dir (TempDir) after the stale ones of dead processes are removed
-// (ReapStale). own reports the temp dir, which the server removes on
-// Close. Errors are prefixed with name.
-func Dir(name, dir string, log *slog.Logger) (path string, own bool, err error) {
+// (ReapStale). own is the temp dir, which the server removes on Close
+// (Server.Dir), and "" for the caller's dir. Errors are prefixed with name.
+func Dir(name, dir string, log *slog.Logger) (path, own string, err error) {
 	if dir != "" {
 		if path, err = filepath.Abs(dir); err != nil {
-			return "", false, fmt.Errorf("%s: %w", name, err)
+			return "", "", fmt.Errorf("%s: %w", name, err)
 		}
 		if err := os.MkdirAll(path, 0o755); err != nil {
-			return "", false, fmt.Errorf("%s: create dir: %w", name, err)
+			return "", "", fmt.Errorf("%s: create dir: %w", name, err)
 		}
-		return path, false, nil
+		return path, "", nil
 	}
 	ReapStale(name+"-", log)
 	if path, err = TempDir(name + "-"); err != nil {
-		return "", false, fmt.Errorf("%s: %w", name, err)
+		return "", "", fmt.Errorf("%s: %w", name, err)
 	}
-	return path, true, nil
+	return path, path, nil
 }
 
 // TempDir creates a new temp dir named prefix* holding this process's
@@ -238,16 +240,15 @@ func TempDir(prefix string) (string, error) {
 	return d, nil
 }
 
-// Executable reports whether path is a file someone may execute.
-func Executable(path string) bool {
-	fi, err := os.Stat(path)
-	return err == nil && !fi.IsDir() && fi.Mode()&0o111 != 0
-}
-
 // Binary returns the path of the executable name on PATH, else fallback.
-func Binary(name, fallback string) string {
+// The error says neither is an executable file; fallback is returned with
+// it.
+func Binary(name, fallback string) (string, error) {
 	if p, err := exec.LookPath(name); err == nil {
-		return p
+		return p, nil
 	}
-	return fallback
+	if fi, err := os.Stat(fallback); err != nil || fi.IsDir() || fi.Mode()&0o111 == 0 {
+		return fallback, fmt.Errorf("%s not found on PATH or at %s", name, fallback)
+	}
+	return fallback, nil
 }
