@@ -325,9 +325,9 @@ func (c *Consumer) run(fetchCtx, workCtx context.Context) {
 				continue
 			}
 			// A fetch that worked, empty or not, ends a run of fetch
-			// errors: the next incident starts again at RetryBackoff (an
-			// idle consumer used to carry its count across unrelated
-			// incidents and wait MaxRetryBackoff at the first error).
+			// errors: the next incident starts again at RetryBackoff (a
+			// count carried across unrelated incidents would make an idle
+			// consumer wait MaxRetryBackoff at the first error).
 			failures = 0
 			pending = ds
 			if len(pending) == 0 {

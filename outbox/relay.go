@@ -366,9 +366,9 @@ func NewRelay(pool *pgxpool.Pool, cfg *RelayConfig) (*Relay, error) {
 	r.claimSQL = "SELECT id, idempotency_key, event, payload, created_at, " +
 		"extract(epoch FROM retry_at - now())::float8 FROM " + t.quoted +
 		" WHERE sent_at IS NULL AND parked_at IS NULL AND id >= $2 ORDER BY id LIMIT $1 FOR UPDATE"
-	// Published rows are deleted, not updated: no new row version and no
-	// new index entry per message (issue 17). sent_at stays NULL; a table
-	// whose rows an older relay marked sent keeps those (never claimed).
+	// Published rows are deleted, not updated (the package doc says why).
+	// sent_at stays NULL; a table whose rows an older relay marked sent
+	// keeps those (never claimed).
 	r.markSQL = "DELETE FROM " + t.quoted + " WHERE id = ANY($1)"
 	// The identity sequence's last value, then xmin of a later snapshot
 	// (floor.go).

@@ -65,9 +65,8 @@ const (
 	// DefaultPingTimeout bounds that ping.
 	DefaultPingTimeout = 5 * time.Second
 	// DefaultSelfCheckTimeout is how long the self-check waits for its own
-	// NOTIFY after each connect (the figure: a notification on a
-	// working connection arrives in milliseconds; 2 s leaves room for a
-	// loaded machine).
+	// NOTIFY after each connect (a notification on a working connection
+	// arrives in milliseconds; 2 s leaves room for a loaded machine).
 	DefaultSelfCheckTimeout = 2 * time.Second
 	// DefaultSelfCheckFix is the remedy the self-check's warning names when
 	// Config.SelfCheckFix is empty.
