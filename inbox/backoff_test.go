@@ -51,8 +51,8 @@ func (s *scriptedSource) Fetch(ctx context.Context, max int) ([]inbox.Delivery, 
 
 // An idle consumer's fetch errors of two incidents, separated by a fetch
 // that worked and found nothing: the second incident starts again at
-// RetryBackoff with a failure count of 1 (it used to carry on from the
-// first incident's count, waiting MaxRetryBackoff at its first error).
+// RetryBackoff with a failure count of 1 (carrying on from the first
+// incident's count would wait MaxRetryBackoff at its first error).
 func TestFetchBackoffResetsAfterEmptyFetch(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)

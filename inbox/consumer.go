@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outboxchat/outboxchat/internal/backoff"
 	"github.com/outboxchat/outboxchat/internal/service"
 )
 
@@ -316,18 +317,18 @@ func (c *Consumer) run(fetchCtx, workCtx context.Context) {
 				if fetchCtx.Err() != nil {
 					return
 				}
-				wait := retryDelay(c.backoff, c.maxBack, failures)
+				wait := backoff.Delay(c.backoff, c.maxBack, failures)
 				failures++
 				c.log.Warn("fetch failed", "err", err, "retry_in", wait, "failures", failures)
-				if !sleep(fetchCtx, wait) {
+				if !backoff.Sleep(fetchCtx, nil, wait) {
 					return
 				}
 				continue
 			}
 			// A fetch that worked, empty or not, ends a run of fetch
-			// errors: the next incident starts again at RetryBackoff (an
-			// idle consumer used to carry its count across unrelated
-			// incidents and wait MaxRetryBackoff at the first error).
+			// errors: the next incident starts again at RetryBackoff (a
+			// count carried across unrelated incidents would make an idle
+			// consumer wait MaxRetryBackoff at the first error).
 			failures = 0
 			pending = ds
 			if len(pending) == 0 {
@@ -343,40 +344,16 @@ func (c *Consumer) run(fetchCtx, workCtx context.Context) {
 			return
 		}
 		pending = rest
-		wait := retryDelay(c.backoff, c.maxBack, failures)
+		wait := backoff.Delay(c.backoff, c.maxBack, failures)
 		failures++
 		c.log.Warn("batch failed, not acknowledged, will retry", "err", err,
 			"deliveries", len(rest), "retry_in", wait, "failures", failures)
-		if !sleep(fetchCtx, wait) {
+		if !backoff.Sleep(fetchCtx, nil, wait) {
 			c.log.Info("stopping with a batch not acknowledged; the queue delivers it again",
 				"deliveries", len(rest))
 			return
 		}
 	}
-}
-
-// sleep waits d or until ctx ends; it reports whether d elapsed.
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
-}
-
-// retryDelay is base doubled failures times, capped at limit.
-func retryDelay(base, limit time.Duration, failures int) time.Duration {
-	d := base
-	for range failures {
-		if d >= limit/2 {
-			return limit
-		}
-		d *= 2
-	}
-	return min(d, limit)
 }
 
 // IsPermanent reports whether err can never succeed when retried: it wraps

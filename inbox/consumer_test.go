@@ -392,17 +392,7 @@ func TestConsumerRefusesAsyncCommit(t *testing.T) {
 	e := newEnvWithPool(t, pool)
 	e.add(t, job("durable"))
 	src := e.source(t, "w1")
-	var inside string
-	h := inbox.HandlerFunc(func(ctx context.Context, tx pgx.Tx, d inbox.Delivery) (bool, error) {
-		if err := tx.QueryRow(ctx, `SHOW synchronous_commit`).Scan(&inside); err != nil {
-			return false, err
-		}
-		return applyInbox(ctx, tx, d)
-	})
-	c := e.consumer(t, src, h, nil)
-	if err := c.ProcessBatch(ctx, fetchAll(t, src, 1)); err != nil {
-		t.Fatalf("ProcessBatch: %v", err)
-	}
+	inside := syncCommitInside(t, e, src)
 	if inside != "on" {
 		t.Fatalf("synchronous_commit inside the inbox transaction = %q, want on", inside)
 	}
@@ -418,6 +408,16 @@ func TestConsumerKeepsStrongerSyncCommit(t *testing.T) {
 	e.pool.Reset() // new connections pick up the database default
 	e.add(t, job("remote apply"))
 	src := e.source(t, "w1")
+	inside := syncCommitInside(t, e, src)
+	if inside != "remote_apply" {
+		t.Fatalf("synchronous_commit inside = %q, want remote_apply (left alone)", inside)
+	}
+}
+
+// syncCommitInside processes the one job of src and returns the
+// synchronous_commit setting its inbox transaction ran with.
+func syncCommitInside(t *testing.T, e *env, src inbox.Source) string {
+	t.Helper()
 	var inside string
 	h := inbox.HandlerFunc(func(ctx context.Context, tx pgx.Tx, d inbox.Delivery) (bool, error) {
 		if err := tx.QueryRow(ctx, `SHOW synchronous_commit`).Scan(&inside); err != nil {
@@ -426,12 +426,10 @@ func TestConsumerKeepsStrongerSyncCommit(t *testing.T) {
 		return applyInbox(ctx, tx, d)
 	})
 	c := e.consumer(t, src, h, nil)
-	if err := c.ProcessBatch(ctx, fetchAll(t, src, 1)); err != nil {
+	if err := c.ProcessBatch(context.Background(), fetchAll(t, src, 1)); err != nil {
 		t.Fatalf("ProcessBatch: %v", err)
 	}
-	if inside != "remote_apply" {
-		t.Fatalf("synchronous_commit inside = %q, want remote_apply (left alone)", inside)
-	}
+	return inside
 }
 
 func currentDB(t *testing.T, e *env) string {

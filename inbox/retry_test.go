@@ -5,34 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 )
-
-func TestRetryDelay(t *testing.T) {
-	t.Parallel()
-	const ms = time.Millisecond
-	cases := []struct {
-		base, limit time.Duration
-		failures    int
-		want        time.Duration
-	}{
-		{100 * ms, 2 * time.Second, 0, 100 * ms},
-		{100 * ms, 2 * time.Second, 1, 200 * ms},
-		{100 * ms, 2 * time.Second, 4, 1600 * ms},
-		{100 * ms, 2 * time.Second, 5, 2 * time.Second},
-		{100 * ms, 2 * time.Second, 1000, 2 * time.Second}, // no overflow
-		{3 * time.Second, 3 * time.Second, 0, 3 * time.Second},
-		{3 * time.Second, 3 * time.Second, 7, 3 * time.Second},
-		{time.Duration(1<<62 - 1), time.Duration(1<<63 - 1), 64, time.Duration(1<<63 - 1)},
-	}
-	for _, tc := range cases {
-		if got := retryDelay(tc.base, tc.limit, tc.failures); got != tc.want {
-			t.Errorf("retryDelay(%v, %v, %d) = %v, want %v", tc.base, tc.limit, tc.failures, got, tc.want)
-		}
-	}
-}
 
 func TestIsPermanent(t *testing.T) {
 	t.Parallel()

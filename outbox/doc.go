@@ -34,14 +34,16 @@
 // FOR UPDATE; Publish; DELETE them; COMMIT. The first statements (with a
 // read of the identity sequence and of the snapshot's xmin, for the floor)
 // share one round trip, the last two (with a read of the pass's xid when
-// the floor asks for it) another. Deleting rather than
-// updating the published rows, and starting the claim at the floor (an id
-// below which every row is known published, see floor.go), keep a pass's
-// cost independent of how many rows were published since vacuum last ran:
-// while an old snapshot holds the xmin horizon back, nothing can be
-// vacuumed, and an update per message or a claim from the start of the
-// index would make every pass slower than the last. The running relay (Relay.Start) LISTENs on a dedicated
-// connection and runs passes on each notification (but those
+// the floor asks for it) another. Deleting rather than updating the
+// published rows, and starting the claim at the floor (an id below which
+// every row is known published, see floor.go), keep a pass's cost
+// independent of how many rows were published since vacuum last ran: while
+// an old snapshot holds the xmin horizon back, nothing can be vacuumed, and
+// an update per message (a row version and an index entry each) or a claim
+// from the start of the index would make every pass slower than the last.
+//
+// The running relay (Relay.Start) LISTENs on a dedicated connection and
+// runs passes on each notification (but those
 // RelayConfig.IgnoreNotification drops), on Relay.Wake, and every
 // PollInterval without one, until a pass comes back less than full.
 //
@@ -53,8 +55,9 @@
 //   - The relay holds nothing in memory between passes but the claim
 //     floor, a hint (a fresh relay starts with a full scan, and one runs
 //     every 10 s anyway): a pass either deletes every row it published, or
-//     rolls back and leaves them all unsent for the next pass. Failed passes increment attempts and
-//     set last_error on the claimed rows (best effort, after the rollback).
+//     rolls back and leaves them all unsent for the next pass. Failed
+//     passes increment attempts and set last_error on the claimed rows
+//     (best effort, after the rollback).
 //   - At-least-once publication, idempotent by Message.ID: a relay that
 //     crashes (or loses its connection) between Publish and COMMIT leaves the
 //     rows unsent and they are published again; the Publisher must treat a
@@ -114,8 +117,8 @@
 // Published rows are deleted, so the table holds only unsent rows, but
 // their space returns only with VACUUM: Vacuum, a small service for the
 // relay's process, vacuums the table whenever it has at least DeadRows
-// (5,000) dead rows, checked every 2 s; a lab bench of 200,000 messages
-// then ends with the outbox near its starting size instead of 73 MB.
-// There is no retention setting: nothing is kept once published (history
+// (5,000) dead rows, checked every 2 s, so that under a steady load the
+// table stays near its starting size instead of growing with every
+// message published. There is no retention setting: nothing is kept once published (history
 // belongs in the application's own tables).
 package outbox

@@ -7,8 +7,7 @@ import (
 
 // The claim floor: where a pass's claim starts.
 //
-// Published rows are deleted (issue 17: no per-message update of a hot
-// row), but their index entries stay until vacuum removes them, and vacuum
+// Published rows are deleted (the package doc says why), but their index entries stay until vacuum removes them, and vacuum
 // cannot while any session holds an older snapshot (a forgotten
 // transaction, a long report, a replica's hot_standby_feedback). A claim
 // that walked the index from the start would step over every row published
@@ -37,9 +36,8 @@ import (
 // R must be an xid the pass was given, not its snapshot's xmax: xmax is one
 // past the latest *completed* xid, and a transaction given an xid at or
 // above it may be running, invisible in the snapshot's xip list; xmin then
-// equals xmax while it runs, and a floor keyed on xmax passed its row (the
-// row then waited for the full scan below, up to 10 s: the end-to-end p99
-// of issue 17's first build). Only passes that claimed rows start a pair:
+// equals xmax while it runs, and a floor keyed on xmax would pass its row
+// (which would then wait for the full scan below, up to 10 s). Only passes that claimed rows start a pair:
 // they have an xid anyway, so the floor costs no transaction id of its own.
 //
 // The floor is a hint, not state the invariants rest on: it lives in

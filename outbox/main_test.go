@@ -144,6 +144,17 @@ func newRelay(t testing.TB, pool *pgxpool.Pool, cfg outbox.RelayConfig) *outbox.
 	return r
 }
 
+// setupRelay is setup with a started writer in mode and a relay of cfg
+// (its Table defaulted to the test's) publishing to a new recorder, which
+// replaces cfg.Publisher.
+func setupRelay(t testing.TB, mode outbox.WakeMode, cfg outbox.RelayConfig) (*pgxpool.Pool, *outbox.Writer, *recorder, *outbox.Relay) {
+	t.Helper()
+	pool := setup(t)
+	rec := &recorder{}
+	cfg.Publisher = rec
+	return pool, newWriter(t, pool, mode), rec, newRelay(t, pool, cfg)
+}
+
 func startRelay(t testing.TB, r *outbox.Relay) {
 	t.Helper()
 	if err := r.Start(context.Background()); err != nil {

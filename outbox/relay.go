@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outboxchat/outboxchat/internal/backoff"
 	"github.com/outboxchat/outboxchat/internal/notifier"
 	"github.com/outboxchat/outboxchat/internal/service"
 )
@@ -366,9 +367,9 @@ func NewRelay(pool *pgxpool.Pool, cfg *RelayConfig) (*Relay, error) {
 	r.claimSQL = "SELECT id, idempotency_key, event, payload, created_at, " +
 		"extract(epoch FROM retry_at - now())::float8 FROM " + t.quoted +
 		" WHERE sent_at IS NULL AND parked_at IS NULL AND id >= $2 ORDER BY id LIMIT $1 FOR UPDATE"
-	// Published rows are deleted, not updated: no new row version and no
-	// new index entry per message (issue 17). sent_at stays NULL; a table
-	// whose rows an older relay marked sent keeps those (never claimed).
+	// Published rows are deleted, not updated (the package doc says why).
+	// sent_at stays NULL; a table whose rows an older relay marked sent
+	// keeps those (never claimed).
 	r.markSQL = "DELETE FROM " + t.quoted + " WHERE id = ANY($1)"
 	// The identity sequence's last value, then xmin of a later snapshot
 	// (floor.go).
@@ -633,7 +634,7 @@ func (r *Relay) runOnce(ctx context.Context) (p pass, err error) {
 				slog.Int64("row_id", bad.RowID), slog.String("message_id", bad.ID), slog.Int("attempts", failures),
 				slog.Any("err", poison.Err))
 		} else {
-			p.wait = min(r.backoffMin<<min(failures-1, 30), r.backoffMax)
+			p.wait = backoff.Delay(r.backoffMin, r.backoffMax, failures-1)
 			e.Duration = p.wait
 			r.log.Warn("publishing an outbox row failed; it holds back the rows behind it until it is published or parked",
 				slog.Int64("row_id", bad.RowID), slog.String("message_id", bad.ID), slog.Int("attempts", failures),
@@ -812,7 +813,7 @@ func (r *Relay) Stopped() <-chan struct{} { return r.life.Stopped() }
 func (r *Relay) loop(ctx context.Context, stopping <-chan struct{}) {
 	poll := time.NewTimer(r.poll)
 	defer poll.Stop()
-	backoff := time.Duration(0)
+	failed := 0 // passes failed in a row
 	for {
 		select {
 		case <-stopping:
@@ -838,15 +839,16 @@ func (r *Relay) loop(ctx context.Context, stopping <-chan struct{}) {
 				if ctx.Err() != nil {
 					return
 				}
-				backoff = min(max(2*backoff, errBackoffMin), errBackoffMax)
+				pause := backoff.Delay(errBackoffMin, errBackoffMax, failed)
+				failed++
 				r.log.Warn("pass failed; rows stay unsent for the next pass",
-					slog.Any("err", err), slog.Duration("retry_in", backoff))
-				if !sleep(ctx, stopping, backoff) {
+					slog.Any("err", err), slog.Duration("retry_in", pause))
+				if !backoff.Sleep(ctx, stopping, pause) {
 					return
 				}
 				continue
 			}
-			backoff = 0
+			failed = 0
 			if p.n < r.batchSize && !p.more {
 				if p.wait > 0 {
 					next = min(next, p.wait)
@@ -855,20 +857,6 @@ func (r *Relay) loop(ctx context.Context, stopping <-chan struct{}) {
 			}
 		}
 		poll.Reset(next)
-	}
-}
-
-// sleep waits d; false if stopping or ctx ended first.
-func sleep(ctx context.Context, stopping <-chan struct{}, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-stopping:
-		return false
-	case <-ctx.Done():
-		return false
 	}
 }
 

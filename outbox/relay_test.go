@@ -22,10 +22,7 @@ import (
 func TestEnqueueCommitPublishedOnce(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool := setup(t)
-	w := newWriter(t, pool, outbox.WakeNone)
-	rec := &recorder{}
-	r := newRelay(t, pool, outbox.RelayConfig{Publisher: rec})
+	pool, w, rec, r := setupRelay(t, outbox.WakeNone, outbox.RelayConfig{})
 
 	enqueue(t, pool, w, ev("a"), ev("b"), ev("c")) // multi-row insert
 	enqueue(t, pool, w, outbox.Event{ID: "d", Name: "other", Payload: []byte(`{"n": [1, 2], "s": "x"}`)})
@@ -56,10 +53,7 @@ func TestEnqueueCommitPublishedOnce(t *testing.T) {
 func TestRollbackPublishesNothing(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool := setup(t)
-	w := newWriter(t, pool, outbox.WakeInTx)
-	rec := &recorder{}
-	r := newRelay(t, pool, outbox.RelayConfig{Publisher: rec})
+	pool, w, rec, r := setupRelay(t, outbox.WakeInTx, outbox.RelayConfig{})
 
 	tx, err := pool.Begin(ctx)
 	if err != nil {
@@ -231,10 +225,7 @@ func TestNotifyWakeUp(t *testing.T) {
 	for _, mode := range []outbox.WakeMode{outbox.WakeAfterCommit, outbox.WakeInTx} {
 		t.Run(mode.String(), func(t *testing.T) {
 			t.Parallel()
-			pool := setup(t)
-			w := newWriter(t, pool, mode)
-			rec := &recorder{}
-			r := newRelay(t, pool, outbox.RelayConfig{Publisher: rec, PollInterval: time.Hour})
+			pool, w, rec, r := setupRelay(t, mode, outbox.RelayConfig{PollInterval: time.Hour})
 			startRelay(t, r)
 			testenv.WaitFor(t, 5*time.Second, "relay listening", r.Listening)
 			for i := range 3 {
@@ -307,10 +298,7 @@ func TestListenConnectionKilled(t *testing.T) {
 
 func TestPollOnly(t *testing.T) {
 	t.Parallel()
-	pool := setup(t)
-	w := newWriter(t, pool, outbox.WakeNone)
-	rec := &recorder{}
-	r := newRelay(t, pool, outbox.RelayConfig{Publisher: rec, DisableListen: true, PollInterval: 20 * time.Millisecond})
+	pool, w, rec, r := setupRelay(t, outbox.WakeNone, outbox.RelayConfig{DisableListen: true, PollInterval: 20 * time.Millisecond})
 	startRelay(t, r)
 	for i := range 3 {
 		id := "poll" + strconv.Itoa(i)
@@ -399,10 +387,7 @@ func TestTwoRelaysOrder(t *testing.T) {
 func TestLockTimeoutBoundsClaim(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool := setup(t)
-	w := newWriter(t, pool, outbox.WakeNone)
-	rec := &recorder{}
-	r := newRelay(t, pool, outbox.RelayConfig{Publisher: rec, LockTimeout: 100 * time.Millisecond})
+	pool, w, _, r := setupRelay(t, outbox.WakeNone, outbox.RelayConfig{LockTimeout: 100 * time.Millisecond})
 	enqueue(t, pool, w, ev("l1"))
 
 	foreign, err := pool.Begin(ctx)
@@ -702,10 +687,7 @@ func TestRelayEvents(t *testing.T) {
 func TestClaimFloorWaitsForOpenTransactions(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool := setup(t)
-	w := newWriter(t, pool, outbox.WakeNone)
-	rec := &recorder{}
-	r := newRelay(t, pool, outbox.RelayConfig{Publisher: rec})
+	pool, w, rec, r := setupRelay(t, outbox.WakeNone, outbox.RelayConfig{})
 	if n, err := r.RunOnce(ctx); err != nil || n != 0 {
 		t.Fatalf("first RunOnce = %d, %v", n, err)
 	}
@@ -759,10 +741,7 @@ func TestClaimFloorWaitsForOpenTransactions(t *testing.T) {
 // open transaction's xid and hide the case.
 func TestClaimFloorWaitsForNewestOpenTransaction(t *testing.T) {
 	ctx := context.Background()
-	pool := setup(t)
-	w := newWriter(t, pool, outbox.WakeNone)
-	rec := &recorder{}
-	r := newRelay(t, pool, outbox.RelayConfig{Publisher: rec})
+	pool, w, rec, r := setupRelay(t, outbox.WakeNone, outbox.RelayConfig{})
 	enqueue(t, pool, w, ev("first"))
 	if n, err := r.RunOnce(ctx); err != nil || n != 1 {
 		t.Fatalf("first RunOnce = %d, %v", n, err)

@@ -15,16 +15,17 @@ import (
 // publishes, so the table holds only unsent rows, but the deleted rows'
 // space comes back only when the table is vacuumed, and autovacuum looks
 // at a table at most once per autovacuum_naptime (1 min by default) and
-// throttles itself: under a sustained 2,500 msg/s the table of a lab bench
-// of 200,000 messages grew to 73 MB (199,124 dead rows, no autovacuum run
-// yet). Vacuum runs VACUUM on the table whenever pg_stat_user_tables shows
-// at least DeadRows dead rows, so the space is reused within about an
-// Interval and the empty pages at the end are given back (VACUUM's
-// truncation takes the table's lock only when nobody waits for it).
+// throttles itself: at thousands of messages a second, a minute is enough
+// for the dead rows to outnumber the live ones a hundred to one. Vacuum
+// runs VACUUM on the table whenever pg_stat_user_tables shows at least
+// DeadRows dead rows, so the space is reused within about an Interval and
+// the empty pages at the end are given back (VACUUM's truncation takes the
+// table's lock only when nobody waits for it).
 //
-// A held snapshot (issue 17) keeps the dead rows: a VACUUM that removes
-// less than half of them doubles the wait before the next, up to 16 ×
-// Interval, and the wait returns to Interval once one removes most.
+// A held snapshot (floor.go says who may hold one) keeps the dead rows: a
+// VACUUM that removes less than half of them doubles the wait before the
+// next, up to 16 × Interval, and the wait returns to Interval once one
+// removes most.
 //
 // Vacuum is a service (Start/Stop) with one RunOnce a test can call; it
 // needs the table's owner (VACUUM) and is safe for concurrent use.

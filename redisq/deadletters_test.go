@@ -108,9 +108,7 @@ func TestInspect(t *testing.T) {
 		t.Fatalf("Inspect of no stream = %+v, %v", qi, err)
 	}
 	c := q.consumer(t, "w1", nil)
-	if _, err := q.pub.Add(ctx, jobs(5, 0)...); err != nil {
-		t.Fatal(err)
-	}
+	q.add(t, 5, 0)
 	ds := fetchN(t, c, 2)
 	if err := c.DeadLetter(ctx, ds[0], "bad"); err != nil {
 		t.Fatal(err)

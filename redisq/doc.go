@@ -73,10 +73,10 @@
 //     "$", so entries added meanwhile are delivered); a pending entry
 //     found deleted (XAUTOCLAIM's third reply element, or a nil entry in
 //     the own pending list) is acknowledged away, logged with its stream
-//     id and counted (Consumer.DeletedPending, EventDeletedPending). The job itself
-//     is gone from Redis: only the sender can bring it back, with Readd,
-//     which gets past a dedupe key that outlived its entry (the chat's
-//     re-drive does that when no receipt came back in time).
+//     id and counted (Consumer.DeletedPending, EventDeletedPending). The
+//     job itself is gone from Redis: only the sender can bring it back,
+//     with Readd, which gets past a dedupe key that outlived its entry (the
+//     chat's re-drive does that when no receipt came back in time).
 //   - Sentinel failover: NewClient takes a redis+sentinel:// URL
 //     (ParseSentinelURL) and follows the primary; jobs the old primary had
 //     not replicated are lost as above.

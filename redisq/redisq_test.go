@@ -13,6 +13,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/outboxchat/outboxchat/internal/redisproc"
 	"github.com/outboxchat/outboxchat/internal/testenv"
 	"github.com/outboxchat/outboxchat/redisq"
 )
@@ -58,6 +59,27 @@ func (q *queue) consumer(t testing.TB, name string, cfg *redisq.ConsumerConfig) 
 		t.Fatal(err)
 	}
 	return cons
+}
+
+// privateRedis is a private Redis server of the test's own, which it may
+// stop and kill, and a fail-fast client of it (NewClient).
+func privateRedis(t *testing.T) (*redisproc.Server, *redis.Client) {
+	t.Helper()
+	srv := testenv.PrivateRedis(t)
+	rdb, err := redisq.NewClient(srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = rdb.Close() })
+	return srv, rdb
+}
+
+// add adds jobs(n, from), failing the test on an error.
+func (q *queue) add(t testing.TB, n, from int) {
+	t.Helper()
+	if _, err := q.pub.Add(context.Background(), jobs(n, from)...); err != nil {
+		t.Fatalf("add: %v", err)
+	}
 }
 
 func jobs(n int, from int) []redisq.Job {
@@ -230,9 +252,7 @@ func TestFetchAckTrims(t *testing.T) {
 	if err != nil || ds != nil {
 		t.Fatalf("empty Fetch = %v, %v", ds, err)
 	}
-	if _, err := q.pub.Add(ctx, jobs(20, 0)...); err != nil {
-		t.Fatal(err)
-	}
+	q.add(t, 20, 0)
 	got := fetchN(t, c, 20)
 	if s := stats(t, c); s.StreamLen != 20 || s.Pending != 20 {
 		t.Fatalf("stats after fetch %+v", s)
@@ -272,9 +292,7 @@ func TestIdleFetchTrims(t *testing.T) {
 	ctx := context.Background()
 	q := newQueue(t, nil)
 	c := q.consumer(t, "w1", &redisq.ConsumerConfig{TrimInterval: 300 * time.Millisecond, Block: 100 * time.Millisecond})
-	if _, err := q.pub.Add(ctx, jobs(5, 0)...); err != nil {
-		t.Fatal(err)
-	}
+	q.add(t, 5, 0)
 	got := fetchN(t, c, 5)
 	if err := c.Ack(ctx, streamIDs(got)...); err != nil {
 		t.Fatal(err)
@@ -322,9 +340,7 @@ func TestTrimWaitsForEveryGroup(t *testing.T) {
 			t.Fatalf("Fetch = %v, %v", ds, err)
 		}
 	}
-	if _, err := q.pub.Add(ctx, jobs(10, 0)...); err != nil {
-		t.Fatal(err)
-	}
+	q.add(t, 10, 0)
 	trim := func(c *redisq.Consumer, want int64) {
 		t.Helper()
 		n, err := c.Trim(ctx)
@@ -367,9 +383,7 @@ func TestStalledDeliveryIsReclaimed(t *testing.T) {
 	dead := q.consumer(t, "dies", cfg)
 	live := q.consumer(t, "lives", cfg)
 
-	if _, err := q.pub.Add(ctx, jobs(1, 0)...); err != nil {
-		t.Fatal(err)
-	}
+	q.add(t, 1, 0)
 	first := fetchN(t, dead, 1) // never acked: "dies" crashed
 
 	var got []redisq.Delivery
@@ -402,14 +416,10 @@ func TestRestartedConsumerFinishesOwnPendingFirst(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	q := newQueue(t, nil)
-	if _, err := q.pub.Add(ctx, jobs(3, 0)...); err != nil {
-		t.Fatal(err)
-	}
+	q.add(t, 3, 0)
 	before := q.consumer(t, "w1", nil)
 	pending := fetchN(t, before, 3) // crashes before acking
-	if _, err := q.pub.Add(ctx, jobs(3, 3)...); err != nil {
-		t.Fatal(err)
-	}
+	q.add(t, 3, 3)
 
 	after := q.consumer(t, "w1", nil) // same name, new process
 	ds, err := after.Fetch(ctx, 10)
@@ -432,9 +442,7 @@ func TestRestartedConsumerFinishesOwnPendingFirst(t *testing.T) {
 		t.Fatalf("then %v, want %s", ids(ds), want)
 	}
 	// Not acking makes the same Consumer hand them out again, first.
-	if _, err := q.pub.Add(ctx, jobs(1, 6)...); err != nil {
-		t.Fatal(err)
-	}
+	q.add(t, 1, 6)
 	again, err := after.Fetch(ctx, 10)
 	if err != nil {
 		t.Fatal(err)
@@ -456,9 +464,7 @@ func TestMalformedEntryIsReturnedAndDeadLettered(t *testing.T) {
 	q := newQueue(t, nil)
 	c := q.consumer(t, "w1", &redisq.ConsumerConfig{TrimInterval: time.Millisecond})
 	rawID := q.rdb.XAdd(ctx, &redis.XAddArgs{Stream: q.keys.Stream, Values: []any{"garbage", "x"}}).Val()
-	if _, err := q.pub.Add(ctx, jobs(1, 0)...); err != nil {
-		t.Fatal(err)
-	}
+	q.add(t, 1, 0)
 	ds := fetchN(t, c, 2)
 	bad, good := ds[0], ds[1]
 	if bad.StreamID != rawID || !errors.Is(bad.Err, redisq.ErrMalformedEntry) || bad.ID != "" {
@@ -496,9 +502,7 @@ func TestDeletedPendingEntryIsAckedAway(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
 			q := newQueue(t, nil)
-			if _, err := q.pub.Add(ctx, jobs(2, 0)...); err != nil {
-				t.Fatal(err)
-			}
+			q.add(t, 2, 0)
 			var ev events
 			cfg := &redisq.ConsumerConfig{LockDuration: 100 * time.Millisecond, OnEvent: ev.on}
 			ds := fetchN(t, q.consumer(t, "w1", cfg), 2)
@@ -533,17 +537,13 @@ func TestGroupRecreatedAfterDataLoss(t *testing.T) {
 	ctx := context.Background()
 	q := newQueue(t, nil)
 	c := q.consumer(t, "w1", nil)
-	if _, err := q.pub.Add(ctx, jobs(1, 0)...); err != nil {
-		t.Fatal(err)
-	}
+	q.add(t, 1, 0)
 	if err := c.Ack(ctx, streamIDs(fetchN(t, c, 1))...); err != nil {
 		t.Fatal(err)
 	}
 	// As after a restart without AOF: stream, group and dedupe keys gone.
 	q.rdb.Del(ctx, q.keys.Stream, q.keys.Dedupe("job-0"))
-	if _, err := q.pub.Add(ctx, jobs(1, 1)...); err != nil {
-		t.Fatal(err)
-	}
+	q.add(t, 1, 1)
 	if ds := fetchN(t, c, 1); ds[0].ID != "job-1" {
 		t.Fatalf("got %v", ids(ds))
 	}
@@ -552,17 +552,10 @@ func TestGroupRecreatedAfterDataLoss(t *testing.T) {
 func TestRedisDownFailsFastAndBuffersNothing(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	srv := testenv.PrivateRedis(t)
-	rdb, err := redisq.NewClient(srv.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = rdb.Close() })
+	srv, rdb := privateRedis(t)
 	q := newQueue(t, rdb)
 	c := q.consumer(t, "w1", nil)
-	if _, err := q.pub.Add(ctx, jobs(1, 0)...); err != nil {
-		t.Fatal(err)
-	}
+	q.add(t, 1, 0)
 	if err := srv.Stop(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -610,12 +603,7 @@ func TestRedisDownFailsFastAndBuffersNothing(t *testing.T) {
 func TestKilledRedisKeepsEntriesWithAOF(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	srv := testenv.PrivateRedis(t)
-	rdb, err := redisq.NewClient(srv.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = rdb.Close() })
+	srv, rdb := privateRedis(t)
 	if err := rdb.ConfigSet(ctx, "appendfsync", "always").Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -630,6 +618,7 @@ func TestKilledRedisKeepsEntriesWithAOF(t *testing.T) {
 		t.Fatal(err)
 	}
 	var n int
+	var err error
 	testenv.WaitFor(t, 10*time.Second, "Add after restart", func() bool {
 		n, err = q.pub.Add(ctx, jobs(3, 0)...)
 		return err == nil
@@ -646,12 +635,7 @@ func TestKilledRedisKeepsEntriesWithAOF(t *testing.T) {
 func TestCheckDurability(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	srv := testenv.PrivateRedis(t)
-	rdb, err := redisq.NewClient(srv.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = rdb.Close() })
+	srv, rdb := privateRedis(t)
 	var logs testenv.SyncBuffer
 	logger := slog.New(slog.NewTextHandler(&logs, nil))
 
@@ -693,18 +677,14 @@ func TestAckNoGroupRecreatesGroupFromZero(t *testing.T) {
 	ctx := context.Background()
 	q := newQueue(t, nil)
 	c := q.consumer(t, "w1", nil)
-	if _, err := q.pub.Add(ctx, jobs(1, 0)...); err != nil {
-		t.Fatal(err)
-	}
+	q.add(t, 1, 0)
 	ds := fetchN(t, c, 1)
 	// The stream and group are lost; another publisher adds two jobs to a
 	// fresh stream (no group yet) before the ack.
 	if err := q.rdb.Del(ctx, q.keys.Stream).Err(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := q.pub.Add(ctx, jobs(2, 1)...); err != nil {
-		t.Fatal(err)
-	}
+	q.add(t, 2, 1)
 	// XACK on a stream without the group answers 0 or NOGROUP depending on
 	// the server; either way nothing breaks.
 	_ = c.Ack(ctx, ds[0].StreamID)
@@ -720,9 +700,7 @@ func TestReaddGetsPastTheDedupeKey(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	q := newQueue(t, nil)
-	if _, err := q.pub.Add(ctx, jobs(1, 0)...); err != nil {
-		t.Fatal(err)
-	}
+	q.add(t, 1, 0)
 	if err := q.rdb.Del(ctx, q.keys.Stream).Err(); err != nil { // entry lost, key kept
 		t.Fatal(err)
 	}

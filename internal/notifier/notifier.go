@@ -44,6 +44,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outboxchat/outboxchat/internal/backoff"
 	"github.com/outboxchat/outboxchat/internal/service"
 )
 
@@ -65,9 +66,8 @@ const (
 	// DefaultPingTimeout bounds that ping.
 	DefaultPingTimeout = 5 * time.Second
 	// DefaultSelfCheckTimeout is how long the self-check waits for its own
-	// NOTIFY after each connect (the figure: a notification on a
-	// working connection arrives in milliseconds; 2 s leaves room for a
-	// loaded machine).
+	// NOTIFY after each connect (a notification on a working connection
+	// arrives in milliseconds; 2 s leaves room for a loaded machine).
 	DefaultSelfCheckTimeout = 2 * time.Second
 	// DefaultSelfCheckFix is the remedy the self-check's warning names when
 	// Config.SelfCheckFix is empty.
@@ -289,27 +289,24 @@ func (n *Notifier) Stopped() <-chan struct{} { return n.life.Stopped() }
 
 // run keeps a connection open until ctx ends.
 func (n *Notifier) run(ctx context.Context) {
-	backoff := time.Duration(0)
+	failed := 0 // connects failed in a row
 	for ctx.Err() == nil {
 		conn, err := n.connect(ctx)
 		if err != nil {
 			if ctx.Err() != nil {
 				return
 			}
-			backoff = min(max(2*backoff, n.cfg.ReconnectMin), n.cfg.ReconnectMax)
+			pause := backoff.Delay(n.cfg.ReconnectMin, n.cfg.ReconnectMax, failed)
+			failed++
 			n.down(err)
 			n.cfg.Logger.Warn("listen connection failed; subscribers poll meanwhile",
-				slog.Any("err", err), slog.Duration("retry_in", backoff))
-			t := time.NewTimer(backoff)
-			select {
-			case <-ctx.Done():
-				t.Stop()
+				slog.Any("err", err), slog.Duration("retry_in", pause))
+			if !backoff.Sleep(ctx, nil, pause) {
 				return
-			case <-t.C:
 			}
 			continue
 		}
-		backoff = 0
+		failed = 0
 		n.listening.Store(true)
 		err = n.serve(ctx, conn)
 		n.listening.Store(false)

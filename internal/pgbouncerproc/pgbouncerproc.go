@@ -27,7 +27,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
@@ -80,26 +79,17 @@ type Server struct {
 	logPath string
 	log     *slog.Logger
 
-	mu     sync.Mutex
-	cmd    *exec.Cmd
-	exited chan struct{}
-	closed bool
+	life spawn.Server // the pooler; SIGINT (immediate shutdown) stops it
 }
 
-func defaultBinary() string {
-	if p, err := exec.LookPath("pgbouncer"); err == nil {
-		return p
-	}
-	return "/usr/sbin/pgbouncer"
-}
+func defaultBinary() (string, error) { return spawn.Binary("pgbouncer", "/usr/sbin/pgbouncer") }
 
 // Available reports why Start cannot run on this machine: nil when a
 // pgbouncer executable is found on PATH or at /usr/sbin/pgbouncer
 // (scripts/install-deps.sh --test installs Debian's package). It starts nothing.
 func Available() error {
-	b := defaultBinary()
-	if fi, err := os.Stat(b); err != nil || fi.IsDir() || fi.Mode()&0o111 == 0 {
-		return errors.New("pgbouncerproc: pgbouncer not found on PATH or at /usr/sbin/pgbouncer (run scripts/install-deps.sh --test)")
+	if _, err := defaultBinary(); err != nil {
+		return fmt.Errorf("pgbouncerproc: %w (run scripts/install-deps.sh --test)", err)
 	}
 	return nil
 }
@@ -138,19 +128,15 @@ func Start(ctx context.Context, opts *Options) (*Server, error) {
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
-	spawn.ReapStale("pgbouncerproc-", s.log)
-	if s.dir, err = os.MkdirTemp("", "pgbouncerproc-"); err != nil {
-		return nil, fmt.Errorf("pgbouncerproc: create temp dir: %w", err)
-	}
-	if err := spawn.WriteOwner(s.dir); err != nil {
-		_ = os.RemoveAll(s.dir)
-		return nil, fmt.Errorf("pgbouncerproc: %w", err)
+	s.life = spawn.Server{Name: "pgbouncerproc", Log: s.log, StopSignal: syscall.SIGINT}
+	if s.dir, s.life.Dir, err = spawn.Dir("pgbouncerproc", "", s.log); err != nil {
+		return nil, err
 	}
 	var cred *syscall.Credential
 	if os.Geteuid() == 0 {
-		if cred, err = unprivilegedCred(); err != nil {
+		if cred, err = spawn.UnprivilegedCred(); err != nil {
 			_ = os.RemoveAll(s.dir)
-			return nil, err
+			return nil, fmt.Errorf("pgbouncerproc: %w", err)
 		}
 		// The pooler writes its log here.
 		if err := os.Chown(s.dir, int(cred.Uid), int(cred.Gid)); err != nil {
@@ -169,11 +155,8 @@ func Start(ctx context.Context, opts *Options) (*Server, error) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, defaultStartTimeout)
 	defer cancel()
-	for attempt := 0; ; attempt++ {
-		if s.port, err = spawn.FreePort(); err != nil {
-			_ = s.Close()
-			return nil, fmt.Errorf("pgbouncerproc: %w", err)
-		}
+	_, err = spawn.OnFreePort(ctx, 0, "pgbouncerproc", s.log, func(port int) error {
+		s.port, s.life.Port = port, port
 		ini := fmt.Sprintf(`[databases]
 * = host=%s port=%s
 [pgbouncer]
@@ -194,73 +177,55 @@ log_disconnections = 0
 `, host, uport, s.port, filepath.Join(s.dir, "users.txt"), mode, poolSize, s.logPath)
 		conf := filepath.Join(s.dir, "pgbouncer.ini")
 		if err := os.WriteFile(conf, []byte(ini), 0o644); err != nil {
-			_ = s.Close()
-			return nil, fmt.Errorf("pgbouncerproc: write config: %w", err)
+			return fmt.Errorf("pgbouncerproc: write config: %w", err)
 		}
-		cmd := exec.Command(opts.Binary, conf)
-		if opts.Binary == "" {
-			cmd = exec.Command(defaultBinary(), conf)
+		binary := opts.Binary
+		if binary == "" {
+			binary, _ = defaultBinary() // a missing one fails to start
 		}
+		cmd := exec.Command(binary, conf)
 		cmd.Dir = s.dir
 		cmd.Env = []string{"PATH=" + os.Getenv("PATH")}
 		if cred != nil {
 			cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
 		}
-		if err = s.startCmd(ctx, cmd, users[0]); err == nil {
-			break
-		}
-		if attempt >= 4 || !strings.Contains(err.Error(), "Address already in use") || ctx.Err() != nil {
-			_ = s.Close()
-			return nil, err
-		}
+		s.life.Launch = func(ctx context.Context) (*spawn.Proc, error) { return s.launch(ctx, cmd, users[0]) }
+		return s.life.Start(ctx)
+	})
+	if err != nil {
+		_ = s.Close()
+		return nil, err
 	}
 	s.log.Info("pgbouncerproc: started", "port", s.port, "mode", mode, "upstream", opts.Upstream)
 	return s, nil
 }
 
-func (s *Server) startCmd(ctx context.Context, cmd *exec.Cmd, user string) error {
+// launch starts cmd and waits until a client gets through the pooler as
+// user (for spawn.Server, with its lock held).
+func (s *Server) launch(ctx context.Context, cmd *exec.Cmd, user string) (*spawn.Proc, error) {
 	if err := spawn.Start(cmd); err != nil {
-		return fmt.Errorf("pgbouncerproc: start pgbouncer: %w", err)
+		return nil, fmt.Errorf("pgbouncerproc: start pgbouncer: %w", err)
 	}
-	exited := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(exited) }()
-	s.mu.Lock()
-	s.cmd, s.exited = cmd, exited
-	s.mu.Unlock()
-	var last error
-	for {
-		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		conn, err := pgx.Connect(cctx, s.URL(user, "postgres"))
-		if err == nil {
-			_, err = conn.Exec(cctx, "SELECT 1")
-			_ = conn.Close(cctx)
+	r := spawn.Watch(cmd)
+	err := r.WaitReady(ctx, defaultStartTimeout, 20*time.Millisecond, func(ctx context.Context) error {
+		ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+		conn, err := pgx.Connect(ctx, s.URL(user, "postgres"))
+		if err != nil {
+			return err
 		}
-		cancel()
-		if err == nil {
-			return nil
-		}
-		last = err
-		t := time.NewTimer(20 * time.Millisecond)
-		select {
-		case <-exited:
-			t.Stop()
-			s.kill()
-			return fmt.Errorf("pgbouncerproc: pgbouncer exited: %s", spawn.TailFile(s.logPath, 2048))
-		case <-ctx.Done():
-			t.Stop()
-			s.kill()
-			return fmt.Errorf("pgbouncerproc: not ready: %w (last error: %v); log: %s", ctx.Err(), last, spawn.TailFile(s.logPath, 2048))
-		case <-t.C:
-		}
-	}
-}
-
-func unprivilegedCred() (*syscall.Credential, error) {
-	cred, err := spawn.UnprivilegedCred()
+		_, err = conn.Exec(ctx, "SELECT 1")
+		_ = conn.Close(ctx)
+		return err
+	})
 	if err != nil {
-		return nil, fmt.Errorf("pgbouncerproc: %w", err)
+		logTail := spawn.TailFile(s.logPath, 2048)
+		if strings.Contains(logTail, "Address already in use") {
+			err = fmt.Errorf("%w %d: %v", spawn.ErrBind, s.port, err)
+		}
+		return r, fmt.Errorf("pgbouncerproc: not ready: %w; log: %s", err, logTail)
 	}
-	return cred, nil
+	return r, nil
 }
 
 // URL returns a connection URL through the pooler for database db as user,
@@ -290,41 +255,6 @@ func (s *Server) Mode() string { return s.mode }
 // LogPath returns the path of the pooler's log file.
 func (s *Server) LogPath() string { return s.logPath }
 
-func (s *Server) kill() {
-	s.mu.Lock()
-	cmd, exited := s.cmd, s.exited
-	s.cmd = nil
-	s.mu.Unlock()
-	if cmd == nil {
-		return
-	}
-	_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-	<-exited
-	spawn.WaitGroupGone(cmd.Process.Pid, 10*time.Second)
-}
-
 // Close stops the pooler (SIGINT: PgBouncer's immediate shutdown; SIGKILL
 // after 10 s) and removes its directory. Idempotent; later calls return nil.
-func (s *Server) Close() error {
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
-		return nil
-	}
-	s.closed = true
-	cmd, exited := s.cmd, s.exited
-	s.mu.Unlock()
-	if cmd != nil {
-		_ = syscall.Kill(cmd.Process.Pid, syscall.SIGINT)
-		select {
-		case <-exited:
-			s.mu.Lock()
-			s.cmd = nil
-			s.mu.Unlock()
-			spawn.WaitGroupGone(cmd.Process.Pid, 10*time.Second)
-		case <-time.After(10 * time.Second):
-			s.kill()
-		}
-	}
-	return os.RemoveAll(s.dir)
-}
+func (s *Server) Close() error { return s.life.Close(10 * time.Second) }

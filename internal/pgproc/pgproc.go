@@ -9,13 +9,11 @@
 //
 // Every server process is started in its own process group (so a Ctrl-C on
 // the controlling terminal does not reach it) with a parent-death signal of
-// SIGKILL, so it does not outlive the Go process; see proc.go for why this is
-// reliable.
+// SIGKILL, so it does not outlive the Go process; internal/spawn says why
+// this is reliable.
 package pgproc
 
 import (
-	"github.com/outboxchat/outboxchat/internal/spawn"
-
 	"context"
 	"errors"
 	"fmt"
@@ -32,6 +30,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxchat/outboxchat/internal/spawn"
 )
 
 // DefaultDatabase is the database that Start creates on every server.
@@ -80,7 +80,6 @@ type Server struct {
 	dir          string
 	dataDir      string
 	logPath      string
-	ownDir       bool
 	fsync        bool
 	binDir       string
 	startTimeout time.Duration
@@ -88,9 +87,7 @@ type Server struct {
 	cred         *syscall.Credential
 	tls          bool // Dir/server.crt and Dir/server.key serve TLS
 
-	mu     sync.Mutex
-	run    *spawn.Proc // nil when not running
-	closed bool
+	life spawn.Server // the postmaster; SIGINT (fast shutdown) stops it
 }
 
 // Start creates (initdb: trust auth, UTF8, superuser "postgres") or reuses a
@@ -119,28 +116,13 @@ func Start(ctx context.Context, opts *Options) (*Server, error) {
 		return nil, err
 	}
 	if os.Geteuid() == 0 {
-		if s.cred, err = unprivilegedCred(); err != nil {
-			return nil, err
+		if s.cred, err = spawn.UnprivilegedCred(); err != nil {
+			return nil, fmt.Errorf("pgproc: %w", err)
 		}
 	}
-	if opts.Dir == "" {
-		spawn.ReapStale("pgproc-", s.log)
-		d, err := os.MkdirTemp("", "pgproc-")
-		if err != nil {
-			return nil, fmt.Errorf("pgproc: create temp dir: %w", err)
-		}
-		s.dir, s.ownDir = d, true
-		if err := spawn.WriteOwner(d); err != nil {
-			_ = os.RemoveAll(d)
-			return nil, fmt.Errorf("pgproc: %w", err)
-		}
-	} else {
-		if s.dir, err = filepath.Abs(opts.Dir); err != nil {
-			return nil, fmt.Errorf("pgproc: %w", err)
-		}
-		if err := os.MkdirAll(s.dir, 0o755); err != nil {
-			return nil, fmt.Errorf("pgproc: create dir: %w", err)
-		}
+	s.life = spawn.Server{Name: "pgproc", Log: s.log, Launch: s.launch, KillProc: s.kill, StopSignal: syscall.SIGINT}
+	if s.dir, s.life.Dir, err = spawn.Dir("pgproc", opts.Dir, s.log); err != nil {
+		return nil, err
 	}
 	s.dataDir = filepath.Join(s.dir, "data")
 	s.logPath = filepath.Join(s.dir, "postgres.log")
@@ -150,7 +132,7 @@ func Start(ctx context.Context, opts *Options) (*Server, error) {
 			_ = s.Close()
 		}
 	}()
-	if s.ownDir {
+	if s.life.Dir != "" { // a temp dir of ours
 		if err := os.Chmod(s.dir, 0o755); err != nil {
 			return nil, fmt.Errorf("pgproc: chmod dir: %w", err)
 		}
@@ -164,23 +146,11 @@ func Start(ctx context.Context, opts *Options) (*Server, error) {
 		}
 	}
 
-	for attempt := 0; ; attempt++ {
-		s.port = opts.Port
-		if s.port == 0 {
-			if s.port, err = spawn.FreePort(); err != nil {
-				return nil, fmt.Errorf("pgproc: %w", err)
-			}
-		}
-		s.mu.Lock()
-		err = s.startLocked(ctx)
-		s.mu.Unlock()
-		if err == nil {
-			break
-		}
-		if opts.Port != 0 || attempt >= 4 || !errors.Is(err, errBind) || ctx.Err() != nil {
-			return nil, err
-		}
-		s.log.Warn("pgproc: port taken, retrying", "port", s.port)
+	if _, err := spawn.OnFreePort(ctx, opts.Port, "pgproc", s.log, func(port int) error {
+		s.port, s.life.Port = port, port
+		return s.life.Start(ctx)
+	}); err != nil {
+		return nil, err
 	}
 	if err := s.createDB(ctx, DefaultDatabase); err != nil {
 		return nil, err
@@ -189,8 +159,6 @@ func Start(ctx context.Context, opts *Options) (*Server, error) {
 	s.log.Info("pgproc: started", "port", s.port, "dir", s.dir)
 	return s, nil
 }
-
-var errBind = errors.New("could not bind port")
 
 // installTLS copies the certificate and key into s.dir as server.crt and
 // server.key (0600, owned by the server's user: postgres refuses a key
@@ -225,8 +193,8 @@ func Available() error {
 		return err
 	}
 	if os.Geteuid() == 0 {
-		if _, err := unprivilegedCred(); err != nil {
-			return err
+		if _, err := spawn.UnprivilegedCred(); err != nil {
+			return fmt.Errorf("pgproc: %w", err)
 		}
 	}
 	return nil
@@ -251,14 +219,6 @@ func findBinDir(dir string) (string, error) {
 		return filepath.Dir(m[0]), nil
 	}
 	return "", errors.New("pgproc: postgres binaries not found on PATH or in /usr/lib/postgresql/*/bin")
-}
-
-func unprivilegedCred() (*syscall.Credential, error) {
-	cred, err := spawn.UnprivilegedCred()
-	if err != nil {
-		return nil, fmt.Errorf("pgproc: %w", err)
-	}
-	return cred, nil
 }
 
 func (s *Server) command(name string, args ...string) *exec.Cmd {
@@ -308,12 +268,8 @@ func (s *Server) templateData(ctx context.Context) (string, error) {
 		}
 		return "", nil // different binaries or user: no template
 	}
-	d, err := os.MkdirTemp("", "pgproc-")
+	d, err := spawn.TempDir("pgproc-")
 	if err != nil {
-		return "", err
-	}
-	if err := spawn.WriteOwner(d); err != nil {
-		_ = os.RemoveAll(d)
 		return "", err
 	}
 	if err := os.Chmod(d, 0o755); err != nil {
@@ -393,8 +349,9 @@ func (s *Server) runInitdb(ctx context.Context) error {
 	return nil
 }
 
-// startLocked starts the postmaster and waits for readiness. s.mu is held.
-func (s *Server) startLocked(ctx context.Context) error {
+// launch starts the postmaster and waits until it accepts connections (for
+// spawn.Server, with its lock held).
+func (s *Server) launch(ctx context.Context) (*spawn.Proc, error) {
 	fsync := "off"
 	if s.fsync {
 		fsync = "on"
@@ -418,7 +375,7 @@ func (s *Server) startLocked(ctx context.Context) error {
 	}
 	logf, err := os.OpenFile(s.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
-		return fmt.Errorf("pgproc: open log: %w", err)
+		return nil, fmt.Errorf("pgproc: open log: %w", err)
 	}
 	defer logf.Close() // the child keeps its own copy of the descriptor
 	st, _ := logf.Stat()
@@ -428,67 +385,35 @@ func (s *Server) startLocked(ctx context.Context) error {
 	}
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := spawn.Start(cmd); err != nil {
-		return fmt.Errorf("pgproc: start postgres: %w", err)
+		return nil, fmt.Errorf("pgproc: start postgres: %w", err)
 	}
 	r := spawn.Watch(cmd)
-	s.run = r
-	if err := s.waitReady(ctx, r); err != nil {
-		s.killLocked()
-		logTail := tailSince(s.logPath, logOff)
+	if err := r.WaitReady(ctx, s.startTimeout, 20*time.Millisecond, s.ping); err != nil {
+		logTail := spawn.TailSince(s.logPath, logOff)
 		if strings.Contains(logTail, "could not bind") || strings.Contains(logTail, "Address already in use") {
-			err = fmt.Errorf("%w %d: %v", errBind, s.port, err)
+			err = fmt.Errorf("%w %d: %v", spawn.ErrBind, s.port, err)
 		}
-		return fmt.Errorf("pgproc: postgres on port %d not ready: %w; log: %s", s.port, err, logTail)
+		return r, fmt.Errorf("pgproc: postgres on port %d not ready: %w; log: %s", s.port, err, logTail)
 	}
-	return nil
+	return r, nil
 }
 
-func tailSince(path string, off int64) string {
-	t := spawn.TailFile(path, 4096)
-	if b, err := os.ReadFile(path); err == nil && int64(len(b)) >= off {
-		if s := strings.TrimSpace(string(b[off:])); len(s) <= 4096 {
-			return s
-		}
-	}
-	return t
-}
-
-// waitReady pings until the server accepts connections, the process exits, or
-// the deadline (ctx or StartTimeout) passes.
-func (s *Server) waitReady(ctx context.Context, r *spawn.Proc) error {
-	ctx, cancel := context.WithTimeout(ctx, s.startTimeout)
+// ping connects once and checks that the answering server is ours, not
+// another one that happens to own the port.
+func (s *Server) ping(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	dsn := s.URL("postgres") + "&connect_timeout=2"
-	var last error
-	for {
-		cctx, ccancel := context.WithTimeout(ctx, 2*time.Second)
-		conn, err := pgx.Connect(cctx, dsn)
-		if err == nil {
-			// Make sure we reached our own server, not another one that
-			// happens to own the port.
-			var dataDir string
-			err = conn.QueryRow(cctx, "SHOW data_directory").Scan(&dataDir)
-			_ = conn.Close(cctx)
-			if err == nil && dataDir != s.dataDir {
-				err = fmt.Errorf("port %d is served by another postgres (data_directory %s)", s.port, dataDir)
-			}
-		}
-		ccancel()
-		if err == nil {
-			return nil
-		}
-		last = err
-		t := time.NewTimer(20 * time.Millisecond)
-		select {
-		case <-r.Exited():
-			t.Stop()
-			return fmt.Errorf("postgres exited: %v", r.Err())
-		case <-ctx.Done():
-			t.Stop()
-			return fmt.Errorf("%w (last error: %v)", ctx.Err(), last)
-		case <-t.C:
-		}
+	conn, err := pgx.Connect(ctx, s.URL("postgres")+"&connect_timeout=2")
+	if err != nil {
+		return err
 	}
+	var dataDir string
+	err = conn.QueryRow(ctx, "SHOW data_directory").Scan(&dataDir)
+	_ = conn.Close(ctx)
+	if err == nil && dataDir != s.dataDir {
+		err = fmt.Errorf("port %d is served by another postgres (data_directory %s)", s.port, dataDir)
+	}
+	return err
 }
 
 func (s *Server) createDB(ctx context.Context, name string) error {
@@ -531,77 +456,44 @@ func (s *Server) Dir() string { return s.dir }
 func (s *Server) LogPath() string { return s.logPath }
 
 // Running reports whether the postmaster process is currently alive.
-func (s *Server) Running() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.run.Alive()
-}
+func (s *Server) Running() bool { return s.life.Running() }
 
 // Stop shuts the server down cleanly using fast mode (SIGINT: open
 // transactions are rolled back, a checkpoint is written) and waits for the
 // postmaster and its children to exit. If ctx ends first, the process group
 // is SIGKILLed and ctx's error returned. Stopping a stopped server is a no-op.
-func (s *Server) Stop(ctx context.Context) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.stopLocked(ctx, syscall.SIGINT)
-}
+func (s *Server) Stop(ctx context.Context) error { return s.life.Stop(ctx, syscall.SIGINT) }
 
 // StopImmediate shuts the server down in immediate mode (SIGQUIT: the
 // children exit at once without a checkpoint, so the next start runs crash
 // recovery), and waits as Stop does. Stopping a stopped server is a no-op.
-func (s *Server) StopImmediate(ctx context.Context) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.stopLocked(ctx, syscall.SIGQUIT)
-}
-
-func (s *Server) stopLocked(ctx context.Context, sig syscall.Signal) error {
-	if s.run == nil {
-		return nil
-	}
-	if err := s.run.Stop(ctx, sig); err != nil {
-		_ = s.killLocked()
-		return fmt.Errorf("pgproc: stop: %w (killed)", err)
-	}
-	s.run = nil
-	s.log.Info("pgproc: stopped", "port", s.port)
-	return nil
-}
+func (s *Server) StopImmediate(ctx context.Context) error { return s.life.Stop(ctx, syscall.SIGQUIT) }
 
 // Kill simulates a crash: it SIGKILLs the postmaster's whole process group
 // and waits until the postmaster is reaped and no member of the group is
 // alive, so Restart can reuse the data directory immediately. Killing a
 // stopped server is a no-op. It returns an error only if processes survive
 // for more than 10s.
-func (s *Server) Kill() error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.killLocked()
-}
+func (s *Server) Kill() error { return s.life.Kill() }
 
-func (s *Server) killLocked() error {
-	r := s.run
-	if r == nil {
-		return nil
-	}
+// kill is the server's spawn.Server.KillProc. Postgres children call
+// setsid(), so they are not in the postmaster's process group: it freezes
+// the postmaster (it cannot fork while stopped), collects its descendants,
+// then SIGKILLs all of them.
+func (s *Server) kill(r *spawn.Proc) error {
 	pid := r.Cmd.Process.Pid
-	// Postgres children call setsid(), so they are not in the postmaster's
-	// process group. Freeze the postmaster (it cannot fork while stopped),
-	// collect its descendants, then SIGKILL all of them.
 	_ = syscall.Kill(pid, syscall.SIGSTOP)
-	procs := append(descendants(pid), pid)
+	procs := append(spawn.Descendants(pid), pid)
 	_ = syscall.Kill(-pid, syscall.SIGKILL)
 	for _, p := range procs {
 		_ = syscall.Kill(p, syscall.SIGKILL)
 	}
 	<-r.Exited()
-	s.run = nil
 	deadline := time.Now().Add(10 * time.Second)
 	for _, p := range procs {
-		for alive(p) {
+		for spawn.Alive(p) {
 			if time.Now().After(deadline) {
-				return fmt.Errorf("pgproc: server process %d still alive after SIGKILL", p)
+				return fmt.Errorf("server process %d still alive after SIGKILL", p)
 			}
 			time.Sleep(5 * time.Millisecond)
 		}
@@ -610,87 +502,15 @@ func (s *Server) killLocked() error {
 	// The whole server is dead, so its lock file is stale. Remove it so a
 	// recycled pid cannot make postgres refuse to start on Restart.
 	_ = os.Remove(filepath.Join(s.dataDir, "postmaster.pid"))
-	s.log.Info("pgproc: killed", "port", s.port)
 	return nil
 }
 
 // Restart starts the server again on the same port and data directory and
 // waits until it accepts connections (after a Kill this includes crash
 // recovery). A running server is stopped first. Restart after Close fails.
-func (s *Server) Restart(ctx context.Context) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return spawn.Restart(ctx, "pgproc", s.closed, s.steps(), s.log, s.port)
-}
+func (s *Server) Restart(ctx context.Context) error { return s.life.Restart(ctx) }
 
 // Close stops the server if it is running (fast shutdown, SIGKILL after
 // 15s) and removes the directory if Start created it. It is idempotent and
 // safe to call concurrently; later calls return nil.
-func (s *Server) Close() error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	dir := ""
-	if s.ownDir {
-		dir = s.dir
-	}
-	return spawn.Close("pgproc", &s.closed, 15*time.Second, s.steps(), dir)
-}
-
-// steps are the server's own lifecycle steps, for spawn.Restart and
-// spawn.Close (called with s.mu held).
-func (s *Server) steps() spawn.Steps {
-	return spawn.Steps{Start: s.startLocked, Stop: func(ctx context.Context) error { return s.stopLocked(ctx, syscall.SIGINT) }, Kill: s.killLocked, Running: func() bool { return s.run != nil }}
-}
-
-// procStat returns the state and ppid of pid from /proc/pid/stat.
-func procStat(pid int) (state string, ppid int, ok bool) {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return "", 0, false
-	}
-	i := strings.LastIndexByte(string(b), ')')
-	if i < 0 {
-		return "", 0, false
-	}
-	f := strings.Fields(string(b[i+1:]))
-	if len(f) < 2 {
-		return "", 0, false
-	}
-	ppid, _ = strconv.Atoi(f[1])
-	return f[0], ppid, true
-}
-
-// alive reports whether pid exists and is not a zombie.
-func alive(pid int) bool {
-	st, _, ok := procStat(pid)
-	return ok && st != "Z" && st != "X"
-}
-
-// descendants returns the live descendants of root, found via /proc.
-func descendants(root int) []int {
-	ents, err := os.ReadDir("/proc")
-	if err != nil {
-		return nil
-	}
-	children := map[int][]int{}
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		if st, ppid, ok := procStat(pid); ok && st != "Z" && st != "X" {
-			children[ppid] = append(children[ppid], pid)
-		}
-	}
-	var out []int
-	queue := []int{root}
-	for len(queue) > 0 {
-		p := queue[0]
-		queue = queue[1:]
-		for _, c := range children[p] {
-			out = append(out, c)
-			queue = append(queue, c)
-		}
-	}
-	return out
-}
+func (s *Server) Close() error { return s.life.Close(15 * time.Second) }

@@ -6,7 +6,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -21,15 +20,21 @@ func connect(t *testing.T, ctx context.Context, url string) *pgx.Conn {
 	return c
 }
 
-func TestLifecycle(t *testing.T) {
-	t.Parallel()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	s, err := Start(ctx, nil)
+// start starts a server with opts, closed at the end of the test.
+func start(t *testing.T, opts *Options) *Server {
+	t.Helper()
+	s, err := Start(t.Context(), opts)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer s.Close()
+	t.Cleanup(func() { _ = s.Close() })
+	return s
+}
+
+func TestLifecycle(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context() // Start bounds itself (StartTimeout)
+	s := start(t, nil)
 	if s.Port() == 5432 || s.Port() == 0 {
 		t.Fatalf("bad port %d", s.Port())
 	}
@@ -118,23 +123,19 @@ func TestLifecycle(t *testing.T) {
 
 func TestCallerDirKeptAndReused(t *testing.T) {
 	t.Parallel()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
+	ctx := t.Context() // Start bounds itself (StartTimeout)
 	// The postgres user must be able to traverse every parent, so do not
 	// use t.TempDir (its parent is 0700).
 	base, err := os.MkdirTemp("", "pgproc-test-")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer os.RemoveAll(base)
+	t.Cleanup(func() { _ = os.RemoveAll(base) })
 	if err := os.Chmod(base, 0o755); err != nil {
 		t.Fatal(err)
 	}
 	dir := filepath.Join(base, "pg")
-	s, err := Start(ctx, &Options{Dir: dir})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := start(t, &Options{Dir: dir})
 	c := connect(t, ctx, s.AdminURL())
 	if _, err := c.Exec(ctx, "CREATE TABLE keep (v int); INSERT INTO keep VALUES (7)"); err != nil {
 		t.Fatal(err)
@@ -146,11 +147,7 @@ func TestCallerDirKeptAndReused(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(dir, "data", "PG_VERSION")); err != nil {
 		t.Fatalf("caller dir removed: %v", err)
 	}
-	s2, err := Start(ctx, &Options{Dir: dir, Port: s.Port()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s2.Close()
+	s2 := start(t, &Options{Dir: dir, Port: s.Port()})
 	c = connect(t, ctx, s2.AdminURL())
 	var v int
 	if err := c.QueryRow(ctx, "SELECT v FROM keep").Scan(&v); err != nil || v != 7 {
@@ -165,14 +162,9 @@ func itoa(i int) string { return strconv.Itoa(i) }
 
 func TestPortInUse(t *testing.T) {
 	t.Parallel()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	s, err := Start(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	_, err = Start(ctx, &Options{Port: s.Port()})
+	ctx := t.Context() // Start bounds itself (StartTimeout)
+	s := start(t, nil)
+	_, err := Start(ctx, &Options{Port: s.Port()})
 	if err == nil {
 		t.Fatal("second server on same port started")
 	}

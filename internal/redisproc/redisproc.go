@@ -4,12 +4,10 @@
 // server on port 6379.
 //
 // The server is started in its own process group with a parent-death signal
-// of SIGKILL, so it does not outlive the Go process; see proc.go.
+// of SIGKILL, so it does not outlive the Go process (internal/spawn).
 package redisproc
 
 import (
-	"github.com/outboxchat/outboxchat/internal/spawn"
-
 	"context"
 	"crypto/tls"
 	"errors"
@@ -21,11 +19,12 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/outboxchat/outboxchat/internal/spawn"
 )
 
 const defaultStartTimeout = 30 * time.Second
@@ -91,7 +90,6 @@ type Server struct {
 	port         int
 	dir          string
 	logPath      string
-	ownDir       bool
 	binary       string
 	startTimeout time.Duration
 	log          *slog.Logger
@@ -99,28 +97,18 @@ type Server struct {
 	tlsCert      string
 	tlsKey       string
 
-	mu     sync.Mutex
-	run    *spawn.Proc // nil when not running
-	closed bool
+	life spawn.Server // the process; SIGTERM stops it
 }
-
-var errBind = errors.New("could not bind port")
 
 // defaultBinary is redis-server on PATH, else /usr/bin/redis-server.
-func defaultBinary() string {
-	if p, err := exec.LookPath("redis-server"); err == nil {
-		return p
-	}
-	return "/usr/bin/redis-server"
-}
+func defaultBinary() (string, error) { return spawn.Binary("redis-server", "/usr/bin/redis-server") }
 
 // Available reports why Start with default Options cannot run on this
 // machine: nil when a redis-server executable is found on PATH or at
 // /usr/bin/redis-server. It starts nothing and is safe for concurrent use.
 func Available() error {
-	b := defaultBinary()
-	if fi, err := os.Stat(b); err != nil || fi.IsDir() || fi.Mode()&0o111 == 0 {
-		return errors.New("redisproc: redis-server not found on PATH or at /usr/bin/redis-server")
+	if _, err := defaultBinary(); err != nil {
+		return fmt.Errorf("redisproc: %w", err)
 	}
 	return nil
 }
@@ -161,26 +149,12 @@ func Start(ctx context.Context, opts *Options) (*Server, error) {
 		s.startTimeout = defaultStartTimeout
 	}
 	if s.binary == "" {
-		s.binary = defaultBinary()
+		s.binary, _ = defaultBinary() // a missing one fails to start
 	}
+	s.life = spawn.Server{Name: "redisproc", Log: s.log, Launch: s.launch, StopSignal: syscall.SIGTERM}
 	var err error
-	if opts.Dir == "" {
-		spawn.ReapStale("redisproc-", s.log)
-		if s.dir, err = os.MkdirTemp("", "redisproc-"); err != nil {
-			return nil, fmt.Errorf("redisproc: create temp dir: %w", err)
-		}
-		s.ownDir = true
-		if err := spawn.WriteOwner(s.dir); err != nil {
-			_ = os.RemoveAll(s.dir)
-			return nil, fmt.Errorf("redisproc: %w", err)
-		}
-	} else {
-		if s.dir, err = filepath.Abs(opts.Dir); err != nil {
-			return nil, fmt.Errorf("redisproc: %w", err)
-		}
-		if err := os.MkdirAll(s.dir, 0o755); err != nil {
-			return nil, fmt.Errorf("redisproc: create dir: %w", err)
-		}
+	if s.dir, s.life.Dir, err = spawn.Dir("redisproc", opts.Dir, s.log); err != nil {
+		return nil, err
 	}
 	s.logPath = filepath.Join(s.dir, "redis.log")
 	if s.aclFile {
@@ -193,31 +167,20 @@ func Start(ctx context.Context, opts *Options) (*Server, error) {
 			return nil, fmt.Errorf("redisproc: acl file: %w", err)
 		}
 	}
-	for attempt := 0; ; attempt++ {
-		s.port = opts.Port
-		if s.port == 0 {
-			if s.port, err = spawn.FreePort(); err != nil {
-				_ = s.Close()
-				return nil, fmt.Errorf("redisproc: %w", err)
-			}
-		}
-		s.mu.Lock()
-		err = s.startLocked(ctx)
-		s.mu.Unlock()
-		if err == nil {
-			break
-		}
-		if opts.Port != 0 || attempt >= 4 || !errors.Is(err, errBind) || ctx.Err() != nil {
-			_ = s.Close()
-			return nil, err
-		}
-		s.log.Warn("redisproc: port taken, retrying", "port", s.port)
+	if _, err := spawn.OnFreePort(ctx, opts.Port, "redisproc", s.log, func(port int) error {
+		s.port, s.life.Port = port, port
+		return s.life.Start(ctx)
+	}); err != nil {
+		_ = s.Close()
+		return nil, err
 	}
 	s.log.Info("redisproc: started", "port", s.port, "dir", s.dir)
 	return s, nil
 }
 
-func (s *Server) startLocked(ctx context.Context) error {
+// launch starts redis-server and waits until it answers PING (for
+// spawn.Server, with its lock held).
+func (s *Server) launch(ctx context.Context) (*spawn.Proc, error) {
 	var logOff int64
 	if st, err := os.Stat(s.logPath); err == nil {
 		logOff = st.Size()
@@ -241,7 +204,7 @@ func (s *Server) startLocked(ctx context.Context) error {
 	if s.replicaOf != "" {
 		host, port, err := net.SplitHostPort(s.replicaOf)
 		if err != nil {
-			return fmt.Errorf("redisproc: ReplicaOf %q: %w", s.replicaOf, err)
+			return nil, fmt.Errorf("redisproc: ReplicaOf %q: %w", s.replicaOf, err)
 		}
 		args = append(args, "--replicaof", host, port)
 	}
@@ -251,12 +214,12 @@ func (s *Server) startLocked(ctx context.Context) error {
 		conf := filepath.Join(s.dir, "sentinel.conf")
 		if _, err := os.Stat(conf); err != nil {
 			if err := os.WriteFile(conf, nil, 0o644); err != nil {
-				return fmt.Errorf("redisproc: sentinel config: %w", err)
+				return nil, fmt.Errorf("redisproc: sentinel config: %w", err)
 			}
 		}
 		host, port, err := net.SplitHostPort(so.MasterAddr)
 		if err != nil {
-			return fmt.Errorf("redisproc: sentinel MasterAddr %q: %w", so.MasterAddr, err)
+			return nil, fmt.Errorf("redisproc: sentinel MasterAddr %q: %w", so.MasterAddr, err)
 		}
 		args = []string{conf, "--sentinel",
 			"--port", strconv.Itoa(s.port),
@@ -276,53 +239,20 @@ func (s *Server) startLocked(ctx context.Context) error {
 	cmd.Dir = s.dir
 	cmd.Env = []string{"PATH=" + os.Getenv("PATH")}
 	if err := spawn.Start(cmd); err != nil {
-		return fmt.Errorf("redisproc: start redis-server: %w", err)
+		return nil, fmt.Errorf("redisproc: start redis-server: %w", err)
 	}
 	r := spawn.Watch(cmd)
-	s.run = r
-	if err := s.waitReady(ctx, r); err != nil {
-		_ = s.killLocked()
-		logTail := tailSince(s.logPath, logOff)
+	// While the AOF is loading Redis answers LOADING, which counts as not
+	// ready.
+	err := r.WaitReady(ctx, s.startTimeout, 10*time.Millisecond, func(ctx context.Context) error { return s.ping(ctx, r) })
+	if err != nil {
+		logTail := spawn.TailSince(s.logPath, logOff)
 		if strings.Contains(logTail, "Address already in use") {
-			err = fmt.Errorf("%w %d: %v", errBind, s.port, err)
+			err = fmt.Errorf("%w %d: %v", spawn.ErrBind, s.port, err)
 		}
-		return fmt.Errorf("redisproc: redis on port %d not ready: %w; log: %s", s.port, err, logTail)
+		return r, fmt.Errorf("redisproc: redis on port %d not ready: %w; log: %s", s.port, err, logTail)
 	}
-	return nil
-}
-
-func tailSince(path string, off int64) string {
-	if b, err := os.ReadFile(path); err == nil && int64(len(b)) >= off {
-		if s := strings.TrimSpace(string(b[off:])); len(s) <= 4096 {
-			return s
-		}
-	}
-	return spawn.TailFile(path, 4096)
-}
-
-// waitReady PINGs until the server answers, the process exits, or the
-// deadline (ctx or StartTimeout) passes. While the AOF is loading Redis
-// answers LOADING, which counts as not ready.
-func (s *Server) waitReady(ctx context.Context, r *spawn.Proc) error {
-	ctx, cancel := context.WithTimeout(ctx, s.startTimeout)
-	defer cancel()
-	var last error
-	for {
-		last = s.ping(ctx, r)
-		if last == nil {
-			return nil
-		}
-		t := time.NewTimer(10 * time.Millisecond)
-		select {
-		case <-r.Exited():
-			t.Stop()
-			return fmt.Errorf("redis-server exited: %v", r.Err())
-		case <-ctx.Done():
-			t.Stop()
-			return fmt.Errorf("%w (last error: %v)", ctx.Err(), last)
-		case <-t.C:
-		}
-	}
+	return r, nil
 }
 
 // ping sends one PING over a fresh connection and checks, via INFO, that the
@@ -388,107 +318,36 @@ func (s *Server) Dir() string { return s.dir }
 func (s *Server) LogPath() string { return s.logPath }
 
 // Running reports whether the redis-server process is currently alive.
-func (s *Server) Running() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.run.Alive()
-}
+func (s *Server) Running() bool { return s.life.Running() }
 
 // Stop shuts the server down gracefully: SIGTERM makes Redis fsync and close
 // the AOF (like SHUTDOWN), then Stop waits for the process to exit. If ctx
 // ends first the process is SIGKILLed and ctx's error returned. Stopping a
 // stopped server is a no-op.
-func (s *Server) Stop(ctx context.Context) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.stopLocked(ctx)
-}
-
-func (s *Server) stopLocked(ctx context.Context) error {
-	if s.run == nil {
-		return nil
-	}
-	if err := s.run.Stop(ctx, syscall.SIGTERM); err != nil {
-		_ = s.killLocked()
-		return fmt.Errorf("redisproc: stop: %w (killed)", err)
-	}
-	s.run = nil
-	s.log.Info("redisproc: stopped", "port", s.port)
-	return nil
-}
+func (s *Server) Stop(ctx context.Context) error { return s.life.Stop(ctx, syscall.SIGTERM) }
 
 // Kill simulates a crash: SIGKILL to the server's process group, then waits
 // until it is reaped. Writes not yet fsynced to the AOF (up to ~1s with
 // appendfsync everysec) may be lost only if the OS also crashes; data
 // already written to the AOF file survives. Killing a stopped server is a
 // no-op. It returns an error only if processes survive for more than 10s.
-func (s *Server) Kill() error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.killLocked()
-}
-
-func (s *Server) killLocked() error {
-	r := s.run
-	if r == nil {
-		return nil
-	}
-	pid := r.Cmd.Process.Pid
-	_ = syscall.Kill(-pid, syscall.SIGKILL)
-	<-r.Exited()
-	s.run = nil
-	if !spawn.WaitGroupGone(pid, 10*time.Second) {
-		return fmt.Errorf("redisproc: processes of group %d still alive after SIGKILL", pid)
-	}
-	s.log.Info("redisproc: killed", "port", s.port)
-	return nil
-}
+func (s *Server) Kill() error { return s.life.Kill() }
 
 // Pause freezes the server with SIGSTOP: connections stay open, commands
 // hang until Resume (what a stalled Redis looks like to its clients). It
 // returns an error if the server is not running.
-func (s *Server) Pause() error { return s.signal(syscall.SIGSTOP) }
+func (s *Server) Pause() error { return s.life.Signal(syscall.SIGSTOP) }
 
 // Resume undoes Pause with SIGCONT. It returns an error if the server is
 // not running.
-func (s *Server) Resume() error { return s.signal(syscall.SIGCONT) }
-
-func (s *Server) signal(sig syscall.Signal) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.run == nil {
-		return fmt.Errorf("redisproc: %v: server not running", sig)
-	}
-	if err := syscall.Kill(-s.run.Cmd.Process.Pid, sig); err != nil {
-		return fmt.Errorf("redisproc: %v: %w", sig, err)
-	}
-	return nil
-}
+func (s *Server) Resume() error { return s.life.Signal(syscall.SIGCONT) }
 
 // Restart starts the server again on the same port and directory, so the AOF
 // is reloaded, and waits until it answers PING. A running server is stopped
 // first. Restart after Close fails.
-func (s *Server) Restart(ctx context.Context) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return spawn.Restart(ctx, "redisproc", s.closed, s.steps(), s.log, s.port)
-}
+func (s *Server) Restart(ctx context.Context) error { return s.life.Restart(ctx) }
 
 // Close stops the server if running (SIGTERM, SIGKILL after 10s) and removes
 // the directory if Start created it. It is idempotent and safe to call
 // concurrently; later calls return nil.
-func (s *Server) Close() error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	dir := ""
-	if s.ownDir {
-		dir = s.dir
-	}
-	return spawn.Close("redisproc", &s.closed, 10*time.Second, s.steps(), dir)
-}
-
-// steps are the server's own lifecycle steps, for spawn.Restart and
-// spawn.Close (called with s.mu held).
-func (s *Server) steps() spawn.Steps {
-	return spawn.Steps{Start: s.startLocked, Stop: s.stopLocked, Kill: s.killLocked, Running: func() bool { return s.run != nil }}
-}
+func (s *Server) Close() error { return s.life.Close(10 * time.Second) }

@@ -1,12 +1,10 @@
 package redisproc
 
 import (
-	"context"
 	"net"
 	"os"
 	"strconv"
 	"testing"
-	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -22,15 +20,21 @@ func client(t *testing.T, s *Server) *redis.Client {
 	return c
 }
 
-func TestLifecycle(t *testing.T) {
-	t.Parallel()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	s, err := Start(ctx, nil)
+// start starts a server with opts, closed at the end of the test.
+func start(t *testing.T, opts *Options) *Server {
+	t.Helper()
+	s, err := Start(t.Context(), opts)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer s.Close()
+	t.Cleanup(func() { _ = s.Close() })
+	return s
+}
+
+func TestLifecycle(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context() // Start bounds itself (StartTimeout)
+	s := start(t, nil)
 	if s.Port() == 6379 || s.Port() == 0 {
 		t.Fatalf("bad port %d", s.Port())
 	}
@@ -103,13 +107,8 @@ func TestLifecycle(t *testing.T) {
 
 func TestPortInUse(t *testing.T) {
 	t.Parallel()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	s, err := Start(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	ctx := t.Context() // Start bounds itself (StartTimeout)
+	s := start(t, nil)
 	s2, err := Start(ctx, &Options{Port: s.Port()})
 	if err == nil {
 		s2.Close()
@@ -120,24 +119,16 @@ func TestPortInUse(t *testing.T) {
 
 func TestCallerDirKept(t *testing.T) {
 	t.Parallel()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
+	ctx := t.Context() // Start bounds itself (StartTimeout)
 	dir := t.TempDir()
-	s, err := Start(ctx, &Options{Dir: dir})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := start(t, &Options{Dir: dir})
 	if err := client(t, s).Set(ctx, "k", "v", 0).Err(); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
-	s2, err := Start(ctx, &Options{Dir: dir})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s2.Close()
+	s2 := start(t, &Options{Dir: dir})
 	if v, err := client(t, s2).Get(ctx, "k").Result(); err != nil || v != "v" {
 		t.Fatalf("%q %v", v, err)
 	}

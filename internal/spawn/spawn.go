@@ -1,6 +1,8 @@
 // Package spawn starts the child processes of the tests and the lab
-// (postgres, redis-server, outboxchat) so that they die with the Go process
-// that started them, and holds the small process and port helpers they share.
+// (postgres, redis-server, pgbouncer, outboxchat) so that they die with the
+// Go process that started them, and holds what the private servers share:
+// the lifecycle of a server's process (Server: start, stop, kill, restart,
+// close), its readiness wait, and the port and directory helpers.
 package spawn
 
 import (
@@ -8,7 +10,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net"
 	"os"
 	"os/exec"
@@ -96,32 +97,87 @@ func GroupAlive(pgid int) bool {
 	if err := syscall.Kill(-pgid, 0); errors.Is(err, syscall.ESRCH) {
 		return false
 	}
+	found := false
+	err := eachProc(func(_ int, st procStat) bool {
+		found = st.live() && st.pgrp == pgid
+		return !found
+	})
+	return found || err != nil // /proc unreadable: assume alive
+}
+
+// Alive reports whether pid exists and is not a zombie.
+func Alive(pid int) bool {
+	st, ok := readStat(pid)
+	return ok && st.live()
+}
+
+// Descendants returns the live descendants of root, found via /proc.
+func Descendants(root int) []int {
+	children := map[int][]int{}
+	_ = eachProc(func(pid int, st procStat) bool {
+		if st.live() {
+			children[st.ppid] = append(children[st.ppid], pid)
+		}
+		return true
+	})
+	var out []int
+	queue := []int{root}
+	for len(queue) > 0 {
+		p := queue[0]
+		queue = queue[1:]
+		for _, c := range children[p] {
+			out = append(out, c)
+			queue = append(queue, c)
+		}
+	}
+	return out
+}
+
+// procStat is what /proc/PID/stat says of a process.
+type procStat struct {
+	state      string // "R", "S", "Z" (zombie), "X" (dead), …
+	ppid, pgrp int
+}
+
+func (st procStat) live() bool { return st.state != "Z" && st.state != "X" }
+
+// readStat reads /proc/pid/stat.
+func readStat(pid int) (procStat, bool) {
+	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+	if err != nil {
+		return procStat{}, false
+	}
+	// Format: pid (comm) state ppid pgrp ...; comm may contain spaces.
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return procStat{}, false
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 3 {
+		return procStat{}, false
+	}
+	ppid, _ := strconv.Atoi(f[1])
+	pgrp, _ := strconv.Atoi(f[2])
+	return procStat{state: f[0], ppid: ppid, pgrp: pgrp}, true
+}
+
+// eachProc calls f with every process in /proc until f returns false. The
+// error is ReadDir's, when /proc cannot be read.
+func eachProc(f func(pid int, st procStat) bool) error {
 	ents, err := os.ReadDir("/proc")
 	if err != nil {
-		return true
+		return err
 	}
 	for _, e := range ents {
-		if _, err := strconv.Atoi(e.Name()); err != nil {
-			continue
-		}
-		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		pid, err := strconv.Atoi(e.Name())
 		if err != nil {
 			continue
 		}
-		// Format: pid (comm) state ppid pgrp ...; comm may contain spaces.
-		i := bytes.LastIndexByte(b, ')')
-		if i < 0 {
-			continue
-		}
-		f := strings.Fields(string(b[i+1:]))
-		if len(f) < 3 || f[0] == "Z" || f[0] == "X" {
-			continue
-		}
-		if pg, _ := strconv.Atoi(f[2]); pg == pgid {
-			return true
+		if st, ok := readStat(pid); ok && !f(pid, st) {
+			return nil
 		}
 	}
-	return false
+	return nil
 }
 
 // WaitGroupGone polls until process group pgid has no live members or the
@@ -158,9 +214,21 @@ func TailFile(path string, n int64) string {
 	return strings.TrimSpace(string(buf))
 }
 
-// OwnerFile is the name of the file, written into every temp dir that
-// pgproc and redisproc create, holding the pid of the creating Go process. If that process dies without Close (SIGKILL,
-// test timeout), Pdeathsig kills the server but the dir stays behind;
+// TailSince returns what the file at path got after offset off (its size
+// before a start), for an error message; the last 4 KiB of the file when
+// that is longer or the file shrank.
+func TailSince(path string, off int64) string {
+	if b, err := os.ReadFile(path); err == nil && int64(len(b)) >= off {
+		if s := strings.TrimSpace(string(b[off:])); len(s) <= 4096 {
+			return s
+		}
+	}
+	return TailFile(path, 4096)
+}
+
+// OwnerFile is the name of the file, written into every temp dir that the
+// private servers and the lab create, holding the pid of the creating Go
+// process. If that process dies without Close (SIGKILL, test timeout), Pdeathsig kills the server but the dir stays behind;
 // ReapStale removes such dirs on a later Start.
 const OwnerFile = "owner.pid"
 
@@ -190,58 +258,6 @@ func ReapStale(prefix string, log interface{ Info(string, ...any) }) {
 			log.Info("removed stale dir", "dir", d, "owner_pid", pid)
 		}
 	}
-}
-
-// Steps are a private server's own lifecycle steps (pgproc, redisproc),
-// each called with the server's lock held: Start starts the process and
-// waits until it is ready; Stop shuts it down gracefully (SIGKILL when ctx
-// ends first); Kill SIGKILLs it; Running reports whether a process is
-// still tracked (stop or kill failed to clear it).
-type Steps struct {
-	Start, Stop func(ctx context.Context) error
-	Kill        func() error
-	Running     func() bool
-}
-
-// Restart is a private server's Restart, called with its lock held: an
-// error after Close, else stop the running server (if any) and start it
-// again, then log "<name>: restarted" with the port. name prefixes the
-// errors ("pgproc").
-func Restart(ctx context.Context, name string, closed bool, st Steps, log *slog.Logger, port int) error {
-	if closed {
-		return fmt.Errorf("%s: restart of closed server", name)
-	}
-	if err := st.Stop(ctx); err != nil {
-		return err
-	}
-	if err := st.Start(ctx); err != nil {
-		return err
-	}
-	log.Info(name+": restarted", "port", port)
-	return nil
-}
-
-// Close is a private server's Close, called with its lock held: once only
-// (*closed is set; later calls return nil), it stops the server within
-// timeout, SIGKILLs whatever is left, then removes dir when it is not ""
-// (the directory the server created). name prefixes the errors.
-func Close(name string, closed *bool, timeout time.Duration, st Steps, dir string) error {
-	if *closed {
-		return nil
-	}
-	*closed = true
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	err := st.Stop(ctx)
-	if st.Running() { // stop failed; make sure nothing is left
-		_ = st.Kill()
-	}
-	if dir != "" {
-		if rerr := os.RemoveAll(dir); rerr != nil && err == nil {
-			err = fmt.Errorf("%s: remove dir: %w", name, rerr)
-		}
-	}
-	return err
 }
 
 // Proc is one started child process of a private server, whose exit is
@@ -296,6 +312,43 @@ func (p *Proc) Stop(ctx context.Context, sig syscall.Signal) error {
 		return ctx.Err()
 	}
 	WaitGroupGone(pid, 10*time.Second)
+	return nil
+}
+
+// WaitReady calls probe every interval until it returns nil (the server
+// serves), the process exits, or ctx ends or timeout passes; the error says
+// which, with probe's last error.
+func (p *Proc) WaitReady(ctx context.Context, timeout, interval time.Duration, probe func(context.Context) error) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	for {
+		last := probe(ctx)
+		if last == nil {
+			return nil
+		}
+		t := time.NewTimer(interval)
+		select {
+		case <-p.exited:
+			t.Stop()
+			return fmt.Errorf("%s exited: %v", filepath.Base(p.Cmd.Path), p.err)
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("%w (last error: %v)", ctx.Err(), last)
+		case <-t.C:
+		}
+	}
+}
+
+// Kill SIGKILLs the process's group and waits until the process is reaped
+// and, for at most 10 s, until no member of its group is alive; it returns
+// an error when one still is.
+func (p *Proc) Kill() error {
+	pid := p.Cmd.Process.Pid
+	_ = syscall.Kill(-pid, syscall.SIGKILL)
+	<-p.exited
+	if !WaitGroupGone(pid, 10*time.Second) {
+		return fmt.Errorf("processes of group %d still alive after SIGKILL", pid)
+	}
 	return nil
 }
 

@@ -1,0 +1,133 @@
+package archtest
+
+// A Layer is what the packages placed in it may import. Imports of the
+// standard library are always allowed; imports of the project are allowed
+// when the imported package's layer is listed; imports of other modules
+// are allowed when External is nil or lists a prefix of the import path.
+type Layer struct {
+	// May lists the layers that the layer's non-test files may import.
+	May []string
+	// TestMay lists the layers that its test files may import besides May
+	// (test support, which non-test files must not import).
+	TestMay []string
+	// External, when non-nil, lists the import path prefixes of the only
+	// modules outside the standard library that the layer's files (test
+	// files too) may import. nil: any.
+	External []string
+}
+
+// A Place puts the packages matching Pattern into Layer. Pattern is a
+// package path relative to the project's root module: "x" is package x
+// alone, "x/..." is x and every package below it. Of the patterns that
+// match a package, the longest wins.
+type Place struct {
+	Pattern string
+	Layer   string
+}
+
+// An Interim is an arrow allowed until the package Until exists: a step of
+// a restructuring in progress, which the rules of the finished structure
+// would forbid. From and To are package paths relative to the root module.
+type Interim struct {
+	From, To, Until string
+	// Why says what the arrow is and what ends it.
+	Why string
+}
+
+// Layer names.
+const (
+	library  = "library"
+	testenv  = "testenv"  // internal/testenv: private servers for tests
+	vocab    = "chat"     // the app's vocabulary
+	schema   = "schema"   // chat/schema
+	auth     = "auth"     // chat/auth
+	store    = "store"    // chat/store
+	receive  = "receive"  // chat/receive
+	gateway  = "gateway"  // chat/gateway
+	status   = "status"   // chat/status
+	http     = "http"     // chat/httpapi and chat/web
+	server   = "server"   // chat/server
+	chattest = "chattest" // test support of the app
+	lab      = "lab"
+	labtest  = "labtest" // test support of the binaries that run the lab
+	deploy   = "deploy"
+	cmd      = "cmd"
+	archtest = "archtest"
+)
+
+// libraryModules are the only modules outside the standard library that
+// the library may import, tests included, so that a service importing
+// outbox, redisq and inbox pulls little more than the two clients.
+var libraryModules = []string{
+	"github.com/jackc/pgx/v5",
+	"github.com/redis/go-redis/v9",
+	"github.com/google/uuid",
+	"go.uber.org/goleak",
+}
+
+// app is every layer of the app, bottom to top.
+var app = []string{vocab, schema, auth, store, receive, gateway, status, http, server}
+
+// Layers is the architecture: which layer may import which.
+var Layers = map[string]Layer{
+	library: {May: []string{library}, TestMay: []string{testenv}, External: libraryModules},
+	testenv: {May: []string{library}, External: libraryModules},
+
+	vocab:   {May: []string{library}, TestMay: []string{testenv, chattest}},
+	schema:  {May: []string{library, vocab}, TestMay: []string{testenv, chattest}},
+	auth:    {May: []string{library, vocab}, TestMay: []string{testenv, chattest}},
+	store:   {May: []string{library, vocab, schema, auth}, TestMay: []string{testenv, chattest}},
+	receive: {May: []string{library, vocab, schema, auth, store}, TestMay: []string{testenv, chattest}},
+	gateway: {May: []string{library, vocab, schema, auth}, TestMay: []string{testenv, chattest}},
+	status:  {May: []string{library, vocab, schema, auth}, TestMay: []string{testenv, chattest}},
+	// The HTTP surface depends on small interfaces that the server fills
+	// with the parts, not on store, receive or gateway themselves.
+	http:     {May: []string{library, vocab, schema, auth, status, http}, TestMay: []string{testenv, chattest}},
+	server:   {May: join([]string{library}, app), TestMay: []string{testenv, chattest}},
+	chattest: {May: join([]string{library, testenv}, app)},
+
+	lab:     {May: join([]string{library, lab}, app), TestMay: []string{testenv, labtest}},
+	labtest: {May: join([]string{library, testenv, lab}, app)},
+	deploy:  {May: join([]string{library, lab}, app), TestMay: []string{testenv, labtest}},
+	cmd:     {May: join([]string{library, lab, cmd}, app), TestMay: []string{testenv, labtest}},
+
+	archtest: {External: []string{}},
+}
+
+// Places puts every package of the project into a layer.
+var Places = []Place{
+	{"outbox/...", library},
+	{"redisq/...", library},
+	{"inbox/...", library},
+	{"outboxtest/...", library},
+	{"internal/...", library}, // service, notifier, pgproc, redisproc, pgbouncerproc, spawn, devca, …
+	{"internal/testenv/...", testenv},
+	{"internal/archtest", archtest},
+
+	{"chat", vocab},
+	{"chat/schema/...", schema},
+	{"chat/auth/...", auth},
+	{"chat/store/...", store},
+	{"chat/receive/...", receive},
+	{"chat/gateway/...", gateway},
+	{"chat/status/...", status},
+	{"chat/httpapi/...", http},
+	{"chat/web/...", http},
+	{"chat/server/...", server},
+	{"chat/internal/...", chattest},
+
+	{"lab/...", lab},
+	{"lab/labtest/...", labtest},
+	{"internal/labfault/...", lab}, // the lab's fault vocabulary, until it moves under lab/
+	{"internal/labtest/...", labtest},
+	{"deploy/...", deploy},
+	{"cmd/...", cmd},
+}
+
+// Interims are the arrows of the restructuring in progress.
+var Interims = []Interim{
+	{From: "chat", To: "chat/web", Until: "chat/server",
+		Why: "the one-package app serves the page itself until chat/server does"},
+}
+
+func join(a, b []string) []string { return append(append([]string(nil), a...), b...) }
