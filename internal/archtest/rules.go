@@ -124,10 +124,7 @@ var Places = []Place{
 	{"cmd/...", cmd},
 }
 
-// Interims are the arrows of the restructuring in progress.
-var Interims = []Interim{
-	{From: "chat", To: "chat/web", Until: "chat/server",
-		Why: "the one-package app serves the page itself until chat/server does"},
-}
+// Interims are the arrows of a restructuring in progress (none now).
+var Interims []Interim
 
 func join(a, b []string) []string { return append(append([]string(nil), a...), b...) }
