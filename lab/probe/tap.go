@@ -1,4 +1,4 @@
-package lab
+package probe
 
 import (
 	"context"
@@ -11,29 +11,24 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/outboxchat/outboxchat/chat"
-	"github.com/outboxchat/outboxchat/redisq"
+	"github.com/outboxchat/outboxchat/lab/env"
 )
 
-// tapGroup is the consumer group of the torture's stream tap: a group of
+// tapGroup is the consumer group of the stream tap: a group of
 // its own, so it reads every entry without taking any from the services'
 // groups (the trim waits for it too, so it misses none).
 const tapGroup = "lab-torture-tap"
 
-// tortureKeys returns the keys of the queue from service from.
-func tortureKeys(from string) redisq.Keys {
-	return redisq.NewKeys(redisPrefix, chat.QueueName(from))
-}
+// streamOf returns the stream key of the queue from service from.
+func streamOf(from string) string { return env.QueueKeys(from).Stream }
 
-// tortureStream returns the stream key of the queue from service from.
-func tortureStream(from string) string { return tortureKeys(from).Stream }
-
-// streamTap reads both queue streams through a consumer group of its own
+// Tap reads both queue streams through a consumer group of its own
 // and checks, independently of the services, that a chat's entries are
 // added in seq order: an entry whose seq was not seen before and is below
 // the highest seq seen of its chat is an order violation (an entry of a
 // seq seen before is a re-send or a re-drive: allowed, the inbox drops
 // it). Safe for concurrent use.
-type streamTap struct {
+type Tap struct {
 	rdb    *redis.Client
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -52,13 +47,13 @@ type streamTap struct {
 	early     map[string]string
 }
 
-// startStreamTap creates the tap's group on both streams (from the start)
-// and starts reading them.
-func startStreamTap(ctx context.Context, env *Env) (*streamTap, error) {
-	t := &streamTap{rdb: env.rdb, seen: map[string]map[int64]map[int64]bool{}, top: map[string]map[int64]int64{}, inserted: map[string]int{},
+// StartTap creates the tap's group on both streams of e (from the start)
+// and starts reading them. Stop ends it.
+func StartTap(ctx context.Context, e *env.Env) (*Tap, error) {
+	t := &Tap{rdb: e.RedisClient(), seen: map[string]map[int64]map[int64]bool{}, top: map[string]map[int64]int64{}, inserted: map[string]int{},
 		entries: map[string]map[string]string{}, confirmed: map[string]bool{}, early: map[string]string{}}
 	for _, from := range []string{chat.Consumers, chat.Workers} {
-		err := t.rdb.XGroupCreateMkStream(ctx, tortureStream(from), tapGroup, "0").Err()
+		err := t.rdb.XGroupCreateMkStream(ctx, streamOf(from), tapGroup, "0").Err()
 		if err != nil && !strings.Contains(err.Error(), "BUSYGROUP") {
 			return nil, fmt.Errorf("lab: torture: stream tap: %w", err)
 		}
@@ -74,8 +69,8 @@ func startStreamTap(ctx context.Context, env *Env) (*streamTap, error) {
 }
 
 // read reads the stream of from until ctx ends, riding out Redis restarts.
-func (t *streamTap) read(ctx context.Context, from string) {
-	stream := tortureStream(from)
+func (t *Tap) read(ctx context.Context, from string) {
+	stream := streamOf(from)
 	for ctx.Err() == nil {
 		res, err := t.rdb.XReadGroup(ctx, &redis.XReadGroupArgs{Group: tapGroup, Consumer: "tap",
 			Streams: []string{stream, ">"}, Count: 500, Block: 300 * time.Millisecond}).Result()
@@ -86,7 +81,7 @@ func (t *streamTap) read(ctx context.Context, from string) {
 			if strings.Contains(err.Error(), "NOGROUP") {
 				_ = t.rdb.XGroupCreateMkStream(ctx, stream, tapGroup, "0").Err()
 			}
-			_ = sleepUntil(ctx, time.Now().Add(100*time.Millisecond))
+			_ = env.SleepUntil(ctx, time.Now().Add(100*time.Millisecond))
 			continue
 		}
 		for _, s := range res {
@@ -103,7 +98,7 @@ func (t *streamTap) read(ctx context.Context, from string) {
 }
 
 // entry records one stream entry of a message event.
-func (t *streamTap) entry(from string, m redis.XMessage) {
+func (t *Tap) entry(from string, m redis.XMessage) {
 	if name, _ := m.Values["name"].(string); name != chat.EventMessageCreated {
 		return // a receipt, or something else
 	}
@@ -134,29 +129,29 @@ func (t *streamTap) entry(from string, m redis.XMessage) {
 	t.top[from][ev.ChatID] = max(t.top[from][ev.ChatID], ev.Seq)
 }
 
-// injected counts one malformed entry added to the stream from service from.
-func (t *streamTap) injected(from string) {
+// Injected counts one malformed entry added to the stream from service from.
+func (t *Tap) Injected(from string) {
 	t.mu.Lock()
 	t.inserted[from]++
 	t.mu.Unlock()
 }
 
-// injectedCount returns how many malformed entries went to the stream from
+// InjectedCount returns how many malformed entries went to the stream from
 // service from.
-func (t *streamTap) injectedCount(from string) int {
+func (t *Tap) InjectedCount(from string) int {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.inserted[from]
 }
 
-// violations returns the order violations seen so far.
-func (t *streamTap) violations() []string {
+// Violations returns the order violations seen so far.
+func (t *Tap) Violations() []string {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return append([]string(nil), t.order...)
 }
 
-// sampleAcks checks invariant 4 from outside: every message entry the
+// SampleAcks checks invariant 4 from outside: every message entry the
 // receiving service's group has acknowledged (delivered: at or below the
 // group's last-delivered id; and no longer pending) must have its message
 // in the receiver's inbox. Read in that order — Redis first, then Postgres
@@ -164,7 +159,7 @@ func (t *streamTap) violations() []string {
 // there; one acknowledged before its commit is caught while the commit is
 // outstanding, and for good if the worker died in between. Errors (a
 // server down) skip the sample.
-func (t *streamTap) sampleAcks(ctx context.Context, env *Env) {
+func (t *Tap) SampleAcks(ctx context.Context, e *env.Env) {
 	for _, from := range []string{chat.Consumers, chat.Workers} {
 		receiver := chat.Peer(from)
 		t.mu.Lock()
@@ -178,7 +173,7 @@ func (t *streamTap) sampleAcks(ctx context.Context, env *Env) {
 		if len(cand) == 0 {
 			continue
 		}
-		stream := tortureStream(from)
+		stream := streamOf(from)
 		groups, err := t.rdb.XInfoGroups(ctx, stream).Result()
 		if err != nil {
 			continue
@@ -212,7 +207,7 @@ func (t *streamTap) sampleAcks(ctx context.Context, env *Env) {
 			continue
 		}
 		in := map[string]bool{}
-		rows, err := env.admin.Query(ctx, `SELECT message_id::text FROM `+receiver+`.inbox WHERE message_id::text = ANY($1)`, ids)
+		rows, err := e.Admin().Query(ctx, `SELECT message_id::text FROM `+receiver+`.inbox WHERE message_id::text = ANY($1)`, ids)
 		if err != nil {
 			continue
 		}
@@ -240,8 +235,8 @@ func (t *streamTap) sampleAcks(ctx context.Context, env *Env) {
 	}
 }
 
-// earlyAcks returns what sampleAcks found.
-func (t *streamTap) earlyAcks() []string {
+// EarlyAcks returns what SampleAcks found.
+func (t *Tap) EarlyAcks() []string {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	out := make([]string, 0, len(t.early))
@@ -272,25 +267,25 @@ func cmpDecimal(a, b string) int {
 	return strings.Compare(a, b)
 }
 
-// stop ends the readers and waits for them.
-func (t *streamTap) stop() {
+// Stop ends the readers and waits for them.
+func (t *Tap) Stop() {
 	t.cancel()
 	t.wg.Wait()
 }
 
-// streamDrained returns "" when the receiving service's group of the stream
+// StreamDrained returns "" when the receiving service's group of the stream
 // from service from has nothing pending and has been handed every entry
 // (its last-delivered id is the stream's last id), else what is left.
-func streamDrained(ctx context.Context, env *Env, from string) string {
-	stream := tortureStream(from)
-	info, err := env.rdb.XInfoStream(ctx, stream).Result()
+func StreamDrained(ctx context.Context, e *env.Env, from string) string {
+	stream := streamOf(from)
+	info, err := e.RedisClient().XInfoStream(ctx, stream).Result()
 	if err != nil {
 		if strings.Contains(err.Error(), "no such key") {
 			return ""
 		}
 		return "redis: " + err.Error()
 	}
-	groups, err := env.rdb.XInfoGroups(ctx, stream).Result()
+	groups, err := e.RedisClient().XInfoGroups(ctx, stream).Result()
 	if err != nil {
 		return "redis: " + err.Error()
 	}
@@ -305,9 +300,9 @@ func streamDrained(ctx context.Context, env *Env, from string) string {
 	return ""
 }
 
-// malformedEntry is the XADD of an entry no sender wrote: an event name
+// MalformedEntry is the XADD of an entry no sender wrote: an event name
 // and an id, no signature, a payload that is not an event.
-func malformedEntry(from, id string) *redis.XAddArgs {
-	return &redis.XAddArgs{Stream: tortureStream(from),
+func MalformedEntry(from, id string) *redis.XAddArgs {
+	return &redis.XAddArgs{Stream: streamOf(from),
 		Values: []any{"id", id, "name", chat.EventMessageCreated, "payload", "{not an event"}}
 }

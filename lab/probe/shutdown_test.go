@@ -1,4 +1,4 @@
-package lab
+package probe
 
 import (
 	"bytes"
@@ -15,7 +15,7 @@ import (
 	"github.com/coder/websocket"
 
 	"github.com/outboxchat/outboxchat/chat"
-	"github.com/outboxchat/outboxchat/redisq"
+	"github.com/outboxchat/outboxchat/lab/env"
 )
 
 // shutdownLoad is the closed-loop load of TestSIGTERMMidLoad: senders POST
@@ -100,7 +100,7 @@ func (l *shutdownLoad) sendOne(ctx context.Context, chatID int64, key string) {
 // waitOK waits until n sends were answered, at most until ctx ends.
 func (l *shutdownLoad) waitOK(ctx context.Context, t *testing.T, n int64) {
 	t.Helper()
-	if err := waitFor(ctx, 20*time.Millisecond, func() bool { return l.okCount.Load() >= n }); err != nil {
+	if err := env.WaitFor(ctx, 20*time.Millisecond, func() bool { return l.okCount.Load() >= n }); err != nil {
 		t.Fatalf("only %d sends answered, want %d: %v", l.okCount.Load(), n, err)
 	}
 }
@@ -144,7 +144,7 @@ func (p *readyzProbe) run(ctx context.Context, url string) {
 
 // stopGracefully sends SIGTERM to p mid-load and checks that it exited by
 // itself, with status 0, well before the lab's SIGKILL.
-func stopGracefully(ctx context.Context, t *testing.T, p *Proc) {
+func stopGracefully(ctx context.Context, t *testing.T, p *env.Proc) {
 	t.Helper()
 	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
@@ -152,8 +152,8 @@ func stopGracefully(ctx context.Context, t *testing.T, p *Proc) {
 	if err := p.Stop(sctx); err != nil {
 		t.Fatalf("SIGTERM %s: %v", p.Name(), err)
 	}
-	if r := p.run(); r.err != nil {
-		t.Errorf("%s exited with %v after SIGTERM, want status 0\n%s", p.Name(), r.err, p.Tail())
+	if err := p.ExitErr(); err != nil {
+		t.Errorf("%s exited with %v after SIGTERM, want status 0\n%s", p.Name(), err, p.Tail())
 	}
 	t.Logf("%s stopped %v after SIGTERM", p.Name(), time.Since(start).Round(time.Millisecond))
 }
@@ -161,7 +161,7 @@ func stopGracefully(ctx context.Context, t *testing.T, p *Proc) {
 // SIGTERM in the middle of a load, against real `outboxchat serve`
 // processes, first to the consumers process (api, relay and worker roles:
 // the sender side) and then to the workers process (the receiver side),
-// each started again at once (issue 12 point 7):
+// each started again at once:
 //   - /readyz answers 503 "stopping" before the port closes;
 //   - a WebSocket of the stopping process is closed with 1001 (going away)
 //     and the page-like watchers reconnect and catch up by their cursors;
@@ -175,17 +175,17 @@ func TestSIGTERMMidLoad(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	env, err := StartEnv(ctx, EnvOptions{ExtraArgs: append([]string{"--shutdown-delay", "300ms"}, unlimitedArgs...)})
+	e, err := env.Start(ctx, env.Options{ExtraArgs: append([]string{"--shutdown-delay", "300ms"}, env.UnlimitedArgs...)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer env.Close()
+	defer e.Close()
 
 	const chats = 6
 	var watchers []*Watcher // per chat: one on workers (shows consumers' messages), one on consumers
 	for c := int64(1); c <= chats; c++ {
-		for _, base := range []string{env.WorkersURL, env.ConsumersURL} {
-			w, err := NewWatcher(base, c, &WatcherConfig{Token: env.Token})
+		for _, base := range []string{e.WorkersURL, e.ConsumersURL} {
+			w, err := NewWatcher(base, c, &WatcherConfig{Token: e.Token})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -205,8 +205,8 @@ func TestSIGTERMMidLoad(t *testing.T) {
 		}
 	}
 	// A raw WebSocket on the consumers service, to see its close code.
-	probe, _ := NewWatcher(env.ConsumersURL, 1, nil)
-	conn, _, err := websocket.Dial(ctx, probe.wsURL(), wsDialOptions(env.Token))
+	probe, _ := NewWatcher(e.ConsumersURL, 1, nil)
+	conn, _, err := websocket.Dial(ctx, probe.wsURL(), wsDialOptions(e.Token))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -225,8 +225,8 @@ func TestSIGTERMMidLoad(t *testing.T) {
 	// "stop" with the error. None may.
 	var hardMu sync.Mutex
 	var hard []string
-	for _, p := range []*Proc{env.Consumers, env.Workers} {
-		defer p.Subscribe(func(l LogLine) {
+	for _, p := range []*env.Proc{e.Consumers, e.Workers} {
+		defer p.Subscribe(func(l env.LogLine) {
 			if l.Msg == "stop" || l.Msg == "stopping with a batch not acknowledged; the queue delivers it again" {
 				hardMu.Lock()
 				hard = append(hard, p.Name()+": "+l.Raw)
@@ -235,7 +235,7 @@ func TestSIGTERMMidLoad(t *testing.T) {
 		})()
 	}
 
-	load := &shutdownLoad{base: env.ConsumersURL, token: env.Token, chats: chats,
+	load := &shutdownLoad{base: e.ConsumersURL, token: e.Token, chats: chats,
 		client: &http.Client{Timeout: 15 * time.Second}, ok: map[string]chat.Message{}}
 	stop := make(chan struct{})
 	var senders sync.WaitGroup
@@ -250,15 +250,15 @@ func TestSIGTERMMidLoad(t *testing.T) {
 	pctx, pcancel := context.WithCancel(ctx)
 	var rp readyzProbe
 	probeDone := make(chan struct{})
-	go func() { defer close(probeDone); rp.run(pctx, env.ConsumersURL) }()
-	if err := waitFor(ctx, 5*time.Millisecond, func() bool {
+	go func() { defer close(probeDone); rp.run(pctx, e.ConsumersURL) }()
+	if err := env.WaitFor(ctx, 5*time.Millisecond, func() bool {
 		rp.mu.Lock()
 		defer rp.mu.Unlock()
 		return len(rp.seen) > 0
 	}); err != nil {
 		t.Fatal(err)
 	}
-	stopGracefully(ctx, t, env.Consumers)
+	stopGracefully(ctx, t, e.Consumers)
 	pcancel()
 	<-probeDone
 	rp.mu.Lock()
@@ -275,13 +275,13 @@ func TestSIGTERMMidLoad(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Error("WebSocket of the stopped process not closed")
 	}
-	if err := env.Consumers.StartReady(ctx); err != nil {
+	if err := e.Consumers.StartReady(ctx); err != nil {
 		t.Fatal(err)
 	}
 
 	load.waitOK(ctx, t, load.okCount.Load()+300)
-	stopGracefully(ctx, t, env.Workers)
-	if err := env.Workers.StartReady(ctx); err != nil {
+	stopGracefully(ctx, t, e.Workers)
+	if err := e.Workers.StartReady(ctx); err != nil {
 		t.Fatal(err)
 	}
 	load.waitOK(ctx, t, load.okCount.Load()+300)
@@ -320,7 +320,7 @@ func TestSIGTERMMidLoad(t *testing.T) {
 		}
 		return n
 	}
-	if err := waitFor(dctx, 50*time.Millisecond, func() bool { return missing() == 0 }); err != nil {
+	if err := env.WaitFor(dctx, 50*time.Millisecond, func() bool { return missing() == 0 }); err != nil {
 		t.Errorf("%d of %d answered sends not shown on the workers side", missing(), len(load.ok))
 	}
 	for _, w := range watchers {
@@ -336,7 +336,7 @@ func TestSIGTERMMidLoad(t *testing.T) {
 	}
 	// Every row has its 201, and no 5xx left a row.
 	var rows, fiveXXRows, inbox int
-	admin := env.Admin()
+	admin := e.Admin()
 	if err := admin.QueryRow(ctx, `SELECT count(*) FROM consumers.messages`).Scan(&rows); err != nil {
 		t.Fatal(err)
 	}
@@ -351,12 +351,12 @@ func TestSIGTERMMidLoad(t *testing.T) {
 			rows, inbox, len(load.ok), fiveXXRows, len(load.fiveXX))
 	}
 	// The workers acknowledged everything they took.
-	stream := redisq.NewKeys(labRedisPrefix, chat.QueueName(chat.Consumers)).Stream
-	if err := waitFor(dctx, 50*time.Millisecond, func() bool {
-		p, err := env.RedisClient().XPending(ctx, stream, chat.Workers).Result()
+	stream := env.QueueKeys(chat.Consumers).Stream
+	if err := env.WaitFor(dctx, 50*time.Millisecond, func() bool {
+		p, err := e.RedisClient().XPending(ctx, stream, chat.Workers).Result()
 		return err == nil && p.Count == 0
 	}); err != nil {
-		p, _ := env.RedisClient().XPending(ctx, stream, chat.Workers).Result()
+		p, _ := e.RedisClient().XPending(ctx, stream, chat.Workers).Result()
 		t.Errorf("workers group still has pending entries: %+v", p)
 	}
 	t.Logf("answered %d (%d created), 5xx %d, transport errors retried %d", len(load.ok), load.created, len(load.fiveXX), load.retries)

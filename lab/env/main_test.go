@@ -1,11 +1,11 @@
-package lab_test
+package env_test
 
 import (
 	"testing"
 
 	"go.uber.org/goleak"
 
-	"github.com/outboxchat/outboxchat/internal/labtest"
+	"github.com/outboxchat/outboxchat/lab/labtest"
 )
 
 // TestMain builds the outboxchat binary once: the lab starts it as the

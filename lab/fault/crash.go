@@ -1,20 +1,4 @@
-// Package labfault injects the lab's crashes into a chat service process:
-// `outboxchat serve --fault KIND:SEQ` parses the spec with Parse and hands
-// the result to chat.Serve as its chat.Hooks. Package chat knows nothing of
-// faults; a process started without --fault never loads one.
-//
-// Each kind kills the process with SIGKILL — a crash, not a shutdown — at
-// one step, the first time a message with the given seq passes it:
-//
-//	worker-crash-after-commit:SEQ   after the inbox commit, before XACK
-//	worker-crash-before-commit:SEQ  after the worker read the job, before the inbox commit
-//	relay-crash-after-publish:SEQ   after the relay's publish, before its commit
-//
-// Just before the kill it logs one event line (chat.EventLogMsg, with
-// chat.EventKey = EventCrash and attributes fault, seq), which the lab reads.
-// A restarted process must be started without the fault, or it crashes again
-// at the same step.
-package labfault
+package fault
 
 import (
 	"context"
@@ -34,7 +18,7 @@ import (
 	"github.com/outboxchat/outboxchat/outbox"
 )
 
-// The fault kinds (the KIND of a spec).
+// The crash points (the KIND of a --fault spec KIND:SEQ).
 const (
 	WorkerAfterCommit  = "worker-crash-after-commit"
 	WorkerBeforeCommit = "worker-crash-before-commit"
@@ -45,9 +29,9 @@ const (
 // process (attributes fault, seq).
 const EventCrash = "chat.fault_crash"
 
-// Fault is a parsed spec: it implements chat.Hooks, wrapping only the part
+// Crash is a parsed --fault spec: it implements chat.Hooks, wrapping only the part
 // its kind needs. Safe for concurrent use.
-type Fault struct {
+type Crash struct {
 	kind string
 	seq  int64
 	log  *slog.Logger
@@ -58,13 +42,13 @@ type Fault struct {
 	ref string // the stream ref of the faulty message, once fetched
 }
 
-var _ chat.Hooks = (*Fault)(nil)
+var _ chat.Hooks = (*Crash)(nil)
 
-// Parse parses a spec "KIND:SEQ" (SEQ a positive message seq). It returns
+// ParseCrash parses a spec "KIND:SEQ" (SEQ a positive message seq). It returns
 // nil, nil for "" (no fault), and an error naming the spec for anything
 // else that is not a known kind with a positive seq. log receives the
 // EventCrash line (nil: slog.Default()).
-func Parse(spec string, log *slog.Logger) (*Fault, error) {
+func ParseCrash(spec string, log *slog.Logger) (*Crash, error) {
 	if spec == "" {
 		return nil, nil
 	}
@@ -81,16 +65,16 @@ func Parse(spec string, log *slog.Logger) (*Fault, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Fault{kind: kind, seq: seq, log: log, kill: killSelf}, nil
+	return &Crash{kind: kind, seq: seq, log: log, kill: killSelf}, nil
 }
 
-// Kind is the fault's kind; Seq its message seq.
-func (f *Fault) Kind() string { return f.kind }
+// Kind is the crash point (WorkerAfterCommit, …).
+func (f *Crash) Kind() string { return f.kind }
 
 // Seq is the seq of the message whose passage triggers the fault.
-func (f *Fault) Seq() int64 { return f.seq }
+func (f *Crash) Seq() int64 { return f.seq }
 
-func (f *Fault) crash() {
+func (f *Crash) crash() {
 	f.log.Error(chat.EventLogMsg, chat.EventKey, EventCrash, "fault", f.kind, "seq", f.seq)
 	f.kill()
 }
@@ -107,7 +91,7 @@ func payloadSeq(payload []byte) int64 {
 
 // Publisher crashes after a publish that carried the fault's seq
 // (RelayAfterPublish); other kinds return p.
-func (f *Fault) Publisher(p outbox.Publisher) outbox.Publisher {
+func (f *Crash) Publisher(p outbox.Publisher) outbox.Publisher {
 	if f.kind != RelayAfterPublish {
 		return p
 	}
@@ -126,7 +110,7 @@ func (f *Fault) Publisher(p outbox.Publisher) outbox.Publisher {
 
 // Handler crashes before the inbox statement of the fault's seq
 // (WorkerBeforeCommit); other kinds return h.
-func (f *Fault) Handler(h inbox.Handler) inbox.Handler {
+func (f *Crash) Handler(h inbox.Handler) inbox.Handler {
 	if f.kind != WorkerBeforeCommit {
 		return h
 	}
@@ -140,7 +124,7 @@ func (f *Fault) Handler(h inbox.Handler) inbox.Handler {
 
 // Source crashes in Ack — after the inbox commit — when the acknowledged
 // refs include the fault's seq (WorkerAfterCommit); other kinds return src.
-func (f *Fault) Source(src inbox.Source) inbox.Source {
+func (f *Crash) Source(src inbox.Source) inbox.Source {
 	if f.kind != WorkerAfterCommit {
 		return src
 	}
@@ -151,7 +135,7 @@ func (f *Fault) Source(src inbox.Source) inbox.Source {
 // Ack when it comes.
 type faultSource struct {
 	inbox.Source
-	f *Fault
+	f *Crash
 }
 
 func (s faultSource) Fetch(ctx context.Context, max int) ([]inbox.Delivery, error) {

@@ -1,4 +1,4 @@
-package lab
+package env
 
 import (
 	"context"
@@ -47,9 +47,9 @@ const (
 	ProcWorkers   = chat.Workers
 )
 
-// EnvOptions configures StartEnv. The zero value is valid: v2, every role in
+// Options configures Start. The zero value is valid: v2, every role in
 // one process per service, lock duration 5 s, temp dir.
-type EnvOptions struct {
+type Options struct {
 	// Variant is VariantV1, VariantV2 (default ""), VariantV2Poll or
 	// VariantV2InTx.
 	Variant string
@@ -82,11 +82,11 @@ type EnvOptions struct {
 	// "<service>-N"). Default 1; the second and later are
 	// Env.ConsumersAPIs and Env.WorkersAPIs.
 	APIs int
-	// Route, when set, is asked once per service and server ("postgres"
-	// or "redis") for the address the service connects to instead of the
-	// server's addr ("127.0.0.1:PORT"): a toxiproxy proxy in front of it,
-	// say (lab torture). An error fails StartEnv. Default nil: direct.
-	Route func(service, server, addr string) (string, error)
+	// Links, when set, routes each service's connections to Postgres and
+	// to Redis through a proxy of its own (Links.Route), so that Inject
+	// can degrade them with fault.Net faults (lab torture). The caller
+	// closes it after the Env. Default nil: direct.
+	Links *Links
 	// Insecure runs the services without authentication
 	// (--insecure-no-auth) and without signed stream entries: for
 	// measuring what security costs. By default they check bearer tokens
@@ -112,15 +112,15 @@ const SentinelMaster = "outboxchat"
 
 // Env is a running lab environment: a private Postgres and Redis and both
 // services as child processes. Close removes everything. Fields are set by
-// StartEnv and must not be changed; the Procs and servers are safe for
+// Start and must not be changed; the Procs and servers are safe for
 // concurrent use.
 type Env struct {
 	Postgres *pgproc.Server
-	// PgBouncer is the pooler in front of Postgres (EnvOptions.PgBouncer),
+	// PgBouncer is the pooler in front of Postgres (Options.PgBouncer),
 	// nil without one.
 	PgBouncer *pgbouncerproc.Server
 	Redis     *redisproc.Server
-	// RedisReplica and Sentinels are set with EnvOptions.Sentinel: the
+	// RedisReplica and Sentinels are set with Options.Sentinel: the
 	// primary's replica and the three sentinels watching them.
 	RedisReplica *redisproc.Server
 	Sentinels    []*redisproc.Server
@@ -130,7 +130,7 @@ type Env struct {
 	// ConsumersRelays and WorkersRelays are separate relay processes.
 	ConsumersRelays, WorkersRelays []*Proc
 	// ConsumersAPIs and WorkersAPIs are the further api,worker processes
-	// of EnvOptions.APIs ("consumers-2", …), each with its own URL.
+	// of Options.APIs ("consumers-2", …), each with its own URL.
 	ConsumersAPIs, WorkersAPIs []*Proc
 	// ConsumersURL and WorkersURL are the services' HTTP base URLs
 	// ("http://127.0.0.1:PORT"), fixed across restarts.
@@ -144,7 +144,7 @@ type Env struct {
 	Variant string
 	// LockDuration is the workers' lock duration.
 	LockDuration time.Duration
-	// CAFile is the private CA's certificate (PEM) with EnvOptions.TLS:
+	// CAFile is the private CA's certificate (PEM) with Options.TLS:
 	// clients trust it to reach the lab's servers (curl --cacert). "" without.
 	CAFile string
 	// Token is a development bearer token of user "lab" for every chat on
@@ -153,6 +153,7 @@ type Env struct {
 
 	admin *pgxpool.Pool
 	rdb   *redis.Client
+	links *Links // Options.Links
 	// redisURLs are the services' own Redis URLs (least-privilege users).
 	redisURLs map[string]string
 	// dbURLs are the services' own database URLs, when routed.
@@ -160,6 +161,12 @@ type Env struct {
 	ownDir  bool
 	closeMu sync.Mutex
 	closed  bool
+}
+
+// CheckVariant returns an error naming v unless it is one of the variants.
+func CheckVariant(v string) error {
+	_, err := variantArgs(v)
+	return err
 }
 
 // variantArgs returns the serve flags of a variant.
@@ -179,15 +186,15 @@ func variantArgs(v string) ([]string, error) {
 	return nil, fmt.Errorf("lab: unknown variant %q (want v1, v2, v2-poll or v2-intx)", v)
 }
 
-// unlimitedArgs turn the services' per-IP and per-user rate limits and the
+// UnlimitedArgs turn the services' per-IP and per-user rate limits and the
 // WebSocket cap off (serve flags), for load the lab generates from one IP.
-var unlimitedArgs = []string{"--rate-ip=-1", "--rate-user=-1", "--ws-per-user=-1"}
+var UnlimitedArgs = []string{"--rate-ip=-1", "--rate-user=-1", "--ws-per-user=-1"}
 
-// StartEnv starts a private Postgres and Redis (appendonly yes), creates and
+// Start starts a private Postgres and Redis (appendonly yes), creates and
 // migrates both services' roles and schemas, starts the service processes
 // and waits until each is ready. On error everything started is removed.
 // ctx bounds the start only; the Env lives until Close.
-func StartEnv(ctx context.Context, opts EnvOptions) (_ *Env, err error) {
+func Start(ctx context.Context, opts Options) (_ *Env, err error) {
 	if opts.Variant == "" {
 		opts.Variant = VariantV2
 	}
@@ -293,8 +300,9 @@ func StartEnv(ctx context.Context, opts EnvOptions) (_ *Env, err error) {
 	if err := e.redisUsers(ctx); err != nil {
 		return nil, err
 	}
-	if opts.Route != nil {
-		if err := e.route(opts.Route); err != nil {
+	if opts.Links != nil {
+		e.links = opts.Links
+		if err := e.route(opts.Links.Route); err != nil {
 			return nil, err
 		}
 	}
@@ -460,7 +468,7 @@ func (e *Env) Procs() []*Proc {
 }
 
 // ServiceDatabaseURL returns the URL a service connects with: its own role
-// (trust auth on the private server); with EnvOptions.TLS it says
+// (trust auth on the private server); with Options.TLS it says
 // sslmode=verify-full against the lab's CA.
 func (e *Env) ServiceDatabaseURL(service string) string {
 	return e.verifyFull(fmt.Sprintf("postgres://%s@127.0.0.1:%d/%s?sslmode=disable", service, e.Postgres.Port(), pgproc.DefaultDatabase))
@@ -492,10 +500,6 @@ func (e *Env) serveDatabaseURL(service string) string {
 	return e.ServiceDatabaseURL(service)
 }
 
-// labRedisPrefix is the services' default --redis-prefix, which the lab
-// keeps.
-const labRedisPrefix = chat.DefaultRedisPrefix
-
 // redisUsers makes each service's least-privilege Redis user (chat.RedisACL)
 // with a random password, saved in the server's ACL file.
 func (e *Env) redisUsers(ctx context.Context) error {
@@ -506,7 +510,7 @@ func (e *Env) redisUsers(ctx context.Context) error {
 			return fmt.Errorf("lab: redis password: %w", err)
 		}
 		pw := hex.EncodeToString(b)
-		args, err := chat.RedisACL(s, labRedisPrefix, s, pw)
+		args, err := chat.RedisACL(s, RedisPrefix, s, pw)
 		if err != nil {
 			return fmt.Errorf("lab: %w", err)
 		}
@@ -531,7 +535,7 @@ func (e *Env) redisUsers(ctx context.Context) error {
 }
 
 // route points each service's database and Redis URL at the address
-// Route gives for it.
+// route gives for it.
 func (e *Env) route(route func(service, server, addr string) (string, error)) error {
 	e.dbURLs = map[string]string{}
 	for _, s := range []string{chat.Consumers, chat.Workers} {
@@ -613,7 +617,7 @@ func (e *Env) startSentinels(ctx context.Context, progress io.Writer) error {
 	defer rc.Close()
 	wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
-	if err := waitFor(wctx, 50*time.Millisecond, func() bool {
+	if err := WaitFor(wctx, 50*time.Millisecond, func() bool {
 		info, err := rc.Info(wctx, "replication").Result()
 		return err == nil && strings.Contains(info, "master_link_status:up")
 	}); err != nil {
@@ -633,7 +637,7 @@ func (e *Env) startSentinels(ctx context.Context, progress io.Writer) error {
 	}
 	// Every sentinel must know the replica and the others before a
 	// failover can elect a leader and promote it.
-	if err := waitFor(wctx, 100*time.Millisecond, func() bool {
+	if err := WaitFor(wctx, 100*time.Millisecond, func() bool {
 		for _, sn := range e.Sentinels {
 			c := redis.NewSentinelClient(&redis.Options{Addr: sn.Addr()})
 			m, err := c.Master(wctx, SentinelMaster).Result()

@@ -1,4 +1,4 @@
-package lab
+package probe
 
 import (
 	"context"
@@ -50,22 +50,22 @@ func TestConnSender(t *testing.T) {
 	}
 	srv.Start()
 	defer srv.Close()
-	s, err := newConnSender(srv.URL, "", 5*time.Second)
+	s, err := NewConnSender(srv.URL, "", 5*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer s.close()
+	defer s.Close()
 	ctx := context.Background()
-	if id, err := s.send(ctx, 7, "a \"quoted\" ü"); err != nil || id != `id-a "quoted" ü` {
+	if id, err := s.Send(ctx, 7, "a \"quoted\" ü"); err != nil || id != `id-a "quoted" ü` {
 		t.Fatalf("send = %q, %v", id, err)
 	}
-	if _, err := s.send(ctx, 7, "bad"); err == nil || !errors.Is(err, errStatus) || !strings.Contains(err.Error(), "400 body: nope") {
+	if _, err := s.Send(ctx, 7, "bad"); err == nil || !errors.Is(err, errStatus) || !strings.Contains(err.Error(), "400 body: nope") {
 		t.Fatalf("bad send error %v, want 400 with the API's text", err)
 	}
-	if id, err := s.send(ctx, 7, "x"); err != nil || id != "id-close" {
+	if id, err := s.Send(ctx, 7, "x"); err != nil || id != "id-close" {
 		t.Fatalf("send = %q, %v", id, err)
 	}
-	if id, err := s.send(ctx, 7, "y"); err != nil || id != "id-y" {
+	if id, err := s.Send(ctx, 7, "y"); err != nil || id != "id-y" {
 		t.Fatalf("send after the server closed = %q, %v", id, err)
 	}
 	if n := conns.Load(); n != 2 {

@@ -387,62 +387,6 @@ func latencyRun(ctx context.Context, env *Env, chatID int64, opts LatencyOptions
 	return r, nil
 }
 
-// percentile returns the nearest-rank p-quantile (0 < p ≤ 1) of sorted
-// samples, 0 when there are none.
-func percentile(sorted []time.Duration, p float64) time.Duration {
-	n := len(sorted)
-	if n == 0 {
-		return 0
-	}
-	i := int(math.Ceil(p*float64(n))) - 1
-	return sorted[min(max(i, 0), n-1)]
-}
-
-// medianDuration returns the median of ds (mean of the middle two for an
-// even count; 0 for none). ds is not modified.
-func medianDuration(ds []time.Duration) time.Duration {
-	if len(ds) == 0 {
-		return 0
-	}
-	s := slices.Clone(ds)
-	slices.Sort(s)
-	n := len(s)
-	if n%2 == 1 {
-		return s[n/2]
-	}
-	return (s[n/2-1] + s[n/2]) / 2
-}
-
-// roundMs converts d to milliseconds rounded to the microsecond.
-func roundMs(d time.Duration) float64 {
-	return math.Round(float64(d)/float64(time.Microsecond)) / 1000
-}
-
-// fmtMs formats d in milliseconds with two significant decimals below 10 ms.
-func fmtMs(d time.Duration) string {
-	ms := float64(d) / float64(time.Millisecond)
-	switch {
-	case ms < 10:
-		return fmt.Sprintf("%.2f", ms)
-	case ms < 100:
-		return fmt.Sprintf("%.1f", ms)
-	}
-	return fmt.Sprintf("%.0f", ms)
-}
-
-// fmtRange formats the min and max of ds over runs as "A to B ms" ("A ms"
-// when they are equal once formatted).
-func fmtRange(ds []time.Duration) string {
-	if len(ds) == 0 {
-		return "-"
-	}
-	lo, hi := fmtMs(slices.Min(ds)), fmtMs(slices.Max(ds))
-	if lo == hi {
-		return lo + " ms"
-	}
-	return lo + " to " + hi + " ms"
-}
-
 // WriteTable prints the write-up's table: p50, p95 and p99 as min to max
 // over runs, the worst latency of all runs, runs; then losses and the
 // floors.
@@ -509,32 +453,6 @@ func (r *LatencyReport) v2P50() time.Duration {
 		}
 	}
 	return 0
-}
-
-// writeColumns prints rows as left-aligned columns (the first column) and
-// right-aligned ones (the others), two spaces apart.
-func writeColumns(w io.Writer, rows [][]string) {
-	if len(rows) == 0 {
-		return
-	}
-	width := make([]int, len(rows[0]))
-	for _, row := range rows {
-		for i, c := range row {
-			width[i] = max(width[i], len([]rune(c)))
-		}
-	}
-	for _, row := range rows {
-		var b strings.Builder
-		for i, c := range row {
-			pad := strings.Repeat(" ", width[i]-len([]rune(c)))
-			if i == 0 {
-				b.WriteString(c + pad)
-			} else {
-				b.WriteString("  " + pad + c)
-			}
-		}
-		fmt.Fprintln(w, b.String())
-	}
 }
 
 // WriteJSON prints one LatencySummary per variant, one JSON object per line.

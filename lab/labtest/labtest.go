@@ -1,7 +1,8 @@
-// Package labtest is the TestMain of the test binaries that run the lab:
-// it builds cmd/outboxchat once for the lab to start as the services'
-// processes, runs the tests, removes the build and checks for leaked
-// goroutines.
+// Package labtest is the TestMain of the test binaries that run the lab
+// (the lab's packages, cmd/outboxchat, deploy): it builds cmd/outboxchat
+// once for the lab to start as the services' processes, runs the tests
+// (with outboxtest.Run, so they may use the shared test servers too),
+// removes the build and checks for leaked goroutines.
 package labtest
 
 import (
@@ -13,12 +14,14 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/outboxchat/outboxchat/lab"
+	"github.com/outboxchat/outboxchat/lab/env"
+	"github.com/outboxchat/outboxchat/outboxtest"
 )
 
 // Main builds github.com/outboxchat/outboxchat/cmd/outboxchat into a
-// temporary directory named after prefix, sets lab.Binary to it, runs m,
-// removes the directory and, when every test passed, fails the run on
+// temporary directory named after prefix, sets env.Binary to it, runs m
+// (outboxtest.Run: the shared test servers, if any test used them, are
+// stopped after), removes the directory and, when every test passed, fails the run on
 // goroutines still alive (goleak.Find; spawn's process loop is expected,
 // ignore adds more). It exits the process with the result: call it as the
 // whole of TestMain. A failed build exits 1 before any test runs.
@@ -28,14 +31,14 @@ func Main(m *testing.M, prefix string, ignore ...goleak.Option) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	lab.Binary = filepath.Join(dir, "outboxchat")
-	out, err := exec.Command("go", "build", "-o", lab.Binary, "github.com/outboxchat/outboxchat/cmd/outboxchat").CombinedOutput()
+	env.Binary = filepath.Join(dir, "outboxchat")
+	out, err := exec.Command("go", "build", "-o", env.Binary, "github.com/outboxchat/outboxchat/cmd/outboxchat").CombinedOutput()
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "build outboxchat: %v\n%s", err, out)
 		os.RemoveAll(dir)
 		os.Exit(1)
 	}
-	code := m.Run()
+	code := outboxtest.Run(m)
 	os.RemoveAll(dir)
 	if code == 0 {
 		opts := append([]goleak.Option{

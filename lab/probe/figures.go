@@ -1,138 +1,19 @@
-package lab
+package probe
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
-	"net/http"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/outboxchat/outboxchat/chat"
-	"github.com/outboxchat/outboxchat/redisq"
+	"github.com/outboxchat/outboxchat/lab/env"
 )
-
-// eventLog prints one line per event in the write-up's form
-// ("%5.1fs  %-10s %s": elapsed seconds since the first send, actor, event).
-// Safe for concurrent use.
-type eventLog struct {
-	mu sync.Mutex
-	w  io.Writer
-	t0 time.Time
-}
-
-func (l *eventLog) start() {
-	l.mu.Lock()
-	l.t0 = time.Now()
-	l.mu.Unlock()
-}
-
-// at logs an event that happened at time t.
-func (l *eventLog) at(t time.Time, actor, format string, args ...any) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	el := 0.0
-	if !l.t0.IsZero() {
-		el = t.Sub(l.t0).Seconds()
-	}
-	fmt.Fprintf(l.w, "%5.1fs  %-10s %s\n", el, actor+":", fmt.Sprintf(format, args...))
-}
-
-func (l *eventLog) add(actor, format string, args ...any) {
-	l.at(time.Now(), actor, format, args...)
-}
-
-// asyncEvents runs event-producing callbacks (which may query the database)
-// off the log-reader and watcher goroutines, in order, on one goroutine it
-// owns until close.
-type asyncEvents struct {
-	mu     sync.Mutex
-	closed bool
-	ch     chan func()
-	done   chan struct{}
-}
-
-func newAsyncEvents() *asyncEvents {
-	a := &asyncEvents{ch: make(chan func(), 4096), done: make(chan struct{})}
-	go func() {
-		defer close(a.done)
-		for f := range a.ch {
-			f()
-		}
-	}()
-	return a
-}
-
-func (a *asyncEvents) do(f func()) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.closed {
-		return
-	}
-	select {
-	case a.ch <- f:
-	default: // a flood of events: drop rather than block a reader
-	}
-}
-
-func (a *asyncEvents) close() {
-	a.mu.Lock()
-	if !a.closed {
-		a.closed = true
-		close(a.ch)
-	}
-	a.mu.Unlock()
-	<-a.done
-}
-
-// sender posts messages to a service's HTTP API.
-type sender struct {
-	client *http.Client
-	token  string // bearer token; "" = none
-}
-
-func newSender(token string) *sender {
-	return &sender{client: &http.Client{Timeout: 5 * time.Second}, token: token}
-}
-
-// send posts body to chat chatID on baseURL. It returns the stored message
-// on 201, else an error naming the status and the API's error text.
-func (s *sender) send(ctx context.Context, baseURL string, chatID int64, body string) (chat.Message, error) {
-	var m chat.Message
-	b, _ := json.Marshal(chat.SendRequest{Body: body})
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost,
-		baseURL+"/api/chats/"+strconv.FormatInt(chatID, 10)+"/messages", bytes.NewReader(b))
-	if err != nil {
-		return m, err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	if s.token != "" {
-		req.Header.Set("Authorization", "Bearer "+s.token)
-	}
-	resp, err := s.client.Do(req)
-	if err != nil {
-		return m, err
-	}
-	defer resp.Body.Close()
-	data, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-	if resp.StatusCode != http.StatusCreated {
-		var e struct {
-			Error string `json:"error"`
-		}
-		_ = json.Unmarshal(data, &e)
-		return m, fmt.Errorf("%d %s", resp.StatusCode, e.Error)
-	}
-	if err := json.Unmarshal(data, &m); err != nil {
-		return m, fmt.Errorf("decode reply: %w", err)
-	}
-	return m, nil
-}
 
 // Figures are the numbers a run reports, read from the database and the
 // watcher, never from the lab's own bookkeeping of what it sent.
@@ -220,36 +101,36 @@ func msgNumber(body string, fallback int64) int {
 	return int(fallback)
 }
 
-// label returns "msg N" for a consumers' message id, looked up in
+// Label returns "msg N" for a consumers' message id, looked up in e's
 // consumers.messages ("message <id>" when not found).
-func (e *Env) label(ctx context.Context, id string) string {
+func Label(ctx context.Context, e *env.Env, id string) string {
 	var body string
 	var seq int64
 	qctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	err := e.admin.QueryRow(qctx, `SELECT body, seq FROM consumers.messages WHERE id::text = $1`, id).Scan(&body, &seq)
+	err := e.Admin().QueryRow(qctx, `SELECT body, seq FROM consumers.messages WHERE id::text = $1`, id).Scan(&body, &seq)
 	if err != nil {
 		return "message " + id
 	}
 	return "msg " + strconv.Itoa(msgNumber(body, seq))
 }
 
-// labelSeq returns "msg N" for the consumers' message with seq in chat.
-func (e *Env) labelSeq(ctx context.Context, chatID, seq int64) string {
+// LabelSeq returns "msg N" for the consumers' message with seq in chat.
+func LabelSeq(ctx context.Context, e *env.Env, chatID, seq int64) string {
 	var body string
 	qctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	if err := e.admin.QueryRow(qctx, `SELECT body FROM consumers.messages WHERE chat_id = $1 AND seq = $2`, chatID, seq).Scan(&body); err != nil {
+	if err := e.Admin().QueryRow(qctx, `SELECT body FROM consumers.messages WHERE chat_id = $1 AND seq = $2`, chatID, seq).Scan(&body); err != nil {
 		return "msg with seq " + strconv.FormatInt(seq, 10)
 	}
 	return "msg " + strconv.Itoa(msgNumber(body, seq))
 }
 
-// figures reads the run's figures from the database and the watcher w
+// ReadFigures reads a run's figures from e's database and the watcher w
 // (which watches workers' /ws).
-func (e *Env) figures(ctx context.Context, w *Watcher) (*Figures, error) {
+func ReadFigures(ctx context.Context, e *env.Env, w *Watcher) (*Figures, error) {
 	f := &Figures{Lost: []int{}}
-	rows, err := e.admin.Query(ctx, `SELECT id::text, chat_id, seq, body FROM consumers.messages ORDER BY chat_id, seq`)
+	rows, err := e.Admin().Query(ctx, `SELECT id::text, chat_id, seq, body FROM consumers.messages ORDER BY chat_id, seq`)
 	if err != nil {
 		return nil, fmt.Errorf("lab: read consumers.messages: %w", err)
 	}
@@ -275,13 +156,13 @@ func (e *Env) figures(ctx context.Context, w *Watcher) (*Figures, error) {
 		return nil, fmt.Errorf("lab: read consumers.messages: %w", err)
 	}
 	f.Received = len(seen)
-	if err := e.admin.QueryRow(ctx, `SELECT count(*) FROM workers.inbox_duplicates`).Scan(&f.DuplicatesSkipped); err != nil {
+	if err := e.Admin().QueryRow(ctx, `SELECT count(*) FROM workers.inbox_duplicates`).Scan(&f.DuplicatesSkipped); err != nil {
 		return nil, fmt.Errorf("lab: count duplicates: %w", err)
 	}
-	if err := e.admin.QueryRow(ctx, `SELECT count(*) FROM consumers.outbox WHERE sent_at IS NULL`).Scan(&f.Unsent); err != nil {
+	if err := e.Admin().QueryRow(ctx, `SELECT count(*) FROM consumers.outbox WHERE sent_at IS NULL`).Scan(&f.Unsent); err != nil {
 		return nil, fmt.Errorf("lab: count unsent: %w", err)
 	}
-	if err := e.admin.QueryRow(ctx, `SELECT coalesce(sum(redrives), 0) FROM consumers.messages`).Scan(&f.Redriven); err != nil {
+	if err := e.Admin().QueryRow(ctx, `SELECT coalesce(sum(redrives), 0) FROM consumers.messages`).Scan(&f.Redriven); err != nil {
 		return nil, fmt.Errorf("lab: count re-drives: %w", err)
 	}
 	f.DuplicatesShown = w.Duplicates()
@@ -289,14 +170,14 @@ func (e *Env) figures(ctx context.Context, w *Watcher) (*Figures, error) {
 	return f, nil
 }
 
-// settled reports whether every consumers' message is shown by w, nothing is
+// Settled reports whether every consumers' message is shown by w, nothing is
 // unsent, and no job of the consumers→workers queue is pending (delivered,
 // not acknowledged). Errors (a server down) count as not settled.
-func (e *Env) settled(ctx context.Context, w *Watcher) bool {
+func Settled(ctx context.Context, e *env.Env, w *Watcher) bool {
 	qctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	var ids []string
-	rows, err := e.admin.Query(qctx, `SELECT id::text FROM consumers.messages`)
+	rows, err := e.Admin().Query(qctx, `SELECT id::text FROM consumers.messages`)
 	if err != nil {
 		return false
 	}
@@ -321,17 +202,16 @@ func (e *Env) settled(ctx context.Context, w *Watcher) bool {
 		}
 	}
 	var unsent int
-	if e.admin.QueryRow(qctx, `SELECT count(*) FROM consumers.outbox WHERE sent_at IS NULL`).Scan(&unsent) != nil || unsent > 0 {
+	if e.Admin().QueryRow(qctx, `SELECT count(*) FROM consumers.outbox WHERE sent_at IS NULL`).Scan(&unsent) != nil || unsent > 0 {
 		return false
 	}
-	return e.pendingJobs(qctx) == 0
+	return pendingJobs(qctx, e) == 0
 }
 
 // pendingJobs returns the number of delivered, unacknowledged entries of the
 // consumers→workers queue (-1 on error; 0 when the group does not exist).
-func (e *Env) pendingJobs(ctx context.Context) int64 {
-	keys := redisq.NewKeys(redisPrefix, chat.QueueName(chat.Consumers))
-	p, err := e.rdb.XPending(ctx, keys.Stream, chat.Workers).Result()
+func pendingJobs(ctx context.Context, e *env.Env) int64 {
+	p, err := e.RedisClient().XPending(ctx, env.QueueKeys(chat.Consumers).Stream, chat.Workers).Result()
 	if err == redis.Nil {
 		return 0
 	}
@@ -343,7 +223,3 @@ func (e *Env) pendingJobs(ctx context.Context) int64 {
 	}
 	return p.Count
 }
-
-// redisPrefix is the services' default Redis key prefix (the lab's Redis is
-// private, so the default is used).
-const redisPrefix = "outboxchat:"

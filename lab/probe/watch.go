@@ -1,4 +1,4 @@
-package lab
+package probe
 
 import (
 	"context"
@@ -14,6 +14,7 @@ import (
 	"github.com/coder/websocket"
 
 	"github.com/outboxchat/outboxchat/chat"
+	"github.com/outboxchat/outboxchat/lab/env"
 )
 
 // DefaultReconnectWait is WatcherConfig.ReconnectWait's default.
@@ -259,7 +260,7 @@ func (w *Watcher) Connects() int {
 
 // WaitConnected waits until a connection is open or ctx ends.
 func (w *Watcher) WaitConnected(ctx context.Context) error {
-	return waitFor(ctx, 10*time.Millisecond, w.Connected)
+	return env.WaitFor(ctx, 10*time.Millisecond, w.Connected)
 }
 
 // Frames returns every message frame received, in arrival order.
@@ -309,20 +310,4 @@ func (w *Watcher) OrderViolations() []string {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return append([]string(nil), w.order...)
-}
-
-// waitFor polls cond every interval until it holds (nil) or ctx ends.
-func waitFor(ctx context.Context, interval time.Duration, cond func() bool) error {
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		if cond() {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-t.C:
-		}
-	}
 }

@@ -1,4 +1,4 @@
-package labfault
+package fault
 
 import (
 	"bytes"
@@ -18,7 +18,7 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-func TestParse(t *testing.T) {
+func TestParseCrash(t *testing.T) {
 	for _, tc := range []struct {
 		spec, kind string
 		seq        int64
@@ -33,29 +33,29 @@ func TestParse(t *testing.T) {
 		{spec: "relay-crash-after-publish:x", err: "positive seq"},
 		{spec: "disk-full:3", err: "unknown kind"},
 	} {
-		f, err := Parse(tc.spec, nil)
+		f, err := ParseCrash(tc.spec, nil)
 		switch {
 		case tc.err != "":
 			if err == nil || !strings.Contains(err.Error(), tc.err) || !strings.Contains(err.Error(), tc.spec) {
-				t.Errorf("Parse(%q) = %v, want an error naming the spec and %q", tc.spec, err, tc.err)
+				t.Errorf("ParseCrash(%q) = %v, want an error naming the spec and %q", tc.spec, err, tc.err)
 			}
 		case err != nil:
-			t.Errorf("Parse(%q): %v", tc.spec, err)
+			t.Errorf("ParseCrash(%q): %v", tc.spec, err)
 		case tc.spec == "":
 			if f != nil {
-				t.Errorf("Parse(\"\") = %v, want nil", f)
+				t.Errorf("ParseCrash(\"\") = %v, want nil", f)
 			}
 		case f.Kind() != tc.kind || f.Seq() != tc.seq:
-			t.Errorf("Parse(%q) = %s:%d", tc.spec, f.Kind(), f.Seq())
+			t.Errorf("ParseCrash(%q) = %s:%d", tc.spec, f.Kind(), f.Seq())
 		}
 	}
 }
 
 // armed parses spec with a kill that counts instead of killing, and a log
 // into buf.
-func armed(t *testing.T, spec string, buf *bytes.Buffer) (*Fault, *int) {
+func armed(t *testing.T, spec string, buf *bytes.Buffer) (*Crash, *int) {
 	t.Helper()
-	f, err := Parse(spec, slog.New(slog.NewJSONHandler(buf, nil)))
+	f, err := ParseCrash(spec, slog.New(slog.NewJSONHandler(buf, nil)))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package lab
+package env
 
 import (
 	"context"
@@ -9,27 +9,17 @@ import (
 
 	toxiproxy "github.com/Shopify/toxiproxy/v2"
 	"github.com/rs/zerolog"
+
+	"github.com/outboxchat/outboxchat/lab/fault"
 )
 
-// Network fault kinds of lab torture, each a toxiproxy toxic (or, for
-// black-hole, a toxic used so): see netFaults.add.
-const (
-	NetLatency   = "latency"    // every chunk delayed by latency ± jitter ms
-	NetTimeout   = "timeout"    // data dropped, the connection closed after timeout ms
-	NetReset     = "reset_peer" // connections reset (RST) after timeout ms
-	NetBandwidth = "bandwidth"  // throughput capped at rate KB/s
-	NetBlackHole = "black-hole" // data dropped, the connection never closed
-)
-
-// netKinds lists the network fault kinds in the order schedules draw them.
-var netKinds = []string{NetLatency, NetTimeout, NetReset, NetBandwidth, NetBlackHole}
-
-// netFaults runs toxiproxy in the lab's process, as a library: one TCP proxy
+// Links runs toxiproxy in the lab's process, as a library: one TCP proxy
 // per service and server ("consumers>postgres", "workers>redis", …) that
-// the service connects through (EnvOptions.Route), and toxics added to and
-// removed from those proxies while a schedule runs. Safe for concurrent
-// use; close stops every proxy and its connections.
-type netFaults struct {
+// the service connects through (Options.Route = Links.Route), and toxics
+// (fault.Net faults) added to and removed from those proxies while a run
+// goes on. Safe for concurrent use; Close stops every proxy and its
+// connections.
+type Links struct {
 	server *toxiproxy.ApiServer
 
 	mu      sync.Mutex
@@ -37,19 +27,20 @@ type netFaults struct {
 	next    int
 }
 
-func newNetFaults() *netFaults {
+// NewLinks returns Links without proxies; Route adds them.
+func NewLinks() *Links {
 	// The toxics log through zerolog's global logger (a trace line per
 	// interrupted chunk); the lab does not use zerolog otherwise.
 	zerolog.SetGlobalLevel(zerolog.Disabled)
-	return &netFaults{
+	return &Links{
 		server:  toxiproxy.NewServer(toxiproxy.NewMetricsContainer(nil), zerolog.Nop()),
 		proxies: map[string]*toxiproxy.Proxy{},
 	}
 }
 
-// route is an EnvOptions.Route: it starts a proxy from a free local port to
+// Route is an Options.Route: it starts a proxy from a free local port to
 // addr and returns the proxy's address.
-func (n *netFaults) route(service, server, addr string) (string, error) {
+func (n *Links) Route(service, server, addr string) (string, error) {
 	key := service + ">" + server
 	p := toxiproxy.NewProxy(n.server, key, "127.0.0.1:0", addr)
 	if err := p.Start(); err != nil {
@@ -61,10 +52,10 @@ func (n *netFaults) route(service, server, addr string) (string, error) {
 	return p.Listen, nil
 }
 
-// add puts a toxic of kind on link's stream ("upstream": service to server;
+// Add puts a toxic of kind on link's stream ("upstream": service to server;
 // "downstream": back) with the given attributes (toxiproxy's, in ms or
-// KB/s) and returns its name, for remove.
-func (n *netFaults) add(link, kind, stream string, attrs map[string]int) (string, error) {
+// KB/s) and returns its name, for Remove.
+func (n *Links) Add(link, kind, stream string, attrs map[string]int) (string, error) {
 	n.mu.Lock()
 	p := n.proxies[link]
 	n.next++
@@ -74,8 +65,8 @@ func (n *netFaults) add(link, kind, stream string, attrs map[string]int) (string
 		return "", fmt.Errorf("toxiproxy: no link %q", link)
 	}
 	typ := kind
-	if kind == NetBlackHole {
-		typ, attrs = NetTimeout, map[string]int{"timeout": 0} // timeout 0: never closed
+	if kind == fault.NetBlackHole {
+		typ, attrs = fault.NetTimeout, map[string]int{"timeout": 0} // timeout 0: never closed
 	}
 	b, err := json.Marshal(map[string]any{"name": name, "type": typ, "stream": stream, "toxicity": 1.0, "attributes": attrs})
 	if err != nil {
@@ -87,8 +78,8 @@ func (n *netFaults) add(link, kind, stream string, attrs map[string]int) (string
 	return name, nil
 }
 
-// remove takes toxic name off link (a toxic already gone is not an error).
-func (n *netFaults) remove(link, name string) {
+// Remove takes toxic name off link (a toxic already gone is not an error).
+func (n *Links) Remove(link, name string) {
 	n.mu.Lock()
 	p := n.proxies[link]
 	n.mu.Unlock()
@@ -97,8 +88,8 @@ func (n *netFaults) remove(link, name string) {
 	}
 }
 
-// clear removes every toxic of every proxy.
-func (n *netFaults) clear() {
+// Clear removes every toxic of every proxy.
+func (n *Links) Clear() {
 	n.mu.Lock()
 	ps := make([]*toxiproxy.Proxy, 0, len(n.proxies))
 	for _, p := range n.proxies {
@@ -110,8 +101,8 @@ func (n *netFaults) clear() {
 	}
 }
 
-// close stops every proxy (closing its connections).
-func (n *netFaults) close() {
+// Close stops every proxy (closing its connections).
+func (n *Links) Close() {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	for k, p := range n.proxies {

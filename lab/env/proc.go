@@ -1,9 +1,6 @@
-package lab
+package env
 
 import (
-	"github.com/outboxchat/outboxchat/chat"
-	"github.com/outboxchat/outboxchat/internal/spawn"
-
 	"bufio"
 	"bytes"
 	"context"
@@ -18,6 +15,9 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/outboxchat/outboxchat/chat"
+	"github.com/outboxchat/outboxchat/internal/spawn"
 )
 
 // Binary is the outboxchat executable the lab starts as `serve` processes.
@@ -425,6 +425,16 @@ func (p *Proc) Exited() (<-chan struct{}, int) {
 		return nil, 0
 	}
 	return r.exited, r.cmd.Process.Pid
+}
+
+// ExitErr returns how the last run ended (cmd.Wait's error: nil for exit
+// status 0), nil while it runs or when it never started.
+func (p *Proc) ExitErr() error {
+	r := p.run()
+	if r == nil || p.Running() {
+		return nil
+	}
+	return r.err
 }
 
 // PID returns the PID of the current run, 0 when not running.
