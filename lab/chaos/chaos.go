@@ -1,10 +1,7 @@
-package lab
+package chaos
 
 import (
 	"context"
-	"encoding/json"
-	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"slices"
@@ -12,8 +9,9 @@ import (
 	"time"
 
 	"github.com/outboxchat/outboxchat/chat"
-	"github.com/outboxchat/outboxchat/inbox"
-	"github.com/outboxchat/outboxchat/internal/labfault"
+	"github.com/outboxchat/outboxchat/lab/env"
+	"github.com/outboxchat/outboxchat/lab/fault"
+	"github.com/outboxchat/outboxchat/lab/probe"
 	"github.com/outboxchat/outboxchat/outbox"
 )
 
@@ -26,15 +24,15 @@ const (
 	// DefaultChaosSettle is how long the run waits, after the last send,
 	// for everything saved to be shown before it reports.
 	DefaultChaosSettle = 15 * time.Second
-	// chaosChat is the chat the experiment writes to.
-	chaosChat = 1
+	// Chat is the chat the experiment (and every scenario) writes to.
+	Chat = 1
 	// crashSeq is the message after whose inbox commit workers crashes (v2).
 	crashSeq = 2
 )
 
-// ChaosOptions configures Chaos.
-type ChaosOptions struct {
-	// Variant is VariantV1 or VariantV2 (default).
+// Options configures Run.
+type Options struct {
+	// Variant is env.VariantV1 or env.VariantV2 (default).
 	Variant string
 	// Log receives the event log ("  3.8s  deploy:    workers stopped").
 	// nil discards it.
@@ -48,7 +46,7 @@ type ChaosOptions struct {
 	Dir string
 }
 
-// Chaos runs the write-up's "Result" experiment on real processes and
+// Run runs the write-up's "Result" experiment on real processes and
 // returns the figures read from the database and the WebSocket watcher:
 //
 //   - consumers API process, a separate consumers relay process (v2), the
@@ -70,11 +68,11 @@ type ChaosOptions struct {
 // when it was redeployed); v2 loses none, skips one duplicate, leaves nothing
 // unsent. An error means the experiment could not run (not an unexpected
 // result).
-func Chaos(ctx context.Context, opts ChaosOptions) (*Figures, error) {
+func Run(ctx context.Context, opts Options) (*probe.Figures, error) {
 	if opts.Variant == "" {
-		opts.Variant = VariantV2
+		opts.Variant = env.VariantV2
 	}
-	if opts.Variant != VariantV1 && opts.Variant != VariantV2 {
+	if opts.Variant != env.VariantV1 && opts.Variant != env.VariantV2 {
 		return nil, fmt.Errorf("lab: chaos: unknown variant %q (want v1 or v2)", opts.Variant)
 	}
 	if opts.Log == nil {
@@ -87,33 +85,24 @@ func Chaos(ctx context.Context, opts ChaosOptions) (*Figures, error) {
 	if opts.Settle <= 0 {
 		opts.Settle = DefaultChaosSettle
 	}
-	v2 := opts.Variant == VariantV2
-	eo := EnvOptions{Variant: opts.Variant, Progress: progress, Dir: opts.Dir, LockDuration: DefaultLockDuration}
+	v2 := opts.Variant == env.VariantV2
+	eo := env.Options{Variant: opts.Variant, Progress: progress, Dir: opts.Dir, LockDuration: env.DefaultLockDuration}
 	if v2 {
 		// "The relay is a process of its own."
 		eo.ConsumersRelays = 1
-		eo.Faults = map[string]string{ProcWorkers: fmt.Sprintf("%s:%d", labfault.WorkerAfterCommit, crashSeq)}
+		eo.Faults = map[string]string{env.ProcWorkers: fault.Spec(fault.WorkerAfterCommit, crashSeq)}
 	}
-	env, err := StartEnv(ctx, eo)
+	e, err := env.Start(ctx, eo)
 	if err != nil {
 		return nil, err
 	}
-	defer env.Close()
+	defer e.Close()
 
-	log := &eventLog{w: opts.Log}
-	events := newAsyncEvents()
-	defer events.close() // after the unsubscribes below (defers run last-in first-out)
+	log := probe.NewEventLog(opts.Log)
+	events := probe.NewEvents()
+	defer events.Close() // after the unsubscribes below (defers run last-in first-out)
 
-	w, err := NewWatcher(env.WorkersURL, chaosChat, &WatcherConfig{Token: env.Token, OnFrame: func(s Shown) {
-		if s.Message.From != chat.Consumers {
-			return
-		}
-		if s.Duplicate {
-			log.at(s.At, "workers", "%s shown AGAIN (shown twice)", s.Message.Body)
-			return
-		}
-		log.at(s.At, "workers", "%s shown", s.Message.Body)
-	}})
+	w, err := probe.NewWatcher(e.WorkersURL, Chat, &probe.WatcherConfig{Token: e.Token, OnFrame: probe.LogFrames(log, false)})
 	if err != nil {
 		return nil, err
 	}
@@ -125,21 +114,17 @@ func Chaos(ctx context.Context, opts ChaosOptions) (*Figures, error) {
 	// Log lines of the services that are events of the experiment.
 	var crashMu sync.Mutex
 	crashLabel := ""
-	defer env.Workers.Subscribe(func(l LogLine) {
-		switch l.Event() {
-		case string(inbox.EventDuplicate):
-			id := l.Str("message_id")
-			events.do(func() { log.at(l.Time, "workers", "%s again, already in inbox, skipped", env.label(ctx, id)) })
-		case labfault.EventCrash:
+	defer e.Workers.Subscribe(func(l env.LogLine) {
+		if !probe.LogDuplicate(ctx, e, log, events, l) && l.Event() == fault.EventCrash {
 			crashMu.Lock()
-			crashLabel = env.labelSeq(ctx, chaosChat, int64(l.Attrs["seq"].(float64)))
+			crashLabel = probe.LabelSeq(ctx, e, Chat, int64(l.Attrs["seq"].(float64)))
 			crashMu.Unlock()
 		}
 	})()
 	var relayMu sync.Mutex
 	relayErrLogged := false
 	if v2 {
-		defer env.ConsumersRelays[0].Subscribe(func(l LogLine) {
+		defer e.ConsumersRelays[0].Subscribe(func(l env.LogLine) {
 			if l.Event() != string(outbox.EventPassFailed) {
 				return
 			}
@@ -148,91 +133,64 @@ func Chaos(ctx context.Context, opts ChaosOptions) (*Figures, error) {
 			relayErrLogged = true
 			relayMu.Unlock()
 			if first { // once per outage: the lab resets the flag when the relay restarts
-				log.at(l.Time, "relay", "%s", l.Str("err"))
+				log.At(l.Time, "relay", "%s", l.Str("err"))
 			}
 		})()
 	} else {
-		defer env.Consumers.Subscribe(func(l LogLine) {
+		defer e.Consumers.Subscribe(func(l env.LogLine) {
 			switch l.Event() {
 			case chat.EventV1AddFailed:
-				id, e := l.Str("message_id"), l.Str("err")
-				events.do(func() { log.at(l.Time, "consumers", "%s not queued, kept in memory: %s", env.label(ctx, id), e) })
+				id, msg := l.Str("message_id"), l.Str("err")
+				events.Do(func() { log.At(l.Time, "consumers", "%s not queued, kept in memory: %s", probe.Label(ctx, e, id), msg) })
 			case chat.EventV1Lost:
-				log.at(l.Time, "consumers", "stopping with %s queue add(s) still in memory", l.Str("count"))
+				log.At(l.Time, "consumers", "stopping with %s queue add(s) still in memory", l.Str("count"))
 			}
 		})()
 	}
 
-	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	err = w.WaitConnected(wctx)
-	cancel()
-	if err != nil {
-		return nil, fmt.Errorf("lab: chaos: watcher could not connect to %s: %w", env.WorkersURL, err)
+	if err := probe.Connect(ctx, w); err != nil {
+		return nil, fmt.Errorf("lab: chaos: watcher could not connect to %s: %w", e.WorkersURL, err)
 	}
 
 	// v2: notice the workers' crash and start it again at once, without the
 	// fault and with the same consumer name, so it reads its own pending
 	// entry (msg 2) first and the inbox skips it.
 	crashCtx, stopCrashWatch := context.WithCancel(ctx)
-	crashDone := make(chan struct{})
+	var crashDone <-chan struct{}
 	if v2 {
-		exited, _ := env.Workers.Exited()
-		go func() {
-			defer close(crashDone)
-			select {
-			case <-crashCtx.Done():
-				return
-			case <-exited:
-			}
+		crashDone = e.Workers.RestartOnExit(crashCtx, env.WithoutFlag(e.Workers.Args(), "--fault"), func() {
 			crashMu.Lock()
 			what := crashLabel
 			crashMu.Unlock()
 			if what != "" {
-				log.add("workers", "crashed after recording %s", what)
+				log.Add("workers", "crashed after recording %s", what)
 			} else {
-				log.add("workers", "exited unexpectedly")
+				log.Add("workers", "exited unexpectedly")
 			}
-			env.Workers.SetArgs(withoutFlag(env.Workers.Args(), "--fault"))
-			if err := env.Workers.StartReady(ctx); err != nil {
-				log.add("lab", "could not restart workers: %v", err)
+		}, func(err error) {
+			if err != nil {
+				log.Add("lab", "could not restart workers: %v", err)
 				return
 			}
-			log.add("deploy", "workers started again (no fault)")
-		}()
+			log.Add("deploy", "workers started again (no fault)")
+		})
 	} else {
-		close(crashDone)
+		done := make(chan struct{})
+		close(done)
+		crashDone = done
 	}
 	defer func() { stopCrashWatch(); <-crashDone }()
 
-	snd := newSender(env.Token)
-	stopAll := func(ps ...*Proc) error {
-		errs := make([]error, len(ps))
-		var wg sync.WaitGroup
-		for i, p := range ps {
-			wg.Add(1)
-			go func() { defer wg.Done(); errs[i] = p.Stop(ctx) }()
-		}
-		wg.Wait()
-		return errors.Join(errs...)
-	}
-	startAll := func(ps ...*Proc) error {
-		errs := make([]error, len(ps))
-		var wg sync.WaitGroup
-		for i, p := range ps {
-			wg.Add(1)
-			go func() { defer wg.Done(); errs[i] = p.StartReady(ctx) }()
-		}
-		wg.Wait()
-		return errors.Join(errs...)
-	}
-	consumers := append([]*Proc{env.Consumers}, env.ConsumersRelays...)
+	snd := probe.NewSender(e.Token)
+	consumers := append([]*env.Proc{e.Consumers}, e.ConsumersRelays...)
+	var healWorkers, healRedis env.Heal
 
 	fmt.Fprintf(progress, "lab: chaos %s: sending %d messages, one every %v\n", opts.Variant, DefaultChaosMessages, DefaultChaosInterval)
-	log.start()
+	log.Start()
 	next := time.Now()
 	var lastSend time.Time
 	for n := 1; n <= DefaultChaosMessages; n++ {
-		if err := sleepUntil(ctx, next); err != nil {
+		if err := env.SleepUntil(ctx, next); err != nil {
 			return nil, err
 		}
 		switch n {
@@ -241,17 +199,17 @@ func Chaos(ctx context.Context, opts ChaosOptions) (*Figures, error) {
 				select {
 				case <-crashDone:
 				case <-time.After(5 * time.Second):
-					log.add("lab", "workers did not crash at msg %d (fault hook did not fire)", crashSeq)
+					log.Add("lab", "workers did not crash at msg %d (fault hook did not fire)", crashSeq)
 					stopCrashWatch()
 					<-crashDone
 				case <-ctx.Done():
 					return nil, ctx.Err()
 				}
 			}
-			if err := env.Workers.Stop(ctx); err != nil {
+			if healWorkers, err = e.Inject(ctx, fault.Fault{Kind: fault.Term, Target: env.ProcWorkers}); err != nil {
 				return nil, err
 			}
-			log.add("deploy", "workers stopped")
+			log.Add("deploy", "workers stopped")
 		case 7: // Redis down during msgs 7–8
 			// The workers came back after msg 6: let them show and
 			// acknowledge msgs 4–6 first (both variants: nothing is lost
@@ -259,136 +217,65 @@ func Chaos(ctx context.Context, opts ChaosOptions) (*Figures, error) {
 			// crash's msg 2; v1: none). Without this wait, on a busy
 			// machine Redis went down before the acks and 4–6 came
 			// again as duplicates.
-			wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-			_ = waitFor(wctx, 20*time.Millisecond, func() bool { return env.settled(wctx, w) })
-			cancel()
-			if err := env.Redis.Stop(ctx); err != nil {
-				return nil, fmt.Errorf("lab: stop redis: %w", err)
-			}
-			log.add("redis", "down")
-		case 9: // consumers (API and relay) redeployed while Redis is down
-			if err := stopAll(consumers...); err != nil {
+			_ = probe.WaitSettled(ctx, e, w, time.Now().Add(5*time.Second), 20*time.Millisecond)
+			if healRedis, err = e.Inject(ctx, fault.Fault{Kind: fault.RedisStop}); err != nil {
 				return nil, err
 			}
-			log.add("deploy", "consumers stopped")
-			if err := env.Redis.Restart(ctx); err != nil {
-				return nil, fmt.Errorf("lab: start redis: %w", err)
+			log.Add("redis", "down")
+		case 9: // consumers (API and relay) redeployed while Redis is down
+			if err := env.StopAll(ctx, consumers...); err != nil {
+				return nil, err
 			}
-			log.add("redis", "up")
+			log.Add("deploy", "consumers stopped")
+			if err := healRedis(ctx); err != nil {
+				return nil, err
+			}
+			log.Add("redis", "up")
 			relayMu.Lock()
 			relayErrLogged = false
 			relayMu.Unlock()
-			if err := startAll(consumers...); err != nil {
+			if err := env.StartAll(ctx, consumers...); err != nil {
 				return nil, err
 			}
-			log.add("deploy", "consumers started")
+			log.Add("deploy", "consumers started")
 		}
 		lastSend = time.Now()
 		next = lastSend.Add(DefaultChaosInterval)
 		body := fmt.Sprintf("msg %d", n)
-		if _, err := snd.send(ctx, env.ConsumersURL, chaosChat, body); err != nil {
+		if _, err := snd.Send(ctx, e.ConsumersURL, Chat, body); err != nil {
 			if ctx.Err() != nil {
 				return nil, ctx.Err()
 			}
-			log.add("consumers", "%s not saved: %v", body, err)
+			log.Add("consumers", "%s not saved: %v", body, err)
 		} else {
-			log.add("consumers", "%s saved", body)
+			log.Add("consumers", "%s saved", body)
 		}
 		if n == 6 { // workers comes back after msg 6
-			if err := env.Workers.StartReady(ctx); err != nil {
+			if err := healWorkers(ctx); err != nil {
 				return nil, err
 			}
-			log.add("deploy", "workers started")
+			log.Add("deploy", "workers started")
 		}
 	}
 
 	fmt.Fprintf(progress, "lab: chaos %s: waiting up to %v for everything saved to be shown\n", opts.Variant, opts.Settle)
-	sctx, cancel := context.WithDeadline(ctx, lastSend.Add(opts.Settle))
-	_ = waitFor(sctx, 100*time.Millisecond, func() bool { return env.settled(sctx, w) })
-	cancel()
-	if ctx.Err() != nil {
-		return nil, ctx.Err()
+	if err := probe.WaitSettled(ctx, e, w, lastSend.Add(opts.Settle), 100*time.Millisecond); err != nil {
+		return nil, err
 	}
 	<-crashDone
-	return env.figures(ctx, w)
+	return probe.ReadFigures(ctx, e, w)
 }
 
-// withoutFlag returns args without flag name and its value.
-func withoutFlag(args []string, name string) []string {
-	out := make([]string, 0, len(args))
-	for i := 0; i < len(args); i++ {
-		if args[i] == name {
-			i++
-			continue
-		}
-		out = append(out, args[i])
-	}
-	return out
-}
-
-// sleepUntil sleeps until t or ctx ends.
-func sleepUntil(ctx context.Context, t time.Time) error {
-	d := time.Until(t)
-	if d <= 0 {
-		return ctx.Err()
-	}
-	tm := time.NewTimer(d)
-	defer tm.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-tm.C:
-		return nil
-	}
-}
-
-// runChaosCmd runs `lab chaos`.
-func runChaosCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("lab chaos", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	variant := fs.String("variant", VariantV2, "v1 (naive dual write) or v2 (transactional outbox)")
-	asJSON := fs.Bool("json", false, "print one JSON object (saved, received, duplicates_skipped, lost, unsent); the event log goes to stderr")
-	scenario := fs.String("scenario", "", "run a named scenario instead (see --list)")
-	list := fs.Bool("list", false, "list the named scenarios")
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("lab chaos: unexpected arguments %q", fs.Args())
-	}
-	if *list {
-		for _, s := range scenarios {
-			fmt.Fprintf(stdout, "%-28s %s\n", s.name, s.doc)
-		}
-		return nil
-	}
-	if *scenario != "" {
-		return runScenarioCmd(ctx, *scenario, ScenarioOptions{}, *asJSON, stdout, stderr)
-	}
-	logW := stdout
-	if *asJSON {
-		logW = stderr
-	}
-	f, err := Chaos(ctx, ChaosOptions{Variant: *variant, Log: logW, Progress: stderr})
-	if err != nil {
-		return err
-	}
-	if *asJSON {
-		return json.NewEncoder(stdout).Encode(f)
-	}
-	fmt.Fprintln(stdout)
-	f.WriteSummary(stdout)
-	return nil
-}
-
-// chaosExpected checks a chaos run against the write-up's results.
-func chaosExpected(variant string, f *Figures) error {
+// Expected checks a run of variant against the write-up's results: v1
+// lost exactly msgs 7 and 8; v2 lost none, skipped exactly one duplicate
+// and left nothing unsent. The error says what differs.
+func Expected(variant string, f *probe.Figures) error {
 	switch variant {
-	case VariantV1:
+	case env.VariantV1:
 		if !slices.Equal(f.Lost, []int{7, 8}) {
 			return fmt.Errorf("chaos v1: want msgs 7 and 8 lost, got lost %v", f.Lost)
 		}
-	case VariantV2:
+	case env.VariantV2:
 		var bad []string
 		if len(f.Lost) != 0 {
 			bad = append(bad, fmt.Sprintf("lost %v, want none", f.Lost))

@@ -1,4 +1,4 @@
-package lab
+package chaos
 
 import (
 	"bytes"
@@ -7,15 +7,19 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/outboxchat/outboxchat/lab/env"
+	"github.com/outboxchat/outboxchat/lab/labtest"
+	"github.com/outboxchat/outboxchat/lab/probe"
 )
 
-func runChaos(t *testing.T, variant string) (*Figures, string) {
+func runChaos(t *testing.T, variant string) (*probe.Figures, string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	var log bytes.Buffer
 	start := time.Now()
-	f, err := Chaos(ctx, ChaosOptions{Variant: variant, Log: &log})
+	f, err := Run(ctx, Options{Variant: variant, Log: &log})
 	if err != nil {
 		t.Fatalf("chaos %s: %v\nlog:\n%s", variant, err, log.String())
 	}
@@ -25,11 +29,11 @@ func runChaos(t *testing.T, variant string) (*Figures, string) {
 
 func TestChaosV1(t *testing.T) {
 	t.Parallel()
-	f, log := runChaos(t, VariantV1)
+	f, log := runChaos(t, env.VariantV1)
 	if f.Saved != 10 || f.Received != 8 || !slices.Equal(f.Lost, []int{7, 8}) || f.DuplicatesSkipped != 0 || f.Unsent != 0 {
 		t.Errorf("v1 figures = %+v; want saved 10, received 8, lost [7 8], 0 duplicates, 0 unsent", *f)
 	}
-	if err := chaosExpected(VariantV1, f); err != nil {
+	if err := Expected(env.VariantV1, f); err != nil {
 		t.Error(err)
 	}
 	// The last two come from the app's typed events (chat.EventV1AddFailed,
@@ -44,11 +48,11 @@ func TestChaosV1(t *testing.T) {
 
 func TestChaosV2(t *testing.T) {
 	t.Parallel()
-	f, log := runChaos(t, VariantV2)
+	f, log := runChaos(t, env.VariantV2)
 	if f.Saved != 10 || f.Received != 10 || len(f.Lost) != 0 || f.DuplicatesSkipped != 1 || f.Unsent != 0 || f.DuplicatesShown != 0 {
 		t.Errorf("v2 figures = %+v; want saved 10, received 10, lost none, 1 duplicate, 0 unsent, nothing shown twice", *f)
 	}
-	if err := chaosExpected(VariantV2, f); err != nil {
+	if err := Expected(env.VariantV2, f); err != nil {
 		t.Error(err)
 	}
 	if len(f.OrderViolations) > 0 {
@@ -60,3 +64,7 @@ func TestChaosV2(t *testing.T) {
 		}
 	}
 }
+
+// TestMain builds the outboxchat binary once: the experiment starts it as
+// the services' processes.
+func TestMain(m *testing.M) { labtest.Main(m, "lab-chaos-test-") }

@@ -396,16 +396,7 @@ func Start(ctx context.Context, opts Options) (_ *Env, err error) {
 	}
 
 	fmt.Fprintf(progress, "lab: starting %d service processes (%s)\n", len(e.Procs()), opts.Variant)
-	errs := make([]error, len(e.Procs()))
-	for i, p := range e.Procs() {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			errs[i] = p.StartReady(ctx)
-		}()
-	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
+	if err := StartAll(ctx, e.Procs()...); err != nil {
 		return nil, err
 	}
 	e.ConsumersURL, e.WorkersURL = e.Consumers.URL(), e.Workers.URL()

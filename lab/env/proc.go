@@ -403,6 +403,30 @@ func (p *Proc) StartReady(ctx context.Context) error {
 	}
 }
 
+// StartAll starts every p at once (StartReady) and waits for them all; it
+// returns their errors joined.
+func StartAll(ctx context.Context, ps ...*Proc) error {
+	return each(ps, func(p *Proc) error { return p.StartReady(ctx) })
+}
+
+// StopAll stops every p at once (Stop) and waits for them all; it returns
+// their errors joined.
+func StopAll(ctx context.Context, ps ...*Proc) error {
+	return each(ps, func(p *Proc) error { return p.Stop(ctx) })
+}
+
+// each runs f on every p in a goroutine of its own and joins the errors.
+func each(ps []*Proc, f func(*Proc) error) error {
+	errs := make([]error, len(ps))
+	var wg sync.WaitGroup
+	for i, p := range ps {
+		wg.Add(1)
+		go func() { defer wg.Done(); errs[i] = f(p) }()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
 // Running reports whether the child is alive (not yet reaped).
 func (p *Proc) Running() bool {
 	r := p.run()

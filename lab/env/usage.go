@@ -103,4 +103,3 @@ func treeCPU(pid int) float64 {
 	}
 	return total
 }
-

@@ -1,10 +1,15 @@
 package probe
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"sync"
 	"time"
+
+	"github.com/outboxchat/outboxchat/chat"
+	"github.com/outboxchat/outboxchat/inbox"
+	"github.com/outboxchat/outboxchat/lab/env"
 )
 
 // EventLog prints one line per event in the write-up's form
@@ -92,4 +97,46 @@ func (a *Events) Close() {
 	}
 	a.mu.Unlock()
 	<-a.done
+}
+
+// LogFrames returns a WatcherConfig.OnFrame that logs each frame of a
+// consumers' message as the workers' event: "msg N shown", "msg N shown
+// AGAIN (shown twice)" and, with order, "msg N shown OUT OF ORDER".
+func LogFrames(log *EventLog, order bool) func(Shown) {
+	return func(f Shown) {
+		if f.Message.From != chat.Consumers {
+			return
+		}
+		switch {
+		case f.Duplicate:
+			log.At(f.At, "workers", "%s shown AGAIN (shown twice)", f.Message.Body)
+		case order && f.OutOfOrder:
+			log.At(f.At, "workers", "%s shown OUT OF ORDER", f.Message.Body)
+		default:
+			log.At(f.At, "workers", "%s shown", f.Message.Body)
+		}
+	}
+}
+
+// LogDuplicate logs l when it is the workers' inbox.EventDuplicate line
+// ("msg N again, already in inbox, skipped"; the label is read from e's
+// database on events' goroutine, off the log reader's) and reports whether
+// it was.
+func LogDuplicate(ctx context.Context, e *env.Env, log *EventLog, events *Events, l env.LogLine) bool {
+	if l.Event() != string(inbox.EventDuplicate) {
+		return false
+	}
+	id := l.Str("message_id")
+	events.Do(func() { log.At(l.Time, "workers", "%s again, already in inbox, skipped", Label(ctx, e, id)) })
+	return true
+}
+
+// ConnectTimeout bounds Connect.
+const ConnectTimeout = 10 * time.Second
+
+// Connect waits up to ConnectTimeout for w's first connection.
+func Connect(ctx context.Context, w *Watcher) error {
+	ctx, cancel := context.WithTimeout(ctx, ConnectTimeout)
+	defer cancel()
+	return w.WaitConnected(ctx)
 }

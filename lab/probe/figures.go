@@ -3,6 +3,7 @@ package probe
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"strconv"
@@ -223,3 +224,18 @@ func pendingJobs(ctx context.Context, e *env.Env) int64 {
 	}
 	return p.Count
 }
+
+// WaitSettled waits until Settled holds, asking every interval, or until
+// deadline. It returns ctx's error when ctx ends first, else nil: not
+// settled by the deadline is for the figures to show.
+func WaitSettled(ctx context.Context, e *env.Env, w *Watcher, deadline time.Time, interval time.Duration) error {
+	sctx, cancel := context.WithDeadline(ctx, deadline)
+	_ = env.WaitFor(sctx, interval, func() bool { return Settled(sctx, e, w) })
+	cancel()
+	return ctx.Err()
+}
+
+// ErrInvariant is wrapped by the errors of experiments that ran but found
+// an invariant broken (something lost, shown twice, out of order, left
+// unsent).
+var ErrInvariant = errors.New("lab: invariant broken")

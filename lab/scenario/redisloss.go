@@ -1,4 +1,4 @@
-package lab
+package scenario
 
 import (
 	"context"
@@ -9,53 +9,61 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/outboxchat/outboxchat/chat"
-	"github.com/outboxchat/outboxchat/redisq"
+	"github.com/outboxchat/outboxchat/lab/env"
+	"github.com/outboxchat/outboxchat/lab/fault"
 )
 
-// Scenarios where Redis loses data the relay already handed it (issue 9):
+// Scenarios where Redis loses data the relay already handed it:
 // the relay has marked the rows sent, so only the sender's re-drive — a
 // message without a receipt after --redrive-after is published again —
 // brings them back. Run with --redrive-after 0 they show the loss.
 
-// waitAllSent waits until every consumers' outbox row is marked sent (the
-// relay handed everything to Redis).
-func (s *scenarioRun) waitAllSent(ctx context.Context) error {
-	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+// stopWorkers stops workers (SIGTERM), logs it, and returns what starts
+// it again (and logs that).
+func (s *run) stopWorkers(ctx context.Context) (start func(context.Context) error, err error) {
+	heal, err := s.inject(ctx, fault.Fault{Kind: fault.Term, Target: env.ProcWorkers}, "deploy", "workers stopped")
+	return func(ctx context.Context) error { return s.heal(ctx, heal, "deploy", "workers started") }, err
+}
+
+// allSent waits up to d until every consumers' outbox row is marked sent
+// (the relay handed everything to Redis); ctx's error when it did not.
+func (s *run) allSent(ctx context.Context, d time.Duration) error {
+	wctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
-	err := waitFor(wctx, 50*time.Millisecond, func() bool {
+	return env.WaitFor(wctx, 50*time.Millisecond, func() bool {
 		var n int
-		return s.env.admin.QueryRow(wctx, `SELECT count(*) FROM consumers.outbox WHERE sent_at IS NULL`).Scan(&n) == nil && n == 0
+		return s.e.Admin().QueryRow(wctx, `SELECT count(*) FROM consumers.outbox WHERE sent_at IS NULL`).Scan(&n) == nil && n == 0
 	})
-	if err != nil {
+}
+
+// waitAllSent is allSent within 10 s, logged.
+func (s *run) waitAllSent(ctx context.Context) error {
+	if err := s.allSent(ctx, 10*time.Second); err != nil {
 		return errors.New("lab: the relay did not publish every message")
 	}
-	s.log.add("consumers-relay", "every message published and marked sent")
+	s.log.Add("consumers-relay", "every message published and marked sent")
 	return nil
 }
 
 // redisFlush: workers stopped; 20 messages sent and marked sent; FLUSHALL
 // (stream, group and dedupe keys gone); workers started. The re-drive
 // publishes the 20 again; workers shows each once, in seq order.
-func redisFlush(ctx context.Context, s *scenarioRun) error {
-	if err := s.env.Workers.Stop(ctx); err != nil {
+func redisFlush(ctx context.Context, s *run) error {
+	startWorkers, err := s.stopWorkers(ctx)
+	if err != nil {
 		return err
 	}
-	s.log.add("deploy", "workers stopped")
 	if err := s.sendEvery(ctx, 20, 20*time.Millisecond); err != nil {
 		return err
 	}
 	if err := s.waitAllSent(ctx); err != nil {
 		return err
 	}
-	if err := s.env.rdb.FlushAll(ctx).Err(); err != nil {
+	if err := s.e.RedisClient().FlushAll(ctx).Err(); err != nil {
 		return fmt.Errorf("lab: flushall: %w", err)
 	}
-	s.log.add("redis", "FLUSHALL: the 20 queued jobs, the group and the dedupe keys are gone")
-	if err := s.env.Workers.StartReady(ctx); err != nil {
-		return err
-	}
-	s.log.add("deploy", "workers started")
-	return nil
+	s.log.Add("redis", "FLUSHALL: the 20 queued jobs, the group and the dedupe keys are gone")
+	return startWorkers(ctx)
 }
 
 // streamEntryDeleted: workers stopped; 2 messages sent and marked sent;
@@ -63,35 +71,31 @@ func redisFlush(ctx context.Context, s *scenarioRun) error {
 // deleted (XDEL) while pending; workers started. Workers reclaims the
 // ghost's entry after the lock duration, finds it deleted (XAUTOCLAIM's
 // third reply element) and counts it; the re-drive publishes msg 1 again.
-func streamEntryDeleted(ctx context.Context, s *scenarioRun) error {
-	if err := s.env.Workers.Stop(ctx); err != nil {
+func streamEntryDeleted(ctx context.Context, s *run) error {
+	startWorkers, err := s.stopWorkers(ctx)
+	if err != nil {
 		return err
 	}
-	s.log.add("deploy", "workers stopped")
 	if err := s.sendEvery(ctx, 2, 100*time.Millisecond); err != nil {
 		return err
 	}
 	if err := s.waitAllSent(ctx); err != nil {
 		return err
 	}
-	keys := redisq.NewKeys(redisPrefix, chat.QueueName(chat.Consumers))
-	res, err := s.env.rdb.XReadGroup(ctx, &redis.XReadGroupArgs{
+	keys := env.QueueKeys(chat.Consumers)
+	res, err := s.e.RedisClient().XReadGroup(ctx, &redis.XReadGroupArgs{
 		Group: chat.Workers, Consumer: "ghost", Streams: []string{keys.Stream, ">"}, Count: 1, Block: -1,
 	}).Result()
 	if err != nil || len(res) == 0 || len(res[0].Messages) != 1 {
 		return fmt.Errorf("lab: read one entry as the ghost consumer: %v", err)
 	}
 	e := res[0].Messages[0]
-	s.log.add("redis", "ghost consumer read %s (message %s)", e.ID, e.Values["id"])
-	if err := s.env.rdb.XDel(ctx, keys.Stream, e.ID).Err(); err != nil {
+	s.log.Add("redis", "ghost consumer read %s (message %s)", e.ID, e.Values["id"])
+	if err := s.e.RedisClient().XDel(ctx, keys.Stream, e.ID).Err(); err != nil {
 		return fmt.Errorf("lab: xdel: %w", err)
 	}
-	s.log.add("redis", "XDEL %s while pending on the ghost", e.ID)
-	if err := s.env.Workers.StartReady(ctx); err != nil {
-		return err
-	}
-	s.log.add("deploy", "workers started")
-	return nil
+	s.log.Add("redis", "XDEL %s while pending on the ghost", e.ID)
+	return startWorkers(ctx)
 }
 
 // redisFailover: a Sentinel-managed primary with one replica. Two messages
@@ -101,55 +105,51 @@ func streamEntryDeleted(ctx context.Context, s *scenarioRun) error {
 // replica resumed, and the sentinels promote it, which never had the 5.
 // Workers comes back on the new primary; the re-drive publishes the 5
 // again, each shown once, in order.
-func redisFailover(ctx context.Context, s *scenarioRun) error {
+func redisFailover(ctx context.Context, s *run) error {
 	if err := s.sendEvery(ctx, 2, 200*time.Millisecond); err != nil {
 		return err
 	}
-	if err := s.env.Workers.Stop(ctx); err != nil {
+	startWorkers, err := s.stopWorkers(ctx)
+	if err != nil {
 		return err
 	}
-	s.log.add("deploy", "workers stopped")
-	replica := s.env.RedisReplica
+	replica := s.e.RedisReplica
 	if err := replica.Pause(); err != nil {
 		return err
 	}
 	defer func() { _ = replica.Resume() }()
 	// Cut the replication link too: what the primary had written to the
 	// socket would otherwise still reach the replica when it resumes.
-	pc := redis.NewClient(&redis.Options{Addr: s.env.Redis.Addr()})
-	err := pc.ClientKillByFilter(ctx, "TYPE", "replica").Err()
+	pc := redis.NewClient(&redis.Options{Addr: s.e.Redis.Addr()})
+	err = pc.ClientKillByFilter(ctx, "TYPE", "replica").Err()
 	pc.Close()
 	if err != nil {
 		return fmt.Errorf("lab: cut the replication link: %w", err)
 	}
-	s.log.add("redis", "replica held back (SIGSTOP), its replication link cut")
+	s.log.Add("redis", "replica held back (SIGSTOP), its replication link cut")
 	if err := s.sendEvery(ctx, 5, 100*time.Millisecond); err != nil {
 		return err
 	}
 	if err := s.waitAllSent(ctx); err != nil {
 		return err
 	}
-	old := s.env.Redis.Addr()
-	if err := s.env.Redis.Kill(); err != nil {
+	old := s.e.Redis.Addr()
+	if err := s.e.Redis.Kill(); err != nil {
 		return fmt.Errorf("lab: kill redis primary: %w", err)
 	}
-	s.log.add("redis", "primary %s killed (SIGKILL) before the replica got the last 5 jobs", old)
+	s.log.Add("redis", "primary %s killed (SIGKILL) before the replica got the last 5 jobs", old)
 	if err := replica.Resume(); err != nil {
 		return err
 	}
-	s.log.add("redis", "replica resumed")
+	s.log.Add("redis", "replica resumed")
 	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	if err := waitFor(wctx, 100*time.Millisecond, func() bool {
-		a, err := s.env.SentinelPrimary(wctx)
+	if err := env.WaitFor(wctx, 100*time.Millisecond, func() bool {
+		a, err := s.e.SentinelPrimary(wctx)
 		return err == nil && a == replica.Addr()
 	}); err != nil {
 		return errors.New("lab: the sentinels did not promote the replica within 30 s")
 	}
-	s.log.add("sentinel", "replica %s promoted to primary", replica.Addr())
-	if err := s.env.Workers.StartReady(ctx); err != nil {
-		return err
-	}
-	s.log.add("deploy", "workers started")
-	return nil
+	s.log.Add("sentinel", "replica %s promoted to primary", replica.Addr())
+	return startWorkers(ctx)
 }

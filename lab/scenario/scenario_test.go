@@ -1,4 +1,4 @@
-package lab
+package scenario
 
 import (
 	"bytes"
@@ -6,17 +6,20 @@ import (
 	"errors"
 	"testing"
 	"time"
+
+	"github.com/outboxchat/outboxchat/lab/labtest"
+	"github.com/outboxchat/outboxchat/lab/probe"
 )
 
 // TestScenarios runs every named scenario; each must keep the invariants
 // (nothing lost, nothing shown twice, order kept, nothing left unsent).
 func TestScenarios(t *testing.T) {
-	for _, name := range ScenarioNames() {
+	for _, name := range Names() {
 		t.Run(name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 			defer cancel()
 			var log bytes.Buffer
-			f, err := RunScenario(ctx, name, &log, nil)
+			f, err := Run(ctx, name, Options{Log: &log})
 			t.Logf("log:\n%s", log.String())
 			if err != nil {
 				t.Fatal(err)
@@ -51,8 +54,8 @@ func TestRedisLossWithoutRedriveLoses(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 			defer cancel()
 			var log bytes.Buffer
-			f, err := RunScenarioWith(ctx, name, ScenarioOptions{ExtraArgs: []string{"--redrive-after", "0"}}, &log, nil)
-			if !errors.Is(err, ErrInvariant) {
+			f, err := Run(ctx, name, Options{ExtraArgs: []string{"--redrive-after", "0"}, Log: &log})
+			if !errors.Is(err, probe.ErrInvariant) {
 				t.Fatalf("err = %v, want the invariant broken (lost); log:\n%s", err, log.String())
 			}
 			if len(f.Lost) == 0 || f.Redriven != 0 {
@@ -62,3 +65,7 @@ func TestRedisLossWithoutRedriveLoses(t *testing.T) {
 		})
 	}
 }
+
+// TestMain builds the outboxchat binary once: the scenarios start it as
+// the services' processes.
+func TestMain(m *testing.M) { labtest.Main(m, "lab-scenario-test-") }
