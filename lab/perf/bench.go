@@ -1,15 +1,10 @@
-package lab
+package perf
 
 import (
 	"context"
-	"encoding/json"
-	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"math"
-	"os"
-	"path/filepath"
 	"slices"
 	"sort"
 	"strconv"
@@ -21,7 +16,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxchat/outboxchat/chat"
-	"github.com/outboxchat/outboxchat/redisq"
+	"github.com/outboxchat/outboxchat/lab/env"
+	"github.com/outboxchat/outboxchat/lab/probe"
 )
 
 // Bench defaults.
@@ -56,7 +52,7 @@ type BenchOptions struct {
 	Chats int
 	// Messages to send. Default DefaultBenchMessages (20000).
 	Messages int
-	// Variant of the environment. Default VariantV2.
+	// Variant of the environment. Default env.VariantV2.
 	Variant string
 	// SendTimeout bounds sending; Drain the wait for the last messages.
 	// Defaults DefaultBenchSendTimeout (5 min) and DefaultBenchDrain (60 s).
@@ -69,7 +65,7 @@ type BenchOptions struct {
 	// connection of its own before the first send, reads consumers.outbox in
 	// it (so it holds a snapshot, and with it the database's xmin horizon)
 	// and keeps it open, idle, until the run has drained: the forgotten
-	// psql session of issue 17. Default false.
+	// psql session. Default false.
 	HoldSnapshot bool
 	// Insecure runs the services without auth and signed stream entries
 	// (EnvOptions.Insecure), to measure what they cost.
@@ -146,18 +142,18 @@ type BenchResult struct {
 	Tables []TableStat `json:"tables"`
 	// OutboxBytesBefore and OutboxBytesAfter are pg_total_relation_size
 	// (heap, indexes, TOAST) of each service's outbox before the first
-	// send and after the drain and Redis trim (issue 12's retention).
+	// send and after the drain and Redis trim.
 	OutboxBytesBefore map[string]int64 `json:"outbox_bytes_before"`
 	OutboxBytesAfter  map[string]int64 `json:"outbox_bytes_after"`
 }
 
 // outboxBytes reads pg_total_relation_size of both outbox tables (nil if
 // it cannot).
-func outboxBytes(ctx context.Context, env *Env) map[string]int64 {
+func outboxBytes(ctx context.Context, e *env.Env) map[string]int64 {
 	out := map[string]int64{}
 	for _, t := range []string{"consumers.outbox", "workers.outbox"} {
 		var n int64
-		if err := env.Admin().QueryRow(ctx, "SELECT pg_total_relation_size($1::regclass)", t).Scan(&n); err != nil {
+		if err := e.Admin().QueryRow(ctx, "SELECT pg_total_relation_size($1::regclass)", t).Scan(&n); err != nil {
 			return nil
 		}
 		out[t] = n
@@ -205,26 +201,26 @@ func Bench(ctx context.Context, opts BenchOptions) (*BenchResult, error) {
 	// The bench is one client IP and one user pushing thousands of
 	// messages a second over a socket per chat: the per-IP and per-user
 	// limits and the socket cap, meant for people, are off.
-	env, err := StartEnv(ctx, EnvOptions{Variant: opts.Variant, Progress: progress, ExtraArgs: unlimitedArgs, Insecure: opts.Insecure, PgBouncer: opts.PgBouncer})
+	e, err := env.Start(ctx, env.Options{Variant: opts.Variant, Progress: progress, ExtraArgs: env.UnlimitedArgs, Insecure: opts.Insecure, PgBouncer: opts.PgBouncer})
 	if err != nil {
 		return nil, err
 	}
-	defer env.Close()
+	defer e.Close()
 	res := &BenchResult{Senders: opts.Senders, Chats: opts.Chats, Messages: opts.Messages,
 		RSSMB: map[string]float64{}, CPUS: map[string]float64{}}
 
 	// Watchers: one per chat; arrivals by message id.
 	var amu sync.Mutex
-	arrived := make(map[string]Shown, opts.Messages)
+	arrived := make(map[string]probe.Shown, opts.Messages)
 	var shownN atomic.Int64
-	watchers := make([]*Watcher, 0, opts.Chats)
+	watchers := make([]*probe.Watcher, 0, opts.Chats)
 	defer func() {
 		for _, w := range watchers {
 			w.Stop(context.Background())
 		}
 	}()
 	for c := 1; c <= opts.Chats; c++ {
-		w, err := NewWatcher(env.WorkersURL, int64(c), &WatcherConfig{Token: env.Token, OnFrame: func(s Shown) {
+		w, err := probe.NewWatcher(e.WorkersURL, int64(c), &probe.WatcherConfig{Token: e.Token, OnFrame: func(s probe.Shown) {
 			if s.Message.From != chat.Consumers || s.Duplicate {
 				return
 			}
@@ -251,24 +247,24 @@ func Bench(ctx context.Context, opts BenchOptions) (*BenchResult, error) {
 	}
 	cancel()
 	if err != nil {
-		return nil, fmt.Errorf("lab: bench: watchers could not connect to %s: %w", env.WorkersURL, err)
+		return nil, fmt.Errorf("lab: bench: watchers could not connect to %s: %w", e.WorkersURL, err)
 	}
 
-	rdb := env.RedisClient()
-	if res.RedisUsedMBBefore, err = redisUsedMB(ctx, env); err != nil {
+	rdb := e.RedisClient()
+	if res.RedisUsedMBBefore, err = e.RedisUsedMB(ctx); err != nil {
 		return nil, err
 	}
-	res.OutboxBytesBefore = outboxBytes(ctx, env)
+	res.OutboxBytesBefore = outboxBytes(ctx, e)
 	res.HoldSnapshot = opts.HoldSnapshot
 	if opts.HoldSnapshot {
-		release, err := holdSnapshot(ctx, env)
+		release, err := holdSnapshot(ctx, e)
 		if err != nil {
 			return nil, err
 		}
 		defer release()
 		fmt.Fprintln(progress, "lab: bench: holding a REPEATABLE READ snapshot (idle in transaction) until the run has drained")
 	}
-	cpu0, err := benchCPU(ctx, env)
+	cpu0, err := e.CPU(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -279,7 +275,7 @@ func Bench(ctx context.Context, opts BenchOptions) (*BenchResult, error) {
 	sampDone := make(chan struct{})
 	go func() {
 		defer close(sampDone)
-		res.PGWaitSamples = samplePGWaits(sampCtx, env, waits)
+		res.PGWaitSamples = samplePGWaits(sampCtx, e, waits)
 	}()
 	stopSampler := func() { stopSamp(); <-sampDone }
 	defer stopSampler()
@@ -298,14 +294,14 @@ func Bench(ctx context.Context, opts BenchOptions) (*BenchResult, error) {
 	start := time.Now()
 	var wg sync.WaitGroup
 	for range opts.Senders {
-		snd, err := newConnSender(env.ConsumersURL, env.Token, 10*time.Second)
+		snd, err := probe.NewConnSender(e.ConsumersURL, e.Token, 10*time.Second)
 		if err != nil {
 			return nil, err
 		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			defer snd.close()
+			defer snd.Close()
 			for sendCtx.Err() == nil {
 				i := next.Add(1) - 1
 				if i >= int64(opts.Messages) {
@@ -313,7 +309,7 @@ func Bench(ctx context.Context, opts BenchOptions) (*BenchResult, error) {
 				}
 				chatID := i%int64(opts.Chats) + 1
 				t0 := time.Now()
-				id, err := snd.send(sendCtx, chatID, "bench "+strconv.FormatInt(i, 10))
+				id, err := snd.Send(sendCtx, chatID, "bench "+strconv.FormatInt(i, 10))
 				r := sendRec{id: id, t0: t0, t1: time.Now(), ok: err == nil}
 				if err != nil {
 					r.errText = err.Error()
@@ -329,11 +325,11 @@ func Bench(ctx context.Context, opts BenchOptions) (*BenchResult, error) {
 
 	tick := time.NewTicker(opts.ProgressEvery)
 	defer tick.Stop()
-	stream := redisq.NewKeys(redisPrefix, chat.QueueName(chat.Consumers)).Stream
+	stream := env.QueueKeys(chat.Consumers).Stream
 	report := func(phase string) {
 		el := time.Since(start).Seconds()
 		sh := shownN.Load()
-		unsent, pending := backlog(ctx, env, stream)
+		unsent, pending := backlog(ctx, e, stream)
 		res.MaxUnsent, res.MaxPending = max(res.MaxUnsent, unsent), max(res.MaxPending, pending)
 		fmt.Fprintf(progress, "lab: bench %s %5.1fs: sent %d/%d (errors %d)  shown %d  %.0f msg/s shown  backlog: outbox %d, queue %d\n",
 			phase, el, done.Load(), opts.Messages, failed.Load(), sh, float64(sh)/max(el, 1e-9), unsent, pending)
@@ -380,16 +376,16 @@ func Bench(ctx context.Context, opts BenchOptions) (*BenchResult, error) {
 	stopSampler()
 	report("done")
 	res.Wall = end.Sub(start)
-	res.Tables = tableStats(ctx, env)
+	res.Tables = tableStats(ctx, e)
 
-	cpu1, err := benchCPU(ctx, env)
+	cpu1, err := e.CPU(ctx)
 	if err != nil {
 		return nil, err
 	}
 	for k, v := range cpu1 {
 		res.CPUS[k] = math.Round((v-cpu0[k])*100) / 100
 	}
-	for _, p := range env.Procs() {
+	for _, p := range e.Procs() {
 		if u, err := p.Usage(); err == nil {
 			res.RSSMB[p.Name()] = math.Round(float64(u.PeakRSSBytes)/(1<<20)*10) / 10
 		}
@@ -421,8 +417,8 @@ func Bench(ctx context.Context, opts BenchOptions) (*BenchResult, error) {
 	res.WindowsMsgsPerS = windowRates(start, shownTimes(arrived, &amu), benchWindow)
 	slices.Sort(lat)
 	slices.Sort(sendLat)
-	res.P50Ms, res.P95Ms, res.P99Ms = roundMs(percentile(lat, .5)), roundMs(percentile(lat, .95)), roundMs(percentile(lat, .99))
-	res.SendP50Ms = roundMs(percentile(sendLat, .5))
+	res.P50Ms, res.P95Ms, res.P99Ms = probe.RoundMs(probe.Percentile(lat, .5)), probe.RoundMs(probe.Percentile(lat, .95)), probe.RoundMs(probe.Percentile(lat, .99))
+	res.SendP50Ms = probe.RoundMs(probe.Percentile(sendLat, .5))
 	res.Stages = st.p50()
 	if !lastShown.IsZero() {
 		d := lastShown.Sub(start)
@@ -439,17 +435,17 @@ func Bench(ctx context.Context, opts BenchOptions) (*BenchResult, error) {
 	// Redis after: wait (bounded) for the acknowledged entries to be
 	// trimmed, then read used_memory.
 	tctx, cancelTrim := context.WithTimeout(ctx, DefaultBenchTrimWait)
-	_ = waitFor(tctx, 100*time.Millisecond, func() bool {
+	_ = env.WaitFor(tctx, 100*time.Millisecond, func() bool {
 		n, err := rdb.XLen(tctx, stream).Result()
 		return err == nil && n == 0
 	})
 	cancelTrim()
 	res.StreamLenAfter, _ = rdb.XLen(ctx, stream).Result()
 	res.RedisKeysAfter, _ = rdb.DBSize(ctx).Result()
-	if res.RedisUsedMBAfter, err = redisUsedMB(ctx, env); err != nil {
+	if res.RedisUsedMBAfter, err = e.RedisUsedMB(ctx); err != nil {
 		return nil, err
 	}
-	res.OutboxBytesAfter = outboxBytes(ctx, env)
+	res.OutboxBytesAfter = outboxBytes(ctx, e)
 
 	for k, n := range waits {
 		res.PGWaits = append(res.PGWaits, WaitCount{k, n})
@@ -466,8 +462,8 @@ func Bench(ctx context.Context, opts BenchOptions) (*BenchResult, error) {
 
 // holdSnapshot opens the held snapshot of BenchOptions.HoldSnapshot on a
 // connection of its own and returns the function that ends it.
-func holdSnapshot(ctx context.Context, env *Env) (release func(), err error) {
-	conn, err := pgx.Connect(ctx, env.DatabaseURL)
+func holdSnapshot(ctx context.Context, e *env.Env) (release func(), err error) {
+	conn, err := pgx.Connect(ctx, e.DatabaseURL)
 	if err != nil {
 		return nil, fmt.Errorf("lab: bench: hold snapshot: connect: %w", err)
 	}
@@ -490,8 +486,8 @@ func holdSnapshot(ctx context.Context, env *Env) (release func(), err error) {
 // tableStats reads pg_stat_user_tables for the services' schemas, largest
 // n_dead_tup first; nil if it cannot be read. The statistics are flushed by
 // backends at most once a second, so the figures may lag the run by that.
-func tableStats(ctx context.Context, env *Env) []TableStat {
-	rows, err := env.Admin().Query(ctx, `SELECT schemaname || '.' || relname, n_dead_tup, n_live_tup,
+func tableStats(ctx context.Context, e *env.Env) []TableStat {
+	rows, err := e.Admin().Query(ctx, `SELECT schemaname || '.' || relname, n_dead_tup, n_live_tup,
 		n_tup_ins, n_tup_upd, n_tup_hot_upd, n_tup_del, autovacuum_count, pg_total_relation_size(relid)
 		FROM pg_stat_user_tables WHERE schemaname IN ('consumers', 'workers')
 		ORDER BY n_dead_tup DESC, 1`)
@@ -510,7 +506,7 @@ func tableStats(ctx context.Context, env *Env) []TableStat {
 }
 
 // shownTimes returns the arrival times in arrived, read under mu.
-func shownTimes(arrived map[string]Shown, mu *sync.Mutex) []time.Time {
+func shownTimes(arrived map[string]probe.Shown, mu *sync.Mutex) []time.Time {
 	mu.Lock()
 	defer mu.Unlock()
 	ts := make([]time.Time, 0, len(arrived))
@@ -564,7 +560,7 @@ func benchDefaults(o BenchOptions) BenchOptions {
 		o.Messages = DefaultBenchMessages
 	}
 	if o.Variant == "" {
-		o.Variant = VariantV2
+		o.Variant = env.VariantV2
 	}
 	if o.SendTimeout <= 0 {
 		o.SendTimeout = DefaultBenchSendTimeout
@@ -581,14 +577,14 @@ func benchDefaults(o BenchOptions) BenchOptions {
 // backlog returns the number of unsent consumers.outbox rows and of
 // consumers→workers queue entries not yet acknowledged (undelivered lag
 // plus pending); -1 for a figure that could not be read.
-func backlog(ctx context.Context, env *Env, stream string) (unsent, queued int64) {
+func backlog(ctx context.Context, e *env.Env, stream string) (unsent, queued int64) {
 	ctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
 	defer cancel()
-	if env.Admin().QueryRow(ctx, `SELECT count(*) FROM consumers.outbox WHERE sent_at IS NULL`).Scan(&unsent) != nil {
+	if e.Admin().QueryRow(ctx, `SELECT count(*) FROM consumers.outbox WHERE sent_at IS NULL`).Scan(&unsent) != nil {
 		unsent = -1
 	}
 	queued = -1
-	if groups, err := env.RedisClient().XInfoGroups(ctx, stream).Result(); err == nil {
+	if groups, err := e.RedisClient().XInfoGroups(ctx, stream).Result(); err == nil {
 		for _, g := range groups {
 			if g.Name == chat.Workers {
 				queued = g.Pending + max(g.Lag, 0)
@@ -601,7 +597,7 @@ func backlog(ctx context.Context, env *Env, stream string) (unsent, queued int64
 // samplePGWaits samples pg_stat_activity every benchWaitSample until ctx
 // ends, counting (role, state, wait event) of non-idle client backends in
 // into, and returns the number of samples.
-func samplePGWaits(ctx context.Context, env *Env, into map[string]int) int {
+func samplePGWaits(ctx context.Context, e *env.Env, into map[string]int) int {
 	const q = `SELECT coalesce(usename, ''), coalesce(state, ''), coalesce(wait_event_type, ''), coalesce(wait_event, '')
 		FROM pg_stat_activity
 		WHERE backend_type = 'client backend' AND pid <> pg_backend_pid() AND state <> 'idle'`
@@ -614,7 +610,7 @@ func samplePGWaits(ctx context.Context, env *Env, into map[string]int) int {
 			return n
 		case <-t.C:
 		}
-		rows, err := env.Admin().Query(ctx, q)
+		rows, err := e.Admin().Query(ctx, q)
 		if err != nil {
 			continue
 		}
@@ -648,7 +644,7 @@ func (r *BenchResult) WriteText(w io.Writer) {
 		r.P50Ms, r.P95Ms, r.P99Ms, r.SendP50Ms)
 	fmt.Fprintf(w, "largest backlog seen: %d unsent outbox rows, %d queue entries not yet acknowledged\n", r.MaxUnsent, r.MaxPending)
 	fmt.Fprintf(w, "p50 per leg: call → send tx %s ms, send tx → inbox tx %s ms, inbox tx → shown %s ms\n",
-		fmtMs(r.Stages.ToSendTx), fmtMs(r.Stages.SendToInboxTx), fmtMs(r.Stages.InboxTxToShown))
+		probe.FmtMs(r.Stages.ToSendTx), probe.FmtMs(r.Stages.SendToInboxTx), probe.FmtMs(r.Stages.InboxTxToShown))
 	fmt.Fprintln(w)
 	names := make([]string, 0, len(r.CPUS))
 	for k := range r.CPUS {
@@ -667,7 +663,7 @@ func (r *BenchResult) WriteText(w io.Writer) {
 		}
 		rows = append(rows, []string{k, fmt.Sprintf("%.2f", r.CPUS[k]), share, rss})
 	}
-	writeColumns(w, rows)
+	probe.WriteColumns(w, rows)
 	if len(r.WindowsMsgsPerS) > 0 {
 		parts := make([]string, len(r.WindowsMsgsPerS))
 		for i, v := range r.WindowsMsgsPerS {
@@ -686,7 +682,7 @@ func (r *BenchResult) WriteText(w io.Writer) {
 				strconv.FormatInt(t.Del, 10), strconv.FormatInt(t.Autovac, 10), fmt.Sprintf("%.1f", float64(t.SizeBytes)/(1<<20))})
 		}
 		fmt.Fprintln(w)
-		writeColumns(w, trows)
+		probe.WriteColumns(w, trows)
 	}
 	fmt.Fprintf(w, "\nredis used_memory: %.2f MB before, %.2f MB after (stream entries left %d, keys %d)\n",
 		r.RedisUsedMBBefore, r.RedisUsedMBAfter, r.StreamLenAfter, r.RedisKeysAfter)
@@ -701,49 +697,4 @@ func (r *BenchResult) WriteText(w io.Writer) {
 			fmt.Fprintf(w, "  %6.2f  %s\n", float64(wc.Count)/float64(max(r.PGWaitSamples, 1)), wc.Key)
 		}
 	}
-}
-
-// runBenchCmd runs `lab bench`.
-func runBenchCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("lab bench", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	senders := fs.Int("senders", DefaultBenchSenders, "concurrent senders (closed loop, keep-alive HTTP)")
-	chats := fs.Int("chats", DefaultBenchChats, "chats the messages are spread over (one WebSocket watcher each)")
-	messages := fs.Int("messages", DefaultBenchMessages, "messages to send")
-	variant := fs.String("variant", VariantV2, "v2, v2-intx, v2-poll or v1")
-	timeout := fs.Duration("timeout", DefaultBenchSendTimeout, "bound on the sending phase")
-	asJSON := fs.Bool("json", false, "print one JSON object (DESIGN.md fields plus cpu_s); the details go to stderr")
-	hold := fs.Bool("hold-snapshot", false, "hold a REPEATABLE READ snapshot open (idle in transaction) through the run, as a forgotten session would")
-	insecure := fs.Bool("insecure", false, "services without auth and without signed stream entries (to measure what they cost)")
-	pgbouncer := fs.Bool("pgbouncer", false, "services reach Postgres through a private PgBouncer in transaction mode (LISTEN direct), as on a managed deployment")
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("lab bench: unexpected arguments %q", fs.Args())
-	}
-	if *senders <= 0 || *chats <= 0 || *messages <= 0 || *timeout <= 0 {
-		return errors.New("lab bench: --senders, --chats, --messages and --timeout must be positive")
-	}
-	if _, err := variantArgs(*variant); err != nil {
-		return err
-	}
-	res, err := Bench(ctx, BenchOptions{Senders: *senders, Chats: *chats, Messages: *messages,
-		Variant: *variant, SendTimeout: *timeout, Progress: stderr, HoldSnapshot: *hold, Insecure: *insecure, PgBouncer: *pgbouncer})
-	if err != nil {
-		return err
-	}
-	if *asJSON {
-		res.WriteText(stderr)
-		if err := json.NewEncoder(stdout).Encode(res); err != nil {
-			return fmt.Errorf("lab bench: write json: %w", err)
-		}
-		return nil
-	}
-	res.WriteText(stdout)
-	return nil
-}
-
-func init() {
-	extraCommands["bench"] = runBenchCmd
 }

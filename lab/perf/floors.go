@@ -1,4 +1,4 @@
-package lab
+package perf
 
 import (
 	"context"
@@ -11,6 +11,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxchat/outboxchat/chat"
+	"github.com/outboxchat/outboxchat/lab/env"
+	"github.com/outboxchat/outboxchat/lab/probe"
 )
 
 // floorWarmup is the number of unmeasured round trips before each floor.
@@ -32,10 +34,10 @@ type Floors struct {
 	Samples int
 	// Paced holds the same floors measured at the latency test's pace: each
 	// round trip after Pace of idleness, as every message of the test is.
-	// On a shared virtual machine an idle process is slow to wake (on the
-	// machine this was built on, a TCP echo to another process took 10 µs
-	// back to back and about 0.8 ms after 100 ms idle), so these, not the
-	// back-to-back ones, are what bounds the test. Nil when not measured.
+	// On a shared virtual machine an idle process is slow to wake (a TCP
+	// echo to another process can take microseconds back to back and most
+	// of a millisecond after 100 ms idle), so these, not the back-to-back
+	// ones, are what bounds the test. Nil when not measured.
 	Paced *PacedFloors
 	// Fsync and SynchronousCommit are the Postgres settings the commit was
 	// measured with ("on"/"off").
@@ -68,41 +70,41 @@ func (f *Floors) Write(w io.Writer, v2P50 time.Duration) {
 		f.Fsync, f.SynchronousCommit)
 	rows := [][]string{
 		{"", fmt.Sprintf("back to back (%d)", f.Samples)},
-		{"  INSERT+COMMIT round trip", fmtMs(f.Commit) + " ms"},
-		{"  Redis PING", fmtMs(f.RedisPing) + " ms"},
-		{"  NOTIFY wake-up", fmtMs(f.NotifyWake) + " ms"},
-		{"  sum", fmtMs(f.Sum()) + " ms"},
+		{"  INSERT+COMMIT round trip", probe.FmtMs(f.Commit) + " ms"},
+		{"  Redis PING", probe.FmtMs(f.RedisPing) + " ms"},
+		{"  NOTIFY wake-up", probe.FmtMs(f.NotifyWake) + " ms"},
+		{"  sum", probe.FmtMs(f.Sum()) + " ms"},
 	}
 	if p := f.Paced; p != nil {
 		rows[0] = append(rows[0], fmt.Sprintf("one per %v idle (%d)", p.Pace, p.Samples))
 		for i, d := range []time.Duration{p.Commit, p.RedisPing, p.NotifyWake, p.Sum()} {
-			rows[i+1] = append(rows[i+1], fmtMs(d)+" ms")
+			rows[i+1] = append(rows[i+1], probe.FmtMs(d)+" ms")
 		}
 	}
-	writeColumns(w, rows)
+	probe.WriteColumns(w, rows)
 	if v2P50 > 0 && f.Sum() > 0 {
-		fmt.Fprintf(w, "v2 p50 / floors sum: %s ms / %s ms = %.1fx", fmtMs(v2P50), fmtMs(f.Sum()), float64(v2P50)/float64(f.Sum()))
+		fmt.Fprintf(w, "v2 p50 / floors sum: %s ms / %s ms = %.1fx", probe.FmtMs(v2P50), probe.FmtMs(f.Sum()), float64(v2P50)/float64(f.Sum()))
 		if p := f.Paced; p != nil && p.Sum() > 0 {
-			fmt.Fprintf(w, " back to back; / %s ms = %.1fx at the test's pace", fmtMs(p.Sum()), float64(v2P50)/float64(p.Sum()))
+			fmt.Fprintf(w, " back to back; / %s ms = %.1fx at the test's pace", probe.FmtMs(p.Sum()), float64(v2P50)/float64(p.Sum()))
 		}
 		fmt.Fprintln(w)
 	}
 }
 
-// MeasureFloors measures the floors on env's Postgres (as the consumers
+// MeasureFloors measures the floors on e's Postgres (as the consumers
 // role; a scratch table consumers.lab_floor is created and dropped) and
 // Redis, n round trips each after a short warm-up; then, when pace > 0,
 // paced round trips each after pace of idleness (PacedFloorSamples of
 // each, interleaved, about 3 × PacedFloorSamples × pace in all). It should
 // run while the services are idle.
-func MeasureFloors(ctx context.Context, env *Env, n int, pace time.Duration) (*Floors, error) {
+func MeasureFloors(ctx context.Context, e *env.Env, n int, pace time.Duration) (*Floors, error) {
 	if n <= 0 {
 		n = DefaultFloorSamples
 	}
 	f := &Floors{Samples: n}
 	ctx, cancel := context.WithTimeout(ctx, 60*time.Second+3*PacedFloorSamples*pace)
 	defer cancel()
-	conn, err := pgx.Connect(ctx, env.ServiceDatabaseURL(chat.Consumers))
+	conn, err := pgx.Connect(ctx, e.ServiceDatabaseURL(chat.Consumers))
 	if err != nil {
 		return nil, fmt.Errorf("lab: floors: connect: %w", err)
 	}
@@ -125,13 +127,13 @@ func MeasureFloors(ctx context.Context, env *Env, n int, pace time.Duration) (*F
 		return nil, fmt.Errorf("lab: floors: insert: %w", err)
 	}
 
-	rdb := env.RedisClient()
+	rdb := e.RedisClient()
 	ping := timed(func() error { return rdb.Ping(ctx).Err() })
 	if f.RedisPing, err = p50Of(n, ping); err != nil {
 		return nil, fmt.Errorf("lab: floors: redis ping: %w", err)
 	}
 
-	notify, stop, err := notifyFloor(ctx, env, conn)
+	notify, stop, err := notifyFloor(ctx, e, conn)
 	if err != nil {
 		return nil, err
 	}
@@ -160,7 +162,7 @@ func MeasureFloors(ctx context.Context, env *Env, n int, pace time.Duration) (*F
 	}
 	for i, d := range []*time.Duration{&p.Commit, &p.RedisPing, &p.NotifyWake} {
 		slices.Sort(ds[i])
-		*d = percentile(ds[i], 0.5)
+		*d = probe.Percentile(ds[i], 0.5)
 	}
 	f.Paced = p
 	return f, nil
@@ -169,8 +171,8 @@ func MeasureFloors(ctx context.Context, env *Env, n int, pace time.Duration) (*F
 // notifyFloor returns a measurement of NOTIFY on conn → receipt on a
 // second, listening connection (read by its own goroutine, which
 // timestamps each receipt), and the function that closes it.
-func notifyFloor(ctx context.Context, env *Env, conn *pgx.Conn) (measure func() (time.Duration, error), stop func(), err error) {
-	lconn, err := pgx.Connect(ctx, env.ServiceDatabaseURL(chat.Consumers))
+func notifyFloor(ctx context.Context, e *env.Env, conn *pgx.Conn) (measure func() (time.Duration, error), stop func(), err error) {
+	lconn, err := pgx.Connect(ctx, e.ServiceDatabaseURL(chat.Consumers))
 	if err != nil {
 		return nil, nil, fmt.Errorf("lab: floors: connect listener: %w", err)
 	}
@@ -244,5 +246,5 @@ func p50Of(n int, measure func() (time.Duration, error)) (time.Duration, error) 
 		ds = append(ds, d)
 	}
 	slices.Sort(ds)
-	return percentile(ds, 0.5), nil
+	return probe.Percentile(ds, 0.5), nil
 }

@@ -1,19 +1,18 @@
-package lab
+package perf
 
 import (
 	"context"
 	"encoding/json"
-	"errors"
-	"flag"
 	"fmt"
 	"io"
-	"math"
 	"slices"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/outboxchat/outboxchat/chat"
+	"github.com/outboxchat/outboxchat/lab/env"
+	"github.com/outboxchat/outboxchat/lab/probe"
 )
 
 // Latency defaults (the write-up's experiment).
@@ -37,18 +36,18 @@ const (
 // DefaultLatencyVariants are the variants `lab latency` measures by
 // default, in table order: the write-up's three plus the write-up's own v2
 // mode (NOTIFY inside the send transaction).
-var DefaultLatencyVariants = []string{VariantV1, VariantV2, VariantV2InTx, VariantV2Poll}
+var DefaultLatencyVariants = []string{env.VariantV1, env.VariantV2, env.VariantV2InTx, env.VariantV2Poll}
 
 // variantLabel is a variant's name in the table and the plot.
 func variantLabel(v string) string {
 	switch v {
-	case VariantV1:
+	case env.VariantV1:
 		return "v1: plain queue add"
-	case VariantV2:
+	case env.VariantV2:
 		return "v2: outbox, wake-up after commit"
-	case VariantV2InTx:
+	case env.VariantV2InTx:
 		return "v2-intx: outbox, NOTIFY in send tx"
-	case VariantV2Poll:
+	case env.VariantV2Poll:
 		return "v2-poll: polling only, 1 s"
 	}
 	return v
@@ -106,7 +105,7 @@ type Stages struct {
 // stageSamples collects the legs of each message to compute Stages.
 type stageSamples struct{ a, b, c []time.Duration }
 
-func (s *stageSamples) add(t0 time.Time, sh Shown) {
+func (s *stageSamples) add(t0 time.Time, sh probe.Shown) {
 	if sh.Message.ReceivedAt == nil || sh.Message.SentAt.IsZero() {
 		return
 	}
@@ -116,7 +115,7 @@ func (s *stageSamples) add(t0 time.Time, sh Shown) {
 }
 
 func (s *stageSamples) p50() Stages {
-	med := func(ds []time.Duration) time.Duration { slices.Sort(ds); return percentile(ds, 0.5) }
+	med := func(ds []time.Duration) time.Duration { slices.Sort(ds); return probe.Percentile(ds, 0.5) }
 	return Stages{med(s.a), med(s.b), med(s.c)}
 }
 
@@ -160,7 +159,7 @@ func (v *VariantLatency) Summary() LatencySummary {
 		for i, r := range v.Runs {
 			ds[i] = f(r)
 		}
-		return roundMs(medianDuration(ds))
+		return probe.RoundMs(probe.Median(ds))
 	}
 	s.P50Ms = pick(func(r LatencyRun) time.Duration { return r.P50 })
 	s.P95Ms = pick(func(r LatencyRun) time.Duration { return r.P95 })
@@ -204,7 +203,7 @@ func Latency(ctx context.Context, opts LatencyOptions) (*LatencyReport, error) {
 		opts.Variants = DefaultLatencyVariants
 	}
 	for _, v := range opts.Variants {
-		if _, err := variantArgs(v); err != nil {
+		if err := env.CheckVariant(v); err != nil {
 			return nil, err
 		}
 	}
@@ -227,8 +226,8 @@ func Latency(ctx context.Context, opts LatencyOptions) (*LatencyReport, error) {
 	if progress == nil {
 		progress = io.Discard
 	}
-	floorsOn := VariantV2
-	if !slices.Contains(opts.Variants, VariantV2) {
+	floorsOn := env.VariantV2
+	if !slices.Contains(opts.Variants, env.VariantV2) {
 		floorsOn = opts.Variants[0]
 	}
 	rep := &LatencyReport{Messages: opts.Messages, Interval: opts.Interval, Runs: opts.Runs}
@@ -252,37 +251,37 @@ func latencyVariant(ctx context.Context, variant string, opts LatencyOptions, fl
 	// variant's way: in v2 the API wakes the relay in its process directly
 	// after commit (and NOTIFYs relays elsewhere); in v2-intx only the NOTIFY
 	// sent at commit wakes it (through its LISTEN); v2-poll has no wake-up.
-	env, err := StartEnv(ctx, EnvOptions{Variant: variant, Progress: progress})
+	e, err := env.Start(ctx, env.Options{Variant: variant, Progress: progress})
 	if err != nil {
 		return nil, nil, err
 	}
-	defer env.Close()
+	defer e.Close()
 	vl := &VariantLatency{Variant: variant}
 	for run := 1; run <= opts.Runs; run++ {
 		fmt.Fprintf(progress, "lab: latency %s run %d/%d: %d messages, one every %v\n", variant, run, opts.Runs, opts.Messages, opts.Interval)
-		r, err := latencyRun(ctx, env, int64(run), opts)
+		r, err := latencyRun(ctx, e, int64(run), opts)
 		if err != nil {
 			return nil, nil, fmt.Errorf("lab: latency %s run %d: %w", variant, run, err)
 		}
-		fmt.Fprintf(progress, "lab: latency %s run %d/%d: p50 %s ms, p95 %s ms, lost %d\n", variant, run, opts.Runs, fmtMs(r.P50), fmtMs(r.P95), r.Lost)
+		fmt.Fprintf(progress, "lab: latency %s run %d/%d: p50 %s ms, p95 %s ms, lost %d\n", variant, run, opts.Runs, probe.FmtMs(r.P50), probe.FmtMs(r.P95), r.Lost)
 		vl.Runs = append(vl.Runs, *r)
 	}
 	var f *Floors
 	if floors {
 		fmt.Fprintf(progress, "lab: measuring floors (%d round trips each back to back, %d one per %v)\n",
 			opts.FloorSamples, PacedFloorSamples, opts.Interval)
-		if f, err = MeasureFloors(ctx, env, opts.FloorSamples, opts.Interval); err != nil {
+		if f, err = MeasureFloors(ctx, e, opts.FloorSamples, opts.Interval); err != nil {
 			return nil, nil, err
 		}
 	}
 	return vl, f, nil
 }
 
-// latencyRun runs one run on chat chatID of env.
-func latencyRun(ctx context.Context, env *Env, chatID int64, opts LatencyOptions) (*LatencyRun, error) {
+// latencyRun runs one run on chat chatID of e.
+func latencyRun(ctx context.Context, e *env.Env, chatID int64, opts LatencyOptions) (*LatencyRun, error) {
 	var mu sync.Mutex
-	arrived := map[string]Shown{}
-	w, err := NewWatcher(env.WorkersURL, chatID, &WatcherConfig{Token: env.Token, OnFrame: func(s Shown) {
+	arrived := map[string]probe.Shown{}
+	w, err := probe.NewWatcher(e.WorkersURL, chatID, &probe.WatcherConfig{Token: e.Token, OnFrame: func(s probe.Shown) {
 		if s.Message.From != chat.Consumers || s.Duplicate {
 			return
 		}
@@ -297,11 +296,8 @@ func latencyRun(ctx context.Context, env *Env, chatID int64, opts LatencyOptions
 		return nil, err
 	}
 	defer w.Stop(context.Background())
-	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	err = w.WaitConnected(wctx)
-	cancel()
-	if err != nil {
-		return nil, fmt.Errorf("watcher could not connect to %s: %w", env.WorkersURL, err)
+	if err := probe.Connect(ctx, w); err != nil {
+		return nil, fmt.Errorf("watcher could not connect to %s: %w", e.WorkersURL, err)
 	}
 	shown := func(id string) bool {
 		mu.Lock()
@@ -310,19 +306,19 @@ func latencyRun(ctx context.Context, env *Env, chatID int64, opts LatencyOptions
 		return ok
 	}
 
-	snd, err := newConnSender(env.ConsumersURL, env.Token, 5*time.Second)
+	snd, err := probe.NewConnSender(e.ConsumersURL, e.Token, 5*time.Second)
 	if err != nil {
 		return nil, err
 	}
-	defer snd.close()
+	defer snd.Close()
 	// Warm-up: connections, prepared statements and the first wake-up are
 	// paid by a message that is not measured.
-	warmID, err := snd.send(ctx, chatID, "warm-up")
+	warmID, err := snd.Send(ctx, chatID, "warm-up")
 	if err != nil {
 		return nil, fmt.Errorf("warm-up send: %w", err)
 	}
-	wctx, cancel = context.WithTimeout(ctx, opts.Settle)
-	err = waitFor(wctx, 5*time.Millisecond, func() bool { return shown(warmID) })
+	wctx, cancel := context.WithTimeout(ctx, opts.Settle)
+	err = env.WaitFor(wctx, 5*time.Millisecond, func() bool { return shown(warmID) })
 	cancel()
 	if err != nil {
 		return nil, fmt.Errorf("warm-up message not shown within %v", opts.Settle)
@@ -336,12 +332,12 @@ func latencyRun(ctx context.Context, env *Env, chatID int64, opts LatencyOptions
 	r := &LatencyRun{}
 	next := time.Now()
 	for i := 1; i <= opts.Messages; i++ {
-		if err := sleepUntil(ctx, next); err != nil {
+		if err := env.SleepUntil(ctx, next); err != nil {
 			return nil, err
 		}
 		t0 := time.Now()
 		next = t0.Add(opts.Interval)
-		id, err := snd.send(ctx, chatID, fmt.Sprintf("msg %d", i))
+		id, err := snd.Send(ctx, chatID, fmt.Sprintf("msg %d", i))
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil, ctx.Err()
@@ -353,7 +349,7 @@ func latencyRun(ctx context.Context, env *Env, chatID int64, opts LatencyOptions
 	}
 	r.Sent = len(sends)
 	sctx, cancel := context.WithTimeout(ctx, opts.Settle)
-	_ = waitFor(sctx, 10*time.Millisecond, func() bool {
+	_ = env.WaitFor(sctx, 10*time.Millisecond, func() bool {
 		for _, s := range sends {
 			if !shown(s.id) {
 				return false
@@ -380,7 +376,7 @@ func latencyRun(ctx context.Context, env *Env, chatID int64, opts LatencyOptions
 	r.Stages = st.p50()
 	r.DuplicatesShown = w.Duplicates()
 	slices.Sort(r.Samples)
-	r.P50, r.P95, r.P99 = percentile(r.Samples, 0.50), percentile(r.Samples, 0.95), percentile(r.Samples, 0.99)
+	r.P50, r.P95, r.P99 = probe.Percentile(r.Samples, 0.50), probe.Percentile(r.Samples, 0.95), probe.Percentile(r.Samples, 0.99)
 	if n := len(r.Samples); n > 0 {
 		r.Max = r.Samples[n-1]
 	}
@@ -405,15 +401,15 @@ func (r *LatencyReport) WriteTable(w io.Writer) {
 		maxes := col(func(x LatencyRun) time.Duration { return x.Max })
 		worst := "-"
 		if len(maxes) > 0 {
-			worst = fmtMs(slices.Max(maxes)) + " ms"
+			worst = probe.FmtMs(slices.Max(maxes)) + " ms"
 		}
 		rows = append(rows, []string{variantLabel(v.Variant),
-			fmtRange(col(func(x LatencyRun) time.Duration { return x.P50 })),
-			fmtRange(col(func(x LatencyRun) time.Duration { return x.P95 })),
-			fmtRange(col(func(x LatencyRun) time.Duration { return x.P99 })),
+			probe.FmtRange(col(func(x LatencyRun) time.Duration { return x.P50 })),
+			probe.FmtRange(col(func(x LatencyRun) time.Duration { return x.P95 })),
+			probe.FmtRange(col(func(x LatencyRun) time.Duration { return x.P99 })),
 			worst, fmt.Sprint(len(v.Runs))})
 	}
-	writeColumns(w, rows)
+	probe.WriteColumns(w, rows)
 	var lost []string
 	for _, v := range r.Variants {
 		if n := v.Lost(); n > 0 {
@@ -432,9 +428,9 @@ func (r *LatencyReport) WriteTable(w io.Writer) {
 		for _, run := range v.Runs {
 			a, b, c = append(a, run.Stages.ToSendTx), append(b, run.Stages.SendToInboxTx), append(c, run.Stages.InboxTxToShown)
 		}
-		rows = append(rows, []string{"  " + v.Variant, fmtMs(medianDuration(a)) + " ms", fmtMs(medianDuration(b)) + " ms", fmtMs(medianDuration(c)) + " ms"})
+		rows = append(rows, []string{"  " + v.Variant, probe.FmtMs(probe.Median(a)) + " ms", probe.FmtMs(probe.Median(b)) + " ms", probe.FmtMs(probe.Median(c)) + " ms"})
 	}
-	writeColumns(w, rows)
+	probe.WriteColumns(w, rows)
 	if r.Floors != nil {
 		fmt.Fprintln(w)
 		r.Floors.Write(w, r.v2P50())
@@ -444,12 +440,12 @@ func (r *LatencyReport) WriteTable(w io.Writer) {
 // v2P50 returns v2's p50 (median over runs), 0 when v2 was not measured.
 func (r *LatencyReport) v2P50() time.Duration {
 	for _, v := range r.Variants {
-		if v.Variant == VariantV2 {
+		if v.Variant == env.VariantV2 {
 			ds := make([]time.Duration, len(v.Runs))
 			for i, run := range v.Runs {
 				ds[i] = run.P50
 			}
-			return medianDuration(ds)
+			return probe.Median(ds)
 		}
 	}
 	return 0
@@ -464,96 +460,4 @@ func (r *LatencyReport) WriteJSON(w io.Writer) error {
 		}
 	}
 	return nil
-}
-
-// runLatencyCmd runs `lab latency`.
-func runLatencyCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("lab latency", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	variants := fs.String("variants", strings.Join(DefaultLatencyVariants, ","), "comma-separated variants: v1, v2, v2-intx, v2-poll")
-	messages := fs.Int("messages", DefaultLatencyMessages, "messages per run")
-	interval := fs.Duration("interval", DefaultLatencyInterval, "pause between two sends")
-	runs := fs.Int("runs", DefaultLatencyRuns, "runs per variant")
-	asJSON := fs.Bool("json", false, "print one JSON object per variant per line (variant, runs, p50_ms, p95_ms, p99_ms, max_ms, n); floors and plot path go to stderr")
-	plotPath := fs.String("plot", DefaultPlotPath, `PNG of the latency CDF per variant ("none" = no plot)`)
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("lab latency: unexpected arguments %q", fs.Args())
-	}
-	if *messages <= 0 || *runs <= 0 || *interval <= 0 {
-		return errors.New("lab latency: --messages, --runs and --interval must be positive")
-	}
-	var vs []string
-	for _, v := range strings.Split(*variants, ",") {
-		if v = strings.TrimSpace(v); v != "" {
-			vs = append(vs, v)
-		}
-	}
-	if len(vs) == 0 {
-		return errors.New("lab latency: --variants is empty")
-	}
-	rep, err := Latency(ctx, LatencyOptions{Variants: vs, Messages: *messages, Interval: *interval, Runs: *runs, Progress: stderr})
-	if err != nil {
-		return err
-	}
-	return writeLatency(rep, *asJSON, *plotPath, stdout, stderr)
-}
-
-// writeLatency prints rep (table or JSON lines) and draws the plot.
-func writeLatency(rep *LatencyReport, asJSON bool, plotPath string, stdout, stderr io.Writer) error {
-	if asJSON {
-		if err := rep.WriteJSON(stdout); err != nil {
-			return err
-		}
-		if rep.Floors != nil {
-			rep.Floors.Write(stderr, rep.v2P50())
-		}
-	} else {
-		rep.WriteTable(stdout)
-	}
-	if plotPath == "none" {
-		return nil
-	}
-	path, err := WriteLatencyPlot(plotPath, rep)
-	if err != nil {
-		return err
-	}
-	out := stdout
-	if asJSON {
-		out = stderr
-	}
-	fmt.Fprintf(out, "\nplot: %s\n", path)
-	return nil
-}
-
-// demoLatency is `lab demo`'s latency step: every default variant, one run
-// of the default messages and interval. Losing a message is unexpected.
-func demoLatency(ctx context.Context, stdout, stderr io.Writer) error {
-	fmt.Fprintln(stdout, "== latency ==")
-	rep, err := Latency(ctx, LatencyOptions{Runs: 1, Progress: stderr})
-	if err != nil {
-		return err
-	}
-	if err := writeLatency(rep, false, DefaultPlotPath, stdout, stderr); err != nil {
-		return err
-	}
-	var errs []error
-	for _, v := range rep.Variants {
-		if n := v.Lost(); n > 0 {
-			errs = append(errs, fmt.Errorf("latency %s: %d message(s) lost", v.Variant, n))
-		}
-	}
-	if len(errs) > 0 {
-		fmt.Fprintf(stdout, "UNEXPECTED: %v\n", errors.Join(errs...))
-		return errors.Join(errs...)
-	}
-	fmt.Fprintln(stdout, "as expected (nothing lost)")
-	return nil
-}
-
-func init() {
-	extraCommands["latency"] = runLatencyCmd
-	demoExtras = append(demoExtras, demoLatency)
 }

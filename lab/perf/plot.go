@@ -1,4 +1,4 @@
-package lab
+package perf
 
 import (
 	"errors"
@@ -17,14 +17,15 @@ import (
 	"gonum.org/v1/plot/vg"
 	"gonum.org/v1/plot/vg/draw"
 	"gonum.org/v1/plot/vg/vgimg"
+
+	"github.com/outboxchat/outboxchat/lab/probe"
 )
 
 // The plot is drawn on gonum/plot's canvas (vg, vgimg) rather than with its
 // plot package, whose init parses every Liberation font into a global cache:
 // that made every `outboxchat serve` process (the same binary) read 3–4 MB
-// of font data at start (RSS 22.1 → 18.4 MB without it, measured with
-// lab-free builds; the lab stays a subcommand of the one binary). The fonts
-// are parsed here, on the first plot only.
+// of font data at start (the lab stays a subcommand of the one binary).
+// The fonts are parsed here, on the first plot only.
 var plotFonts = sync.OnceValue(func() *font.Cache { return font.NewCache(liberation.Collection()) })
 
 // DefaultPlotPath is where `lab latency` draws its plot, relative to the
@@ -79,11 +80,11 @@ func WriteLatencyPlot(path string, r *LatencyReport) (string, error) {
 			pts = append(pts, [2]float64{x, float64(j) / float64(len(s))}, [2]float64{x, float64(j+1) / float64(len(s))})
 		}
 		lo, hi = min(lo, first), max(hi, pts[len(pts)-1][0])
-		p35 = max(p35, msOf(percentile(s, 0.35)))
+		p35 = max(p35, msOf(probe.Percentile(s, 0.35)))
 		sum := v.Summary()
 		series = append(series, plotSeries{pts: pts,
 			style: draw.LineStyle{Color: plotColors[i%len(plotColors)], Width: vg.Points(2), Dashes: plotDashes[i%len(plotDashes)]},
-			label: fmt.Sprintf("%s   p50 %s ms, n=%d", v.Variant, fmtMs(time.Duration(sum.P50Ms*float64(time.Millisecond))), sum.N)})
+			label: fmt.Sprintf("%s   p50 %s ms, n=%d", v.Variant, probe.FmtMs(time.Duration(sum.P50Ms*float64(time.Millisecond))), sum.N)})
 	}
 	if r.Floors != nil && r.Floors.Sum() > 0 {
 		type floorLine struct {
@@ -99,7 +100,7 @@ func WriteLatencyPlot(path string, r *LatencyReport) (string, error) {
 			x := max(msOf(fl.sum), minPlotMs)
 			series = append(series, plotSeries{pts: [][2]float64{{x, 0}, {x, 1}},
 				style: draw.LineStyle{Color: color.Gray{Y: 110}, Width: vg.Points(1), Dashes: fl.dashes},
-				label: fmt.Sprintf("%s: commit+ping+notify %s ms", fl.label, fmtMs(fl.sum))})
+				label: fmt.Sprintf("%s: commit+ping+notify %s ms", fl.label, probe.FmtMs(fl.sum))})
 			lo, hi = min(lo, x), max(hi, x)
 		}
 	}
