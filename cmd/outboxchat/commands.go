@@ -1,16 +1,65 @@
-package lab
+package main
 
 import (
-	"github.com/outboxchat/outboxchat/internal/pgproc"
-
 	"context"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"strings"
+
+	"github.com/outboxchat/outboxchat/internal/pgproc"
 )
 
-const usage = `usage: outboxchat lab <command> [flags]
+// command is one `outboxchat` command: its name ("serve"; a lab command is
+// "lab NAME") and what runs it with the arguments after the name. run
+// returns flag.ErrHelp for -h and an error for bad flags and failures.
+type command struct {
+	name string
+	run  func(ctx context.Context, args []string, stdout, stderr io.Writer) error
+}
+
+// commands is every command of the binary, each in a file of its own named
+// after it (lab_up.go runs "lab up"). There is no other registration.
+var commands = []command{
+	{"serve", runServe},
+	{"migrate", runMigrate},
+	{"token", runToken},
+	{"status", runStatus},
+	{"deadletters", runDeadletters},
+	{"outbox", runOutbox},
+	{"lab up", runLabUp},
+	{"lab chaos", runLabChaos},
+	{"lab scenario", runLabScenario},
+	{"lab latency", runLabLatency},
+	{"lab bench", runLabBench},
+	{"lab demo", runLabDemo},
+	{"lab torture", runLabTorture},
+}
+
+// lookup returns the command named name, nil if none.
+func lookup(name string) *command {
+	for i := range commands {
+		if commands[i].name == name {
+			return &commands[i]
+		}
+	}
+	return nil
+}
+
+const usage = `usage: outboxchat <command> [flags]
+
+commands:
+  serve    run a service (consumers or workers)
+  migrate  create the service's role and schema, apply migrations
+  token    mint a development JWT (HS256) for a user, services and chats
+  lab      up | chaos | latency | bench | demo: private servers, fault experiments, measurements
+  status       both services on one screen; exits 1 when something needs a person
+  deadletters  list | show | replay | drop the dead letters
+  outbox       parked | retry: the outbox rows parked after failed publishes
+`
+
+const labUsage = `usage: outboxchat lab <command> [flags]
 
 commands:
   up      start private Postgres and Redis and both services; print their URLs; Ctrl-C stops all:
@@ -25,37 +74,46 @@ commands:
           [--schedule K] [--duration 20s] [--drain-bound 60s] [--drop I,J] [--shrink] [--dir DIR] [-v] [--json]
 `
 
-// Run runs `outboxchat lab <args>` (up, chaos, demo, …). The report goes to
-// stdout, progress to stderr. It returns flag.ErrHelp for -h, and an error
-// for unknown commands, failed setups and (demo, scenarios) unexpected
-// results. Cancelling ctx (Ctrl-C) stops the run and removes every private
-// server and process it started.
-func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+// run runs `outboxchat <args>`: the command named by args[0] (and, for
+// lab, args[1]) with the rest. The report goes to stdout, progress and
+// usage to stderr; -h prints the usage to stdout.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return errors.New("no command")
+	}
+	switch args[0] {
+	case "-h", "--help", "help":
+		fmt.Fprint(stdout, usage)
+		return nil
+	case "lab":
+		return runLab(ctx, args[1:], stdout, stderr)
+	}
+	if c := lookup(args[0]); c != nil && !strings.Contains(c.name, " ") {
+		return c.run(ctx, args[1:], stdout, stderr)
+	}
+	fmt.Fprint(stderr, usage)
+	return fmt.Errorf("unknown command %q", args[0])
+}
+
+// runLab runs `outboxchat lab <args>`. Cancelling ctx (Ctrl-C) stops the
+// run and removes every private server and process it started.
+func runLab(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	// Every private Postgres of the run starts from one template cluster
 	// made by the first; remove it when the command ends.
 	defer func() { _ = pgproc.RemoveTemplate() }()
 	if len(args) == 0 {
-		fmt.Fprint(stderr, usage)
+		fmt.Fprint(stderr, labUsage)
 		return errors.New("lab: no command")
 	}
 	switch args[0] {
-	case "up":
-		return runUp(ctx, args[1:], stdout, stderr)
-	case "chaos":
-		return runChaosCmd(ctx, args[1:], stdout, stderr)
-	case "demo":
-		return runDemo(ctx, args[1:], stdout, stderr)
 	case "-h", "--help", "help":
-		fmt.Fprint(stdout, usage)
+		fmt.Fprint(stdout, labUsage)
 		return flag.ErrHelp
 	}
-	if f, ok := extraCommands[args[0]]; ok {
-		return f(ctx, args[1:], stdout, stderr)
+	if c := lookup("lab " + args[0]); c != nil {
+		return c.run(ctx, args[1:], stdout, stderr)
 	}
-	fmt.Fprint(stderr, usage)
+	fmt.Fprint(stderr, labUsage)
 	return fmt.Errorf("lab: unknown command %q", args[0])
 }
-
-// extraCommands are lab subcommands added by other files of this package
-// (e.g. latency, bench) through an init function: name → runner.
-var extraCommands = map[string]func(ctx context.Context, args []string, stdout, stderr io.Writer) error{}

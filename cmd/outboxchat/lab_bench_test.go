@@ -1,9 +1,21 @@
 package main
 
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/outboxchat/outboxchat/lab/env"
+	"github.com/outboxchat/outboxchat/lab/perf"
+)
+
 func TestBenchCmdRejects(t *testing.T) {
 	for _, args := range [][]string{{"--senders", "0"}, {"--chats", "-2"}, {"--variant", "v9"}, {"x"}} {
 		var out, errb bytes.Buffer
-		if err := runBenchCmd(context.Background(), args, &out, &errb); err == nil {
+		if err := runLabBench(context.Background(), args, &out, &errb); err == nil {
 			t.Errorf("lab bench %q: want an error", args)
 		}
 	}
@@ -16,7 +28,7 @@ func TestBenchCmd(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	var out, errb bytes.Buffer
-	err := runBenchCmd(ctx, []string{"--senders", "4", "--chats", "10", "--messages", "500", "--json"}, &out, &errb)
+	err := runLabBench(ctx, []string{"--senders", "4", "--chats", "10", "--messages", "500", "--json"}, &out, &errb)
 	if err != nil {
 		t.Fatalf("lab bench: %v\nstderr:\n%s", err, errb.String())
 	}
@@ -31,7 +43,7 @@ func TestBenchCmd(t *testing.T) {
 			t.Errorf("json lacks %q", k)
 		}
 	}
-	var r BenchResult
+	var r perf.BenchResult
 	if err := json.Unmarshal(out.Bytes(), &r); err != nil {
 		t.Fatal(err)
 	}

@@ -1,11 +1,26 @@
 package main
 
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/outboxchat/outboxchat/lab/env"
+	"github.com/outboxchat/outboxchat/lab/perf"
+)
+
 func TestLatencyCmdRejects(t *testing.T) {
 	for _, args := range [][]string{
 		{"--runs", "0"}, {"--messages", "-1"}, {"--variants", "v3"}, {"--variants", ","}, {"extra"},
 	} {
 		var out, errb bytes.Buffer
-		if err := runLatencyCmd(context.Background(), args, &out, &errb); err == nil {
+		if err := runLabLatency(context.Background(), args, &out, &errb); err == nil {
 			t.Errorf("lab latency %q: want an error", args)
 		}
 	}
@@ -19,16 +34,16 @@ func TestLatencyCmd(t *testing.T) {
 	defer cancel()
 	plotPath := filepath.Join(t.TempDir(), "cdf.png")
 	var out, errb bytes.Buffer
-	err := runLatencyCmd(ctx, []string{"--variants", "v2", "--messages", "20", "--interval", "50ms", "--runs", "1",
+	err := runLabLatency(ctx, []string{"--variants", "v2", "--messages", "20", "--interval", "50ms", "--runs", "1",
 		"--json", "--plot", plotPath}, &out, &errb)
 	if err != nil {
 		t.Fatalf("lab latency: %v\nstderr:\n%s", err, errb.String())
 	}
 	t.Logf("stdout:\n%s\nstderr:\n%s", out.String(), errb.String())
 	sc := bufio.NewScanner(&out)
-	var sums []LatencySummary
+	var sums []perf.LatencySummary
 	for sc.Scan() {
-		var s LatencySummary
+		var s perf.LatencySummary
 		if err := json.Unmarshal(sc.Bytes(), &s); err != nil {
 			t.Fatalf("line %q: %v", sc.Text(), err)
 		}
@@ -67,12 +82,12 @@ func TestLatencyPollOnlyWaitsForThePoll(t *testing.T) {
 	var out, errb bytes.Buffer
 	// --plot none: the default plot path is relative to the package
 	// directory, and a test must not write into the source tree.
-	err := runLatencyCmd(ctx, []string{"--variants", "v2-poll", "--messages", "20", "--interval", "50ms", "--runs", "1",
+	err := runLabLatency(ctx, []string{"--variants", "v2-poll", "--messages", "20", "--interval", "50ms", "--runs", "1",
 		"--json", "--plot", "none"}, &out, &errb)
 	if err != nil {
 		t.Fatalf("lab latency: %v\nstderr:\n%s", err, errb.String())
 	}
-	var s LatencySummary
+	var s perf.LatencySummary
 	if err := json.Unmarshal(bytes.TrimSpace(out.Bytes()), &s); err != nil {
 		t.Fatalf("output %q: %v", out.String(), err)
 	}

@@ -1,4 +1,4 @@
-package lab
+package main
 
 import (
 	"context"
@@ -9,13 +9,15 @@ import (
 	"net"
 	"os"
 	"strconv"
+
+	"github.com/outboxchat/outboxchat/lab/env"
 )
 
-// runUp runs `lab up`: a private environment until ctx ends (Ctrl-C).
-func runUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+// runLabUp runs `lab up`: a private environment until ctx ends (Ctrl-C).
+func runLabUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("lab up", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	variant := fs.String("variant", VariantV2, "v1, v2, v2-poll or v2-intx")
+	variant := fs.String("variant", env.VariantV2, "v1, v2, v2-poll or v2-intx")
 	consAddr := fs.String("consumers-addr", "", "consumers' HTTP address: PORT, :PORT or 127.0.0.1:PORT (default: a free port, new each run)")
 	workAddr := fs.String("workers-addr", "", "workers' HTTP address: PORT, :PORT or 127.0.0.1:PORT (default: a free port, new each run)")
 	keepLogs := fs.Bool("keep-logs", false, "keep the services' logs (a temp dir, printed) after the lab stops; by default they are removed")
@@ -23,7 +25,7 @@ func runUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	opts := EnvOptions{Variant: *variant, Progress: stderr, TLS: *useTLS}
+	opts := env.Options{Variant: *variant, Progress: stderr, TLS: *useTLS}
 	var err error
 	if opts.ConsumersAddr, err = loopbackAddr("--consumers-addr", *consAddr); err != nil {
 		return err
@@ -41,33 +43,33 @@ func runUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			return fmt.Errorf("lab up: logs dir: %w", err)
 		}
 	}
-	env, err := StartEnv(ctx, opts)
+	e, err := env.Start(ctx, opts)
 	if err != nil {
 		return err
 	}
-	defer env.Close()
-	fmt.Fprintf(stdout, "consumers: %s\n", env.ConsumersURL)
-	fmt.Fprintf(stdout, "workers: %s\n", env.WorkersURL)
-	fmt.Fprintf(stdout, "database: %s\n", env.DatabaseURL)
-	fmt.Fprintf(stdout, "redis: %s\n", env.RedisURL)
+	defer e.Close()
+	fmt.Fprintf(stdout, "consumers: %s\n", e.ConsumersURL)
+	fmt.Fprintf(stdout, "workers: %s\n", e.WorkersURL)
+	fmt.Fprintf(stdout, "database: %s\n", e.DatabaseURL)
+	fmt.Fprintf(stdout, "redis: %s\n", e.RedisURL)
 	// A development token for every chat on both services; the pages take
 	// it from the URL fragment, which browsers never send to a server.
-	fmt.Fprintf(stdout, "token: %s\n", env.Token)
-	fmt.Fprintf(stdout, "consumers page: %s/?chat_id=1#token=%s\n", env.ConsumersURL, env.Token)
-	fmt.Fprintf(stdout, "workers page: %s/?chat_id=1#token=%s\n", env.WorkersURL, env.Token)
-	if env.CAFile != "" {
-		fmt.Fprintf(stdout, "ca: %s\n", env.CAFile)
-		fmt.Fprintf(stderr, "lab: TLS with a private CA: trust %s to connect (curl --cacert %s …; a browser: import it as an authority, or accept the warning); it lives as long as the lab\n", env.CAFile, env.CAFile)
+	fmt.Fprintf(stdout, "token: %s\n", e.Token)
+	fmt.Fprintf(stdout, "consumers page: %s/?chat_id=1#token=%s\n", e.ConsumersURL, e.Token)
+	fmt.Fprintf(stdout, "workers page: %s/?chat_id=1#token=%s\n", e.WorkersURL, e.Token)
+	if e.CAFile != "" {
+		fmt.Fprintf(stdout, "ca: %s\n", e.CAFile)
+		fmt.Fprintf(stderr, "lab: TLS with a private CA: trust %s to connect (curl --cacert %s …; a browser: import it as an authority, or accept the warning); it lives as long as the lab\n", e.CAFile, e.CAFile)
 	}
 	if *keepLogs {
-		fmt.Fprintf(stderr, "lab: logs in %s (kept after the lab stops); Ctrl-C stops everything\n", env.Dir)
+		fmt.Fprintf(stderr, "lab: logs in %s (kept after the lab stops); Ctrl-C stops everything\n", e.Dir)
 	} else {
-		fmt.Fprintf(stderr, "lab: logs in %s (removed when the lab stops; --keep-logs keeps them); Ctrl-C stops everything\n", env.Dir)
+		fmt.Fprintf(stderr, "lab: logs in %s (removed when the lab stops; --keep-logs keeps them); Ctrl-C stops everything\n", e.Dir)
 	}
 	<-ctx.Done()
 	fmt.Fprintln(stderr, "lab: stopping")
 	if *keepLogs {
-		fmt.Fprintf(stderr, "lab: logs kept in %s\n", env.Dir)
+		fmt.Fprintf(stderr, "lab: logs kept in %s\n", e.Dir)
 	}
 	return nil
 }

@@ -1,4 +1,4 @@
-package lab
+package main
 
 import (
 	"bufio"
@@ -18,7 +18,7 @@ func TestUpPrintsTokenAndAuthIsOn(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	pr, pw := io.Pipe()
 	done := make(chan error, 1)
-	go func() { done <- runUp(ctx, nil, pw, io.Discard); pw.Close() }()
+	go func() { done <- runLabUp(ctx, nil, pw, io.Discard); pw.Close() }()
 	defer func() {
 		cancel()
 		go io.Copy(io.Discard, pr) //nolint:errcheck // drain until runUp returns

@@ -1,4 +1,4 @@
-package lab
+package main
 
 import (
 	"bufio"
@@ -63,7 +63,7 @@ func TestUpFixedAddrsKeepLogs(t *testing.T) {
 	var stderr strings.Builder
 	done := make(chan error, 1)
 	go func() {
-		err := runUp(ctx, []string{"--consumers-addr", strconv.Itoa(ports[0]), "--workers-addr", ":" + strconv.Itoa(ports[1]), "--keep-logs"}, pw, &stderr)
+		err := runLabUp(ctx, []string{"--consumers-addr", strconv.Itoa(ports[0]), "--workers-addr", ":" + strconv.Itoa(ports[1]), "--keep-logs"}, pw, &stderr)
 		pw.Close()
 		done <- err
 	}()

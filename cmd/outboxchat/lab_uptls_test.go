@@ -1,4 +1,4 @@
-package lab
+package main
 
 import (
 	"bufio"
@@ -30,7 +30,7 @@ func TestUpTLSRoundTrip(t *testing.T) {
 	var stderr strings.Builder
 	done := make(chan error, 1)
 	go func() {
-		err := runUp(ctx, []string{"--tls"}, pw, &stderr)
+		err := runLabUp(ctx, []string{"--tls"}, pw, &stderr)
 		pw.Close()
 		done <- err
 	}()

@@ -433,12 +433,12 @@ func (r *LatencyReport) WriteTable(w io.Writer) {
 	probe.WriteColumns(w, rows)
 	if r.Floors != nil {
 		fmt.Fprintln(w)
-		r.Floors.Write(w, r.v2P50())
+		r.Floors.Write(w, r.V2P50())
 	}
 }
 
-// v2P50 returns v2's p50 (median over runs), 0 when v2 was not measured.
-func (r *LatencyReport) v2P50() time.Duration {
+// V2P50 returns v2's p50 (median over runs), 0 when v2 was not measured.
+func (r *LatencyReport) V2P50() time.Duration {
 	for _, v := range r.Variants {
 		if v.Variant == env.VariantV2 {
 			ds := make([]time.Duration, len(v.Runs))
