@@ -78,42 +78,43 @@ commands:
 // lab, args[1]) with the rest. The report goes to stdout, progress and
 // usage to stderr; -h prints the usage to stdout.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	if len(args) == 0 {
-		fmt.Fprint(stderr, usage)
-		return errors.New("no command")
+	if len(args) > 0 && args[0] == "lab" {
+		// Every private Postgres of a lab run starts from one template
+		// cluster made by the first; remove it when the command ends.
+		defer func() { _ = pgproc.RemoveTemplate() }()
+		return dispatch(ctx, group{prefix: "lab ", usage: labUsage, help: flag.ErrHelp}, args[1:], stdout, stderr)
 	}
-	switch args[0] {
-	case "-h", "--help", "help":
-		fmt.Fprint(stdout, usage)
-		return nil
-	case "lab":
-		return runLab(ctx, args[1:], stdout, stderr)
-	}
-	if c := lookup(args[0]); c != nil && !strings.Contains(c.name, " ") {
-		return c.run(ctx, args[1:], stdout, stderr)
-	}
-	fmt.Fprint(stderr, usage)
-	return fmt.Errorf("unknown command %q", args[0])
+	return dispatch(ctx, group{usage: usage}, args, stdout, stderr)
 }
 
-// runLab runs `outboxchat lab <args>`. Cancelling ctx (Ctrl-C) stops the
-// run and removes every private server and process it started.
-func runLab(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	// Every private Postgres of the run starts from one template cluster
-	// made by the first; remove it when the command ends.
-	defer func() { _ = pgproc.RemoveTemplate() }()
+// group is a level of the command names: the top one (prefix "") or the
+// lab's ("lab "), with its usage and what asking it for help returns (nil
+// at the top; flag.ErrHelp for lab, as for a command's -h).
+type group struct {
+	prefix, usage string
+	help          error
+}
+
+// dispatch runs the command of g named by args[0] with the rest. No name
+// or an unknown one prints g's usage to stderr and is an error; -h prints
+// it to stdout.
+func dispatch(ctx context.Context, g group, args []string, stdout, stderr io.Writer) error {
+	errPrefix := strings.TrimSuffix(g.prefix, " ")
+	if errPrefix != "" {
+		errPrefix += ": "
+	}
 	if len(args) == 0 {
-		fmt.Fprint(stderr, labUsage)
-		return errors.New("lab: no command")
+		fmt.Fprint(stderr, g.usage)
+		return errors.New(errPrefix + "no command")
 	}
 	switch args[0] {
 	case "-h", "--help", "help":
-		fmt.Fprint(stdout, labUsage)
-		return flag.ErrHelp
+		fmt.Fprint(stdout, g.usage)
+		return g.help
 	}
-	if c := lookup("lab " + args[0]); c != nil {
+	if c := lookup(g.prefix + args[0]); c != nil && !strings.Contains(args[0], " ") {
 		return c.run(ctx, args[1:], stdout, stderr)
 	}
-	fmt.Fprint(stderr, labUsage)
-	return fmt.Errorf("lab: unknown command %q", args[0])
+	fmt.Fprint(stderr, g.usage)
+	return fmt.Errorf("%sunknown command %q", errPrefix, args[0])
 }

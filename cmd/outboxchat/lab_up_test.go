@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"errors"
 	"io"
 	"math/rand/v2"
 	"net"
@@ -11,6 +12,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -57,54 +59,32 @@ func TestUpFixedAddrsKeepLogs(t *testing.T) {
 		ports[1] = fixedPort(t)
 	}
 	cons, work := "127.0.0.1:"+strconv.Itoa(ports[0]), "127.0.0.1:"+strconv.Itoa(ports[1])
-	ctx, cancel := context.WithCancel(t.Context())
-	defer cancel()
-	pr, pw := io.Pipe()
-	var stderr strings.Builder
-	done := make(chan error, 1)
-	go func() {
-		err := runLabUp(ctx, []string{"--consumers-addr", strconv.Itoa(ports[0]), "--workers-addr", ":" + strconv.Itoa(ports[1]), "--keep-logs"}, pw, &stderr)
-		pw.Close()
-		done <- err
-	}()
-	lines := map[string]string{}
-	sc := bufio.NewScanner(pr)
-	for len(lines) < 4 && sc.Scan() {
-		k, v, _ := strings.Cut(sc.Text(), ": ")
-		lines[k] = v
-	}
-	go func() { _, _ = io.Copy(io.Discard, pr) }()
+	u := startUp(t, "redis", "--consumers-addr", strconv.Itoa(ports[0]), "--workers-addr", ":"+strconv.Itoa(ports[1]), "--keep-logs")
+	lines := u.lines
 	if lines["consumers"] != "http://"+cons || lines["workers"] != "http://"+work {
-		cancel()
-		t.Fatalf("lab up printed %v (err %v), want consumers on %s and workers on %s", lines, <-done, cons, work)
+		t.Fatalf("lab up printed %v (err %v), want consumers on %s and workers on %s", lines, u.stop(), cons, work)
 	}
-	for _, u := range []string{lines["consumers"], lines["workers"]} {
-		resp, err := http.Get(u + "/healthz")
+	for _, base := range []string{lines["consumers"], lines["workers"]} {
+		resp, err := http.Get(base + "/healthz")
 		if err != nil {
 			t.Fatal(err)
 		}
 		resp.Body.Close()
 		if resp.StatusCode != http.StatusOK {
-			t.Fatalf("%s/healthz: %d", u, resp.StatusCode)
+			t.Fatalf("%s/healthz: %d", base, resp.StatusCode)
 		}
 	}
-	cancel()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatal(err)
-		}
-	case <-time.After(60 * time.Second):
-		t.Fatal("lab up did not stop within 60 s of its context ending")
+	if err := u.stop(); err != nil {
+		t.Fatal(err)
 	}
 	var dir string
-	for _, l := range strings.Split(stderr.String(), "\n") {
+	for _, l := range strings.Split(u.stderr.String(), "\n") {
 		if d, ok := strings.CutPrefix(l, "lab: logs kept in "); ok {
 			dir = d
 		}
 	}
 	if dir == "" {
-		t.Fatalf("no \"lab: logs kept in\" line in:\n%s", stderr.String())
+		t.Fatalf("no \"lab: logs kept in\" line in:\n%s", u.stderr.String())
 	}
 	defer os.RemoveAll(dir)
 	if fi, err := os.Stat(filepath.Join(dir, "consumers.log")); err != nil || fi.Size() == 0 {
@@ -127,4 +107,61 @@ func fixedPort(t *testing.T) int {
 	}
 	t.Fatal("no free port in 20000–31999")
 	return 0
+}
+
+// upRun is a `lab up` running for a test (startUp).
+type upRun struct {
+	// lines are the "key: value" lines lab up printed, up to the one
+	// startUp waited for.
+	lines  map[string]string
+	cancel context.CancelFunc
+	done   chan error
+	stderr strings.Builder // written by lab up until stop returns
+	once   sync.Once
+	err    error
+}
+
+// startUp runs `lab up args` and reads what it prints until the line with
+// key last (or 90 s pass). The test's cleanup stops it (stop).
+func startUp(t *testing.T, last string, args ...string) *upRun {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	u := &upRun{lines: map[string]string{}, cancel: cancel, done: make(chan error, 1)}
+	pr, pw := io.Pipe()
+	go func() {
+		err := runLabUp(ctx, args, pw, &u.stderr)
+		pw.Close()
+		u.done <- err
+	}()
+	timer := time.AfterFunc(90*time.Second, func() { pr.CloseWithError(io.ErrUnexpectedEOF) })
+	defer timer.Stop()
+	sc := bufio.NewScanner(pr)
+	for sc.Scan() {
+		k, v, _ := strings.Cut(sc.Text(), ": ")
+		u.lines[k] = v
+		if k == last {
+			break
+		}
+	}
+	go func() { _, _ = io.Copy(io.Discard, pr) }()
+	t.Cleanup(func() {
+		if err := u.stop(); err != nil {
+			t.Errorf("lab up: %v", err)
+		}
+	})
+	return u
+}
+
+// stop ends lab up and returns its error; it waits up to 60 s.
+// Idempotent; stderr may be read once it returned.
+func (u *upRun) stop() error {
+	u.once.Do(func() {
+		u.cancel()
+		select {
+		case u.err = <-u.done:
+		case <-time.After(60 * time.Second):
+			u.err = errors.New("did not stop within 60 s of its context ending")
+		}
+	})
+	return u.err
 }

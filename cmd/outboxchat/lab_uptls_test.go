@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -24,33 +23,11 @@ import (
 // (Postgres verify-full, rediss://), and a client without the CA refused.
 func TestUpTLSRoundTrip(t *testing.T) {
 	t.Parallel()
-	ctx, cancel := context.WithCancel(t.Context())
-	defer cancel()
-	pr, pw := io.Pipe()
-	var stderr strings.Builder
-	done := make(chan error, 1)
-	go func() {
-		err := runLabUp(ctx, []string{"--tls"}, pw, &stderr)
-		pw.Close()
-		done <- err
-	}()
-	defer func() {
-		cancel()
-		select {
-		case <-done:
-		case <-time.After(60 * time.Second):
-			t.Error("lab up did not stop within 60 s of its context ending")
-		}
-	}()
-	lines := map[string]string{}
-	sc := bufio.NewScanner(pr)
-	for lines["ca"] == "" && sc.Scan() {
-		k, v, _ := strings.Cut(sc.Text(), ": ")
-		lines[k] = v
-	}
-	go func() { _, _ = io.Copy(io.Discard, pr) }()
+	ctx := t.Context()
+	u := startUp(t, "ca", "--tls")
+	lines := u.lines
 	if lines["ca"] == "" {
-		t.Fatalf("lab up --tls printed no ca line: %v; stderr:\n%s", lines, stderr.String())
+		t.Fatalf("lab up --tls printed no ca line: %v; stderr:\n%s", lines, u.stderr.String())
 	}
 	if !strings.HasPrefix(lines["consumers"], "https://") || !strings.HasPrefix(lines["workers"], "https://") ||
 		!strings.Contains(lines["database"], "sslmode=verify-full") || !strings.HasPrefix(lines["redis"], "rediss://") {
