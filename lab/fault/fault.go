@@ -11,29 +11,19 @@ import (
 // Kind is what a Fault does to the environment.
 type Kind string
 
-// The fault kinds.
+// The fault kinds. Healing reverts each: a process killed or stopped by
+// SIGTERM starts again, a frozen one continues, a server starts again, a
+// toxic is removed.
 const (
-	// Kill SIGKILLs a service process; healing starts it again.
-	Kill Kind = "sigkill"
-	// Stop freezes a service process (SIGSTOP); healing continues it.
-	Stop Kind = "sigstop"
-	// Term stops a service process gracefully (SIGTERM); healing starts it
-	// again.
-	Term Kind = "sigterm"
-	// CrashPoint restarts a service process with --fault Crash:SEQ, so it
-	// SIGKILLs itself at that step.
-	CrashPoint Kind = "crash-point"
-	// RedisKill kills Redis (SIGKILL); RedisStop shuts it down gracefully.
-	// Healing starts it again.
-	RedisKill Kind = "redis-kill"
-	RedisStop Kind = "redis-stop"
-	// PostgresImmediate and PostgresFast stop Postgres in immediate or
-	// fast mode; healing starts it again.
-	PostgresImmediate Kind = "postgres-immediate"
-	PostgresFast      Kind = "postgres-fast"
-	// Net puts a toxic (one of the Net* kinds) on one service's link to
-	// Postgres or Redis; healing removes it.
-	Net Kind = "net"
+	Kill              Kind = "sigkill"            // SIGKILL a service process
+	Stop              Kind = "sigstop"            // freeze a service process (SIGSTOP)
+	Term              Kind = "sigterm"            // stop a service process gracefully (SIGTERM)
+	CrashPoint        Kind = "crash-point"        // restart a service process with --fault Crash:SEQ: it SIGKILLs itself there
+	RedisKill         Kind = "redis-kill"         // SIGKILL Redis
+	RedisStop         Kind = "redis-stop"         // shut Redis down gracefully
+	PostgresImmediate Kind = "postgres-immediate" // stop Postgres in immediate mode (a crash)
+	PostgresFast      Kind = "postgres-fast"      // stop Postgres in fast mode
+	Net               Kind = "net"                // a toxic (Fault.Net) on one service's link to Postgres or Redis
 )
 
 // Network fault kinds (Fault.Net), each a toxiproxy toxic or, for

@@ -549,28 +549,24 @@ func windowRates(start time.Time, ts []time.Time, w time.Duration) []float64 {
 	return rates
 }
 
+// orDefault sets *v to d when *v is zero or negative.
+func orDefault[T int | time.Duration](v *T, d T) {
+	if *v <= 0 {
+		*v = d
+	}
+}
+
+// benchDefaults fills o's zero fields with their defaults.
 func benchDefaults(o BenchOptions) BenchOptions {
-	if o.Senders <= 0 {
-		o.Senders = DefaultBenchSenders
-	}
-	if o.Chats <= 0 {
-		o.Chats = DefaultBenchChats
-	}
-	if o.Messages <= 0 {
-		o.Messages = DefaultBenchMessages
-	}
+	orDefault(&o.Senders, DefaultBenchSenders)
+	orDefault(&o.Chats, DefaultBenchChats)
+	orDefault(&o.Messages, DefaultBenchMessages)
 	if o.Variant == "" {
 		o.Variant = env.VariantV2
 	}
-	if o.SendTimeout <= 0 {
-		o.SendTimeout = DefaultBenchSendTimeout
-	}
-	if o.Drain <= 0 {
-		o.Drain = DefaultBenchDrain
-	}
-	if o.ProgressEvery <= 0 {
-		o.ProgressEvery = time.Second
-	}
+	orDefault(&o.SendTimeout, DefaultBenchSendTimeout)
+	orDefault(&o.Drain, DefaultBenchDrain)
+	orDefault(&o.ProgressEvery, time.Second)
 	return o
 }
 

@@ -207,18 +207,10 @@ func Latency(ctx context.Context, opts LatencyOptions) (*LatencyReport, error) {
 			return nil, err
 		}
 	}
-	if opts.Messages <= 0 {
-		opts.Messages = DefaultLatencyMessages
-	}
-	if opts.Interval <= 0 {
-		opts.Interval = DefaultLatencyInterval
-	}
-	if opts.Runs <= 0 {
-		opts.Runs = DefaultLatencyRuns
-	}
-	if opts.Settle <= 0 {
-		opts.Settle = DefaultLatencySettle
-	}
+	orDefault(&opts.Messages, DefaultLatencyMessages)
+	orDefault(&opts.Interval, DefaultLatencyInterval)
+	orDefault(&opts.Runs, DefaultLatencyRuns)
+	orDefault(&opts.Settle, DefaultLatencySettle)
 	if opts.FloorSamples == 0 {
 		opts.FloorSamples = DefaultFloorSamples
 	}
