@@ -315,7 +315,6 @@ func Start(ctx context.Context, opts Options) (_ *Env, err error) {
 		}
 	}
 
-	fixedAddr := map[string]string{chat.Consumers: opts.ConsumersAddr, chat.Workers: opts.WorkersAddr}
 	authArgs := []string{"--insecure-no-auth"}
 	if !opts.Insecure {
 		if authArgs, e.Token, err = labSecrets(e.Dir); err != nil {
@@ -325,76 +324,9 @@ func Start(ctx context.Context, opts Options) (_ *Env, err error) {
 	if opts.TLS {
 		authArgs = append(authArgs, "--tls-cert", certFile, "--tls-key", keyFile)
 	}
-	newProc := func(service, name, roles string, api bool, consumer string) (*Proc, error) {
-		args := []string{"--service", service, "--role", roles,
-			"--database-url", e.serveDatabaseURL(service), "--redis-url", e.ServiceRedisURL(service),
-			"--lock-duration", opts.LockDuration.String(), "--consumer-name", consumer}
-		if e.PgBouncer != nil {
-			args = append(args, "--listen-database-url", e.ServiceDatabaseURL(service))
-		}
-		args = append(args, vargs...)
-		args = append(args, authArgs...)
-		args = append(args, opts.ExtraArgs...)
-		if f := opts.Faults[name]; f != "" {
-			args = append(args, "--fault", f)
-		}
-		cfg := &ProcConfig{Args: args, API: api, LogPath: filepath.Join(e.Dir, name+".log"), TLS: opts.TLS}
-		if api && consumer == service+"-1" {
-			cfg.Addr = fixedAddr[service]
-		}
-		if !api {
-			cfg.ReadyMsg = "relay started"
-		}
-		return NewProc(name, cfg)
+	if err := e.newProcs(opts, append(vargs, authArgs...)); err != nil {
+		return nil, err
 	}
-	relayNames := func(service string, n int) []string {
-		var out []string
-		for i := 1; i <= n; i++ {
-			name := service + "-relay"
-			if i > 1 {
-				name += "-" + strconv.Itoa(i)
-			}
-			out = append(out, name)
-		}
-		return out
-	}
-	for _, s := range []struct {
-		service string
-		relays  int
-		main    **Proc
-		rel     *[]*Proc
-		apis    *[]*Proc
-	}{
-		{chat.Consumers, opts.ConsumersRelays, &e.Consumers, &e.ConsumersRelays, &e.ConsumersAPIs},
-		{chat.Workers, opts.WorkersRelays, &e.Workers, &e.WorkersRelays, &e.WorkersAPIs},
-	} {
-		roles := "api,worker,relay"
-		if s.relays > 0 || opts.Variant == VariantV1 {
-			roles = "api,worker"
-		}
-		if *s.main, err = newProc(s.service, s.service, roles, true, s.service+"-1"); err != nil {
-			return nil, err
-		}
-		for i := 2; i <= opts.APIs; i++ {
-			name := s.service + "-" + strconv.Itoa(i)
-			p, err := newProc(s.service, name, roles, true, name)
-			if err != nil {
-				return nil, err
-			}
-			*s.apis = append(*s.apis, p)
-		}
-		if opts.Variant == VariantV1 {
-			continue
-		}
-		for _, name := range relayNames(s.service, s.relays) {
-			p, err := newProc(s.service, name, "relay", false, s.service+"-1")
-			if err != nil {
-				return nil, err
-			}
-			*s.rel = append(*s.rel, p)
-		}
-	}
-
 	fmt.Fprintf(progress, "lab: starting %d service processes (%s)\n", len(e.Procs()), opts.Variant)
 	if err := StartAll(ctx, e.Procs()...); err != nil {
 		return nil, err
@@ -658,4 +590,81 @@ func (e *Env) SentinelPrimary(ctx context.Context) (string, error) {
 		return "", err
 	}
 	return net.JoinHostPort(a[0], a[1]), nil
+}
+
+// newProcs makes (stopped) the service processes of opts: per service its
+// main process, the further API processes and the relays, each running
+// serve with serveArgs (the variant's and the auth flags) after its own.
+func (e *Env) newProcs(opts Options, serveArgs []string) error {
+	fixedAddr := map[string]string{chat.Consumers: opts.ConsumersAddr, chat.Workers: opts.WorkersAddr}
+	newProc := func(service, name, roles string, api bool, consumer string) (*Proc, error) {
+		args := []string{"--service", service, "--role", roles,
+			"--database-url", e.serveDatabaseURL(service), "--redis-url", e.ServiceRedisURL(service),
+			"--lock-duration", opts.LockDuration.String(), "--consumer-name", consumer}
+		if e.PgBouncer != nil {
+			args = append(args, "--listen-database-url", e.ServiceDatabaseURL(service))
+		}
+		args = append(args, serveArgs...)
+		args = append(args, opts.ExtraArgs...)
+		if f := opts.Faults[name]; f != "" {
+			args = append(args, "--fault", f)
+		}
+		cfg := &ProcConfig{Args: args, API: api, LogPath: filepath.Join(e.Dir, name+".log"), TLS: opts.TLS}
+		if api && consumer == service+"-1" {
+			cfg.Addr = fixedAddr[service]
+		}
+		if !api {
+			cfg.ReadyMsg = "relay started"
+		}
+		return NewProc(name, cfg)
+	}
+	relayNames := func(service string, n int) []string {
+		var out []string
+		for i := 1; i <= n; i++ {
+			name := service + "-relay"
+			if i > 1 {
+				name += "-" + strconv.Itoa(i)
+			}
+			out = append(out, name)
+		}
+		return out
+	}
+	for _, s := range []struct {
+		service string
+		relays  int
+		main    **Proc
+		rel     *[]*Proc
+		apis    *[]*Proc
+	}{
+		{chat.Consumers, opts.ConsumersRelays, &e.Consumers, &e.ConsumersRelays, &e.ConsumersAPIs},
+		{chat.Workers, opts.WorkersRelays, &e.Workers, &e.WorkersRelays, &e.WorkersAPIs},
+	} {
+		roles := "api,worker,relay"
+		if s.relays > 0 || opts.Variant == VariantV1 {
+			roles = "api,worker"
+		}
+		var err error
+		if *s.main, err = newProc(s.service, s.service, roles, true, s.service+"-1"); err != nil {
+			return err
+		}
+		for i := 2; i <= opts.APIs; i++ {
+			name := s.service + "-" + strconv.Itoa(i)
+			p, err := newProc(s.service, name, roles, true, name)
+			if err != nil {
+				return err
+			}
+			*s.apis = append(*s.apis, p)
+		}
+		if opts.Variant == VariantV1 {
+			continue
+		}
+		for _, name := range relayNames(s.service, s.relays) {
+			p, err := newProc(s.service, name, "relay", false, s.service+"-1")
+			if err != nil {
+				return err
+			}
+			*s.rel = append(*s.rel, p)
+		}
+	}
+	return nil
 }

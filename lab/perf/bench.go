@@ -210,44 +210,16 @@ func Bench(ctx context.Context, opts BenchOptions) (*BenchResult, error) {
 		RSSMB: map[string]float64{}, CPUS: map[string]float64{}}
 
 	// Watchers: one per chat; arrivals by message id.
-	var amu sync.Mutex
-	arrived := make(map[string]probe.Shown, opts.Messages)
-	var shownN atomic.Int64
-	watchers := make([]*probe.Watcher, 0, opts.Chats)
+	var got arrivals
+	got.m = make(map[string]probe.Shown, opts.Messages)
+	watchers, err := startWatchers(ctx, e, opts.Chats, &got)
 	defer func() {
 		for _, w := range watchers {
 			w.Stop(context.Background())
 		}
 	}()
-	for c := 1; c <= opts.Chats; c++ {
-		w, err := probe.NewWatcher(e.WorkersURL, int64(c), &probe.WatcherConfig{Token: e.Token, OnFrame: func(s probe.Shown) {
-			if s.Message.From != chat.Consumers || s.Duplicate {
-				return
-			}
-			amu.Lock()
-			if _, ok := arrived[s.Message.ID]; !ok {
-				arrived[s.Message.ID] = s
-				shownN.Add(1)
-			}
-			amu.Unlock()
-		}})
-		if err != nil {
-			return nil, err
-		}
-		if err := w.Start(ctx); err != nil {
-			return nil, err
-		}
-		watchers = append(watchers, w)
-	}
-	wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
-	for _, w := range watchers {
-		if err = w.WaitConnected(wctx); err != nil {
-			break
-		}
-	}
-	cancel()
 	if err != nil {
-		return nil, fmt.Errorf("lab: bench: watchers could not connect to %s: %w", e.WorkersURL, err)
+		return nil, err
 	}
 
 	rdb := e.RedisClient()
@@ -281,12 +253,6 @@ func Bench(ctx context.Context, opts BenchOptions) (*BenchResult, error) {
 	defer stopSampler()
 
 	// Senders.
-	type sendRec struct {
-		id      string
-		t0, t1  time.Time
-		ok      bool
-		errText string
-	}
 	recs := make([]sendRec, opts.Messages)
 	var next, done, failed atomic.Int64
 	sendCtx, cancelSend := context.WithTimeout(ctx, opts.SendTimeout)
@@ -328,7 +294,7 @@ func Bench(ctx context.Context, opts BenchOptions) (*BenchResult, error) {
 	stream := env.QueueKeys(chat.Consumers).Stream
 	report := func(phase string) {
 		el := time.Since(start).Seconds()
-		sh := shownN.Load()
+		sh := got.n.Load()
 		unsent, pending := backlog(ctx, e, stream)
 		res.MaxUnsent, res.MaxPending = max(res.MaxUnsent, unsent), max(res.MaxPending, pending)
 		fmt.Fprintf(progress, "lab: bench %s %5.1fs: sent %d/%d (errors %d)  shown %d  %.0f msg/s shown  backlog: outbox %d, queue %d\n",
@@ -360,7 +326,7 @@ func Bench(ctx context.Context, opts BenchOptions) (*BenchResult, error) {
 
 	// Drain: until every 201 is shown, or Drain.
 	dctx, cancelDrain := context.WithTimeout(ctx, opts.Drain)
-	for dctx.Err() == nil && shownN.Load() < int64(res.Sent) {
+	for dctx.Err() == nil && got.n.Load() < int64(res.Sent) {
 		select {
 		case <-dctx.Done():
 		case <-tick.C:
@@ -392,42 +358,7 @@ func Bench(ctx context.Context, opts BenchOptions) (*BenchResult, error) {
 	}
 
 	// Figures.
-	var lat, sendLat []time.Duration
-	var lastShown time.Time
-	var st stageSamples
-	amu.Lock()
-	for _, r := range recs {
-		if !r.ok {
-			continue
-		}
-		sendLat = append(sendLat, r.t1.Sub(r.t0))
-		sh, ok := arrived[r.id]
-		if !ok {
-			res.Lost++
-			continue
-		}
-		at := sh.At
-		st.add(r.t0, sh)
-		lat = append(lat, at.Sub(r.t0))
-		if at.After(lastShown) {
-			lastShown = at
-		}
-	}
-	amu.Unlock()
-	res.WindowsMsgsPerS = windowRates(start, shownTimes(arrived, &amu), benchWindow)
-	slices.Sort(lat)
-	slices.Sort(sendLat)
-	res.P50Ms, res.P95Ms, res.P99Ms = probe.RoundMs(probe.Percentile(lat, .5)), probe.RoundMs(probe.Percentile(lat, .95)), probe.RoundMs(probe.Percentile(lat, .99))
-	res.SendP50Ms = probe.RoundMs(probe.Percentile(sendLat, .5))
-	res.Stages = st.p50()
-	if !lastShown.IsZero() {
-		d := lastShown.Sub(start)
-		res.DurationS = math.Round(d.Seconds()*1000) / 1000
-		res.ThroughputMsgsPerS = math.Round(float64(len(lat))/d.Seconds()*10) / 10
-	}
-	if d := sendEnd.Sub(start); d > 0 {
-		res.SendRate = math.Round(float64(res.Sent)/d.Seconds()*10) / 10
-	}
+	res.figures(recs, &got, start, sendEnd)
 	for _, w := range watchers {
 		res.DuplicatesShown += w.Duplicates()
 	}
@@ -505,12 +436,12 @@ func tableStats(ctx context.Context, e *env.Env) []TableStat {
 	return ts
 }
 
-// shownTimes returns the arrival times in arrived, read under mu.
-func shownTimes(arrived map[string]probe.Shown, mu *sync.Mutex) []time.Time {
-	mu.Lock()
-	defer mu.Unlock()
-	ts := make([]time.Time, 0, len(arrived))
-	for _, s := range arrived {
+// shownTimes returns the arrival times.
+func (a *arrivals) shownTimes() []time.Time {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	ts := make([]time.Time, 0, len(a.m))
+	for _, s := range a.m {
 		ts = append(ts, s.At)
 	}
 	return ts
@@ -692,5 +623,103 @@ func (r *BenchResult) WriteText(w io.Writer) {
 		for _, wc := range r.PGWaits {
 			fmt.Fprintf(w, "  %6.2f  %s\n", float64(wc.Count)/float64(max(r.PGWaitSamples, 1)), wc.Key)
 		}
+	}
+}
+
+// sendRec is one send of the bench: the message id (on 201), when the
+// call started and returned, and its error.
+type sendRec struct {
+	id      string
+	t0, t1  time.Time
+	ok      bool
+	errText string
+}
+
+// arrivals holds the first showing of each consumers' message over the
+// bench's watchers (by message id), and how many there are. Safe for
+// concurrent use.
+type arrivals struct {
+	mu sync.Mutex
+	m  map[string]probe.Shown
+	n  atomic.Int64
+}
+
+// record is a WatcherConfig.OnFrame.
+func (a *arrivals) record(s probe.Shown) {
+	if s.Message.From != chat.Consumers || s.Duplicate {
+		return
+	}
+	a.mu.Lock()
+	if _, ok := a.m[s.Message.ID]; !ok {
+		a.m[s.Message.ID] = s
+		a.n.Add(1)
+	}
+	a.mu.Unlock()
+}
+
+// startWatchers starts one watcher on e's workers per chat 1..chats,
+// recording into got, and waits up to 20 s for them all to connect. It
+// returns the watchers started (for the caller to stop) also on error.
+func startWatchers(ctx context.Context, e *env.Env, chats int, got *arrivals) ([]*probe.Watcher, error) {
+	watchers := make([]*probe.Watcher, 0, chats)
+	for c := 1; c <= chats; c++ {
+		w, err := probe.NewWatcher(e.WorkersURL, int64(c), &probe.WatcherConfig{Token: e.Token, OnFrame: got.record})
+		if err != nil {
+			return watchers, err
+		}
+		if err := w.Start(ctx); err != nil {
+			return watchers, err
+		}
+		watchers = append(watchers, w)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	for _, w := range watchers {
+		if err := w.WaitConnected(wctx); err != nil {
+			return watchers, fmt.Errorf("lab: bench: watchers could not connect to %s: %w", e.WorkersURL, err)
+		}
+	}
+	return watchers, nil
+}
+
+// figures fills the latency, loss and rate figures of res from the sends
+// and what the watchers were shown; start is the first send's start,
+// sendEnd when the last sender returned.
+func (res *BenchResult) figures(recs []sendRec, got *arrivals, start, sendEnd time.Time) {
+	var lat, sendLat []time.Duration
+	var lastShown time.Time
+	var st stageSamples
+	got.mu.Lock()
+	for _, r := range recs {
+		if !r.ok {
+			continue
+		}
+		sendLat = append(sendLat, r.t1.Sub(r.t0))
+		sh, ok := got.m[r.id]
+		if !ok {
+			res.Lost++
+			continue
+		}
+		at := sh.At
+		st.add(r.t0, sh)
+		lat = append(lat, at.Sub(r.t0))
+		if at.After(lastShown) {
+			lastShown = at
+		}
+	}
+	got.mu.Unlock()
+	res.WindowsMsgsPerS = windowRates(start, got.shownTimes(), benchWindow)
+	slices.Sort(lat)
+	slices.Sort(sendLat)
+	res.P50Ms, res.P95Ms, res.P99Ms = probe.RoundMs(probe.Percentile(lat, .5)), probe.RoundMs(probe.Percentile(lat, .95)), probe.RoundMs(probe.Percentile(lat, .99))
+	res.SendP50Ms = probe.RoundMs(probe.Percentile(sendLat, .5))
+	res.Stages = st.p50()
+	if !lastShown.IsZero() {
+		d := lastShown.Sub(start)
+		res.DurationS = math.Round(d.Seconds()*1000) / 1000
+		res.ThroughputMsgsPerS = math.Round(float64(len(lat))/d.Seconds()*10) / 10
+	}
+	if d := sendEnd.Sub(start); d > 0 {
+		res.SendRate = math.Round(float64(res.Sent)/d.Seconds()*10) / 10
 	}
 }
