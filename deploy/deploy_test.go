@@ -189,7 +189,7 @@ func get(t *testing.T, url, token string) (int, string) {
 // `outboxchat serve` processes of both services (each running the api,
 // relay and worker roles, as the lab runs them) after a little traffic in
 // both directions; and no label of theirs carries a chat id or a raw path
-// (issue 12 points 5 and 6). No allowlist: a metric that is not there fails
+//. No allowlist: a metric that is not there fails
 // the test.
 func TestRulesAndDashboardUseExportedMetrics(t *testing.T) {
 	t.Parallel()
