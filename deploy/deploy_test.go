@@ -188,9 +188,8 @@ func get(t *testing.T, url, token string) (int, string) {
 // Every metric the alert rules and the dashboard use is exported by real
 // `outboxchat serve` processes of both services (each running the api,
 // relay and worker roles, as the lab runs them) after a little traffic in
-// both directions; and no label of theirs carries a chat id or a raw path
-//. No allowlist: a metric that is not there fails
-// the test.
+// both directions; and no label of theirs carries a chat id or a raw
+// path. No allowlist: a metric that is not there fails the test.
 func TestRulesAndDashboardUseExportedMetrics(t *testing.T) {
 	t.Parallel()
 	used := usedMetrics(t)
