@@ -18,8 +18,9 @@ import (
 	"time"
 
 	"github.com/outboxchat/outboxchat/chat"
-	"github.com/outboxchat/outboxchat/internal/labtest"
-	"github.com/outboxchat/outboxchat/lab"
+	"github.com/outboxchat/outboxchat/lab/env"
+	"github.com/outboxchat/outboxchat/lab/labtest"
+	"github.com/outboxchat/outboxchat/lab/probe"
 )
 
 // TestMain builds the outboxchat binary once: the test runs it as the
@@ -187,9 +188,8 @@ func get(t *testing.T, url, token string) (int, string) {
 // Every metric the alert rules and the dashboard use is exported by real
 // `outboxchat serve` processes of both services (each running the api,
 // relay and worker roles, as the lab runs them) after a little traffic in
-// both directions; and no label of theirs carries a chat id or a raw path
-// (issue 12 points 5 and 6). No allowlist: a metric that is not there fails
-// the test.
+// both directions; and no label of theirs carries a chat id or a raw
+// path. No allowlist: a metric that is not there fails the test.
 func TestRulesAndDashboardUseExportedMetrics(t *testing.T) {
 	t.Parallel()
 	used := usedMetrics(t)
@@ -198,18 +198,18 @@ func TestRulesAndDashboardUseExportedMetrics(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	env, err := lab.StartEnv(ctx, lab.EnvOptions{ExtraArgs: []string{"--rate-ip=-1", "--rate-user=-1", "--ws-per-user=-1"}})
+	e, err := env.Start(ctx, env.Options{ExtraArgs: env.UnlimitedArgs})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer env.Close()
+	defer e.Close()
 
 	// Traffic: a watcher on each side of chat 1, three messages each way,
 	// and requests whose chat id and path must not turn into labels.
 	const chatID, n = 1, 3
-	var ws []*lab.Watcher
-	for _, base := range []string{env.ConsumersURL, env.WorkersURL} {
-		w, err := lab.NewWatcher(base, chatID, &lab.WatcherConfig{Token: env.Token})
+	var ws []*probe.Watcher
+	for _, base := range []string{e.ConsumersURL, e.WorkersURL} {
+		w, err := probe.NewWatcher(base, chatID, &probe.WatcherConfig{Token: e.Token})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -223,11 +223,11 @@ func TestRulesAndDashboardUseExportedMetrics(t *testing.T) {
 		ws = append(ws, w)
 	}
 	for i := range n {
-		for _, base := range []string{env.ConsumersURL, env.WorkersURL} {
+		for _, base := range []string{e.ConsumersURL, e.WorkersURL} {
 			req, _ := http.NewRequest(http.MethodPost, fmt.Sprintf("%s/api/chats/%d/messages", base, chatID),
 				strings.NewReader(fmt.Sprintf(`{"body": "metrics %d"}`, i)))
 			req.Header.Set("Content-Type", "application/json")
-			req.Header.Set("Authorization", "Bearer "+env.Token)
+			req.Header.Set("Authorization", "Bearer "+e.Token)
 			resp, err := http.DefaultClient.Do(req)
 			if err != nil {
 				t.Fatal(err)
@@ -238,8 +238,8 @@ func TestRulesAndDashboardUseExportedMetrics(t *testing.T) {
 			}
 		}
 	}
-	get(t, env.ConsumersURL+"/api/chats/987654321/messages", env.Token)
-	get(t, env.ConsumersURL+"/no/such/path-424242", "")
+	get(t, e.ConsumersURL+"/api/chats/987654321/messages", e.Token)
+	get(t, e.ConsumersURL+"/no/such/path-424242", "")
 	deadline := time.Now().Add(time.Minute)
 	for len(ws[0].Seen(chat.Workers)) < n || len(ws[1].Seen(chat.Consumers)) < n {
 		if time.Now().After(deadline) {
@@ -249,7 +249,7 @@ func TestRulesAndDashboardUseExportedMetrics(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 
-	for _, svc := range []struct{ name, base string }{{chat.Consumers, env.ConsumersURL}, {chat.Workers, env.WorkersURL}} {
+	for _, svc := range []struct{ name, base string }{{chat.Consumers, e.ConsumersURL}, {chat.Workers, e.WorkersURL}} {
 		code, text := get(t, svc.base+"/metrics", "")
 		if code != http.StatusOK {
 			t.Fatalf("%s /metrics: %d", svc.name, code)

@@ -14,10 +14,14 @@ import (
 
 	"github.com/outboxchat/outboxchat/chat"
 	"github.com/outboxchat/outboxchat/internal/testenv"
+	"github.com/outboxchat/outboxchat/lab/labtest"
 	"github.com/outboxchat/outboxchat/redisq"
 )
 
-func TestMain(m *testing.M) { testenv.Main(m) }
+// TestMain builds the outboxchat binary once (the lab commands start it
+// as the services' processes); the operator commands' tests use the shared
+// test servers.
+func TestMain(m *testing.M) { labtest.Main(m, "cmd-test-") }
 
 // runCmd runs the binary's run with args and returns stdout and the error.
 func runCmd(t *testing.T, args ...string) (string, error) {

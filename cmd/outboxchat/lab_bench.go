@@ -1,0 +1,54 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+
+	"github.com/outboxchat/outboxchat/lab/env"
+	"github.com/outboxchat/outboxchat/lab/perf"
+)
+
+// runLabBench runs `lab bench`.
+func runLabBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("lab bench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	senders := fs.Int("senders", perf.DefaultBenchSenders, "concurrent senders (closed loop, keep-alive HTTP)")
+	chats := fs.Int("chats", perf.DefaultBenchChats, "chats the messages are spread over (one WebSocket watcher each)")
+	messages := fs.Int("messages", perf.DefaultBenchMessages, "messages to send")
+	variant := fs.String("variant", env.VariantV2, "v2, v2-intx, v2-poll or v1")
+	timeout := fs.Duration("timeout", perf.DefaultBenchSendTimeout, "bound on the sending phase")
+	asJSON := fs.Bool("json", false, "print one JSON object (DESIGN.md fields plus cpu_s); the details go to stderr")
+	hold := fs.Bool("hold-snapshot", false, "hold a REPEATABLE READ snapshot open (idle in transaction) through the run, as a forgotten session would")
+	insecure := fs.Bool("insecure", false, "services without auth and without signed stream entries (to measure what they cost)")
+	pgbouncer := fs.Bool("pgbouncer", false, "services reach Postgres through a private PgBouncer in transaction mode (LISTEN direct), as on a managed deployment")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("lab bench: unexpected arguments %q", fs.Args())
+	}
+	if *senders <= 0 || *chats <= 0 || *messages <= 0 || *timeout <= 0 {
+		return errors.New("lab bench: --senders, --chats, --messages and --timeout must be positive")
+	}
+	if err := env.CheckVariant(*variant); err != nil {
+		return err
+	}
+	res, err := perf.Bench(ctx, perf.BenchOptions{Senders: *senders, Chats: *chats, Messages: *messages,
+		Variant: *variant, SendTimeout: *timeout, Progress: stderr, HoldSnapshot: *hold, Insecure: *insecure, PgBouncer: *pgbouncer})
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		res.WriteText(stderr)
+		if err := json.NewEncoder(stdout).Encode(res); err != nil {
+			return fmt.Errorf("lab bench: write json: %w", err)
+		}
+		return nil
+	}
+	res.WriteText(stdout)
+	return nil
+}

@@ -1,0 +1,69 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+
+	"github.com/outboxchat/outboxchat/lab/perf"
+)
+
+// runLabLatency runs `lab latency`.
+func runLabLatency(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("lab latency", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	variants := fs.String("variants", strings.Join(perf.DefaultLatencyVariants, ","), "comma-separated variants: v1, v2, v2-intx, v2-poll")
+	messages := fs.Int("messages", perf.DefaultLatencyMessages, "messages per run")
+	interval := fs.Duration("interval", perf.DefaultLatencyInterval, "pause between two sends")
+	runs := fs.Int("runs", perf.DefaultLatencyRuns, "runs per variant")
+	asJSON := fs.Bool("json", false, "print one JSON object per variant per line (variant, runs, p50_ms, p95_ms, p99_ms, max_ms, n); floors and plot path go to stderr")
+	plotPath := fs.String("plot", perf.DefaultPlotPath, `PNG of the latency CDF per variant ("none" = no plot)`)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("lab latency: unexpected arguments %q", fs.Args())
+	}
+	if *messages <= 0 || *runs <= 0 || *interval <= 0 {
+		return errors.New("lab latency: --messages, --runs and --interval must be positive")
+	}
+	vs := splitList(*variants)
+	if len(vs) == 0 {
+		return errors.New("lab latency: --variants is empty")
+	}
+	rep, err := perf.Latency(ctx, perf.LatencyOptions{Variants: vs, Messages: *messages, Interval: *interval, Runs: *runs, Progress: stderr})
+	if err != nil {
+		return err
+	}
+	return writeLatency(rep, *asJSON, *plotPath, stdout, stderr)
+}
+
+// writeLatency prints rep (table or JSON lines) and draws the plot.
+func writeLatency(rep *perf.LatencyReport, asJSON bool, plotPath string, stdout, stderr io.Writer) error {
+	if asJSON {
+		if err := rep.WriteJSON(stdout); err != nil {
+			return err
+		}
+		if rep.Floors != nil {
+			rep.Floors.Write(stderr, rep.V2P50())
+		}
+	} else {
+		rep.WriteTable(stdout)
+	}
+	if plotPath == "none" {
+		return nil
+	}
+	path, err := perf.WriteLatencyPlot(plotPath, rep)
+	if err != nil {
+		return err
+	}
+	out := stdout
+	if asJSON {
+		out = stderr
+	}
+	fmt.Fprintf(out, "\nplot: %s\n", path)
+	return nil
+}

@@ -1,0 +1,100 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/outboxchat/outboxchat/lab/env"
+	"github.com/outboxchat/outboxchat/lab/perf"
+)
+
+func TestLatencyCmdRejects(t *testing.T) {
+	for _, args := range [][]string{
+		{"--runs", "0"}, {"--messages", "-1"}, {"--variants", "v3"}, {"--variants", ","}, {"extra"},
+	} {
+		var out, errb bytes.Buffer
+		if err := runLabLatency(context.Background(), args, &out, &errb); err == nil {
+			t.Errorf("lab latency %q: want an error", args)
+		}
+	}
+}
+
+// TestLatencyCmd runs `lab latency` end to end on one short run of v2:
+// structure and sane figures, never timing targets.
+func TestLatencyCmd(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	plotPath := filepath.Join(t.TempDir(), "cdf.png")
+	var out, errb bytes.Buffer
+	err := runLabLatency(ctx, []string{"--variants", "v2", "--messages", "20", "--interval", "50ms", "--runs", "1",
+		"--json", "--plot", plotPath}, &out, &errb)
+	if err != nil {
+		t.Fatalf("lab latency: %v\nstderr:\n%s", err, errb.String())
+	}
+	t.Logf("stdout:\n%s\nstderr:\n%s", out.String(), errb.String())
+	sc := bufio.NewScanner(&out)
+	var sums []perf.LatencySummary
+	for sc.Scan() {
+		var s perf.LatencySummary
+		if err := json.Unmarshal(sc.Bytes(), &s); err != nil {
+			t.Fatalf("line %q: %v", sc.Text(), err)
+		}
+		sums = append(sums, s)
+	}
+	if len(sums) != 1 {
+		t.Fatalf("want one JSON line, got %d", len(sums))
+	}
+	s := sums[0]
+	if s.Variant != env.VariantV2 || s.Runs != 1 || s.N != 20 {
+		t.Errorf("summary = %+v; want variant v2, 1 run, n 20 (nothing lost)", s)
+	}
+	if !(s.P50Ms > 0 && s.P50Ms <= s.P95Ms && s.P95Ms <= s.P99Ms && s.P99Ms <= s.MaxMs) {
+		t.Errorf("percentiles not ordered and positive: %+v", s)
+	}
+	for _, want := range []string{"INSERT+COMMIT round trip", "v2 p50 / floors sum", "plot: " + plotPath} {
+		if !strings.Contains(errb.String(), want) {
+			t.Errorf("stderr lacks %q", want)
+		}
+	}
+	if st, err := os.Stat(plotPath); err != nil || st.Size() == 0 {
+		t.Errorf("plot %s: %v", plotPath, err)
+	}
+}
+
+// With polling only, a message waits for the relay's 1 s poll: nothing else
+// may wake the relay. Regression: an inbox commit's receipt wake-up also
+// woke the poll-only relay, and v2-poll's p50 was 50 ms (the receipt wake
+// delay) instead of about half the poll. 20 messages 50 ms apart span one
+// poll interval, so however the polls fall the median waits at least about
+// a quarter of it; 150 ms leaves room, and a slow machine only adds.
+func TestLatencyPollOnlyWaitsForThePoll(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	var out, errb bytes.Buffer
+	// --plot none: the default plot path is relative to the package
+	// directory, and a test must not write into the source tree.
+	err := runLabLatency(ctx, []string{"--variants", "v2-poll", "--messages", "20", "--interval", "50ms", "--runs", "1",
+		"--json", "--plot", "none"}, &out, &errb)
+	if err != nil {
+		t.Fatalf("lab latency: %v\nstderr:\n%s", err, errb.String())
+	}
+	var s perf.LatencySummary
+	if err := json.Unmarshal(bytes.TrimSpace(out.Bytes()), &s); err != nil {
+		t.Fatalf("output %q: %v", out.String(), err)
+	}
+	if s.Variant != env.VariantV2Poll || s.N != 20 {
+		t.Fatalf("summary = %+v; want v2-poll, n 20", s)
+	}
+	if s.P50Ms < 150 {
+		t.Errorf("v2-poll p50 = %.1f ms; want >= 150 ms (something woke the poll-only relay)", s.P50Ms)
+	}
+}

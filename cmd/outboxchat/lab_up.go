@@ -1,0 +1,120 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"strconv"
+
+	"github.com/outboxchat/outboxchat/lab/env"
+)
+
+// runLabUp runs `lab up`: a private environment until ctx ends (Ctrl-C).
+func runLabUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("lab up", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	variant := fs.String("variant", env.VariantV2, "v1, v2, v2-poll or v2-intx")
+	consAddr := fs.String("consumers-addr", "", "consumers' HTTP address: PORT, :PORT or 127.0.0.1:PORT (default: a free port, new each run)")
+	workAddr := fs.String("workers-addr", "", "workers' HTTP address: PORT, :PORT or 127.0.0.1:PORT (default: a free port, new each run)")
+	keepLogs := fs.Bool("keep-logs", false, "keep the services' logs (a temp dir, printed) after the lab stops; by default they are removed")
+	useTLS := fs.Bool("tls", false, "everything over TLS with a private CA made for this run (printed as \"ca: PATH\"): HTTPS and WSS to the services, sslmode=verify-full to Postgres, rediss:// to Redis")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	opts := env.Options{Variant: *variant, Progress: stderr, TLS: *useTLS}
+	var err error
+	if opts.ConsumersAddr, err = loopbackAddr("--consumers-addr", *consAddr); err != nil {
+		return err
+	}
+	if opts.WorkersAddr, err = loopbackAddr("--workers-addr", *workAddr); err != nil {
+		return err
+	}
+	if opts.ConsumersAddr != "" && opts.ConsumersAddr == opts.WorkersAddr {
+		return fmt.Errorf("lab up: --consumers-addr and --workers-addr are both %s", opts.ConsumersAddr)
+	}
+	if *keepLogs {
+		// Not under the "outboxchat-lab-" prefix, whose dirs a later run
+		// reaps once their owner is gone.
+		if opts.Dir, err = os.MkdirTemp("", "outboxchat-logs-"); err != nil {
+			return fmt.Errorf("lab up: logs dir: %w", err)
+		}
+	}
+	e, err := env.Start(ctx, opts)
+	if err != nil {
+		return err
+	}
+	defer e.Close()
+	fmt.Fprintf(stdout, "consumers: %s\n", e.ConsumersURL)
+	fmt.Fprintf(stdout, "workers: %s\n", e.WorkersURL)
+	fmt.Fprintf(stdout, "database: %s\n", e.DatabaseURL)
+	fmt.Fprintf(stdout, "redis: %s\n", e.RedisURL)
+	// A development token for every chat on both services; the pages take
+	// it from the URL fragment, which browsers never send to a server.
+	fmt.Fprintf(stdout, "token: %s\n", e.Token)
+	fmt.Fprintf(stdout, "consumers page: %s/?chat_id=1#token=%s\n", e.ConsumersURL, e.Token)
+	fmt.Fprintf(stdout, "workers page: %s/?chat_id=1#token=%s\n", e.WorkersURL, e.Token)
+	if e.CAFile != "" {
+		fmt.Fprintf(stdout, "ca: %s\n", e.CAFile)
+		fmt.Fprintf(stderr, "lab: TLS with a private CA: trust %s to connect (curl --cacert %s …; a browser: import it as an authority, or accept the warning); it lives as long as the lab\n", e.CAFile, e.CAFile)
+	}
+	if *keepLogs {
+		fmt.Fprintf(stderr, "lab: logs in %s (kept after the lab stops); Ctrl-C stops everything\n", e.Dir)
+	} else {
+		fmt.Fprintf(stderr, "lab: logs in %s (removed when the lab stops; --keep-logs keeps them); Ctrl-C stops everything\n", e.Dir)
+	}
+	<-ctx.Done()
+	fmt.Fprintln(stderr, "lab: stopping")
+	if *keepLogs {
+		fmt.Fprintf(stderr, "lab: logs kept in %s\n", e.Dir)
+	}
+	return nil
+}
+
+// loopbackAddr turns a --*-addr value (PORT, :PORT, 127.0.0.1:PORT,
+// localhost:PORT or [::1]:PORT) into "HOST:PORT" on a loopback address ("" stays "",
+// meaning a free port), and checks that the port is free now, so a taken
+// port fails before anything starts. Other hosts are refused: the lab is
+// for this machine only.
+func loopbackAddr(flagName, v string) (string, error) {
+	addr, err := parseLoopbackAddr(flagName, v)
+	if err != nil || addr == "" {
+		return addr, err
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		var opErr *net.OpError
+		if errors.As(err, &opErr) {
+			err = opErr.Err
+		}
+		return "", fmt.Errorf("lab up: %s %s: %w", flagName, addr, err)
+	}
+	_ = ln.Close()
+	return addr, nil
+}
+
+// parseLoopbackAddr is loopbackAddr without the check that the port is free.
+func parseLoopbackAddr(flagName, v string) (string, error) {
+	if v == "" {
+		return "", nil
+	}
+	host, port, err := net.SplitHostPort(v)
+	if err != nil {
+		host, port = "", v // a bare port
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+		return "", fmt.Errorf("lab up: %s %q: want PORT, :PORT or 127.0.0.1:PORT with a port from 1 to 65535", flagName, v)
+	}
+	switch host {
+	case "", "localhost":
+		host = "127.0.0.1"
+	default:
+		if ip := net.ParseIP(host); ip == nil || !ip.IsLoopback() {
+			return "", fmt.Errorf("lab up: %s %q: the lab listens on loopback addresses only (127.0.0.1, ::1)", flagName, v)
+		}
+	}
+	return net.JoinHostPort(host, port), nil
+}

@@ -1,0 +1,108 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"strings"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/outboxchat/outboxchat/chat"
+	"github.com/outboxchat/outboxchat/redisq"
+)
+
+// opsFlags are the connection and output flags the operator commands share.
+type opsFlags struct {
+	dbURL, redisURL, prefix *string
+	asJSON                  *bool
+}
+
+func newOpsFlags(fs *flag.FlagSet, db, rds bool) opsFlags {
+	var f opsFlags
+	if db {
+		f.dbURL = fs.String("database-url", os.Getenv("DATABASE_URL"), "Postgres URL (default $DATABASE_URL): a role that can read the service schemas, e.g. the database owner")
+	}
+	if rds {
+		f.redisURL = fs.String("redis-url", os.Getenv("REDIS_URL"), "Redis URL (default $REDIS_URL)")
+		f.prefix = fs.String("redis-prefix", chat.DefaultRedisPrefix, "prefix of every Redis key (as given to serve)")
+	}
+	f.asJSON = fs.Bool("json", false, "print JSON instead of text")
+	return f
+}
+
+func (f opsFlags) pool(ctx context.Context, cmd string) (*pgxpool.Pool, error) {
+	if *f.dbURL == "" {
+		return nil, fmt.Errorf("%s: no database URL (--database-url or DATABASE_URL)", cmd)
+	}
+	p, err := pgxpool.New(ctx, *f.dbURL)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", cmd, err)
+	}
+	return p, nil
+}
+
+func (f opsFlags) redis(cmd string) (*redis.Client, error) {
+	if *f.redisURL == "" {
+		return nil, fmt.Errorf("%s: no redis URL (--redis-url or REDIS_URL)", cmd)
+	}
+	r, err := redisq.NewClient(*f.redisURL)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", cmd, err)
+	}
+	return r, nil
+}
+
+func printJSON(w io.Writer, v any) error {
+	e := json.NewEncoder(w)
+	e.SetIndent("", "  ")
+	return e.Encode(v)
+}
+
+// parseAction reads the action of `outboxchat <cmd> <action> [flags]`
+// (args[0], one of actions) and returns it with a FlagSet named
+// "<cmd> <action>" that reports to stderr. A missing or unknown action
+// prints usage and is an error.
+func parseAction(cmd, usage string, actions, args []string, stderr io.Writer) (string, *flag.FlagSet, error) {
+	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
+		fmt.Fprint(stderr, usage)
+		return "", nil, fmt.Errorf("%s: want an action: %s", cmd, orList(actions))
+	}
+	if !slices.Contains(actions, args[0]) {
+		fmt.Fprint(stderr, usage)
+		return "", nil, fmt.Errorf("%s: unknown action %q", cmd, args[0])
+	}
+	fs := flag.NewFlagSet(cmd+" "+args[0], flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	return args[0], fs, nil
+}
+
+// orList joins words as "a, b or c".
+func orList(words []string) string {
+	if len(words) < 2 {
+		return strings.Join(words, "")
+	}
+	return strings.Join(words[:len(words)-1], ", ") + " or " + words[len(words)-1]
+}
+
+// parseInterleaved parses args with fs, flags and positional arguments in
+// any order ("replay ID --service S" as well as "replay --service S ID"),
+// and returns the positional ones.
+func parseInterleaved(fs *flag.FlagSet, args []string) ([]string, error) {
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		if fs.NArg() == 0 {
+			return pos, nil
+		}
+		pos = append(pos, fs.Arg(0))
+		args = fs.Args()[1:]
+	}
+}

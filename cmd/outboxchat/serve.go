@@ -1,0 +1,175 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/pprof"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/outboxchat/outboxchat/chat"
+	"github.com/outboxchat/outboxchat/lab/fault"
+	"github.com/outboxchat/outboxchat/outbox"
+	"github.com/outboxchat/outboxchat/redisq"
+)
+
+// runServe runs `outboxchat serve`: one service's roles until ctx ends.
+func runServe(ctx context.Context, args []string, _, stderr io.Writer) error {
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	service := fs.String("service", "", "consumers or workers (required)")
+	roles := fs.String("role", "", "roles to run: any of api,relay,worker (default all)")
+	dbURL := fs.String("database-url", os.Getenv("DATABASE_URL"), fmt.Sprintf("Postgres URL of the service's role (default $DATABASE_URL); pgxpool parameters in it are honoured: pool_max_conns=N sets the pool size (default %d: group committer 1 + slow lanes up to 4 + history and gateway reads for the api role, 1 per relay pass, 1 per inbox batch; LISTEN connections are extra)", chat.DefaultPoolMaxConns))
+	listenURL := fs.String("listen-database-url", os.Getenv("LISTEN_DATABASE_URL"), "Postgres URL of the process's one LISTEN connection (relay and gateway wake-ups), direct or through a session-mode pooler, for when --database-url goes through a transaction-mode pooler such as PgBouncer (default $LISTEN_DATABASE_URL, else --database-url)")
+	redisURL := fs.String("redis-url", os.Getenv("REDIS_URL"), "Redis URL (default $REDIS_URL)")
+	sendLock := fs.Duration("send-lock-timeout", chat.DefaultSendLockTimeout, "how long a send waits for its chat's lock (held by another session) before it answers 503, storing nothing")
+	readTimeout := fs.Duration("read-timeout", chat.DefaultReadTimeout, "bound on each history read (then 503)")
+	httpAddr := fs.String("http", "", "HTTP listen address (default 127.0.0.1:8080 consumers, 127.0.0.1:8081 workers)")
+	mode := fs.String("mode", chat.ModeOutbox, "send path: v2 (transactional outbox) or v1 (naive dual write, lab only)")
+	wake := fs.String("wake", "after-commit", "relay wake-up: after-commit (fast), in-tx (NOTIFY in the send transaction) or none (poll only); after_commit and in_tx are accepted too")
+	pollOnly := fs.Bool("poll-only", false, "relay: no LISTEN, poll every --poll-interval")
+	poll := fs.Duration("poll-interval", outbox.DefaultPollInterval, "relay poll fallback interval")
+	lock := fs.Duration("lock-duration", redisq.DefaultLockDuration, "how long a job may stay unacknowledged before it is handed out again")
+	redrive := fs.Duration("redrive-after", -1, "publish a sent message again when no receipt came back within this long (default 2 × --lock-duration; 0 = off)")
+	gap := fs.Duration("gap-timeout", 0, "how long the WebSocket gateway holds received messages behind a missing seq (0 = 2 × --lock-duration; negative = no hold)")
+	consumer := fs.String("consumer-name", "", "this worker's name in the consumer group, stable across restarts (default <service>-<hostname>)")
+	maxBody := fs.Int("max-body-bytes", chat.DefaultMaxBodyBytes, "message body limit in bytes")
+	prefix := fs.String("redis-prefix", chat.DefaultRedisPrefix, "prefix of every Redis key")
+	faultSpec := fs.String("fault", os.Getenv("OUTBOXCHAT_FAULT"), "fault injection for the lab, KIND:SEQ (default $OUTBOXCHAT_FAULT; off)")
+	maxAttempts := fs.Int("relay-max-attempts", outbox.DefaultMaxAttempts, "relay: park an outbox row after this many failed publishes of its own (broker outages never count; negative = never park)")
+	deadMax := fs.Int64("dead-letter-max", redisq.DefaultDeadLetterMax, "worker: keep at most this many dead letters (the oldest are dropped, counted in outboxchat_deadletter_trimmed_total; negative = no cap)")
+	vacuumRows := fs.Int64("outbox-vacuum-rows", outbox.DefaultVacuumDeadRows, "relay: VACUUM the outbox once it holds this many dead (published and deleted) rows, checked every 2 s (negative = leave it to autovacuum)")
+	logFormat := fs.String("log-format", "text", "log format: text or json")
+	shutdownDelay := fs.Duration("shutdown-delay", 0, "on SIGTERM, keep serving this long with /readyz answering 503 before the listener closes (for a load balancer's probe)")
+	debugAddr := fs.String("debug-addr", "", "serve Go's pprof profiles (/debug/pprof/) on this address, e.g. 127.0.0.1:6060 (default off)")
+	guard := guardFlags(fs)
+	auth := authFlags(fs)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	r, err := chat.ParseRoles(*roles)
+	if err != nil {
+		return err
+	}
+	wm, err := outbox.ParseWakeMode(*wake)
+	if err != nil {
+		return fmt.Errorf("--wake %q: want after-commit, in-tx or none", *wake)
+	}
+	if *debugAddr != "" {
+		ln, err := net.Listen("tcp", *debugAddr)
+		if err != nil {
+			return fmt.Errorf("--debug-addr: %w", err)
+		}
+		mux := http.NewServeMux()
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		go func() { _ = srv.Serve(ln) }()
+		defer srv.Close()
+	}
+	log := newLogger(stderr, *logFormat)
+	var hooks chat.Hooks // nil unless --fault: an interface holding a nil *Crash is not nil
+	if f, err := fault.ParseCrash(*faultSpec, log.With("service", *service)); err != nil {
+		return err
+	} else if f != nil {
+		hooks = f
+	}
+	return chat.Serve(ctx, chat.Config{
+		Service: *service, Roles: r, DatabaseURL: *dbURL, ListenDatabaseURL: *listenURL, RedisURL: *redisURL, HTTPAddr: *httpAddr,
+		Mode: *mode, Wake: wm, PollOnly: *pollOnly, PollInterval: *poll, LockDuration: *lock,
+		RedriveAfter: redriveAfter(*redrive),
+		GapTimeout:   *gap, ConsumerName: *consumer, MaxBodyBytes: *maxBody, RedisPrefix: *prefix, Hooks: hooks,
+		SendLockTimeout: *sendLock, ReadTimeout: *readTimeout, ShutdownDelay: *shutdownDelay,
+		RelayMaxAttempts: *maxAttempts, DeadLetterMax: *deadMax, OutboxVacuumRows: *vacuumRows,
+		Guard: guard.config(), Auth: auth.config(), EventKeyFile: *auth.eventKeys,
+		TLSCertFile: *auth.tlsCert, TLSKeyFile: *auth.tlsKey, Logger: log,
+	})
+}
+
+// redriveAfter maps --redrive-after to chat.Config.RedriveAfter: the flag's
+// -1 (unset) is the default (0), 0 is off (negative).
+func redriveAfter(flagValue time.Duration) time.Duration {
+	switch {
+	case flagValue < 0:
+		return 0
+	case flagValue == 0:
+		return -1
+	}
+	return flagValue
+}
+
+// guardFlagSet holds serve's connection-guard flags (chat.GuardConfig).
+type guardFlagSet struct {
+	hosts, origins                     *string
+	readHeader, bodyRead, idle         *time.Duration
+	ping, pong                         *time.Duration
+	userRate, ipRate                   *float64
+	userBurst, ipBurst, socketsPerUser *int
+}
+
+func guardFlags(fs *flag.FlagSet) *guardFlagSet {
+	g := &guardFlagSet{
+		hosts:          fs.String("allowed-hosts", "", "comma-separated host names the Host header may name, or * (default: the listen host, localhost, 127.0.0.1, ::1; any IP literal when listening on 0.0.0.0)"),
+		origins:        fs.String("allowed-origins", "", "comma-separated origins (scheme://host[:port]) pages may call the API and open WebSockets from, or * (default: same origin on an allowed host)"),
+		readHeader:     fs.Duration("read-header-timeout", chat.DefaultReadHeaderTimeout, "bound on reading a request's headers"),
+		bodyRead:       fs.Duration("body-read-timeout", chat.DefaultBodyReadTimeout, "bound on reading a request's body (then 408, connection closed)"),
+		idle:           fs.Duration("idle-timeout", chat.DefaultIdleTimeout, "close keep-alive connections idle this long"),
+		ping:           fs.Duration("ws-ping-interval", chat.DefaultPingInterval, "WebSocket ping interval"),
+		pong:           fs.Duration("ws-pong-timeout", chat.DefaultPongTimeout, "drop a WebSocket whose pong takes longer than this"),
+		userRate:       fs.Float64("rate-user", chat.DefaultUserRate, "requests and WebSocket sends per second per user (negative: no limit)"),
+		userBurst:      fs.Int("burst-user", chat.DefaultUserBurst, "requests at once per user"),
+		ipRate:         fs.Float64("rate-ip", chat.DefaultIPRate, "API and WebSocket requests per second per client IP (negative: no limit)"),
+		ipBurst:        fs.Int("burst-ip", chat.DefaultIPBurst, "requests at once per client IP"),
+		socketsPerUser: fs.Int("ws-per-user", chat.DefaultSocketsPerUser, "open WebSockets per user (negative: no cap)"),
+	}
+	return g
+}
+
+func (g *guardFlagSet) config() chat.GuardConfig {
+	return chat.GuardConfig{
+		AllowedHosts: splitList(*g.hosts), AllowedOrigins: splitList(*g.origins),
+		ReadHeaderTimeout: *g.readHeader, BodyReadTimeout: *g.bodyRead, IdleTimeout: *g.idle,
+		PingInterval: *g.ping, PongTimeout: *g.pong,
+		UserRate: *g.userRate, UserBurst: *g.userBurst, IPRate: *g.ipRate, IPBurst: *g.ipBurst,
+		SocketsPerUser: *g.socketsPerUser,
+	}
+}
+
+// authFlagSet holds serve's authentication flags (chat.AuthConfig).
+type authFlagSet struct {
+	secretFile, keysFile, eventKeys *string
+	tlsCert, tlsKey                 *string
+	insecure                        *bool
+}
+
+func authFlags(fs *flag.FlagSet) *authFlagSet {
+	return &authFlagSet{
+		secretFile: fs.String("jwt-secret-file", os.Getenv("OUTBOXCHAT_JWT_SECRET_FILE"), "file holding the HS256 secret of bearer tokens, ≥ 32 bytes (default $OUTBOXCHAT_JWT_SECRET_FILE)"),
+		keysFile:   fs.String("jwt-keys-file", "", "JWKS file of RS256/EdDSA public keys of bearer tokens"),
+		insecure:   fs.Bool("insecure-no-auth", false, "serve the API without authentication (anyone reaching it reads and writes every chat)"),
+		tlsCert:    fs.String("tls-cert", "", "PEM certificate (chain) file: serve HTTPS and WSS (with --tls-key)"),
+		tlsKey:     fs.String("tls-key", "", "PEM private key file of --tls-cert"),
+		eventKeys:  fs.String("event-key-file", os.Getenv("OUTBOXCHAT_EVENT_KEY_FILE"), "HMAC keys signing and checking stream entries, lines \"<consumers-to-workers|workers-to-consumers> <hex key>\" (default $OUTBOXCHAT_EVENT_KEY_FILE; none: entries unsigned)"),
+	}
+}
+
+// splitList splits a comma-separated flag value, dropping empty items.
+func splitList(s string) []string {
+	var out []string
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+func (a *authFlagSet) config() chat.AuthConfig {
+	return chat.AuthConfig{SecretFile: *a.secretFile, KeysFile: *a.keysFile, Insecure: *a.insecure}
+}

@@ -1,0 +1,103 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"text/tabwriter"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/outboxchat/outboxchat/chat"
+)
+
+// errNeedsPerson is status's error when something needs a person (exit 1).
+var errNeedsPerson = errors.New("status: something needs a person (see problems)")
+
+// runStatus prints both services on one screen and returns errNeedsPerson
+// when Status.Problems is not empty.
+func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("status", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	f := newOpsFlags(fs, true, true)
+	backlog := fs.Duration("max-backlog-age", chat.DefaultMaxBacklogAge, "a problem when the oldest unsent outbox row is older than this")
+	xact := fs.Duration("max-transaction-age", chat.DefaultMaxTransactionAge, "a problem when a transaction or snapshot the database can see is older than this (it holds back cleanup)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	pool, err := f.pool(ctx, "status")
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	var rdb redis.UniversalClient
+	if *f.redisURL != "" {
+		c, err := f.redis("status")
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		rdb = c
+	}
+	qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	st, err := chat.ReadStatus(qctx, pool, rdb, *f.prefix, chat.StatusThresholds{BacklogAge: *backlog, TransactionAge: *xact})
+	if err != nil {
+		return fmt.Errorf("status: %w", err)
+	}
+	if *f.asJSON {
+		if err := printJSON(stdout, st); err != nil {
+			return err
+		}
+	} else {
+		writeStatus(stdout, st)
+	}
+	if !st.Healthy {
+		return errNeedsPerson
+	}
+	return nil
+}
+
+func secs(v float64) string {
+	switch {
+	case v < 10:
+		return fmt.Sprintf("%.1fs", v)
+	case v < 3600:
+		return fmt.Sprintf("%.0fs", v)
+	}
+	return (time.Duration(v) * time.Second).String()
+}
+
+func writeStatus(w io.Writer, st *chat.Status) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "service\tunsent\toldest unsent\tparked\tlast relay pass\tstream read\tlength\tpending\tlag\tdead letters")
+	for _, s := range st.Services {
+		pass := "never"
+		if s.LastRelayPassSeconds != nil {
+			pass = secs(*s.LastRelayPassSeconds) + " ago"
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%s\t%s\t%d\t%d\t%d\t%d\n", s.Service, s.Unsent, secs(s.OldestUnsentSeconds), s.Parked,
+			pass, s.Stream, s.StreamLength, s.StreamPending, s.StreamLag, s.DeadLetters)
+	}
+	tw.Flush()
+	for _, s := range st.Services {
+		for _, c := range s.Consumers {
+			fmt.Fprintf(w, "%s consumer %s: pending %d, idle %s\n", s.Service, c.Name, c.Pending, secs(c.IdleSeconds))
+		}
+	}
+	if st.Database.Error == "" {
+		fmt.Fprintf(w, "database: oldest transaction %s, oldest xmin %.0f xids old\n",
+			secs(st.Database.OldestTransactionSeconds), st.Database.OldestXminAgeXids)
+	}
+	if st.Healthy {
+		fmt.Fprintln(w, "healthy")
+		return
+	}
+	fmt.Fprintf(w, "NEEDS A PERSON (%d):\n", len(st.Problems))
+	for _, p := range st.Problems {
+		fmt.Fprintln(w, "  - "+p)
+	}
+}

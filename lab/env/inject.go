@@ -1,0 +1,152 @@
+package env
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"syscall"
+
+	"github.com/outboxchat/outboxchat/lab/fault"
+)
+
+// Heal reverts one injected fault (Env.Inject). It is never nil.
+type Heal func(ctx context.Context) error
+
+// Proc returns the service process named name (Procs), nil if none.
+func (e *Env) Proc(name string) *Proc {
+	for _, p := range e.Procs() {
+		if p.Name() == name {
+			return p
+		}
+	}
+	return nil
+}
+
+// Inject applies f to the environment at once (f.At and f.For are the
+// caller's to honour) and returns what heals it:
+//
+//	fault.Kill, fault.Term  SIGKILL / SIGTERM process f.Target; heal starts it again (if it is not running)
+//	fault.Stop              SIGSTOP process f.Target; heal continues it
+//	fault.RedisKill         SIGKILL Redis; fault.RedisStop: graceful shutdown; heal starts it again
+//	fault.PostgresImmediate, fault.PostgresFast  stop Postgres in that mode; heal starts it again
+//	fault.Net               a toxic on link f.Target (needs Options.Links); heal removes it
+//
+// fault.CrashPoint is not injected here: it restarts a process with
+// --fault (fault.Spec), which needs the seq to crash at. The error is
+// Inject's own (an unknown target, a signal that failed); the heal it
+// returns is valid even then and heals what was done.
+func (e *Env) Inject(ctx context.Context, f fault.Fault) (Heal, error) {
+	none := func(context.Context) error { return nil }
+	switch f.Kind {
+	case fault.Kill, fault.Term, fault.Stop:
+		p := e.Proc(f.Target)
+		if p == nil {
+			return none, fmt.Errorf("lab: inject %s: no process %q", f.Kind, f.Target)
+		}
+		if f.Kind == fault.Stop {
+			return func(context.Context) error { return p.Signal(syscall.SIGCONT) }, p.Signal(syscall.SIGSTOP)
+		}
+		start := func(ctx context.Context) error {
+			if p.Running() {
+				return nil
+			}
+			return p.StartReady(ctx)
+		}
+		if f.Kind == fault.Kill {
+			return start, p.Kill()
+		}
+		return start, p.Stop(ctx)
+	case fault.RedisKill, fault.RedisStop:
+		heal := func(ctx context.Context) error {
+			if err := e.Redis.Restart(ctx); err != nil {
+				return fmt.Errorf("lab: restart redis: %w", err)
+			}
+			return nil
+		}
+		if f.Kind == fault.RedisKill {
+			if err := e.Redis.Kill(); err != nil {
+				return heal, fmt.Errorf("lab: kill redis: %w", err)
+			}
+		} else if err := e.Redis.Stop(ctx); err != nil {
+			return heal, fmt.Errorf("lab: stop redis: %w", err)
+		}
+		return heal, nil
+	case fault.PostgresImmediate, fault.PostgresFast:
+		heal := func(ctx context.Context) error {
+			if err := e.Postgres.Restart(ctx); err != nil {
+				return fmt.Errorf("lab: restart postgres: %w", err)
+			}
+			return nil
+		}
+		stop := e.Postgres.Stop
+		if f.Kind == fault.PostgresImmediate {
+			stop = e.Postgres.StopImmediate
+		}
+		if err := stop(ctx); err != nil {
+			return heal, fmt.Errorf("lab: stop postgres: %w", err)
+		}
+		return heal, nil
+	case fault.Net:
+		if e.links == nil {
+			return none, errors.New("lab: inject net: the environment has no Links")
+		}
+		name, err := e.links.Add(f.Target, f.Net, f.Stream, f.Attrs)
+		if err != nil {
+			return none, err
+		}
+		return func(context.Context) error { e.links.Remove(f.Target, name); return nil }, nil
+	}
+	return none, fmt.Errorf("lab: inject: %q is not injected by Inject", f.Kind)
+}
+
+// HealAll ends every fault: toxics removed (with Options.Links), Postgres
+// and Redis running, every service process running and continued. It
+// returns the first failure to start something.
+func (e *Env) HealAll(ctx context.Context) error {
+	if e.links != nil {
+		e.links.Clear()
+	}
+	if !e.Postgres.Running() {
+		if err := e.Postgres.Restart(ctx); err != nil {
+			return fmt.Errorf("heal postgres: %w", err)
+		}
+	}
+	if !e.Redis.Running() {
+		if err := e.Redis.Restart(ctx); err != nil {
+			return fmt.Errorf("heal redis: %w", err)
+		}
+	}
+	for _, p := range e.Procs() {
+		if p.Running() {
+			_ = p.Signal(syscall.SIGCONT)
+			continue
+		}
+		if err := p.StartReady(ctx); err != nil {
+			return fmt.Errorf("heal: %w", err)
+		}
+	}
+	return nil
+}
+
+// RestartOnExit waits, in a goroutine of its own, for p's current run to
+// end; then it calls exited, starts p again with args and calls started
+// with StartReady's result. The returned channel is closed when that is
+// done, or at once when ctx ends first (then nothing is restarted). For a
+// crash the experiment provoked: a process started with --fault is given
+// args without it.
+func (p *Proc) RestartOnExit(ctx context.Context, args []string, exited func(), started func(error)) <-chan struct{} {
+	ch, _ := p.Exited()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		select {
+		case <-ctx.Done():
+			return
+		case <-ch:
+		}
+		exited()
+		p.SetArgs(args)
+		started(p.StartReady(ctx))
+	}()
+	return done
+}

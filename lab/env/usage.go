@@ -1,0 +1,105 @@
+package env
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+)
+
+// RedisUsedMB returns the lab Redis's used_memory in MB (2^20 bytes).
+func (env *Env) RedisUsedMB(ctx context.Context) (float64, error) {
+	info, err := env.RedisClient().Info(ctx, "memory").Result()
+	if err != nil {
+		return 0, fmt.Errorf("lab: redis info: %w", err)
+	}
+	v, ok := infoField(info, "used_memory")
+	if !ok {
+		return 0, errors.New("lab: redis info: no used_memory")
+	}
+	b, err := strconv.ParseFloat(v, 64)
+	if err != nil {
+		return 0, fmt.Errorf("lab: redis info: used_memory %q: %w", v, err)
+	}
+	return math.Round(b/(1<<20)*100) / 100, nil
+}
+
+// infoField returns field key of a Redis INFO reply.
+func infoField(info, key string) (string, bool) {
+	for _, l := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(l), key+":"); ok {
+			return v, true
+		}
+	}
+	return "", false
+}
+
+// CPU returns the CPU seconds used so far by each service process (by
+// name),
+// by Postgres (postmaster, live children, and reaped children through the
+// postmaster's cutime/cstime) and by redis-server.
+func (env *Env) CPU(ctx context.Context) (map[string]float64, error) {
+	out := map[string]float64{}
+	for _, p := range env.Procs() {
+		u, err := p.Usage()
+		if err != nil {
+			return nil, err
+		}
+		out[p.Name()] = u.CPUSeconds
+	}
+	if pid, err := postmasterPID(env); err == nil {
+		out["postgres"] = treeCPU(pid)
+	}
+	if info, err := env.RedisClient().Info(ctx, "server").Result(); err == nil {
+		if v, ok := infoField(info, "process_id"); ok {
+			if pid, err := strconv.Atoi(v); err == nil {
+				out["redis"] = treeCPU(pid)
+			}
+		}
+	}
+	return out, nil
+}
+
+// postmasterPID reads the first line of the data directory's postmaster.pid.
+func postmasterPID(env *Env) (int, error) {
+	b, err := os.ReadFile(filepath.Join(env.Postgres.Dir(), "data", "postmaster.pid"))
+	if err != nil {
+		return 0, err
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	return strconv.Atoi(strings.TrimSpace(line))
+}
+
+func readProcStat(pid int) (procStat, bool) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return procStat{}, false
+	}
+	st, err := parseProcStat(string(b))
+	return st, err == nil
+}
+
+// treeCPU returns the CPU seconds of pid, its reaped children and its live
+// direct children (with their reaped children).
+func treeCPU(pid int) float64 {
+	root, ok := readProcStat(pid)
+	if !ok {
+		return 0
+	}
+	total := root.self + root.child
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		cpid, err := strconv.Atoi(e.Name())
+		if err != nil || cpid == pid {
+			continue
+		}
+		if st, ok := readProcStat(cpid); ok && st.ppid == pid {
+			total += st.self + st.child
+		}
+	}
+	return total
+}

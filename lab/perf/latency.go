@@ -1,0 +1,455 @@
+package perf
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/outboxchat/outboxchat/chat"
+	"github.com/outboxchat/outboxchat/lab/env"
+	"github.com/outboxchat/outboxchat/lab/probe"
+)
+
+// Latency defaults (the write-up's experiment).
+const (
+	// DefaultLatencyMessages is how many messages one run sends.
+	DefaultLatencyMessages = 100
+	// DefaultLatencyInterval is the pause between two sends of a run.
+	DefaultLatencyInterval = 100 * time.Millisecond
+	// DefaultLatencyRuns is how many runs each variant gets.
+	DefaultLatencyRuns = 3
+	// DefaultLatencySettle bounds the wait, after a run's last send, for
+	// every sent message to be shown; what is not shown by then is lost.
+	DefaultLatencySettle = 10 * time.Second
+	// DefaultFloorSamples is how many round trips each floor measures.
+	DefaultFloorSamples = 200
+	// PacedFloorSamples is how many round trips each floor measures at the
+	// test's pace (one per Interval of idleness).
+	PacedFloorSamples = 30
+)
+
+// DefaultLatencyVariants are the variants `lab latency` measures by
+// default, in table order: the write-up's three plus the write-up's own v2
+// mode (NOTIFY inside the send transaction).
+var DefaultLatencyVariants = []string{env.VariantV1, env.VariantV2, env.VariantV2InTx, env.VariantV2Poll}
+
+// variantLabel is a variant's name in the table and the plot.
+func variantLabel(v string) string {
+	switch v {
+	case env.VariantV1:
+		return "v1: plain queue add"
+	case env.VariantV2:
+		return "v2: outbox, wake-up after commit"
+	case env.VariantV2InTx:
+		return "v2-intx: outbox, NOTIFY in send tx"
+	case env.VariantV2Poll:
+		return "v2-poll: polling only, 1 s"
+	}
+	return v
+}
+
+// LatencyOptions configures Latency. A zero field means its default.
+type LatencyOptions struct {
+	// Variants to measure, in order. Default DefaultLatencyVariants.
+	Variants []string
+	// Messages per run. Default DefaultLatencyMessages (100).
+	Messages int
+	// Interval between two sends. Default DefaultLatencyInterval (100 ms).
+	Interval time.Duration
+	// Runs per variant. Default DefaultLatencyRuns (3).
+	Runs int
+	// Settle bounds the wait after a run's last send. Default
+	// DefaultLatencySettle (10 s).
+	Settle time.Duration
+	// FloorSamples is the number of round trips per floor. Default
+	// DefaultFloorSamples (200); negative skips the floors.
+	FloorSamples int
+	// Progress receives progress lines. nil discards them.
+	Progress io.Writer
+}
+
+// LatencyRun is one run of one variant.
+type LatencyRun struct {
+	// Samples holds one latency per message shown (send call start →
+	// frame at the workers' WebSocket client), sorted ascending.
+	Samples []time.Duration
+	// Sent is the number of sends answered 201; SendErrors the others.
+	Sent, SendErrors int
+	// Lost is the number of messages answered 201 but not shown within
+	// the settle time.
+	Lost int
+	// DuplicatesShown is the number of frames that showed a message again.
+	DuplicatesShown int
+	// P50, P95, P99 and Max summarise Samples (nearest rank; 0 when empty).
+	P50, P95, P99, Max time.Duration
+	// Stages are the p50s of the three legs of a message's way, split at
+	// the timestamps the frame carries (both set by Postgres now(), the
+	// start of the transaction): send call start → sent_at (send tx begins),
+	// sent_at → received_at (send commit, wake-up, relay, Redis, worker
+	// picks the job up and begins its inbox tx), received_at → frame at the
+	// client (inbox commit, NOTIFY, gateway read, WebSocket write).
+	Stages Stages
+}
+
+// Stages are the p50 durations of the three legs of a message's way; see
+// LatencyRun.Stages.
+type Stages struct {
+	ToSendTx, SendToInboxTx, InboxTxToShown time.Duration
+}
+
+// stageSamples collects the legs of each message to compute Stages.
+type stageSamples struct{ a, b, c []time.Duration }
+
+func (s *stageSamples) add(t0 time.Time, sh probe.Shown) {
+	if sh.Message.ReceivedAt == nil || sh.Message.SentAt.IsZero() {
+		return
+	}
+	s.a = append(s.a, sh.Message.SentAt.Sub(t0))
+	s.b = append(s.b, sh.Message.ReceivedAt.Sub(sh.Message.SentAt))
+	s.c = append(s.c, sh.At.Sub(*sh.Message.ReceivedAt))
+}
+
+func (s *stageSamples) p50() Stages {
+	med := func(ds []time.Duration) time.Duration { slices.Sort(ds); return probe.Percentile(ds, 0.5) }
+	return Stages{med(s.a), med(s.b), med(s.c)}
+}
+
+// VariantLatency is every run of one variant.
+type VariantLatency struct {
+	Variant string
+	Runs    []LatencyRun
+}
+
+// LatencyReport is the result of Latency.
+type LatencyReport struct {
+	// Messages, Interval and Runs are the options the report was made with.
+	Messages int
+	Interval time.Duration
+	Runs     int
+	// Variants holds one entry per variant, in the order asked.
+	Variants []VariantLatency
+	// Floors are measured on the environment of v2 (or of the first
+	// variant when v2 is not measured); nil when skipped.
+	Floors *Floors
+}
+
+// LatencySummary is one variant's line of `lab latency --json` (DESIGN.md):
+// each figure is the median over runs, in milliseconds; N is the number of
+// latency samples (messages shown) over all runs.
+type LatencySummary struct {
+	Variant string  `json:"variant"`
+	Runs    int     `json:"runs"`
+	P50Ms   float64 `json:"p50_ms"`
+	P95Ms   float64 `json:"p95_ms"`
+	P99Ms   float64 `json:"p99_ms"`
+	MaxMs   float64 `json:"max_ms"`
+	N       int     `json:"n"`
+}
+
+// Summary returns the variant's JSON summary.
+func (v *VariantLatency) Summary() LatencySummary {
+	s := LatencySummary{Variant: v.Variant, Runs: len(v.Runs)}
+	pick := func(f func(LatencyRun) time.Duration) float64 {
+		ds := make([]time.Duration, len(v.Runs))
+		for i, r := range v.Runs {
+			ds[i] = f(r)
+		}
+		return probe.RoundMs(probe.Median(ds))
+	}
+	s.P50Ms = pick(func(r LatencyRun) time.Duration { return r.P50 })
+	s.P95Ms = pick(func(r LatencyRun) time.Duration { return r.P95 })
+	s.P99Ms = pick(func(r LatencyRun) time.Duration { return r.P99 })
+	s.MaxMs = pick(func(r LatencyRun) time.Duration { return r.Max })
+	for _, r := range v.Runs {
+		s.N += len(r.Samples)
+	}
+	return s
+}
+
+// Lost returns the messages lost over all runs.
+func (v *VariantLatency) Lost() int {
+	n := 0
+	for _, r := range v.Runs {
+		n += r.Lost
+	}
+	return n
+}
+
+// Samples returns every run's samples together, sorted.
+func (v *VariantLatency) Samples() []time.Duration {
+	var all []time.Duration
+	for _, r := range v.Runs {
+		all = append(all, r.Samples...)
+	}
+	slices.Sort(all)
+	return all
+}
+
+// Latency runs the write-up's latency experiment: per variant a fresh
+// environment (private servers, both services as processes, the consumers
+// relay as a separate process) reused by its runs; per run a new chat, a WebSocket watcher on workers for it, one
+// unmeasured warm-up message, then Messages sends from consumers' HTTP API
+// one every Interval, each message's latency running from the start of its
+// send call to the arrival of its frame at the watcher. The floors are
+// measured on the v2 environment after its runs. An error means the
+// experiment could not run; lost messages are reported, not errors.
+func Latency(ctx context.Context, opts LatencyOptions) (*LatencyReport, error) {
+	if len(opts.Variants) == 0 {
+		opts.Variants = DefaultLatencyVariants
+	}
+	for _, v := range opts.Variants {
+		if err := env.CheckVariant(v); err != nil {
+			return nil, err
+		}
+	}
+	orDefault(&opts.Messages, DefaultLatencyMessages)
+	orDefault(&opts.Interval, DefaultLatencyInterval)
+	orDefault(&opts.Runs, DefaultLatencyRuns)
+	orDefault(&opts.Settle, DefaultLatencySettle)
+	if opts.FloorSamples == 0 {
+		opts.FloorSamples = DefaultFloorSamples
+	}
+	progress := opts.Progress
+	if progress == nil {
+		progress = io.Discard
+	}
+	floorsOn := env.VariantV2
+	if !slices.Contains(opts.Variants, env.VariantV2) {
+		floorsOn = opts.Variants[0]
+	}
+	rep := &LatencyReport{Messages: opts.Messages, Interval: opts.Interval, Runs: opts.Runs}
+	for _, v := range opts.Variants {
+		vl, floors, err := latencyVariant(ctx, v, opts, v == floorsOn && opts.FloorSamples > 0, progress)
+		if err != nil {
+			return nil, err
+		}
+		rep.Variants = append(rep.Variants, *vl)
+		if floors != nil {
+			rep.Floors = floors
+		}
+	}
+	return rep, nil
+}
+
+// latencyVariant measures one variant on its own environment.
+func latencyVariant(ctx context.Context, variant string, opts LatencyOptions, floors bool, progress io.Writer) (*VariantLatency, *Floors, error) {
+	// The services run as `outboxchat serve` runs by default: api, relay and
+	// worker roles in one process each. The relay's wake-up travels the
+	// variant's way: in v2 the API wakes the relay in its process directly
+	// after commit (and NOTIFYs relays elsewhere); in v2-intx only the NOTIFY
+	// sent at commit wakes it (through its LISTEN); v2-poll has no wake-up.
+	e, err := env.Start(ctx, env.Options{Variant: variant, Progress: progress})
+	if err != nil {
+		return nil, nil, err
+	}
+	defer e.Close()
+	vl := &VariantLatency{Variant: variant}
+	for run := 1; run <= opts.Runs; run++ {
+		fmt.Fprintf(progress, "lab: latency %s run %d/%d: %d messages, one every %v\n", variant, run, opts.Runs, opts.Messages, opts.Interval)
+		r, err := latencyRun(ctx, e, int64(run), opts)
+		if err != nil {
+			return nil, nil, fmt.Errorf("lab: latency %s run %d: %w", variant, run, err)
+		}
+		fmt.Fprintf(progress, "lab: latency %s run %d/%d: p50 %s ms, p95 %s ms, lost %d\n", variant, run, opts.Runs, probe.FmtMs(r.P50), probe.FmtMs(r.P95), r.Lost)
+		vl.Runs = append(vl.Runs, *r)
+	}
+	var f *Floors
+	if floors {
+		fmt.Fprintf(progress, "lab: measuring floors (%d round trips each back to back, %d one per %v)\n",
+			opts.FloorSamples, PacedFloorSamples, opts.Interval)
+		if f, err = MeasureFloors(ctx, e, opts.FloorSamples, opts.Interval); err != nil {
+			return nil, nil, err
+		}
+	}
+	return vl, f, nil
+}
+
+// latencyRun runs one run on chat chatID of e.
+func latencyRun(ctx context.Context, e *env.Env, chatID int64, opts LatencyOptions) (*LatencyRun, error) {
+	var mu sync.Mutex
+	arrived := map[string]probe.Shown{}
+	w, err := probe.NewWatcher(e.WorkersURL, chatID, &probe.WatcherConfig{Token: e.Token, OnFrame: func(s probe.Shown) {
+		if s.Message.From != chat.Consumers || s.Duplicate {
+			return
+		}
+		mu.Lock()
+		arrived[s.Message.ID] = s
+		mu.Unlock()
+	}})
+	if err != nil {
+		return nil, err
+	}
+	if err := w.Start(ctx); err != nil {
+		return nil, err
+	}
+	defer w.Stop(context.Background())
+	if err := probe.Connect(ctx, w); err != nil {
+		return nil, fmt.Errorf("watcher could not connect to %s: %w", e.WorkersURL, err)
+	}
+	shown := func(id string) bool {
+		mu.Lock()
+		defer mu.Unlock()
+		_, ok := arrived[id]
+		return ok
+	}
+
+	snd, err := probe.NewConnSender(e.ConsumersURL, e.Token, 5*time.Second)
+	if err != nil {
+		return nil, err
+	}
+	defer snd.Close()
+	// Warm-up: connections, prepared statements and the first wake-up are
+	// paid by a message that is not measured.
+	warmID, err := snd.Send(ctx, chatID, "warm-up")
+	if err != nil {
+		return nil, fmt.Errorf("warm-up send: %w", err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, opts.Settle)
+	err = env.WaitFor(wctx, 5*time.Millisecond, func() bool { return shown(warmID) })
+	cancel()
+	if err != nil {
+		return nil, fmt.Errorf("warm-up message not shown within %v", opts.Settle)
+	}
+
+	type sent struct {
+		id string
+		at time.Time
+	}
+	var sends []sent
+	r := &LatencyRun{}
+	next := time.Now()
+	for i := 1; i <= opts.Messages; i++ {
+		if err := env.SleepUntil(ctx, next); err != nil {
+			return nil, err
+		}
+		t0 := time.Now()
+		next = t0.Add(opts.Interval)
+		id, err := snd.Send(ctx, chatID, fmt.Sprintf("msg %d", i))
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			r.SendErrors++
+			continue
+		}
+		sends = append(sends, sent{id, t0})
+	}
+	r.Sent = len(sends)
+	sctx, cancel := context.WithTimeout(ctx, opts.Settle)
+	_ = env.WaitFor(sctx, 10*time.Millisecond, func() bool {
+		for _, s := range sends {
+			if !shown(s.id) {
+				return false
+			}
+		}
+		return true
+	})
+	cancel()
+	if ctx.Err() != nil {
+		return nil, ctx.Err()
+	}
+	var st stageSamples
+	mu.Lock()
+	for _, s := range sends {
+		sh, ok := arrived[s.id]
+		if !ok {
+			r.Lost++
+			continue
+		}
+		r.Samples = append(r.Samples, sh.At.Sub(s.at))
+		st.add(s.at, sh)
+	}
+	mu.Unlock()
+	r.Stages = st.p50()
+	r.DuplicatesShown = w.Duplicates()
+	slices.Sort(r.Samples)
+	r.P50, r.P95, r.P99 = probe.Percentile(r.Samples, 0.50), probe.Percentile(r.Samples, 0.95), probe.Percentile(r.Samples, 0.99)
+	if n := len(r.Samples); n > 0 {
+		r.Max = r.Samples[n-1]
+	}
+	return r, nil
+}
+
+// WriteTable prints the write-up's table: p50, p95 and p99 as min to max
+// over runs, the worst latency of all runs, runs; then losses and the
+// floors.
+func (r *LatencyReport) WriteTable(w io.Writer) {
+	fmt.Fprintf(w, "latency: %d messages per run, one every %v; send call → frame at a workers WebSocket client\n\n",
+		r.Messages, r.Interval)
+	rows := [][]string{{"variant", "p50", "p95", "p99", "max", "runs"}}
+	for _, v := range r.Variants {
+		col := func(f func(LatencyRun) time.Duration) []time.Duration {
+			out := make([]time.Duration, len(v.Runs))
+			for i, run := range v.Runs {
+				out[i] = f(run)
+			}
+			return out
+		}
+		maxes := col(func(x LatencyRun) time.Duration { return x.Max })
+		worst := "-"
+		if len(maxes) > 0 {
+			worst = probe.FmtMs(slices.Max(maxes)) + " ms"
+		}
+		rows = append(rows, []string{variantLabel(v.Variant),
+			probe.FmtRange(col(func(x LatencyRun) time.Duration { return x.P50 })),
+			probe.FmtRange(col(func(x LatencyRun) time.Duration { return x.P95 })),
+			probe.FmtRange(col(func(x LatencyRun) time.Duration { return x.P99 })),
+			worst, fmt.Sprint(len(v.Runs))})
+	}
+	probe.WriteColumns(w, rows)
+	var lost []string
+	for _, v := range r.Variants {
+		if n := v.Lost(); n > 0 {
+			lost = append(lost, fmt.Sprintf("%s: %d", v.Variant, n))
+		}
+	}
+	if len(lost) == 0 {
+		fmt.Fprintln(w, "\nlost: none")
+	} else {
+		fmt.Fprintf(w, "\nlost: %s\n", strings.Join(lost, ", "))
+	}
+	fmt.Fprintln(w, "\nwhere the time goes (p50 per leg, median over runs; sent_at and received_at are the send and inbox transactions' start):")
+	rows = [][]string{{"variant", "call → send tx", "send tx → inbox tx", "inbox tx → shown"}}
+	for _, v := range r.Variants {
+		var a, b, c []time.Duration
+		for _, run := range v.Runs {
+			a, b, c = append(a, run.Stages.ToSendTx), append(b, run.Stages.SendToInboxTx), append(c, run.Stages.InboxTxToShown)
+		}
+		rows = append(rows, []string{"  " + v.Variant, probe.FmtMs(probe.Median(a)) + " ms", probe.FmtMs(probe.Median(b)) + " ms", probe.FmtMs(probe.Median(c)) + " ms"})
+	}
+	probe.WriteColumns(w, rows)
+	if r.Floors != nil {
+		fmt.Fprintln(w)
+		r.Floors.Write(w, r.V2P50())
+	}
+}
+
+// V2P50 returns v2's p50 (median over runs), 0 when v2 was not measured.
+func (r *LatencyReport) V2P50() time.Duration {
+	for _, v := range r.Variants {
+		if v.Variant == env.VariantV2 {
+			ds := make([]time.Duration, len(v.Runs))
+			for i, run := range v.Runs {
+				ds[i] = run.P50
+			}
+			return probe.Median(ds)
+		}
+	}
+	return 0
+}
+
+// WriteJSON prints one LatencySummary per variant, one JSON object per line.
+func (r *LatencyReport) WriteJSON(w io.Writer) error {
+	enc := json.NewEncoder(w)
+	for _, v := range r.Variants {
+		if err := enc.Encode(v.Summary()); err != nil {
+			return fmt.Errorf("lab: write json: %w", err)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,464 @@
+package scenario
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxchat/outboxchat/chat"
+	"github.com/outboxchat/outboxchat/lab/chaos"
+	"github.com/outboxchat/outboxchat/lab/env"
+	"github.com/outboxchat/outboxchat/lab/fault"
+	"github.com/outboxchat/outboxchat/lab/probe"
+	"github.com/outboxchat/outboxchat/redisq"
+)
+
+// scenario is a named fault scenario.
+type scenario struct {
+	name, doc string
+	run       func(ctx context.Context, s *run) error
+	opts      env.Options
+}
+
+// scenarios are listed (Names) in this order.
+var scenarios = []scenario{
+	{name: "relay-crash", doc: "the relay gets SIGKILL between its publish and its commit; restarted, it re-sends; nothing shown twice",
+		opts: env.Options{ConsumersRelays: 1, Faults: map[string]string{"consumers-relay": fault.Spec(fault.RelayAfterPublish, 3)}},
+		run:  relayCrash},
+	{name: "relay-freeze", doc: "two relays; one is frozen (SIGSTOP) while it holds a batch; the other delivers, bounded by the relay's timeouts",
+		opts: env.Options{ConsumersRelays: 2}, run: relayFreeze},
+	{name: "postgres-restart", doc: "Postgres restarts while messages are sent: 503s, nothing half-written; the relay re-LISTENs and catches up",
+		run: postgresRestart},
+	{name: "redis-restart", doc: "Redis is killed (SIGKILL) and restarted with jobs queued for a stopped worker: AOF keeps them",
+		run: redisRestart},
+	{name: "worker-crash-before-commit", doc: "the worker gets SIGKILL after reading a job, before its inbox commit; another worker reclaims it after the lock duration; order holds",
+		opts: env.Options{Faults: map[string]string{env.ProcWorkers: fault.Spec(fault.WorkerBeforeCommit, 3)}}, run: workerCrashBeforeCommit},
+	{name: "redis-flush", doc: "workers stopped; 20 messages published and marked sent; FLUSHALL; workers started: the re-drive brings all 20, each shown once, in order",
+		run: redisFlush},
+	{name: "stream-entry-deleted", doc: "workers stopped; 2 messages published; a ghost consumer reads the first and its entry is XDELed; workers started: counted, re-driven, shown once, in order",
+		run: streamEntryDeleted},
+	{name: "redis-failover", doc: "Sentinel-managed primary + replica; the replica held back while 5 messages are published; primary killed, replica promoted without them: the re-drive brings them, each shown once, in order",
+		opts: env.Options{Sentinel: true}, run: redisFailover},
+}
+
+// Names returns the names of the scenarios, in their listing order.
+func Names() []string {
+	var out []string
+	for _, s := range scenarios {
+		out = append(out, s.name)
+	}
+	return out
+}
+
+// Doc returns what scenario name does, in one line ("" for no scenario).
+func Doc(name string) string {
+	if sc := find(name); sc != nil {
+		return sc.doc
+	}
+	return ""
+}
+
+func find(name string) *scenario {
+	for i := range scenarios {
+		if scenarios[i].name == name {
+			return &scenarios[i]
+		}
+	}
+	return nil
+}
+
+// run is one scenario's environment, watcher and event log.
+type run struct {
+	e        *env.Env
+	w        *probe.Watcher
+	log      *probe.EventLog
+	snd      *probe.Sender
+	sent     int
+	lastSend time.Time
+	extra    []string // extra invariant violations found by the scenario
+}
+
+// send sends "msg N" (N counting up) to chaos.Chat on consumers and logs it.
+func (s *run) send(ctx context.Context) {
+	s.sent++
+	body := fmt.Sprintf("msg %d", s.sent)
+	s.lastSend = time.Now()
+	if _, err := s.snd.Send(ctx, s.e.ConsumersURL, chaos.Chat, body); err != nil {
+		s.log.Add("consumers", "%s not saved: %v", body, err)
+		return
+	}
+	s.log.Add("consumers", "%s saved", body)
+}
+
+// sendEvery sends n messages, one every interval.
+func (s *run) sendEvery(ctx context.Context, n int, interval time.Duration) error {
+	for range n {
+		if err := env.SleepUntil(ctx, s.lastSend.Add(interval)); err != nil {
+			return err
+		}
+		s.send(ctx)
+	}
+	return nil
+}
+
+// restartAfterExit starts p again with args once its current run exits
+// (p.RestartOnExit), logging what happened; the channel closes when done.
+func (s *run) restartAfterExit(ctx context.Context, p *env.Proc, args []string, what string) <-chan struct{} {
+	return p.RestartOnExit(ctx, args, func() { s.log.Add(p.Name(), "%s", what) }, func(err error) {
+		if err != nil {
+			s.log.Add("lab", "could not restart %s: %v", p.Name(), err)
+			return
+		}
+		s.log.Add("deploy", "%s started again", p.Name())
+	})
+}
+
+// inject applies f (env.Env.Inject) and, when that worked, logs event as
+// actor's.
+func (s *run) inject(ctx context.Context, f fault.Fault, actor, event string) (env.Heal, error) {
+	heal, err := s.e.Inject(ctx, f)
+	if err == nil {
+		s.log.Add(actor, "%s", event)
+	}
+	return heal, err
+}
+
+// heal runs heal and, when that worked, logs event as actor's.
+func (s *run) heal(ctx context.Context, heal env.Heal, actor, event string) error {
+	if err := heal(ctx); err != nil {
+		return err
+	}
+	s.log.Add(actor, "%s", event)
+	return nil
+}
+
+// Options adjusts a scenario's run. The zero value is the scenario as
+// listed.
+type Options struct {
+	// ExtraArgs are appended to every serve command line (e.g.
+	// "--redrive-after", "0" to show what the re-drive heals).
+	ExtraArgs []string
+	// Log receives the event log; Progress the progress lines. nil
+	// discards them.
+	Log, Progress io.Writer
+}
+
+// Run runs the named scenario and returns its figures, or an error
+// wrapping probe.ErrInvariant when it ran but an invariant broke (the
+// figures are returned too), or another error when it could not run.
+func Run(ctx context.Context, name string, so Options) (*probe.Figures, error) {
+	sc := find(name)
+	if sc == nil {
+		return nil, fmt.Errorf("lab: unknown scenario %q (see lab chaos --list)", name)
+	}
+	progress := so.Progress
+	if progress == nil {
+		progress = io.Discard
+	}
+	opts := sc.opts
+	opts.Progress = progress
+	opts.ExtraArgs = append(append([]string(nil), opts.ExtraArgs...), so.ExtraArgs...)
+	e, err := env.Start(ctx, opts)
+	if err != nil {
+		return nil, err
+	}
+	defer e.Close()
+	s := &run{e: e, log: probe.NewEventLog(so.Log), snd: probe.NewSender(e.Token)}
+	events := probe.NewEvents()
+	defer events.Close()
+	s.w, err = probe.NewWatcher(e.WorkersURL, chaos.Chat, &probe.WatcherConfig{Token: e.Token, OnFrame: probe.LogFrames(s.log, true)})
+	if err != nil {
+		return nil, err
+	}
+	if err := s.w.Start(ctx); err != nil {
+		return nil, err
+	}
+	defer s.w.Stop(context.Background())
+	defer e.Workers.Subscribe(func(l env.LogLine) {
+		if probe.LogDuplicate(ctx, e, s.log, events, l) {
+			return
+		}
+		switch l.Event() {
+		case string(redisq.EventReclaimed):
+			s.log.At(l.Time, "workers", "reclaimed %s stalled job(s) after the lock duration", l.Str("count"))
+		case fault.EventCrash:
+			s.log.At(l.Time, "workers", "fault injected: crashing (%s)", l.Str("fault"))
+		case string(redisq.EventDeletedPending):
+			s.log.At(l.Time, "workers", "pending entry %s found deleted from the stream: counted, acknowledged away", l.Str("stream_id"))
+		case string(redisq.EventGroupLost):
+			s.log.At(l.Time, "workers", "consumer group gone (NOGROUP): created again from 0")
+		}
+	})()
+	defer e.Consumers.Subscribe(func(l env.LogLine) {
+		if l.Event() == chat.EventRedriven {
+			s.log.At(l.Time, "consumers", "seq %s (message %s) had no receipt: re-driven", l.Str("seq"), l.Str("message_id"))
+		}
+	})()
+	for _, p := range e.ConsumersRelays {
+		defer p.Subscribe(func(l env.LogLine) {
+			if l.Event() == fault.EventCrash {
+				s.log.At(l.Time, p.Name(), "fault injected: crashing (%s)", l.Str("fault"))
+			}
+		})()
+	}
+	if err := probe.Connect(ctx, s.w); err != nil {
+		return nil, fmt.Errorf("lab: watcher could not connect: %w", err)
+	}
+	fmt.Fprintf(progress, "lab: scenario %s\n", name)
+	s.log.Start()
+	s.lastSend = time.Now().Add(-time.Hour)
+	if err := sc.run(ctx, s); err != nil {
+		return nil, err
+	}
+	settle := 2*e.LockDuration + 10*time.Second
+	fmt.Fprintf(progress, "lab: waiting up to %v for everything saved to be shown\n", settle)
+	if err := probe.WaitSettled(ctx, e, s.w, s.lastSend.Add(settle), 100*time.Millisecond); err != nil {
+		return nil, err
+	}
+	f, err := probe.ReadFigures(ctx, e, s.w)
+	if err != nil {
+		return nil, err
+	}
+	err = f.CheckInvariants()
+	if len(s.extra) > 0 {
+		err = errors.Join(err, fmt.Errorf("%v", s.extra))
+	}
+	if err != nil {
+		return f, fmt.Errorf("%w: scenario %s: %w", probe.ErrInvariant, name, err)
+	}
+	return f, nil
+}
+
+// Result is the `lab scenario NAME --json` object (DESIGN.md): the
+// scenario's name, messages sent (saved by consumers), received (shown at
+// the workers' WebSocket client), lost (seqs saved and never shown; []
+// when none), duplicates shown, messages re-driven (sum of
+// consumers.messages.redrives) and ok (every invariant held); plus the
+// chaos figures.
+type Result struct {
+	Scenario          string   `json:"scenario"`
+	Sent              int      `json:"sent"`
+	Received          int      `json:"received"`
+	Lost              []int    `json:"lost"`
+	DuplicatesShown   int      `json:"duplicates_shown"`
+	Redriven          int      `json:"redriven"`
+	OK                bool     `json:"ok"`
+	DuplicatesSkipped int      `json:"duplicates_skipped"`
+	Unsent            int      `json:"unsent"`
+	OrderViolations   []string `json:"order_violations,omitempty"`
+	Error             string   `json:"error,omitempty"`
+}
+
+// NewResult is the Result of scenario name from its figures f and Run's
+// error.
+func NewResult(name string, f *probe.Figures, err error) Result {
+	r := Result{Scenario: name, Sent: f.Saved, Received: f.Received, Lost: f.Lost,
+		DuplicatesShown: f.DuplicatesShown, Redriven: f.Redriven, OK: err == nil,
+		DuplicatesSkipped: f.DuplicatesSkipped, Unsent: f.Unsent, OrderViolations: f.OrderViolations}
+	if r.Lost == nil {
+		r.Lost = []int{}
+	}
+	if err != nil {
+		r.Error = err.Error()
+	}
+	return r
+}
+
+// relayCrash: the consumers relay SIGKILLs itself after publishing msg 3 and
+// before its mark-sent commit; the lab restarts it without the fault; it
+// publishes msg 3 again (an idempotent no-op) and marks it sent.
+func relayCrash(ctx context.Context, s *run) error {
+	relay := s.e.ConsumersRelays[0]
+	done := s.restartAfterExit(ctx, relay, env.WithoutFlag(relay.Args(), "--fault"), "crashed between publish and commit")
+	if err := s.sendEvery(ctx, 6, 300*time.Millisecond); err != nil {
+		return err
+	}
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		s.extra = append(s.extra, "the relay did not crash (fault hook did not fire)")
+	}
+	return nil
+}
+
+// relayFreeze: two relays; relay 1 is SIGSTOPped, ideally while it holds a
+// batch (an open transaction on the outbox: up to 20 tries), and messages
+// keep coming; relay 2 must deliver everything, bounded by the frozen
+// session's idle_in_transaction_session_timeout and the lock timeouts.
+func relayFreeze(ctx context.Context, s *run) error {
+	frozen := s.e.ConsumersRelays[0]
+	defer func() { _ = frozen.Signal(syscall.SIGCONT) }()
+	// To catch a relay holding a batch, Redis is paused: the relay that
+	// claims the next message then waits in its publish with the rows
+	// locked. Relay 1 is frozen in that moment and Redis resumed; if the
+	// rows stay locked, relay 1 was the one holding them (relay 2 would
+	// have finished once Redis answered). Otherwise relay 1 is thawed and
+	// the lab tries again; each relay claims first about half the time.
+	holding := false
+	var frozeAt time.Time
+	const tries = 20
+	for try := 0; try < tries && !holding; try++ {
+		if err := s.e.Redis.Pause(); err != nil {
+			return err
+		}
+		s.send(ctx)
+		cctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+		claimed := env.WaitFor(cctx, 5*time.Millisecond, func() bool { return lockedOutboxRows(cctx, s.e) > 0 }) == nil
+		cancel()
+		ferr := frozen.Signal(syscall.SIGSTOP)
+		frozeAt = time.Now()
+		if err := s.e.Redis.Resume(); err != nil {
+			return err
+		}
+		if ferr != nil {
+			return ferr
+		}
+		if claimed {
+			time.Sleep(300 * time.Millisecond) // let relay 2 finish, if it was the one
+			holding = lockedOutboxRows(ctx, s.e) > 0
+		}
+		if !holding {
+			if err := frozen.Signal(syscall.SIGCONT); err != nil {
+				return err
+			}
+		}
+	}
+	if !holding {
+		return fmt.Errorf("lab: relay-freeze: %s never held a batch in %d tries; the scenario did not run", frozen.Name(), tries)
+	}
+	s.log.Add("lab", "%s frozen (SIGSTOP) holding a batch", frozen.Name())
+	if err := s.sendEvery(ctx, 3, 300*time.Millisecond); err != nil {
+		return err
+	}
+	// The other relay must deliver within 10 s, bounded by the relay's
+	// timeouts: the frozen session is ended by the server after
+	// idle_in_transaction_session_timeout (outbox.DefaultIdleInTxTimeout,
+	// 5 s), the other relay's claim gives up after lock_timeout (2 s) and
+	// tries again.
+	const bound = 10 * time.Second
+	wctx, cancel := context.WithDeadline(ctx, frozeAt.Add(bound))
+	err := env.WaitFor(wctx, 50*time.Millisecond, func() bool { return probe.Settled(wctx, s.e, s.w) })
+	cancel()
+	if err != nil {
+		s.extra = append(s.extra, fmt.Sprintf("not everything delivered within %v of the freeze", bound))
+	} else {
+		s.log.Add("lab", "everything delivered by the other relay, %.1fs after the freeze", time.Since(frozeAt).Seconds())
+	}
+	if err := frozen.Signal(syscall.SIGCONT); err != nil {
+		return err
+	}
+	s.log.Add("lab", "%s continued (SIGCONT)", frozen.Name())
+	return s.sendEvery(ctx, 2, 300*time.Millisecond)
+}
+
+// postgresRestart: Postgres stops while messages are being sent (the API
+// answers 503 and stores nothing), then starts again; everything saved is
+// delivered, and every saved message has exactly one outbox row.
+func postgresRestart(ctx context.Context, s *run) error {
+	if err := s.sendEvery(ctx, 3, 250*time.Millisecond); err != nil {
+		return err
+	}
+	heal, err := s.inject(ctx, fault.Fault{Kind: fault.PostgresFast}, "postgres", "down")
+	if err != nil {
+		return err
+	}
+	if err := s.sendEvery(ctx, 3, 250*time.Millisecond); err != nil {
+		return err
+	}
+	if err := s.heal(ctx, heal, "postgres", "up"); err != nil {
+		return err
+	}
+	if err := s.sendEvery(ctx, 4, 250*time.Millisecond); err != nil {
+		return err
+	}
+	// Nothing half-written: every outbox row has its message, and every
+	// message has its outbox row or, once the relay published and deleted
+	// the row, its inbox row on workers (waited for: it may be in flight).
+	var orphans int
+	wctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	_ = env.WaitFor(wctx, 100*time.Millisecond, func() bool {
+		err = s.e.Admin().QueryRow(wctx, `SELECT
+		(SELECT count(*) FROM consumers.messages m WHERE NOT EXISTS
+			(SELECT 1 FROM consumers.outbox o WHERE o.payload->>'id' = m.id::text)
+			AND NOT EXISTS (SELECT 1 FROM workers.inbox i WHERE i.message_id = m.id)) +
+		(SELECT count(*) FROM consumers.outbox o WHERE o.event = 'message.created' AND NOT EXISTS
+			(SELECT 1 FROM consumers.messages m WHERE o.payload->>'id' = m.id::text))`).Scan(&orphans)
+		return err == nil && orphans == 0
+	})
+	cancel()
+	if err != nil && ctx.Err() == nil && orphans == 0 {
+		return fmt.Errorf("lab: check half-writes: %w", err)
+	}
+	if orphans > 0 {
+		s.extra = append(s.extra, fmt.Sprintf("%d message(s) or outbox row(s) without their pair", orphans))
+	}
+	return nil
+}
+
+// redisRestart: workers is stopped so jobs wait in the stream; Redis is
+// SIGKILLed and restarted (the AOF is reloaded); workers comes back and
+// shows every message.
+func redisRestart(ctx context.Context, s *run) error {
+	if err := s.sendEvery(ctx, 2, 250*time.Millisecond); err != nil {
+		return err
+	}
+	startWorkers, err := s.stopWorkers(ctx)
+	if err != nil {
+		return err
+	}
+	if err := s.sendEvery(ctx, 4, 250*time.Millisecond); err != nil {
+		return err
+	}
+	// Give the relay time to publish (the rows are marked sent) first.
+	if err := s.allSent(ctx, 5*time.Second); err != nil {
+		return errors.New("lab: the relay did not publish before the Redis kill")
+	}
+	healRedis, err := s.inject(ctx, fault.Fault{Kind: fault.RedisKill}, "redis", "killed (SIGKILL) with jobs queued for the stopped workers")
+	if err != nil {
+		return err
+	}
+	if err := s.heal(ctx, healRedis, "redis", "up (AOF reloaded)"); err != nil {
+		return err
+	}
+	if err := startWorkers(ctx); err != nil {
+		return err
+	}
+	return s.sendEvery(ctx, 2, 250*time.Millisecond)
+}
+
+// workerCrashBeforeCommit: workers SIGKILLs itself after reading msg 3 and
+// before its inbox commit; a replacement instance (another consumer name,
+// as after a reschedule) reclaims the job after the lock duration; msgs 4…
+// wait behind the gap, so the chat's order holds.
+func workerCrashBeforeCommit(ctx context.Context, s *run) error {
+	p := s.e.Workers
+	args := env.WithoutFlag(env.WithoutFlag(p.Args(), "--fault"), "--consumer-name")
+	args = append(args, "--consumer-name", "workers-2")
+	done := s.restartAfterExit(ctx, p, args, "crashed before the inbox commit; replaced by a new instance")
+	if err := s.sendEvery(ctx, 6, 300*time.Millisecond); err != nil {
+		return err
+	}
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		s.extra = append(s.extra, "workers did not crash (fault hook did not fire)")
+	}
+	return nil
+}
+
+// lockedOutboxRows returns how many unsent consumers' outbox rows some
+// session holds locked (unsent rows minus those FOR UPDATE SKIP LOCKED can
+// take), or 0 on error.
+func lockedOutboxRows(ctx context.Context, e *env.Env) int {
+	var locked int
+	_ = pgx.BeginFunc(ctx, e.Admin(), func(tx pgx.Tx) error {
+		return tx.QueryRow(ctx, `SELECT (SELECT count(*) FROM consumers.outbox WHERE sent_at IS NULL) -
+			(SELECT count(*) FROM (SELECT 1 FROM consumers.outbox WHERE sent_at IS NULL FOR UPDATE SKIP LOCKED) t)`).Scan(&locked)
+	})
+	return locked
+}

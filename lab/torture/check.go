@@ -1,0 +1,312 @@
+package torture
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/outboxchat/outboxchat/chat"
+	"github.com/outboxchat/outboxchat/lab/env"
+	"github.com/outboxchat/outboxchat/lab/probe"
+)
+
+// sentCopy returns the 201 sends so far.
+func (t *run) sentCopy() []sentMsg {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return slices.Clone(t.sent)
+}
+
+// drained reports whether the drain is done (see drainState).
+func (t *run) drained(ctx context.Context) bool { return t.drainState(ctx) == "" }
+
+// drainState returns "" when every 201 send is in the receiver's inbox,
+// every client has seen 1..N of both sides of its chat (N read from the
+// senders' messages tables), both outboxes are empty and both streams'
+// groups have nothing pending or undelivered; else what is missing.
+func (t *run) drainState(ctx context.Context) string {
+	qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	var missing []string
+	for _, svc := range []string{chat.Consumers, chat.Workers} {
+		var unsent int
+		if err := t.e.Admin().QueryRow(qctx, `SELECT count(*) FROM `+svc+`.outbox WHERE sent_at IS NULL`).Scan(&unsent); err != nil {
+			return "database: " + err.Error()
+		}
+		if unsent > 0 {
+			missing = append(missing, fmt.Sprintf("%s outbox: %d unsent", svc, unsent))
+		}
+		if s := probe.StreamDrained(qctx, t.e, svc); s != "" {
+			missing = append(missing, s)
+		}
+	}
+	inInbox, err := t.inboxed(qctx)
+	if err != nil {
+		return "database: " + err.Error()
+	}
+	notIn := 0
+	for _, m := range t.sentCopy() {
+		if _, ok := inInbox[m.ID]; !ok {
+			notIn++
+		}
+	}
+	if notIn > 0 {
+		missing = append(missing, fmt.Sprintf("%d sends not in the receiver's inbox", notIn))
+	}
+	tops, err := t.tops(qctx)
+	if err != nil {
+		return "database: " + err.Error()
+	}
+	unseen := 0
+	for _, ws := range t.clients {
+		for _, w := range ws {
+			for _, side := range []string{chat.Consumers, chat.Workers} {
+				seen := w.Seen(side)
+				for seq := int64(1); seq <= tops[side][t.chats[w]]; seq++ {
+					if _, ok := seen[seq]; !ok {
+						unseen++
+					}
+				}
+			}
+		}
+	}
+	if unseen > 0 {
+		missing = append(missing, fmt.Sprintf("%d (client, side, seq) not shown yet", unseen))
+	}
+	return strings.Join(missing, ", ")
+}
+
+// inboxed returns every inbox row of both services: message id → row.
+func (t *run) inboxed(ctx context.Context) (map[string]sentMsg, error) {
+	out := map[string]sentMsg{}
+	for _, svc := range []string{chat.Consumers, chat.Workers} {
+		rows, err := t.e.Admin().Query(ctx, `SELECT message_id::text, chat_id, seq FROM `+svc+`.inbox`)
+		if err != nil {
+			return nil, err
+		}
+		for rows.Next() {
+			m := sentMsg{From: chat.Peer(svc)}
+			if err := rows.Scan(&m.ID, &m.ChatID, &m.Seq); err != nil {
+				rows.Close()
+				return nil, err
+			}
+			out[m.ID] = m
+		}
+		if err := rows.Err(); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// tops returns, per side and chat, the highest seq the side stored.
+func (t *run) tops(ctx context.Context) (map[string]map[int64]int64, error) {
+	out := map[string]map[int64]int64{}
+	for _, svc := range []string{chat.Consumers, chat.Workers} {
+		out[svc] = map[int64]int64{}
+		rows, err := t.e.Admin().Query(ctx, `SELECT chat_id, max(seq) FROM `+svc+`.messages GROUP BY chat_id`)
+		if err != nil {
+			return nil, err
+		}
+		for rows.Next() {
+			var c, s int64
+			if err := rows.Scan(&c, &s); err != nil {
+				rows.Close()
+				return nil, err
+			}
+			out[svc][c] = s
+		}
+		if err := rows.Err(); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// check runs the checker on the drained (or not) system and fills res.
+func (t *run) check(ctx context.Context, res *ScheduleResult) {
+	qctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	sent := t.sentCopy()
+	res.Sent = len(sent)
+	problem := func(format string, args ...any) { res.Problems = append(res.Problems, fmt.Sprintf(format, args...)) }
+
+	// 1. Every 201 send is in the receiver's inbox once, with the
+	// sender's (chat, seq), and in the sender's own messages table.
+	inInbox, err := t.inboxed(qctx)
+	if err != nil {
+		problem("read inboxes: %v", err)
+		return
+	}
+	stored := map[string]sentMsg{}
+	for _, svc := range []string{chat.Consumers, chat.Workers} {
+		rows, err := t.e.Admin().Query(qctx, `SELECT id::text, chat_id, seq FROM `+svc+`.messages`)
+		if err != nil {
+			problem("read %s.messages: %v", svc, err)
+			return
+		}
+		for rows.Next() {
+			m := sentMsg{From: svc}
+			if rows.Scan(&m.ID, &m.ChatID, &m.Seq) == nil {
+				stored[m.ID] = m
+			}
+		}
+		rows.Close()
+	}
+	var lost, wrong []string
+	for _, m := range sent {
+		got, ok := inInbox[m.ID]
+		switch {
+		case !ok:
+			lost = append(lost, fmt.Sprintf("%s chat %d seq %d", m.From, m.ChatID, m.Seq))
+		case got.ChatID != m.ChatID || got.Seq != m.Seq || got.From != m.From:
+			wrong = append(wrong, fmt.Sprintf("%s chat %d seq %d is in the inbox as chat %d seq %d", m.From, m.ChatID, m.Seq, got.ChatID, got.Seq))
+		}
+		if st, ok := stored[m.ID]; !ok || st.ChatID != m.ChatID || st.Seq != m.Seq {
+			wrong = append(wrong, fmt.Sprintf("%s answered 201 for chat %d seq %d but did not store it so", m.From, m.ChatID, m.Seq))
+		}
+	}
+	// An inbox row with no message behind it (a phantom) is as wrong.
+	for id, m := range inInbox {
+		if st, ok := stored[id]; !ok || st.ChatID != m.ChatID || st.Seq != m.Seq || st.From != m.From {
+			wrong = append(wrong, fmt.Sprintf("inbox row %s (chat %d seq %d) matches no message of %s", id, m.ChatID, m.Seq, m.From))
+		}
+	}
+	res.Lost += len(lost)
+	if len(lost) > 0 {
+		problem("%d send(s) answered 201 are not in the receiver's inbox: %s", len(lost), firstFew(lost))
+	}
+	if len(wrong) > 0 {
+		problem("%d wrong row(s): %s", len(wrong), firstFew(wrong))
+	}
+
+	// 2. Each client: no frame twice on one connection; per side, seqs
+	// rising on each connection; over all connections exactly 1..N.
+	tops, err := t.tops(qctx)
+	if err != nil {
+		problem("read messages: %v", err)
+		return
+	}
+	shown := map[string]bool{}
+	ci := 0
+	for _, svc := range []string{chat.Consumers, chat.Workers} {
+		for _, w := range t.clients[svc] {
+			ci++
+			v := checkView(w.Frames(), t.chats[w], tops)
+			res.Reconnects += max(0, w.Connects()-1)
+			res.DuplicatesShown += len(v.dups)
+			res.OrderViolations += len(v.order)
+			res.Lost += len(v.missing)
+			for _, f := range w.Frames() {
+				shown[f.Message.ID] = true
+			}
+			name := fmt.Sprintf("client %d (%s, chat %d)", ci, svc, t.chats[w])
+			if len(v.dups) > 0 {
+				problem("%s was shown %d message(s) twice on one connection: %s", name, len(v.dups), firstFew(v.dups))
+			}
+			if len(v.order) > 0 {
+				problem("%s saw seqs out of order on one connection: %s", name, firstFew(v.order))
+			}
+			if len(v.missing) > 0 {
+				problem("%s never saw %s", name, firstFew(v.missing))
+			}
+			if len(v.extra) > 0 {
+				problem("%s saw messages that were never stored: %s", name, firstFew(v.extra))
+			}
+		}
+	}
+	res.Shown = len(shown)
+
+	// 3. Each stream: entries of a chat added in seq order.
+	order := t.tap.Violations()
+	res.OrderViolations += len(order)
+	if len(order) > 0 {
+		problem("stream entries out of order: %s", firstFew(order))
+	}
+
+	// 4. No entry acknowledged before its message was in the inbox.
+	t.tap.SampleAcks(qctx, t.e)
+	if early := t.tap.EarlyAcks(); len(early) > 0 {
+		problem("%d entr(ies) acknowledged before the inbox commit: %s", len(early), firstFew(early))
+	}
+
+	// 5. Dead letters only for the entries the schedule injected.
+	for _, svc := range []string{chat.Consumers, chat.Workers} {
+		n, err := t.e.RedisClient().XLen(qctx, env.QueueKeys(svc).Dead).Result()
+		if err != nil {
+			problem("read dead letters: %v", err)
+			continue
+		}
+		res.DeadLetters += int(n)
+		if want := int64(t.tap.InjectedCount(svc)); n != want {
+			problem("%d dead letter(s) on %s, want %d (the malformed entries injected)", n, chat.QueueName(svc), want)
+		}
+	}
+}
+
+// view is what checkView found wrong with one client's frames.
+type view struct {
+	dups, order, missing, extra []string
+}
+
+// checkView checks the frames one client received for chat chatID
+// against tops (side → chat → highest stored seq): a frame twice on one
+// connection (dups), a seq not above the last of its side on its
+// connection (order), a seq 1..N of a side never shown (missing), a seq
+// above N (extra).
+func checkView(frames []probe.Shown, chatID int64, tops map[string]map[int64]int64) view {
+	var v view
+	type key struct {
+		conn int
+		side string
+	}
+	last := map[key]int64{}
+	onConn := map[key]map[int64]bool{}
+	seen := map[string]map[int64]bool{}
+	for _, f := range frames {
+		m := f.Message
+		k := key{f.Conn, m.From}
+		if onConn[k] == nil {
+			onConn[k] = map[int64]bool{}
+		}
+		if seen[m.From] == nil {
+			seen[m.From] = map[int64]bool{}
+		}
+		switch {
+		case onConn[k][m.Seq]:
+			v.dups = append(v.dups, fmt.Sprintf("%s seq %d (connection %d)", m.From, m.Seq, f.Conn))
+		case m.Seq <= last[k]:
+			v.order = append(v.order, fmt.Sprintf("%s seq %d after seq %d (connection %d)", m.From, m.Seq, last[k], f.Conn))
+		}
+		if m.ChatID != chatID {
+			v.extra = append(v.extra, fmt.Sprintf("a frame of chat %d", m.ChatID))
+		}
+		onConn[k][m.Seq] = true
+		seen[m.From][m.Seq] = true
+		last[k] = max(last[k], m.Seq)
+	}
+	for _, side := range []string{chat.Consumers, chat.Workers} {
+		top := tops[side][chatID]
+		for seq := int64(1); seq <= top; seq++ {
+			if !seen[side][seq] {
+				v.missing = append(v.missing, fmt.Sprintf("%s seq %d", side, seq))
+			}
+		}
+		for seq := range seen[side] {
+			if seq > top {
+				v.extra = append(v.extra, fmt.Sprintf("%s seq %d (stored up to %d)", side, seq, top))
+			}
+		}
+	}
+	return v
+}
+
+// firstFew joins up to 5 items, noting how many more there are.
+func firstFew(items []string) string {
+	if len(items) <= 5 {
+		return strings.Join(items, "; ")
+	}
+	return strings.Join(items[:5], "; ") + fmt.Sprintf("; … %d more", len(items)-5)
+}

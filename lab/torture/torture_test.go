@@ -1,0 +1,144 @@
+package torture
+
+import (
+	"context"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/outboxchat/outboxchat/chat"
+	"github.com/outboxchat/outboxchat/lab/fault"
+	"github.com/outboxchat/outboxchat/lab/labtest"
+	"github.com/outboxchat/outboxchat/lab/probe"
+)
+
+// tortureTestSeed draws, for the 5 short schedules of make test, two
+// topologies with two API processes and two relays per service, one with
+// everything in one process per service, and faults of every family:
+// SIGKILL, SIGSTOP, SIGTERM, a worker crash before its inbox commit, Redis
+// kill -9 and graceful stop, Postgres fast restart, toxiproxy latency,
+// reset_peer, bandwidth and black-hole; malformed entries in two.
+const tortureTestSeed = 5
+
+// TestTortureShort runs the 5 short schedules: each a fresh topology on
+// private servers, load both ways, clients dropping and reconnecting, a
+// random fault sequence, then the drain and the checker. Budget: about
+// 15 s a schedule (75 s on an idle 2-core machine).
+func TestTortureShort(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts private servers and service processes")
+	}
+	t.Parallel()
+	var progress strings.Builder
+	res, err := Run(context.Background(), Options{Schedules: 5, Seed: tortureTestSeed, Duration: 6 * time.Second, Progress: &progress})
+	t.Log("\n" + progress.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Schedules != 5 || res.Failed != 0 || res.Lost != 0 || res.DuplicatesShown != 0 || res.OrderViolations != 0 {
+		t.Fatalf("want 5 schedules, none failed: %+v", res)
+	}
+	if res.Sent < 100 {
+		t.Errorf("only %d sends answered 201: the load did not run", res.Sent)
+	}
+	drawn := 0
+	for _, n := range res.Faults {
+		drawn += n
+	}
+	if drawn < 10 {
+		t.Errorf("only %d faults drawn: %v", drawn, res.Faults)
+	}
+	for _, r := range res.Runs {
+		if r.Reconnects == 0 {
+			t.Errorf("schedule %d: the clients never reconnected", r.Schedule)
+		}
+	}
+}
+
+// TestDrawScheduleReplays: a (seed, schedule) pair always draws the same
+// schedule (what --seed S --schedule K relies on), other pairs differ, and
+// every fault names a process or link of its topology.
+func TestDrawScheduleReplays(t *testing.T) {
+	a, b := drawSchedule(42, 3, 20*time.Second), drawSchedule(42, 3, 20*time.Second)
+	if !reflect.DeepEqual(a, b) {
+		t.Fatalf("the same seed and schedule drew two schedules:\n%+v\n%+v", a, b)
+	}
+	if reflect.DeepEqual(a, drawSchedule(42, 4, 20*time.Second)) || reflect.DeepEqual(a, drawSchedule(43, 3, 20*time.Second)) {
+		t.Fatal("another seed or schedule drew the same schedule")
+	}
+	kinds := map[string]bool{}
+	for k := 1; k <= 200; k++ {
+		s := drawSchedule(7, k, 20*time.Second)
+		workers, relays := s.procNames()
+		names := map[string]bool{}
+		for _, n := range append(workers, relays...) {
+			names[n] = true
+		}
+		for i, f := range s.Faults {
+			kinds[f.Family()] = true
+			if i > 0 && f.At < s.Faults[i-1].At {
+				t.Fatalf("schedule %d: faults not in time order", k)
+			}
+			switch f.Kind {
+			case fault.Kill, fault.Stop, fault.Term, fault.CrashPoint:
+				if !names[f.Target] {
+					t.Fatalf("schedule %d: fault %s targets a process the topology lacks (%v)", k, f, names)
+				}
+			case fault.Net:
+				if !strings.Contains(f.Target, ">") {
+					t.Fatalf("schedule %d: fault %s has no link", k, f)
+				}
+			}
+		}
+	}
+	for _, want := range []string{string(fault.Kill), string(fault.Stop), string(fault.Term), fault.RelayAfterPublish, fault.WorkerBeforeCommit,
+		fault.WorkerAfterCommit, string(fault.RedisKill), string(fault.RedisStop), string(fault.PostgresImmediate), string(fault.PostgresFast),
+		"net-" + fault.NetLatency, "net-" + fault.NetTimeout, "net-" + fault.NetReset, "net-" + fault.NetBandwidth, "net-" + fault.NetBlackHole} {
+		if !kinds[want] {
+			t.Errorf("200 schedules never drew %s", want)
+		}
+	}
+}
+
+// TestCheckViewCatches: the client-side checker flags a frame twice on one
+// connection, a seq that goes down on one connection and a seq never
+// shown, and allows a repeat after a reconnect.
+func TestCheckViewCatches(t *testing.T) {
+	fr := func(conn int, from string, seq int64) probe.Shown {
+		return probe.Shown{Conn: conn, Message: chat.Message{ID: from + string(rune('a'+seq)), ChatID: 1, Seq: seq, From: from}}
+	}
+	c, w := chat.Consumers, chat.Workers
+	tops := map[string]map[int64]int64{c: {1: 3}, w: {1: 1}}
+	for _, tc := range []struct {
+		name                        string
+		frames                      []probe.Shown
+		dups, order, missing, extra int
+	}{
+		{"clean, a repeat after a reconnect", []probe.Shown{fr(1, c, 1), fr(1, w, 1), fr(1, c, 2), fr(2, c, 2), fr(2, c, 3)}, 0, 0, 0, 0},
+		{"twice on one connection", []probe.Shown{fr(1, c, 1), fr(1, c, 1), fr(1, c, 2), fr(1, c, 3), fr(1, w, 1)}, 1, 0, 0, 0},
+		{"order broken on one connection", []probe.Shown{fr(1, c, 2), fr(1, c, 1), fr(1, c, 3), fr(1, w, 1)}, 0, 1, 0, 0},
+		{"one never shown", []probe.Shown{fr(1, c, 1), fr(2, c, 3), fr(2, w, 1)}, 0, 0, 1, 0},
+		{"one never stored", []probe.Shown{fr(1, c, 1), fr(1, c, 2), fr(1, c, 3), fr(1, c, 4), fr(1, w, 1)}, 0, 0, 0, 1},
+	} {
+		v := checkView(tc.frames, 1, tops)
+		if len(v.dups) != tc.dups || len(v.order) != tc.order || len(v.missing) != tc.missing || len(v.extra) != tc.extra {
+			t.Errorf("%s: got %+v", tc.name, v)
+		}
+	}
+}
+
+// TestMain builds the outboxchat binary once: the schedules start it as
+// the services' processes.
+func TestMain(m *testing.M) {
+	labtest.Main(m, "lab-torture-test-",
+		// toxiproxy v2.5.0 (the network faults) can leave a link's reader
+		// and its toxic stubs blocked on a channel send after Proxy.Stop
+		// closed their connections: the library's, a few per stopped
+		// proxy, never running again.
+		goleak.IgnoreAnyFunction("github.com/Shopify/toxiproxy/v2.(*ToxicLink).read"),
+		goleak.IgnoreAnyFunction("github.com/Shopify/toxiproxy/v2/toxics.(*ToxicStub).Run"),
+	)
+}
