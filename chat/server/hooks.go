@@ -9,7 +9,7 @@ import (
 // a process can die with a message half handled: the relay's publish, the
 // worker's read and acknowledgement of stream entries (Source), and the
 // worker's inbox statement (Handler). The lab uses it to inject crashes
-// (package internal/labfault, `serve --fault`); tests use it to inject
+// (package lab/fault, `serve --fault`); tests use it to inject
 // errors. Production passes none (Config.Hooks nil).
 //
 // Each method is called once, while Serve builds its services, with the

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxchat/outboxchat/chat"
+	"github.com/outboxchat/outboxchat/chat/schema"
 	"github.com/outboxchat/outboxchat/redisq"
 )
 
@@ -42,7 +43,7 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return fmt.Errorf("migrate: %w", err)
 	}
 	defer pool.Close()
-	if err := chat.CheckPooler(ctx, pool, nil); err != nil {
+	if err := schema.CheckPooler(ctx, pool, nil); err != nil {
 		return fmt.Errorf("migrate: %w", err)
 	}
 	var canCreate bool
@@ -50,11 +51,11 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return fmt.Errorf("migrate: %w", err)
 	}
 	if canCreate {
-		if err := chat.Bootstrap(ctx, pool, *service); err != nil {
+		if err := schema.Bootstrap(ctx, pool, *service); err != nil {
 			return err
 		}
 	}
-	n, err := chat.Migrate(ctx, pool, *service)
+	n, err := schema.Migrate(ctx, pool, *service)
 	if err != nil {
 		return err
 	}
@@ -88,12 +89,12 @@ func (a *redisACLFlagSet) run(ctx context.Context, service string, stdout io.Wri
 	if user == "" {
 		user = service
 	}
-	args, err := chat.RedisACL(service, *a.prefix, user, strings.TrimSpace(string(b)))
+	args, err := schema.RedisACL(service, *a.prefix, user, strings.TrimSpace(string(b)))
 	if err != nil {
 		return fmt.Errorf("migrate: %w", err)
 	}
 	if *a.adminURL == "" {
-		fmt.Fprintln(stdout, chat.RedisACLLine(args))
+		fmt.Fprintln(stdout, schema.RedisACLLine(args))
 		return nil
 	}
 	rdb, err := redisq.NewClient(*a.adminURL)
@@ -101,7 +102,7 @@ func (a *redisACLFlagSet) run(ctx context.Context, service string, stdout io.Wri
 		return fmt.Errorf("migrate: %w", err)
 	}
 	defer rdb.Close()
-	if err := chat.ApplyRedisACL(ctx, rdb, args); err != nil {
+	if err := schema.ApplyRedisACL(ctx, rdb, args); err != nil {
 		return fmt.Errorf("migrate: %w", err)
 	}
 	fmt.Fprintf(stdout, "%s: redis user %s set\n", service, user)

@@ -13,6 +13,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxchat/outboxchat/chat"
+	"github.com/outboxchat/outboxchat/chat/schema"
+	"github.com/outboxchat/outboxchat/chat/status"
 	"github.com/outboxchat/outboxchat/internal/testenv"
 	"github.com/outboxchat/outboxchat/lab/labtest"
 	"github.com/outboxchat/outboxchat/redisq"
@@ -47,10 +49,10 @@ func TestOperatorCommands(t *testing.T) {
 	}
 	defer admin.Close()
 	for _, s := range []string{chat.Consumers, chat.Workers} {
-		if err := chat.Bootstrap(ctx, admin, s); err != nil {
+		if err := schema.Bootstrap(ctx, admin, s); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := chat.Migrate(ctx, admin, s); err != nil {
+		if _, err := schema.Migrate(ctx, admin, s); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -91,7 +93,7 @@ func TestOperatorCommands(t *testing.T) {
 	if !errors.Is(err, errNeedsPerson) {
 		t.Fatalf("status = %v; want errNeedsPerson (exit 1)", err)
 	}
-	var st chat.Status
+	var st status.Status
 	if err := json.Unmarshal([]byte(out), &st); err != nil {
 		t.Fatalf("status --json: %v: %s", err, out)
 	}

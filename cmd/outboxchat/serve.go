@@ -13,6 +13,11 @@ import (
 	"time"
 
 	"github.com/outboxchat/outboxchat/chat"
+	"github.com/outboxchat/outboxchat/chat/auth"
+	"github.com/outboxchat/outboxchat/chat/httpapi"
+	"github.com/outboxchat/outboxchat/chat/schema"
+	"github.com/outboxchat/outboxchat/chat/server"
+	"github.com/outboxchat/outboxchat/chat/store"
 	"github.com/outboxchat/outboxchat/lab/fault"
 	"github.com/outboxchat/outboxchat/outbox"
 	"github.com/outboxchat/outboxchat/redisq"
@@ -24,13 +29,13 @@ func runServe(ctx context.Context, args []string, _, stderr io.Writer) error {
 	fs.SetOutput(stderr)
 	service := fs.String("service", "", "consumers or workers (required)")
 	roles := fs.String("role", "", "roles to run: any of api,relay,worker (default all)")
-	dbURL := fs.String("database-url", os.Getenv("DATABASE_URL"), fmt.Sprintf("Postgres URL of the service's role (default $DATABASE_URL); pgxpool parameters in it are honoured: pool_max_conns=N sets the pool size (default %d: group committer 1 + slow lanes up to 4 + history and gateway reads for the api role, 1 per relay pass, 1 per inbox batch; LISTEN connections are extra)", chat.DefaultPoolMaxConns))
+	dbURL := fs.String("database-url", os.Getenv("DATABASE_URL"), fmt.Sprintf("Postgres URL of the service's role (default $DATABASE_URL); pgxpool parameters in it are honoured: pool_max_conns=N sets the pool size (default %d: group committer 1 + slow lanes up to 4 + history and gateway reads for the api role, 1 per relay pass, 1 per inbox batch; LISTEN connections are extra)", schema.DefaultPoolMaxConns))
 	listenURL := fs.String("listen-database-url", os.Getenv("LISTEN_DATABASE_URL"), "Postgres URL of the process's one LISTEN connection (relay and gateway wake-ups), direct or through a session-mode pooler, for when --database-url goes through a transaction-mode pooler such as PgBouncer (default $LISTEN_DATABASE_URL, else --database-url)")
 	redisURL := fs.String("redis-url", os.Getenv("REDIS_URL"), "Redis URL (default $REDIS_URL)")
-	sendLock := fs.Duration("send-lock-timeout", chat.DefaultSendLockTimeout, "how long a send waits for its chat's lock (held by another session) before it answers 503, storing nothing")
-	readTimeout := fs.Duration("read-timeout", chat.DefaultReadTimeout, "bound on each history read (then 503)")
+	sendLock := fs.Duration("send-lock-timeout", store.DefaultSendLockTimeout, "how long a send waits for its chat's lock (held by another session) before it answers 503, storing nothing")
+	readTimeout := fs.Duration("read-timeout", store.DefaultReadTimeout, "bound on each history read (then 503)")
 	httpAddr := fs.String("http", "", "HTTP listen address (default 127.0.0.1:8080 consumers, 127.0.0.1:8081 workers)")
-	mode := fs.String("mode", chat.ModeOutbox, "send path: v2 (transactional outbox) or v1 (naive dual write, lab only)")
+	mode := fs.String("mode", server.ModeOutbox, "send path: v2 (transactional outbox) or v1 (naive dual write, lab only)")
 	wake := fs.String("wake", "after-commit", "relay wake-up: after-commit (fast), in-tx (NOTIFY in the send transaction) or none (poll only); after_commit and in_tx are accepted too")
 	pollOnly := fs.Bool("poll-only", false, "relay: no LISTEN, poll every --poll-interval")
 	poll := fs.Duration("poll-interval", outbox.DefaultPollInterval, "relay poll fallback interval")
@@ -52,7 +57,7 @@ func runServe(ctx context.Context, args []string, _, stderr io.Writer) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	r, err := chat.ParseRoles(*roles)
+	r, err := server.ParseRoles(*roles)
 	if err != nil {
 		return err
 	}
@@ -74,26 +79,32 @@ func runServe(ctx context.Context, args []string, _, stderr io.Writer) error {
 		defer srv.Close()
 	}
 	log := newLogger(stderr, *logFormat)
-	var hooks chat.Hooks // nil unless --fault: an interface holding a nil *Crash is not nil
+	var hooks server.Hooks // nil unless --fault: an interface holding a nil *Crash is not nil
 	if f, err := fault.ParseCrash(*faultSpec, log.With("service", *service)); err != nil {
 		return err
 	} else if f != nil {
 		hooks = f
 	}
-	return chat.Serve(ctx, chat.Config{
-		Service: *service, Roles: r, DatabaseURL: *dbURL, ListenDatabaseURL: *listenURL, RedisURL: *redisURL, HTTPAddr: *httpAddr,
-		Mode: *mode, Wake: wm, PollOnly: *pollOnly, PollInterval: *poll, LockDuration: *lock,
-		RedriveAfter: redriveAfter(*redrive),
-		GapTimeout:   *gap, ConsumerName: *consumer, MaxBodyBytes: *maxBody, RedisPrefix: *prefix, Hooks: hooks,
-		SendLockTimeout: *sendLock, ReadTimeout: *readTimeout, ShutdownDelay: *shutdownDelay,
-		RelayMaxAttempts: *maxAttempts, DeadLetterMax: *deadMax, OutboxVacuumRows: *vacuumRows,
-		Guard: guard.config(), Auth: auth.config(), EventKeyFile: *auth.eventKeys,
-		TLSCertFile: *auth.tlsCert, TLSKeyFile: *auth.tlsKey, Logger: log,
+	return server.Serve(ctx, server.Config{
+		Service: *service, Roles: r, Mode: *mode, DatabaseURL: *dbURL, ListenDatabaseURL: *listenURL,
+		RedisURL: *redisURL, RedisPrefix: *prefix, LockDuration: *lock, EventKeyFile: *auth.eventKeys,
+		Hooks: hooks, Logger: log,
+		API: server.APIConfig{
+			HTTPAddr: *httpAddr, Wake: wm, MaxBodyBytes: *maxBody, SendLockTimeout: *sendLock, ReadTimeout: *readTimeout,
+			GapTimeout: *gap, Auth: auth.config(), TLSCertFile: *auth.tlsCert, TLSKeyFile: *auth.tlsKey,
+			Guard: guard.config(), ShutdownDelay: *shutdownDelay,
+		},
+		Relay: server.RelayConfig{
+			PollOnly: *pollOnly, PollInterval: *poll, RedriveAfter: redriveAfter(*redrive),
+			MaxAttempts: *maxAttempts, OutboxVacuumRows: *vacuumRows,
+		},
+		Worker: server.WorkerConfig{ConsumerName: *consumer, DeadLetterMax: *deadMax},
 	})
 }
 
-// redriveAfter maps --redrive-after to chat.Config.RedriveAfter: the flag's
-// -1 (unset) is the default (0), 0 is off (negative).
+// redriveAfter maps --redrive-after, whose 0 means off (as an operator
+// reads it), to server.RelayConfig.RedriveAfter, whose zero value is the
+// default: the flag's -1 (unset) becomes 0, its 0 becomes -1 (off).
 func redriveAfter(flagValue time.Duration) time.Duration {
 	switch {
 	case flagValue < 0:
@@ -104,7 +115,7 @@ func redriveAfter(flagValue time.Duration) time.Duration {
 	return flagValue
 }
 
-// guardFlagSet holds serve's connection-guard flags (chat.GuardConfig).
+// guardFlagSet holds serve's connection-guard flags (httpapi.GuardConfig).
 type guardFlagSet struct {
 	hosts, origins                     *string
 	readHeader, bodyRead, idle         *time.Duration
@@ -117,22 +128,22 @@ func guardFlags(fs *flag.FlagSet) *guardFlagSet {
 	g := &guardFlagSet{
 		hosts:          fs.String("allowed-hosts", "", "comma-separated host names the Host header may name, or * (default: the listen host, localhost, 127.0.0.1, ::1; any IP literal when listening on 0.0.0.0)"),
 		origins:        fs.String("allowed-origins", "", "comma-separated origins (scheme://host[:port]) pages may call the API and open WebSockets from, or * (default: same origin on an allowed host)"),
-		readHeader:     fs.Duration("read-header-timeout", chat.DefaultReadHeaderTimeout, "bound on reading a request's headers"),
-		bodyRead:       fs.Duration("body-read-timeout", chat.DefaultBodyReadTimeout, "bound on reading a request's body (then 408, connection closed)"),
-		idle:           fs.Duration("idle-timeout", chat.DefaultIdleTimeout, "close keep-alive connections idle this long"),
-		ping:           fs.Duration("ws-ping-interval", chat.DefaultPingInterval, "WebSocket ping interval"),
-		pong:           fs.Duration("ws-pong-timeout", chat.DefaultPongTimeout, "drop a WebSocket whose pong takes longer than this"),
-		userRate:       fs.Float64("rate-user", chat.DefaultUserRate, "requests and WebSocket sends per second per user (negative: no limit)"),
-		userBurst:      fs.Int("burst-user", chat.DefaultUserBurst, "requests at once per user"),
-		ipRate:         fs.Float64("rate-ip", chat.DefaultIPRate, "API and WebSocket requests per second per client IP (negative: no limit)"),
-		ipBurst:        fs.Int("burst-ip", chat.DefaultIPBurst, "requests at once per client IP"),
-		socketsPerUser: fs.Int("ws-per-user", chat.DefaultSocketsPerUser, "open WebSockets per user (negative: no cap)"),
+		readHeader:     fs.Duration("read-header-timeout", httpapi.DefaultReadHeaderTimeout, "bound on reading a request's headers"),
+		bodyRead:       fs.Duration("body-read-timeout", httpapi.DefaultBodyReadTimeout, "bound on reading a request's body (then 408, connection closed)"),
+		idle:           fs.Duration("idle-timeout", httpapi.DefaultIdleTimeout, "close keep-alive connections idle this long"),
+		ping:           fs.Duration("ws-ping-interval", httpapi.DefaultPingInterval, "WebSocket ping interval"),
+		pong:           fs.Duration("ws-pong-timeout", httpapi.DefaultPongTimeout, "drop a WebSocket whose pong takes longer than this"),
+		userRate:       fs.Float64("rate-user", httpapi.DefaultUserRate, "requests and WebSocket sends per second per user (negative: no limit)"),
+		userBurst:      fs.Int("burst-user", httpapi.DefaultUserBurst, "requests at once per user"),
+		ipRate:         fs.Float64("rate-ip", httpapi.DefaultIPRate, "API and WebSocket requests per second per client IP (negative: no limit)"),
+		ipBurst:        fs.Int("burst-ip", httpapi.DefaultIPBurst, "requests at once per client IP"),
+		socketsPerUser: fs.Int("ws-per-user", httpapi.DefaultSocketsPerUser, "open WebSockets per user (negative: no cap)"),
 	}
 	return g
 }
 
-func (g *guardFlagSet) config() chat.GuardConfig {
-	return chat.GuardConfig{
+func (g *guardFlagSet) config() httpapi.GuardConfig {
+	return httpapi.GuardConfig{
 		AllowedHosts: splitList(*g.hosts), AllowedOrigins: splitList(*g.origins),
 		ReadHeaderTimeout: *g.readHeader, BodyReadTimeout: *g.bodyRead, IdleTimeout: *g.idle,
 		PingInterval: *g.ping, PongTimeout: *g.pong,
@@ -141,7 +152,7 @@ func (g *guardFlagSet) config() chat.GuardConfig {
 	}
 }
 
-// authFlagSet holds serve's authentication flags (chat.AuthConfig).
+// authFlagSet holds serve's authentication flags (auth.Config).
 type authFlagSet struct {
 	secretFile, keysFile, eventKeys *string
 	tlsCert, tlsKey                 *string
@@ -170,6 +181,6 @@ func splitList(s string) []string {
 	return out
 }
 
-func (a *authFlagSet) config() chat.AuthConfig {
-	return chat.AuthConfig{SecretFile: *a.secretFile, KeysFile: *a.keysFile, Insecure: *a.insecure}
+func (a *authFlagSet) config() auth.Config {
+	return auth.Config{SecretFile: *a.secretFile, KeysFile: *a.keysFile, Insecure: *a.insecure}
 }

@@ -11,7 +11,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/outboxchat/outboxchat/chat"
+	"github.com/outboxchat/outboxchat/chat/status"
 )
 
 // errNeedsPerson is status's error when something needs a person (exit 1).
@@ -23,8 +23,8 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	fs := flag.NewFlagSet("status", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	f := newOpsFlags(fs, true, true)
-	backlog := fs.Duration("max-backlog-age", chat.DefaultMaxBacklogAge, "a problem when the oldest unsent outbox row is older than this")
-	xact := fs.Duration("max-transaction-age", chat.DefaultMaxTransactionAge, "a problem when a transaction or snapshot the database can see is older than this (it holds back cleanup)")
+	backlog := fs.Duration("max-backlog-age", status.DefaultMaxBacklogAge, "a problem when the oldest unsent outbox row is older than this")
+	xact := fs.Duration("max-transaction-age", status.DefaultMaxTransactionAge, "a problem when a transaction or snapshot the database can see is older than this (it holds back cleanup)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -44,7 +44,7 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	st, err := chat.ReadStatus(qctx, pool, rdb, *f.prefix, chat.StatusThresholds{BacklogAge: *backlog, TransactionAge: *xact})
+	st, err := status.ReadStatus(qctx, pool, rdb, *f.prefix, status.StatusThresholds{BacklogAge: *backlog, TransactionAge: *xact})
 	if err != nil {
 		return fmt.Errorf("status: %w", err)
 	}
@@ -71,7 +71,7 @@ func secs(v float64) string {
 	return (time.Duration(v) * time.Second).String()
 }
 
-func writeStatus(w io.Writer, st *chat.Status) {
+func writeStatus(w io.Writer, st *status.Status) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "service\tunsent\toldest unsent\tparked\tlast relay pass\tstream read\tlength\tpending\tlag\tdead letters")
 	for _, s := range st.Services {

@@ -9,7 +9,7 @@ import (
 	"os"
 	"time"
 
-	"github.com/outboxchat/outboxchat/chat"
+	"github.com/outboxchat/outboxchat/chat/auth"
 )
 
 // runToken runs `outboxchat token`: prints an HS256 token signed with the
@@ -29,15 +29,15 @@ func runToken(_ context.Context, args []string, stdout, stderr io.Writer) error 
 		fs.Usage()
 		return errors.New("token: --jwt-secret-file, --service, --user and --chats are required")
 	}
-	secret, err := chat.ReadSecretFile(*secretFile)
+	secret, err := auth.ReadSecretFile(*secretFile)
 	if err != nil {
 		return fmt.Errorf("token: %w", err)
 	}
-	scope, err := chat.ParseChatScope(*chats)
+	scope, err := auth.ParseChatScope(*chats)
 	if err != nil {
 		return fmt.Errorf("token: %w", err)
 	}
-	t, err := chat.MintToken(secret, *user, splitList(*services), scope, *ttl)
+	t, err := auth.MintToken(secret, *user, splitList(*services), scope, *ttl)
 	if err != nil {
 		return fmt.Errorf("token: %w", err)
 	}

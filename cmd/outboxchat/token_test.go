@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/outboxchat/outboxchat/chat"
+	"github.com/outboxchat/outboxchat/chat/auth"
 )
 
 // TestTokenCommand mints a token with `outboxchat token` and checks it with
@@ -24,7 +25,7 @@ func TestTokenCommand(t *testing.T) {
 	if err != nil {
 		t.Fatalf("token: %v %s", err, errOut.String())
 	}
-	v, err := chat.NewVerifier(chat.Consumers, chat.AuthConfig{SecretFile: secret})
+	v, err := auth.NewVerifier(chat.Consumers, auth.Config{SecretFile: secret})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -35,7 +36,7 @@ func TestTokenCommand(t *testing.T) {
 	if p.User != "alice" || !p.Chats.Allows(1) || !p.Chats.Allows(2) || p.Chats.Allows(3) {
 		t.Fatalf("principal %+v: want alice on chats 1 and 2", p)
 	}
-	w, err := chat.NewVerifier(chat.Workers, chat.AuthConfig{SecretFile: secret})
+	w, err := auth.NewVerifier(chat.Workers, auth.Config{SecretFile: secret})
 	if err != nil {
 		t.Fatal(err)
 	}

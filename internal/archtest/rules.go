@@ -118,8 +118,6 @@ var Places = []Place{
 
 	{"lab/...", lab},
 	{"lab/labtest/...", labtest},
-	{"internal/labfault/...", lab}, // the lab's fault vocabulary, until it moves under lab/
-	{"internal/labtest/...", labtest},
 	{"deploy/...", deploy},
 	{"cmd/...", cmd},
 }

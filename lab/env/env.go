@@ -21,6 +21,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/outboxchat/outboxchat/chat"
+	"github.com/outboxchat/outboxchat/chat/auth"
+	"github.com/outboxchat/outboxchat/chat/schema"
 	"github.com/outboxchat/outboxchat/internal/devca"
 	"github.com/outboxchat/outboxchat/internal/pgbouncerproc"
 	"github.com/outboxchat/outboxchat/internal/pgproc"
@@ -307,10 +309,10 @@ func Start(ctx context.Context, opts Options) (_ *Env, err error) {
 		}
 	}
 	for _, s := range []string{chat.Consumers, chat.Workers} {
-		if err := chat.Bootstrap(ctx, e.admin, s); err != nil {
+		if err := schema.Bootstrap(ctx, e.admin, s); err != nil {
 			return nil, fmt.Errorf("lab: %w", err)
 		}
-		if _, err := chat.Migrate(ctx, e.admin, s); err != nil {
+		if _, err := schema.Migrate(ctx, e.admin, s); err != nil {
 			return nil, fmt.Errorf("lab: %w", err)
 		}
 	}
@@ -366,7 +368,7 @@ func labSecrets(dir string) (args []string, token string, err error) {
 	if err := errors.Join(os.WriteFile(secretPath, []byte(secret), 0o600), os.WriteFile(keysPath, []byte(keys), 0o600)); err != nil {
 		return nil, "", fmt.Errorf("lab: secrets: %w", err)
 	}
-	token, err = chat.MintToken([]byte(secret), "lab", []string{chat.Consumers, chat.Workers}, chat.ChatScope{All: true}, labTokenTTL)
+	token, err = auth.MintToken([]byte(secret), "lab", []string{chat.Consumers, chat.Workers}, auth.ChatScope{All: true}, labTokenTTL)
 	if err != nil {
 		return nil, "", fmt.Errorf("lab: %w", err)
 	}
@@ -423,7 +425,7 @@ func (e *Env) serveDatabaseURL(service string) string {
 	return e.ServiceDatabaseURL(service)
 }
 
-// redisUsers makes each service's least-privilege Redis user (chat.RedisACL)
+// redisUsers makes each service's least-privilege Redis user (schema.RedisACL)
 // with a random password, saved in the server's ACL file.
 func (e *Env) redisUsers(ctx context.Context) error {
 	e.redisURLs = map[string]string{}
@@ -433,11 +435,11 @@ func (e *Env) redisUsers(ctx context.Context) error {
 			return fmt.Errorf("lab: redis password: %w", err)
 		}
 		pw := hex.EncodeToString(b)
-		args, err := chat.RedisACL(s, RedisPrefix, s, pw)
+		args, err := schema.RedisACL(s, RedisPrefix, s, pw)
 		if err != nil {
 			return fmt.Errorf("lab: %w", err)
 		}
-		if err := chat.ApplyRedisACL(ctx, e.rdb, args); err != nil {
+		if err := schema.ApplyRedisACL(ctx, e.rdb, args); err != nil {
 			return fmt.Errorf("lab: %w", err)
 		}
 		e.redisURLs[s] = e.withRedisCA(strings.Replace(e.Redis.URL(), "://", "://"+s+":"+pw+"@", 1))
@@ -446,7 +448,7 @@ func (e *Env) redisUsers(ctx context.Context) error {
 			// promotes needs them too. The services find the primary
 			// through the sentinels.
 			rc := redis.NewClient(&redis.Options{Addr: e.RedisReplica.Addr()})
-			err := chat.ApplyRedisACL(ctx, rc, args)
+			err := schema.ApplyRedisACL(ctx, rc, args)
 			rc.Close()
 			if err != nil {
 				return fmt.Errorf("lab: redis user on the replica: %w", err)
@@ -477,7 +479,7 @@ func (e *Env) route(route func(service, server, addr string) (string, error)) er
 }
 
 // ServiceRedisURL returns the URL a service connects to Redis with: its own
-// least-privilege user (chat.RedisACL). RedisURL is the administrator's.
+// least-privilege user (schema.RedisACL). RedisURL is the administrator's.
 func (e *Env) ServiceRedisURL(service string) string { return e.redisURLs[service] }
 
 // Admin returns a superuser pool on the lab database (owned by the Env).

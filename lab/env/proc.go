@@ -98,7 +98,7 @@ func (l LogLine) Str(key string) string {
 // Event returns the kind of the typed event the line carries (chat.EventKey
 // of a line whose msg is chat.EventLogMsg), or "" for any other line. The
 // kinds are the library's and the app's constants (inbox.EventDuplicate,
-// redisq.EventReclaimed, outbox.EventPassFailed, labfault.EventCrash, …),
+// redisq.EventReclaimed, outbox.EventPassFailed, fault.EventCrash, …),
 // so the lab never matches log text.
 func (l LogLine) Event() string {
 	if l.Msg != chat.EventLogMsg {

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxchat/outboxchat/chat"
+	"github.com/outboxchat/outboxchat/chat/server"
 	"github.com/outboxchat/outboxchat/inbox"
 	"github.com/outboxchat/outboxchat/outbox"
 )
@@ -29,7 +30,7 @@ const (
 // process (attributes fault, seq).
 const EventCrash = "chat.fault_crash"
 
-// Crash is a parsed --fault spec: it implements chat.Hooks, wrapping only the part
+// Crash is a parsed --fault spec: it implements server.Hooks, wrapping only the part
 // its kind needs. Safe for concurrent use.
 type Crash struct {
 	kind string
@@ -42,7 +43,7 @@ type Crash struct {
 	ref string // the stream ref of the faulty message, once fetched
 }
 
-var _ chat.Hooks = (*Crash)(nil)
+var _ server.Hooks = (*Crash)(nil)
 
 // ParseCrash parses a spec "KIND:SEQ" (SEQ a positive message seq). It returns
 // nil, nil for "" (no fault), and an error naming the spec for anything
