@@ -5,10 +5,13 @@
 
 GO ?= go
 BIN := bin/outboxchat
+# Every package of every module of the workspace (go.work): the library
+# module at the root, and the app, lab, CLI and deploy modules under it.
+PKGS = $(shell $(GO) list -m -f '{{.Dir}}/...')
 UPFLAGS ?=
 TESTFLAGS ?= -race -count=1 -timeout 12m
 
-.PHONY: all build demo up test lint deps bench clean
+.PHONY: all build demo up test lint deps bench clean tidy
 
 all: build
 
@@ -32,18 +35,22 @@ up: build
 	exec ./$(BIN) lab up $(UPFLAGS)
 
 test: deps
-	$(GO) vet ./...
-	$(GO) test $(TESTFLAGS) ./...
+	$(GO) vet $(PKGS)
+	$(GO) test $(TESTFLAGS) $(PKGS)
 
 bench: deps
-	$(GO) test -run '^$$' -bench . -benchtime 2s ./...
+	$(GO) test -run '^$$' -bench . -benchtime 2s $(PKGS)
 
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
 lint:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt needed"; exit 1; }
-	$(GO) vet ./...
-	$(GO) run $(STATICCHECK) ./...
+	$(GO) vet $(PKGS)
+	$(GO) run $(STATICCHECK) $(PKGS)
 
 clean:
 	rm -rf bin
+
+# tidy each module's go.mod on its own (go mod tidy does not read go.work).
+tidy:
+	for d in $$($(GO) list -m -f '{{.Dir}}'); do (cd $$d && GOWORK=off $(GO) mod tidy) || exit 1; done
