@@ -11,9 +11,8 @@ import (
 	"github.com/outboxchat/outboxchat/internal/service"
 )
 
-// Vacuum keeps an outbox table small. The relay deletes each row it
-// publishes, so the table holds only unsent rows, but the deleted rows'
-// space comes back only when the table is vacuumed, and autovacuum looks
+// Vacuum keeps an outbox table small: the space of the rows the relay
+// deleted comes back only when the table is vacuumed, and autovacuum looks
 // at a table at most once per autovacuum_naptime (1 min by default) and
 // throttles itself: at thousands of messages a second, a minute is enough
 // for the dead rows to outnumber the live ones a hundred to one. Vacuum
@@ -80,12 +79,8 @@ func NewVacuum(pool *pgxpool.Pool, cfg *VacuumConfig) (*Vacuum, error) {
 		return nil, fmt.Errorf("outbox: new vacuum: negative Interval or DeadRows: %w", ErrInvalidConfig)
 	}
 	c.Interval = orDefault(c.Interval, DefaultVacuumInterval)
-	if c.DeadRows == 0 {
-		c.DeadRows = DefaultVacuumDeadRows
-	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
-	}
+	c.DeadRows = orDefault(c.DeadRows, DefaultVacuumDeadRows)
+	c.Logger = orDefault(c.Logger, slog.Default())
 	return &Vacuum{pool: pool, table: t, cfg: c, log: c.Logger.With(slog.String("component", "outbox.vacuum")),
 		life: service.Lifecycle{Name: "outbox: vacuum"}}, nil
 }
