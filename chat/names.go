@@ -103,4 +103,3 @@ const (
 	CloseForbidden    = 4403 // the token does not cover the chat
 	CloseTooMany      = 4429 // the user's socket cap
 )
-

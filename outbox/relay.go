@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -235,21 +236,18 @@ type Relay struct {
 // Negative values are kept (NewRelay rejects them). A nil c gives a config
 // of defaults without Table and Publisher.
 func (c *RelayConfig) WithDefaults() *RelayConfig {
-	var d RelayConfig
-	if c != nil {
-		d = *c
-	}
+	d := *cmp.Or(c, &RelayConfig{})
 	d.Channel = defaultChannel(d.Channel, d.Table)
-	d.BatchSize = orDefault(d.BatchSize, DefaultBatchSize)
-	d.PollInterval = orDefault(d.PollInterval, DefaultPollInterval)
-	d.PublishTimeout = orDefault(d.PublishTimeout, DefaultPublishTimeout)
-	d.LockTimeout = orDefault(d.LockTimeout, DefaultLockTimeout)
-	d.StatementTimeout = orDefault(d.StatementTimeout, DefaultStatementTimeout)
-	d.IdleInTxTimeout = orDefault(d.IdleInTxTimeout, DefaultIdleInTxTimeout)
-	d.MaxAttempts = orDefault(d.MaxAttempts, DefaultMaxAttempts)
-	d.RetryBackoff = orDefault(d.RetryBackoff, DefaultRetryBackoff)
-	d.RetryBackoffMax = orDefault(d.RetryBackoffMax, DefaultRetryBackoffMax)
-	d.Logger = orDefault(d.Logger, slog.Default())
+	d.BatchSize = cmp.Or(d.BatchSize, DefaultBatchSize)
+	d.PollInterval = cmp.Or(d.PollInterval, DefaultPollInterval)
+	d.PublishTimeout = cmp.Or(d.PublishTimeout, DefaultPublishTimeout)
+	d.LockTimeout = cmp.Or(d.LockTimeout, DefaultLockTimeout)
+	d.StatementTimeout = cmp.Or(d.StatementTimeout, DefaultStatementTimeout)
+	d.IdleInTxTimeout = cmp.Or(d.IdleInTxTimeout, DefaultIdleInTxTimeout)
+	d.MaxAttempts = cmp.Or(d.MaxAttempts, DefaultMaxAttempts)
+	d.RetryBackoff = cmp.Or(d.RetryBackoff, DefaultRetryBackoff)
+	d.RetryBackoffMax = cmp.Or(d.RetryBackoffMax, DefaultRetryBackoffMax)
+	d.Logger = cmp.Or(d.Logger, slog.Default())
 	return &d
 }
 

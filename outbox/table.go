@@ -57,15 +57,6 @@ func defaultChannel(ch, name string) string {
 	return ch
 }
 
-// orDefault returns v, or def when v is the zero value.
-func orDefault[T comparable](v, def T) T {
-	var zero T
-	if v == zero {
-		return def
-	}
-	return v
-}
-
 // checkNotNegative returns an error wrapping ErrInvalidConfig that names
 // the first negative of vals; names holds their names, space-separated.
 func checkNotNegative(names string, vals ...time.Duration) error {

@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -147,13 +148,10 @@ type Writer struct {
 // is no spacing). Negative values are kept (NewWriter rejects them). A nil c
 // gives a config of defaults without Table.
 func (c *WriterConfig) WithDefaults() *WriterConfig {
-	var d WriterConfig
-	if c != nil {
-		d = *c
-	}
+	d := *cmp.Or(c, &WriterConfig{})
 	d.Channel = defaultChannel(d.Channel, d.Table)
-	d.NotifyTimeout = orDefault(d.NotifyTimeout, DefaultNotifyTimeout)
-	d.Logger = orDefault(d.Logger, slog.Default())
+	d.NotifyTimeout = cmp.Or(d.NotifyTimeout, DefaultNotifyTimeout)
+	d.Logger = cmp.Or(d.Logger, slog.Default())
 	return &d
 }
 
