@@ -1,6 +1,7 @@
 package inbox
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -173,17 +174,12 @@ type Consumer struct {
 // are kept (NewConsumer rejects them, except a negative BatchTimeout: no
 // timeout). A nil c gives all defaults.
 func (c *Config) WithDefaults() *Config {
-	var d Config
-	if c != nil {
-		d = *c
-	}
-	d.BatchSize = orDefault(d.BatchSize, DefaultBatchSize)
-	d.RetryBackoff = orDefault(d.RetryBackoff, DefaultRetryBackoff)
-	d.MaxRetryBackoff = orDefault(d.MaxRetryBackoff, max(DefaultMaxRetryBackoff, d.RetryBackoff))
-	d.BatchTimeout = orDefault(d.BatchTimeout, DefaultBatchTimeout)
-	if d.Logger == nil {
-		d.Logger = slog.Default()
-	}
+	d := *cmp.Or(c, &Config{})
+	d.BatchSize = cmp.Or(d.BatchSize, DefaultBatchSize)
+	d.RetryBackoff = cmp.Or(d.RetryBackoff, DefaultRetryBackoff)
+	d.MaxRetryBackoff = cmp.Or(d.MaxRetryBackoff, max(DefaultMaxRetryBackoff, d.RetryBackoff))
+	d.BatchTimeout = cmp.Or(d.BatchTimeout, DefaultBatchTimeout)
+	d.Logger = cmp.Or(d.Logger, slog.Default())
 	return &d
 }
 
@@ -234,14 +230,6 @@ func NewConsumer(pool *pgxpool.Pool, src Source, h Handler, cfg *Config) (*Consu
 		afterCommit: cfg.AfterCommit,
 		life:        service.Lifecycle{Name: "inbox: consumer"},
 	}, nil
-}
-
-// orDefault returns v, or def when v is zero.
-func orDefault[T int | time.Duration](v, def T) T {
-	if v == 0 {
-		return def
-	}
-	return v
 }
 
 // Start starts the Consumer's goroutine and returns at once: it fetches up

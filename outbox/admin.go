@@ -8,11 +8,6 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// The operator's view of an outbox table: one snapshot query (Stats) that
-// the chat's status command and its Prometheus gauges share, and the
-// parked rows (Parked) with their Retry. These run on demand, never per
-// message.
-
 // DB is what the functions below need of a pgx connection, pool or
 // transaction (*pgxpool.Pool, *pgx.Conn and pgx.Tx have it).
 type DB interface {
@@ -156,7 +151,7 @@ SELECT old.id, ins.id, ins.idempotency_key FROM old JOIN ins USING (idempotency_
 			return err
 		}
 		if len(out) > 0 && channel != "" {
-			_, err = tx.Exec(ctx, "SELECT pg_notify($1, '')", channel)
+			_, err = tx.Exec(ctx, notifySQL, channel)
 		}
 		return err
 	})

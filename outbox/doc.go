@@ -4,37 +4,29 @@
 //
 // # Table
 //
-// The outbox table is created by the application's migrations from TableDDL:
-// identity id, event, idempotency_key, jsonb payload, created_at, sent_at
-// (NULL; a row is deleted once published, so the table holds only unsent
-// rows), attempts and last_error, failures, retry_at and parked_at (poison
-// handling, below; ParkingDDL adds them to an older table), plus a partial
-// index on the unsent rows.
-// The identity sequence must keep its default CACHE 1 and ids must not be
-// given explicitly (the claim floor, below, relies on both), and the
-// relay's role needs USAGE or SELECT on that sequence (its owner has both)
-// besides SELECT and DELETE on the table.
+// The outbox table is created by the application's migrations from TableDDL
+// (its columns are listed there; ParkingDDL adds the poison-handling ones
+// to an older table). It holds only unsent rows: a row is deleted once
+// published. The identity sequence must keep its default CACHE 1 and ids
+// must not be given explicitly (the claim floor, below, relies on both),
+// and the relay's role needs USAGE or SELECT on that sequence (its owner
+// has both) besides SELECT and DELETE on the table.
 //
 // # Writer
 //
 // Writer.Enqueue inserts events with one statement in the caller's pgx.Tx
-// and never commits. The relay is woken by one of three WakeModes:
-// WakeAfterCommit (default; the caller calls Writer.Committed after commit
-// and a background goroutine sends one coalesced pg_notify per burst, at
-// most one per WriterConfig.NotifyInterval when that is set),
-// WakeInTx (pg_notify inside the transaction, as in the original write-up;
-// it serialises all notifying commits on a database-wide lock) or WakeNone
-// (poll only).
+// and never commits. The relay is woken per WakeMode: WakeAfterCommit
+// (default: the caller calls Writer.Committed after commit, and one
+// coalesced pg_notify follows per burst), WakeInTx (pg_notify inside the
+// transaction; it serialises notifying commits) or WakeNone (poll only).
 //
 // # Relay
 //
 // A pass (Relay.RunOnce) is one transaction: BEGIN; set transaction-local
 // lock_timeout, statement_timeout and idle_in_transaction_session_timeout;
 // claim up to BatchSize unsent rows with id ≥ the claim floor ORDER BY id
-// FOR UPDATE; Publish; DELETE them; COMMIT. The first statements (with a
-// read of the identity sequence and of the snapshot's xmin, for the floor)
-// share one round trip, the last two (with a read of the pass's xid when
-// the floor asks for it) another. Deleting rather than updating the
+// FOR UPDATE; Publish; DELETE them; COMMIT, in two round trips besides
+// Publish. Deleting rather than updating the
 // published rows, and starting the claim at the floor (an id below which
 // every row is known published, see floor.go), keep a pass's cost
 // independent of how many rows were published since vacuum last ran: while
@@ -42,9 +34,9 @@
 // an update per message (a row version and an index entry each) or a claim
 // from the start of the index would make every pass slower than the last.
 //
-// The running relay (Relay.Start) LISTENs on a dedicated connection and
-// runs passes on each notification (but those
-// RelayConfig.IgnoreNotification drops), on Relay.Wake, and every
+// The running relay (Relay.Start) LISTENs (on its own connection or a
+// shared RelayConfig.Notifier) and runs passes on each notification (but
+// those RelayConfig.IgnoreNotification drops), on Relay.Wake, and every
 // PollInterval without one, until a pass comes back less than full.
 //
 // # Invariants
@@ -66,8 +58,10 @@
 //     enqueuing transactions lock a common row (the chat's per-chat counter)
 //     id order equals commit order, so a chat's events are published in
 //     sequence. Claims use plain FOR UPDATE, not SKIP LOCKED: a second relay
-//     (rolling deploy) waits for the first one's pass instead of publishing
-//     later rows in parallel.
+//     (rolling deploy) waits for the first one's pass (at most LockTimeout,
+//     then it fails and retries) instead of publishing later rows in
+//     parallel; each ID is published by one of them (or by both, after a
+//     failure).
 //   - Every step is bounded: PublishTimeout on Publish, and lock_timeout,
 //     statement_timeout and idle_in_transaction_session_timeout on every
 //     relay transaction; the LISTEN connection's connect and health checks
@@ -87,9 +81,6 @@
 //     are gone.
 //   - Lost wake-up (WakeAfterCommit process crash after commit, failed
 //     notify): caught by the next poll.
-//   - Two relays on one table: the second one's claim waits on the first
-//     one's row locks (at most LockTimeout, then it fails and retries); each
-//     ID is published by one of them (or by both, after a failure).
 //   - A row that can never be published (poison): the Publisher blames it
 //     with a MessageError (redisq's adapter does for an empty id or an
 //     "ERR" reply to its job). The rows before it are published; it gets
@@ -105,20 +96,15 @@
 //
 // ReadStats (unsent rows, the oldest one's age on the database clock,
 // parked rows) is one statement, for dashboards and probes. Parked lists
-// parked rows; Retry enqueues them again under new ids (so they sort after
-// every row already enqueued and a running relay's claim floor does not
-// hide them), clearing failures and parked_at, and notifies the relays; a
-// repeated Retry is a no-op. The order policy for a parked row: it is
+// parked rows and Retry enqueues them again under new ids. The order policy for a parked row: it is
 // published after the rows that overtook it, so a receiver that applies a
 // chat in seq order meets a gap while it is parked (the chat's gateway
 // holds the rows behind the gap for its gap timeout, then shows them) and
 // the parked row late once retried.
 //
-// Published rows are deleted, so the table holds only unsent rows, but
-// their space returns only with VACUUM: Vacuum, a small service for the
-// relay's process, vacuums the table whenever it has at least DeadRows
-// (5,000) dead rows, checked every 2 s, so that under a steady load the
-// table stays near its starting size instead of growing with every
-// message published. There is no retention setting: nothing is kept once published (history
-// belongs in the application's own tables).
+// The space of the deleted rows returns only with VACUUM: Vacuum, a small
+// service for the relay's process, vacuums the table often enough that
+// under a steady load it stays near its starting size. There is no
+// retention setting: nothing is kept once published (history belongs in
+// the application's own tables).
 package outbox

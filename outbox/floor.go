@@ -7,12 +7,10 @@ import (
 
 // The claim floor: where a pass's claim starts.
 //
-// Published rows are deleted (the package doc says why), but their index entries stay until vacuum removes them, and vacuum
-// cannot while any session holds an older snapshot (a forgotten
-// transaction, a long report, a replica's hot_standby_feedback). A claim
-// that walked the index from the start would step over every row published
-// since that snapshot, on every pass: O(rows published) per pass. So the
-// relay remembers a floor, an id below which every row is known to be
+// A claim must not walk the index from its start (the package doc says
+// why: dead entries that a held snapshot keeps from vacuum, such as a
+// forgotten transaction's, a long report's or a replica's
+// hot_standby_feedback). So the relay remembers a floor, an id below which every row is known to be
 // published or never to become visible, and claims "id >= floor".
 //
 // Ids are taken from the identity sequence before commit, so transactions
@@ -37,8 +35,9 @@ import (
 // past the latest *completed* xid, and a transaction given an xid at or
 // above it may be running, invisible in the snapshot's xip list; xmin then
 // equals xmax while it runs, and a floor keyed on xmax would pass its row
-// (which would then wait for the full scan below, up to 10 s). Only passes that claimed rows start a pair:
-// they have an xid anyway, so the floor costs no transaction id of its own.
+// (which would then wait for the full scan below, up to 10 s). Only passes
+// that claimed rows start a pair: they have an xid anyway, so the floor
+// costs no transaction id of its own.
 //
 // The floor is a hint, not state the invariants rest on: it lives in
 // memory, starts at 0 (a full scan) when a Relay is created, and a full

@@ -31,6 +31,13 @@ func setup(t testing.TB) *pgxpool.Pool {
 	return pool
 }
 
+// setupWriter is setup with a started Writer of mode on the pool.
+func setupWriter(t testing.TB, mode outbox.WakeMode) (*pgxpool.Pool, *outbox.Writer) {
+	t.Helper()
+	pool := setup(t)
+	return pool, newWriter(t, pool, mode)
+}
+
 // newPool opens an extra pool (another "process") on the same database as
 // pool, closed at test end.
 func newPool(t testing.TB, pool *pgxpool.Pool, maxConns int32) *pgxpool.Pool {

@@ -48,8 +48,7 @@ func (p *poisonPublisher) published() []string {
 func TestPoisonRowIsParkedAndRetried(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool := setup(t)
-	w := newWriter(t, pool, outbox.WakeNone)
+	pool, w := setupWriter(t, outbox.WakeNone)
 	pub := &poisonPublisher{bad: "p2"}
 	pub.failing.Store(true)
 	var mu sync.Mutex
@@ -134,8 +133,7 @@ func TestPoisonRowIsParkedAndRetried(t *testing.T) {
 func TestRunningRelayParksOnlyPoison(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool := setup(t)
-	w := newWriter(t, pool, outbox.WakeNone)
+	pool, w := setupWriter(t, outbox.WakeNone)
 	var down atomic.Int32
 	down.Store(5)
 	pub := &poisonPublisher{bad: "bad"}

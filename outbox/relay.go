@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -139,7 +140,7 @@ type RelayConfig struct {
 	// Relay.Wake). Default false.
 	DisableListen bool
 	// Notifier, when set, is the process's shared LISTEN connection
-	// (internal/notifier; chat.Serve passes its one): the relay subscribes
+	// (internal/notifier): the relay subscribes
 	// to Channel on it while started and does not open a connection of its
 	// own. The caller starts and stops it. Default nil: the relay runs a
 	// notifier of its own on a dedicated connection (application_name
@@ -214,13 +215,12 @@ type Relay struct {
 	log       *slog.Logger
 	onEvent   func(RelayEvent)
 
-	maxAttempts                          int
-	backoffMin, backoffMax               time.Duration
-	lastPass                             atomic.Int64 // unix nanoseconds of the last committed pass
-	claimSQL, markSQL, recordSQL, seqSQL string
-	failSQL                              string
-	table                                string // quoted table name, for seqSQL
-	floor                                claimFloor
+	maxAttempts                                   int
+	backoffMin, backoffMax                        time.Duration
+	lastPass                                      atomic.Int64 // unix nanoseconds of the last committed pass
+	claimSQL, markSQL, recordSQL, seqSQL, failSQL string
+	table                                         string // quoted table name, for seqSQL
+	floor                                         claimFloor
 
 	wake       chan struct{} // 1-buffered pending wake-up
 	listening  atomic.Bool
@@ -236,27 +236,18 @@ type Relay struct {
 // Negative values are kept (NewRelay rejects them). A nil c gives a config
 // of defaults without Table and Publisher.
 func (c *RelayConfig) WithDefaults() *RelayConfig {
-	var d RelayConfig
-	if c != nil {
-		d = *c
-	}
-	if d.Channel == "" {
-		if t, err := parseTable(d.Table); err == nil {
-			d.Channel = defaultChannel(t)
-		}
-	}
-	d.BatchSize = orDefault(d.BatchSize, DefaultBatchSize)
-	d.PollInterval = orDefault(d.PollInterval, DefaultPollInterval)
-	d.PublishTimeout = orDefault(d.PublishTimeout, DefaultPublishTimeout)
-	d.LockTimeout = orDefault(d.LockTimeout, DefaultLockTimeout)
-	d.StatementTimeout = orDefault(d.StatementTimeout, DefaultStatementTimeout)
-	d.IdleInTxTimeout = orDefault(d.IdleInTxTimeout, DefaultIdleInTxTimeout)
-	d.MaxAttempts = orDefault(d.MaxAttempts, DefaultMaxAttempts)
-	d.RetryBackoff = orDefault(d.RetryBackoff, DefaultRetryBackoff)
-	d.RetryBackoffMax = orDefault(d.RetryBackoffMax, DefaultRetryBackoffMax)
-	if d.Logger == nil {
-		d.Logger = slog.Default()
-	}
+	d := *cmp.Or(c, &RelayConfig{})
+	d.Channel = defaultChannel(d.Channel, d.Table)
+	d.BatchSize = cmp.Or(d.BatchSize, DefaultBatchSize)
+	d.PollInterval = cmp.Or(d.PollInterval, DefaultPollInterval)
+	d.PublishTimeout = cmp.Or(d.PublishTimeout, DefaultPublishTimeout)
+	d.LockTimeout = cmp.Or(d.LockTimeout, DefaultLockTimeout)
+	d.StatementTimeout = cmp.Or(d.StatementTimeout, DefaultStatementTimeout)
+	d.IdleInTxTimeout = cmp.Or(d.IdleInTxTimeout, DefaultIdleInTxTimeout)
+	d.MaxAttempts = cmp.Or(d.MaxAttempts, DefaultMaxAttempts)
+	d.RetryBackoff = cmp.Or(d.RetryBackoff, DefaultRetryBackoff)
+	d.RetryBackoffMax = cmp.Or(d.RetryBackoffMax, DefaultRetryBackoffMax)
+	d.Logger = cmp.Or(d.Logger, slog.Default())
 	return &d
 }
 
@@ -276,31 +267,8 @@ func (c *RelayConfig) validate() (table, error) {
 	if c.BatchSize < 0 {
 		return table{}, fmt.Errorf("negative BatchSize: %w", ErrInvalidConfig)
 	}
-	for _, d := range []struct {
-		name string
-		v    time.Duration
-	}{
-		{"PollInterval", c.PollInterval},
-		{"PublishTimeout", c.PublishTimeout},
-		{"LockTimeout", c.LockTimeout},
-		{"StatementTimeout", c.StatementTimeout},
-		{"IdleInTxTimeout", c.IdleInTxTimeout},
-		{"RetryBackoff", c.RetryBackoff},
-		{"RetryBackoffMax", c.RetryBackoffMax},
-	} {
-		if d.v < 0 {
-			return table{}, fmt.Errorf("negative %s: %w", d.name, ErrInvalidConfig)
-		}
-	}
-	return t, nil
-}
-
-// orDefault returns v, or def when v is zero.
-func orDefault[T int | time.Duration](v, def T) T {
-	if v == 0 {
-		return def
-	}
-	return v
+	return t, checkNotNegative("PollInterval PublishTimeout LockTimeout StatementTimeout IdleInTxTimeout RetryBackoff RetryBackoffMax",
+		c.PollInterval, c.PublishTimeout, c.LockTimeout, c.StatementTimeout, c.IdleInTxTimeout, c.RetryBackoff, c.RetryBackoffMax)
 }
 
 // NewRelay validates cfg (after WithDefaults) and returns a stopped Relay.
@@ -350,22 +318,15 @@ func NewRelay(pool *pgxpool.Pool, cfg *RelayConfig) (*Relay, error) {
 		r.notifier, r.ownNotify = n, true
 	}
 
-	// Plain FOR UPDATE, not SKIP LOCKED: a chat's events must be published
-	// in id order. During a rolling deploy two relays run at once; with SKIP
-	// LOCKED the second would claim the rows after the first one's batch and
-	// publish them in parallel, out of order. With FOR UPDATE it waits (at
-	// most lock_timeout, then retries) until the first one commits; rows the
-	// first one deleted are then skipped.
-	// ORDER BY id over the partial index locks the rows in id order.
-	// "id >= $2": the claim floor (floor.go), so a claim does not step
-	// over the index entries of rows already published and deleted that
-	// vacuum has not removed yet.
-	// "parked_at IS NULL": parked rows (poison, see failSQL) are not
-	// claimed. The last column is how long the row still waits after a
-	// failure of its own (NULL: not waiting); the pass publishes only the
-	// rows before the first waiting one.
+	// Plain FOR UPDATE, not SKIP LOCKED, ORDER BY id over the partial
+	// index: the package doc's order invariant (a second relay waits, then
+	// skips the rows the first one deleted). "id >= $2": the claim floor
+	// (floor.go). Parked rows (failSQL) are not claimed. The last column
+	// is how long (s) the row still waits after a failure of its own (0:
+	// not waiting); the pass publishes only the rows before the first
+	// waiting one.
 	r.claimSQL = "SELECT id, idempotency_key, event, payload, created_at, " +
-		"extract(epoch FROM retry_at - now())::float8 FROM " + t.quoted +
+		"coalesce(greatest(extract(epoch FROM retry_at - now()), 0), 0)::float8 FROM " + t.quoted +
 		" WHERE sent_at IS NULL AND parked_at IS NULL AND id >= $2 ORDER BY id LIMIT $1 FOR UPDATE"
 	// Published rows are deleted, not updated (the package doc says why).
 	// sent_at stays NULL; a table whose rows an older relay marked sent
@@ -408,9 +369,12 @@ func (r *Relay) Channel() string { return r.channel }
 // coalesce (one pending at most), and one that arrives during a pass causes
 // another pass. A wake-up given while stopped is kept for the next Start.
 // Safe for concurrent use.
-func (r *Relay) Wake() {
+func (r *Relay) Wake() { wakeUp(r.wake) }
+
+// wakeUp leaves one wake-up pending on ch (1-buffered) unless one is.
+func wakeUp(ch chan struct{}) {
 	select {
-	case r.wake <- struct{}{}:
+	case ch <- struct{}{}:
 	default:
 	}
 }
@@ -433,11 +397,9 @@ func (r *Relay) Listening() bool { return r.listening.Load() }
 // an index lookup, so nothing else is affected.
 //
 // Last, the relay's commit does not wait for its WAL flush
-// (synchronous_commit=off, this transaction only): the commit marks rows
-// sent, and a mark lost to a database crash only makes the next pass publish
-// those rows again, which the idempotent Publisher absorbs (the package
-// doc's at-least-once invariant). It takes one fsync off every message's
-// path.
+// (synchronous_commit=off, this transaction only), one fsync less per
+// message: a deletion lost to a database crash only makes the next pass
+// publish those rows again (the package doc's at-least-once invariant).
 const setTimeoutsSQL = "SELECT set_config('lock_timeout', $1, true), " +
 	"set_config('statement_timeout', $2, true), " +
 	"set_config('idle_in_transaction_session_timeout', $3, true), " +
@@ -445,28 +407,22 @@ const setTimeoutsSQL = "SELECT set_config('lock_timeout', $1, true), " +
 	"set_config('enable_bitmapscan', 'off', true), " +
 	"set_config('synchronous_commit', 'off', true)"
 
-// RunOnce runs one pass and returns the number of rows published (0 to
-// BatchSize). In one round trip it sends BEGIN, the transaction-local
-// timeouts and the claim (the unsent, unparked rows in id order, at most
-// BatchSize, locked FOR UPDATE); then it calls the Publisher with
-// PublishTimeout for the claimed rows before the first one still waiting
-// after a failure of its own (RetryBackoff); then, in one more round trip,
-// deletes the published rows and commits. An empty pass costs two round
-// trips.
+// RunOnce runs one pass (the package doc's Relay section: one transaction
+// of two round trips besides Publish, which gets PublishTimeout and the
+// claimed rows before the first one still waiting after a failure of its
+// own) and returns the number of rows published (0 to BatchSize).
 //
 // When the Publisher returns a MessageError naming a claimed row, the rows
 // before it count as published and are deleted, and the row gets one more
 // failure, last_error and its backoff, or is parked at MaxAttempts
 // (EventMessageFailed, EventParked, a log line naming it), all in the
 // pass's transaction; RunOnce then returns the rows published and nil. On
-// any other error it rolls back, so the rows stay unsent (nothing is kept
-// in memory); if rows had been claimed it then records attempts+1 and
-// last_error on them in a separate short transaction (best effort), and
-// returns the error wrapped "outbox: relay: <stage>: ...". If the commit's
-// outcome is unknown (connection lost) the rows may or may not be marked;
-// either way they are published at least once. ctx cancels the pass.
-// Safe for concurrent use, also while the relay is started (passes then
-// serialise on the row locks).
+// any other error it rolls back, so the rows stay unsent; if rows had been
+// claimed it then records attempts+1 and last_error on them in a separate
+// short transaction (best effort), and returns the error wrapped
+// "outbox: relay: <stage>: ...". ctx cancels the pass. Safe for concurrent
+// use, also while the relay is started (passes then serialise on the row
+// locks).
 func (r *Relay) RunOnce(ctx context.Context) (n int, err error) {
 	p, err := r.runOnce(ctx)
 	return p.n, err
@@ -502,9 +458,7 @@ func (r *Relay) runOnce(ctx context.Context) (p pass, err error) {
 	defer func() {
 		if inTx {
 			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recordMax)
-			if _, rbErr := conn.Exec(rctx, "ROLLBACK"); rbErr != nil {
-				_ = conn.Conn().Close(rctx) // the pool drops it on Release
-			}
+			rollback(rctx, conn)
 			cancel()
 		}
 	}()
@@ -643,8 +597,7 @@ func (r *Relay) runOnce(ctx context.Context) (p pass, err error) {
 		r.event(e)
 	}
 	if p.n > 0 {
-		d := time.Since(start)
-		r.event(RelayEvent{Kind: EventPublished, N: p.n, Duration: d})
+		r.event(RelayEvent{Kind: EventPublished, N: p.n, Duration: time.Since(start)})
 	}
 	return p, nil
 }
@@ -684,17 +637,13 @@ func (r *Relay) readClaim(br pgx.BatchResults, h *horizon) ([]Message, []time.Du
 	var waits []time.Duration
 	for rows.Next() {
 		var m Message
-		var wait *float64
+		var wait float64
 		if err := rows.Scan(&m.RowID, &m.ID, &m.Event, &m.Payload, &m.CreatedAt, &wait); err != nil {
 			rows.Close()
 			return nil, nil, fmt.Errorf("scan: %w", err)
 		}
-		w := time.Duration(0)
-		if wait != nil && *wait > 0 {
-			w = time.Duration(*wait * float64(time.Second))
-		}
 		msgs = append(msgs, m)
-		waits = append(waits, w)
+		waits = append(waits, time.Duration(wait*float64(time.Second)))
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
@@ -708,18 +657,16 @@ func (r *Relay) readClaim(br pgx.BatchResults, h *horizon) ([]Message, []time.Du
 func (r *Relay) rollbackAndRecord(ctx context.Context, conn *pgxpool.Conn, inTx *bool, ids []int64, cause error) {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recordMax)
 	defer cancel()
-	if _, err := conn.Exec(rctx, "ROLLBACK"); err != nil {
-		_ = conn.Conn().Close(rctx)
-		*inTx = false
+	*inTx = false
+	if !rollback(rctx, conn) {
 		// The connection is gone; record on a fresh one.
-		if c2, err := r.pool.Acquire(rctx); err == nil {
-			defer c2.Release()
-			conn = c2
-		} else {
+		c2, err := r.pool.Acquire(rctx)
+		if err != nil {
 			return
 		}
+		defer c2.Release()
+		conn = c2
 	}
-	*inTx = false
 	msg := lastError(cause)
 	b := &pgx.Batch{}
 	b.Queue("BEGIN")
@@ -732,6 +679,16 @@ func (r *Relay) rollbackAndRecord(ctx context.Context, conn *pgxpool.Conn, inTx 
 	}
 }
 
+// rollback rolls back conn's transaction; a connection that cannot is
+// closed (the pool drops it on Release) and rollback returns false.
+func rollback(ctx context.Context, conn *pgxpool.Conn) bool {
+	if _, err := conn.Exec(ctx, "ROLLBACK"); err != nil {
+		_ = conn.Conn().Close(ctx)
+		return false
+	}
+	return true
+}
+
 // lastError renders err for the last_error column: at most lastErrorMax
 // bytes of valid UTF-8 without NUL (text columns reject both).
 func lastError(err error) string {
@@ -742,10 +699,9 @@ func lastError(err error) string {
 	return strings.ToValidUTF8(msg, "")
 }
 
+// fail reports a failed pass (EventPassFailed) and returns err.
 func (r *Relay) fail(stage string, err error) error {
-	if stage != "listen" {
-		r.event(RelayEvent{Kind: EventPassFailed, Stage: stage, Err: err})
-	}
+	r.event(RelayEvent{Kind: EventPassFailed, Stage: stage, Err: err})
 	return err
 }
 
@@ -786,7 +742,7 @@ func (r *Relay) Start(ctx context.Context) error {
 					_ = r.notifier.Stop(run.Context())
 				}
 				r.subscribed.Store(false)
-				r.setListening(false)
+				r.listening.Store(false)
 			}
 		})
 	})
@@ -876,7 +832,7 @@ func (r *Relay) onListenUp() {
 	if !r.subscribed.Load() {
 		return
 	}
-	r.setListening(true)
+	r.listening.Store(true)
 	r.event(RelayEvent{Kind: EventListenUp})
 	r.Wake()
 }
@@ -887,11 +843,9 @@ func (r *Relay) onListenDown(err error) {
 	if !r.subscribed.Load() {
 		return
 	}
-	r.setListening(false)
+	r.listening.Store(false)
 	if err != nil {
-		err = r.fail("listen", fmt.Errorf("outbox: relay: listen: %w", err))
+		err = fmt.Errorf("outbox: relay: listen: %w", err)
 	}
 	r.event(RelayEvent{Kind: EventListenDown, Err: err})
 }
-
-func (r *Relay) setListening(up bool) { r.listening.Store(up) }

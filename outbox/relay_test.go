@@ -76,8 +76,7 @@ func TestRollbackPublishesNothing(t *testing.T) {
 func TestEnqueueInvalidEventLeavesTxUsable(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool := setup(t)
-	w := newWriter(t, pool, outbox.WakeInTx)
+	pool, w := setupWriter(t, outbox.WakeInTx)
 	bad := []outbox.Event{
 		{Name: "n", Payload: []byte(`{}`)},
 		{ID: "i", Payload: []byte(`{}`)},
@@ -107,8 +106,7 @@ func TestEnqueueInvalidEventLeavesTxUsable(t *testing.T) {
 func TestPublisherErrorRowsStayUnsent(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool := setup(t)
-	w := newWriter(t, pool, outbox.WakeNone)
+	pool, w := setupWriter(t, outbox.WakeNone)
 	brokerDown := errors.New("broker down")
 	rec := &recorder{hook: func(_ context.Context, call int, _ []outbox.Message) error {
 		if call <= 2 {
@@ -176,8 +174,7 @@ func terminateRelayBackend(ctx context.Context, pool interface {
 func TestCrashBetweenPublishAndCommit(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool := setup(t)
-	w := newWriter(t, pool, outbox.WakeNone)
+	pool, w := setupWriter(t, outbox.WakeNone)
 	other := newPool(t, pool, 2)
 	rec := &recorder{}
 	// The first relay publishes (the broker records), then "crashes": its
@@ -253,8 +250,7 @@ func listenPID(t testing.TB, pool interface {
 func TestListenConnectionKilled(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool := setup(t)
-	w := newWriter(t, pool, outbox.WakeAfterCommit)
+	pool, w := setupWriter(t, outbox.WakeAfterCommit)
 	rec := &recorder{}
 	var ups, downs int
 	var mu sync.Mutex
@@ -444,8 +440,7 @@ func TestRelayTimeoutsAreTransactionLocal(t *testing.T) {
 
 func TestStopFinishesInflightPass(t *testing.T) {
 	t.Parallel()
-	pool := setup(t)
-	w := newWriter(t, pool, outbox.WakeNone)
+	pool, w := setupWriter(t, outbox.WakeNone)
 	entered := make(chan struct{})
 	release := make(chan struct{})
 	r := newRelay(t, pool, outbox.RelayConfig{Publisher: outbox.PublisherFunc(func(ctx context.Context, _ []outbox.Message) error {
@@ -481,8 +476,7 @@ func TestStopFinishesInflightPass(t *testing.T) {
 
 func TestStopDeadlineCancelsInflightPass(t *testing.T) {
 	t.Parallel()
-	pool := setup(t)
-	w := newWriter(t, pool, outbox.WakeNone)
+	pool, w := setupWriter(t, outbox.WakeNone)
 	entered := make(chan struct{})
 	r := newRelay(t, pool, outbox.RelayConfig{Publisher: outbox.PublisherFunc(func(ctx context.Context, _ []outbox.Message) error {
 		close(entered)
@@ -513,8 +507,7 @@ func TestStopDeadlineCancelsInflightPass(t *testing.T) {
 func TestLastErrorIsTruncatedValidText(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool := setup(t)
-	w := newWriter(t, pool, outbox.WakeNone)
+	pool, w := setupWriter(t, outbox.WakeNone)
 	long := errors.New("x\x00" + strings.Repeat("é", 2000)) // odd byte offset: truncation splits a rune
 	r := newRelay(t, pool, outbox.RelayConfig{Publisher: outbox.PublisherFunc(func(context.Context, []outbox.Message) error { return long })})
 	enqueue(t, pool, w, ev("e1"))
@@ -590,8 +583,7 @@ func TestNotifyInterval(t *testing.T) {
 func TestIgnoreNotification(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool := setup(t)
-	w := newWriter(t, pool, outbox.WakeInTx)
+	pool, w := setupWriter(t, outbox.WakeInTx)
 	own, err := pgx.ConnectConfig(ctx, pool.Config().ConnConfig)
 	if err != nil {
 		t.Fatal(err)
@@ -636,8 +628,7 @@ func TestIgnoreNotification(t *testing.T) {
 // count, a failed one pass_failed with its stage and error.
 func TestRelayEvents(t *testing.T) {
 	t.Parallel()
-	pool := setup(t)
-	w := newWriter(t, pool, outbox.WakeNone)
+	pool, w := setupWriter(t, outbox.WakeNone)
 	var mu sync.Mutex
 	var got []outbox.RelayEvent
 	fail := errors.New("broker down")

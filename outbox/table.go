@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"regexp"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -47,9 +48,25 @@ func parseTable(name string) (table, error) {
 	}, nil
 }
 
-// defaultChannel is the NOTIFY channel used when a Config leaves Channel
-// empty: the table name with '.' replaced by '_'.
-func defaultChannel(t table) string { return t.flat }
+// defaultChannel returns ch, or when a Config leaves it empty the table
+// name with '.' replaced by '_' ("" for an invalid name).
+func defaultChannel(ch, name string) string {
+	if t, err := parseTable(name); ch == "" && err == nil {
+		return t.flat
+	}
+	return ch
+}
+
+// checkNotNegative returns an error wrapping ErrInvalidConfig that names
+// the first negative of vals; names holds their names, space-separated.
+func checkNotNegative(names string, vals ...time.Duration) error {
+	for i, name := range strings.Fields(names) {
+		if vals[i] < 0 {
+			return fmt.Errorf("negative %s: %w", name, ErrInvalidConfig)
+		}
+	}
+	return nil
+}
 
 // checkChannel validates a NOTIFY channel name: 1 to 63 bytes, no NUL. It is
 // always quoted with pgx.Identifier where it is spliced into SQL (LISTEN).

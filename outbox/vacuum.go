@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -11,9 +12,8 @@ import (
 	"github.com/outboxchat/outboxchat/internal/service"
 )
 
-// Vacuum keeps an outbox table small. The relay deletes each row it
-// publishes, so the table holds only unsent rows, but the deleted rows'
-// space comes back only when the table is vacuumed, and autovacuum looks
+// Vacuum keeps an outbox table small: the space of the rows the relay
+// deleted comes back only when the table is vacuumed, and autovacuum looks
 // at a table at most once per autovacuum_naptime (1 min by default) and
 // throttles itself: at thousands of messages a second, a minute is enough
 // for the dead rows to outnumber the live ones a hundred to one. Vacuum
@@ -79,13 +79,9 @@ func NewVacuum(pool *pgxpool.Pool, cfg *VacuumConfig) (*Vacuum, error) {
 	if c.Interval < 0 || c.DeadRows < 0 {
 		return nil, fmt.Errorf("outbox: new vacuum: negative Interval or DeadRows: %w", ErrInvalidConfig)
 	}
-	c.Interval = orDefault(c.Interval, DefaultVacuumInterval)
-	if c.DeadRows == 0 {
-		c.DeadRows = DefaultVacuumDeadRows
-	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
-	}
+	c.Interval = cmp.Or(c.Interval, DefaultVacuumInterval)
+	c.DeadRows = cmp.Or(c.DeadRows, DefaultVacuumDeadRows)
+	c.Logger = cmp.Or(c.Logger, slog.Default())
 	return &Vacuum{pool: pool, table: t, cfg: c, log: c.Logger.With(slog.String("component", "outbox.vacuum")),
 		life: service.Lifecycle{Name: "outbox: vacuum"}}, nil
 }
@@ -128,29 +124,18 @@ func (v *Vacuum) RunOnce(ctx context.Context) (vacuumed, removed bool, err error
 // service.ErrAlreadyStarted, or ctx.Err().
 func (v *Vacuum) Start(ctx context.Context) error {
 	return v.life.Start(ctx, func(run *service.Run) {
-		run.Go(func() {
-			wait := v.cfg.Interval
-			for {
-				t := time.NewTimer(wait)
-				select {
-				case <-run.Stopping():
-					t.Stop()
-					return
-				case <-t.C:
-				}
-				did, removed, err := v.RunOnce(run.Context())
-				switch {
-				case err != nil:
-					if run.Context().Err() != nil {
-						return
-					}
-					v.log.Warn("vacuum failed; tried again later", slog.Any("err", err))
-				case did && !removed:
-					wait = min(2*wait, 16*v.cfg.Interval)
-					continue
-				}
-				wait = v.cfg.Interval
+		wait := v.cfg.Interval
+		run.Every(wait, func(ctx context.Context) time.Duration {
+			did, removed, err := v.RunOnce(ctx)
+			switch {
+			case err != nil && ctx.Err() == nil:
+				v.log.Warn("vacuum failed; tried again later", slog.Any("err", err))
+			case did && !removed:
+				wait = min(2*wait, 16*v.cfg.Interval)
+				return wait
 			}
+			wait = v.cfg.Interval
+			return wait
 		})
 	})
 }

@@ -15,8 +15,7 @@ import (
 func TestVacuumGivesSpaceBack(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool := setup(t)
-	w := newWriter(t, pool, outbox.WakeNone)
+	pool, w := setupWriter(t, outbox.WakeNone)
 	size := func() int64 {
 		var n int64
 		if err := pool.QueryRow(ctx, "SELECT pg_relation_size('ob.outbox')").Scan(&n); err != nil {

@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -147,21 +148,10 @@ type Writer struct {
 // is no spacing). Negative values are kept (NewWriter rejects them). A nil c
 // gives a config of defaults without Table.
 func (c *WriterConfig) WithDefaults() *WriterConfig {
-	var d WriterConfig
-	if c != nil {
-		d = *c
-	}
-	if d.Channel == "" {
-		if t, err := parseTable(d.Table); err == nil {
-			d.Channel = defaultChannel(t)
-		}
-	}
-	if d.NotifyTimeout == 0 {
-		d.NotifyTimeout = DefaultNotifyTimeout
-	}
-	if d.Logger == nil {
-		d.Logger = slog.Default()
-	}
+	d := *cmp.Or(c, &WriterConfig{})
+	d.Channel = defaultChannel(d.Channel, d.Table)
+	d.NotifyTimeout = cmp.Or(d.NotifyTimeout, DefaultNotifyTimeout)
+	d.Logger = cmp.Or(d.Logger, slog.Default())
 	return &d
 }
 
@@ -184,13 +174,7 @@ func (c *WriterConfig) validate(pool *pgxpool.Pool) (table, error) {
 	default:
 		return table{}, fmt.Errorf("unknown mode %v: %w", c.Mode, ErrInvalidConfig)
 	}
-	if c.NotifyTimeout < 0 {
-		return table{}, fmt.Errorf("negative NotifyTimeout: %w", ErrInvalidConfig)
-	}
-	if c.NotifyInterval < 0 {
-		return table{}, fmt.Errorf("negative NotifyInterval: %w", ErrInvalidConfig)
-	}
-	return t, nil
+	return t, checkNotNegative("NotifyTimeout NotifyInterval", c.NotifyTimeout, c.NotifyInterval)
 }
 
 // NewWriter validates cfg (after WithDefaults) and returns a Writer. pool is
@@ -333,12 +317,8 @@ func (w *Writer) insert(events []Event) (string, []any, error) {
 // sent only delays publication until the relay's next poll.
 // Safe for concurrent use.
 func (w *Writer) Committed() {
-	if w.mode != WakeAfterCommit {
-		return
-	}
-	select {
-	case w.wake <- struct{}{}:
-	default:
+	if w.mode == WakeAfterCommit {
+		wakeUp(w.wake)
 	}
 }
 

@@ -1,6 +1,7 @@
 package redisq
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -135,28 +136,13 @@ type Consumer struct {
 // slog.Default(). Values it keeps are checked by NewConsumer. A nil c gives
 // a config of defaults without Queue, Group and Consumer.
 func (c *ConsumerConfig) WithDefaults() *ConsumerConfig {
-	var d ConsumerConfig
-	if c != nil {
-		d = *c
-	}
-	if d.Block == 0 {
-		d.Block = DefaultBlock
-	}
-	if d.LockDuration == 0 {
-		d.LockDuration = DefaultLockDuration
-	}
-	if d.ClaimInterval == 0 {
-		d.ClaimInterval = d.LockDuration / 2
-	}
-	if d.TrimInterval == 0 {
-		d.TrimInterval = DefaultTrimInterval
-	}
-	if d.DeadLetterMax == 0 {
-		d.DeadLetterMax = DefaultDeadLetterMax
-	}
-	if d.Logger == nil {
-		d.Logger = slog.Default()
-	}
+	d := *cmp.Or(c, &ConsumerConfig{})
+	d.Block = cmp.Or(d.Block, DefaultBlock)
+	d.LockDuration = cmp.Or(d.LockDuration, DefaultLockDuration)
+	d.ClaimInterval = cmp.Or(d.ClaimInterval, d.LockDuration/2)
+	d.TrimInterval = cmp.Or(d.TrimInterval, DefaultTrimInterval)
+	d.DeadLetterMax = cmp.Or(d.DeadLetterMax, DefaultDeadLetterMax)
+	d.Logger = cmp.Or(d.Logger, slog.Default())
 	return &d
 }
 

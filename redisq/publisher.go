@@ -1,6 +1,7 @@
 package redisq
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -145,16 +146,9 @@ func NewPublisher(rdb redis.UniversalClient, cfg *PublisherConfig) (*Publisher, 
 // default: DedupeTTL DefaultDedupeTTL, Logger slog.Default(). A nil c gives
 // a config of defaults without Queue.
 func (c *PublisherConfig) WithDefaults() *PublisherConfig {
-	var d PublisherConfig
-	if c != nil {
-		d = *c
-	}
-	if d.DedupeTTL == 0 {
-		d.DedupeTTL = DefaultDedupeTTL
-	}
-	if d.Logger == nil {
-		d.Logger = slog.Default()
-	}
+	d := *cmp.Or(c, &PublisherConfig{})
+	d.DedupeTTL = cmp.Or(d.DedupeTTL, DefaultDedupeTTL)
+	d.Logger = cmp.Or(d.Logger, slog.Default())
 	return &d
 }
 

@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -138,22 +139,11 @@ type Subscription struct {
 // ClientBuffer DefaultClientBuffer, Logger slog.Default(). A nil c gives a
 // config of defaults without Channels.
 func (c *Config) WithDefaults() *Config {
-	var d Config
-	if c != nil {
-		d = *c
-	}
-	if d.PollInterval == 0 {
-		d.PollInterval = DefaultGatewayPoll
-	}
-	if d.GapTimeout == 0 {
-		d.GapTimeout = DefaultGapTimeout
-	}
-	if d.ClientBuffer == 0 {
-		d.ClientBuffer = DefaultClientBuffer
-	}
-	if d.Logger == nil {
-		d.Logger = slog.Default()
-	}
+	d := *cmp.Or(c, &Config{})
+	d.PollInterval = cmp.Or(d.PollInterval, DefaultGatewayPoll)
+	d.GapTimeout = cmp.Or(d.GapTimeout, DefaultGapTimeout)
+	d.ClientBuffer = cmp.Or(d.ClientBuffer, DefaultClientBuffer)
+	d.Logger = cmp.Or(d.Logger, slog.Default())
 	return &d
 }
 

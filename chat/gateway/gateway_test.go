@@ -78,6 +78,26 @@ func nextFrames(t *testing.T, s *Subscription, n int) []string {
 	return got
 }
 
+// wantFrames reads the frames want lists ("from:seq" labels,
+// space-separated) from s and fails unless they come in that order.
+func wantFrames(t *testing.T, s *Subscription, want string) {
+	t.Helper()
+	if got := strings.Join(nextFrames(t, s, len(strings.Fields(want))), " "); got != want {
+		t.Fatalf("frames %q, want %q", got, want)
+	}
+}
+
+// offerRoom is a test's harness and offer gateway with one subscriber of
+// room chatID, closed when the test ends.
+func offerRoom(t *testing.T, chatID int64) (*chattest.Harness, *Gateway, *Subscription) {
+	t.Helper()
+	h := chattest.New(t, "")
+	g := offerGateway(t, h)
+	s := g.Subscribe(chatID, 0, 0)
+	t.Cleanup(s.Close)
+	return h, g, s
+}
+
 // noFrame fails if s gets a frame within d.
 func noFrame(t *testing.T, s *Subscription, d time.Duration) {
 	t.Helper()
@@ -92,10 +112,7 @@ func noFrame(t *testing.T, s *Subscription, d time.Duration) {
 // room without subscribers drops them and a later subscriber reads them.
 func TestGatewayOfferPushesCommittedRows(t *testing.T) {
 	t.Parallel()
-	h := chattest.New(t, "")
-	g := offerGateway(t, h)
-	s := g.Subscribe(21, 0, 0)
-	defer s.Close()
+	h, g, s := offerRoom(t, 21)
 	g.Offer(true, []chat.Message{storeReceived(t, h, 21, 1), storeReceived(t, h, 21, 2)})
 	g.Offer(false, []chat.Message{storeSent(t, h, 21, 1)})
 	got := strings.Join(nextFrames(t, s, 3), " ")
@@ -105,9 +122,7 @@ func TestGatewayOfferPushesCommittedRows(t *testing.T) {
 	g.Offer(true, []chat.Message{storeReceived(t, h, 22, 1)}) // nobody in room 22
 	late := g.Subscribe(22, 0, 0)
 	defer late.Close()
-	if got := nextFrames(t, late, 1); got[0] != "consumers:1" {
-		t.Fatalf("late subscriber got %v", got)
-	}
+	wantFrames(t, late, "consumers:1")
 	noFrame(t, s, 100*time.Millisecond)
 	noFrame(t, late, 0)
 }
@@ -117,14 +132,9 @@ func TestGatewayOfferPushesCommittedRows(t *testing.T) {
 // missing rows are committed, just not offered), for either origin.
 func TestGatewayOfferBehindCursorReadsTheRoom(t *testing.T) {
 	t.Parallel()
-	h := chattest.New(t, "")
-	g := offerGateway(t, h)
-	s := g.Subscribe(23, 0, 0)
-	defer s.Close()
+	h, g, s := offerRoom(t, 23)
 	g.Offer(true, []chat.Message{storeReceived(t, h, 23, 1)})
-	if got := nextFrames(t, s, 1); got[0] != "consumers:1" {
-		t.Fatalf("got %v", got)
-	}
+	wantFrames(t, s, "consumers:1")
 	storeReceived(t, h, 23, 2) // committed, never offered (another process's inbox commit whose NOTIFY is late)
 	g.Offer(true, []chat.Message{storeReceived(t, h, 23, 3)})
 	if got := strings.Join(nextFrames(t, s, 2), " "); got != "consumers:2 consumers:3" {
@@ -132,9 +142,7 @@ func TestGatewayOfferBehindCursorReadsTheRoom(t *testing.T) {
 	}
 	// Sends: ours 1, another process's 2 (not offered here), ours 3.
 	g.Offer(false, []chat.Message{storeSent(t, h, 23, 1)})
-	if got := nextFrames(t, s, 1); got[0] != "workers:1" {
-		t.Fatalf("got %v", got)
-	}
+	wantFrames(t, s, "workers:1")
 	storeSent(t, h, 23, 2)
 	g.Offer(false, []chat.Message{storeSent(t, h, 23, 3)})
 	if got := strings.Join(nextFrames(t, s, 2), " "); got != "workers:2 workers:3" {
@@ -148,19 +156,14 @@ func TestGatewayOfferBehindCursorReadsTheRoom(t *testing.T) {
 // wakes their rooms, since the gateway ignores its own process's NOTIFYs.
 func TestGatewayOfferAppliedWithoutRow(t *testing.T) {
 	t.Parallel()
-	h := chattest.New(t, "")
-	g := offerGateway(t, h)
-	s := g.Subscribe(24, 0, 0)
-	defer s.Close()
+	h, g, s := offerRoom(t, 24)
 	m := storeReceived(t, h, 24, 1)
 	payload, err := json.Marshal(chat.Message{ID: m.ID, ChatID: m.ChatID, Seq: m.Seq, Body: m.Body, SentAt: m.SentAt, From: m.From})
 	if err != nil {
 		t.Fatal(err)
 	}
 	g.OfferApplied([]inbox.Applied{{Delivery: inbox.Delivery{ID: m.ID, Name: chat.EventMessageCreated, Payload: payload}}})
-	if got := nextFrames(t, s, 1); got[0] != "consumers:1" {
-		t.Fatalf("got %v", got)
-	}
+	wantFrames(t, s, "consumers:1")
 }
 
 // One id on both sides of a room (a faulty or forged peer reusing one of
@@ -210,9 +213,7 @@ func TestGatewayGapPastAPageDoesNotStallOthers(t *testing.T) {
 		t.Fatal(err)
 	}
 	g.Offer(true, []chat.Message{storeReceived(t, h, 31, 601)})
-	if got := nextFrames(t, current, 1); got[0] != "consumers:601" {
-		t.Fatalf("up-to-date subscriber got %v, want consumers:601", got)
-	}
+	wantFrames(t, current, "consumers:601")
 	noFrame(t, behind, 200*time.Millisecond) // still holding behind seq 1
 	var reads1 int64
 	if err := h.Admin.QueryRow(ctx, `SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()`).Scan(&reads1); err != nil {

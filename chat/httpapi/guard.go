@@ -1,6 +1,7 @@
 package httpapi
 
 import (
+	"cmp"
 	"fmt"
 	"log/slog"
 	"math"
@@ -84,31 +85,16 @@ type GuardConfig struct {
 
 // withDefaults fills zero fields.
 func (c GuardConfig) withDefaults() GuardConfig {
-	dur := func(d *time.Duration, def time.Duration) {
-		if *d == 0 {
-			*d = def
-		}
-	}
-	dur(&c.ReadHeaderTimeout, DefaultReadHeaderTimeout)
-	dur(&c.BodyReadTimeout, DefaultBodyReadTimeout)
-	dur(&c.IdleTimeout, DefaultIdleTimeout)
-	dur(&c.PingInterval, DefaultPingInterval)
-	dur(&c.PongTimeout, DefaultPongTimeout)
-	if c.UserRate == 0 {
-		c.UserRate = DefaultUserRate
-	}
-	if c.UserBurst == 0 {
-		c.UserBurst = DefaultUserBurst
-	}
-	if c.IPRate == 0 {
-		c.IPRate = DefaultIPRate
-	}
-	if c.IPBurst == 0 {
-		c.IPBurst = DefaultIPBurst
-	}
-	if c.SocketsPerUser == 0 {
-		c.SocketsPerUser = DefaultSocketsPerUser
-	}
+	c.ReadHeaderTimeout = cmp.Or(c.ReadHeaderTimeout, DefaultReadHeaderTimeout)
+	c.BodyReadTimeout = cmp.Or(c.BodyReadTimeout, DefaultBodyReadTimeout)
+	c.IdleTimeout = cmp.Or(c.IdleTimeout, DefaultIdleTimeout)
+	c.PingInterval = cmp.Or(c.PingInterval, DefaultPingInterval)
+	c.PongTimeout = cmp.Or(c.PongTimeout, DefaultPongTimeout)
+	c.UserRate = cmp.Or(c.UserRate, DefaultUserRate)
+	c.UserBurst = cmp.Or(c.UserBurst, DefaultUserBurst)
+	c.IPRate = cmp.Or(c.IPRate, DefaultIPRate)
+	c.IPBurst = cmp.Or(c.IPBurst, DefaultIPBurst)
+	c.SocketsPerUser = cmp.Or(c.SocketsPerUser, DefaultSocketsPerUser)
 	return c
 }
 

@@ -112,37 +112,33 @@ func (h *InboxHandler) verify(d inbox.Delivery) error {
 // inbox.ErrMalformed.
 func (h *InboxHandler) decodeReceipt(d inbox.Delivery) (chat.Receipt, error) {
 	r, err := chat.DecodeReceipt(d.Payload)
-	if err != nil {
-		return r, fmt.Errorf("%w: %v", inbox.ErrMalformed, err)
-	}
-	if d.ID != "" && d.ID != r.ID {
-		return r, fmt.Errorf("%w: job id %q differs from receipt id %q", inbox.ErrMalformed, d.ID, r.ID)
-	}
-	if r.From != chat.Peer(h.service) {
-		return r, fmt.Errorf("%w: receipt from %q, expected %q", inbox.ErrMalformed, r.From, chat.Peer(h.service))
-	}
-	return r, nil
+	return r, h.checkDecoded(d, "receipt", r.ID, r.From, err)
 }
 
 // decode checks a delivery without touching the database: a job named
 // message.created holding a valid event from the other service whose id is
-// the job id.
-// Errors wrap inbox.ErrMalformed.
+// the job id. Errors wrap inbox.ErrMalformed.
 func (h *InboxHandler) decode(d inbox.Delivery) (chat.Message, error) {
 	if d.Name != chat.EventMessageCreated {
 		return chat.Message{}, fmt.Errorf("%w: event %q, expected %q or %q", inbox.ErrMalformed, d.Name, chat.EventMessageCreated, chat.EventReceipt)
 	}
 	m, err := chat.DecodeEvent(d.Payload)
-	if err != nil {
-		return m, fmt.Errorf("%w: %v", inbox.ErrMalformed, err)
+	return m, h.checkDecoded(d, "message", m.ID, m.From, err)
+}
+
+// checkDecoded checks what decode and decodeReceipt share: the payload
+// decoded (err nil), the job id, if any, is the payload's (what's) id, and
+// from is the other service. Errors wrap inbox.ErrMalformed.
+func (h *InboxHandler) checkDecoded(d inbox.Delivery, what, id, from string, err error) error {
+	switch {
+	case err != nil:
+		return fmt.Errorf("%w: %v", inbox.ErrMalformed, err)
+	case d.ID != "" && d.ID != id:
+		return fmt.Errorf("%w: job id %q differs from %s id %q", inbox.ErrMalformed, d.ID, what, id)
+	case from != chat.Peer(h.service):
+		return fmt.Errorf("%w: %s from %q, expected %q", inbox.ErrMalformed, what, from, chat.Peer(h.service))
 	}
-	if d.ID != "" && d.ID != m.ID {
-		return m, fmt.Errorf("%w: job id %q differs from message id %q", inbox.ErrMalformed, d.ID, m.ID)
-	}
-	if m.From != chat.Peer(h.service) {
-		return m, fmt.Errorf("%w: message from %q, expected %q", inbox.ErrMalformed, m.From, chat.Peer(h.service))
-	}
-	return m, nil
+	return nil
 }
 
 // Apply implements inbox.Handler as a one-delivery ApplyBatch. A payload

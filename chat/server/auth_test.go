@@ -78,9 +78,7 @@ func wsCloseCode(t *testing.T, ctx context.Context, c *websocket.Conn) websocket
 // the author carried to history, frames and the peer's inbox.
 func TestAuthAnswers(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t, "")
-	cons := h.start(chat.Consumers, nil)
-	work := h.start(chat.Workers, nil)
+	h, cons, work := startBoth(t)
 	both := []string{chat.Consumers, chat.Workers}
 	alice := mint(t, "alice", both, auth.ChatScope{IDs: []int64{1, 2}}, time.Hour)
 	msgs := cons.base + "/api/chats/1/messages"
@@ -254,8 +252,7 @@ func TestJWKSKeys(t *testing.T) {
 		t.Fatal(err)
 	}
 	h := newHarness(t, "")
-	cons := h.start(chat.Consumers, func(c *Config) {
-		c.Roles = []string{RoleAPI}
+	cons := h.startAPI(chat.Consumers, func(c *Config) {
 		c.API.Auth = auth.Config{KeysFile: keysFile}
 	})
 	claims := func() jwt.MapClaims {
@@ -319,8 +316,7 @@ func TestServeNeedsAuthConfig(t *testing.T) {
 func TestPerUserRateLimit(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, "")
-	cons := h.start(chat.Consumers, func(c *Config) {
-		c.Roles = []string{RoleAPI}
+	cons := h.startAPI(chat.Consumers, func(c *Config) {
 		c.API.Guard.UserRate, c.API.Guard.UserBurst = 0.2, 2
 	})
 	both := []string{chat.Consumers, chat.Workers}
@@ -359,7 +355,5 @@ func TestPerUserRateLimit(t *testing.T) {
 	if err != nil || !bytes.Contains(data, []byte("too many messages")) {
 		t.Fatalf("dave's socket send: %s %v, want a rate-limit error frame", data, err)
 	}
-	if n := h.Count(t, `SELECT count(*) FROM consumers.messages`); n != 0 {
-		t.Fatalf("%d messages stored", n)
-	}
+	h.noMessagesStored(t)
 }

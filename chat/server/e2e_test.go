@@ -30,9 +30,7 @@ import (
 // too, and history agrees.
 func TestBothDirectionsExactlyOnce(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t, "")
-	cons := h.start(chat.Consumers, nil)
-	work := h.start(chat.Workers, nil)
+	h, cons, work := startBoth(t)
 	wWork := chattest.Watch(t, work.base, 7)
 	wCons := chattest.Watch(t, cons.base, 7)
 	for i := 1; i <= 5; i++ {
@@ -81,9 +79,7 @@ func TestBothDirectionsExactlyOnce(t *testing.T) {
 // messages, without duplicates.
 func TestReconnectCatchesUpBySeq(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t, "")
-	cons := h.start(chat.Consumers, nil)
-	work := h.start(chat.Workers, nil)
+	h, cons, work := startBoth(t)
 	for i := 1; i <= 3; i++ {
 		chattest.Send(t, cons.base, 9, fmt.Sprint("m", i))
 	}
@@ -115,8 +111,7 @@ func TestRedisDownSendsSucceedAndDeliverLater(t *testing.T) {
 	t.Parallel()
 	rs := testenv.PrivateRedis(t)
 	h := newHarness(t, rs.URL())
-	cons := h.start(chat.Consumers, nil)
-	work := h.start(chat.Workers, nil)
+	cons, work := h.start(chat.Consumers, nil), h.start(chat.Workers, nil)
 	w := chattest.Watch(t, work.base, 3)
 	chattest.Send(t, cons.base, 3, "before")
 	w.WaitSeqs(t, chat.Consumers, 1, 10*time.Second)
@@ -195,9 +190,7 @@ func TestRelayCrashBetweenPublishAndCommit(t *testing.T) {
 // counted.
 func TestDuplicateDeliveryShownOnce(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t, "")
-	cons := h.start(chat.Consumers, nil)
-	work := h.start(chat.Workers, nil)
+	h, cons, work := startBoth(t)
 	w := chattest.Watch(t, work.base, 5)
 	m := chattest.Send(t, cons.base, 5, "only once")
 	w.WaitSeqs(t, chat.Consumers, 1, 10*time.Second)
@@ -269,7 +262,7 @@ func (a ackFails) Ack(context.Context, ...string) error {
 func TestTwoRelaysKeepPerChatOrder(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, "")
-	cons := h.start(chat.Consumers, func(c *Config) { c.Roles = []string{RoleAPI} })
+	cons := h.startAPI(chat.Consumers, nil)
 	h.start(chat.Consumers, func(c *Config) { c.Roles = []string{RoleRelay} })
 	h.start(chat.Consumers, func(c *Config) { c.Roles = []string{RoleRelay} })
 	work := h.start(chat.Workers, nil)
@@ -338,15 +331,11 @@ func TestRolesAreConfinedToTheirSchema(t *testing.T) {
 func TestOwnSendsReachClientsOfAnotherAPIProcess(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, "")
-	a := h.start(chat.Consumers, func(c *Config) { c.Roles = []string{RoleAPI} })
-	b := h.start(chat.Consumers, func(c *Config) { c.Roles = []string{RoleAPI} })
-	w := chattest.Watch(t, a.base, 8)
+	a := h.startAPI(chat.Consumers, nil)
+	b := h.startAPI(chat.Consumers, nil)
 	// Each within 400 ms, one after another: the gateway's 1 s poll could
 	// bring at most one of them that fast, so the NOTIFY carried them.
-	for i := 1; i <= 3; i++ {
-		chattest.Send(t, b.base, 8, fmt.Sprint("via b ", i))
-		w.WaitSeqs(t, chat.Consumers, i, 400*time.Millisecond)
-	}
+	w := sendsArrive(t, a, b, 8, 400*time.Millisecond)
 	chattest.Send(t, a.base, 8, "via a")
 	w.WaitSeqs(t, chat.Consumers, 4, 5*time.Second)
 }

@@ -18,7 +18,7 @@ import (
 func TestGatewayGapHoldThenLateMessage(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, "")
-	work := h.start(chat.Workers, func(c *Config) { c.Roles = []string{RoleAPI}; c.API.GapTimeout = 300 * time.Millisecond })
+	work := h.startAPI(chat.Workers, func(c *Config) { c.API.GapTimeout = 300 * time.Millisecond })
 	w := chattest.Watch(t, work.base, 11)
 	ctx := context.Background()
 	recv := func(seq int64) {

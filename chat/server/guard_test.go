@@ -22,6 +22,19 @@ import (
 	"github.com/outboxchat/outboxchat/internal/testenv"
 )
 
+// refusedRaw sends request (raw HTTP) on a connection of its own to base,
+// reads the answer within d and waits (5 s at most) for the server to
+// close the connection.
+func refusedRaw(t *testing.T, base, request string, d time.Duration) (*http.Response, []byte) {
+	t.Helper()
+	c := rawConn(t, base)
+	fmt.Fprint(c, request)
+	br := bufio.NewReader(c)
+	resp, body := readResponse(t, c, br, d)
+	waitClosed(t, c, br, 5*time.Second)
+	return resp, body
+}
+
 // rawConn dials base ("http://host:port") over plain TCP.
 func rawConn(t *testing.T, base string) net.Conn {
 	t.Helper()
@@ -65,18 +78,12 @@ func waitClosed(t *testing.T, c net.Conn, br *bufio.Reader, timeout time.Duratio
 func TestDeclaredSizeOverLimitIs413Unread(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, "")
-	cons := h.start(chat.Consumers, func(c *Config) { c.Roles = []string{RoleAPI} })
-	c := rawConn(t, cons.base)
-	fmt.Fprintf(c, "POST /api/chats/1/messages HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: 1000000\r\n\r\n", strings.TrimPrefix(cons.base, "http://"))
-	br := bufio.NewReader(c)
-	resp, body := readResponse(t, c, br, 5*time.Second)
+	cons := h.startAPI(chat.Consumers, nil)
+	resp, body := refusedRaw(t, cons.base, fmt.Sprintf("POST /api/chats/1/messages HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: 1000000\r\n\r\n", strings.TrimPrefix(cons.base, "http://")), 5*time.Second)
 	if resp.StatusCode != http.StatusRequestEntityTooLarge || !bytes.Contains(body, []byte(`"field":"body"`)) {
 		t.Fatalf("got %d %s, want 413 naming the body", resp.StatusCode, body)
 	}
-	waitClosed(t, c, br, 5*time.Second)
-	if n := h.Count(t, `SELECT count(*) FROM consumers.messages`); n != 0 {
-		t.Fatalf("%d messages stored", n)
-	}
+	h.noMessagesStored(t)
 }
 
 // TestSlowBodyIsCut trickles bodies at 1 byte per second, on 100
@@ -87,8 +94,7 @@ func TestSlowBodyIsCut(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, "")
 	const bodyTimeout = 2 * time.Second
-	cons := h.start(chat.Consumers, func(c *Config) {
-		c.Roles = []string{RoleAPI}
+	cons := h.startAPI(chat.Consumers, func(c *Config) {
 		c.API.Guard.BodyReadTimeout = bodyTimeout
 	})
 	const conns = 100
@@ -154,16 +160,11 @@ func TestSlowBodyIsCut(t *testing.T) {
 	}
 	// A refused request does not wait for its body either: net/http would
 	// read the rest of it before answering unless the connection closes.
-	c := rawConn(t, cons.base)
-	fmt.Fprintf(c, "POST /api/chats/1/messages HTTP/1.1\r\nHost: evil.example\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{")
-	br := bufio.NewReader(c)
-	if resp, body := readResponse(t, c, br, bodyTimeout/2); resp.StatusCode != http.StatusMisdirectedRequest {
+	resp, body := refusedRaw(t, cons.base, "POST /api/chats/1/messages HTTP/1.1\r\nHost: evil.example\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{", bodyTimeout/2)
+	if resp.StatusCode != http.StatusMisdirectedRequest {
 		t.Fatalf("wrong host: %d %s, want 421", resp.StatusCode, body)
 	}
-	waitClosed(t, c, br, 5*time.Second)
-	if n := h.Count(t, `SELECT count(*) FROM consumers.messages`); n != 0 {
-		t.Fatalf("%d messages stored", n)
-	}
+	h.noMessagesStored(t)
 }
 
 // TestIdleKeepAliveIsClosed: a keep-alive connection with no second
@@ -171,8 +172,7 @@ func TestSlowBodyIsCut(t *testing.T) {
 func TestIdleKeepAliveIsClosed(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, "")
-	cons := h.start(chat.Consumers, func(c *Config) {
-		c.Roles = []string{RoleAPI}
+	cons := h.startAPI(chat.Consumers, func(c *Config) {
 		c.API.Guard.IdleTimeout = 300 * time.Millisecond
 	})
 	c := rawConn(t, cons.base)
@@ -192,10 +192,9 @@ func TestIdleKeepAliveIsClosed(t *testing.T) {
 func TestHostAndOriginAllowLists(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, "")
-	cons := h.start(chat.Consumers, func(c *Config) { c.Roles = []string{RoleAPI} })
+	cons := h.startAPI(chat.Consumers, nil)
 	port := cons.base[strings.LastIndex(cons.base, ":")+1:]
-	other := h.start(chat.Workers, func(c *Config) {
-		c.Roles = []string{RoleAPI}
+	other := h.startAPI(chat.Workers, func(c *Config) {
 		c.API.Guard.AllowedOrigins = []string{"https://app.example"}
 	})
 	do := func(base, path, host, origin string, ws bool) int {
@@ -245,8 +244,7 @@ func TestHostAndOriginAllowLists(t *testing.T) {
 func TestRateLimitsAndSocketCap(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, "")
-	cons := h.start(chat.Consumers, func(c *Config) {
-		c.Roles = []string{RoleAPI}
+	cons := h.startAPI(chat.Consumers, func(c *Config) {
 		c.API.Guard.IPRate, c.API.Guard.IPBurst = 0.5, 3
 		c.API.Guard.SocketsPerUser = 2
 	})
@@ -268,8 +266,7 @@ func TestRateLimitsAndSocketCap(t *testing.T) {
 		}
 	}
 
-	work := h.start(chat.Workers, func(c *Config) {
-		c.Roles = []string{RoleAPI}
+	work := h.startAPI(chat.Workers, func(c *Config) {
 		c.API.Guard.IPRate = -1
 		c.API.Guard.SocketsPerUser = 2
 	})
@@ -308,8 +305,7 @@ func TestSilentWebSocketIsDroppedLoggedCounted(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, "")
 	var logs testenv.SyncBuffer
-	cons := h.start(chat.Consumers, func(c *Config) {
-		c.Roles = []string{RoleAPI}
+	cons := h.startAPI(chat.Consumers, func(c *Config) {
 		c.API.Guard.PingInterval, c.API.Guard.PongTimeout = 100*time.Millisecond, 300*time.Millisecond
 		c.Logger = slog.New(slog.NewTextHandler(&logs, nil))
 	})

@@ -2,12 +2,16 @@ package server
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxchat/outboxchat/chat"
 	"github.com/outboxchat/outboxchat/chat/auth"
 	"github.com/outboxchat/outboxchat/chat/httpapi"
 	"github.com/outboxchat/outboxchat/chat/internal/chattest"
@@ -87,6 +91,62 @@ func (h *harness) start(service string, mutate func(*Config)) *running {
 		h.t.Fatalf("serve %s: not listening after 20 s", service)
 	}
 	return r
+}
+
+// startBoth is a test's harness with both services running, every role
+// and the defaults.
+func startBoth(t testing.TB) (h *harness, cons, work *running) {
+	t.Helper()
+	h = newHarness(t, "")
+	return h, h.start(chat.Consumers, nil), h.start(chat.Workers, nil)
+}
+
+// sendsArrive sends three messages to chatID through b and waits (each
+// within d) for a WebSocket client of a to get them, one after another.
+func sendsArrive(t *testing.T, a, b *running, chatID int64, d time.Duration) *chattest.Watcher {
+	t.Helper()
+	w := chattest.Watch(t, a.base, chatID)
+	for i := 1; i <= 3; i++ {
+		chattest.Send(t, b.base, chatID, fmt.Sprint("via b ", i))
+		w.WaitSeqs(t, chat.Consumers, i, d)
+	}
+	return w
+}
+
+// startAPI is start with the api role alone; mutate may be nil.
+func (h *harness) startAPI(service string, mutate func(*Config)) *running {
+	h.t.Helper()
+	return h.start(service, func(c *Config) {
+		c.Roles = []string{RoleAPI}
+		if mutate != nil {
+			mutate(c)
+		}
+	})
+}
+
+// lockMessages locks consumers.messages from a session of its own until
+// the returned transaction ends (rolled back when the test ends at the
+// latest).
+func (h *harness) lockMessages(t testing.TB) pgx.Tx {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := h.Admin.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+	if _, err := tx.Exec(ctx, `LOCK TABLE consumers.messages IN ACCESS EXCLUSIVE MODE`); err != nil {
+		t.Fatal(err)
+	}
+	return tx
+}
+
+// noMessagesStored fails the test unless consumers.messages is empty.
+func (h *harness) noMessagesStored(t testing.TB) {
+	t.Helper()
+	if n := h.Count(t, `SELECT count(*) FROM consumers.messages`); n != 0 {
+		t.Fatalf("%d messages stored", n)
+	}
 }
 
 func (r *running) stop() {

@@ -45,7 +45,7 @@ func errorAnswer(t *testing.T, req *http.Request) (code int, resp *http.Response
 func TestUnknownRoutesAndMethodsAnswerJSON(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, "")
-	cons := h.start(chat.Consumers, func(c *Config) { c.Roles = []string{RoleAPI} })
+	cons := h.startAPI(chat.Consumers, nil)
 	cases := []struct {
 		method, path string
 		code         int
@@ -89,7 +89,7 @@ func TestUnknownRoutesAndMethodsAnswerJSON(t *testing.T) {
 func TestWebSocketHandshakeErrorsAnswerJSON(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, "")
-	cons := h.start(chat.Consumers, func(c *Config) { c.Roles = []string{RoleAPI} })
+	cons := h.startAPI(chat.Consumers, nil)
 	cases := []struct {
 		name   string
 		header map[string]string

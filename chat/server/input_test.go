@@ -19,7 +19,7 @@ import (
 func TestBadInputIsRejectedAndNothingStored(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, "")
-	cons := h.start(chat.Consumers, func(c *Config) { c.Roles = []string{RoleAPI} })
+	cons := h.startAPI(chat.Consumers, nil)
 	cases := []struct {
 		name, chatN, body, field string
 	}{
@@ -70,43 +70,26 @@ func TestBadInputIsRejectedAndNothingStored(t *testing.T) {
 			t.Errorf("%s: field %q, want %q (%s)", c.name, e.Field, c.field, e.Error)
 		}
 	}
-	for _, table := range []string{"consumers.messages", "consumers.outbox"} {
-		if n := h.Count(t, "SELECT count(*) FROM "+table); n != 0 {
-			t.Errorf("%s has %d rows after rejected requests, want 0", table, n)
-		}
-	}
+	nothingStored(t, h, "rejected")
 	// Not JSON by Content-Type: 415; too large: 413. Nothing stored either.
 	for _, ct := range []string{"text/plain", "application/x-www-form-urlencoded", ""} {
 		req, _ := http.NewRequest(http.MethodPost, cons.base+"/api/chats/1/messages", strings.NewReader(`{"body":"x"}`))
 		if ct != "" {
 			req.Header.Set("Content-Type", ct)
 		}
-		resp, err := chattest.AuthClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusUnsupportedMediaType {
-			t.Errorf("Content-Type %q: status %d, want 415", ct, resp.StatusCode)
+		if code := statusOf(t, req); code != http.StatusUnsupportedMediaType {
+			t.Errorf("Content-Type %q: status %d, want 415", ct, code)
 		}
 	}
 	if code, raw := chattest.Post(t, cons.base, "1", `{"body":"`+strings.Repeat("a", 1<<20)+`"}`); code != http.StatusRequestEntityTooLarge {
 		t.Errorf("1 MiB request: %d %s, want 413", code, raw)
 	}
-	for _, table := range []string{"consumers.messages", "consumers.outbox"} {
-		if n := h.Count(t, "SELECT count(*) FROM "+table); n != 0 {
-			t.Errorf("%s has %d rows after refused requests, want 0", table, n)
-		}
-	}
+	nothingStored(t, h, "refused")
 	// Bad query parameters.
 	for _, u := range []string{"/api/chats/1/messages?after_seq=-1", "/api/chats/1/messages?after_seq=x", "/api/chats/1/messages?limit=0", "/ws?chat_id=0"} {
-		resp, err := chattest.AuthClient.Get(cons.base + u)
-		if err != nil {
-			t.Fatal(err)
-		}
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusBadRequest {
-			t.Errorf("GET %s: status %d, want 400", u, resp.StatusCode)
+		req, _ := http.NewRequest(http.MethodGet, cons.base+u, nil)
+		if code := statusOf(t, req); code != http.StatusBadRequest {
+			t.Errorf("GET %s: status %d, want 400", u, code)
 		}
 	}
 	// The limit is exactly inclusive.
@@ -119,7 +102,7 @@ func TestBadInputIsRejectedAndNothingStored(t *testing.T) {
 func TestDatabaseDownIs503(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, "")
-	cons := h.start(chat.Consumers, func(c *Config) { c.Roles = []string{RoleAPI} })
+	cons := h.startAPI(chat.Consumers, nil)
 	// A WebSocket opened while the database is there, to send on after.
 	wctx, wcancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer wcancel()
@@ -187,4 +170,26 @@ func currentDB(t *testing.T, h *harness) string {
 		t.Fatal(err)
 	}
 	return db
+}
+
+// statusOf sends req with the test token and returns the answer's status.
+func statusOf(t *testing.T, req *http.Request) int {
+	t.Helper()
+	resp, err := chattest.AuthClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+// nothingStored marks the test failed if consumers.messages or
+// consumers.outbox holds a row after the requests refused as how.
+func nothingStored(t *testing.T, h *harness, how string) {
+	t.Helper()
+	for _, table := range []string{"consumers.messages", "consumers.outbox"} {
+		if n := h.Count(t, "SELECT count(*) FROM "+table); n != 0 {
+			t.Errorf("%s has %d rows after %s requests, want 0", table, n, how)
+		}
+	}
 }

@@ -50,9 +50,7 @@ func scrape(t *testing.T, base, series string) float64 {
 // out.
 func TestEndToEndAndWebSocketMetrics(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t, "")
-	cons := h.start(chat.Consumers, nil)
-	work := h.start(chat.Workers, nil)
+	h, cons, work := startBoth(t)
 	const chatN = 4
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()

@@ -69,8 +69,7 @@ func TestServeThroughPgBouncer(t *testing.T) {
 	}
 	cons := h.start(chat.Consumers, viaPooler(chat.Consumers, &consChecks))
 	work := h.start(chat.Workers, viaPooler(chat.Workers, &workChecks))
-	lone := h.start(chat.Consumers, func(c *Config) {
-		c.Roles = []string{RoleAPI}
+	lone := h.startAPI(chat.Consumers, func(c *Config) {
 		c.DatabaseURL = h.pooled(chat.Consumers)
 		c.onSelfCheck = loneChecks.on
 		c.Logger = slog.New(slog.NewTextHandler(&loneLog, nil))
@@ -167,11 +166,7 @@ func TestOtherAPIProcessSendsArriveByNotifyThroughPgBouncer(t *testing.T) {
 	}
 	a := h.start(chat.Consumers, api)
 	b := h.start(chat.Consumers, api)
-	w := chattest.Watch(t, a.base, 22)
-	for i := 1; i <= 3; i++ {
-		chattest.Send(t, b.base, 22, fmt.Sprint("via b ", i))
-		w.WaitSeqs(t, chat.Consumers, i, 30*time.Second)
-	}
+	sendsArrive(t, a, b, 22, 30*time.Second)
 }
 
 // A managed service's admin user is no superuser, only CREATEROLE (and the
@@ -238,8 +233,7 @@ func TestServeThroughSessionModePgBouncer(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = session.Close() })
 	var checks selfChecks
-	api := h.start(chat.Consumers, func(c *Config) {
-		c.Roles = []string{RoleAPI}
+	api := h.startAPI(chat.Consumers, func(c *Config) {
 		c.DatabaseURL = session.Rewrite(h.RoleURL(chat.Consumers))
 		c.onSelfCheck = checks.on
 	})

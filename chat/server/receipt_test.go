@@ -16,9 +16,7 @@ import (
 // opened later gets the watermark first.
 func TestReceiptsMarkMessagesDelivered(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t, "")
-	cons := h.start(chat.Consumers, nil)
-	h.start(chat.Workers, nil)
+	h, cons, _ := startBoth(t)
 	w := chattest.Watch(t, cons.base, 8)
 	for i := 1; i <= 5; i++ {
 		chattest.Send(t, cons.base, 8, fmt.Sprintf("m%d", i))

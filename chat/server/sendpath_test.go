@@ -58,7 +58,7 @@ func decodeMessage(t testing.TB, raw []byte) chat.Message {
 func TestIdempotentSendHTTP(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, "")
-	cons := h.start(chat.Consumers, func(c *Config) { c.Roles = []string{RoleAPI} })
+	cons := h.startAPI(chat.Consumers, nil)
 	c := chattest.AuthClient
 
 	code, raw, err := postKeyed(t, c, cons.base, 5, "k-1", `{"body":"hello"}`)
@@ -141,7 +141,7 @@ func TestRetryAfterClientTimeoutStoresOnce(t *testing.T) {
 			DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION consumers.slow_commit()`); err != nil {
 		t.Fatal(err)
 	}
-	cons := h.start(chat.Consumers, func(c *Config) { c.Roles = []string{RoleAPI}; c.API.SendLockTimeout = 10 * time.Second })
+	cons := h.startAPI(chat.Consumers, func(c *Config) { c.API.SendLockTimeout = 10 * time.Second })
 	impatient := &http.Client{Timeout: time.Second, Transport: chattest.BearerTransport{}}
 	if code, raw, err := postKeyed(t, impatient, cons.base, 9, "retry-1", `{"body":"once"}`); err == nil {
 		t.Fatalf("the first send answered within 1 s (%d %s): the slow commit did not apply", code, raw)
@@ -167,7 +167,7 @@ func TestRetryAfterClientTimeoutStoresOnce(t *testing.T) {
 func TestLockedChatHTTP(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, "")
-	cons := h.start(chat.Consumers, func(c *Config) { c.Roles = []string{RoleAPI}; c.API.SendLockTimeout = 500 * time.Millisecond })
+	cons := h.startAPI(chat.Consumers, func(c *Config) { c.API.SendLockTimeout = 500 * time.Millisecond })
 	ctx := context.Background()
 	tx := h.HoldChatLock(t, chat.Consumers, 71)
 	defer tx.Rollback(ctx)
@@ -211,16 +211,9 @@ func TestLockedChatHTTP(t *testing.T) {
 func TestHistoryTimeout(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, "")
-	cons := h.start(chat.Consumers, func(c *Config) { c.Roles = []string{RoleAPI}; c.API.ReadTimeout = time.Second })
+	cons := h.startAPI(chat.Consumers, func(c *Config) { c.API.ReadTimeout = time.Second })
 	ctx := context.Background()
-	tx, err := h.Admin.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx)
-	if _, err := tx.Exec(ctx, `LOCK TABLE consumers.messages IN ACCESS EXCLUSIVE MODE`); err != nil {
-		t.Fatal(err)
-	}
+	tx := h.lockMessages(t)
 	resp, err := (&http.Client{Timeout: 20 * time.Second, Transport: chattest.BearerTransport{}}).Get(cons.base + "/api/chats/1/messages")
 	if err != nil {
 		t.Fatal(err)
@@ -253,8 +246,7 @@ func TestHistoryTimeout(t *testing.T) {
 func TestPoolMaxConnsHonoured(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, "")
-	cons := h.start(chat.Consumers, func(c *Config) {
-		c.Roles = []string{RoleAPI}
+	cons := h.startAPI(chat.Consumers, func(c *Config) {
 		c.DatabaseURL += "&pool_max_conns=2"
 		if !strings.Contains(c.DatabaseURL, "?") {
 			c.DatabaseURL = strings.Replace(c.DatabaseURL, "&", "?", 1)
@@ -262,14 +254,7 @@ func TestPoolMaxConnsHonoured(t *testing.T) {
 		c.API.ReadTimeout = 3 * time.Second
 	})
 	ctx := context.Background()
-	tx, err := h.Admin.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx)
-	if _, err := tx.Exec(ctx, `LOCK TABLE consumers.messages IN ACCESS EXCLUSIVE MODE`); err != nil {
-		t.Fatal(err)
-	}
+	tx := h.lockMessages(t)
 	var wg sync.WaitGroup
 	for range 6 {
 		wg.Go(func() {

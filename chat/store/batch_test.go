@@ -219,6 +219,22 @@ func (e *batchEnv) checkConsistent(t *testing.T) map[string]chat.Message {
 	return stored
 }
 
+// checkSent waits for the senders of wg, then (unless one of them failed
+// the test: it stops) checks the database with checkConsistent and that it
+// holds want messages. It returns the stored messages by id.
+func (e *batchEnv) checkSent(t *testing.T, wg *sync.WaitGroup, want int) map[string]chat.Message {
+	t.Helper()
+	wg.Wait()
+	if t.Failed() {
+		t.FailNow()
+	}
+	stored := e.checkConsistent(t)
+	if len(stored) != want {
+		t.Fatalf("%d messages stored, want %d (a repeated key stores nothing)", len(stored), want)
+	}
+	return stored
+}
+
 func sameMessage(a, b chat.Message) bool {
 	return a.ID == b.ID && a.ChatID == b.ChatID && a.Seq == b.Seq && a.Body == b.Body &&
 		a.SentAt.Equal(b.SentAt) && a.From == b.From
@@ -259,14 +275,7 @@ func TestSendBatchConcurrent(t *testing.T) {
 					}
 				})
 			}
-			wg.Wait()
-			if t.Failed() {
-				return
-			}
-			stored := e.checkConsistent(t)
-			if len(stored) != senders*each {
-				t.Fatalf("%d messages stored, want %d", len(stored), senders*each)
-			}
+			stored := e.checkSent(t, &wg, senders*each)
 			for _, m := range sent {
 				if s, ok := stored[m.ID]; !ok || !sameMessage(s, m) {
 					t.Fatalf("returned %+v, stored %+v", m, s)

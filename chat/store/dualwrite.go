@@ -66,33 +66,34 @@ func (d *DualWriter) Send(ctx context.Context, chatID int64, body, author string
 	return m, nil
 }
 
-// Start runs the retry loop (internal/service contract; the loop's Redis
-// adds run under the run's context, so a graceful stop just ends the loop).
+// Start runs the retry loop (internal/service contract): every 250 ms it
+// adds the pending jobs under the run's drain context, so a graceful stop
+// cancels an add in flight and its jobs stay pending (and are lost).
 func (d *DualWriter) Start(ctx context.Context) error {
-	return d.life.Start(ctx, func(r *service.Run) { r.Go(func() { d.retryLoop(r.DrainContext()) }) })
+	return d.life.Start(ctx, func(r *service.Run) {
+		r.Every(retryEvery, func(context.Context) time.Duration {
+			d.retry(r.DrainContext())
+			return retryEvery
+		})
+	})
 }
 
-func (d *DualWriter) retryLoop(ctx context.Context) {
-	t := time.NewTicker(250 * time.Millisecond)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+// retryEvery is the pause between two retries of the pending adds.
+const retryEvery = 250 * time.Millisecond
+
+// retry adds the pending jobs once; those it could not add stay pending.
+func (d *DualWriter) retry(ctx context.Context) {
+	d.mu.Lock()
+	jobs := d.pending
+	d.pending = nil
+	d.mu.Unlock()
+	if len(jobs) == 0 {
+		return
+	}
+	if _, err := d.pub.Add(ctx, jobs...); err != nil {
 		d.mu.Lock()
-		jobs := d.pending
-		d.pending = nil
+		d.pending = append(jobs, d.pending...)
 		d.mu.Unlock()
-		if len(jobs) == 0 {
-			continue
-		}
-		if _, err := d.pub.Add(ctx, jobs...); err != nil {
-			d.mu.Lock()
-			d.pending = append(jobs, d.pending...)
-			d.mu.Unlock()
-		}
 	}
 }
 

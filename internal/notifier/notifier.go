@@ -32,6 +32,7 @@
 package notifier
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -125,13 +126,8 @@ type Config struct {
 // WithDefaults returns a copy of c in which every zero field holds its
 // default. A nil c gives defaults without ConnConfig.
 func (c *Config) WithDefaults() *Config {
-	var d Config
-	if c != nil {
-		d = *c
-	}
-	if d.ApplicationName == "" {
-		d.ApplicationName = DefaultApplicationName
-	}
+	d := *cmp.Or(c, &Config{})
+	d.ApplicationName = cmp.Or(d.ApplicationName, DefaultApplicationName)
 	for _, f := range []struct {
 		v   *time.Duration
 		def time.Duration
@@ -147,12 +143,8 @@ func (c *Config) WithDefaults() *Config {
 			*f.v = f.def
 		}
 	}
-	if d.SelfCheckFix == "" {
-		d.SelfCheckFix = DefaultSelfCheckFix
-	}
-	if d.Logger == nil {
-		d.Logger = slog.Default()
-	}
+	d.SelfCheckFix = cmp.Or(d.SelfCheckFix, DefaultSelfCheckFix)
+	d.Logger = cmp.Or(d.Logger, slog.Default())
 	return &d
 }
 
