@@ -181,6 +181,7 @@ type Watcher struct {
 	done     chan struct{}
 }
 
+// Watch is WatchURL on the WebSocket of chat chatID at base.
 func Watch(t testing.TB, base string, chatID int64) *Watcher {
 	t.Helper()
 	return WatchURL(t, context.Background(), base+fmt.Sprintf("/ws?chat_id=%d", chatID))
