@@ -8,8 +8,6 @@ import (
 	"io"
 	"net/http"
 	"net/url"
-	"os"
-	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -105,10 +103,7 @@ func NewOn(t testing.TB, adminURL, redisURL string) *Harness {
 	if redisURL == "" {
 		redisURL = testenv.RedisURL(t)
 	}
-	secretFile := filepath.Join(t.TempDir(), "jwt.secret")
-	if err := os.WriteFile(secretFile, Secret, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	secretFile := testenv.WriteFile(t, "jwt.secret", Secret)
 	return &Harness{t: t, AdminURL: adminURL, Admin: admin, RedisURL: redisURL, Prefix: testenv.Prefix(t), SecretFile: secretFile}
 }
 
