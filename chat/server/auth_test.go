@@ -38,13 +38,11 @@ func do(t *testing.T, method, u, token, body string) (int, []byte) {
 	if token != "" {
 		req.Header.Set("Authorization", "Bearer "+token)
 	}
-	resp, err := http.DefaultClient.Do(req)
+	code, raw, err := chattest.Answer(http.DefaultClient.Do(req))
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer resp.Body.Close()
-	raw, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, raw
+	return code, raw
 }
 
 func mint(t *testing.T, user string, svc []string, chats auth.ChatScope, ttl time.Duration) string {

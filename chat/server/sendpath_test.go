@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"strings"
 	"sync"
@@ -32,13 +31,7 @@ func postKeyed(t testing.TB, client *http.Client, base string, chatN int64, key,
 	if key != "" {
 		req.Header.Set("Idempotency-Key", key)
 	}
-	resp, err := client.Do(req)
-	if err != nil {
-		return 0, nil, err
-	}
-	defer resp.Body.Close()
-	raw, err := io.ReadAll(resp.Body)
-	return resp.StatusCode, raw, err
+	return chattest.Answer(client.Do(req))
 }
 
 func decodeMessage(t testing.TB, raw []byte) chat.Message {
@@ -214,14 +207,12 @@ func TestHistoryTimeout(t *testing.T) {
 	cons := h.startAPI(chat.Consumers, func(c *Config) { c.API.ReadTimeout = time.Second })
 	ctx := context.Background()
 	tx := h.lockMessages(t)
-	resp, err := (&http.Client{Timeout: 20 * time.Second, Transport: chattest.BearerTransport{}}).Get(cons.base + "/api/chats/1/messages")
+	code, raw, err := chattest.Answer((&http.Client{Timeout: 20 * time.Second, Transport: chattest.BearerTransport{}}).Get(cons.base + "/api/chats/1/messages"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	raw, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusServiceUnavailable || string(bytes.TrimSpace(raw)) != `{"error":"timed out reading the chat","field":""}` {
-		t.Fatalf("history with the table locked: %d %s, want 503 and a generic body", resp.StatusCode, raw)
+	if code != http.StatusServiceUnavailable || string(bytes.TrimSpace(raw)) != `{"error":"timed out reading the chat","field":""}` {
+		t.Fatalf("history with the table locked: %d %s, want 503 and a generic body", code, raw)
 	}
 	if err := tx.Rollback(ctx); err != nil {
 		t.Fatal(err)
@@ -229,12 +220,8 @@ func TestHistoryTimeout(t *testing.T) {
 	// Served again once the lock is gone (retried: on a loaded machine one
 	// read may itself take longer than the short read timeout).
 	testenv.WaitFor(t, 10*time.Second, "history served after the lock", func() bool {
-		resp, err := chattest.AuthClient.Get(cons.base + "/api/chats/1/messages")
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK
+		_, err := chattest.Get(cons.base + "/api/chats/1/messages")
+		return err == nil
 	})
 }
 

@@ -155,13 +155,23 @@ func Send(t testing.TB, base string, chatID int64, body string) chat.Message {
 // returns the status and the answer.
 func Post(t testing.TB, base, chatID, body string) (int, []byte) {
 	t.Helper()
-	resp, err := AuthClient.Post(base+"/api/chats/"+chatID+"/messages", "application/json", bytes.NewBufferString(body))
+	code, raw, err := Answer(AuthClient.Post(base+"/api/chats/"+chatID+"/messages", "application/json", bytes.NewBufferString(body)))
 	if err != nil {
 		t.Fatalf("post: %v", err)
 	}
+	return code, raw
+}
+
+// Answer reads a whole answer and closes its body: it returns the status
+// and the body, or err (the request's, passed on as from client.Do) or the
+// read's error. Use it as Answer(client.Do(req)).
+func Answer(resp *http.Response, err error) (int, []byte, error) {
+	if err != nil {
+		return 0, nil, err
+	}
 	defer resp.Body.Close()
-	raw, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, raw
+	raw, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, raw, err
 }
 
 // JSONString is s as a JSON string literal.
@@ -285,16 +295,14 @@ func WatchURL(t testing.TB, ctx context.Context, u string) *Watcher {
 
 // Get GETs u with the test token and returns the body of a 200 answer.
 func Get(u string) (string, error) {
-	resp, err := AuthClient.Get(u)
+	code, b, err := Answer(AuthClient.Get(u))
 	if err != nil {
 		return "", err
 	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if resp.StatusCode != http.StatusOK {
-		return "", fmt.Errorf("GET %s: %d %s", u, resp.StatusCode, b)
+	if code != http.StatusOK {
+		return "", fmt.Errorf("GET %s: %d %s", u, code, b)
 	}
-	return string(b), err
+	return string(b), nil
 }
 
 // XAddArgs adds a message.created stream entry with job id id and payload
