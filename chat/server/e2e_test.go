@@ -13,7 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outboxchat/outboxchat/chat"
@@ -311,12 +310,7 @@ func TestRolesAreConfinedToTheirSchema(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, "")
 	for _, s := range []string{chat.Consumers, chat.Workers} {
-		conn, err := pgx.Connect(context.Background(), h.RoleURL(s))
-		if err != nil {
-			t.Fatal(err)
-		}
-		_, err = conn.Exec(context.Background(), `SELECT count(*) FROM `+chat.Peer(s)+`.inbox`)
-		conn.Close(context.Background())
+		_, err := h.RolePool(t, s).Exec(context.Background(), `SELECT count(*) FROM `+chat.Peer(s)+`.inbox`)
 		var pgErr *pgconn.PgError
 		if !errors.As(err, &pgErr) || pgErr.Code != "42501" {
 			t.Fatalf("%s reading %s.inbox: err %v, want permission denied (42501)", s, chat.Peer(s), err)

@@ -107,7 +107,7 @@ func NewOn(t testing.TB, adminURL, redisURL string) *Harness {
 	return &Harness{t: t, AdminURL: adminURL, Admin: admin, RedisURL: redisURL, Prefix: testenv.Prefix(t), SecretFile: secretFile}
 }
 
-// roleURL is the database URL for service's own role.
+// RoleURL is the database URL for service's own role.
 func (h *Harness) RoleURL(service string) string {
 	u, err := url.Parse(h.AdminURL)
 	if err != nil {
@@ -117,7 +117,7 @@ func (h *Harness) RoleURL(service string) string {
 	return u.String()
 }
 
-// rolePool is a pool of service's role on the Harness database, closed
+// RolePool is a pool of service's role on the Harness database, closed
 // when the test ends.
 func (h *Harness) RolePool(t testing.TB, service string) *pgxpool.Pool {
 	t.Helper()
