@@ -2,8 +2,6 @@ package auth
 
 import (
 	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -12,6 +10,7 @@ import (
 
 	"github.com/outboxchat/outboxchat/chat"
 	"github.com/outboxchat/outboxchat/inbox"
+	"github.com/outboxchat/outboxchat/internal/testenv"
 	"github.com/outboxchat/outboxchat/redisq"
 )
 
@@ -20,10 +19,7 @@ import (
 // parsed and its HMAC computed) and again ("cached": a client's next
 // request with the same token).
 func BenchmarkVerifyToken(b *testing.B) {
-	f := filepath.Join(b.TempDir(), "secret")
-	if err := os.WriteFile(f, benchSecret, 0o600); err != nil {
-		b.Fatal(err)
-	}
+	f := testenv.WriteFile(b, "secret", benchSecret)
 	v, err := NewVerifier(chat.Consumers, Config{SecretFile: f})
 	if err != nil {
 		b.Fatal(err)
@@ -74,11 +70,7 @@ func BenchmarkSignVerifyEvent(b *testing.B) {
 }
 
 func writeEventKeysB(b *testing.B) string {
-	p := filepath.Join(b.TempDir(), "event.keys")
-	if err := os.WriteFile(p, []byte("consumers-to-workers "+benchHexKey(1)+"\nworkers-to-consumers "+benchHexKey(2)+"\n"), 0o600); err != nil {
-		b.Fatal(err)
-	}
-	return p
+	return testenv.WriteFile(b, "event.keys", []byte("consumers-to-workers "+benchHexKey(1)+"\nworkers-to-consumers "+benchHexKey(2)+"\n"))
 }
 
 var benchSecret = []byte("outboxchat bench secret: 32 bytes or more")

@@ -13,8 +13,6 @@ import (
 	"log/slog"
 	"math/big"
 	"net/http"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -40,13 +38,11 @@ func do(t *testing.T, method, u, token, body string) (int, []byte) {
 	if token != "" {
 		req.Header.Set("Authorization", "Bearer "+token)
 	}
-	resp, err := http.DefaultClient.Do(req)
+	code, raw, err := chattest.Answer(http.DefaultClient.Do(req))
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer resp.Body.Close()
-	raw, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, raw
+	return code, raw
 }
 
 func mint(t *testing.T, user string, svc []string, chats auth.ChatScope, ttl time.Duration) string {
@@ -206,10 +202,7 @@ func TestAuthAnswers(t *testing.T) {
 // passing when it expires.
 func TestVerifierCacheKeepsExpiry(t *testing.T) {
 	t.Parallel()
-	f := filepath.Join(t.TempDir(), "secret")
-	if err := os.WriteFile(f, chattest.Secret, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	f := testenv.WriteFile(t, "secret", chattest.Secret)
 	v, err := auth.NewVerifier(chat.Workers, auth.Config{SecretFile: f})
 	if err != nil {
 		t.Fatal(err)
@@ -247,10 +240,7 @@ func TestJWKSKeys(t *testing.T) {
 		{"kty": "RSA", "kid": "r1", "use": "sig", "n": b64(rsaKey.N.Bytes()), "e": b64(big.NewInt(int64(rsaKey.E)).Bytes())},
 		{"kty": "OKP", "crv": "Ed25519", "kid": "e1", "x": b64(edPub)},
 	}})
-	keysFile := filepath.Join(t.TempDir(), "jwks.json")
-	if err := os.WriteFile(keysFile, jwks, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	keysFile := testenv.WriteFile(t, "jwks.json", jwks)
 	h := newHarness(t, "")
 	cons := h.startAPI(chat.Consumers, func(c *Config) {
 		c.API.Auth = auth.Config{KeysFile: keysFile}

@@ -5,8 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -26,11 +24,7 @@ import (
 // returns its path.
 func writeEventKeys(t *testing.T, lines ...string) string {
 	t.Helper()
-	p := filepath.Join(t.TempDir(), "event.keys")
-	if err := os.WriteFile(p, []byte(strings.Join(lines, "\n")+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return p
+	return testenv.WriteFile(t, "event.keys", []byte(strings.Join(lines, "\n")+"\n"))
 }
 
 func hexKey(b byte) string { return strings.Repeat(fmt.Sprintf("%02x", b), 32) }

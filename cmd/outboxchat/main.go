@@ -23,7 +23,10 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
+
+	"github.com/outboxchat/outboxchat/internal/pgproc"
 )
 
 func main() {
@@ -37,6 +40,51 @@ func main() {
 		fmt.Fprintln(os.Stderr, "outboxchat:", err)
 		os.Exit(1)
 	}
+}
+
+// run runs `outboxchat <args>`: the command named by args[0] (and, for
+// lab, args[1]) with the rest. The report goes to stdout, progress and
+// usage to stderr; -h prints the usage to stdout.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) > 0 && args[0] == "lab" {
+		// Every private Postgres of a lab run starts from one template
+		// cluster made by the first; remove it when the command ends.
+		defer func() { _ = pgproc.RemoveTemplate() }()
+		return dispatch(ctx, group{prefix: "lab ", usage: labUsage, help: flag.ErrHelp}, args[1:], stdout, stderr)
+	}
+	return dispatch(ctx, group{usage: usage}, args, stdout, stderr)
+}
+
+// group is a level of the command names: the top one (prefix "") or the
+// lab's ("lab "), with its usage and what asking it for help returns (nil
+// at the top; flag.ErrHelp for lab, as for a command's -h).
+type group struct {
+	prefix, usage string
+	help          error
+}
+
+// dispatch runs the command of g named by args[0] with the rest. No name
+// or an unknown one prints g's usage to stderr and is an error; -h prints
+// it to stdout.
+func dispatch(ctx context.Context, g group, args []string, stdout, stderr io.Writer) error {
+	errPrefix := strings.TrimSuffix(g.prefix, " ")
+	if errPrefix != "" {
+		errPrefix += ": "
+	}
+	if len(args) == 0 {
+		fmt.Fprint(stderr, g.usage)
+		return errors.New(errPrefix + "no command")
+	}
+	switch args[0] {
+	case "-h", "--help", "help":
+		fmt.Fprint(stdout, g.usage)
+		return g.help
+	}
+	if c := lookup(g.prefix + args[0]); c != nil && !strings.Contains(args[0], " ") {
+		return c.run(ctx, args[1:], stdout, stderr)
+	}
+	fmt.Fprint(stderr, g.usage)
+	return fmt.Errorf("%sunknown command %q", errPrefix, args[0])
 }
 
 // newLogger returns the commands' logger on w: text, or JSON lines with

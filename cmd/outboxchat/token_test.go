@@ -3,22 +3,18 @@ package main
 import (
 	"bytes"
 	"context"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/outboxchat/outboxchat/chat"
 	"github.com/outboxchat/outboxchat/chat/auth"
+	"github.com/outboxchat/outboxchat/internal/testenv"
 )
 
 // TestTokenCommand mints a token with `outboxchat token` and checks it with
 // the services' verifier: user, chats, service and its refusal elsewhere.
 func TestTokenCommand(t *testing.T) {
-	secret := filepath.Join(t.TempDir(), "secret")
-	if err := os.WriteFile(secret, []byte(strings.Repeat("k", 32)+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	secret := testenv.WriteFile(t, "secret", []byte(strings.Repeat("k", 32)+"\n"))
 	var out, errOut bytes.Buffer
 	err := run(context.Background(), []string{"token", "--jwt-secret-file", secret, "--service", "consumers",
 		"--user", "alice", "--chats", "1,2", "--ttl", "1h"}, &out, &errOut)
@@ -51,10 +47,7 @@ func TestTokenCommand(t *testing.T) {
 // TestMigratePrintsRedisACL: `migrate --redis-password-file` prints the
 // service's ACL SETUSER line, without the password.
 func TestMigratePrintsRedisACL(t *testing.T) {
-	pw := filepath.Join(t.TempDir(), "pw")
-	if err := os.WriteFile(pw, []byte("s3cret\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	pw := testenv.WriteFile(t, "pw", []byte("s3cret\n"))
 	var out, errOut bytes.Buffer
 	if err := run(context.Background(), []string{"migrate", "--service", "workers", "--redis-password-file", pw}, &out, &errOut); err != nil {
 		t.Fatalf("migrate: %v %s", err, errOut.String())

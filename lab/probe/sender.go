@@ -31,30 +31,45 @@ func NewSender(token string) *Sender {
 func (s *Sender) Send(ctx context.Context, baseURL string, chatID int64, body string) (chat.Message, error) {
 	var m chat.Message
 	b, _ := json.Marshal(chat.SendRequest{Body: body})
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost,
-		baseURL+"/api/chats/"+strconv.FormatInt(chatID, 10)+"/messages", bytes.NewReader(b))
+	code, data, err := s.post(ctx, baseURL, chatID, "", b)
 	if err != nil {
 		return m, err
 	}
-	req.Header.Set("Content-Type", "application/json")
-	if s.token != "" {
-		req.Header.Set("Authorization", "Bearer "+s.token)
-	}
-	resp, err := s.client.Do(req)
-	if err != nil {
-		return m, err
-	}
-	defer resp.Body.Close()
-	data, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-	if resp.StatusCode != http.StatusCreated {
+	if code != http.StatusCreated {
 		var e struct {
 			Error string `json:"error"`
 		}
 		_ = json.Unmarshal(data, &e)
-		return m, fmt.Errorf("%d %s", resp.StatusCode, e.Error)
+		return m, fmt.Errorf("%d %s", code, e.Error)
 	}
 	if err := json.Unmarshal(data, &m); err != nil {
 		return m, fmt.Errorf("decode reply: %w", err)
 	}
 	return m, nil
+}
+
+// post posts body, a JSON send request, to chat chatID on baseURL with
+// Idempotency-Key key ("" = none) and returns the status and the answer
+// (its first MiB). The error is the request's: the send's outcome is then
+// unknown.
+func (s *Sender) post(ctx context.Context, baseURL string, chatID int64, key string, body []byte) (int, []byte, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost,
+		baseURL+"/api/chats/"+strconv.FormatInt(chatID, 10)+"/messages", bytes.NewReader(body))
+	if err != nil {
+		return 0, nil, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if key != "" {
+		req.Header.Set("Idempotency-Key", key)
+	}
+	if s.token != "" {
+		req.Header.Set("Authorization", "Bearer "+s.token)
+	}
+	resp, err := s.client.Do(req)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer resp.Body.Close()
+	data, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	return resp.StatusCode, data, nil
 }

@@ -1,11 +1,9 @@
 package probe
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"sync"
 	"sync/atomic"
@@ -24,9 +22,9 @@ import (
 // until the send is answered; a 5xx is recorded and not retried, so the
 // test can check that it stored nothing.
 type shutdownLoad struct {
-	base, token string
-	chats       int64
-	client      *http.Client
+	base   string
+	chats  int64
+	sender *Sender // bearer token and the client's timeout
 
 	mu       sync.Mutex
 	ok       map[string]chat.Message // key → message answered 201 or 200
@@ -53,13 +51,9 @@ func (l *shutdownLoad) run(ctx context.Context, sender int, stop <-chan struct{}
 }
 
 func (l *shutdownLoad) sendOne(ctx context.Context, chatID int64, key string) {
-	body := fmt.Sprintf(`{"body": "msg %s"}`, key)
+	body := []byte(fmt.Sprintf(`{"body": "msg %s"}`, key))
 	for ctx.Err() == nil {
-		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, fmt.Sprintf("%s/api/chats/%d/messages", l.base, chatID), bytes.NewBufferString(body))
-		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("Idempotency-Key", key)
-		req.Header.Set("Authorization", "Bearer "+l.token)
-		resp, err := l.client.Do(req)
+		code, data, err := l.sender.post(ctx, l.base, chatID, key, body)
 		if err != nil {
 			// Refused or reset while the process stops or restarts: the
 			// outcome is unknown, so send again with the same key.
@@ -72,25 +66,23 @@ func (l *shutdownLoad) sendOne(ctx context.Context, chatID int64, key string) {
 			}
 			continue
 		}
-		data, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
 		l.mu.Lock()
 		switch {
-		case resp.StatusCode == http.StatusCreated || resp.StatusCode == http.StatusOK:
+		case code == http.StatusCreated || code == http.StatusOK:
 			var m chat.Message
 			if err := json.Unmarshal(data, &m); err != nil || m.ID == "" {
-				l.failures = append(l.failures, fmt.Sprintf("%s: %d with body %q", key, resp.StatusCode, data))
+				l.failures = append(l.failures, fmt.Sprintf("%s: %d with body %q", key, code, data))
 			} else {
 				l.ok[key] = m
-				if resp.StatusCode == http.StatusCreated {
+				if code == http.StatusCreated {
 					l.created++
 				}
 				l.okCount.Add(1)
 			}
-		case resp.StatusCode >= 500:
+		case code >= 500:
 			l.fiveXX = append(l.fiveXX, key)
 		default:
-			l.failures = append(l.failures, fmt.Sprintf("%s: %d %s", key, resp.StatusCode, data))
+			l.failures = append(l.failures, fmt.Sprintf("%s: %d %s", key, code, data))
 		}
 		l.mu.Unlock()
 		return
@@ -235,8 +227,8 @@ func TestSIGTERMMidLoad(t *testing.T) {
 		})()
 	}
 
-	load := &shutdownLoad{base: e.ConsumersURL, token: e.Token, chats: chats,
-		client: &http.Client{Timeout: 15 * time.Second}, ok: map[string]chat.Message{}}
+	load := &shutdownLoad{base: e.ConsumersURL, chats: chats,
+		sender: &Sender{client: &http.Client{Timeout: 15 * time.Second}, token: e.Token}, ok: map[string]chat.Message{}}
 	stop := make(chan struct{})
 	var senders sync.WaitGroup
 	for i := range 6 {

@@ -8,8 +8,6 @@ import (
 	"io"
 	"net/http"
 	"net/url"
-	"os"
-	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -105,14 +103,11 @@ func NewOn(t testing.TB, adminURL, redisURL string) *Harness {
 	if redisURL == "" {
 		redisURL = testenv.RedisURL(t)
 	}
-	secretFile := filepath.Join(t.TempDir(), "jwt.secret")
-	if err := os.WriteFile(secretFile, Secret, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	secretFile := testenv.WriteFile(t, "jwt.secret", Secret)
 	return &Harness{t: t, AdminURL: adminURL, Admin: admin, RedisURL: redisURL, Prefix: testenv.Prefix(t), SecretFile: secretFile}
 }
 
-// roleURL is the database URL for service's own role.
+// RoleURL is the database URL for service's own role.
 func (h *Harness) RoleURL(service string) string {
 	u, err := url.Parse(h.AdminURL)
 	if err != nil {
@@ -122,7 +117,7 @@ func (h *Harness) RoleURL(service string) string {
 	return u.String()
 }
 
-// rolePool is a pool of service's role on the Harness database, closed
+// RolePool is a pool of service's role on the Harness database, closed
 // when the test ends.
 func (h *Harness) RolePool(t testing.TB, service string) *pgxpool.Pool {
 	t.Helper()
@@ -160,13 +155,23 @@ func Send(t testing.TB, base string, chatID int64, body string) chat.Message {
 // returns the status and the answer.
 func Post(t testing.TB, base, chatID, body string) (int, []byte) {
 	t.Helper()
-	resp, err := AuthClient.Post(base+"/api/chats/"+chatID+"/messages", "application/json", bytes.NewBufferString(body))
+	code, raw, err := Answer(AuthClient.Post(base+"/api/chats/"+chatID+"/messages", "application/json", bytes.NewBufferString(body)))
 	if err != nil {
 		t.Fatalf("post: %v", err)
 	}
+	return code, raw
+}
+
+// Answer reads a whole answer and closes its body: it returns the status
+// and the body, or err (the request's, passed on as from client.Do) or the
+// read's error. Use it as Answer(client.Do(req)).
+func Answer(resp *http.Response, err error) (int, []byte, error) {
+	if err != nil {
+		return 0, nil, err
+	}
 	defer resp.Body.Close()
-	raw, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, raw
+	raw, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, raw, err
 }
 
 // JSONString is s as a JSON string literal.
@@ -291,16 +296,14 @@ func WatchURL(t testing.TB, ctx context.Context, u string) *Watcher {
 
 // Get GETs u with the test token and returns the body of a 200 answer.
 func Get(u string) (string, error) {
-	resp, err := AuthClient.Get(u)
+	code, b, err := Answer(AuthClient.Get(u))
 	if err != nil {
 		return "", err
 	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if resp.StatusCode != http.StatusOK {
-		return "", fmt.Errorf("GET %s: %d %s", u, resp.StatusCode, b)
+	if code != http.StatusOK {
+		return "", fmt.Errorf("GET %s: %d %s", u, code, b)
 	}
-	return string(b), err
+	return string(b), nil
 }
 
 // XAddArgs adds a message.created stream entry with job id id and payload
