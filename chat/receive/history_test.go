@@ -1,0 +1,213 @@
+package receive
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/outboxchat/outboxchat/chat"
+	"github.com/outboxchat/outboxchat/chat/internal/chattest"
+	"github.com/outboxchat/outboxchat/inbox"
+)
+
+// reasonSource remembers each dead letter's reason by delivery ref.
+type reasonSource struct {
+	recordingSource
+	mu      sync.Mutex
+	reasons map[string]string
+}
+
+func (s *reasonSource) DeadLetter(ctx context.Context, d inbox.Delivery, reason string) error {
+	s.mu.Lock()
+	if s.reasons == nil {
+		s.reasons = map[string]string{}
+	}
+	s.reasons[d.Ref] = reason
+	s.mu.Unlock()
+	return s.recordingSource.DeadLetter(ctx, d, reason)
+}
+
+// historyChat builds deliveries of one chat of consumers' messages, one id
+// per seq unless told otherwise, and reads the workers' side of it.
+type historyChat struct {
+	t    *testing.T
+	h    *chattest.Harness
+	chat int64
+	ids  map[int64]string
+}
+
+func (c *historyChat) msg(seq int64) inbox.Delivery {
+	if c.ids[seq] == "" {
+		c.ids[seq] = uuid.NewString()
+	}
+	return c.msgID(seq, c.ids[seq])
+}
+
+func (c *historyChat) msgID(seq int64, id string) inbox.Delivery {
+	p, _ := json.Marshal(chat.Message{ID: id, ChatID: c.chat, Seq: seq, Body: "b", SentAt: time.Now(), From: chat.Consumers})
+	return inbox.Delivery{ID: id, Ref: fmt.Sprint("ref-", id), Name: chat.EventMessageCreated, Payload: p}
+}
+
+func (c *historyChat) process(ic *inbox.Consumer, seqs ...int64) {
+	c.t.Helper()
+	var ds []inbox.Delivery
+	for _, s := range seqs {
+		ds = append(ds, c.msg(s))
+	}
+	if err := ic.ProcessBatch(context.Background(), ds); err != nil {
+		c.t.Fatal(err)
+	}
+}
+
+// lastReceipt is the upto of the newest receipt workers enqueued for the
+// chat (0 for none).
+func (c *historyChat) lastReceipt() int {
+	c.t.Helper()
+	return c.h.Count(c.t, `SELECT coalesce((SELECT (x->>'upto_seq')::bigint FROM workers.outbox o,
+		jsonb_array_elements(o.payload->'chats') x
+		WHERE o.event = 'receipt' AND (x->>'chat_id')::bigint = $1 ORDER BY o.id DESC LIMIT 1), 0)`, c.chat)
+}
+
+func (c *historyChat) held() string {
+	c.t.Helper()
+	var s string
+	if err := c.h.Admin.QueryRow(context.Background(), `SELECT coalesce(string_agg(seq || ':' || held, ' ' ORDER BY seq), '')
+		FROM workers.inbox WHERE chat_id = $1`, c.chat).Scan(&s); err != nil {
+		c.t.Fatal(err)
+	}
+	return s
+}
+
+func (c *historyChat) deleteInbox() {
+	c.t.Helper()
+	if _, err := c.h.Admin.Exec(context.Background(), `DELETE FROM workers.inbox WHERE chat_id = $1`, c.chat); err != nil {
+		c.t.Fatal(err)
+	}
+}
+
+// An operator's DELETE of a chat's inbox rows does not stall it: the next
+// message is stored as contiguous (not held behind the deleted rows), the
+// receipt goes on from where it was, a copy of a deleted message (the
+// re-drive's) is a duplicate that gets a receipt, not a new row, and a gap
+// open when the rows were deleted still holds back the receipt until it is
+// filled.
+func TestReceiverKeepsWatermarkWhenInboxRowsAreDeleted(t *testing.T) {
+	t.Parallel()
+	h := chattest.New(t, "")
+	_, _, ic, _ := inboxConsumer(t, h, chat.Workers, quietInbox())
+	c := &historyChat{t: t, h: h, chat: 7, ids: map[int64]string{}}
+
+	c.process(ic, 1, 2, 3)
+	if got := c.lastReceipt(); got != 3 {
+		t.Fatalf("receipt %d, want 3", got)
+	}
+	c.deleteInbox()
+	c.process(ic, 4)
+	if got := c.held(); got != "4:false" {
+		t.Fatalf("after the delete, seq 4 stored %q, want 4:false (contiguous with the deleted 1..3)", got)
+	}
+	if got := c.lastReceipt(); got != 4 {
+		t.Fatalf("after the delete, receipt %d, want 4", got)
+	}
+
+	// A copy of deleted seq 2: not stored again, counted as a duplicate,
+	// answered with a receipt.
+	dups := h.Count(t, `SELECT count(*) FROM workers.inbox_duplicates WHERE message_id = $1`, c.ids[2])
+	c.process(ic, 2)
+	if got := c.held(); got != "4:false" {
+		t.Fatalf("a copy of deleted seq 2 was stored: %q", got)
+	}
+	if n := h.Count(t, `SELECT count(*) FROM workers.inbox_duplicates WHERE message_id = $1`, c.ids[2]); n != dups+1 {
+		t.Fatalf("copy of deleted seq 2: %d duplicate rows, want %d", n, dups+1)
+	}
+	if got := c.lastReceipt(); got != 4 {
+		t.Fatalf("after the copy, receipt %d, want 4", got)
+	}
+
+	// A gap open at the delete (5 and 7 in, 6 missing): everything
+	// deleted, the floor is 5, not 7; 6 then makes it 6, and the re-driven
+	// 7 is stored again and makes it 7.
+	c.process(ic, 5, 7)
+	if got := c.lastReceipt(); got != 5 {
+		t.Fatalf("with 6 missing, receipt %d, want 5", got)
+	}
+	c.deleteInbox()
+	c.process(ic, 6)
+	if got := c.lastReceipt(); got != 6 {
+		t.Fatalf("6 after the delete: receipt %d, want 6", got)
+	}
+	c.process(ic, 7)
+	if got := c.held(); got != "6:false 7:false" {
+		t.Fatalf("after 6 and 7: %q, want 6:false 7:false", got)
+	}
+	if got := c.lastReceipt(); got != 7 {
+		t.Fatalf("after 7 again: receipt %d, want 7", got)
+	}
+
+	// Part of a chat deleted (the oldest rows, as retention does): the
+	// rest goes on as before.
+	c.process(ic, 8, 9)
+	if _, err := h.Admin.Exec(context.Background(), `DELETE FROM workers.inbox WHERE chat_id = $1 AND seq <= 8`, c.chat); err != nil {
+		t.Fatal(err)
+	}
+	c.process(ic, 10)
+	if got := c.held(); got != "9:false 10:false" {
+		t.Fatalf("after a partial delete: %q, want 9:false 10:false", got)
+	}
+	if got := c.lastReceipt(); got != 10 {
+		t.Fatalf("after a partial delete: receipt %d, want 10", got)
+	}
+}
+
+// A message whose (chat, seq) the inbox holds under another message id is
+// dead-lettered with a reason naming the conflict, counted, not stored and
+// not counted as a duplicate, and does not move the receipt; the other
+// messages of its batch are stored.
+func TestSeqConflictIsDeadLetteredWithItsReason(t *testing.T) {
+	t.Parallel()
+	h := chattest.New(t, "")
+	pool := h.RolePool(t, chat.Workers)
+	ih, err := NewInboxHandler(chat.Workers, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var conflicts int
+	ih.Conflict = func() { conflicts++ }
+	src := &reasonSource{}
+	ic, err := inbox.NewConsumer(pool, src, ih, quietInbox())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &historyChat{t: t, h: h, chat: 8, ids: map[int64]string{}}
+	c.process(ic, 1, 2)
+
+	other := c.msgID(2, uuid.NewString())
+	if err := ic.ProcessBatch(context.Background(), []inbox.Delivery{other, c.msg(3)}); err != nil {
+		t.Fatal(err)
+	}
+	reason := src.reasons[other.Ref]
+	if !strings.Contains(reason, "seq conflict") || !strings.Contains(reason, c.ids[2]) {
+		t.Fatalf("conflicting message: dead-letter reason %q, want a seq conflict naming %s (dead letters %v)", reason, c.ids[2], src.deadLetter)
+	}
+	if len(src.deadLetter) != 1 || conflicts != 1 {
+		t.Fatalf("dead letters %v, conflicts counted %d; want the conflicting message only, once", src.deadLetter, conflicts)
+	}
+	if got := c.held(); got != "1:false 2:false 3:false" {
+		t.Fatalf("inbox %q, want 1..3 with seq 2 the first message's", got)
+	}
+	if n := h.Count(t, `SELECT count(*) FROM workers.inbox WHERE message_id = $1`, other.ID); n != 0 {
+		t.Fatal("the conflicting message was stored")
+	}
+	if n := h.Count(t, `SELECT count(*) FROM workers.inbox_duplicates WHERE message_id = $1`, other.ID); n != 0 {
+		t.Fatal("the conflicting message was counted as a duplicate")
+	}
+	if got := c.lastReceipt(); got != 3 {
+		t.Fatalf("receipt %d, want 3", got)
+	}
+}
