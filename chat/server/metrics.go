@@ -337,6 +337,19 @@ func (m *metrics) redriven() func(n int) {
 	return func(n int) { redriven.Add(float64(n)) }
 }
 
+// seqConflicts returns the inbox handler's Conflict hook, counting the
+// messages dead-lettered because their (chat, seq) was already stored
+// under another message id: the sender handed a seq out twice (alert on
+// any increase; see docs/OPERATING.md, retention).
+func (m *metrics) seqConflicts() func() {
+	c := prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "outboxchat_inbox_seq_conflicts_total",
+		Help: "Messages dead-lettered because their (chat, seq) was already stored under another message id.",
+	})
+	m.reg.MustRegister(c)
+	return c.Inc
+}
+
 // statusCacheTTL is the longest a gauge shows a snapshot before a scrape
 // reads a new one: scrapes more often than this cost nothing.
 const statusCacheTTL = 5 * time.Second
