@@ -337,6 +337,20 @@ func (m *metrics) redriven() func(n int) {
 	return func(n int) { redriven.Add(float64(n)) }
 }
 
+// pruned registers outboxchat_history_pruned_rows_total{table} and returns
+// the retention service's hook counting the rows it deleted.
+func (m *metrics) pruned() func(table string, n int64) {
+	c := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "outboxchat_history_pruned_rows_total",
+		Help: "History rows deleted by --history-retention, by table.",
+	}, []string{"table"})
+	for _, t := range store.PruneTables {
+		c.WithLabelValues(t)
+	}
+	m.reg.MustRegister(c)
+	return func(table string, n int64) { c.WithLabelValues(table).Add(float64(n)) }
+}
+
 // seqConflicts returns the inbox handler's Conflict hook, counting the
 // messages dead-lettered because their (chat, seq) was already stored
 // under another message id: the sender handed a seq out twice (alert on
