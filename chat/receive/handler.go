@@ -81,21 +81,23 @@ func NewInboxHandler(service string, keys *auth.EventKeys) (*InboxHandler, error
 		// NOTIFY's CTE is read by the final SELECT, so it runs whenever a row
 		// was inserted.
 		//
-		// Each delivery's (chat, seq) is looked up first (one probe of the
-		// unique index, which the insert would make anyway): taken by
-		// another message id, it is a conflict, returned with the id that
-		// holds the seq and neither stored nor counted as a duplicate (the
-		// handler dead-letters it); free but at or below the chat's floor
-		// (its newest gap fill: every seq up to it has been stored, so a
-		// free one was deleted since, migration 008), it is a delivery of
-		// a message already received and counted as a duplicate.
+		// A delivery at or below the chat's floor (its newest gap fill:
+		// every seq up to it has been stored, migration 008) is not
+		// inserted: its row is there (a duplicate) or was deleted since (a
+		// copy of a message already received, a duplicate too). The others
+		// are inserted with ON CONFLICT DO NOTHING on both keys. Only a
+		// delivery not inserted is then looked up by (chat, seq) (in the
+		// inbox as it was, or among this statement's rows): held by another
+		// message id, it is a conflict, returned with that id and not
+		// counted as a duplicate (the handler dead-letters it); otherwise a
+		// duplicate. So the common path adds no probe per message.
 		//
 		// A row is stored held (behind a gap) unless every seq below it has
 		// been in the inbox: the batch's rows of a chat, in seq order, up to
-		// its first gap, are not held when the first of them is seq 1, is
-		// right above the chat's floor, or its predecessor is stored and
-		// not held (migrations 007, 008). A row held behind a gap that an
-		// earlier or concurrent batch fills is counted by the receipts'
+		// its first gap, are not held when the first of them is seq 1, its
+		// predecessor is stored and not held, or it is right above the
+		// chat's floor (migrations 007, 008). A row held behind a gap that
+		// an earlier or concurrent batch fills is counted by the receipts'
 		// emit (receiptsql.go), which runs next in the transaction.
 		// The probes are scalar subqueries, not EXISTS: a plan cached while
 		// the inbox was empty turned EXISTS into a hashed scan of the
@@ -105,27 +107,26 @@ func NewInboxHandler(service string, keys *auth.EventKeys) (*InboxHandler, error
 			fl AS MATERIALIZED (SELECT y.chat, coalesce((SELECT g.upto FROM ` + s + `.inbox_gap_fills g
 					WHERE g.chat_id = y.chat ORDER BY g.upto DESC LIMIT 1), 0) AS fill
 				FROM (SELECT DISTINCT chat FROM a) y),
-			k AS MATERIALIZED (SELECT a.*, fl.fill, (SELECT t.message_id FROM ` + s + `.inbox t
-					WHERE t.chat_id = a.chat AND t.seq = a.seq) AS taken
-				FROM a JOIN fl USING (chat)),
-			u AS (SELECT id, chat, seq, body, sender, sent_at, author, fill FROM k
-				WHERE k.taken = k.id OR (k.taken IS NULL AND k.seq > k.fill)),
-			f AS (SELECT chat, first, first = 1 OR first - 1 <= fill OR coalesce((SELECT NOT p.held
-					FROM ` + s + `.inbox p WHERE p.chat_id = x.chat AND p.seq = x.first - 1), false) AS base
+			u AS (SELECT a.*, fl.fill FROM a JOIN fl USING (chat) WHERE a.seq > fl.fill),
+			f AS (SELECT chat, first, first = 1 OR coalesce((SELECT NOT p.held
+					FROM ` + s + `.inbox p WHERE p.chat_id = x.chat AND p.seq = x.first - 1), false) OR first - 1 <= fill AS base
 				FROM (SELECT chat, min(seq) AS first, max(fill) AS fill FROM u GROUP BY chat) x),
 			r AS (SELECT u.*, NOT (f.base AND u.seq - f.first = row_number() OVER (PARTITION BY u.chat ORDER BY u.seq) - 1) AS held
 				FROM u JOIN f USING (chat)),
 		ins AS (
 			INSERT INTO ` + s + `.inbox (message_id, chat_id, seq, body, sender, sent_at, author, held)
 			SELECT r.id, r.chat, r.seq, r.body, r.sender, r.sent_at, NULLIF(r.author, ''), r.held FROM r
-			ON CONFLICT (message_id) DO NOTHING RETURNING message_id, chat_id, received_at),
+			ON CONFLICT DO NOTHING RETURNING message_id, chat_id, seq, received_at),
+		k AS MATERIALIZED (SELECT a.id, coalesce((SELECT t.message_id FROM ` + s + `.inbox t WHERE t.chat_id = a.chat AND t.seq = a.seq),
+					(SELECT i.message_id FROM ins i WHERE i.chat_id = a.chat AND i.seq = a.seq)) AS taken
+				FROM a WHERE a.id NOT IN (SELECT message_id FROM ins)),
 		note AS (SELECT pg_notify($7, string_agg(DISTINCT chat_id::text, ',')) AS n FROM ins HAVING count(*) > 0),
 		dup AS (INSERT INTO ` + s + `.inbox_duplicates (message_id)
-			SELECT k.id FROM k WHERE k.id NOT IN (SELECT message_id FROM ins) AND (k.taken IS NULL OR k.taken = k.id)
+			SELECT k.id FROM k WHERE k.taken IS NULL OR k.taken = k.id
 			UNION ALL SELECT u FROM unnest($8::uuid[]) AS u)
 		SELECT message_id::text, received_at, (SELECT count(*) FROM note), '' FROM ins
 		UNION ALL SELECT k.id::text, now(), (SELECT count(*) FROM note), k.taken::text FROM k
-			WHERE k.taken IS NOT NULL AND k.taken <> k.id`,
+			WHERE k.taken <> k.id`,
 	}, nil
 }
 

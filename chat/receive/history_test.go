@@ -210,4 +210,17 @@ func TestSeqConflictIsDeadLetteredWithItsReason(t *testing.T) {
 	if got := c.lastReceipt(); got != 3 {
 		t.Fatalf("receipt %d, want 3", got)
 	}
+
+	// Two message ids at one new seq in one batch: the first is stored,
+	// the second is the conflict.
+	first, second := c.msgID(4, uuid.NewString()), c.msgID(4, uuid.NewString())
+	if err := ic.ProcessBatch(context.Background(), []inbox.Delivery{first, second}); err != nil {
+		t.Fatal(err)
+	}
+	if reason := src.reasons[second.Ref]; !strings.Contains(reason, "seq conflict") || !strings.Contains(reason, first.ID) {
+		t.Fatalf("second message at seq 4: dead-letter reason %q, want a seq conflict naming %s", reason, first.ID)
+	}
+	if conflicts != 2 || h.Count(t, `SELECT count(*) FROM workers.inbox WHERE message_id = $1`, first.ID) != 1 {
+		t.Fatalf("conflicts counted %d, want 2; the first message at seq 4 must be stored", conflicts)
+	}
 }

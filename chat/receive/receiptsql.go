@@ -13,13 +13,15 @@ type receiptQueries struct {
 	// the new rows) and enqueues one receipt listing every chat whose
 	// watermark is above 0 in the service's own outbox (migration 007).
 	//
-	// A chat's stored watermark: the highest of the chat's newest gap fill
-	// (its floor: every seq up to it has been stored, even if rows were
-	// deleted since, migration 008) and its top row (one backward index
-	// descent) when that is not held, or else the highest of the rows
-	// below the top that are not held (a backward scan over the rows held
-	// behind the open gap). A chat whose rows were all deleted keeps its
-	// floor as its watermark. Not one filtered backward scan: a plan cached
+	// A chat's stored watermark: its top row (one backward index descent)
+	// when that is not held, and then it is the watermark; otherwise (held,
+	// or no row) the highest of the rows below it that are not held (a
+	// backward scan over the rows held behind the open gap) and of the
+	// chat's newest gap fill, its floor: every seq up to it has been
+	// stored, even if rows were deleted since (migration 008), so a chat
+	// whose rows were all deleted keeps its watermark. (A top below the
+	// floor, after its newest rows were deleted, gives a receipt below one
+	// already sent: harmless, and the next message is above the floor.) Not one filtered backward scan: a plan cached
 	// while the inbox was empty read the whole chat and sorted it, 30 ms
 	// per batch. The watermark is the stored one plus the run of
 	// consecutive seqs right above it: numbering the rows above it in seq
@@ -55,13 +57,15 @@ func newReceiptQueries(service string) receiptQueries {
 	s := pgx.Identifier{service}.Sanitize()
 	return receiptQueries{
 		emit: `WITH c AS (SELECT DISTINCT unnest($1::bigint[]) AS chat_id),
-			top AS MATERIALIZED (SELECT c.chat_id, t.seq AS top, t.held, COALESCE((SELECT g.upto FROM ` + s + `.inbox_gap_fills g
-					WHERE g.chat_id = c.chat_id ORDER BY g.upto DESC LIMIT 1), 0) AS fill FROM c
+			top AS MATERIALIZED (SELECT c.chat_id, t.seq AS top, t.held FROM c
 				LEFT JOIN LATERAL (SELECT i.seq, i.held FROM ` + s + `.inbox i WHERE i.chat_id = c.chat_id
 					ORDER BY i.chat_id DESC, i.seq DESC LIMIT 1) t ON true),
-			cur AS MATERIALIZED (SELECT top.chat_id, top.held, greatest(top.fill, CASE WHEN top.top IS NULL THEN 0 WHEN NOT top.held THEN top.top
-					ELSE COALESCE((SELECT i.seq FROM ` + s + `.inbox i
-							WHERE i.chat_id = top.chat_id AND i.seq < top.top AND NOT i.held ORDER BY i.seq DESC LIMIT 1), 0) END) AS old
+			cur AS MATERIALIZED (SELECT top.chat_id, top.held, CASE WHEN top.top IS NOT NULL AND NOT top.held THEN top.top
+					ELSE greatest(
+						COALESCE((SELECT i.seq FROM ` + s + `.inbox i
+							WHERE i.chat_id = top.chat_id AND i.seq < top.top AND NOT i.held ORDER BY i.seq DESC LIMIT 1), 0),
+						COALESCE((SELECT g.upto FROM ` + s + `.inbox_gap_fills g
+							WHERE g.chat_id = top.chat_id ORDER BY g.upto DESC LIMIT 1), 0)) END AS old
 				FROM top),
 			calc AS MATERIALIZED (SELECT cur.chat_id, cur.old, CASE WHEN cur.held IS NOT TRUE THEN cur.old ELSE cur.old + (
 				SELECT count(*) FROM (
