@@ -224,3 +224,36 @@ func TestSeqConflictIsDeadLetteredWithItsReason(t *testing.T) {
 		t.Fatalf("conflicts counted %d, want 2; the first message at seq 4 must be stored", conflicts)
 	}
 }
+
+// A receipt above the chat's newest message (the other side holds seqs
+// this side lost, as after a restore) records a seq floor there, so the
+// next send numbers above it; a receipt within the chat's messages
+// records none.
+func TestReceiptAboveMessagesRecordsSeqFloor(t *testing.T) {
+	t.Parallel()
+	h := chattest.New(t, "")
+	ctx := context.Background()
+	_, _, cc, _ := inboxConsumer(t, h, chat.Consumers, quietInbox())
+	if _, err := h.Admin.Exec(ctx, `INSERT INTO consumers.messages (chat_id, seq, body) SELECT 1, g, 'b' FROM generate_series(1, 3) g`); err != nil {
+		t.Fatal(err)
+	}
+	rcpt := func(chats ...chat.ReceiptChat) inbox.Delivery {
+		id := uuid.NewString()
+		p, _ := json.Marshal(map[string]any{"id": id, "chats": chats,
+			"received_at": time.Now().Format(time.RFC3339Nano), "from": chat.Workers})
+		return inbox.Delivery{ID: id, Ref: "r-" + id, Name: chat.EventReceipt, Payload: p}
+	}
+	if err := cc.ProcessBatch(ctx, []inbox.Delivery{rcpt(chat.ReceiptChat{ChatID: 1, UptoSeq: 2}, chat.ReceiptChat{ChatID: 2, UptoSeq: 5})}); err != nil {
+		t.Fatal(err)
+	}
+	if err := cc.ProcessBatch(ctx, []inbox.Delivery{rcpt(chat.ReceiptChat{ChatID: 1, UptoSeq: 6})}); err != nil {
+		t.Fatal(err)
+	}
+	var got string
+	if err := h.Admin.QueryRow(ctx, `SELECT coalesce(string_agg(chat_id || ':' || seq, ' ' ORDER BY chat_id, seq), '') FROM consumers.seq_floors`).Scan(&got); err != nil {
+		t.Fatal(err)
+	}
+	if got != "1:6 2:5" {
+		t.Fatalf("seq floors %q, want 1:6 2:5 (none for the receipt up to 2 of chat 1's 3 messages)", got)
+	}
+}

@@ -47,7 +47,11 @@ type receiptQueries struct {
 	// the UPDATE of delivered_at on every covered message that this
 	// replaced made each message a second row version and a set of index
 	// entries, and its cost grew while a session held back the xmin
-	// horizon (migration 007). Inserts go in chat_id
+	// horizon (migration 007). A receipt that advances a chat above its
+	// newest message (the other side holds seqs this side no longer has,
+	// e.g. after a restore) also records a seq floor there, so the next
+	// send numbers above it (migration 008; one backward index step per
+	// chat advanced, none per send). Inserts go in chat_id
 	// order, so two inbox consumers cannot deadlock on them; ON CONFLICT:
 	// another consumer inserted the same row first.
 	apply string
@@ -92,6 +96,11 @@ func newReceiptQueries(service string) receiptQueries {
 				ORDER BY r.chat_id
 				ON CONFLICT DO NOTHING
 				RETURNING chat_id),
+			fl AS (INSERT INTO ` + s + `.seq_floors (chat_id, seq)
+				SELECT r.chat_id, r.upto FROM r JOIN ins USING (chat_id)
+				WHERE r.upto > coalesce((SELECT max(m.seq) FROM ` + s + `.messages m WHERE m.chat_id = r.chat_id), 0)
+				ORDER BY r.chat_id
+				ON CONFLICT DO NOTHING),
 			note AS (SELECT pg_notify($4, string_agg(r.chat_id || ':' || r.upto || ':' ||
 					(extract(epoch FROM r.at) * 1000000)::bigint, ','))
 				FROM r JOIN ins USING (chat_id) HAVING count(*) > 0)

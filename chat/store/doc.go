@@ -7,9 +7,9 @@
 // gaps, in commit order, and a seq is never handed out twice, whatever
 // deletes rows (retention, Prune, an operator's DELETE). A send takes the
 // chat's transaction advisory lock (schema.ChatLockSQL), reads the chat's
-// last seq (backward index steps: its newest row, the newest seq floor a
-// DELETE recorded, its newest receipt) and inserts at the next; no row is
-// updated. Concurrent sends are
+// last seq (backward index steps: its newest row, and the newest seq floor
+// that a DELETE, or a receipt above its rows, recorded) and inserts at the
+// next; no row is updated. Concurrent sends are
 // group-committed (batch.go): one committer takes every queued send into
 // one transaction; a chat whose lock another session holds waits in a slow
 // lane, at most the lock timeout, without holding back the other chats.

@@ -13,10 +13,12 @@
 -- reading the statement's transition table: nothing is done per insert,
 -- and one row per chat per DELETE statement.
 
--- Sender: "chat_id's messages up to seq were deleted", so the next seq is
--- above it. Only inserted into (by the trigger); the send's last-seq read
--- takes the greatest of max(seq), the newest floor (a backward step of the
--- primary key) and the newest receipt's upto_seq.
+-- Sender: "chat_id's seqs up to seq are taken", so the next seq is above
+-- it. Only inserted into: by the trigger (the messages up to seq were
+-- deleted), and by a receipt whose upto_seq is above the chat's newest
+-- message (the other side holds seqs this side lost, e.g. to a restore).
+-- The send's last-seq read takes the greater of max(seq) and the newest
+-- floor (a backward step of the primary key).
 CREATE TABLE seq_floors (
   chat_id bigint NOT NULL,
   seq     bigint NOT NULL,
