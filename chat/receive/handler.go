@@ -12,6 +12,7 @@ import (
 	"github.com/outboxchat/outboxchat/chat/schema"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outboxchat/outboxchat/inbox"
 )
@@ -30,12 +31,6 @@ type InboxHandler struct {
 	// keys, when set, check every delivery's signature before anything
 	// else (EventKeys.Verify on the inbound queue).
 	keys *auth.EventKeys
-
-	// Conflict, when set, is called once per message dead-lettered
-	// because its (chat, seq) is already stored under another message id
-	// (ErrSeqConflict), from the goroutine applying the batch. Set it
-	// before the handler's first use.
-	Conflict func()
 }
 
 // ErrSeqConflict is wrapped (with inbox.ErrMalformed, so it is
@@ -43,7 +38,8 @@ type InboxHandler struct {
 // inbox already holds under another message id: the sender handed that seq
 // out twice (a restore or failover that lost its rows and floors). Storing
 // it is impossible and marking it received would be a false receipt, so
-// its dead letter's reason says which message holds the seq.
+// its dead letter's reason starts with "seq conflict" and says which
+// (chat, seq), and which message holds it when the handler knows.
 var ErrSeqConflict = errors.New("seq conflict")
 
 // NewInboxHandler returns the handler for service's inbox; it NOTIFYs the
@@ -84,13 +80,17 @@ func NewInboxHandler(service string, keys *auth.EventKeys) (*InboxHandler, error
 		// A delivery at or below the chat's floor (its newest gap fill:
 		// every seq up to it has been stored, migration 008) is not
 		// inserted: its row is there (a duplicate) or was deleted since (a
-		// copy of a message already received, a duplicate too). The others
-		// are inserted with ON CONFLICT DO NOTHING on both keys. Only a
-		// delivery not inserted is then looked up by (chat, seq) (in the
-		// inbox as it was, or among this statement's rows): held by another
-		// message id, it is a conflict, returned with that id and not
-		// counted as a duplicate (the handler dead-letters it); otherwise a
-		// duplicate. So the common path adds no probe per message.
+		// copy of a message already received, a duplicate too). Only a
+		// delivery not inserted is then looked up by (chat, seq): held by
+		// another message id, it is a conflict, returned with that id and
+		// not counted as a duplicate (the handler dead-letters it);
+		// otherwise a duplicate. A conflict above the floor fails the
+		// insert on UNIQUE (chat_id, seq) instead (23505, mapped to
+		// ErrSeqConflict; the consumer then retries the batch one delivery
+		// at a time and dead-letters that one): ON CONFLICT on that key as
+		// well would make each insert probe both unique indexes first,
+		// measured as the costliest part of this check. So the common path
+		// adds no probe per message.
 		//
 		// A row is stored held (behind a gap) unless every seq below it has
 		// been in the inbox: the batch's rows of a chat, in seq order, up to
@@ -116,9 +116,8 @@ func NewInboxHandler(service string, keys *auth.EventKeys) (*InboxHandler, error
 		ins AS (
 			INSERT INTO ` + s + `.inbox (message_id, chat_id, seq, body, sender, sent_at, author, held)
 			SELECT r.id, r.chat, r.seq, r.body, r.sender, r.sent_at, NULLIF(r.author, ''), r.held FROM r
-			ON CONFLICT DO NOTHING RETURNING message_id, chat_id, seq, received_at),
-		k AS MATERIALIZED (SELECT a.id, coalesce((SELECT t.message_id FROM ` + s + `.inbox t WHERE t.chat_id = a.chat AND t.seq = a.seq),
-					(SELECT i.message_id FROM ins i WHERE i.chat_id = a.chat AND i.seq = a.seq)) AS taken
+			ON CONFLICT (message_id) DO NOTHING RETURNING message_id, chat_id, received_at),
+		k AS MATERIALIZED (SELECT a.id, (SELECT t.message_id FROM ` + s + `.inbox t WHERE t.chat_id = a.chat AND t.seq = a.seq) AS taken
 				FROM a WHERE a.id NOT IN (SELECT message_id FROM ins)),
 		note AS (SELECT pg_notify($7, string_agg(DISTINCT chat_id::text, ',')) AS n FROM ins HAVING count(*) > 0),
 		dup AS (INSERT INTO ` + s + `.inbox_duplicates (message_id)
@@ -288,9 +287,6 @@ func (h *InboxHandler) QueueBatch(b *pgx.Batch, ds []inbox.Delivery, rs []inbox.
 				m := msgs[i]
 				rs[i].Err = fmt.Errorf("%w: %w: chat %d seq %d is already stored under message %s, not %s",
 					inbox.ErrMalformed, ErrSeqConflict, m.ChatID, m.Seq, taken, m.ID)
-				if h.Conflict != nil {
-					h.Conflict()
-				}
 				continue
 			}
 			if i, ok := first[id]; ok {
@@ -300,6 +296,10 @@ func (h *InboxHandler) QueueBatch(b *pgx.Batch, ds []inbox.Delivery, rs []inbox.
 			}
 		}
 		if err := rows.Err(); err != nil {
+			var pgErr *pgconn.PgError
+			if errors.As(err, &pgErr) && pgErr.Code == "23505" && pgErr.ConstraintName == "inbox_chat_id_seq_key" {
+				return fmt.Errorf("%w: %w: (chat, seq) already stored under another message id: %s", inbox.ErrMalformed, ErrSeqConflict, pgErr.Detail)
+			}
 			return fmt.Errorf("insert inbox batch: %w", err)
 		}
 		return nil

@@ -166,9 +166,11 @@ func TestReceiverKeepsWatermarkWhenInboxRowsAreDeleted(t *testing.T) {
 }
 
 // A message whose (chat, seq) the inbox holds under another message id is
-// dead-lettered with a reason naming the conflict, counted, not stored and
-// not counted as a duplicate, and does not move the receipt; the other
-// messages of its batch are stored.
+// dead-lettered with a reason that says so, not stored and not counted as
+// a duplicate, and does not move the receipt; the other messages of its
+// batch are stored. Above the chat's floor (the insert's unique key finds
+// it), at or below it (looked up: the reason names the message holding
+// the seq), and two ids at one seq in one batch.
 func TestSeqConflictIsDeadLetteredWithItsReason(t *testing.T) {
 	t.Parallel()
 	h := chattest.New(t, "")
@@ -177,51 +179,66 @@ func TestSeqConflictIsDeadLetteredWithItsReason(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var conflicts int
-	ih.Conflict = func() { conflicts++ }
 	src := &reasonSource{}
 	ic, err := inbox.NewConsumer(pool, src, ih, quietInbox())
 	if err != nil {
 		t.Fatal(err)
 	}
 	c := &historyChat{t: t, h: h, chat: 8, ids: map[int64]string{}}
+	conflict := func(d inbox.Delivery, want ...string) {
+		t.Helper()
+		reason := src.reasons[d.Ref]
+		for _, w := range append(want, "seq conflict:") {
+			if !strings.Contains(reason, w) {
+				t.Fatalf("message %s at seq %s: dead-letter reason %q, want it to contain %q (dead letters %v)", d.ID, want, reason, w, src.deadLetter)
+			}
+		}
+		if n := h.Count(t, `SELECT count(*) FROM workers.inbox WHERE message_id = $1`, d.ID); n != 0 {
+			t.Fatal("the conflicting message was stored")
+		}
+		if n := h.Count(t, `SELECT count(*) FROM workers.inbox_duplicates WHERE message_id = $1`, d.ID); n != 0 {
+			t.Fatal("the conflicting message was counted as a duplicate")
+		}
+	}
 	c.process(ic, 1, 2)
 
 	other := c.msgID(2, uuid.NewString())
 	if err := ic.ProcessBatch(context.Background(), []inbox.Delivery{other, c.msg(3)}); err != nil {
 		t.Fatal(err)
 	}
-	reason := src.reasons[other.Ref]
-	if !strings.Contains(reason, "seq conflict") || !strings.Contains(reason, c.ids[2]) {
-		t.Fatalf("conflicting message: dead-letter reason %q, want a seq conflict naming %s (dead letters %v)", reason, c.ids[2], src.deadLetter)
-	}
-	if len(src.deadLetter) != 1 || conflicts != 1 {
-		t.Fatalf("dead letters %v, conflicts counted %d; want the conflicting message only, once", src.deadLetter, conflicts)
-	}
+	conflict(other, "(8, 2)")
 	if got := c.held(); got != "1:false 2:false 3:false" {
 		t.Fatalf("inbox %q, want 1..3 with seq 2 the first message's", got)
-	}
-	if n := h.Count(t, `SELECT count(*) FROM workers.inbox WHERE message_id = $1`, other.ID); n != 0 {
-		t.Fatal("the conflicting message was stored")
-	}
-	if n := h.Count(t, `SELECT count(*) FROM workers.inbox_duplicates WHERE message_id = $1`, other.ID); n != 0 {
-		t.Fatal("the conflicting message was counted as a duplicate")
 	}
 	if got := c.lastReceipt(); got != 3 {
 		t.Fatalf("receipt %d, want 3", got)
 	}
 
+	// At or below the floor: 5 held behind 4, then 4 fills the gap (a
+	// gap fill up to 5); another message at 5.
+	c.process(ic, 5)
+	c.process(ic, 4)
+	below := c.msgID(5, uuid.NewString())
+	if err := ic.ProcessBatch(context.Background(), []inbox.Delivery{below, c.msg(6)}); err != nil {
+		t.Fatal(err)
+	}
+	conflict(below, "chat 8 seq 5", c.ids[5])
+
 	// Two message ids at one new seq in one batch: the first is stored,
 	// the second is the conflict.
-	first, second := c.msgID(4, uuid.NewString()), c.msgID(4, uuid.NewString())
+	first, second := c.msgID(7, uuid.NewString()), c.msgID(7, uuid.NewString())
 	if err := ic.ProcessBatch(context.Background(), []inbox.Delivery{first, second}); err != nil {
 		t.Fatal(err)
 	}
-	if reason := src.reasons[second.Ref]; !strings.Contains(reason, "seq conflict") || !strings.Contains(reason, first.ID) {
-		t.Fatalf("second message at seq 4: dead-letter reason %q, want a seq conflict naming %s", reason, first.ID)
+	conflict(second, "(8, 7)")
+	if h.Count(t, `SELECT count(*) FROM workers.inbox WHERE message_id = $1`, first.ID) != 1 {
+		t.Fatal("the first message at seq 7 was not stored")
 	}
-	if conflicts != 2 || h.Count(t, `SELECT count(*) FROM workers.inbox WHERE message_id = $1`, first.ID) != 1 {
-		t.Fatalf("conflicts counted %d, want 2; the first message at seq 4 must be stored", conflicts)
+	if len(src.deadLetter) != 3 {
+		t.Fatalf("dead letters %v, want the three conflicting messages", src.deadLetter)
+	}
+	if got := c.lastReceipt(); got != 7 {
+		t.Fatalf("receipt %d, want 7", got)
 	}
 }
 

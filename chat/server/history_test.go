@@ -2,9 +2,13 @@ package server
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/google/uuid"
 
 	"github.com/outboxchat/outboxchat/chat"
 	"github.com/outboxchat/outboxchat/chat/internal/chattest"
@@ -88,5 +92,24 @@ func TestHandDeletedHistoryKeepsChatsFlowing(t *testing.T) {
 	dead := qi.DeadLetters
 	if dead != 0 {
 		t.Fatalf("%d dead letters, want none", dead)
+	}
+
+	// A message at a seq the receiver already holds, under another id (a
+	// sender that lost its rows and floors): dead-lettered and counted.
+	pub, err := redisq.NewPublisher(rdb, &redisq.PublisherConfig{Queue: chat.QueueName(chat.Consumers), Prefix: h.Prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := uuid.NewString()
+	payload, _ := json.Marshal(chat.Message{ID: id, ChatID: 21, Seq: 5, Body: "again", SentAt: time.Now(), From: chat.Consumers})
+	if _, err := pub.Add(ctx, redisq.Job{ID: id, Name: chat.EventMessageCreated, Payload: payload}); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, 20*time.Second, "the conflicting message dead-lettered and counted", func() bool {
+		m, err := chattest.Get(work.base + "/metrics")
+		return err == nil && strings.Contains(m, "outboxchat_inbox_seq_conflicts_total 1")
+	})
+	if n := h.Count(t, `SELECT count(*) FROM workers.inbox WHERE message_id = $1`, id); n != 0 {
+		t.Fatal("the conflicting message was stored")
 	}
 }

@@ -49,7 +49,6 @@ func (p *process) buildWorker() error {
 	if err != nil {
 		return err
 	}
-	h.Conflict = p.m.seqConflicts()
 	qc, err := redisq.NewConsumer(p.rdb, &redisq.ConsumerConfig{
 		Queue: chat.QueueName(chat.Peer(c.Service)), Prefix: c.RedisPrefix, Group: c.Service,
 		Consumer: c.Worker.ConsumerName, LockDuration: c.LockDuration, Logger: p.log, DeadLetterMax: c.Worker.DeadLetterMax,
