@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
@@ -23,15 +24,7 @@ func TestRetentionPrunesAndChatsKeepFlowing(t *testing.T) {
 	h, cons, work := startBoth(t)
 	ctx := context.Background()
 	const chatID = 31
-	w := chattest.Watch(t, work.base, chatID)
-	for i := 1; i <= 3; i++ {
-		chattest.Send(t, cons.base, chatID, fmt.Sprint("old ", i))
-	}
-	w.WaitSeqs(t, chat.Consumers, 3, 20*time.Second)
-	delivered := func() int {
-		return h.Count(t, `SELECT coalesce(max(upto_seq), 0) FROM consumers.receipts WHERE chat_id = $1`, chatID)
-	}
-	testenv.WaitFor(t, 20*time.Second, "receipt up to 3", func() bool { return delivered() == 3 })
+	f := newFlow(t, h, cons, work, chatID, 3)
 	receipts := h.Count(t, `SELECT count(*) FROM consumers.receipts WHERE chat_id = $1`, chatID)
 	// Two days old, as the history a retention of one day prunes.
 	if _, err := h.Admin.Exec(ctx, `
@@ -57,13 +50,7 @@ func TestRetentionPrunesAndChatsKeepFlowing(t *testing.T) {
 	if metric["consumers.messages"] != 3 || metric["consumers.receipts"] != int64(receipts-1) || metric["workers.inbox"] != 3 {
 		t.Fatalf("deleted %v; want consumers' 3 messages and %d receipts (all but the newest), workers' 3 inbox rows", metric, receipts-1)
 	}
-	for i := 4; i <= 5; i++ {
-		if m := chattest.Send(t, cons.base, chatID, fmt.Sprint("new ", i)); m.Seq != int64(i) {
-			t.Fatalf("after the prune: seq %d, want %d", m.Seq, i)
-		}
-	}
-	w.WaitSeqs(t, chat.Consumers, 5, 20*time.Second)
-	testenv.WaitFor(t, 20*time.Second, "receipt up to 5 after the prune", func() bool { return delivered() == 5 })
+	f.send(4, 5)
 }
 
 // Prune never deletes what is still needed: a message no receipt covers
@@ -119,5 +106,27 @@ func TestPruneKeepsWhatSeqAndReceiptsNeed(t *testing.T) {
 		if s != c.want {
 			t.Errorf("%s: %q, want %q", c.sql, s, c.want)
 		}
+	}
+}
+
+// serve --history-retention: the relay role prunes at start and counts the
+// rows by table in outboxchat_history_pruned_rows_total.
+func TestServeRunsRetention(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, "")
+	if _, err := h.Admin.Exec(context.Background(), `
+		INSERT INTO consumers.messages (chat_id, seq, body, created_at)
+			SELECT 1, g, 'b', now() - interval '3 days' FROM generate_series(1, 3) g;
+		INSERT INTO consumers.receipts (chat_id, upto_seq, delivered_at) VALUES (1, 3, now() - interval '3 days')`); err != nil {
+		t.Fatal(err)
+	}
+	cons := h.start(chat.Consumers, func(c *Config) { c.Relay.HistoryRetention = 24 * time.Hour })
+	testenv.WaitFor(t, 20*time.Second, "3 messages pruned and counted", func() bool {
+		m, err := chattest.Get(cons.base + "/metrics")
+		return err == nil && strings.Contains(m, `outboxchat_history_pruned_rows_total{table="messages"} 3`) &&
+			strings.Contains(m, `outboxchat_history_pruned_rows_total{table="receipts"} 0`)
+	})
+	if n := h.Count(t, `SELECT count(*) FROM consumers.messages`); n != 0 {
+		t.Fatalf("%d messages left, want 0", n)
 	}
 }

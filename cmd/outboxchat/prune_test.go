@@ -9,7 +9,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxchat/outboxchat/chat"
-	"github.com/outboxchat/outboxchat/chat/schema"
 	"github.com/outboxchat/outboxchat/internal/testenv"
 )
 
@@ -24,11 +23,9 @@ func TestPruneCommand(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer admin.Close()
+	db := []string{"--database-url", dbURL}
 	for _, s := range []string{chat.Consumers, chat.Workers} {
-		if err := schema.Bootstrap(ctx, admin, s); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := schema.Migrate(ctx, admin, s); err != nil {
+		if _, err := runCmd(t, append([]string{"migrate", "--service", s}, db...)...); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -38,7 +35,6 @@ func TestPruneCommand(t *testing.T) {
 		INSERT INTO consumers.receipts (chat_id, upto_seq, delivered_at) VALUES (1, 3, now() - interval '2 days')`); err != nil {
 		t.Fatal(err)
 	}
-	db := []string{"--database-url", dbURL}
 	out, err := runCmd(t, append([]string{"prune", "--service", "consumers", "--older-than", "24h", "--json"}, db...)...)
 	if err != nil {
 		t.Fatal(err)
