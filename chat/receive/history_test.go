@@ -163,6 +163,18 @@ func TestReceiverKeepsWatermarkWhenInboxRowsAreDeleted(t *testing.T) {
 	if got := c.lastReceipt(); got != 10 {
 		t.Fatalf("after a partial delete: receipt %d, want 10", got)
 	}
+
+	// TRUNCATE (no DELETE trigger fires) keeps the floor too.
+	if _, err := h.Admin.Exec(context.Background(), `TRUNCATE workers.inbox`); err != nil {
+		t.Fatal(err)
+	}
+	c.process(ic, 11)
+	if got := c.held(); got != "11:false" {
+		t.Fatalf("after TRUNCATE: %q, want 11:false", got)
+	}
+	if got := c.lastReceipt(); got != 11 {
+		t.Fatalf("after TRUNCATE: receipt %d, want 11", got)
+	}
 }
 
 // A message whose (chat, seq) the inbox holds under another message id is

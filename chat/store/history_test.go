@@ -13,7 +13,8 @@ import (
 
 // A chat's seq never goes backwards whatever deletes its messages: an
 // operator's DELETE of all of a chat's rows, with its receipts deleted too
-// or kept, of its newest rows only, or of every chat's rows at once; the
+// or kept, of its newest rows only, of every chat's rows at once, or a
+// TRUNCATE; the
 // group-commit path and the v1 dual writer's alike. A floor above the
 // chat's rows (recorded by a receipt for seqs this side lost) moves the
 // next seq above it too.
@@ -87,6 +88,11 @@ func TestSeqNeverGoesBackwardsAfterDeletes(t *testing.T) {
 	exec(`INSERT INTO consumers.seq_floors (chat_id, seq) VALUES (4, 7)`)
 	if got := send(4); got != 8 {
 		t.Fatalf("chat 4 with a floor at 7: seq %d, want 8", got)
+	}
+	// TRUNCATE (no DELETE trigger fires) records the floors too.
+	exec(`TRUNCATE consumers.messages`)
+	if got := send(4); got != 9 {
+		t.Fatalf("chat 4 after TRUNCATE: seq %d, want 9", got)
 	}
 }
 
