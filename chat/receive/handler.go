@@ -36,10 +36,11 @@ type InboxHandler struct {
 // ErrSeqConflict is wrapped (with inbox.ErrMalformed, so it is
 // dead-lettered at once) by the result of a message whose (chat, seq) the
 // inbox already holds under another message id: the sender handed that seq
-// out twice (a restore or failover that lost its rows and floors). Storing
-// it is impossible and marking it received would be a false receipt, so
-// its dead letter's reason starts with "seq conflict" and says which
-// (chat, seq), and which message holds it when the handler knows.
+// out twice (a restore or failover that lost its rows and floors). It
+// cannot be stored and is not a duplicate, so it is dead-lettered, with a
+// reason that starts with "seq conflict" and says which (chat, seq), and
+// which message holds it when the handler knows. (Receipts are cumulative
+// by seq: one covering that seq still tells the sender it was delivered.)
 var ErrSeqConflict = errors.New("seq conflict")
 
 // NewInboxHandler returns the handler for service's inbox; it NOTIFYs the
