@@ -84,10 +84,14 @@ func (c *historyChat) held() string {
 	return s
 }
 
-func (c *historyChat) deleteInbox() {
+// expect checks the chat's inbox rows (seq:held) and newest receipt.
+func (c *historyChat) expect(when, held string, receipt int) {
 	c.t.Helper()
-	if _, err := c.h.Admin.Exec(context.Background(), `DELETE FROM workers.inbox WHERE chat_id = $1`, c.chat); err != nil {
-		c.t.Fatal(err)
+	if got := c.held(); got != held {
+		c.t.Fatalf("%s: inbox %q, want %q", when, got, held)
+	}
+	if got := c.lastReceipt(); got != receipt {
+		c.t.Fatalf("%s: receipt %d, want %d", when, got, receipt)
 	}
 }
 
@@ -103,78 +107,51 @@ func TestReceiverKeepsWatermarkWhenInboxRowsAreDeleted(t *testing.T) {
 	_, _, ic, _ := inboxConsumer(t, h, chat.Workers, quietInbox())
 	c := &historyChat{t: t, h: h, chat: 7, ids: map[int64]string{}}
 
+	exec := func(sql string) {
+		t.Helper()
+		if _, err := h.Admin.Exec(context.Background(), strings.ReplaceAll(sql, "$1", fmt.Sprint(c.chat))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	deleteAll := `DELETE FROM workers.inbox WHERE chat_id = $1`
+
 	c.process(ic, 1, 2, 3)
-	if got := c.lastReceipt(); got != 3 {
-		t.Fatalf("receipt %d, want 3", got)
-	}
-	c.deleteInbox()
+	c.expect("1..3", "1:false 2:false 3:false", 3)
+	exec(deleteAll)
 	c.process(ic, 4)
-	if got := c.held(); got != "4:false" {
-		t.Fatalf("after the delete, seq 4 stored %q, want 4:false (contiguous with the deleted 1..3)", got)
-	}
-	if got := c.lastReceipt(); got != 4 {
-		t.Fatalf("after the delete, receipt %d, want 4", got)
-	}
+	c.expect("4 after deleting 1..3", "4:false", 4)
 
 	// A copy of deleted seq 2: not stored again, counted as a duplicate,
 	// answered with a receipt.
 	dups := h.Count(t, `SELECT count(*) FROM workers.inbox_duplicates WHERE message_id = $1`, c.ids[2])
 	c.process(ic, 2)
-	if got := c.held(); got != "4:false" {
-		t.Fatalf("a copy of deleted seq 2 was stored: %q", got)
-	}
+	c.expect("a copy of deleted 2", "4:false", 4)
 	if n := h.Count(t, `SELECT count(*) FROM workers.inbox_duplicates WHERE message_id = $1`, c.ids[2]); n != dups+1 {
 		t.Fatalf("copy of deleted seq 2: %d duplicate rows, want %d", n, dups+1)
-	}
-	if got := c.lastReceipt(); got != 4 {
-		t.Fatalf("after the copy, receipt %d, want 4", got)
 	}
 
 	// A gap open at the delete (5 and 7 in, 6 missing): everything
 	// deleted, the floor is 5, not 7; 6 then makes it 6, and the re-driven
 	// 7 is stored again and makes it 7.
 	c.process(ic, 5, 7)
-	if got := c.lastReceipt(); got != 5 {
-		t.Fatalf("with 6 missing, receipt %d, want 5", got)
-	}
-	c.deleteInbox()
+	c.expect("5 and 7", "4:false 5:false 7:true", 5)
+	exec(deleteAll)
 	c.process(ic, 6)
-	if got := c.lastReceipt(); got != 6 {
-		t.Fatalf("6 after the delete: receipt %d, want 6", got)
-	}
+	c.expect("6 after the delete", "6:false", 6)
 	c.process(ic, 7)
-	if got := c.held(); got != "6:false 7:false" {
-		t.Fatalf("after 6 and 7: %q, want 6:false 7:false", got)
-	}
-	if got := c.lastReceipt(); got != 7 {
-		t.Fatalf("after 7 again: receipt %d, want 7", got)
-	}
+	c.expect("7 again", "6:false 7:false", 7)
 
 	// Part of a chat deleted (the oldest rows, as retention does): the
 	// rest goes on as before.
 	c.process(ic, 8, 9)
-	if _, err := h.Admin.Exec(context.Background(), `DELETE FROM workers.inbox WHERE chat_id = $1 AND seq <= 8`, c.chat); err != nil {
-		t.Fatal(err)
-	}
+	exec(`DELETE FROM workers.inbox WHERE chat_id = $1 AND seq <= 8`)
 	c.process(ic, 10)
-	if got := c.held(); got != "9:false 10:false" {
-		t.Fatalf("after a partial delete: %q, want 9:false 10:false", got)
-	}
-	if got := c.lastReceipt(); got != 10 {
-		t.Fatalf("after a partial delete: receipt %d, want 10", got)
-	}
+	c.expect("10 after a partial delete", "9:false 10:false", 10)
 
 	// TRUNCATE (no DELETE trigger fires) keeps the floor too.
-	if _, err := h.Admin.Exec(context.Background(), `TRUNCATE workers.inbox`); err != nil {
-		t.Fatal(err)
-	}
+	exec(`TRUNCATE workers.inbox`)
 	c.process(ic, 11)
-	if got := c.held(); got != "11:false" {
-		t.Fatalf("after TRUNCATE: %q, want 11:false", got)
-	}
-	if got := c.lastReceipt(); got != 11 {
-		t.Fatalf("after TRUNCATE: receipt %d, want 11", got)
-	}
+	c.expect("11 after TRUNCATE", "11:false", 11)
 }
 
 // A message whose (chat, seq) the inbox holds under another message id is

@@ -26,33 +26,24 @@ CREATE TABLE seq_floors (
 );
 
 -- SET search_path FROM CURRENT: the function is created in (and reads) the
--- schema the migration runs in, whatever the deleting session's path.
+-- schema the migration runs in, whatever the deleting session's path. A
+-- TRUNCATE fires no DELETE trigger: before one, the same function reads the
+-- whole table instead of the transition table (one pass over what the
+-- TRUNCATE is about to drop).
 CREATE FUNCTION record_seq_floor() RETURNS trigger LANGUAGE plpgsql
   SET search_path FROM CURRENT AS $$
 BEGIN
-  INSERT INTO seq_floors (chat_id, seq)
-    SELECT g.chat_id, max(g.seq) FROM gone g GROUP BY g.chat_id
-    ON CONFLICT DO NOTHING;
+  EXECUTE format('INSERT INTO seq_floors (chat_id, seq)
+    SELECT g.chat_id, max(g.seq) FROM %I g GROUP BY g.chat_id
+    ON CONFLICT DO NOTHING', CASE WHEN TG_OP = 'TRUNCATE' THEN TG_TABLE_NAME ELSE 'gone' END);
   RETURN NULL;
 END $$;
 
 CREATE TRIGGER messages_seq_floor AFTER DELETE ON messages
   REFERENCING OLD TABLE AS gone
   FOR EACH STATEMENT EXECUTE FUNCTION record_seq_floor();
-
--- TRUNCATE fires no DELETE trigger: before one, the same floors from the
--- whole table (one pass over it, as the TRUNCATE is about to drop it all).
-CREATE FUNCTION record_seq_floors_all() RETURNS trigger LANGUAGE plpgsql
-  SET search_path FROM CURRENT AS $$
-BEGIN
-  INSERT INTO seq_floors (chat_id, seq)
-    SELECT m.chat_id, max(m.seq) FROM messages m GROUP BY m.chat_id
-    ON CONFLICT DO NOTHING;
-  RETURN NULL;
-END $$;
-
 CREATE TRIGGER messages_seq_floor_truncate BEFORE TRUNCATE ON messages
-  FOR EACH STATEMENT EXECUTE FUNCTION record_seq_floors_all();
+  FOR EACH STATEMENT EXECUTE FUNCTION record_seq_floor();
 
 -- Receiver: a deleted inbox row that had every seq below it in the inbox
 -- (not held, or held at or below the chat's newest gap fill) proves seqs
@@ -67,32 +58,18 @@ CREATE TRIGGER messages_seq_floor_truncate BEFORE TRUNCATE ON messages
 CREATE FUNCTION record_inbox_floor() RETURNS trigger LANGUAGE plpgsql
   SET search_path FROM CURRENT AS $$
 BEGIN
-  INSERT INTO inbox_gap_fills (chat_id, upto)
-    SELECT g.chat_id, max(g.seq) FROM gone g
+  EXECUTE format('INSERT INTO inbox_gap_fills (chat_id, upto)
+    SELECT g.chat_id, max(g.seq) FROM %I g
     WHERE NOT g.held OR g.seq <= coalesce((SELECT f.upto FROM inbox_gap_fills f
       WHERE f.chat_id = g.chat_id ORDER BY f.upto DESC LIMIT 1), 0)
     GROUP BY g.chat_id
     ORDER BY g.chat_id
-    ON CONFLICT DO NOTHING;
+    ON CONFLICT DO NOTHING', CASE WHEN TG_OP = 'TRUNCATE' THEN TG_TABLE_NAME ELSE 'gone' END);
   RETURN NULL;
 END $$;
 
 CREATE TRIGGER inbox_floor AFTER DELETE ON inbox
   REFERENCING OLD TABLE AS gone
   FOR EACH STATEMENT EXECUTE FUNCTION record_inbox_floor();
-
-CREATE FUNCTION record_inbox_floors_all() RETURNS trigger LANGUAGE plpgsql
-  SET search_path FROM CURRENT AS $$
-BEGIN
-  INSERT INTO inbox_gap_fills (chat_id, upto)
-    SELECT g.chat_id, max(g.seq) FROM inbox g
-    WHERE NOT g.held OR g.seq <= coalesce((SELECT f.upto FROM inbox_gap_fills f
-      WHERE f.chat_id = g.chat_id ORDER BY f.upto DESC LIMIT 1), 0)
-    GROUP BY g.chat_id
-    ORDER BY g.chat_id
-    ON CONFLICT DO NOTHING;
-  RETURN NULL;
-END $$;
-
 CREATE TRIGGER inbox_floor_truncate BEFORE TRUNCATE ON inbox
-  FOR EACH STATEMENT EXECUTE FUNCTION record_inbox_floors_all();
+  FOR EACH STATEMENT EXECUTE FUNCTION record_inbox_floor();
