@@ -68,7 +68,11 @@ var ErrInvalidPrune = errors.New("invalid prune")
 //   - inbox_duplicates: by seen_at.
 //
 // Each picks at most $2 rows and deletes them by key; messages go before
-// receipts, so a message that stays keeps the receipt that dates it.
+// receipts, so a message that stays keeps the receipt that dates it. No
+// table has an index on its time (one would cost every insert): a pick
+// scans from the start of the table, where the oldest rows are, and stops
+// at $2 matches, each with one index probe of the chat's newest receipt or
+// gap fill.
 func pruneStatements(s string) map[string]string {
 	return map[string]string{
 		"messages": `DELETE FROM ` + s + `.messages WHERE id IN (SELECT m.id FROM ` + s + `.messages m
