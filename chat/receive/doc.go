@@ -6,8 +6,11 @@
 // the service's receipts table; Redriver publishes again the messages no
 // receipt came back for in time.
 //
-// Invariants: no receipt claims a seq the receiver lacks (a receipt covers
-// a chat only up to its highest inbox row not stored behind a gap); every
+// Invariants: no receipt claims a seq the receiver never stored (a receipt
+// covers a chat only up to its highest inbox row not stored behind a gap,
+// or the floor a DELETE of its rows recorded, so deleted rows neither hold
+// a chat back nor let a seq in twice; a seq already stored under another
+// message id is dead-lettered as ErrSeqConflict, never stored); every
 // message gets a receipt in the end (cumulative receipts, and the re-drive
 // for what Redis lost); a received message is never shown twice (the
 // inbox's primary key). Failure modes: a lost or repeated receipt is

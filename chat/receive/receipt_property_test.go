@@ -519,7 +519,7 @@ func TestReceiptPropertyAfterMigration(t *testing.T) {
 		runs = append(runs, run{p, have})
 	}
 	for _, s := range []string{chat.Consumers, chat.Workers} {
-		if n, err := schema.Migrate(ctx, h.Admin, s); err != nil || n != 1 {
+		if n, err := schema.MigrateUpTo(ctx, h.Admin, s, 7); err != nil || n != 1 {
 			t.Fatalf("migrate %s: %d, %v; want migration 007 applied", s, n, err)
 		}
 	}

@@ -14,9 +14,14 @@ type receiptQueries struct {
 	// watermark is above 0 in the service's own outbox (migration 007).
 	//
 	// A chat's stored watermark: its top row (one backward index descent)
-	// when that is not held, and then it is the watermark; otherwise the highest of the rows below it that are not held
-	// (a backward scan over the rows held behind the open gap) and of the
-	// chat's newest gap fill. Not one filtered backward scan: a plan cached
+	// when that is not held, and then it is the watermark; otherwise (held,
+	// or no row) the highest of the rows below it that are not held (a
+	// backward scan over the rows held behind the open gap) and of the
+	// chat's newest gap fill, its floor: every seq up to it has been
+	// stored, even if rows were deleted since (migration 008), so a chat
+	// whose rows were all deleted keeps its watermark. (A top below the
+	// floor, after its newest rows were deleted, gives a receipt below one
+	// already sent: harmless, and the next message is above the floor.) Not one filtered backward scan: a plan cached
 	// while the inbox was empty read the whole chat and sorted it, 30 ms
 	// per batch. The watermark is the stored one plus the run of
 	// consecutive seqs right above it: numbering the rows above it in seq
@@ -42,7 +47,11 @@ type receiptQueries struct {
 	// the UPDATE of delivered_at on every covered message that this
 	// replaced made each message a second row version and a set of index
 	// entries, and its cost grew while a session held back the xmin
-	// horizon (migration 007). Inserts go in chat_id
+	// horizon (migration 007). A receipt that advances a chat above its
+	// newest message (the other side holds seqs this side no longer has,
+	// e.g. after a restore) also records a seq floor there, so the next
+	// send numbers above it (migration 008; one backward index step per
+	// chat advanced, none per send). Inserts go in chat_id
 	// order, so two inbox consumers cannot deadlock on them; ON CONFLICT:
 	// another consumer inserted the same row first.
 	apply string
@@ -55,7 +64,7 @@ func newReceiptQueries(service string) receiptQueries {
 			top AS MATERIALIZED (SELECT c.chat_id, t.seq AS top, t.held FROM c
 				LEFT JOIN LATERAL (SELECT i.seq, i.held FROM ` + s + `.inbox i WHERE i.chat_id = c.chat_id
 					ORDER BY i.chat_id DESC, i.seq DESC LIMIT 1) t ON true),
-			cur AS MATERIALIZED (SELECT top.chat_id, top.held, CASE WHEN top.top IS NULL THEN 0 WHEN NOT top.held THEN top.top
+			cur AS MATERIALIZED (SELECT top.chat_id, top.held, CASE WHEN top.top IS NOT NULL AND NOT top.held THEN top.top
 					ELSE greatest(
 						COALESCE((SELECT i.seq FROM ` + s + `.inbox i
 							WHERE i.chat_id = top.chat_id AND i.seq < top.top AND NOT i.held ORDER BY i.seq DESC LIMIT 1), 0),
@@ -87,6 +96,11 @@ func newReceiptQueries(service string) receiptQueries {
 				ORDER BY r.chat_id
 				ON CONFLICT DO NOTHING
 				RETURNING chat_id),
+			fl AS (INSERT INTO ` + s + `.seq_floors (chat_id, seq)
+				SELECT r.chat_id, r.upto FROM r JOIN ins USING (chat_id)
+				WHERE r.upto > coalesce((SELECT max(m.seq) FROM ` + s + `.messages m WHERE m.chat_id = r.chat_id), 0)
+				ORDER BY r.chat_id
+				ON CONFLICT DO NOTHING),
 			note AS (SELECT pg_notify($4, string_agg(r.chat_id || ':' || r.upto || ':' ||
 					(extract(epoch FROM r.at) * 1000000)::bigint, ','))
 				FROM r JOIN ins USING (chat_id) HAVING count(*) > 0)

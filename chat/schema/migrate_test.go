@@ -44,7 +44,7 @@ func TestMigration007KeepsDeliveriesAndWatermarks(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, s := range []string{chat.Consumers, chat.Workers} {
-		if n, err := Migrate(ctx, admin, s); err != nil || n != 1 {
+		if n, err := MigrateUpTo(ctx, admin, s, 7); err != nil || n != 1 {
 			t.Fatalf("migrate %s: %d, %v; want migration 007 applied", s, n, err)
 		}
 	}

@@ -164,6 +164,11 @@ type RelayConfig struct {
 	// outbox.DefaultVacuumDeadRows (5,000); negative: never (autovacuum
 	// only).
 	OutboxVacuumRows int64
+	// HistoryRetention, above 0, makes the relay role delete the service's
+	// history older than it every minute (messages, inbox rows, receipts,
+	// gap fills, duplicates; store.Prune says what is always kept). Default
+	// 0: keep everything.
+	HistoryRetention time.Duration
 }
 
 // WorkerConfig configures the worker role: the inbox consumer of the

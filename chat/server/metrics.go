@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -19,6 +20,7 @@ import (
 
 	"github.com/outboxchat/outboxchat/chat"
 	"github.com/outboxchat/outboxchat/chat/httpapi"
+	"github.com/outboxchat/outboxchat/chat/receive"
 	"github.com/outboxchat/outboxchat/chat/status"
 	"github.com/outboxchat/outboxchat/chat/store"
 	"github.com/outboxchat/outboxchat/inbox"
@@ -337,6 +339,20 @@ func (m *metrics) redriven() func(n int) {
 	return func(n int) { redriven.Add(float64(n)) }
 }
 
+// pruned registers outboxchat_history_pruned_rows_total{table} and returns
+// the retention service's hook counting the rows it deleted.
+func (m *metrics) pruned() func(table string, n int64) {
+	c := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "outboxchat_history_pruned_rows_total",
+		Help: "History rows deleted by --history-retention, by table.",
+	}, []string{"table"})
+	for _, t := range store.PruneTables {
+		c.WithLabelValues(t)
+	}
+	m.reg.MustRegister(c)
+	return func(table string, n int64) { c.WithLabelValues(table).Add(float64(n)) }
+}
+
 // statusCacheTTL is the longest a gauge shows a snapshot before a scrape
 // reads a new one: scrapes more often than this cost nothing.
 const statusCacheTTL = 5 * time.Second
@@ -462,7 +478,14 @@ func (m *metrics) inboxEvents(log *slog.Logger) func(inbox.Event) {
 	applied := prometheus.NewCounter(prometheus.CounterOpts{Name: "outboxchat_inbox_applied_total", Help: "Inbox deliveries by outcome."})
 	dups := prometheus.NewCounter(prometheus.CounterOpts{Name: "outboxchat_inbox_duplicates_total", Help: "Inbox deliveries by outcome."})
 	dead := prometheus.NewCounter(prometheus.CounterOpts{Name: "outboxchat_inbox_dead_lettered_total", Help: "Inbox deliveries by outcome."})
-	reg.MustRegister(applied, dups, dead)
+	// Of those dead-lettered, the messages whose (chat, seq) the inbox
+	// already held under another message id (receive.ErrSeqConflict): the
+	// sender handed a seq out twice. Alert on any increase.
+	conflicts := prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "outboxchat_inbox_seq_conflicts_total",
+		Help: "Messages dead-lettered because their (chat, seq) was already stored under another message id.",
+	})
+	reg.MustRegister(applied, dups, dead, conflicts)
 	return func(e inbox.Event) {
 		switch e.Kind {
 		case inbox.EventApplied:
@@ -472,6 +495,9 @@ func (m *metrics) inboxEvents(log *slog.Logger) func(inbox.Event) {
 			chat.LogEvent(log, slog.LevelInfo, string(e.Kind), "message_id", e.MessageID, "ref", e.Ref)
 		case inbox.EventDeadLettered:
 			dead.Add(float64(e.N))
+			if strings.Contains(e.Reason, receive.ErrSeqConflict.Error()+":") {
+				conflicts.Add(float64(e.N))
+			}
 			chat.LogEvent(log, slog.LevelWarn, string(e.Kind), "message_id", e.MessageID, "ref", e.Ref, "reason", e.Reason)
 		}
 	}

@@ -137,6 +137,9 @@ func (p *process) buildRelay() error {
 		}
 		p.add(vac)
 	}
+	if keep := c.Relay.HistoryRetention; keep > 0 {
+		p.add(newRetention(p.pool, c.Service, keep, p.m.pruned(), p.log))
+	}
 	if after := c.Relay.RedriveAfter; after > 0 {
 		rd, err := receive.NewRedriver(p.pool, c.Service, pub, &receive.RedriveConfig{
 			After: after, Logger: p.log, Redriven: p.m.redriven(),

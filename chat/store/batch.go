@@ -32,7 +32,9 @@ import (
 // and then, in a later statement and so with a snapshot taken after the
 // lock was granted, reads max(seq) of the chat from the (chat_id, seq)
 // unique index (one backward index step: messages are insert-only, so no
-// dead entries accumulate there). The lock is released only after the
+// dead entries accumulate there), and numbers above the chat's newest seq
+// floor too, so that deleted rows never let a seq be handed out again
+// (migration 008; queries.lastSeqs). The lock is released only after the
 // holder's commit is visible to new snapshots, so the next holder numbers
 // on from it: seq is gap-free and equals commit order per chat (invariant
 // 5), and a transaction's outbox ids, taken while it holds the lock, exceed

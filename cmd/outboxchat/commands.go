@@ -22,6 +22,7 @@ var commands = []command{
 	{"status", runStatus},
 	{"deadletters", runDeadletters},
 	{"outbox", runOutbox},
+	{"prune", runPrune},
 	{"lab up", runLabUp},
 	{"lab chaos", runLabChaos},
 	{"lab scenario", runLabScenario},
@@ -51,6 +52,7 @@ commands:
   status       both services on one screen; exits 1 when something needs a person
   deadletters  list | show | replay | drop the dead letters
   outbox       parked | retry: the outbox rows parked after failed publishes
+  prune        --service S --older-than D: delete history older than D once, print the counts
 `
 
 const labUsage = `usage: outboxchat lab <command> [flags]

@@ -48,6 +48,7 @@ func runServe(ctx context.Context, args []string, _, stderr io.Writer) error {
 	faultSpec := fs.String("fault", os.Getenv("OUTBOXCHAT_FAULT"), "fault injection for the lab, KIND:SEQ (default $OUTBOXCHAT_FAULT; off)")
 	maxAttempts := fs.Int("relay-max-attempts", outbox.DefaultMaxAttempts, "relay: park an outbox row after this many failed publishes of its own (broker outages never count; negative = never park)")
 	deadMax := fs.Int64("dead-letter-max", redisq.DefaultDeadLetterMax, "worker: keep at most this many dead letters (the oldest are dropped, counted in outboxchat_deadletter_trimmed_total; negative = no cap)")
+	retention := fs.Duration("history-retention", 0, "relay: delete history (messages, inbox, receipts, gap fills, duplicates) older than this, every minute, keeping what seq and receipts need (0 = keep everything)")
 	vacuumRows := fs.Int64("outbox-vacuum-rows", outbox.DefaultVacuumDeadRows, "relay: VACUUM the outbox once it holds this many dead (published and deleted) rows, checked every 2 s (negative = leave it to autovacuum)")
 	logFormat := fs.String("log-format", "text", "log format: text or json")
 	shutdownDelay := fs.Duration("shutdown-delay", 0, "on SIGTERM, keep serving this long with /readyz answering 503 before the listener closes (for a load balancer's probe)")
@@ -96,7 +97,7 @@ func runServe(ctx context.Context, args []string, _, stderr io.Writer) error {
 		},
 		Relay: server.RelayConfig{
 			PollOnly: *pollOnly, PollInterval: *poll, RedriveAfter: redriveAfter(*redrive),
-			MaxAttempts: *maxAttempts, OutboxVacuumRows: *vacuumRows,
+			MaxAttempts: *maxAttempts, OutboxVacuumRows: *vacuumRows, HistoryRetention: *retention,
 		},
 		Worker: server.WorkerConfig{ConsumerName: *consumer, DeadLetterMax: *deadMax},
 	})

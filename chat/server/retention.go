@@ -1,0 +1,61 @@
+package server
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"github.com/outboxchat/outboxchat/chat/store"
+	"github.com/outboxchat/outboxchat/internal/service"
+)
+
+// retentionEvery is how often the retention service prunes. Each pass
+// deletes in bounded batches (store.DefaultPruneBatch) until nothing older
+// than the retention is left, so a pass after the first takes about a
+// minute's worth of history.
+const retentionEvery = time.Minute
+
+// retention deletes the service's history older than its retention
+// (store.Prune: messages, inbox rows, receipts, gap fills, duplicates, and
+// never what a chat's seq, watermark and receipts need), every
+// retentionEvery, the first pass right at start. A service (Start/Stop)
+// with a runOnce a test can call. Several processes may run it on one
+// database: their DELETEs only take turns.
+type retention struct {
+	db      store.DB
+	cfg     store.PruneConfig
+	log     *slog.Logger
+	life    service.Lifecycle
+	deleted func(table string, n int64)
+}
+
+// newRetention prunes service's history older than olderThan (> 0) on db;
+// deleted, when set, counts the rows by table (the metric).
+func newRetention(db store.DB, svc string, olderThan time.Duration, deleted func(string, int64), log *slog.Logger) *retention {
+	return &retention{db: db, log: log.With("component", "chat.retention"),
+		cfg:  store.PruneConfig{Service: svc, OlderThan: olderThan, Deleted: deleted},
+		life: service.Lifecycle{Name: "chat: history retention"}}
+}
+
+// runOnce prunes once and returns what it deleted.
+func (r *retention) runOnce(ctx context.Context) (store.PruneCounts, error) {
+	n, err := store.Prune(ctx, r.db, r.cfg)
+	if n.Total() > 0 {
+		r.log.Info("history pruned", "older_than", r.cfg.OlderThan, "rows", n.Total(),
+			"messages", n["messages"], "receipts", n["receipts"], "inbox", n["inbox"])
+	}
+	return n, err
+}
+
+func (r *retention) Start(ctx context.Context) error {
+	return r.life.Start(ctx, func(run *service.Run) {
+		run.Every(0, func(ctx context.Context) time.Duration {
+			if _, err := r.runOnce(ctx); err != nil && ctx.Err() == nil {
+				r.log.Warn("pruning history failed; retried at the next pass", "err", err, "every", retentionEvery)
+			}
+			return retentionEvery
+		})
+	})
+}
+
+func (r *retention) Stop(ctx context.Context) error { return r.life.Stop(ctx) }

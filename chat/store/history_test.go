@@ -1,0 +1,148 @@
+package store
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxchat/outboxchat/chat"
+	"github.com/outboxchat/outboxchat/outbox"
+)
+
+// A chat's seq never goes backwards whatever deletes its messages: an
+// operator's DELETE of all of a chat's rows, with its receipts deleted too
+// or kept, of its newest rows only, of every chat's rows at once, or a
+// TRUNCATE; the
+// group-commit path and the v1 dual writer's alike. A floor above the
+// chat's rows (recorded by a receipt for seqs this side lost) moves the
+// next seq above it too.
+func TestSeqNeverGoesBackwardsAfterDeletes(t *testing.T) {
+	t.Parallel()
+	e := newBatchEnv(t, outbox.WakeAfterCommit)
+	ctx := context.Background()
+	send := func(chatID int64) int64 {
+		t.Helper()
+		m, err := e.store.Send(ctx, chatID, "b", "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m.Seq
+	}
+	exec := func(sql string, args ...any) {
+		t.Helper()
+		if _, err := e.h.Admin.Exec(ctx, sql, args...); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+	}
+	for range 3 {
+		send(1)
+		send(2)
+		send(3)
+	}
+	exec(`INSERT INTO consumers.receipts (chat_id, upto_seq, delivered_at) VALUES (1, 3, now()), (2, 3, now())`)
+
+	// Chat 1: messages and receipts deleted.
+	exec(`DELETE FROM consumers.messages WHERE chat_id = 1`)
+	exec(`DELETE FROM consumers.receipts WHERE chat_id = 1`)
+	if got := send(1); got != 4 {
+		t.Fatalf("chat 1 after deleting its messages and receipts: seq %d, want 4", got)
+	}
+	// Chat 2: messages deleted, receipts kept; the new message is not
+	// covered by the old receipt.
+	exec(`DELETE FROM consumers.messages WHERE chat_id = 2`)
+	if got := send(2); got != 4 {
+		t.Fatalf("chat 2 after deleting its messages: seq %d, want 4", got)
+	}
+	if n := e.count(t, `SELECT count(*) FROM consumers.messages_with_receipts WHERE chat_id = 2 AND delivered_at IS NOT NULL`); n != 0 {
+		t.Fatalf("chat 2: %d messages shown delivered, want 0 (the receipt covers deleted seqs only)", n)
+	}
+	// Chat 3: its newest message deleted.
+	exec(`DELETE FROM consumers.messages WHERE chat_id = 3 AND seq = 3`)
+	if got := send(3); got != 4 {
+		t.Fatalf("chat 3 after deleting its newest message: seq %d, want 4", got)
+	}
+	// Every chat at once, then the dual writer's path.
+	exec(`DELETE FROM consumers.messages`)
+	var m chat.Message
+	err := pgx.BeginFunc(ctx, e.store.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, e.store.q.lockChat, int64(1)); err != nil {
+			return err
+		}
+		return tx.QueryRow(ctx, e.store.q.insertOne, int64(1), "b", "").Scan(&m.ID, &m.Seq, &m.SentAt)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.Seq != 5 {
+		t.Fatalf("chat 1, dual writer, after deleting every message: seq %d, want 5", m.Seq)
+	}
+	for c := int64(2); c <= 3; c++ {
+		if got := send(c); got != 5 {
+			t.Fatalf("chat %d after deleting every message: seq %d, want 5", c, got)
+		}
+	}
+	// Chat 4: never sent here, but a floor at 7 (what a receipt above
+	// the chat's rows records) says seqs up to 7 are taken.
+	exec(`INSERT INTO consumers.seq_floors (chat_id, seq) VALUES (4, 7)`)
+	if got := send(4); got != 8 {
+		t.Fatalf("chat 4 with a floor at 7: seq %d, want 8", got)
+	}
+	// TRUNCATE (no DELETE trigger fires) records the floors too.
+	exec(`TRUNCATE consumers.messages`)
+	if got := send(4); got != 9 {
+		t.Fatalf("chat 4 after TRUNCATE: seq %d, want 9", got)
+	}
+}
+
+// The send's last-seq read finds each chat's rows by index even with the
+// plans a connection caches while the tables are empty (generic plans, as
+// pgx's prepared statements get after five runs).
+func TestLastSeqsUsesIndexesWhenPlannedOnEmptyTables(t *testing.T) {
+	t.Parallel()
+	e := newBatchEnv(t, outbox.WakeAfterCommit)
+	ctx := context.Background()
+	conn, err := e.h.Admin.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	if _, err := conn.Exec(ctx, `SET plan_cache_mode = force_generic_plan`); err != nil {
+		t.Fatal(err)
+	}
+	for _, st := range []struct{ name, sql, args string }{
+		{"last_seqs", e.store.q.lastSeqs, `'{1,2}'`},
+		{"insert_one", e.store.q.insertOne, `1, 'b', ''`},
+	} {
+		if _, err := conn.Exec(ctx, "PREPARE "+st.name+" AS "+st.sql); err != nil {
+			t.Fatalf("%s: prepare: %v", st.name, err)
+		}
+		rows, err := conn.Query(ctx, "EXPLAIN (COSTS OFF) EXECUTE "+st.name+"("+st.args+")")
+		if err != nil {
+			t.Fatalf("%s: explain: %v", st.name, err)
+		}
+		lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			t.Fatalf("%s: explain: %v", st.name, err)
+		}
+		plan := strings.Join(lines, "\n")
+		scans := 0
+		for i, l := range lines {
+			onTable := false
+			for _, tbl := range []string{"messages", "seq_floors"} {
+				onTable = onTable || strings.Contains(l, " on "+tbl+" ") || strings.HasSuffix(l, " on "+tbl)
+			}
+			if !onTable || strings.Contains(l, "Insert on") {
+				continue
+			}
+			scans++
+			if !strings.Contains(l, "Index") || i+1 == len(lines) || !strings.Contains(lines[i+1], "Index Cond") {
+				t.Errorf("%s: generic plan reads a table other than by an index condition (%q):\n%s", st.name, strings.TrimSpace(l), plan)
+			}
+		}
+		if scans != 2 {
+			t.Errorf("%s: %d scans of messages and seq_floors, want 2:\n%s", st.name, scans, plan)
+		}
+	}
+}

@@ -1,0 +1,53 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/outboxchat/outboxchat/chat"
+	"github.com/outboxchat/outboxchat/chat/store"
+)
+
+// runPrune runs `outboxchat prune`: one pass of what `serve
+// --history-retention` does every minute (store.Prune), printing the rows
+// deleted by table.
+func runPrune(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("prune", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	f := newOpsFlags(fs, true, false)
+	svc := fs.String("service", "", "consumers or workers (required)")
+	older := fs.Duration("older-than", 0, "delete history older than this, e.g. 720h (required, above 0)")
+	batch := fs.Int("batch", store.DefaultPruneBatch, "at most this many rows per DELETE")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if chat.Peer(*svc) == "" {
+		return fmt.Errorf("prune: --service %q: want consumers or workers", *svc)
+	}
+	if *older <= 0 {
+		return errors.New("prune: --older-than: want a duration above 0, e.g. 720h")
+	}
+	pool, err := f.pool(ctx, "prune")
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	start := time.Now()
+	n, err := store.Prune(ctx, pool, store.PruneConfig{Service: *svc, OlderThan: *older, Batch: *batch})
+	if err != nil {
+		return err
+	}
+	if *f.asJSON {
+		return printJSON(stdout, map[string]any{"service": *svc, "older_than": older.String(), "deleted": n,
+			"total": n.Total(), "seconds": time.Since(start).Seconds()})
+	}
+	fmt.Fprintf(stdout, "prune %s older than %v: %d rows deleted in %.1fs\n", *svc, *older, n.Total(), time.Since(start).Seconds())
+	for _, t := range store.PruneTables {
+		fmt.Fprintf(stdout, "  %-17s %d\n", t, n[t])
+	}
+	return nil
+}
