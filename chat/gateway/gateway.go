@@ -179,6 +179,10 @@ func New(pool *pgxpool.Pool, service string, cfg *Config) (*Gateway, error) {
 	// origin, from the subscribers' lowest cursors on.
 	// A room may be read from two cursors (see push); k is the 1-based
 	// index of the (chat, cursors) entry a row was read for.
+	// Each row carries its origin's floor in the room: seqs up to it were
+	// all stored once (seq_floors on the sending side, the newest gap fill
+	// on the receiving side), so one that is missing below it was deleted,
+	// not in flight (cursor.skipDeleted).
 	// A message's delivered_at is the time of the first receipt at or
 	// above its seq; it is looked up only for messages the room's newest
 	// receipt covers (a catch-up), not for the live ones, which no receipt
@@ -186,15 +190,19 @@ func New(pool *pgxpool.Pool, service string, cfg *Config) (*Gateway, error) {
 	q := `SELECT r.k, r.chat_id, false, m.id::text, m.seq, m.body, m.created_at, NULL::timestamptz, $4::text,
 			CASE WHEN m.seq <= w.upto THEN (SELECT d.delivered_at FROM ` + s + `.receipts d
 				WHERE d.chat_id = r.chat_id AND d.upto_seq >= m.seq ORDER BY d.upto_seq LIMIT 1) END,
-			coalesce(m.author, '')
+			coalesce(m.author, ''), fl.floor
 		FROM unnest($1::bigint[], $2::bigint[]) WITH ORDINALITY AS r(chat_id, after, k)
 		CROSS JOIN LATERAL (SELECT coalesce((SELECT upto_seq FROM ` + s + `.receipts
 			WHERE chat_id = r.chat_id ORDER BY upto_seq DESC LIMIT 1), 0) AS upto) w
+		CROSS JOIN LATERAL (SELECT coalesce((SELECT f.seq FROM ` + s + `.seq_floors f
+			WHERE f.chat_id = r.chat_id ORDER BY f.seq DESC LIMIT 1), 0) AS floor) fl
 		CROSS JOIN LATERAL (SELECT id, seq, body, created_at, author FROM ` + s + `.messages
 			WHERE chat_id = r.chat_id AND seq > r.after ORDER BY seq LIMIT ` + page + `) m
 		UNION ALL
-		SELECT r.k, r.chat_id, true, i.message_id::text, i.seq, i.body, i.sent_at, i.received_at, i.sender, i.received_at, coalesce(i.author, '')
+		SELECT r.k, r.chat_id, true, i.message_id::text, i.seq, i.body, i.sent_at, i.received_at, i.sender, i.received_at, coalesce(i.author, ''), fl.floor
 		FROM unnest($1::bigint[], $3::bigint[]) WITH ORDINALITY AS r(chat_id, after, k)
+		CROSS JOIN LATERAL (SELECT coalesce((SELECT g.upto FROM ` + s + `.inbox_gap_fills g
+			WHERE g.chat_id = r.chat_id ORDER BY g.upto DESC LIMIT 1), 0) AS floor) fl
 		CROSS JOIN LATERAL (SELECT message_id, seq, body, sent_at, received_at, sender, author FROM ` + s + `.inbox
 			WHERE chat_id = r.chat_id AND seq > r.after ORDER BY seq LIMIT ` + page + `) i`
 	g := &Gateway{
@@ -540,7 +548,10 @@ func (g *Gateway) loop(ctx context.Context) {
 // once per push however many subscribers the room has.
 type roomRows struct {
 	sent, recv []chat.Message
-	frames     map[frameKey][]byte // encoded Messages
+	// sentFloor and recvFloor are each origin's floor, from a read (0 for
+	// offered rows: nothing is skipped for them).
+	sentFloor, recvFloor int64
+	frames               map[frameKey][]byte // encoded Messages
 }
 
 // frameKey names one message of a room: its origin and id (an id is unique
@@ -659,7 +670,8 @@ func (g *Gateway) push(ctx context.Context) (more bool, hold time.Time, err erro
 		var k int64
 		var received bool
 		var recvAt *time.Time
-		if err := rows.Scan(&k, &m.ChatID, &received, &m.ID, &m.Seq, &m.Body, &m.SentAt, &recvAt, &m.From, &m.DeliveredAt, &m.Author); err != nil {
+		var floor int64
+		if err := rows.Scan(&k, &m.ChatID, &received, &m.ID, &m.Seq, &m.Body, &m.SentAt, &recvAt, &m.From, &m.DeliveredAt, &m.Author, &floor); err != nil {
 			rows.Close()
 			g.markDirty(ids)
 			return false, hold, err
@@ -674,9 +686,9 @@ func (g *Gateway) push(ctx context.Context) (more bool, hold time.Time, err erro
 			byRoom[m.ChatID] = rr
 		}
 		if received {
-			rr.recv = append(rr.recv, m)
+			rr.recv, rr.recvFloor = append(rr.recv, m), max(rr.recvFloor, floor)
 		} else {
-			rr.sent = append(rr.sent, m)
+			rr.sent, rr.sentFloor = append(rr.sent, m), max(rr.sentFloor, floor)
 		}
 	}
 	if err := rows.Err(); err != nil {
@@ -775,6 +787,7 @@ func (g *Gateway) markDirty(ids []int64) {
 // frame cannot be encoded were dropped from rr beforehand (roomRows.encode),
 // so the cursor never moves past a message it did not push.
 func (g *Gateway) deliver(s *Subscription, rr *roomRows, now time.Time) (held bool) {
+	s.cur.skipDeleted(rr.sent, rr.recv, rr.sentFloor, rr.recvFloor)
 	out, held, notes := s.cur.advance(rr.sent, rr.recv, now, g.cfg.GapTimeout)
 	for _, n := range notes {
 		if n.pushedPast {

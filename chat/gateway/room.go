@@ -80,6 +80,41 @@ func (c *cursor) holdUntil(gapTimeout time.Duration) time.Time {
 	return c.gapSince.Add(gapTimeout)
 }
 
+// skipDeleted moves the cursor over seqs that were deleted, before advance
+// looks at the rows (each origin sorted by seq): when an origin's first row
+// the cursor has not seen is above its next seq and every seq in between is
+// at or below that origin's floor (seqs up to the floor were all stored
+// once), those seqs were deleted — pruned or removed by hand — not in
+// flight, and waiting for them would stall the room for good (sent) or for
+// a gap hold (received). A floor of 0 skips nothing.
+func (c *cursor) skipDeleted(sent, recv []chat.Message, sentFloor, recvFloor int64) {
+	for _, m := range sent {
+		if m.Seq > c.sent {
+			if m.Seq > c.sent+1 && m.Seq-1 <= sentFloor {
+				c.sent = m.Seq - 1
+			}
+			break
+		}
+	}
+	for _, m := range recv {
+		if m.Seq <= c.recv || c.above[m.Seq] {
+			continue
+		}
+		if m.Seq > c.recv+1 && m.Seq-1 <= recvFloor {
+			c.recv = m.Seq - 1
+			for q := range c.above {
+				if q <= c.recv {
+					delete(c.above, q)
+				}
+			}
+			if len(c.above) == 0 {
+				c.gapSince = time.Time{}
+			}
+		}
+		break
+	}
+}
+
 // advance moves the cursor over the rows (each origin sorted by seq, no
 // repeats) and returns what to push, in push order (merged by sent_at; each
 // origin in seq order), whether received rows are held back behind a gap,

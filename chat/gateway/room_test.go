@@ -207,3 +207,29 @@ func TestRoomRowsEncodeDropsUnencodable(t *testing.T) {
 		t.Fatalf("pushed %v held %v recv %d; want [1], held behind the unencodable seq 2, cursor at 1", got, held, c.recv)
 	}
 }
+
+// skipDeleted moves a cursor over missing seqs only when they are at or
+// below the origin's floor (deleted); above it a missing received seq is a
+// gap (in flight), and a floor of 0 skips nothing.
+func TestCursorSkipsDeletedSeqs(t *testing.T) {
+	for _, tc := range []struct {
+		name                 string
+		sent, recv           []int64
+		sentFloor, recvFloor int64
+		wantSent, wantRecv   int64
+	}{
+		{"nothing deleted", []int64{1, 2}, []int64{1}, 0, 0, 0, 0},
+		{"a pruned prefix", []int64{6, 7}, []int64{4}, 5, 3, 5, 3},
+		{"a gap above the floor stays a gap", nil, []int64{5}, 0, 3, 0, 0},
+		{"deleted in the middle, up to the floor", []int64{8}, []int64{9}, 7, 8, 7, 8},
+		{"no floor, no skip", []int64{6}, []int64{6}, 0, 0, 0, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var c cursor
+			c.skipDeleted(rows(chat.Workers, tc.sent...), rows(chat.Consumers, tc.recv...), tc.sentFloor, tc.recvFloor)
+			if c.sent != tc.wantSent || c.recv != tc.wantRecv {
+				t.Fatalf("cursor at sent %d, recv %d; want %d, %d", c.sent, c.recv, tc.wantSent, tc.wantRecv)
+			}
+		})
+	}
+}
