@@ -42,12 +42,7 @@ func runCmd(t *testing.T, args ...string) (string, error) {
 // then healthy, and warns again while a snapshot is held too long.
 func TestOperatorCommands(t *testing.T) {
 	ctx := context.Background()
-	dbURL := testenv.Database(t)
-	admin, err := pgxpool.New(ctx, dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer admin.Close()
+	dbURL, admin := testDatabase(t)
 	for _, s := range []string{chat.Consumers, chat.Workers} {
 		if err := schema.Bootstrap(ctx, admin, s); err != nil {
 			t.Fatal(err)
@@ -192,3 +187,16 @@ func TestOperatorCommands(t *testing.T) {
 }
 
 func jsonInt(n int64) string { b, _ := json.Marshal(n); return string(b) }
+
+// testDatabase is a fresh database of the shared private Postgres: its
+// superuser URL and a pool on it, closed when the test ends.
+func testDatabase(t *testing.T) (string, *pgxpool.Pool) {
+	t.Helper()
+	dbURL := testenv.Database(t)
+	admin, err := pgxpool.New(context.Background(), dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(admin.Close)
+	return dbURL, admin
+}

@@ -6,10 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/outboxchat/outboxchat/chat"
-	"github.com/outboxchat/outboxchat/internal/testenv"
 )
 
 // prune deletes the delivered history older than --older-than, prints the
@@ -17,12 +14,7 @@ import (
 // refuses a missing service or duration.
 func TestPruneCommand(t *testing.T) {
 	ctx := context.Background()
-	dbURL := testenv.Database(t)
-	admin, err := pgxpool.New(ctx, dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer admin.Close()
+	dbURL, admin := testDatabase(t)
 	db := []string{"--database-url", dbURL}
 	for _, s := range []string{chat.Consumers, chat.Workers} {
 		if _, err := runCmd(t, append([]string{"migrate", "--service", s}, db...)...); err != nil {
