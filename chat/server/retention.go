@@ -22,11 +22,10 @@ const retentionEvery = time.Minute
 // with a runOnce a test can call. Several processes may run it on one
 // database: their DELETEs only take turns.
 type retention struct {
-	db      store.DB
-	cfg     store.PruneConfig
-	log     *slog.Logger
-	life    service.Lifecycle
-	deleted func(table string, n int64)
+	db   store.DB
+	cfg  store.PruneConfig // its Deleted counts the rows by table
+	log  *slog.Logger
+	life service.Lifecycle
 }
 
 // newRetention prunes service's history older than olderThan (> 0) on db;
