@@ -186,3 +186,34 @@ func TestAttackRestoredSenderReusesHeldSeq(t *testing.T) {
 		}
 	}
 }
+
+// Clearing a chat's inbox together with its gap fills — in one TRUNCATE
+// (refused: the floors may not be truncated) or with a DELETE of the gap
+// fills after the inbox (the chat's newest floor is put back) — keeps the
+// floor: the next message is not held behind rows that are gone, and a
+// re-driven copy of a deleted message is a duplicate, not stored again.
+func TestAttackInboxFloorLostWithGapFills(t *testing.T) {
+	t.Parallel()
+	for i, clear := range []string{
+		`TRUNCATE workers.inbox, workers.inbox_gap_fills`,
+		`DELETE FROM workers.inbox; DELETE FROM workers.inbox_gap_fills`,
+	} {
+		t.Run(clear, func(t *testing.T) {
+			h := chattest.New(t, "")
+			_, _, ic, _ := inboxConsumer(t, h, chat.Workers, quietInbox())
+			c := &historyChat{t: t, h: h, chat: int64(60 + i), ids: map[int64]string{}}
+			c.process(ic, 1, 2, 3)
+			c.expect("1..3", "1:false 2:false 3:false", 3)
+			want := "4:false"
+			if _, err := h.Admin.Exec(context.Background(), clear); err != nil {
+				if !strings.Contains(err.Error(), "holds each chat's floor") {
+					t.Fatalf("%s: %v", clear, err)
+				}
+				want = "1:false 2:false 3:false 4:false" // a TRUNCATE of the floors is refused, and clears nothing
+			}
+			c.process(ic, 4)
+			c.process(ic, 2) // a re-driven copy of deleted seq 2
+			c.expect("4, then a copy of 2, after "+clear, want, 4)
+		})
+	}
+}

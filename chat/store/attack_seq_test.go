@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -84,5 +85,42 @@ func TestAttackSeqUniqueUnderConcurrentDeletes(t *testing.T) {
 	}
 	if len(seen) != senders*perSender {
 		t.Fatalf("%d distinct (chat, seq), want %d", len(seen), senders*perSender)
+	}
+}
+
+// Clearing a chat's history together with the seq floors — in one
+// TRUNCATE (refused: the floors may not be truncated) or with a DELETE of
+// the floors after the messages (the chat's newest floor is put back) —
+// does not hand seq 1 out again, and the kept receipt (upto 3) marks no new
+// message delivered.
+func TestAttackSeqAfterTruncatingMessagesWithFloors(t *testing.T) {
+	t.Parallel()
+	for _, clear := range []string{
+		`TRUNCATE consumers.messages, consumers.seq_floors`,
+		`DELETE FROM consumers.messages; DELETE FROM consumers.seq_floors`,
+	} {
+		t.Run(clear, func(t *testing.T) {
+			e := newBatchEnv(t, outbox.WakeAfterCommit)
+			ctx := context.Background()
+			for range 3 {
+				if _, err := e.store.Send(ctx, 1, "b", ""); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if _, err := e.h.Admin.Exec(ctx, `INSERT INTO consumers.receipts (chat_id, upto_seq, delivered_at) VALUES (1, 3, now())`); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := e.h.Admin.Exec(ctx, clear); err != nil && !strings.Contains(err.Error(), "holds each chat's floor") {
+				t.Fatal(err) // a TRUNCATE of the floors is refused, and clears nothing
+			}
+			m, err := e.store.Send(ctx, 1, "new", "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			delivered := e.count(t, `SELECT count(*) FROM consumers.messages_with_receipts WHERE chat_id = 1 AND seq > 3 AND delivered_at IS NOT NULL`)
+			if m.Seq != 4 || delivered != 0 {
+				t.Fatalf("after %q: new message got seq %d (want 4), %d new ones shown delivered (want 0)", clear, m.Seq, delivered)
+			}
+		})
 	}
 }

@@ -73,3 +73,47 @@ CREATE TRIGGER inbox_floor AFTER DELETE ON inbox
   FOR EACH STATEMENT EXECUTE FUNCTION record_inbox_floor();
 CREATE TRIGGER inbox_floor_truncate BEFORE TRUNCATE ON inbox
   FOR EACH STATEMENT EXECUTE FUNCTION record_inbox_floor();
+
+-- The floors are the only record of what was deleted, so each chat's
+-- newest floor stays: a DELETE that takes it away puts it back (rows below
+-- it, which nothing reads, may go: retention prunes them), and a TRUNCATE
+-- of a floor table is refused — also when it comes with the table whose
+-- floor it records, whose own trigger writes the floor the TRUNCATE would
+-- then empty.
+CREATE FUNCTION keep_newest_floor() RETURNS trigger LANGUAGE plpgsql
+  SET search_path FROM CURRENT AS $$
+BEGIN
+  IF TG_TABLE_NAME = 'seq_floors' THEN
+    INSERT INTO seq_floors (chat_id, seq)
+      SELECT g.chat_id, max(g.seq) FROM gone g GROUP BY g.chat_id
+      HAVING max(g.seq) > coalesce((SELECT f.seq FROM seq_floors f
+        WHERE f.chat_id = g.chat_id ORDER BY f.seq DESC LIMIT 1), 0)
+      ORDER BY g.chat_id
+      ON CONFLICT DO NOTHING;
+  ELSE
+    INSERT INTO inbox_gap_fills (chat_id, upto)
+      SELECT g.chat_id, max(g.upto) FROM gone g GROUP BY g.chat_id
+      HAVING max(g.upto) > coalesce((SELECT f.upto FROM inbox_gap_fills f
+        WHERE f.chat_id = g.chat_id ORDER BY f.upto DESC LIMIT 1), 0)
+      ORDER BY g.chat_id
+      ON CONFLICT DO NOTHING;
+  END IF;
+  RETURN NULL;
+END $$;
+
+CREATE FUNCTION refuse_floor_truncate() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  RAISE EXCEPTION '% holds each chat''s floor, which seq numbering and receipts need: delete history rows instead (the floors below each chat''s newest may be deleted)', TG_TABLE_NAME
+    USING ERRCODE = 'restrict_violation';
+END $$;
+
+CREATE TRIGGER seq_floors_keep_newest AFTER DELETE ON seq_floors
+  REFERENCING OLD TABLE AS gone
+  FOR EACH STATEMENT EXECUTE FUNCTION keep_newest_floor();
+CREATE TRIGGER seq_floors_no_truncate BEFORE TRUNCATE ON seq_floors
+  FOR EACH STATEMENT EXECUTE FUNCTION refuse_floor_truncate();
+CREATE TRIGGER inbox_gap_fills_keep_newest AFTER DELETE ON inbox_gap_fills
+  REFERENCING OLD TABLE AS gone
+  FOR EACH STATEMENT EXECUTE FUNCTION keep_newest_floor();
+CREATE TRIGGER inbox_gap_fills_no_truncate BEFORE TRUNCATE ON inbox_gap_fills
+  FOR EACH STATEMENT EXECUTE FUNCTION refuse_floor_truncate();
