@@ -10,8 +10,15 @@ import (
 
 	"github.com/google/uuid"
 
+	"io"
+	"log/slog"
+	"regexp"
+	"strconv"
+	"sync"
+
 	"github.com/outboxchat/outboxchat/chat"
 	"github.com/outboxchat/outboxchat/chat/internal/chattest"
+	"github.com/outboxchat/outboxchat/chat/store"
 	"github.com/outboxchat/outboxchat/internal/testenv"
 	"github.com/outboxchat/outboxchat/redisq"
 )
@@ -176,5 +183,321 @@ func TestNewSocketAfterDeletedHistoryShowsNewMessages(t *testing.T) {
 				t.Fatalf("%s shows %+v, want seqs 4..%d once each", w.name, got, seq)
 			}
 		}
+	}
+}
+
+// attackDeadLetters is the number of dead letters on both services' queues.
+func attackDeadLetters(t *testing.T, h *harness) int64 {
+	t.Helper()
+	rdb, err := redisq.NewClient(h.RedisURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rdb.Close()
+	var n int64
+	for _, s := range []string{chat.Consumers, chat.Workers} {
+		qi, err := redisq.Inspect(context.Background(), rdb, h.Prefix, chat.QueueName(s))
+		if err != nil {
+			t.Fatal(err)
+		}
+		n += int64(qi.DeadLetters)
+	}
+	return n
+}
+
+// attackSettled waits for chat's receipts on consumers to reach n and the
+// workers' socket w to hold exactly 1..n of consumers' messages; then
+// checks nothing was marked delivered before it was sent and nothing was
+// dead-lettered.
+func attackSettled(t *testing.T, h *harness, w *chattest.Watcher, chatID int64, n int) {
+	t.Helper()
+	w.WaitSeqs(t, chat.Consumers, n, 30*time.Second)
+	testenv.WaitFor(t, 30*time.Second, fmt.Sprintf("chat %d: receipt up to %d", chatID, n), func() bool {
+		return h.Count(t, `SELECT coalesce(max(upto_seq), 0) FROM consumers.receipts WHERE chat_id = $1`, chatID) == n
+	})
+	if got := h.Count(t, `SELECT coalesce(max(upto_seq), 0) FROM consumers.receipts WHERE chat_id = $1`, chatID); got != n {
+		t.Fatalf("chat %d: receipt %d, want %d", chatID, got, n)
+	}
+	if c := h.Count(t, `SELECT count(*) FROM consumers.messages_with_receipts WHERE chat_id = $1 AND delivered_at < created_at`, chatID); c != 0 {
+		t.Fatalf("chat %d: %d messages marked delivered before they were sent", chatID, c)
+	}
+	if d := attackDeadLetters(t, h); d != 0 {
+		t.Fatalf("%d dead letters, want none", d)
+	}
+	w.WaitSeqs(t, chat.Consumers, n, time.Second) // still exactly 1..n, once each
+}
+
+// Attack (a)/(b)/(c): prunes with an --older-than covering every row, two
+// at a time on each service, and hand deletes on both sides (middle rows of
+// the receiver, covered rows of the sender, TRUNCATE of the receiver's
+// inbox) run while a chat is being sent to, with a socket of the receiver
+// open throughout: every send gets the next seq, the socket shows 1..n
+// once each in order, receipts reach n, nothing is dead-lettered.
+func TestAttackPruneAndDeletesWhileSending(t *testing.T) {
+	t.Parallel()
+	h, cons, work := startBoth(t)
+	const chatID, n = 71, 30
+	w := chattest.Watch(t, work.base, chatID)
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	errs := make(chan error, 16)
+	loop := func(f func() error) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for ctx.Err() == nil {
+				if err := f(); err != nil && ctx.Err() == nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	for range 2 {
+		for _, s := range []string{chat.Consumers, chat.Workers} {
+			loop(func() error {
+				_, err := store.Prune(ctx, h.Admin, store.PruneConfig{Service: s, OlderThan: time.Nanosecond, Batch: 2})
+				return err
+			})
+		}
+	}
+	hand := []string{
+		`DELETE FROM workers.inbox WHERE chat_id = 71 AND seq % 2 = 0`,
+		`DELETE FROM consumers.messages WHERE chat_id = 71 AND seq % 3 = 0
+			AND seq <= (SELECT coalesce(max(upto_seq), 0) FROM consumers.receipts WHERE chat_id = 71)`,
+		`TRUNCATE workers.inbox`,
+		`DELETE FROM consumers.receipts WHERE chat_id = 71 AND upto_seq < (SELECT max(upto_seq) FROM consumers.receipts WHERE chat_id = 71)`,
+	}
+	i := 0
+	loop(func() error {
+		i++
+		_, err := h.Admin.Exec(ctx, hand[i%len(hand)])
+		return err
+	})
+	for i := 1; i <= n; i++ {
+		if m := chattest.Send(t, cons.base, chatID, fmt.Sprint("m ", i)); m.Seq != int64(i) {
+			t.Fatalf("message %d got seq %d", i, m.Seq)
+		}
+	}
+	w.WaitSeqs(t, chat.Consumers, n, 30*time.Second)
+	cancel()
+	wg.Wait()
+	select {
+	case err := <-errs:
+		t.Fatal(err)
+	default:
+	}
+	attackSettled(t, h, w, chatID, n)
+	// The chat goes on after all that.
+	if m := chattest.Send(t, cons.base, chatID, "after"); m.Seq != n+1 {
+		t.Fatalf("after the deletes: seq %d, want %d", m.Seq, n+1)
+	}
+	attackSettled(t, h, w, chatID, n+1)
+}
+
+// Attack (a)/(c): the newest message is deleted by hand right after it
+// was sent, while its outbox row is still pending (no relay is running
+// yet): the next send still gets the next seq, and once a relay runs,
+// both reach the receiver's socket in order and receipts cover them.
+func TestAttackDeleteNewestBeforeRelay(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, "")
+	cons := h.startAPI(chat.Consumers, nil)
+	work := h.start(chat.Workers, nil)
+	const chatID = 72
+	w := chattest.Watch(t, work.base, chatID)
+	for i := 1; i <= 3; i++ {
+		chattest.Send(t, cons.base, chatID, fmt.Sprint("m ", i))
+	}
+	if p := h.Count(t, `SELECT count(*) FROM consumers.outbox`); p != 3 {
+		t.Fatalf("%d outbox rows pending, want 3", p)
+	}
+	if _, err := h.Admin.Exec(context.Background(), `DELETE FROM consumers.messages WHERE chat_id = $1 AND seq = 3`, chatID); err != nil {
+		t.Fatal(err)
+	}
+	if m := chattest.Send(t, cons.base, chatID, "m 4"); m.Seq != 4 {
+		t.Fatalf("after deleting pending seq 3: seq %d, want 4", m.Seq)
+	}
+	h.start(chat.Consumers, func(c *Config) { c.Roles = []string{RoleRelay, RoleWorker} })
+	attackSettled(t, h, w, chatID, 4)
+}
+
+// attackMetric reads an unlabelled counter from base's /metrics (0 when
+// absent).
+func attackMetric(t *testing.T, base, name string) float64 {
+	t.Helper()
+	m, err := chattest.Get(base + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := regexp.MustCompile(`(?m)^` + name + ` (\S+)$`).FindStringSubmatch(m)
+	if g == nil {
+		return 0
+	}
+	v, _ := strconv.ParseFloat(g[1], 64)
+	return v
+}
+
+// attackRestoreSender models a restore of consumers that lost chatID's
+// messages above keep and its receipts above keep: the delete trigger is
+// disabled, so no floor is recorded (a restore fires none).
+func attackRestoreSender(t *testing.T, h *harness, chatID int64, keep int) {
+	t.Helper()
+	for _, sql := range []string{
+		`ALTER TABLE consumers.messages DISABLE TRIGGER messages_seq_floor`,
+		fmt.Sprintf(`DELETE FROM consumers.messages WHERE chat_id = %d AND seq > %d`, chatID, keep),
+		`ALTER TABLE consumers.messages ENABLE TRIGGER messages_seq_floor`,
+		fmt.Sprintf(`DELETE FROM consumers.receipts WHERE chat_id = %d AND upto_seq > %d`, chatID, keep),
+		fmt.Sprintf(`INSERT INTO consumers.receipts (chat_id, upto_seq, delivered_at) VALUES (%d, %d, now()) ON CONFLICT DO NOTHING`, chatID, keep),
+	} {
+		if _, err := h.Admin.Exec(context.Background(), sql); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+	}
+}
+
+// Attack (b)/(d), sender restored without its last rows while the
+// receiver still holds them: the sender hands seq 4 out again (a restore
+// fires no trigger: expected), the receiver dead-letters it as a seq
+// conflict and counts it, and the sender does not show it delivered.
+// Then the chat's next messages get past it: once the sender's seq is
+// above the receiver's, the chat flows again.
+func TestAttackRestoredSenderConflictIsDetected(t *testing.T) {
+	t.Parallel()
+	h, cons, work := startBoth(t)
+	const chatID = 81
+	f := newFlow(t, h, cons, work, chatID, 5)
+	attackRestoreSender(t, h, chatID, 3)
+	m := chattest.Send(t, cons.base, chatID, "after the restore")
+	if m.Seq != 4 {
+		t.Fatalf("after the restore: seq %d (expected 4: nothing recorded what was lost)", m.Seq)
+	}
+	testenv.WaitFor(t, 20*time.Second, "the reused seq 4 dead-lettered as a seq conflict", func() bool {
+		return attackMetric(t, work.base, "outboxchat_inbox_seq_conflicts_total") >= 1
+	})
+	if n := h.Count(t, `SELECT count(*) FROM workers.inbox WHERE message_id = $1`, m.ID); n != 0 {
+		t.Fatal("the conflicting message was stored")
+	}
+	if n := h.Count(t, `SELECT count(*) FROM consumers.messages_with_receipts WHERE id = $1 AND delivered_at IS NOT NULL`, m.ID); n != 0 {
+		t.Fatal("the dead-lettered message at reused seq 4 is shown delivered while no receipt covers it")
+	}
+	if got := len(f.w.From(chat.Consumers)); got != 5 {
+		t.Fatalf("socket shows %d messages, want the 5 before the restore", got)
+	}
+}
+
+// The retention service prunes a chat's delivered history on both sides
+// while a WebSocket client stays open at its last seq: the chat's rows go
+// (counted by table), and the next messages get the next seqs, reach the
+// client and are receipted.
+func TestRetentionPrunesAndChatsKeepFlowing(t *testing.T) {
+	t.Parallel()
+	h, cons, work := startBoth(t)
+	ctx := context.Background()
+	const chatID = 31
+	f := newFlow(t, h, cons, work, chatID, 3)
+	receipts := h.Count(t, `SELECT count(*) FROM consumers.receipts WHERE chat_id = $1`, chatID)
+	// Two days old, as the history a retention of one day prunes.
+	if _, err := h.Admin.Exec(ctx, `
+		UPDATE consumers.messages SET created_at = created_at - interval '2 days';
+		UPDATE consumers.receipts SET delivered_at = delivered_at - interval '2 days';
+		UPDATE workers.inbox SET received_at = received_at - interval '2 days'`); err != nil {
+		t.Fatal(err)
+	}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	metric := map[string]int64{}
+	for _, svc := range []string{chat.Consumers, chat.Workers} {
+		r := newRetention(h.Admin, svc, 24*time.Hour, func(table string, n int64) { metric[svc+"."+table] += n }, log)
+		n, err := r.runOnce(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for table, k := range n {
+			if metric[svc+"."+table] != k {
+				t.Fatalf("%s.%s: %d deleted, %d counted by the metric hook", svc, table, k, metric[svc+"."+table])
+			}
+		}
+	}
+	if metric["consumers.messages"] != 3 || metric["consumers.receipts"] != int64(receipts-1) || metric["workers.inbox"] != 3 {
+		t.Fatalf("deleted %v; want consumers' 3 messages and %d receipts (all but the newest), workers' 3 inbox rows", metric, receipts-1)
+	}
+	f.send(4, 5)
+}
+
+// Prune never deletes what is still needed: a message no receipt covers
+// (the re-drive still publishes it), a chat's newest receipt, an inbox row
+// held behind a gap, a chat's newest gap fill and floor, or anything
+// younger than the cutoff; it deletes in batches of the size asked.
+func TestPruneKeepsWhatSeqAndReceiptsNeed(t *testing.T) {
+	t.Parallel()
+	h := chattest.New(t, "")
+	ctx := context.Background()
+	if _, err := h.Admin.Exec(ctx, `
+		INSERT INTO consumers.messages (chat_id, seq, body, created_at)
+			SELECT 1, g, 'b', now() - interval '3 days' FROM generate_series(1, 5) g;
+		INSERT INTO consumers.messages (chat_id, seq, body) VALUES (1, 6, 'young');
+		INSERT INTO consumers.receipts (chat_id, upto_seq, delivered_at) VALUES
+			(1, 2, now() - interval '3 days'), (1, 4, now() - interval '3 days');
+		INSERT INTO workers.inbox (message_id, chat_id, seq, body, sender, sent_at, received_at, held)
+			SELECT gen_random_uuid(), 1, g, 'b', 'consumers', now(), now() - interval '3 days', g > 3
+			FROM generate_series(1, 3) g UNION ALL
+			SELECT gen_random_uuid(), 1, 5, 'b', 'consumers', now(), now() - interval '3 days', true;
+		INSERT INTO workers.inbox_gap_fills (chat_id, upto) VALUES (1, 1), (1, 2);
+		INSERT INTO workers.inbox_duplicates (message_id, seen_at) VALUES
+			(gen_random_uuid(), now() - interval '3 days'), (gen_random_uuid(), now())`); err != nil {
+		t.Fatal(err)
+	}
+	prune := func(svc string) store.PruneCounts {
+		t.Helper()
+		n, err := store.Prune(ctx, h.Admin, store.PruneConfig{Service: svc, OlderThan: 24 * time.Hour, Batch: 2})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	got := fmt.Sprint(prune(chat.Consumers), prune(chat.Workers))
+	want := fmt.Sprint(
+		store.PruneCounts{"messages": 4, "receipts": 1, "inbox": 0, "inbox_gap_fills": 0, "inbox_duplicates": 0, "seq_floors": 1},
+		store.PruneCounts{"messages": 0, "receipts": 0, "inbox": 3, "inbox_gap_fills": 2, "inbox_duplicates": 1, "seq_floors": 0})
+	if got != want {
+		t.Fatalf("pruned %s, want %s", got, want)
+	}
+	for _, c := range []struct{ sql, want string }{
+		{`SELECT string_agg(seq::text, ' ' ORDER BY seq) FROM consumers.messages`, "5 6"},
+		{`SELECT string_agg(upto_seq::text, ' ') FROM consumers.receipts`, "4"},
+		{`SELECT string_agg(seq::text, ' ') FROM consumers.seq_floors`, "4"},
+		{`SELECT string_agg(seq || ':' || held, ' ') FROM workers.inbox`, "5:true"},
+		{`SELECT string_agg(upto::text, ' ') FROM workers.inbox_gap_fills`, "3"},
+		{`SELECT count(*)::text FROM workers.inbox_duplicates`, "1"},
+	} {
+		var s string
+		if err := h.Admin.QueryRow(ctx, c.sql).Scan(&s); err != nil {
+			t.Fatal(err)
+		}
+		if s != c.want {
+			t.Errorf("%s: %q, want %q", c.sql, s, c.want)
+		}
+	}
+}
+
+// serve --history-retention: the relay role prunes at start and counts the
+// rows by table in outboxchat_history_pruned_rows_total.
+func TestServeRunsRetention(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, "")
+	if _, err := h.Admin.Exec(context.Background(), `
+		INSERT INTO consumers.messages (chat_id, seq, body, created_at)
+			SELECT 1, g, 'b', now() - interval '3 days' FROM generate_series(1, 3) g;
+		INSERT INTO consumers.receipts (chat_id, upto_seq, delivered_at) VALUES (1, 3, now() - interval '3 days')`); err != nil {
+		t.Fatal(err)
+	}
+	cons := h.start(chat.Consumers, func(c *Config) { c.Relay.HistoryRetention = 24 * time.Hour })
+	testenv.WaitFor(t, 20*time.Second, "3 messages pruned and counted", func() bool {
+		m, err := chattest.Get(cons.base + "/metrics")
+		return err == nil && strings.Contains(m, `outboxchat_history_pruned_rows_total{table="messages"} 3`) &&
+			strings.Contains(m, `outboxchat_history_pruned_rows_total{table="receipts"} 0`)
+	})
+	if n := h.Count(t, `SELECT count(*) FROM consumers.messages`); n != 0 {
+		t.Fatalf("%d messages left, want 0", n)
 	}
 }
