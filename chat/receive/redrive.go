@@ -190,13 +190,21 @@ func NewRedriver(pool *pgxpool.Pool, service string, pub Republisher, cfg *Redri
 		// LOCKED: another re-drive pass has them. The UPDATE stamps them
 		// in the same transaction, committed after the publish. Each chat
 		// costs two index descents when nothing of it is in flight.
+		// created_at and redriven_at are the database's clock; if it was
+		// stepped back, rows written before the step lie in its future and
+		// would wait out the step: a time more than After ahead of now()
+		// counts as due, so a step back delays a re-drive by at most After,
+		// whatever its size (an early copy is harmless: the inbox drops
+		// duplicates).
 		claim: `WITH due AS (
 				SELECT m.id, c.ord, m.seq FROM unnest($4::bigint[]) WITH ORDINALITY AS c(chat_id, ord)
 				CROSS JOIN LATERAL (SELECT coalesce((SELECT upto_seq FROM ` + s + `.receipts
 					WHERE chat_id = c.chat_id ORDER BY upto_seq DESC LIMIT 1), 0) AS upto) w
 				CROSS JOIN LATERAL (SELECT m.id, m.seq FROM ` + s + `.messages m
-					WHERE m.chat_id = c.chat_id AND m.seq > w.upto AND m.created_at < now() - $1::interval
-					  AND (m.redriven_at IS NULL OR m.redriven_at < now() - least($1::interval * power(2, m.redrives), $2::interval))
+					WHERE m.chat_id = c.chat_id AND m.seq > w.upto
+					  AND (m.created_at < now() - $1::interval OR m.created_at > now() + $1::interval)
+					  AND (m.redriven_at IS NULL OR m.redriven_at < now() - least($1::interval * power(2, m.redrives), $2::interval)
+					       OR m.redriven_at > now() + $1::interval)
 					  AND NOT EXISTS (SELECT 1 FROM ` + s + `.outbox o WHERE o.sent_at IS NULL AND o.idempotency_key = m.id::text)
 					ORDER BY m.seq LIMIT $3
 					FOR UPDATE OF m SKIP LOCKED) m

@@ -152,3 +152,39 @@ func TestRedriverGoesRoundTheChats(t *testing.T) {
 		t.Fatalf("stream holds %v, want [11/1 11/2 11/3 12/1 13/2]", got)
 	}
 }
+
+// A database clock stepped back (by an hour here) leaves the messages and
+// re-drive stamps written before the step in its future: they are due at
+// once rather than an hour later, and the backoff of a message re-driven
+// "in the future" does not hold it back either.
+func TestRedriveIsNotDelayedByAClockStepBack(t *testing.T) {
+	t.Parallel()
+	_, pool, rdb, pub := newRedriveFixture(t)
+	ctx := context.Background()
+	// seq 1 was sent an hour "ahead" (before the step); seq 2 was sent and
+	// re-driven once an hour ahead; seq 3 is young by either clock.
+	if _, err := pool.Exec(ctx, `INSERT INTO consumers.messages (chat_id, seq, body, created_at, redrives, redriven_at) VALUES
+		(6, 1, 'a', now() + interval '1 hour', 0, NULL),
+		(6, 2, 'b', now() + interval '1 hour', 1, now() + interval '1 hour'),
+		(6, 3, 'c', now(), 0, NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	rd, err := NewRedriver(pool, chat.Consumers, pub, &RedriveConfig{After: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, err := rd.RunOnce(ctx); err != nil || n != 2 {
+		t.Fatalf("RunOnce = %d, %v; want 2 (seqs 1 and 2, written before the step)", n, err)
+	}
+	var seqs []int64
+	for _, m := range streamMessages(t, rdb, pub) {
+		seqs = append(seqs, m.Seq)
+	}
+	if fmt.Sprint(seqs) != "[1 2]" {
+		t.Fatalf("stream holds seqs %v, want [1 2]", seqs)
+	}
+	// Stamped now by the database clock: the ordinary backoff applies.
+	if n, err := rd.RunOnce(ctx); err != nil || n != 0 {
+		t.Fatalf("second RunOnce = %d, %v; want 0 (backoff)", n, err)
+	}
+}
