@@ -7,6 +7,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/outboxchat/outboxchat/chat"
 	"github.com/outboxchat/outboxchat/lab/env"
 	"github.com/outboxchat/outboxchat/lab/probe"
@@ -80,21 +82,28 @@ func (t *run) drainState(ctx context.Context) string {
 
 // inboxed returns every inbox row of both services: message id → row.
 func (t *run) inboxed(ctx context.Context) (map[string]sentMsg, error) {
+	return t.rowsByID(ctx, `SELECT message_id::text, chat_id, seq FROM %s.inbox`, chat.Peer)
+}
+
+// stored returns every messages row of both services: message id → row.
+func (t *run) stored(ctx context.Context) (map[string]sentMsg, error) {
+	return t.rowsByID(ctx, `SELECT id::text, chat_id, seq FROM %s.messages`, func(svc string) string { return svc })
+}
+
+// rowsByID runs query (%s = the service's schema; columns id, chat_id,
+// seq) on both services and returns id → row, From set to from(svc).
+func (t *run) rowsByID(ctx context.Context, query string, from func(svc string) string) (map[string]sentMsg, error) {
 	out := map[string]sentMsg{}
 	for _, svc := range []string{chat.Consumers, chat.Workers} {
-		rows, err := t.e.Admin().Query(ctx, `SELECT message_id::text, chat_id, seq FROM `+svc+`.inbox`)
+		rows, err := t.e.Admin().Query(ctx, fmt.Sprintf(query, svc))
 		if err != nil {
 			return nil, err
 		}
-		for rows.Next() {
-			m := sentMsg{From: chat.Peer(svc)}
-			if err := rows.Scan(&m.ID, &m.ChatID, &m.Seq); err != nil {
-				rows.Close()
-				return nil, err
-			}
+		m := sentMsg{From: from(svc)}
+		if _, err := pgx.ForEachRow(rows, []any{&m.ID, &m.ChatID, &m.Seq}, func() error {
 			out[m.ID] = m
-		}
-		if err := rows.Err(); err != nil {
+			return nil
+		}); err != nil {
 			return nil, err
 		}
 	}
@@ -140,20 +149,10 @@ func (t *run) check(ctx context.Context, res *ScheduleResult) {
 		problem("read inboxes: %v", err)
 		return
 	}
-	stored := map[string]sentMsg{}
-	for _, svc := range []string{chat.Consumers, chat.Workers} {
-		rows, err := t.e.Admin().Query(qctx, `SELECT id::text, chat_id, seq FROM `+svc+`.messages`)
-		if err != nil {
-			problem("read %s.messages: %v", svc, err)
-			return
-		}
-		for rows.Next() {
-			m := sentMsg{From: svc}
-			if rows.Scan(&m.ID, &m.ChatID, &m.Seq) == nil {
-				stored[m.ID] = m
-			}
-		}
-		rows.Close()
+	stored, err := t.stored(qctx)
+	if err != nil {
+		problem("read messages: %v", err)
+		return
 	}
 	var lost, wrong []string
 	for _, m := range sent {
