@@ -40,6 +40,13 @@ const DefaultMaxBodyBytes = 4096
 //     service's own messages it is nil (JSON null) until the other
 //     service's receipt arrives (see Receipt), then that side's inbox
 //     commit time; for received messages it equals ReceivedAt.
+//   - Version: 1 as sent, n+1 after each edit or the delete (0 is read as
+//     1: an event from before versions).
+//   - EditedAt: when the latest edit or the delete was made (nil: never).
+//   - Deleted: the author deleted it; Body is then "".
+//   - ReadAt: for this service's own messages, when someone on the other
+//     side read it (the other service's read receipt, see ReadMark); nil
+//     (JSON null) until then, and for received messages.
 type Message struct {
 	ID          string     `json:"id"`
 	ChatID      int64      `json:"chat_id"`
@@ -50,10 +57,15 @@ type Message struct {
 	Author      string     `json:"author,omitempty"`
 	ReceivedAt  *time.Time `json:"received_at,omitempty"`
 	DeliveredAt *time.Time `json:"delivered_at"`
+	Version     int64      `json:"version"`
+	EditedAt    *time.Time `json:"edited_at,omitempty"`
+	Deleted     bool       `json:"deleted"`
+	ReadAt      *time.Time `json:"read_at"`
 }
 
 // MarshalJSON encodes times as RFC 3339 with microseconds in UTC;
-// delivered_at is always present (null when not delivered yet).
+// delivered_at and read_at are always present (null when not delivered or
+// read yet), version always (at least 1), edited_at only once edited.
 func (m Message) MarshalJSON() ([]byte, error) {
 	type wire struct {
 		ID          string  `json:"id"`
@@ -65,16 +77,27 @@ func (m Message) MarshalJSON() ([]byte, error) {
 		Author      string  `json:"author,omitempty"`
 		ReceivedAt  string  `json:"received_at,omitempty"`
 		DeliveredAt *string `json:"delivered_at"`
+		Version     int64   `json:"version"`
+		EditedAt    *string `json:"edited_at,omitempty"`
+		Deleted     bool    `json:"deleted"`
+		ReadAt      *string `json:"read_at"`
 	}
-	w := wire{ID: m.ID, ChatID: m.ChatID, Seq: m.Seq, Body: m.Body, SentAt: formatTime(m.SentAt), From: m.From, Author: m.Author}
+	w := wire{ID: m.ID, ChatID: m.ChatID, Seq: m.Seq, Body: m.Body, SentAt: formatTime(m.SentAt), From: m.From, Author: m.Author,
+		Version: max(m.Version, 1), Deleted: m.Deleted, EditedAt: optTime(m.EditedAt), ReadAt: optTime(m.ReadAt)}
 	if m.ReceivedAt != nil {
 		w.ReceivedAt = formatTime(*m.ReceivedAt)
 	}
-	if m.DeliveredAt != nil {
-		d := formatTime(*m.DeliveredAt)
-		w.DeliveredAt = &d
-	}
+	w.DeliveredAt = optTime(m.DeliveredAt)
 	return json.Marshal(w)
+}
+
+// optTime formats t, or returns nil for a nil t.
+func optTime(t *time.Time) *string {
+	if t == nil {
+		return nil
+	}
+	s := formatTime(*t)
+	return &s
 }
 
 const timeLayout = "2006-01-02T15:04:05.000000Z07:00"

@@ -107,6 +107,11 @@ type Gateway struct {
 	allDirty bool
 	offered  map[int64]*roomRows   // committed rows handed over by Offer, per room with subscribers
 	receipts map[int64]receiptNote // receipts to push, per room with subscribers (highest seq)
+	// changes and reads: edits, deletes and read receipts to push
+	// (changes.go); changesQuery reads the changed messages.
+	changes      map[changeRef]int64
+	reads        map[int64]receiptNote
+	changesQuery string
 	running  bool                  // between Start and Stop: Offer keeps rows only then
 	wake     chan struct{}
 	life     service.Lifecycle
@@ -190,23 +195,28 @@ func New(pool *pgxpool.Pool, service string, cfg *Config) (*Gateway, error) {
 	q := `SELECT r.k, r.chat_id, false, m.id::text, m.seq, m.body, m.created_at, NULL::timestamptz, $4::text,
 			CASE WHEN m.seq <= w.upto THEN (SELECT d.delivered_at FROM ` + s + `.receipts d
 				WHERE d.chat_id = r.chat_id AND d.upto_seq >= m.seq ORDER BY d.upto_seq LIMIT 1) END,
-			coalesce(m.author, ''), fl.floor
+			coalesce(m.author, ''), fl.floor, m.version, m.edited_at, m.deleted,
+			CASE WHEN m.seq <= w.rupto THEN (SELECT x.read_at FROM ` + s + `.reads x
+				WHERE x.chat_id = r.chat_id AND x.upto_seq >= m.seq ORDER BY x.upto_seq LIMIT 1) END
 		FROM unnest($1::bigint[], $2::bigint[]) WITH ORDINALITY AS r(chat_id, after, k)
 		CROSS JOIN LATERAL (SELECT coalesce((SELECT upto_seq FROM ` + s + `.receipts
-			WHERE chat_id = r.chat_id ORDER BY upto_seq DESC LIMIT 1), 0) AS upto) w
+			WHERE chat_id = r.chat_id ORDER BY upto_seq DESC LIMIT 1), 0) AS upto,
+			coalesce((SELECT upto_seq FROM ` + s + `.reads
+			WHERE chat_id = r.chat_id ORDER BY upto_seq DESC LIMIT 1), 0) AS rupto) w
 		CROSS JOIN LATERAL (SELECT coalesce((SELECT f.seq FROM ` + s + `.seq_floors f
 			WHERE f.chat_id = r.chat_id ORDER BY f.seq DESC LIMIT 1), 0) AS floor) fl
-		CROSS JOIN LATERAL (SELECT id, seq, body, created_at, author FROM ` + s + `.messages
+		CROSS JOIN LATERAL (SELECT id, seq, body, created_at, author, version, edited_at, deleted FROM ` + s + `.messages
 			WHERE chat_id = r.chat_id AND seq > r.after ORDER BY seq LIMIT ` + page + `) m
 		UNION ALL
-		SELECT r.k, r.chat_id, true, i.message_id::text, i.seq, i.body, i.sent_at, i.received_at, i.sender, i.received_at, coalesce(i.author, ''), fl.floor
+		SELECT r.k, r.chat_id, true, i.message_id::text, i.seq, i.body, i.sent_at, i.received_at, i.sender, i.received_at, coalesce(i.author, ''), fl.floor,
+			i.version, i.edited_at, i.deleted, NULL::timestamptz
 		FROM unnest($1::bigint[], $3::bigint[]) WITH ORDINALITY AS r(chat_id, after, k)
 		CROSS JOIN LATERAL (SELECT coalesce((SELECT g.upto FROM ` + s + `.inbox_gap_fills g
 			WHERE g.chat_id = r.chat_id ORDER BY g.upto DESC LIMIT 1), 0) AS floor) fl
-		CROSS JOIN LATERAL (SELECT message_id, seq, body, sent_at, received_at, sender, author FROM ` + s + `.inbox
+		CROSS JOIN LATERAL (SELECT message_id, seq, body, sent_at, received_at, sender, author, version, edited_at, deleted FROM ` + s + `.inbox
 			WHERE chat_id = r.chat_id AND seq > r.after ORDER BY seq LIMIT ` + page + `) i`
 	g := &Gateway{
-		pool: pool, service: service, cfg: c, query: q,
+		pool: pool, service: service, cfg: c, query: q, changesQuery: changesSQL(service),
 		log:   log.With("component", "chat.gateway", "service", service),
 		rooms: map[int64]map[*Subscription]struct{}{}, dirty: map[int64]struct{}{},
 		wake:     make(chan struct{}, 1),
@@ -239,8 +249,13 @@ func (g *Gateway) Start(ctx context.Context) error {
 			var unsubscribe []func()
 			for _, ch := range g.cfg.Channels {
 				notify := g.onNotify
-				if ch == chat.ReceiptChannel(g.service) {
+				switch ch {
+				case chat.ReceiptChannel(g.service):
 					notify = g.onReceiptNotify
+				case chat.ChangeChannel(g.service):
+					notify = g.onChangeNotify
+				case chat.ReadChannel(g.service):
+					notify = g.onReadNotify
 				}
 				unsubscribe = append(unsubscribe, g.notifier.Subscribe(notifier.Subscription{
 					Channel: ch, SkipOwn: slices.Contains(g.cfg.SkipOwnOn, ch),
@@ -261,7 +276,7 @@ func (g *Gateway) Start(ctx context.Context) error {
 				_ = g.notifier.Stop(r.Context())
 			}
 			g.mu.Lock()
-			g.running, g.offered, g.receipts = false, nil, nil
+			g.running, g.offered, g.receipts, g.changes, g.reads = false, nil, nil, nil, nil
 			g.mu.Unlock()
 		})
 	})
@@ -367,6 +382,10 @@ func (g *Gateway) Offer(received bool, ms []chat.Message) {
 func (g *Gateway) OfferApplied(applied []inbox.Applied) {
 	ms := make([]chat.Message, 0, len(applied))
 	for _, a := range applied {
+		switch a.Value.(type) {
+		case chat.Change, chat.ReadMark:
+			continue // their NOTIFYs reach the gateway (changes.go)
+		}
 		if r, ok := a.Value.(chat.Receipt); ok {
 			for _, c := range r.Chats {
 				g.Receipt(c.ChatID, c.UptoSeq, r.ReceivedAt)
@@ -530,6 +549,7 @@ func (g *Gateway) loop(ctx context.Context) {
 			hold.Reset(time.Until(h))
 		}
 		g.pushReceipts()
+		g.pushChanges(ctx)
 		if err != nil && ctx.Err() == nil {
 			g.log.Warn("read new messages", "err", err)
 			// Try again at the next wake-up or tick; the cursors did not move.
@@ -671,12 +691,14 @@ func (g *Gateway) push(ctx context.Context) (more bool, hold time.Time, err erro
 		var received bool
 		var recvAt *time.Time
 		var floor int64
-		if err := rows.Scan(&k, &m.ChatID, &received, &m.ID, &m.Seq, &m.Body, &m.SentAt, &recvAt, &m.From, &m.DeliveredAt, &m.Author, &floor); err != nil {
+		var version int32
+		if err := rows.Scan(&k, &m.ChatID, &received, &m.ID, &m.Seq, &m.Body, &m.SentAt, &recvAt, &m.From, &m.DeliveredAt, &m.Author, &floor,
+			&version, &m.EditedAt, &m.Deleted, &m.ReadAt); err != nil {
 			rows.Close()
 			g.markDirty(ids)
 			return false, hold, err
 		}
-		m.ReceivedAt = recvAt
+		m.ReceivedAt, m.Version = recvAt, int64(version)
 		if pages[pageKey{k, received}]++; pages[pageKey{k, received}] == gatewayPageSize {
 			full[m.ChatID] = true
 		}

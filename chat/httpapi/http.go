@@ -90,11 +90,16 @@ type Rooms interface {
 	Follow(chatID, afterSent, afterReceived int64) (frames <-chan []byte, evicted <-chan struct{}, cancel func())
 }
 
-// Deps are the parts the API serves from. All are required.
+// Deps are the parts the API serves from. Sender, Reader and Rooms are
+// required; without Browser and Changer their routes answer 501, without
+// Live the WebSocket has no typing or presence.
 type Deps struct {
-	Sender Sender
-	Reader Reader
-	Rooms  Rooms
+	Sender  Sender
+	Reader  Reader
+	Rooms   Rooms
+	Browser Browser
+	Changer Changer
+	Live    Live
 }
 
 // SocketMetrics receives WebSocket events, e.g. to feed Prometheus. Every
@@ -237,6 +242,10 @@ func waitGroupCtx(ctx context.Context, wg *sync.WaitGroup) error {
 func (a *API) Register(mux *http.ServeMux) {
 	mux.HandleFunc("POST /api/chats/{chat_id}/messages", a.handleSend)
 	mux.HandleFunc("GET /api/chats/{chat_id}/messages", a.handleHistory)
+	mux.HandleFunc("PATCH /api/chats/{chat_id}/messages/{message_id}", a.handleEdit)
+	mux.HandleFunc("DELETE /api/chats/{chat_id}/messages/{message_id}", a.handleDelete)
+	mux.HandleFunc("POST /api/chats/{chat_id}/read", a.handleRead)
+	mux.HandleFunc("GET /api/chats", a.handleChats)
 	mux.HandleFunc("GET /ws", a.handleWS)
 	mux.HandleFunc("GET /openapi.json", serveOpenAPI)
 	mux.Handle("GET /{$}", web.Handler(a.service))
@@ -405,6 +414,15 @@ func (a *API) room(w http.ResponseWriter, r *http.Request, raw string) (chatID, 
 }
 
 func (a *API) handleHistory(w http.ResponseWriter, r *http.Request) {
+	if n, own, other, latest, err := a.latestParams(r); latest || err != nil {
+		chatID, cerr := chat.ParseChatID(r.PathValue("chat_id"))
+		if err = cmp.Or(cerr, err); err != nil {
+			writeError(w, err)
+			return
+		}
+		a.handleLatest(w, r, chatID, n, own, other)
+		return
+	}
 	chatID, own, other, ok := a.room(w, r, r.PathValue("chat_id"))
 	if !ok {
 		return
@@ -435,6 +453,11 @@ func (a *API) handleHistory(w http.ResponseWriter, r *http.Request) {
 func (a *API) handleWS(w http.ResponseWriter, r *http.Request) {
 	chatID, own, other, ok := a.room(w, r, r.URL.Query().Get("chat_id"))
 	if !ok {
+		return
+	}
+	last, err := wsLast(r)
+	if err != nil {
+		writeError(w, err)
 		return
 	}
 	a.sockets.Add(1)
@@ -473,10 +496,28 @@ func (a *API) handleWS(w http.ResponseWriter, r *http.Request) {
 		r = r.WithContext(auth.WithPrincipal(r.Context(), p))
 	}
 	user := userOf(r)
+	if last > 0 || (last == 0 && r.URL.Query().Has("last")) {
+		if a.deps.Browser == nil {
+			c.Close(websocket.StatusInternalError, "last is not served here")
+			return
+		}
+		if own, other, err = a.wsStart(r.Context(), chatID, last); err != nil {
+			a.log.Warn("websocket start failed", "chat_id", chatID, "err", err)
+			c.Close(websocket.StatusTryAgainLater, "could not read the chat: reconnect")
+			return
+		}
+	}
 	frames, evicted, unsubscribe := a.deps.Rooms.Follow(chatID, own, other)
 	defer unsubscribe()
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
+	var liveFrames <-chan []byte
+	typing := func() {}
+	if a.deps.Live != nil {
+		var leave func()
+		liveFrames, typing, leave = a.deps.Live.Join(chatID, auth.AuthorOf(r.Context()))
+		defer leave()
+	}
 	expired := tokenExpiry(ctx)
 	pingFailed := a.keepAlive(ctx, c)
 	// The room's delivered watermark first (receipts the client may have
@@ -492,8 +533,22 @@ func (a *API) handleWS(w http.ResponseWriter, r *http.Request) {
 		}
 		a.ws.frameOut()
 	}
+	// The room's read watermark likewise.
+	if a.deps.Browser != nil {
+		if seq, at, err := a.deps.Browser.ReadUpTo(ctx, chatID); err == nil && seq > 0 {
+			b, _ := json.Marshal(chat.ReadFrame{ChatID: chatID, From: a.service, UptoSeq: seq, ReadAt: at})
+			wctx, wcancel := context.WithTimeout(ctx, wsWriteTimeout)
+			err := c.Write(wctx, websocket.MessageText, b)
+			wcancel()
+			if err != nil {
+				return
+			}
+			a.ws.frameOut()
+		}
+	}
 	// Reader: a client may send {"body": "..."} frames; each is a send, and
-	// errors come back as {"error": ..., "field": ...} frames.
+	// errors come back as {"error": ..., "field": ...} frames. A
+	// {"type": "typing"} frame is a typing signal (Live), nothing stored.
 	replies := make(chan []byte, 8)
 	go func() {
 		defer cancel()
@@ -503,6 +558,18 @@ func (a *API) handleWS(w http.ResponseWriter, r *http.Request) {
 				return
 			}
 			a.ws.frameIn()
+			if t := frameType(data); t == "typing" && typ == websocket.MessageText {
+				typing()
+				continue
+			} else if t != "" {
+				b, _ := json.Marshal(ErrorBody{Error: "unknown frame type (send {\"body\": \"...\"} or {\"type\": \"typing\"})", Field: "type"})
+				select {
+				case replies <- b:
+				case <-ctx.Done():
+					return
+				}
+				continue
+			}
 			var req chat.SendRequest
 			if typ != websocket.MessageText {
 				err = &chat.FieldError{Field: "", Msg: "send text frames holding {\"body\": \"...\"}"}
@@ -547,6 +614,7 @@ func (a *API) handleWS(w http.ResponseWriter, r *http.Request) {
 			c.CloseNow()
 			return
 		case frame = <-frames:
+		case frame = <-liveFrames:
 		case frame = <-replies:
 		}
 		wctx, wcancel := context.WithTimeout(ctx, wsWriteTimeout)

@@ -28,6 +28,7 @@ type InboxHandler struct {
 	lockChats   string
 	insertBatch string
 	rq          receiptQueries
+	cq          changeQueries // edits, deletes, read receipts (changes.go)
 	// keys, when set, check every delivery's signature before anything
 	// else (EventKeys.Verify on the inbound queue).
 	keys *auth.EventKeys
@@ -59,6 +60,7 @@ func NewInboxHandler(service string, keys *auth.EventKeys) (*InboxHandler, error
 		keys:    keys,
 		channel: chat.InboxChannel(service),
 		rq:      newReceiptQueries(service),
+		cq:      newChangeQueries(service),
 		// lockChats takes, in the order given (ascending, so two inbox
 		// transactions cannot deadlock), a transaction advisory lock per
 		// chat of the batch's messages: hashtextextended('<service>.inbox.'
@@ -226,6 +228,11 @@ func (h *InboxHandler) QueueBatch(b *pgx.Batch, ds []inbox.Delivery, rs []inbox.
 	var rAts []time.Time
 	first := map[string]int{} // message id → index of its first delivery in ds
 	msgs := make([]chat.Message, len(ds))
+	// Edits, deletes and read receipts (changes.go), queued after the
+	// messages' statements so that a change finds its message of the same
+	// batch.
+	var changes changeBatch
+	defer changes.queue(b)
 	for i, d := range ds {
 		// Every delivery, message or receipt, is checked against the event
 		// keys first: a forged receipt would otherwise mark messages
@@ -244,6 +251,10 @@ func (h *InboxHandler) QueueBatch(b *pgx.Batch, ds []inbox.Delivery, rs []inbox.
 				rChats, rUpto, rAts = append(rChats, c.ChatID), append(rUpto, c.UptoSeq), append(rAts, r.ReceivedAt)
 			}
 			rs[i].Fresh, rs[i].Value = true, r
+			continue
+		}
+		if isChangeEvent(d.Name) {
+			changes.add(h, d, i, rs)
 			continue
 		}
 		m, err := h.decode(d)

@@ -31,7 +31,22 @@ func RedisACL(service, prefix, user, password string) ([]string, error) {
 	}
 	sum := sha256.Sum256([]byte(password))
 	args := []string{"ACL", "SETUSER", user, "reset", "#" + hex.EncodeToString(sum[:])}
-	return append(args, redisq.ACLRules(prefix, chat.QueueName(service), chat.QueueName(chat.Peer(service)))...), nil
+	args = append(args, redisq.ACLRules(prefix, chat.QueueName(service), chat.QueueName(chat.Peer(service)))...)
+	// The live channel of typing and presence (package chat/live): publish
+	// and subscribe on it alone.
+	return append(args, "&"+globEscape(prefix+"live"), "+publish", "+subscribe", "+unsubscribe"), nil
+}
+
+// globEscape escapes the glob characters of s for an ACL pattern.
+func globEscape(s string) string {
+	var b strings.Builder
+	for _, r := range s {
+		if strings.ContainsRune(`*?[]\`, r) {
+			b.WriteByte('\\')
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
 }
 
 // RedisACLLine formats RedisACL's arguments as one redis-cli line (rules

@@ -14,9 +14,12 @@ import (
 	"github.com/outboxchat/outboxchat/chat"
 	"github.com/outboxchat/outboxchat/chat/gateway"
 	"github.com/outboxchat/outboxchat/chat/httpapi"
+	"github.com/outboxchat/outboxchat/chat/live"
 	"github.com/outboxchat/outboxchat/chat/store"
 	"github.com/outboxchat/outboxchat/outbox"
 	"github.com/outboxchat/outboxchat/redisq"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // maxHeaderBytes bounds a request's headers (net/http's default is 1 MiB;
@@ -71,7 +74,13 @@ func (p *process) buildAPI() error {
 		p.add(dw)
 		sender = dualWriteSender{dw}
 	}
-	api, err := httpapi.New(httpapi.Deps{Sender: sender, Reader: st, Rooms: rooms{gw}}, &httpapi.Config{
+	deps := httpapi.Deps{Sender: sender, Reader: st, Rooms: rooms{gw}, Browser: st, Changer: st}
+	if hub, err := p.buildLive(); err != nil {
+		return err
+	} else if hub != nil {
+		deps.Live = liveRooms{hub}
+	}
+	api, err := httpapi.New(deps, &httpapi.Config{
 		Service: c.Service, ListenAddr: c.API.HTTPAddr, MaxBodyBytes: c.API.MaxBodyBytes, Verifier: p.verifier,
 		Guard: c.API.Guard, Refused: p.m.refused(), Sockets: p.m.sockets(), Logger: p.log,
 	})
@@ -147,6 +156,48 @@ func (p *process) readyz(stopping *atomic.Bool) http.HandlerFunc {
 		}
 		httpapi.WriteJSON(w, http.StatusOK, map[string]string{"status": "ready"})
 	}
+}
+
+// buildLive builds the typing and presence hub (package live) on the
+// process's Redis client, or on one of its own when no other role needs
+// Redis: nil without a Redis URL (no typing, no presence). It never needs
+// Redis up: sends do not depend on it.
+func (p *process) buildLive() (*live.Hub, error) {
+	c := p.cfg
+	if c.RedisURL == "" {
+		return nil, nil
+	}
+	var rdb redis.UniversalClient = p.rdb
+	if p.rdb == nil {
+		own, err := redisq.NewClient(c.RedisURL)
+		if err != nil {
+			p.log.Warn("typing and presence off: the Redis URL is not one they can use", "err", err)
+			return nil, nil
+		}
+		rdb = own
+		p.add(closer{own})
+	}
+	hub, err := live.New(rdb, &live.Config{Service: c.Service, Prefix: c.RedisPrefix, Logger: p.log})
+	if err != nil {
+		return nil, err
+	}
+	p.add(hub)
+	return hub, nil
+}
+
+// closer closes a Redis client when stopped (services stop in reverse
+// order: after the hub that uses it).
+type closer struct{ c *redis.Client }
+
+func (closer) Start(context.Context) error  { return nil }
+func (c closer) Stop(context.Context) error { return c.c.Close() }
+
+// liveRooms adapts the live hub to httpapi.Live.
+type liveRooms struct{ h *live.Hub }
+
+func (l liveRooms) Join(chatID int64, author string) (<-chan []byte, func(), func()) {
+	m := l.h.Join(chatID, author)
+	return m.C, m.Typing, m.Leave
 }
 
 // rooms adapts the gateway to httpapi.Rooms.

@@ -29,7 +29,8 @@ func (p *process) buildGateway() error {
 		skip = append(skip, chat.InboxChannel(c.Service), chat.ReceiptChannel(c.Service))
 	}
 	gw, err := gateway.New(p.pool, c.Service, &gateway.Config{
-		Channels:   []string{chat.InboxChannel(c.Service), chat.OutboxChannel(c.Service), chat.ReceiptChannel(c.Service)},
+		Channels: []string{chat.InboxChannel(c.Service), chat.OutboxChannel(c.Service), chat.ReceiptChannel(c.Service),
+			chat.ChangeChannel(c.Service), chat.ReadChannel(c.Service)},
 		GapTimeout: c.API.GapTimeout, Logger: p.log, Notifier: p.listener, SkipOwnOn: skip, PollInterval: c.gatewayPoll,
 	})
 	if err != nil {
@@ -86,7 +87,11 @@ func (p *process) buildWorker() error {
 	if err != nil {
 		return err
 	}
-	p.add(ic)
+	held, err := receive.NewHeldChanges(p.pool, c.Service, 0, p.log)
+	if err != nil {
+		return err
+	}
+	p.add(ic, held)
 	p.announce = append(p.announce, func() {
 		p.log.Info("worker started", "queue", chat.QueueName(chat.Peer(c.Service)), "consumer", c.Worker.ConsumerName)
 	})

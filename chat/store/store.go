@@ -35,6 +35,7 @@ type Store struct {
 	service string
 	writer  *outbox.Writer
 	q       queries
+	fq      featureQueries
 	// afterCommit, lockTimeout, readTimeout, metrics: Config's, defaults
 	// applied.
 	afterCommit              func(ms []chat.Message)
@@ -132,15 +133,11 @@ func newQueries(service string) queries {
 		// delivered_at of the first receipt at or above its seq (one probe
 		// of the receipts' primary key per message the chat's newest
 		// receipt covers; none for the rest).
-		history: `SELECT m.id::text, m.chat_id, m.seq, m.body, m.created_at, coalesce(m.author, ''),
-				CASE WHEN m.seq <= w.upto THEN (SELECT r.delivered_at FROM ` + s + `.receipts r
-					WHERE r.chat_id = m.chat_id AND r.upto_seq >= m.seq ORDER BY r.upto_seq LIMIT 1) END
-			FROM ` + s + `.messages m,
-				(SELECT coalesce((SELECT upto_seq FROM ` + s + `.receipts WHERE chat_id = $1
-					ORDER BY upto_seq DESC LIMIT 1), 0) AS upto) w
+		history: `SELECT ` + ownCols(s) + `
+			FROM ` + s + `.messages m, ` + watermarksOf(s, "$1") + `
 			WHERE m.chat_id = $1 AND m.seq > $2 ORDER BY m.seq LIMIT $3`,
-		historyInbox: `SELECT message_id::text, chat_id, seq, body, sent_at, received_at, sender, coalesce(author, '') FROM ` + s + `.inbox
-			WHERE chat_id = $1 AND seq > $2 ORDER BY seq LIMIT $3`,
+		historyInbox: `SELECT ` + inboxCols + ` FROM ` + s + `.inbox i
+			WHERE i.chat_id = $1 AND i.seq > $2 ORDER BY i.seq LIMIT $3`,
 		// watermark: a chat's highest delivered seq and its time (the
 		// newest receipt, one backward step of its primary key).
 		watermark: `SELECT upto_seq, delivered_at FROM ` + s + `.receipts
@@ -187,7 +184,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Store, error) {
 	if pool == nil || cfg.Writer == nil {
 		return nil, errors.New("store: New needs a pool and an outbox writer")
 	}
-	s := &Store{pool: pool, service: cfg.Service, writer: cfg.Writer, q: newQueries(cfg.Service),
+	s := &Store{pool: pool, service: cfg.Service, writer: cfg.Writer, q: newQueries(cfg.Service), fq: newFeatureQueries(cfg.Service),
 		lockTimeout: cmp.Or(cfg.LockTimeout, DefaultSendLockTimeout), readTimeout: cmp.Or(cfg.ReadTimeout, DefaultReadTimeout),
 		metrics: cfg.Metrics, afterCommit: cfg.AfterCommit,
 		slowSem: make(chan struct{}, slowLanesFor(pool.Config().MaxConns))}
@@ -310,11 +307,7 @@ func (s *Store) History(ctx context.Context, chatID, afterSent, afterReceived in
 	if err != nil {
 		return h, fmt.Errorf("history: %w", err)
 	}
-	h.Sent, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (chat.Message, error) {
-		m := chat.Message{From: s.service}
-		err := r.Scan(&m.ID, &m.ChatID, &m.Seq, &m.Body, &m.SentAt, &m.Author, &m.DeliveredAt)
-		return m, err
-	})
+	h.Sent, err = pgx.CollectRows(rows, s.scanOwn)
 	if err != nil {
 		return h, fmt.Errorf("history: %w", err)
 	}
@@ -322,20 +315,12 @@ func (s *Store) History(ctx context.Context, chatID, afterSent, afterReceived in
 	if err != nil {
 		return h, fmt.Errorf("history inbox: %w", err)
 	}
-	h.Received, err = pgx.CollectRows(rows, scanInbox)
+	h.Received, err = pgx.CollectRows(rows, scanInboxFull)
 	if err != nil {
 		return h, fmt.Errorf("history inbox: %w", err)
 	}
 	h.More = len(h.Sent) == limit || len(h.Received) == limit
 	return h, nil
-}
-
-func scanInbox(r pgx.CollectableRow) (chat.Message, error) {
-	var m chat.Message
-	var recv time.Time
-	err := r.Scan(&m.ID, &m.ChatID, &m.Seq, &m.Body, &m.SentAt, &recv, &m.From, &m.Author)
-	m.ReceivedAt, m.DeliveredAt = &recv, &recv
-	return m, err
 }
 
 // DeliveredUpTo returns the highest seq of this service's messages in chat

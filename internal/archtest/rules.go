@@ -110,6 +110,7 @@ var Places = []Place{
 	{"chat/store/...", store},
 	{"chat/receive/...", receive},
 	{"chat/gateway/...", gateway},
+	{"chat/live/...", gateway},
 	{"chat/status/...", status},
 	{"chat/httpapi/...", http},
 	{"chat/web/...", http},

@@ -182,6 +182,7 @@ type Watcher struct {
 	mu       sync.Mutex
 	frames   []chat.Message
 	receipts []chat.ReceiptFrame
+	typed    []typedFrame // frames with another "type" (edit, delete, read, typing, presence)
 	cancel   context.CancelFunc
 	done     chan struct{}
 }
@@ -190,6 +191,33 @@ type Watcher struct {
 func Watch(t testing.TB, base string, chatID int64) *Watcher {
 	t.Helper()
 	return WatchURL(t, context.Background(), base+fmt.Sprintf("/ws?chat_id=%d", chatID))
+}
+
+// typedFrame is a frame with a "type" other than "receipt".
+type typedFrame struct {
+	typ string
+	raw []byte
+}
+
+// Typed returns the raw frames of type typ ("edit", "delete", "read",
+// "typing", "presence"), in arrival order.
+func (w *Watcher) Typed(typ string) [][]byte {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var out [][]byte
+	for _, f := range w.typed {
+		if f.typ == typ {
+			out = append(out, f.raw)
+		}
+	}
+	return out
+}
+
+// Messages returns every message frame, in arrival order.
+func (w *Watcher) Messages() []chat.Message {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return append([]chat.Message(nil), w.frames...)
 }
 
 // from returns the frames of messages sent by service, in arrival order.
@@ -279,6 +307,12 @@ func WatchURL(t testing.TB, ctx context.Context, u string) *Watcher {
 			if json.Unmarshal(data, &r) == nil && r.Type == "receipt" {
 				w.mu.Lock()
 				w.receipts = append(w.receipts, chat.ReceiptFrame(r))
+				w.mu.Unlock()
+				continue
+			}
+			if r.Type != "" {
+				w.mu.Lock()
+				w.typed = append(w.typed, typedFrame{typ: r.Type, raw: append([]byte(nil), data...)})
 				w.mu.Unlock()
 				continue
 			}
