@@ -112,10 +112,10 @@ type Gateway struct {
 	changes      map[changeRef]int64
 	reads        map[int64]receiptNote
 	changesQuery string
-	running  bool                  // between Start and Stop: Offer keeps rows only then
-	wake     chan struct{}
-	life     service.Lifecycle
-	notifier *notifier.Notifier
+	running      bool // between Start and Stop: Offer keeps rows only then
+	wake         chan struct{}
+	life         service.Lifecycle
+	notifier     *notifier.Notifier
 	// ownNotify: notifier is the gateway's own, started and stopped with it.
 	ownNotify bool
 }

@@ -98,7 +98,6 @@ type Hub struct {
 	mu     sync.Mutex
 	local  map[int64]map[*Member]struct{}
 	remote map[int64]map[string]remote // chat → process → its users
-	last   map[int64]string             // chat → the presence frame last pushed
 	conns  int64
 	// out queues the signals to publish; the run's publisher drains it.
 	out chan wire
@@ -116,6 +115,10 @@ type Member struct {
 	conn   string
 	lim    *rate.Limiter
 	once   sync.Once
+	// last is the presence frame last pushed to the member, sawOthers
+	// whether it showed anyone else (both guarded by the hub's mu).
+	last      string
+	sawOthers bool
 }
 
 // New returns a Hub on rdb configured by cfg. Error: an unknown service.
@@ -135,7 +138,7 @@ func New(rdb redis.UniversalClient, cfg *Config) (*Hub, error) {
 	_, _ = rand.Read(b)
 	h := &Hub{rdb: rdb, cfg: c, channel: c.Prefix + "live", proc: hex.EncodeToString(b),
 		log:   log.With("component", "chat.live"),
-		local: map[int64]map[*Member]struct{}{}, remote: map[int64]map[string]remote{}, last: map[int64]string{},
+		local: map[int64]map[*Member]struct{}{}, remote: map[int64]map[string]remote{},
 		out: make(chan wire, 1024)}
 	h.life.Name = "chat: live"
 	return h, nil
@@ -211,7 +214,7 @@ func (h *Hub) Join(chatID int64, author string) *Member {
 	room[m] = struct{}{}
 	online := h.localOnline(chatID)
 	h.mu.Unlock()
-	h.changed(chatID, true)
+	h.changed(chatID)
 	h.publish(wire{Kind: "presence", Proc: h.proc, ChatID: chatID, Online: online})
 	return m
 }
@@ -241,7 +244,7 @@ func (m *Member) Leave() {
 		}
 		online := h.localOnline(m.chatID)
 		h.mu.Unlock()
-		h.changed(m.chatID, false)
+		h.changed(m.chatID)
 		h.publish(wire{Kind: "presence", Proc: h.proc, ChatID: m.chatID, Online: online})
 	})
 }
@@ -307,7 +310,7 @@ func (h *Hub) receive(payload string) {
 			delete(h.remote, w.ChatID)
 		}
 		h.mu.Unlock()
-		h.changed(w.ChatID, false)
+		h.changed(w.ChatID)
 	}
 }
 
@@ -330,9 +333,11 @@ func (h *Hub) deliverTyping(chatID int64, p Person, conn, proc string) {
 	}
 }
 
-// changed pushes the chat's presence to its local members when it differs
-// from the last one pushed (always when force).
-func (h *Hub) changed(chatID int64, force bool) {
+// changed pushes the chat's presence to each local member whose view
+// changed: a member alone in the chat (no one else online) gets no frame,
+// so a client that only reads messages sees none until someone else opens
+// the chat; it gets one, too, when the last other person leaves.
+func (h *Hub) changed(chatID int64) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	online := h.localOnline(chatID)
@@ -352,16 +357,13 @@ func (h *Hub) changed(chatID int64, force bool) {
 		ChatID int64    `json:"chat_id"`
 		Online []Person `json:"online"`
 	}{"presence", chatID, online})
-	if !force && h.last[chatID] == string(b) {
-		return
-	}
-	if len(h.local[chatID]) == 0 {
-		delete(h.last, chatID)
-		return
-	}
-	h.last[chatID] = string(b)
 	for m := range h.local[chatID] {
-		m.offer(b)
+		others := slices.ContainsFunc(online, func(p Person) bool { return p != m.person })
+		if (others || m.sawOthers) && m.last != string(b) {
+			m.offer(b)
+			m.last = string(b)
+		}
+		m.sawOthers = others
 	}
 }
 
@@ -388,7 +390,7 @@ func (h *Hub) heartbeat(ctx context.Context) {
 	}
 	h.mu.Unlock()
 	for _, id := range expired {
-		h.changed(id, false)
+		h.changed(id)
 	}
 	for id, online := range mine {
 		h.publishNow(ctx, wire{Kind: "presence", Proc: h.proc, ChatID: id, Online: online})

@@ -1,0 +1,280 @@
+package server
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+
+	"github.com/outboxchat/outboxchat/chat"
+	"github.com/outboxchat/outboxchat/chat/auth"
+	"github.com/outboxchat/outboxchat/chat/internal/chattest"
+	"github.com/outboxchat/outboxchat/internal/testenv"
+)
+
+// tokenOf mints a test token of user for every chat (or the given ones).
+func tokenOf(t testing.TB, user string, chats ...int64) string {
+	t.Helper()
+	scope := auth.ChatScope{All: len(chats) == 0, IDs: chats}
+	tok, err := auth.MintToken(chattest.Secret, user, []string{chat.Consumers, chat.Workers}, scope, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tok
+}
+
+// call sends method to u with token and a JSON body ("" for none) and
+// returns the status and body.
+func call(t testing.TB, method, u, token, body string) (int, []byte) {
+	t.Helper()
+	var rd *bytes.Reader
+	if body != "" {
+		rd = bytes.NewReader([]byte(body))
+	} else {
+		rd = bytes.NewReader(nil)
+	}
+	req, err := http.NewRequest(method, u, rd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+token)
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	code, b, err := chattest.Answer(http.DefaultClient.Do(req))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return code, b
+}
+
+type latestPage struct {
+	Messages        []chat.Message `json:"messages"`
+	MoreBefore      bool           `json:"more_before"`
+	BeforeConsumers int64          `json:"before_consumers"`
+	BeforeWorkers   int64          `json:"before_workers"`
+}
+
+func getLatest(t testing.TB, u string) latestPage {
+	t.Helper()
+	code, b := call(t, "GET", u, chattest.Token(), "")
+	if code != http.StatusOK {
+		t.Fatalf("GET %s: %d %s", u, code, b)
+	}
+	var p latestPage
+	if err := json.Unmarshal(b, &p); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// bulkChat stores n messages of each origin in chat chatID on workers'
+// side, as if they had been sent and received long ago (both sides'
+// receipts say delivered, so nothing is re-driven): workers' own messages
+// at even milliseconds, consumers' (in workers.inbox) at odd ones.
+func bulkChat(t testing.TB, h *harness, chatID int64, n int) {
+	t.Helper()
+	ctx := context.Background()
+	for _, q := range []string{
+		`INSERT INTO workers.messages (chat_id, seq, body, author, created_at)
+			SELECT $1, g, 'workers ' || g, 'tester', timestamptz '2026-01-01' + (2 * g) * interval '1 ms' FROM generate_series(1, $2) g`,
+		`INSERT INTO workers.receipts (chat_id, upto_seq, delivered_at) VALUES ($1, $2, now())`,
+		`INSERT INTO workers.inbox (message_id, chat_id, seq, body, sender, sent_at, author)
+			SELECT gen_random_uuid(), $1, g, 'consumers ' || g, 'consumers', timestamptz '2026-01-01' + (2 * g + 1) * interval '1 ms', 'tester'
+			FROM generate_series(1, $2) g`,
+		`INSERT INTO consumers.seq_floors (chat_id, seq) VALUES ($1, $2)`,
+	} {
+		if _, err := h.Admin.Exec(ctx, q, chatID, n); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+}
+
+// A chat of 100,000 messages opens at its newest: the history's last=50
+// is the newest 50 of both sides merged, oldest first, and pages back
+// without a gap or a repeat; a socket opened with last=50 gets exactly
+// those 50 frames, then live ones; a reconnect with cursors catches up
+// exactly.
+func TestLatestFirstOnALongChat(t *testing.T) {
+	h, cons, work := startBoth(t)
+	const chatID = 4242
+	bulkChat(t, h, chatID, 50000)
+	base := fmt.Sprintf("%s/api/chats/%d/messages", work.base, chatID)
+
+	p := getLatest(t, base+"?last=50")
+	if len(p.Messages) != 50 || !p.MoreBefore {
+		t.Fatalf("last=50: %d messages, more_before %v", len(p.Messages), p.MoreBefore)
+	}
+	// The newest 50: workers 49976..50000 and consumers 49976..50000,
+	// interleaved by sent_at, oldest first.
+	for i, m := range p.Messages {
+		wantSeq := int64(49976 + i/2)
+		wantFrom := chat.Workers
+		if i%2 == 1 {
+			wantFrom = chat.Consumers
+		}
+		if m.Seq != wantSeq || m.From != wantFrom || m.Version != 1 {
+			t.Fatalf("message %d: %s seq %d v%d, want %s seq %d", i, m.From, m.Seq, m.Version, wantFrom, wantSeq)
+		}
+	}
+	if p.BeforeWorkers != 49976 || p.BeforeConsumers != 49976 {
+		t.Fatalf("cursors %d/%d, want 49976/49976", p.BeforeConsumers, p.BeforeWorkers)
+	}
+	// Page back three times: contiguous, no repeats.
+	seen := map[string]bool{}
+	for _, m := range p.Messages {
+		seen[m.From+fmt.Sprint(m.Seq)] = true
+	}
+	next := p
+	for page := 0; page < 3; page++ {
+		next = getLatest(t, fmt.Sprintf("%s?last=50&before_consumers=%d&before_workers=%d", base, next.BeforeConsumers, next.BeforeWorkers))
+		if len(next.Messages) != 50 || !next.MoreBefore {
+			t.Fatalf("page %d: %d messages, more_before %v", page, len(next.Messages), next.MoreBefore)
+		}
+		for _, m := range next.Messages {
+			k := m.From + fmt.Sprint(m.Seq)
+			if seen[k] {
+				t.Fatalf("page %d repeats %s", page, k)
+			}
+			seen[k] = true
+		}
+	}
+	if len(seen) != 200 || !seen["workers49901"] || !seen["consumers49901"] {
+		t.Fatalf("4 pages hold %d messages, want the newest 200", len(seen))
+	}
+	// The oldest page says there is nothing before it.
+	first := getLatest(t, base+"?last=10&before_consumers=3&before_workers=3")
+	if len(first.Messages) != 4 || first.MoreBefore {
+		t.Fatalf("oldest page: %d messages, more_before %v", len(first.Messages), first.MoreBefore)
+	}
+	for _, bad := range []string{"?last=0", "?last=x", "?last=10001", "?last=5&after_seq=3", "?before_workers=-1"} {
+		code, b := call(t, "GET", base+bad, chattest.Token(), "")
+		if code != http.StatusBadRequest || !bytes.Contains(b, []byte(`"field":"`)) {
+			t.Fatalf("%s: %d %s", bad, code, b)
+		}
+	}
+
+	// The socket: 50 history frames, not 100,000.
+	w := chattest.WatchURL(t, context.Background(), fmt.Sprintf("%s/ws?chat_id=%d&last=50", work.base, chatID))
+	testenv.WaitFor(t, 20*time.Second, "50 history frames", func() bool { return len(w.Messages()) >= 50 })
+	live := chattest.Send(t, cons.base, chatID, "live one")
+	testenv.WaitFor(t, 20*time.Second, "the live message", func() bool {
+		ms := w.Messages()
+		return len(ms) > 0 && ms[len(ms)-1].ID == live.ID
+	})
+	ms := w.Messages()
+	if len(ms) != 51 {
+		t.Fatalf("socket got %d message frames, want 50 history + 1 live", len(ms))
+	}
+	for i, m := range ms[:50] {
+		if m.ID != p.Messages[i].ID {
+			t.Fatalf("history frame %d is %s seq %d, want %s seq %d", i, m.From, m.Seq, p.Messages[i].From, p.Messages[i].Seq)
+		}
+	}
+	if live.Seq != 50001 {
+		t.Fatalf("live message got seq %d", live.Seq)
+	}
+	// A reconnect with cursors (5 behind on consumers) gets exactly the 5.
+	rw := chattest.WatchURL(t, context.Background(), fmt.Sprintf("%s/ws?chat_id=%d&last=50&after_consumers=49996&after_workers=50000", work.base, chatID))
+	testenv.WaitFor(t, 20*time.Second, "catch-up", func() bool { return len(rw.Messages()) >= 5 })
+	chattest.Send(t, work.base, chatID, "after reconnect")
+	testenv.WaitFor(t, 20*time.Second, "own live message", func() bool { return len(rw.Messages()) >= 6 })
+	rms := rw.Messages()
+	if len(rms) != 6 || rms[0].Seq != 49997 || rms[4].Seq != 50001 || rms[4].From != chat.Consumers || rms[5].From != chat.Workers || rms[5].Seq != 50001 {
+		var s []string
+		for _, m := range rms {
+			s = append(s, fmt.Sprintf("%s:%d", m.From, m.Seq))
+		}
+		t.Fatalf("reconnect got %v", s)
+	}
+}
+
+// frameCount reads frames from a socket until quiet for d and returns them.
+func dialRaw(t testing.TB, u, token string) *websocket.Conn {
+	t.Helper()
+	c, _, err := websocket.Dial(context.Background(), "ws"+strings.TrimPrefix(u, "http"), chattest.WSOpts(token))
+	if err != nil {
+		t.Fatalf("dial %s: %v", u, err)
+	}
+	t.Cleanup(func() { c.CloseNow() })
+	return c
+}
+
+// The chat list: the chats the token allows that have messages, newest
+// first, paged, with unread counts that follow the reads.
+func TestChatListNewestFirstWithUnread(t *testing.T) {
+	h, cons, work := startBoth(t)
+	for _, id := range []int64{11, 12, 13} {
+		chattest.Send(t, cons.base, id, fmt.Sprint("to workers in ", id))
+	}
+	chattest.Send(t, cons.base, 11, "second in 11")
+	testenv.WaitFor(t, 20*time.Second, "workers' inbox", func() bool {
+		return h.Count(t, `SELECT count(*) FROM workers.inbox`) == 4
+	})
+	type list struct {
+		Chats []struct {
+			ChatID      int64        `json:"chat_id"`
+			LastMessage chat.Message `json:"last_message"`
+			Unread      int64        `json:"unread"`
+		} `json:"chats"`
+		NextCursor *string `json:"next_cursor"`
+	}
+	get := func(u, token string) list {
+		t.Helper()
+		code, b := call(t, "GET", u, token, "")
+		if code != http.StatusOK {
+			t.Fatalf("GET %s: %d %s", u, code, b)
+		}
+		var l list
+		if err := json.Unmarshal(b, &l); err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+	l := get(work.base+"/api/chats", chattest.Token())
+	if len(l.Chats) != 3 || l.Chats[0].ChatID != 11 || l.Chats[0].Unread != 2 || l.Chats[0].LastMessage.Body != "second in 11" ||
+		l.Chats[1].ChatID != 13 || l.Chats[2].ChatID != 12 || l.NextCursor != nil {
+		t.Fatalf("chat list: %+v", l)
+	}
+	// Paged: two, then the third.
+	p1 := get(work.base+"/api/chats?limit=2", chattest.Token())
+	if len(p1.Chats) != 2 || p1.NextCursor == nil {
+		t.Fatalf("page 1: %+v", p1)
+	}
+	p2 := get(work.base+"/api/chats?limit=2&cursor="+*p1.NextCursor, chattest.Token())
+	if len(p2.Chats) != 1 || p2.Chats[0].ChatID != 12 || p2.NextCursor != nil {
+		t.Fatalf("page 2: %+v", p2)
+	}
+	// A token for chats 12 and 99 sees 12 only.
+	if l := get(work.base+"/api/chats", tokenOf(t, "tester", 12, 99)); len(l.Chats) != 1 || l.Chats[0].ChatID != 12 {
+		t.Fatalf("scoped list: %+v", l)
+	}
+	// Reading chat 11 up to seq 1 leaves 1 unread; up to 2, none.
+	code, b := call(t, "POST", fmt.Sprintf("%s/api/chats/11/read", work.base), chattest.Token(), `{"upto_seq": 1}`)
+	if code != http.StatusOK || !bytes.Contains(b, []byte(`"unread":1`)) {
+		t.Fatalf("read: %d %s", code, b)
+	}
+	if l := get(work.base+"/api/chats", chattest.Token()); l.Chats[0].Unread != 1 {
+		t.Fatalf("after read 1: %+v", l.Chats[0])
+	}
+	call(t, "POST", fmt.Sprintf("%s/api/chats/11/read", work.base), chattest.Token(), `{"upto_seq": 99}`)
+	if l := get(work.base+"/api/chats", chattest.Token()); l.Chats[0].Unread != 0 {
+		t.Fatalf("after read all: %+v", l.Chats[0])
+	}
+	// Another user's count is their own.
+	if l := get(work.base+"/api/chats", tokenOf(t, "someone else")); l.Chats[0].Unread != 2 {
+		t.Fatalf("other user: %+v", l.Chats[0])
+	}
+	for _, bad := range []string{"?limit=0", "?limit=x", "?cursor=nope"} {
+		code, b := call(t, "GET", work.base+"/api/chats"+bad, chattest.Token(), "")
+		if code != http.StatusBadRequest || !bytes.Contains(b, []byte(`"field":"`)) {
+			t.Fatalf("%s: %d %s", bad, code, b)
+		}
+	}
+}
