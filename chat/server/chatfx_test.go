@@ -11,11 +11,14 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+	"github.com/google/uuid"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/outboxchat/outboxchat/chat"
 	"github.com/outboxchat/outboxchat/chat/auth"
 	"github.com/outboxchat/outboxchat/chat/internal/chattest"
 	"github.com/outboxchat/outboxchat/internal/testenv"
+	"github.com/outboxchat/outboxchat/redisq"
 )
 
 // tokenOf mints a test token of user for every chat (or the given ones).
@@ -276,5 +279,192 @@ func TestChatListNewestFirstWithUnread(t *testing.T) {
 		if code != http.StatusBadRequest || !bytes.Contains(b, []byte(`"field":"`)) {
 			t.Fatalf("%s: %d %s", bad, code, b)
 		}
+	}
+}
+
+// Edits and deletes through the API: author only, bad input named, each a
+// versioned event that the other side applies, with edit and delete frames
+// on both sides and the latest version in both histories.
+func TestEditAndDeleteReachTheOtherSide(t *testing.T) {
+	h, cons, work := startBoth(t)
+	const chatID = 31
+	wc := chattest.Watch(t, cons.base, chatID)
+	ww := chattest.Watch(t, work.base, chatID)
+	m := chattest.Send(t, cons.base, chatID, "first words")
+	ww.WaitSeqs(t, chat.Consumers, 1, 20*time.Second)
+	u := fmt.Sprintf("%s/api/chats/%d/messages/%s", cons.base, chatID, m.ID)
+	tok := chattest.Token()
+	for _, c := range []struct {
+		method, url, token, body string
+		code                     int
+		field                    string
+	}{
+		{"PATCH", u, tokenOf(t, "mallory"), `{"body": "hijack"}`, 403, "message_id"},
+		{"DELETE", u, tokenOf(t, "mallory"), "", 403, "message_id"},
+		{"PATCH", fmt.Sprintf("%s/api/chats/%d/messages/%s", cons.base, chatID, "018f0000-0000-7000-8000-000000000000"), tok, `{"body": "x"}`, 404, "message_id"},
+		{"PATCH", fmt.Sprintf("%s/api/chats/%d/messages/%s", work.base, chatID, m.ID), tok, `{"body": "x"}`, 404, "message_id"},
+		{"PATCH", fmt.Sprintf("%s/api/chats/%d/messages/not-a-uuid", cons.base, chatID), tok, `{"body": "x"}`, 400, "message_id"},
+		{"PATCH", u, tok, `{"body": ""}`, 400, "body"},
+		{"PATCH", u, tok, `{"text": "x"}`, 400, "text"},
+		{"PATCH", u, tok, `{"body": "x", "client_id": "k"}`, 400, "client_id"},
+		{"PATCH", u, tok, `{"body": 5}`, 400, "body"},
+		{"PATCH", u, tok, `[`, 400, ""},
+	} {
+		code, b := call(t, c.method, c.url, c.token, c.body)
+		var e struct{ Error, Field string }
+		if code != c.code || json.Unmarshal(b, &e) != nil || e.Field != c.field || e.Error == "" {
+			t.Errorf("%s %s %s: %d %s, want %d naming %q", c.method, c.url, c.body, code, b, c.code, c.field)
+		}
+	}
+	if n := h.Count(t, `SELECT count(*) FROM consumers.outbox WHERE event <> 'message.created' AND event <> 'receipt'`); n != 0 {
+		t.Fatalf("rejected changes left %d outbox rows", n)
+	}
+	code, b := call(t, "PATCH", u, tok, `{"body": "second words"}`)
+	if code != http.StatusOK || !bytes.Contains(b, []byte(`"version":2`)) || !bytes.Contains(b, []byte(`"edited_at":"`)) {
+		t.Fatalf("edit: %d %s", code, b)
+	}
+	testenv.WaitFor(t, 20*time.Second, "the edit on workers", func() bool {
+		return h.Count(t, `SELECT count(*) FROM workers.inbox WHERE message_id = $1 AND version = 2 AND body = 'second words'`, m.ID) == 1
+	})
+	code, b = call(t, "DELETE", u, tok, "")
+	if code != http.StatusOK || !bytes.Contains(b, []byte(`"deleted":true`)) || !bytes.Contains(b, []byte(`"body":""`)) {
+		t.Fatalf("delete: %d %s", code, b)
+	}
+	if code, b := call(t, "PATCH", u, tok, `{"body": "too late"}`); code != http.StatusConflict {
+		t.Fatalf("edit after delete: %d %s", code, b)
+	}
+	testenv.WaitFor(t, 20*time.Second, "the delete on workers", func() bool {
+		return h.Count(t, `SELECT count(*) FROM workers.inbox WHERE message_id = $1 AND version = 3 AND deleted AND body = ''`, m.ID) == 1
+	})
+	for _, w := range []*chattest.Watcher{wc, ww} {
+		testenv.WaitFor(t, 20*time.Second, "edit and delete frames", func() bool {
+			return len(w.Typed("edit")) >= 1 && len(w.Typed("delete")) >= 1
+		})
+		var f struct {
+			ID      string `json:"id"`
+			Version int64  `json:"version"`
+			Body    string `json:"body"`
+			Deleted bool   `json:"deleted"`
+		}
+		_ = json.Unmarshal(w.Typed("edit")[0], &f)
+		if f.ID != m.ID || f.Version != 2 || f.Body != "second words" {
+			t.Fatalf("edit frame %s", w.Typed("edit")[0])
+		}
+		_ = json.Unmarshal(w.Typed("delete")[0], &f)
+		if f.ID != m.ID || f.Version != 3 || f.Body != "" || !f.Deleted {
+			t.Fatalf("delete frame %s", w.Typed("delete")[0])
+		}
+	}
+	for _, base := range []string{cons.base, work.base} {
+		p := getLatest(t, fmt.Sprintf("%s/api/chats/%d/messages?last=5", base, chatID))
+		if len(p.Messages) != 1 || !p.Messages[0].Deleted || p.Messages[0].Version != 3 || p.Messages[0].Body != "" || p.Messages[0].EditedAt == nil {
+			t.Fatalf("%s history: %+v", base, p.Messages)
+		}
+	}
+}
+
+// xaddEvent adds an event named name to the stream from consumers to
+// workers directly, as a relay (or a re-drive, or a duplicate) would.
+func xaddEvent(t testing.TB, h *harness, name, id string, payload any) {
+	t.Helper()
+	b, err := json.Marshal(payload)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := redisq.NewKeys(h.Prefix, chat.QueueName(chat.Consumers))
+	err = testenv.Redis(t).XAdd(context.Background(), &redis.XAddArgs{Stream: keys.Stream,
+		Values: []any{"id", id, "name", name, "payload", string(b)}}).Err()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A message's changes delivered out of order, twice, before the message
+// itself and again after its delete (as reclaims, re-drives and duplicate
+// deliveries do): the edits that came first wait for the message, and the
+// inbox ends at the latest version, deleted, with the socket's change
+// frames in version order.
+func TestChangesUnderReorderDuplicatesAndRedrive(t *testing.T) {
+	h := newHarness(t, "")
+	work := h.start(chat.Workers, nil)
+	const chatID = 55
+	w := chattest.Watch(t, work.base, chatID)
+	msg := chat.Message{ID: uuid.Must(uuid.NewV7()).String(), ChatID: chatID, Seq: 1, Body: "v1", SentAt: time.Now(), From: chat.Consumers, Author: "tester"}
+	change := func(v int64, body string, deleted bool) chat.Change {
+		return chat.Change{ID: uuid.Must(uuid.NewV7()).String(), MessageID: msg.ID, ChatID: chatID, Seq: 1, Version: v, Body: body,
+			EditedAt: time.Now(), Deleted: deleted, From: chat.Consumers, Author: "tester"}
+	}
+	c2, c3, c4 := change(2, "v2", false), change(3, "v3", false), change(4, "", true)
+	send := func(c chat.Change) { xaddEvent(t, h, c.Event(), c.ID, c) }
+
+	send(c3)
+	send(c2)
+	send(c3) // a duplicate of a held change
+	testenv.WaitFor(t, 20*time.Second, "the early edits held", func() bool {
+		return h.Count(t, `SELECT count(*) FROM workers.inbox_held_changes WHERE message_id = $1`, msg.ID) == 2
+	})
+	xaddEvent(t, h, chat.EventMessageCreated, msg.ID, msg)
+	testenv.WaitFor(t, 20*time.Second, "the held edits applied", func() bool {
+		return h.Count(t, `SELECT count(*) FROM workers.inbox WHERE message_id = $1 AND version = 3 AND body = 'v3'`, msg.ID) == 1 &&
+			h.Count(t, `SELECT count(*) FROM workers.inbox_held_changes`) == 0
+	})
+	// barrier sends a message of another chat and waits for it: the one
+	// worker takes the stream in order, so everything before it is applied.
+	barriers := int64(0)
+	barrier := func() {
+		t.Helper()
+		barriers++
+		b := chat.Message{ID: uuid.Must(uuid.NewV7()).String(), ChatID: chatID + 1, Seq: barriers, Body: "barrier", SentAt: time.Now(), From: chat.Consumers}
+		xaddEvent(t, h, chat.EventMessageCreated, b.ID, b)
+		testenv.WaitFor(t, 20*time.Second, "the barrier", func() bool {
+			return h.Count(t, `SELECT count(*) FROM workers.inbox WHERE message_id = $1`, b.ID) == 1
+		})
+	}
+	send(c2) // late and old: nothing
+	barrier()
+	if n := h.Count(t, `SELECT count(*) FROM workers.inbox WHERE message_id = $1 AND version = 3 AND body = 'v3'`, msg.ID); n != 1 {
+		t.Fatalf("a late older edit changed the message")
+	}
+	send(c4)
+	send(c4)                                               // the delete twice
+	xaddEvent(t, h, chat.EventMessageCreated, msg.ID, msg) // the message re-driven
+	send(c3)                                               // an edit re-driven after the delete: nothing
+	barrier()
+	if n := h.Count(t, `SELECT count(*) FROM workers.inbox WHERE message_id = $1 AND version = 4 AND deleted AND body = ''`, msg.ID); n != 1 {
+		t.Fatalf("the message is not at version 4, deleted, after the re-driven events")
+	}
+	// Every event is through (the stream's group has nothing pending) and
+	// the row stays at version 4.
+	testenv.WaitFor(t, 20*time.Second, "the stream drained", func() bool {
+		keys := redisq.NewKeys(h.Prefix, chat.QueueName(chat.Consumers))
+		p, err := testenv.Redis(t).XPending(context.Background(), keys.Stream, chat.Workers).Result()
+		return err == nil && p.Count == 0 && len(w.Typed("delete")) >= 1
+	})
+	if n := h.Count(t, `SELECT count(*) FROM workers.inbox WHERE message_id = $1 AND version = 4 AND deleted`, msg.ID); n != 1 {
+		t.Fatalf("final row not at version 4, deleted")
+	}
+	if n := h.Count(t, `SELECT count(*) FROM workers.inbox WHERE chat_id = $1`, chatID); n != 1 {
+		t.Fatalf("inbox has %d rows of the chat", n)
+	}
+	// The socket: the message once, change frames with rising versions
+	// ending at the delete.
+	if ms := w.Messages(); len(ms) != 1 {
+		t.Fatalf("socket got %d message frames", len(ms))
+	}
+	var versions []int64
+	for _, typ := range []string{"edit", "delete"} {
+		for _, b := range w.Typed(typ) {
+			var f struct{ Version int64 }
+			_ = json.Unmarshal(b, &f)
+			versions = append(versions, f.Version)
+		}
+	}
+	for i := 1; i < len(versions); i++ {
+		if versions[i] <= versions[i-1] {
+			t.Fatalf("change frames' versions not rising: %v", versions)
+		}
+	}
+	if len(versions) == 0 || versions[len(versions)-1] != 4 {
+		t.Fatalf("change frames' versions %v, want them to end at 4", versions)
 	}
 }
