@@ -301,19 +301,20 @@ const maxAuthorBytes = 256
 
 // DecodeEvent decodes a message.created payload from the queue and checks it:
 // id a UUID, chat_id > 0, seq > 0, body valid (any length up to 1 MiB, valid
-// UTF-8, no NUL), sent_at present, from a known service, author (optional)
+// UTF-8, no NUL; or empty with deleted true: a deleted message re-driven), sent_at present, from a known service, author (optional)
 // valid UTF-8 of at most 256 bytes without NUL. Unknown fields are
 // ignored. Every error wraps ErrMalformedEvent.
 func DecodeEvent(data []byte) (Message, error) {
 	var m Message
 	var raw struct {
-		ID     string  `json:"id"`
-		ChatID int64   `json:"chat_id"`
-		Seq    int64   `json:"seq"`
-		Body   *string `json:"body"`
-		SentAt string  `json:"sent_at"`
-		From   string  `json:"from"`
-		Author string  `json:"author"`
+		ID      string  `json:"id"`
+		ChatID  int64   `json:"chat_id"`
+		Seq     int64   `json:"seq"`
+		Body    *string `json:"body"`
+		SentAt  string  `json:"sent_at"`
+		From    string  `json:"from"`
+		Author  string  `json:"author"`
+		Deleted bool    `json:"deleted"`
 	}
 	if err := json.Unmarshal(data, &raw); err != nil {
 		return m, fmt.Errorf("%w: %v", ErrMalformedEvent, err)
@@ -330,7 +331,9 @@ func DecodeEvent(data []byte) (Message, error) {
 	if raw.Body == nil {
 		return m, fmt.Errorf("%w: body missing", ErrMalformedEvent)
 	}
-	if err := ValidateBody(*raw.Body, 1<<20); err != nil {
+	// A message deleted before the re-drive published it again has an
+	// empty body; its message.deleted event (version 2 or more) follows.
+	if err := ValidateBody(*raw.Body, 1<<20); err != nil && !(raw.Deleted && *raw.Body == "") {
 		return m, fmt.Errorf("%w: %v", ErrMalformedEvent, err)
 	}
 	t, err := time.Parse(time.RFC3339Nano, raw.SentAt)

@@ -211,7 +211,7 @@ func NewRedriver(pool *pgxpool.Pool, service string, pub Republisher, cfg *Redri
 				ORDER BY c.ord, m.seq LIMIT $3)
 			UPDATE ` + s + `.messages m SET redrives = m.redrives + 1, redriven_at = now()
 			FROM due WHERE m.id = due.id
-			RETURNING m.id::text, m.chat_id, m.seq, m.body, m.created_at, m.redrives`,
+			RETURNING m.id::text, m.chat_id, m.seq, m.body, m.created_at, m.redrives, m.deleted`,
 	}, nil
 }
 
@@ -289,7 +289,7 @@ func (r *Redriver) RunOnce(ctx context.Context) (int, error) {
 		for rows.Next() {
 			m := chat.Message{From: r.service}
 			var attempt int
-			if err := rows.Scan(&m.ID, &m.ChatID, &m.Seq, &m.Body, &m.SentAt, &attempt); err != nil {
+			if err := rows.Scan(&m.ID, &m.ChatID, &m.Seq, &m.Body, &m.SentAt, &attempt, &m.Deleted); err != nil {
 				rows.Close()
 				return fmt.Errorf("claim undelivered messages: %w", err)
 			}
