@@ -468,3 +468,190 @@ func TestChangesUnderReorderDuplicatesAndRedrive(t *testing.T) {
 		t.Fatalf("change frames' versions %v, want them to end at 4", versions)
 	}
 }
+
+// Read receipts: a reader's mark on workers travels back to consumers,
+// whose messages up to it get read_at (history, a read frame live and one
+// when a socket opens); unread counts follow.
+func TestReadReceiptsReachTheSender(t *testing.T) {
+	h, cons, work := startBoth(t)
+	const chatID = 41
+	wc := chattest.Watch(t, cons.base, chatID)
+	ww := chattest.Watch(t, work.base, chatID)
+	for i := 1; i <= 3; i++ {
+		chattest.Send(t, cons.base, chatID, fmt.Sprint("note ", i))
+	}
+	ww.WaitSeqs(t, chat.Consumers, 3, 20*time.Second)
+	readURL := fmt.Sprintf("%s/api/chats/%d/read", work.base, chatID)
+	for body, field := range map[string]string{`{"upto_seq": -1}`: "upto_seq", `{"seq": 1}`: "seq", `{}`: "upto_seq", `nope`: ""} {
+		code, b := call(t, "POST", readURL, chattest.Token(), body)
+		var e struct{ Error, Field string }
+		if code != http.StatusBadRequest || json.Unmarshal(b, &e) != nil || e.Field != field {
+			t.Errorf("%s: %d %s, want 400 naming %q", body, code, b, field)
+		}
+	}
+	code, b := call(t, "POST", readURL, chattest.Token(), `{"upto_seq": 2}`)
+	if code != http.StatusOK || !bytes.Contains(b, []byte(`"upto_seq":2`)) || !bytes.Contains(b, []byte(`"unread":1`)) {
+		t.Fatalf("read: %d %s", code, b)
+	}
+	testenv.WaitFor(t, 20*time.Second, "the read frame on consumers", func() bool {
+		for _, f := range wc.Typed("read") {
+			if bytes.Contains(f, []byte(`"upto_seq":2`)) && bytes.Contains(f, []byte(`"from":"consumers"`)) && bytes.Contains(f, []byte(`"read_at":"`)) {
+				return true
+			}
+		}
+		return false
+	})
+	p := getLatest(t, fmt.Sprintf("%s/api/chats/%d/messages?last=10", cons.base, chatID))
+	if len(p.Messages) != 3 || p.Messages[0].ReadAt == nil || p.Messages[1].ReadAt == nil || p.Messages[2].ReadAt != nil {
+		t.Fatalf("consumers history read_at: %+v", p.Messages)
+	}
+	// An older mark changes nothing; a later one moves on.
+	if code, b := call(t, "POST", readURL, chattest.Token(), `{"upto_seq": 1}`); code != http.StatusOK || !bytes.Contains(b, []byte(`"upto_seq":2`)) {
+		t.Fatalf("older mark: %d %s", code, b)
+	}
+	if n := h.Count(t, `SELECT count(*) FROM workers.outbox WHERE event = 'message.read'`) + h.Count(t, `SELECT count(*) FROM consumers.reads`); n < 1 {
+		t.Fatalf("no read receipt went out")
+	}
+	call(t, "POST", readURL, chattest.Token(), `{"upto_seq": 3}`)
+	testenv.WaitFor(t, 20*time.Second, "read up to 3 on consumers", func() bool {
+		return h.Count(t, `SELECT coalesce(max(upto_seq), 0) FROM consumers.reads WHERE chat_id = $1`, chatID) == 3
+	})
+	// A new socket learns the watermark at once.
+	nw := chattest.Watch(t, cons.base, chatID)
+	testenv.WaitFor(t, 20*time.Second, "the read frame at open", func() bool {
+		fs := nw.Typed("read")
+		return len(fs) > 0 && bytes.Contains(fs[0], []byte(`"upto_seq":3`))
+	})
+	if ms := nw.Messages(); len(ms) > 0 && ms[len(ms)-1].ReadAt == nil {
+		testenv.WaitFor(t, 20*time.Second, "catch-up frames", func() bool { return len(nw.Messages()) == 3 })
+	}
+	for _, m := range nw.Messages() {
+		if m.ReadAt == nil {
+			t.Fatalf("catch-up frame without read_at: %+v", m)
+		}
+	}
+}
+
+// liveClient is a WebSocket client of one user that records typing and
+// presence frames.
+type liveClient struct {
+	c      *websocket.Conn
+	frames chan []byte
+}
+
+func dialLive(t *testing.T, base string, chatID int64, user string) *liveClient {
+	t.Helper()
+	c := dialRaw(t, fmt.Sprintf("%s/ws?chat_id=%d&last=0", base, chatID), tokenOf(t, user))
+	lc := &liveClient{c: c, frames: make(chan []byte, 256)}
+	go func() {
+		for {
+			_, b, err := c.Read(context.Background())
+			if err != nil {
+				close(lc.frames)
+				return
+			}
+			lc.frames <- b
+		}
+	}()
+	return lc
+}
+
+// next returns the next frame of type typ within d (nil when none came).
+func (l *liveClient) next(typ string, d time.Duration) []byte {
+	deadline := time.After(d)
+	for {
+		select {
+		case b, ok := <-l.frames:
+			if !ok {
+				return nil
+			}
+			var f struct{ Type string }
+			if json.Unmarshal(b, &f) == nil && f.Type == typ {
+				return b
+			}
+		case <-deadline:
+			return nil
+		}
+	}
+}
+
+// presenceUntil reads presence frames until one lists exactly want (sorted
+// "from:author" items) or d passes.
+func (l *liveClient) presenceUntil(t *testing.T, d time.Duration, want ...string) {
+	t.Helper()
+	end := time.Now().Add(d)
+	var last []byte
+	for time.Now().Before(end) {
+		b := l.next("presence", time.Until(end))
+		if b == nil {
+			break
+		}
+		last = b
+		var f struct {
+			Online []struct{ From, Author string }
+		}
+		_ = json.Unmarshal(b, &f)
+		var got []string
+		for _, p := range f.Online {
+			got = append(got, p.From+":"+p.Author)
+		}
+		if strings.Join(got, ",") == strings.Join(want, ",") {
+			return
+		}
+	}
+	t.Fatalf("no presence frame listing %v within %v; last %s", want, d, last)
+}
+
+// Typing and presence across both services: a typing frame reaches every
+// other client of the chat within 1 s (not its sender), over the rate it
+// is dropped, presence follows opens and closes, and nothing of it is
+// stored.
+func TestTypingAndPresenceAcrossServices(t *testing.T) {
+	h, cons, work := startBoth(t)
+	const chatID = 61
+	alice := dialLive(t, cons.base, chatID, "alice")
+	bob := dialLive(t, work.base, chatID, "bob")
+	carol := dialLive(t, cons.base, chatID, "carol")
+	want := []string{"consumers:alice", "consumers:carol", "workers:bob"}
+	bob.presenceUntil(t, 5*time.Second, want...)
+	alice.presenceUntil(t, 5*time.Second, want...)
+	carol.presenceUntil(t, 5*time.Second, want...)
+
+	start := time.Now()
+	if err := alice.c.Write(context.Background(), websocket.MessageText, []byte(`{"type":"typing"}`)); err != nil {
+		t.Fatal(err)
+	}
+	for name, c := range map[string]*liveClient{"bob": bob, "carol": carol} {
+		b := c.next("typing", time.Second-time.Since(start))
+		var f struct {
+			ChatID       int64 `json:"chat_id"`
+			From, Author string
+		}
+		if b == nil || json.Unmarshal(b, &f) != nil || f.ChatID != chatID || f.From != chat.Consumers || f.Author != "alice" {
+			t.Fatalf("%s: typing frame %s within 1 s", name, b)
+		}
+	}
+	if b := alice.next("typing", 300*time.Millisecond); b != nil {
+		t.Fatalf("alice got her own typing frame: %s", b)
+	}
+	// A burst of 20: at most the limiter's burst (3) plus what refills.
+	for range 20 {
+		_ = bob.c.Write(context.Background(), websocket.MessageText, []byte(`{"type":"typing"}`))
+	}
+	got := 0
+	for alice.next("typing", 500*time.Millisecond) != nil {
+		got++
+	}
+	if got == 0 || got > 5 {
+		t.Fatalf("alice got %d of bob's 20 typing frames, want 1..5", got)
+	}
+	// Carol closes: the others see her gone.
+	carol.c.Close(websocket.StatusNormalClosure, "")
+	bob.presenceUntil(t, 5*time.Second, "consumers:alice", "workers:bob")
+	alice.presenceUntil(t, 5*time.Second, "consumers:alice", "workers:bob")
+	if n := h.Count(t, `SELECT (SELECT count(*) FROM consumers.outbox WHERE event NOT IN ('message.created', 'receipt'))
+		+ (SELECT count(*) FROM workers.outbox WHERE event NOT IN ('message.created', 'receipt'))
+		+ (SELECT count(*) FROM consumers.messages) + (SELECT count(*) FROM workers.messages)`); n != 0 {
+		t.Fatalf("typing or presence left %d rows", n)
+	}
+}
