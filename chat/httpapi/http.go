@@ -249,6 +249,8 @@ func (a *API) Register(mux *http.ServeMux) {
 	mux.HandleFunc("GET /ws", a.handleWS)
 	mux.HandleFunc("GET /openapi.json", serveOpenAPI)
 	mux.Handle("GET /{$}", web.Handler(a.service))
+	mux.Handle("GET /favicon.svg", web.Favicon())
+	mux.Handle("GET /favicon.ico", web.Favicon())
 }
 
 // ErrorBody is every error answer (JSON): {"error": "...", "field": "..."}; field

@@ -114,22 +114,23 @@ func TestChatPageInBrowser(t *testing.T) {
 	waitMessages(t, consTab, want...)
 
 	// Own messages turn from "✓ stored" to "✓✓ delivered <time>" when the
-	// other side's receipt comes back (live, over the WebSocket); received
-	// ones show when this side's inbox stored them.
+	// other side's receipt comes back (live, over the WebSocket), and to
+	// "✓✓ seen <time>" once the other page has shown them; received ones
+	// show when this side's inbox stored them.
 	for _, tc := range []struct {
 		tab  context.Context
 		me   string
 		name string
 	}{{consTab, chat.Consumers, "consumers tab"}, {workTab, chat.Workers, "workers tab"}} {
 		waitPage(t, tc.tab, tc.name+": every own message marked delivered",
-			`[...document.querySelectorAll("#log .msg.own .mark")].every(e => /^✓✓ delivered \d\d:\d\d:\d\d\.\d{3}$/.test(e.textContent))`)
+			`[...document.querySelectorAll("#log .msg.own .mark")].every(e => /^✓✓ (delivered|seen) \d\d:\d\d:\d\d\.\d{3}$/.test(e.textContent))`)
 		marks := eval[[]string](t, tc.tab, `[...document.querySelectorAll("#log .msg")].map(e => e.dataset.from + " " + e.querySelector(".mark").textContent)`)
 		own := 0
 		for _, m := range marks {
 			if strings.HasPrefix(m, tc.me+" ") {
 				own++
-				if !strings.Contains(m, "✓✓ delivered ") {
-					t.Errorf("%s: mark %q: want \"✓✓ delivered <time>\" on own messages", tc.name, m)
+				if !strings.Contains(m, "✓✓ delivered ") && !strings.Contains(m, "✓✓ seen ") {
+					t.Errorf("%s: mark %q: want \"✓✓ delivered <time>\" or \"✓✓ seen <time>\" on own messages", tc.name, m)
 				}
 			} else if !strings.Contains(m, "✓ received ") {
 				t.Errorf("%s: mark %q: want \"✓ received <time>\" on the other side's", tc.name, m)
@@ -289,6 +290,12 @@ func pageState(tab context.Context) string {
 // $OUTBOXCHAT_ARTIFACTS (or the test's temp directory, removed with it) and logs its path.
 func saveScreenshot(t *testing.T, left, right context.Context) {
 	t.Helper()
+	saveScreenshotAs(t, "outboxchat-chat-page.png", left, right)
+}
+
+// saveScreenshotAs is saveScreenshot under file name name.
+func saveScreenshotAs(t *testing.T, name string, left, right context.Context) {
+	t.Helper()
 	var shots []image.Image
 	for _, tab := range []context.Context{left, right} {
 		ctx, cancel := context.WithTimeout(tab, browserWait)
@@ -316,7 +323,7 @@ func saveScreenshot(t *testing.T, left, right context.Context) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatalf("artifacts dir: %v", err)
 	}
-	path := filepath.Join(dir, "outboxchat-chat-page.png")
+	path := filepath.Join(dir, name)
 	var buf bytes.Buffer
 	if err := png.Encode(&buf, out); err != nil {
 		t.Fatalf("encode screenshot: %v", err)
