@@ -143,10 +143,14 @@ func (c Change) MarshalJSON() ([]byte, error) {
 }
 
 // ChangeFrame is the WebSocket frame of an applied edit or delete:
-// {"type": "edit"|"delete", "message": Message} plus, at the top level,
-// chat_id, id, from, seq, version, body, edited_at and deleted of the
-// changed message, so a client need not unwrap it. Pushed on both sides
-// once the change is committed (sender) or applied (receiver).
+//
+//	{"type": "edit"|"delete", "chat_id": 1, "from": "consumers", "message_id": "…",
+//	 "version": 2, "body": "…", "edited_at": "…", "deleted": false, "message": Message}
+//
+// message is the changed message at its latest version. Like a receipt
+// frame it has no top-level "id" or "seq", so a client that reads only
+// Message frames skips it. Pushed on both sides once the change is
+// committed (sender) or applied (receiver).
 type ChangeFrame struct {
 	Message Message
 }
@@ -163,17 +167,16 @@ func (f ChangeFrame) MarshalJSON() ([]byte, error) {
 		return nil, err
 	}
 	return json.Marshal(struct {
-		Type     string          `json:"type"`
-		ChatID   int64           `json:"chat_id"`
-		ID       string          `json:"id"`
-		From     string          `json:"from"`
-		Seq      int64           `json:"seq"`
-		Version  int64           `json:"version"`
-		Body     string          `json:"body"`
-		EditedAt *string         `json:"edited_at"`
-		Deleted  bool            `json:"deleted"`
-		Message  json.RawMessage `json:"message"`
-	}{typ, m.ChatID, m.ID, m.From, m.Seq, max(m.Version, 1), m.Body, optTime(m.EditedAt), m.Deleted, inner})
+		Type      string          `json:"type"`
+		ChatID    int64           `json:"chat_id"`
+		From      string          `json:"from"`
+		MessageID string          `json:"message_id"`
+		Version   int64           `json:"version"`
+		Body      string          `json:"body"`
+		EditedAt  *string         `json:"edited_at"`
+		Deleted   bool            `json:"deleted"`
+		Message   json.RawMessage `json:"message"`
+	}{typ, m.ChatID, m.From, m.ID, max(m.Version, 1), m.Body, optTime(m.EditedAt), m.Deleted, inner})
 }
 
 // ChangeChannel is the NOTIFY channel of changes committed or applied in

@@ -341,7 +341,7 @@ func TestEditAndDeleteReachTheOtherSide(t *testing.T) {
 			return len(w.Typed("edit")) >= 1 && len(w.Typed("delete")) >= 1
 		})
 		var f struct {
-			ID      string `json:"id"`
+			ID      string `json:"message_id"`
 			Version int64  `json:"version"`
 			Body    string `json:"body"`
 			Deleted bool   `json:"deleted"`

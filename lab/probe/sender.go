@@ -73,3 +73,46 @@ func (s *Sender) post(ctx context.Context, baseURL string, chatID int64, key str
 	data, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 	return resp.StatusCode, data, nil
 }
+
+// Change edits (deleted false: body is the new text) or deletes (deleted
+// true) message messageID of chat chatID on baseURL, the message's own
+// service. It returns the message at its new version on 200, else an error
+// naming the status and the API's error text (a request error leaves the
+// outcome unknown).
+func (s *Sender) Change(ctx context.Context, baseURL string, chatID int64, messageID, body string, deleted bool) (chat.Message, error) {
+	var m chat.Message
+	method, payload := http.MethodPatch, []byte(nil)
+	if deleted {
+		method = http.MethodDelete
+	} else {
+		payload, _ = json.Marshal(map[string]string{"body": body})
+	}
+	req, err := http.NewRequestWithContext(ctx, method,
+		baseURL+"/api/chats/"+strconv.FormatInt(chatID, 10)+"/messages/"+messageID, bytes.NewReader(payload))
+	if err != nil {
+		return m, err
+	}
+	if payload != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	if s.token != "" {
+		req.Header.Set("Authorization", "Bearer "+s.token)
+	}
+	resp, err := s.client.Do(req)
+	if err != nil {
+		return m, err
+	}
+	defer resp.Body.Close()
+	data, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if resp.StatusCode != http.StatusOK {
+		var e struct {
+			Error string `json:"error"`
+		}
+		_ = json.Unmarshal(data, &e)
+		return m, fmt.Errorf("%d %s", resp.StatusCode, e.Error)
+	}
+	if err := json.Unmarshal(data, &m); err != nil {
+		return m, fmt.Errorf("decode reply: %w", err)
+	}
+	return m, nil
+}

@@ -77,7 +77,45 @@ func (t *run) drainState(ctx context.Context) string {
 	if unseen > 0 {
 		missing = append(missing, fmt.Sprintf("%d (client, side, seq) not shown yet", unseen))
 	}
+	if diff, err := t.versionDiffs(qctx); err != nil {
+		return "database: " + err.Error()
+	} else if len(diff) > 0 {
+		missing = append(missing, fmt.Sprintf("%d message(s) whose latest version is not on the other side yet", len(diff)))
+	}
 	return strings.Join(missing, ", ")
+}
+
+// versionDiffs lists the messages whose version, body or deleted flag on
+// the sender differs from the receiver's inbox row, and the changes still
+// held on a receiver (waiting for a message that is there or lost).
+func (t *run) versionDiffs(ctx context.Context) ([]string, error) {
+	var out []string
+	for _, svc := range []string{chat.Consumers, chat.Workers} {
+		peer := chat.Peer(svc)
+		rows, err := t.e.Admin().Query(ctx, `SELECT m.id::text, m.version, i.version, m.deleted, i.deleted
+			FROM `+svc+`.messages m JOIN `+peer+`.inbox i ON i.message_id = m.id
+			WHERE (m.version, m.body, m.deleted) IS DISTINCT FROM (i.version, i.body, i.deleted)`)
+		if err != nil {
+			return nil, err
+		}
+		var id string
+		var mv, iv int32
+		var md, id2 bool
+		if _, err := pgx.ForEachRow(rows, []any{&id, &mv, &iv, &md, &id2}, func() error {
+			out = append(out, fmt.Sprintf("%s message %s: version %d (deleted %v) there, %d (deleted %v) on %s", svc, id, mv, md, iv, id2, peer))
+			return nil
+		}); err != nil {
+			return nil, err
+		}
+		var held int
+		if err := t.e.Admin().QueryRow(ctx, `SELECT count(*) FROM `+peer+`.inbox_held_changes`).Scan(&held); err != nil {
+			return nil, err
+		}
+		if held > 0 {
+			out = append(out, fmt.Sprintf("%d change(s) of %s still held on %s", held, svc, peer))
+		}
+	}
+	return out, nil
 }
 
 // inboxed returns every inbox row of both services: message id → row.
@@ -218,20 +256,57 @@ func (t *run) check(ctx context.Context, res *ScheduleResult) {
 	}
 	res.Shown = len(shown)
 
-	// 3. Each stream: entries of a chat added in seq order.
+	// 3. Edits and deletes: each message's latest version is the same on
+	// both sides (body, deleted flag, version), and the sender's is at
+	// least the newest one an API answered 200 for (versions only grow),
+	// with that version's content when equal.
+	diffs, err := t.versionDiffs(qctx)
+	if err != nil {
+		problem("read versions: %v", err)
+	} else if len(diffs) > 0 {
+		problem("%d message(s) differ between the sides after edits and deletes: %s", len(diffs), firstFew(diffs))
+	}
+	t.mu.Lock()
+	changed := make(map[string]chat.Message, len(t.changed))
+	for id, c := range t.changed {
+		changed[id] = c
+	}
+	t.mu.Unlock()
+	res.Changes = len(changed)
+	var behind []string
+	for id, c := range changed {
+		var v int32
+		var body string
+		var deleted bool
+		err := t.e.Admin().QueryRow(qctx, `SELECT version, body, deleted FROM `+pgx.Identifier{c.From}.Sanitize()+`.messages WHERE id = $1`, id).Scan(&v, &body, &deleted)
+		switch {
+		case err != nil:
+			behind = append(behind, fmt.Sprintf("%s message %s: %v", c.From, id, err))
+		case int64(v) < c.Version:
+			behind = append(behind, fmt.Sprintf("%s message %s at version %d, below the %d answered", c.From, id, v, c.Version))
+		case int64(v) == c.Version && (body != c.Body || deleted != c.Deleted):
+			behind = append(behind, fmt.Sprintf("%s message %s version %d holds other content than answered", c.From, id, v))
+		}
+	}
+	res.OrderViolations += len(behind)
+	if len(behind) > 0 {
+		problem("%d change(s) answered 200 are not the message's state: %s", len(behind), firstFew(behind))
+	}
+
+	// 4. Each stream: entries of a chat added in seq order.
 	order := t.tap.Violations()
 	res.OrderViolations += len(order)
 	if len(order) > 0 {
 		problem("stream entries out of order: %s", firstFew(order))
 	}
 
-	// 4. No entry acknowledged before its message was in the inbox.
+	// 5. No entry acknowledged before its message was in the inbox.
 	t.tap.SampleAcks(qctx, t.e)
 	if early := t.tap.EarlyAcks(); len(early) > 0 {
 		problem("%d entr(ies) acknowledged before the inbox commit: %s", len(early), firstFew(early))
 	}
 
-	// 5. Dead letters only for the entries the schedule injected.
+	// 6. Dead letters only for the entries the schedule injected.
 	for _, svc := range []string{chat.Consumers, chat.Workers} {
 		n, err := t.e.RedisClient().XLen(qctx, env.QueueKeys(svc).Dead).Result()
 		if err != nil {

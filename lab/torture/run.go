@@ -30,6 +30,9 @@ type run struct {
 	rmu  sync.Mutex
 	mu   sync.Mutex
 	sent []sentMsg
+	// changed holds, per message edited or deleted, the newest version an
+	// API answered 200 for (guarded by mu).
+	changed map[string]chat.Message
 	// clients are the WebSocket clients, by service.
 	clients map[string][]*probe.Watcher
 	// chats is each client's chat.
@@ -201,6 +204,7 @@ func (t *run) sendLoop(ctx context.Context, service string, i uint64) {
 	urls := t.apiURLs(service)
 	snd := probe.NewSender(t.e.Token)
 	n := 0
+	var mine []chat.Message // this loop's sends not deleted
 	for ctx.Err() == nil {
 		n++
 		chatID := int64(1 + r.IntN(t.s.Chats))
@@ -209,6 +213,28 @@ func (t *run) sendLoop(ctx context.Context, service string, i uint64) {
 			t.mu.Lock()
 			t.sent = append(t.sent, sentMsg{From: service, ID: m.ID, ChatID: m.ChatID, Seq: m.Seq})
 			t.mu.Unlock()
+			mine = append(mine, m)
+		}
+		// Every third send also edits one of the loop's earlier messages,
+		// and one in four of those deletes it instead: edits and deletes
+		// go through the same faults as the sends.
+		if n%3 == 0 && len(mine) > 0 {
+			k := r.IntN(len(mine))
+			del := r.IntN(4) == 0
+			c, err := snd.Change(ctx, urls[r.IntN(len(urls))], mine[k].ChatID, mine[k].ID, fmt.Sprintf("%s %d.%d edited at %d", service, i, mine[k].Seq, n), del)
+			if err == nil {
+				t.mu.Lock()
+				if t.changed == nil {
+					t.changed = map[string]chat.Message{}
+				}
+				if old, ok := t.changed[c.ID]; !ok || old.Version < c.Version {
+					t.changed[c.ID] = c
+				}
+				t.mu.Unlock()
+			}
+			if del && err == nil {
+				mine = append(mine[:k], mine[k+1:]...)
+			}
 		}
 		if env.SleepUntil(ctx, time.Now().Add(sendEvery)) != nil {
 			return

@@ -93,6 +93,10 @@ type Result struct {
 	MaxDrainS float64 `json:"max_drain_s"`
 	// Sent is the number of 201 answers over all schedules.
 	Sent int `json:"sent"`
+	// Changes is the number of messages edited or deleted (a 200 answer)
+	// over all schedules; the checker compares every message's latest
+	// version on both sides.
+	Changes int `json:"changes"`
 	// Faults counts the faults drawn, by kind.
 	Faults map[string]int `json:"faults"`
 	// Failures lists each failing schedule.
@@ -122,6 +126,7 @@ type ScheduleResult struct {
 	Topology        string   `json:"topology"`
 	Faults          []string `json:"faults"`
 	Sent            int      `json:"sent"`
+	Changes         int      `json:"changes"`
 	Shown           int      `json:"shown"`
 	Reconnects      int      `json:"reconnects"`
 	Lost            int      `json:"lost"`
@@ -187,6 +192,7 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 		res.Runs = append(res.Runs, *r)
 		res.Sent += r.Sent
 		res.Lost += r.Lost
+		res.Changes += r.Changes
 		res.DuplicatesShown += r.DuplicatesShown
 		res.OrderViolations += r.OrderViolations
 		res.MaxDrainS = max(res.MaxDrainS, r.DrainS)
