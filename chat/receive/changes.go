@@ -71,14 +71,14 @@ func isChangeEvent(name string) bool {
 // batch's message insert (queue), so a change whose message is in the same
 // batch finds it.
 type changeBatch struct {
-	rs               []inbox.BatchResult
-	idx              []int // delivery index per change
-	changes          []chat.Change
-	rChats, rUpto    []int64
-	rAts             []time.Time
-	service, channel string
-	readChan         string
-	q                *changeQueries
+	rs            []inbox.BatchResult
+	idx           []int // delivery index per change
+	changes       []chat.Change
+	rChats, rUpto []int64
+	rAts          []time.Time
+	channel       string
+	readChan      string
+	q             *changeQueries
 }
 
 // add takes delivery i (a change or read event, already verified): decoded

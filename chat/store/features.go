@@ -20,7 +20,7 @@ import (
 // list, edits, deletes and read marks (migration 009), none of them on the
 // send path.
 type featureQueries struct {
-	latestSent, latestRecv, chatsAll, chatsListed, lockOwn, change, ownByID, markRead, inboxTop, unread, readWatermark string
+	latestSent, latestRecv, chatsAll, chatsListed, lockOwn, change, ownByID, markRead, unread, readWatermark string
 }
 
 // ownCols are the columns of one of this service's messages m, with the

@@ -200,8 +200,8 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 		if !r.OK {
 			status = "FAILED: " + strings.Join(r.Problems, "; ")
 		}
-		fmt.Fprintf(opts.Progress, "torture schedule %d (%d of %d) seed %d: %s; faults: %s; sent %d, shown %d, reconnects %d, drained in %.1fs: %s\n",
-			k, res.Schedules, len(ks), opts.Seed, r.Topology, strings.Join(r.Faults, ", "), r.Sent, r.Shown, r.Reconnects, r.DrainS, status)
+		fmt.Fprintf(opts.Progress, "torture schedule %d (%d of %d) seed %d: %s; faults: %s; sent %d, changed %d, shown %d, reconnects %d, drained in %.1fs: %s\n",
+			k, res.Schedules, len(ks), opts.Seed, r.Topology, strings.Join(r.Faults, ", "), r.Sent, r.Changes, r.Shown, r.Reconnects, r.DrainS, status)
 		if !r.OK {
 			res.Failed++
 			f := Failure{Seed: opts.Seed, Schedule: k, Problems: r.Problems}

@@ -44,6 +44,9 @@ func TestTortureShort(t *testing.T) {
 	if res.Sent < 100 {
 		t.Errorf("only %d sends answered 201: the load did not run", res.Sent)
 	}
+	if res.Changes < 10 {
+		t.Errorf("only %d messages edited or deleted: the changes did not run", res.Changes)
+	}
 	drawn := 0
 	for _, n := range res.Faults {
 		drawn += n
