@@ -47,7 +47,7 @@ func TestPostgresFailoverReusesNoSeq(t *testing.T) {
 	}
 	cons, work := start(chat.Consumers), start(chat.Workers)
 	const chatID = 41
-	shown := chattest.Watch(t, work.base, chatID)     // the receiver's client, open throughout
+	shown := chattest.Watch(t, work.base, chatID)      // the receiver's client, open throughout
 	senderView := chattest.Watch(t, cons.base, chatID) // the sender's client: ✓✓ frames
 
 	var before, during, after []chat.Message
