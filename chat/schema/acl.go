@@ -32,9 +32,20 @@ func RedisACL(service, prefix, user, password string) ([]string, error) {
 	sum := sha256.Sum256([]byte(password))
 	args := []string{"ACL", "SETUSER", user, "reset", "#" + hex.EncodeToString(sum[:])}
 	args = append(args, redisq.ACLRules(prefix, chat.QueueName(service), chat.QueueName(chat.Peer(service)))...)
+	// The seq fence's high-water marks (chat/store.Fence): its script
+	// reads and raises them, the fence scans them after a failover.
+	hwm := strings.NewReplacer("*", `\*`, "?", `\?`, "[", `\[`, "]", `\]`).Replace(SeqHighWaterKey(prefix, service))
+	args = append(args, "(~"+hwm+" +eval +evalsha +hget +hset +hscan)")
 	// The live channel of typing and presence (package chat/live): publish
 	// and subscribe on it alone.
 	return append(args, "&"+globEscape(prefix+"live"), "+publish", "+subscribe", "+unsubscribe"), nil
+}
+
+// SeqHighWaterKey is the Redis hash of service's seq high-water marks
+// under key prefix prefix: field chat id, value the highest seq of that
+// chat the service's relay has published (chat/store.Fence).
+func SeqHighWaterKey(prefix, service string) string {
+	return prefix + "seq-hwm:" + service
 }
 
 // globEscape escapes the glob characters of s for an ACL pattern.

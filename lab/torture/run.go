@@ -40,6 +40,9 @@ type run struct {
 	// locks serialise faults on one target (a process, Postgres, Redis,
 	// a link).
 	locks map[string]*sync.Mutex
+	// keptInbox and keptStored (guarded by mu) are the inbox and messages
+	// rows seen before each prune (keep): message id → row.
+	keptInbox, keptStored map[string]sentMsg
 }
 
 func (t *run) intn(n int) int {

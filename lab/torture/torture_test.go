@@ -15,13 +15,14 @@ import (
 	"github.com/outboxchat/outboxchat/lab/probe"
 )
 
-// tortureTestSeed draws, for the 5 short schedules of make test, two
-// topologies with two API processes and two relays per service, one with
-// everything in one process per service, and faults of every family:
-// SIGKILL, SIGSTOP, SIGTERM, a worker crash before its inbox commit, Redis
-// kill -9 and graceful stop, Postgres fast restart, toxiproxy latency,
-// reset_peer, bandwidth and black-hole; malformed entries in two.
-const tortureTestSeed = 5
+// tortureTestSeed draws, for the 5 short schedules of make test, three
+// topologies (two API processes and two relays per service; a separate
+// relay; everything in one process per service) and faults of most
+// families: SIGKILL, SIGSTOP, SIGTERM, a relay crash after its publish, a
+// worker crash before and after its inbox commit, Redis kill -9, Postgres
+// fast restart, toxiproxy timeout, reset_peer, bandwidth and black-hole,
+// history pruned under load; malformed entries in one.
+const tortureTestSeed = 23
 
 // TestTortureShort runs the 5 short schedules: each a fresh topology on
 // private servers, load both ways, clients dropping and reconnecting, a
@@ -94,12 +95,16 @@ func TestDrawScheduleReplays(t *testing.T) {
 				if !strings.Contains(f.Target, ">") {
 					t.Fatalf("schedule %d: fault %s has no link", k, f)
 				}
+			case fault.PruneHistory:
+				if f.Target != chat.Consumers && f.Target != chat.Workers {
+					t.Fatalf("schedule %d: fault %s prunes no service", k, f)
+				}
 			}
 		}
 	}
 	for _, want := range []string{string(fault.Kill), string(fault.Stop), string(fault.Term), fault.RelayAfterPublish, fault.WorkerBeforeCommit,
 		fault.WorkerAfterCommit, string(fault.RedisKill), string(fault.RedisStop), string(fault.PostgresImmediate), string(fault.PostgresFast),
-		"net-" + fault.NetLatency, "net-" + fault.NetTimeout, "net-" + fault.NetReset, "net-" + fault.NetBandwidth, "net-" + fault.NetBlackHole} {
+		"net-" + fault.NetLatency, "net-" + fault.NetTimeout, "net-" + fault.NetReset, "net-" + fault.NetBandwidth, "net-" + fault.NetBlackHole, string(fault.PruneHistory)} {
 		if !kinds[want] {
 			t.Errorf("200 schedules never drew %s", want)
 		}
