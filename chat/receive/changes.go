@@ -21,7 +21,8 @@ type changeQueries struct {
 	// no-op; each message updated gets a NOTIFY on $7
 	// ("chat_id:origin:message_id"). The changes of a message that is not
 	// in the inbox yet are held in inbox_held_changes (HeldChanges applies
-	// them once it is). It returns, per message of the batch, the version
+	// them once it is); those of a message at or below the chat's floor
+	// (received once and deleted since: migration 008) are dropped. It returns, per message of the batch, the version
 	// that counts, whether it was applied, and whether it was held.
 	apply string
 	// reads records read receipts as apply of receipts does (insert-only,
@@ -33,15 +34,17 @@ type changeQueries struct {
 func newChangeQueries(service string) changeQueries {
 	s := pgx.Identifier{service}.Sanitize()
 	return changeQueries{
-		apply: `WITH e AS (SELECT * FROM unnest($1::uuid[], $2::bigint[], $3::int[], $4::text[], $5::timestamptz[], $6::bool[])
-				AS e(id, chat, version, body, at, deleted)),
+		apply: `WITH e AS (SELECT * FROM unnest($1::uuid[], $2::bigint[], $3::int[], $4::text[], $5::timestamptz[], $6::bool[], $8::bigint[])
+				AS e(id, chat, version, body, at, deleted, seq)),
 			b AS (SELECT DISTINCT ON (id) * FROM e ORDER BY id, version DESC),
 			upd AS (UPDATE ` + s + `.inbox i SET body = b.body, version = b.version, edited_at = b.at, deleted = b.deleted
 				FROM b WHERE i.message_id = b.id AND i.chat_id = b.chat AND i.version < b.version
 				RETURNING i.message_id, i.chat_id, i.sender),
-			miss AS MATERIALIZED (SELECT b.id FROM b WHERE NOT EXISTS (SELECT 1 FROM ` + s + `.inbox i WHERE i.message_id = b.id)),
-			held AS (INSERT INTO ` + s + `.inbox_held_changes (message_id, version, chat_id, body, edited_at, deleted)
-				SELECT e.id, e.version, e.chat, e.body, e.at, e.deleted FROM e WHERE e.id IN (SELECT id FROM miss)
+			miss AS MATERIALIZED (SELECT b.id FROM b WHERE NOT EXISTS (SELECT 1 FROM ` + s + `.inbox i WHERE i.message_id = b.id)
+				AND b.seq > coalesce((SELECT g.upto FROM ` + s + `.inbox_gap_fills g
+					WHERE g.chat_id = b.chat ORDER BY g.upto DESC LIMIT 1), 0)),
+			held AS (INSERT INTO ` + s + `.inbox_held_changes (message_id, version, chat_id, seq, body, edited_at, deleted)
+				SELECT e.id, e.version, e.chat, e.seq, e.body, e.at, e.deleted FROM e WHERE e.id IN (SELECT id FROM miss)
 				ON CONFLICT DO NOTHING),
 			note AS (SELECT pg_notify($7, u.chat_id || ':' || u.sender || ':' || u.message_id) FROM upd u)
 			SELECT b.id::text, b.version, u.message_id IS NOT NULL, b.id IN (SELECT id FROM miss), (SELECT count(*) FROM note)
@@ -119,13 +122,13 @@ func (c *changeBatch) queue(b *pgx.Batch) {
 		return
 	}
 	n := len(c.changes)
-	ids, chats, versions := make([]string, n), make([]int64, n), make([]int32, n)
+	ids, chats, versions, seqs := make([]string, n), make([]int64, n), make([]int32, n), make([]int64, n)
 	bodies, ats, dels := make([]string, n), make([]time.Time, n), make([]bool, n)
 	for k, ch := range c.changes {
-		ids[k], chats[k], versions[k] = ch.MessageID, ch.ChatID, int32(ch.Version)
+		ids[k], chats[k], versions[k], seqs[k] = ch.MessageID, ch.ChatID, int32(ch.Version), ch.Seq
 		bodies[k], ats[k], dels[k] = ch.Body, ch.EditedAt, ch.Deleted
 	}
-	b.Queue(c.q.apply, ids, chats, versions, bodies, ats, dels, c.channel).Query(func(rows pgx.Rows) error {
+	b.Queue(c.q.apply, ids, chats, versions, bodies, ats, dels, c.channel, seqs).Query(func(rows pgx.Rows) error {
 		type outcome struct {
 			version       int32
 			applied, held bool

@@ -21,7 +21,9 @@ const DefaultHeldInterval = 500 * time.Millisecond
 // message (held in <service>.inbox_held_changes by the inbox handler) once
 // the message is in the inbox: per message the highest held version, when
 // it is above the row's, with the same NOTIFY as a change applied at once.
-// Applied or outdated, the held rows go. A pass costs one scan of the held
+// Applied or outdated, the held rows go; so do those of a message at or
+// below its chat's floor that is not in the inbox (received once, deleted
+// since by retention or by hand: it will not come again). A pass costs one scan of the held
 // table, which is empty in steady state. Safe for concurrent use; several
 // processes may run one (a row is taken by one pass: DELETE … RETURNING).
 type HeldChanges struct {
@@ -54,7 +56,11 @@ func NewHeldChanges(pool *pgxpool.Pool, service string, interval time.Duration, 
 			b AS (SELECT DISTINCT ON (message_id) * FROM h ORDER BY message_id, version DESC),
 			upd AS (UPDATE ` + s + `.inbox i SET body = b.body, version = b.version, edited_at = b.edited_at, deleted = b.deleted
 				FROM b WHERE i.message_id = b.message_id AND i.version < b.version
-				RETURNING i.message_id, i.chat_id, i.sender)
+				RETURNING i.message_id, i.chat_id, i.sender),
+			gone AS (DELETE FROM ` + s + `.inbox_held_changes hc
+				WHERE hc.seq <= coalesce((SELECT g.upto FROM ` + s + `.inbox_gap_fills g
+					WHERE g.chat_id = hc.chat_id ORDER BY g.upto DESC LIMIT 1), 0)
+				AND NOT EXISTS (SELECT 1 FROM ` + s + `.inbox i WHERE i.message_id = hc.message_id))
 			SELECT count(pg_notify($1, u.chat_id || ':' || u.sender || ':' || u.message_id)) FROM upd u`}
 	h.life.Name = "chat: held changes"
 	return h, nil

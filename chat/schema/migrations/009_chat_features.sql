@@ -20,11 +20,13 @@ ALTER TABLE inbox
 -- does not keep one message's events in order: reclaims, re-drives, two
 -- workers). It is held here, acknowledged, and applied when the message
 -- is in the inbox (receive.HeldChanges); a version the row already has or
--- passed is dropped then. Empty in steady state.
+-- passed is dropped then, and so is a change of a message at or below the
+-- chat's floor (received once, deleted since). Empty in steady state.
 CREATE TABLE inbox_held_changes (
   message_id uuid        NOT NULL,
   version    integer     NOT NULL CHECK (version > 1),
   chat_id    bigint      NOT NULL,
+  seq        bigint      NOT NULL,
   body       text        NOT NULL,
   edited_at  timestamptz NOT NULL,
   deleted    boolean     NOT NULL,
