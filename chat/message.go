@@ -91,6 +91,27 @@ func (m Message) MarshalJSON() ([]byte, error) {
 	return json.Marshal(w)
 }
 
+// EventJSON encodes m as a message.created payload: the fields the event
+// carries (id, chat_id, seq, body, sent_at, from, author, delivered_at),
+// without the version, deleted and read_at of history and frames, which a
+// new message does not need: the send path pays no bytes for edits and
+// reads. (The re-drive encodes the whole Message: a deleted message says
+// so.)
+func (m Message) EventJSON() ([]byte, error) {
+	type wire struct {
+		ID          string  `json:"id"`
+		ChatID      int64   `json:"chat_id"`
+		Seq         int64   `json:"seq"`
+		Body        string  `json:"body"`
+		SentAt      string  `json:"sent_at"`
+		From        string  `json:"from"`
+		Author      string  `json:"author,omitempty"`
+		DeliveredAt *string `json:"delivered_at"`
+	}
+	return json.Marshal(wire{ID: m.ID, ChatID: m.ChatID, Seq: m.Seq, Body: m.Body, SentAt: formatTime(m.SentAt), From: m.From, Author: m.Author,
+		DeliveredAt: optTime(m.DeliveredAt)})
+}
+
 // optTime formats t, or returns nil for a nil t.
 func optTime(t *time.Time) *string {
 	if t == nil {

@@ -2,7 +2,6 @@ package store
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
@@ -564,7 +563,7 @@ func (s *Store) insertAndCommit(ctx context.Context, conn *pgxpool.Conn, reqs []
 			m := res[i].m
 			ms[j] = m
 			ids[j], chatIDs[j], seqs[j], bodies[j], cids[j], authors[j] = m.ID, m.ChatID, m.Seq, m.Body, reqs[i].key, m.Author
-			payload, err := json.Marshal(m)
+			payload, err := m.EventJSON()
 			if err != nil {
 				return nil, fmt.Errorf("encode event: %w", err)
 			}
