@@ -582,7 +582,14 @@ func (c *Consumer) Ack(ctx context.Context, streamIDs ...string) error {
 
 // trimIfDue trims when something was acknowledged since the last trim and
 // TrimInterval has passed. A failed trim is logged; a later call retries.
+// With ctx already done (a Fetch cut short by its caller's stop) it leaves
+// the trim for a later call: it could only fail, and the warning would
+// appear on every graceful stop. A trim that fails because ctx ended during
+// it is logged at debug level, for the same reason.
 func (c *Consumer) trimIfDue(ctx context.Context) {
+	if ctx.Err() != nil {
+		return
+	}
 	c.mu.Lock()
 	due := c.acked && time.Since(c.lastTrim) >= c.trimI
 	if due {
@@ -595,7 +602,11 @@ func (c *Consumer) trimIfDue(ctx context.Context) {
 	}
 	n, err := c.Trim(ctx)
 	if err != nil {
-		c.logger.WarnContext(ctx, "trimming acknowledged entries failed", "err", err)
+		if ctx.Err() != nil {
+			c.logger.DebugContext(ctx, "trim cut short by the caller's context; a later call retries", "err", err)
+		} else {
+			c.logger.WarnContext(ctx, "trimming acknowledged entries failed", "err", err)
+		}
 		c.mu.Lock()
 		c.acked = true
 		c.mu.Unlock()
