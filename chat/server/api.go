@@ -121,7 +121,9 @@ func (p *process) buildHTTP(api *httpapi.API) error {
 
 // readyz answers GET /readyz: 503 while stopping, or when the database or
 // (for the roles that need it) Redis cannot be reached, saying which and
-// why; 200 {"status": "ready"} otherwise.
+// why; 200 {"status": "ready"} otherwise. A Redis that is up but not
+// durable keeps the process ready (it works; restarting it would not
+// help) and is named: "redis_durable": false and a "warnings" list.
 func (p *process) readyz(stopping *atomic.Bool) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		if stopping.Load() {
@@ -145,7 +147,18 @@ func (p *process) readyz(stopping *atomic.Bool) http.HandlerFunc {
 				return
 			}
 		}
-		httpapi.WriteJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+		body := map[string]any{"status": "ready"}
+		if p.m.durability != nil {
+			durable, warnings := true, []string{}
+			for _, n := range p.m.durability.read(pctx) {
+				if msg := n.Problem(); msg != "" {
+					durable = false
+					warnings = append(warnings, "redis "+n.Addr+" is NOT DURABLE: "+msg)
+				}
+			}
+			body["redis_durable"], body["warnings"] = durable, warnings
+		}
+		httpapi.WriteJSON(w, http.StatusOK, body)
 	}
 }
 

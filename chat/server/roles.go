@@ -127,7 +127,11 @@ func (p *process) buildRelay() error {
 	if err != nil {
 		return err
 	}
-	p.add(relay, newHeartbeat(p.pool, c.Service, c.Worker.ConsumerName, relay.LastPass, p.log))
+	var listening func() bool
+	if !c.Relay.PollOnly {
+		listening = relay.Listening
+	}
+	p.add(relay, newHeartbeat(p.pool, c.Service, c.Worker.ConsumerName, relay.LastPass, listening, p.log))
 	if c.Relay.OutboxVacuumRows >= 0 {
 		vac, err := outbox.NewVacuum(p.pool, &outbox.VacuumConfig{
 			Table: c.Service + ".outbox", DeadRows: c.Relay.OutboxVacuumRows, Logger: p.log,

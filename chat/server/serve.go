@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/outboxchat/outboxchat/chat"
 	"github.com/outboxchat/outboxchat/chat/auth"
 	"github.com/outboxchat/outboxchat/chat/gateway"
 	"github.com/outboxchat/outboxchat/chat/schema"
@@ -66,6 +67,9 @@ func Serve(ctx context.Context, cfg Config) error {
 			return err
 		}
 		defer p.rdb.Close()
+		if err := p.claimConsumerName(ctx); err != nil {
+			return err
+		}
 	}
 	p.m = newMetrics(p.reg, c, pool, p.rdb)
 	if err := p.build(); err != nil {
@@ -97,6 +101,9 @@ type process struct {
 	// redundant read each.)
 	own      sync.Map
 	listener *notifier.Notifier
+	// presence keeps the consumer name live (relay and worker roles; nil
+	// without Redis).
+	presence *presence
 	gw       *gateway.Gateway
 	// relayWake wakes this process's relay (nil without the relay role or
 	// when it polls only); set while building, read after the start.
@@ -116,6 +123,11 @@ func (p *process) add(svcs ...service.Service) { p.services = append(p.services,
 // dual writer and HTTP server.
 func (p *process) build() error {
 	c := p.cfg
+	if p.presence != nil {
+		// Before the worker, so the name stays live until it has acked.
+		p.add(p.presence)
+		p.m.consumerNameShared(p.presence.Shared)
+	}
 	if c.listens() {
 		if err := p.buildListener(); err != nil {
 			return err
@@ -233,6 +245,20 @@ func (p *process) connectRedis(ctx context.Context) (*redis.Client, error) {
 		p.log.Warn("could not check redis durability (redis down?); continuing", "err", err)
 	}
 	return rdb, nil
+}
+
+// claimConsumerName settles the process's consumer name (Worker.ConsumerName:
+// the explicit one, or one claimed unique) and builds its presence.
+func (p *process) claimConsumerName(ctx context.Context) error {
+	c := p.cfg
+	pr, err := redisq.NewPresence(p.rdb, c.RedisPrefix, chat.QueueName(chat.Peer(c.Service)), c.Service, 0)
+	if err != nil {
+		return fmt.Errorf("serve: %w", err)
+	}
+	c.Worker.ConsumerName = consumerName(ctx, pr, c.Service, c.Worker.ConsumerName, p.log)
+	p.presence = newPresence(pr, c.Worker.ConsumerName, c.has(RoleWorker), c.LockDuration, p.log)
+	p.log.Info("consumer name", "consumer", c.Worker.ConsumerName, "instance", pr.Instance())
+	return nil
 }
 
 // buildListener builds the process's one LISTEN connection: the relay and
