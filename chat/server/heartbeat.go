@@ -29,10 +29,10 @@ type heartbeat struct {
 	// listening reports whether the relay's LISTEN connection is up; nil
 	// for a poll-only relay.
 	listening func() bool
-	sql      string
-	log      *slog.Logger
-	written  time.Time // the lastPass last written
-	life     service.Lifecycle
+	sql       string
+	log       *slog.Logger
+	written   time.Time // the lastPass last written
+	life      service.Lifecycle
 }
 
 func newHeartbeat(pool *pgxpool.Pool, svc, name string, lastPass func() time.Time, listening func() bool, log *slog.Logger) *heartbeat {
