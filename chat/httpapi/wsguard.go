@@ -128,3 +128,30 @@ func tokenExpiry(ctx context.Context) <-chan time.Time {
 	context.AfterFunc(ctx, func() { t.Stop() })
 	return t.C
 }
+
+// tokenRevoked is closed once the token of ctx's principal is revoked
+// (auth.Revocations; the server reads new revocations every second), nil
+// without a principal. Its goroutine ends with ctx.
+func (a *API) tokenRevoked(ctx context.Context) <-chan struct{} {
+	p := auth.PrincipalOf(ctx)
+	if p == nil || a.verifier == nil {
+		return nil
+	}
+	rev := a.verifier.Revocations()
+	out := make(chan struct{})
+	go func() {
+		for {
+			changed := rev.Changed() // before the check: no change is missed
+			if rev.Revoked(p) {
+				close(out)
+				return
+			}
+			select {
+			case <-changed:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	return out
+}

@@ -31,6 +31,12 @@ const notifyInterval = 5 * time.Millisecond
 // send path, the HTTP API and its server.
 func (p *process) buildAPI() error {
 	c := p.cfg
+	if p.verifier != nil {
+		// Before the HTTP server: its first read is done before a request
+		// is served.
+		p.add(newRevocations(p.pool, c.Service, p.verifier.Revocations(), p.log))
+		p.m.revoked(p.verifier.Revocations().Len)
+	}
 	wcfg := &outbox.WriterConfig{
 		Table: c.Service + ".outbox", Channel: chat.OutboxChannel(c.Service), Mode: c.API.Wake, Logger: p.log,
 	}

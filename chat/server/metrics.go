@@ -395,6 +395,15 @@ func (m *metrics) consumerNameShared(n func() int64) {
 	}, func() float64 { return float64(n()) }))
 }
 
+// revoked registers outboxchat_auth_revoked, read from n at each scrape
+// (the verifier's revocation set).
+func (m *metrics) revoked(n func() int) {
+	m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "outboxchat_auth_revoked",
+		Help: "Users and token ids revoked (`outboxchat revoke`) that this API process refuses.",
+	}, func() float64 { return float64(n()) }))
+}
+
 // redriven registers outboxchat_redriven_total and returns the Redriver's
 // hook that counts what each pass published.
 func (m *metrics) redriven() func(n int) {

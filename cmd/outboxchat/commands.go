@@ -19,6 +19,7 @@ var commands = []command{
 	{"serve", runServe},
 	{"migrate", runMigrate},
 	{"token", runToken},
+	{"revoke", runRevoke},
 	{"status", runStatus},
 	{"deadletters", runDeadletters},
 	{"outbox", runOutbox},
@@ -48,6 +49,7 @@ commands:
   serve    run a service (consumers or workers)
   migrate  create the service's role and schema, apply migrations
   token    mint a development JWT (HS256) for a user, services and chats
+  revoke   --user U | --token-id JTI: refuse a user's tokens issued until now, or one token
   lab      up | chaos | latency | bench | demo: private servers, fault experiments, measurements
   status       both services on one screen; exits 1 when something needs a person
   deadletters  list | show | replay | drop the dead letters

@@ -79,6 +79,10 @@ func runServe(ctx context.Context, args []string, _, stderr io.Writer) error {
 		go func() { _ = srv.Serve(ln) }()
 		defer srv.Close()
 	}
+	guardCfg, err := guard.config()
+	if err != nil {
+		return err
+	}
 	log := newLogger(stderr, *logFormat)
 	var hooks server.Hooks // nil unless --fault: an interface holding a nil *Crash is not nil
 	if f, err := fault.ParseCrash(*faultSpec, log.With("service", *service)); err != nil {
@@ -93,7 +97,7 @@ func runServe(ctx context.Context, args []string, _, stderr io.Writer) error {
 		API: server.APIConfig{
 			HTTPAddr: *httpAddr, Wake: wm, MaxBodyBytes: *maxBody, SendLockTimeout: *sendLock, ReadTimeout: *readTimeout,
 			GapTimeout: *gap, Auth: auth.config(), TLSCertFile: *auth.tlsCert, TLSKeyFile: *auth.tlsKey,
-			Guard: guard.config(), ShutdownDelay: *shutdownDelay,
+			Guard: guardCfg, ShutdownDelay: *shutdownDelay,
 		},
 		Relay: server.RelayConfig{
 			PollOnly: *pollOnly, PollInterval: *poll, RedriveAfter: redriveAfter(*redrive),
@@ -123,6 +127,7 @@ type guardFlagSet struct {
 	ping, pong                         *time.Duration
 	userRate, ipRate                   *float64
 	userBurst, ipBurst, socketsPerUser *int
+	trustedProxies                     *string
 }
 
 func guardFlags(fs *flag.FlagSet) *guardFlagSet {
@@ -139,18 +144,23 @@ func guardFlags(fs *flag.FlagSet) *guardFlagSet {
 		ipRate:         fs.Float64("rate-ip", httpapi.DefaultIPRate, "API and WebSocket requests per second per client IP (negative: no limit)"),
 		ipBurst:        fs.Int("burst-ip", httpapi.DefaultIPBurst, "requests at once per client IP"),
 		socketsPerUser: fs.Int("ws-per-user", httpapi.DefaultSocketsPerUser, "open WebSockets per user (negative: no cap)"),
+		trustedProxies: fs.String("trusted-proxies", "", "comma-separated CIDRs (or IPs) of the reverse proxies in front: from them the client IP is the rightmost untrusted X-Forwarded-For hop (default none: X-Forwarded-For is ignored)"),
 	}
 	return g
 }
 
-func (g *guardFlagSet) config() httpapi.GuardConfig {
+func (g *guardFlagSet) config() (httpapi.GuardConfig, error) {
+	tp, err := httpapi.ParseTrustedProxies(*g.trustedProxies)
+	if err != nil {
+		return httpapi.GuardConfig{}, fmt.Errorf("--trusted-proxies: %w", err)
+	}
 	return httpapi.GuardConfig{
 		AllowedHosts: splitList(*g.hosts), AllowedOrigins: splitList(*g.origins),
 		ReadHeaderTimeout: *g.readHeader, BodyReadTimeout: *g.bodyRead, IdleTimeout: *g.idle,
 		PingInterval: *g.ping, PongTimeout: *g.pong,
 		UserRate: *g.userRate, UserBurst: *g.userBurst, IPRate: *g.ipRate, IPBurst: *g.ipBurst,
-		SocketsPerUser: *g.socketsPerUser,
-	}
+		SocketsPerUser: *g.socketsPerUser, TrustedProxies: tp,
+	}, nil
 }
 
 // authFlagSet holds serve's authentication flags (auth.Config).
