@@ -42,7 +42,7 @@ func runServe(ctx context.Context, args []string, _, stderr io.Writer) error {
 	lock := fs.Duration("lock-duration", redisq.DefaultLockDuration, "how long a job may stay unacknowledged before it is handed out again")
 	redrive := fs.Duration("redrive-after", -1, "publish a sent message again when no receipt came back within this long (default 2 × --lock-duration; 0 = off)")
 	gap := fs.Duration("gap-timeout", 0, "how long the WebSocket gateway holds received messages behind a missing seq (0 = 2 × --lock-duration; negative = no hold)")
-	consumer := fs.String("consumer-name", "", "this worker's name in the consumer group, stable across restarts (default <service>-<hostname>)")
+	consumer := fs.String("consumer-name", "", "this worker's name in the consumer group; two live processes must not share one (default: a unique <service>-<hostname>-<n>, claimed at start)")
 	maxBody := fs.Int("max-body-bytes", chat.DefaultMaxBodyBytes, "message body limit in bytes")
 	prefix := fs.String("redis-prefix", chat.DefaultRedisPrefix, "prefix of every Redis key")
 	faultSpec := fs.String("fault", os.Getenv("OUTBOXCHAT_FAULT"), "fault injection for the lab, KIND:SEQ (default $OUTBOXCHAT_FAULT; off)")
