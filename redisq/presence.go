@@ -98,19 +98,23 @@ func (p *Presence) Claim(ctx context.Context, base string) (string, error) {
 }
 
 // Beat registers or refreshes this process as a live holder of name for
-// ttl, and returns the instance ids of the other live processes holding
-// the same name in the group (nil when there are none: the name is this
-// process's alone). Errors: Redis errors (wrapped).
-func (p *Presence) Beat(ctx context.Context, name string) ([]string, error) {
+// ttl, and returns the other live processes holding the same name in the
+// group (Group, Name, Instance and Expires set; nil when there are none:
+// the name is this process's alone). A process that died less than its
+// ttl ago is still among them: one whose Expires moves on between two
+// Beats is alive. Errors: Redis errors (wrapped).
+func (p *Presence) Beat(ctx context.Context, name string) ([]LiveConsumer, error) {
 	vals, err := presenceScript.Run(ctx, p.rdb, []string{p.keys.Presence},
 		p.group, p.instance, p.ttl.Milliseconds(), "beat", name).StringSlice()
 	if err != nil && !errors.Is(err, redis.Nil) {
 		return nil, fmt.Errorf("redisq: presence of %s: %w", name, err)
 	}
-	if len(vals) == 0 {
-		return nil, nil
+	var out []LiveConsumer
+	for i := 0; i+1 < len(vals); i += 2 {
+		ms, _ := strconv.ParseFloat(vals[i+1], 64)
+		out = append(out, LiveConsumer{Group: p.group, Name: name, Instance: vals[i], Expires: time.UnixMilli(int64(ms))})
 	}
-	return vals, nil
+	return out, nil
 }
 
 // Leave removes this process's registration under name (a graceful stop).
@@ -147,6 +151,11 @@ type LiveConsumer struct {
 	// Expires is when it stops counting as live unless refreshed (Redis
 	// clock).
 	Expires time.Time
+	// Remaining is Expires less Redis's time when it was read
+	// (LiveConsumers only). A live process refreshes at least every ttl/3,
+	// so its Remaining stays above about 2/3 of its ttl; one that died
+	// decays towards 0.
+	Remaining time.Duration
 }
 
 // LiveConsumers lists the live processes of every group of queue (under
@@ -172,7 +181,8 @@ func LiveConsumers(ctx context.Context, rdb redis.UniversalClient, prefix, queue
 		if len(parts) != 3 {
 			continue
 		}
-		out = append(out, LiveConsumer{Group: parts[0], Name: parts[1], Instance: parts[2], Expires: time.UnixMilli(int64(z.Score))})
+		exp := time.UnixMilli(int64(z.Score))
+		out = append(out, LiveConsumer{Group: parts[0], Name: parts[1], Instance: parts[2], Expires: exp, Remaining: exp.Sub(now)})
 	}
 	slices.SortFunc(out, func(a, b LiveConsumer) int {
 		return cmp.Or(strings.Compare(a.Group, b.Group), strings.Compare(a.Name, b.Name), strings.Compare(a.Instance, b.Instance))

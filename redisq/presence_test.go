@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outboxchat/outboxchat/internal/testenv"
 	"github.com/outboxchat/outboxchat/redisq"
 )
 
@@ -83,12 +84,21 @@ func TestPresenceBeatReportsSharedName(t *testing.T) {
 	if others, err := a.Beat(ctx, "w"); err != nil || others != nil {
 		t.Fatalf("first beat = %v, %v; want alone", others, err)
 	}
-	if others, err := b.Beat(ctx, "w"); err != nil || !slices.Equal(others, []string{a.Instance()}) {
+	if others, err := b.Beat(ctx, "w"); err != nil || len(others) != 1 || others[0].Instance != a.Instance() || others[0].Name != "w" {
 		t.Fatalf("b's beat = %v, %v; want [%s]", others, err, a.Instance())
 	}
-	if others, err := a.Beat(ctx, "w"); err != nil || !slices.Equal(others, []string{b.Instance()}) {
-		t.Fatalf("a's beat = %v, %v; want [%s]", others, err, b.Instance())
+	first, err := a.Beat(ctx, "w")
+	if err != nil || len(first) != 1 || first[0].Instance != b.Instance() {
+		t.Fatalf("a's beat = %v, %v; want [%s]", first, err, b.Instance())
 	}
+	// b refreshes: a sees its expiry move on (b is alive).
+	testenv.WaitFor(t, 5*time.Second, "b's expiry to move on", func() bool {
+		if _, err := b.Beat(ctx, "w"); err != nil {
+			t.Fatal(err)
+		}
+		again, err := a.Beat(ctx, "w")
+		return err == nil && len(again) == 1 && again[0].Expires.After(first[0].Expires)
+	})
 	// Another group's "w" is not the same consumer.
 	o, err := redisq.NewPresence(q.rdb, q.prefix, "chat", "consumers", 0)
 	if err != nil {

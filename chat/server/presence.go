@@ -39,9 +39,13 @@ type presence struct {
 	log       *slog.Logger
 	life      service.Lifecycle
 
-	shared    atomic.Int64 // other live processes under name, at the last refresh
-	lastPrune time.Time    // the runOnce goroutine's only
-	others    []string     // the runOnce goroutine's only
+	shared atomic.Int64 // other live processes under name, at the last refresh
+	// The runOnce goroutine's only: when the last prune ran; each other
+	// holder of the name with the expiry it had when first seen; the
+	// holders reported as sharing.
+	lastPrune time.Time
+	seen      map[string]time.Time
+	others    []string
 }
 
 // consumerName returns the consumer name of a process of service with
@@ -78,12 +82,28 @@ func newPresence(pr *redisq.Presence, name string, prune bool, lock time.Duratio
 func (s *presence) Shared() int64 { return s.shared.Load() }
 
 // runOnce refreshes the presence, reports a change in who else shares the
-// name, and prunes when due.
+// name, and prunes when due. Another holder counts as sharing once it has
+// refreshed since this process first saw it: the entry of a predecessor
+// that died (kill -9, then a restart under the same --consumer-name) stays
+// until its ttl without ever being refreshed, and is no clash.
 func (s *presence) runOnce(ctx context.Context) error {
-	others, err := s.p.Beat(ctx, s.name)
+	holders, err := s.p.Beat(ctx, s.name)
 	if err != nil {
 		return err
 	}
+	seen := make(map[string]time.Time, len(holders))
+	var others []string
+	for _, h := range holders {
+		first, ok := s.seen[h.Instance]
+		if !ok {
+			first = h.Expires
+		}
+		seen[h.Instance] = first
+		if h.Expires.After(first) {
+			others = append(others, h.Instance)
+		}
+	}
+	s.seen = seen
 	s.shared.Store(int64(len(others)))
 	if !slices.Equal(others, s.others) {
 		if len(others) > 0 {

@@ -104,3 +104,38 @@ func TestNonDurableRedisIsExposed(t *testing.T) {
 		t.Fatalf("/readyz after the fix: %s", body)
 	}
 }
+
+// A process restarted under its --consumer-name after its predecessor
+// died (its presence entry still there, never refreshed) is no clash.
+func TestConsumerNameOfDeadPredecessorIsNoClash(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, "")
+	ctx := context.Background()
+	rdb := testenv.Redis(t)
+	queue := chat.QueueName(chat.Consumers)
+	dead, err := redisq.NewPresence(rdb, h.Prefix, queue, chat.Workers, 8*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := dead.Beat(ctx, "workers-w"); err != nil {
+		t.Fatal(err)
+	}
+	var logs testenv.SyncBuffer
+	r := h.start(chat.Workers, func(c *Config) {
+		c.Roles = []string{RoleAPI, RoleWorker}
+		c.Worker.ConsumerName = "workers-w"
+		c.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+	})
+	// The dead entry expires 8 s after its beat: the process refreshed at
+	// start and 5 s later meanwhile, seeing it both times.
+	testenv.WaitFor(t, 20*time.Second, "the dead entry to expire", func() bool {
+		live, err := redisq.LiveConsumers(ctx, rdb, h.Prefix, queue)
+		return err == nil && len(live) == 1 && live[0].Instance != dead.Instance()
+	})
+	if strings.Contains(logs.String(), "CONSUMER NAME SHARED") {
+		t.Fatalf("a dead predecessor was reported as sharing the name:\n%s", logs.String())
+	}
+	if v := scrape(t, r.base, "outboxchat_consumer_name_shared"); v != 0 {
+		t.Fatalf("outboxchat_consumer_name_shared = %v, want 0", v)
+	}
+}

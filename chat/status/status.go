@@ -217,7 +217,10 @@ func QueueStatus(ctx context.Context, rdb redis.UniversalClient, prefix, service
 	s.LiveConsumers, s.SharedConsumerNames = []LiveConsumerStatus{}, []string{}
 	count := map[string]int{}
 	for _, l := range live {
-		if l.Group != service {
+		// A process refreshes its entry every third of its ttl: one with
+		// less than half left has missed a refresh (it died, e.g. before
+		// its replacement took the name), and is not counted.
+		if l.Group != service || l.Remaining < redisq.DefaultPresenceTTL/2 {
 			continue
 		}
 		s.LiveConsumers = append(s.LiveConsumers, LiveConsumerStatus{Name: l.Name, Instance: l.Instance})

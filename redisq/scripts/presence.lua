@@ -19,9 +19,9 @@
 -- so reading it is allowed). The set's own expiry is pushed to at least
 -- the ttl, so it vanishes once every member is gone.
 --
--- Returns  beat: the instance ids of the other live members of the group
---          with the same name (a list, empty when the name is this
---          process's alone);
+-- Returns  beat: the other live members of the group with the same name, as
+--          a flat list instance id, expiry (Unix ms, a string), … (empty
+--          when the name is this process's alone);
 --          claim: the name registered, or false when all were taken.
 
 local t = redis.call('TIME')
@@ -30,10 +30,12 @@ redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 local group, inst, ttl, mode = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
 local prefix = group .. '\0'
 
--- holders maps each name of the group to the list of other instances
--- holding it.
+-- holders maps each name of the group to the other instances holding it,
+-- each followed by its expiry.
 local holders = {}
-for _, m in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
+local members = redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')
+for i = 1, #members, 2 do
+  local m, score = members[i], members[i + 1]
   if string.sub(m, 1, #prefix) == prefix then
     local rest = string.sub(m, #prefix + 1)
     local sep = string.find(rest, '\0', 1, true)
@@ -42,6 +44,7 @@ for _, m in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
       if who ~= inst then
         holders[name] = holders[name] or {}
         table.insert(holders[name], who)
+        table.insert(holders[name], score)
       end
     end
   end
