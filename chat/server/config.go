@@ -181,6 +181,8 @@ type WorkerConfig struct {
 	// process of the group holds (redisq.Presence.Claim), so a process
 	// replacing one that stopped gets its name and finishes its pending
 	// entries first; with Redis down at start, "<service>-<hostname>-p<pid>".
+	// Without the worker role it only names the relay's heartbeat row:
+	// default "<service>-<hostname>-relay".
 	ConsumerName string
 	// DeadLetterMax caps the dead-letter stream this worker writes
 	// (redisq.ConsumerConfig.DeadLetterMax). Default 0 means

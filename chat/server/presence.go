@@ -27,14 +27,12 @@ const (
 // graceful stop (so the next process may claim the name at once). Each
 // refresh learns which other live processes use the same name: a change
 // is logged (a warning while any does) and Shared counts them
-// (outboxchat_consumer_name_shared). With the worker role it also deletes,
-// every pruneEvery, the group's consumers that are gone with nothing
-// pending. A service (Start/Stop) with a runOnce a test can call; it
+// (outboxchat_consumer_name_shared). It also deletes, every pruneEvery,
+// the group's consumers that are gone with nothing pending. A service (Start/Stop) with a runOnce a test can call; it
 // starts before the worker and stops after it.
 type presence struct {
 	p         *redisq.Presence
 	name      string
-	prune     bool          // the worker role: prune gone consumers
 	pruneIdle time.Duration // least idle time of a pruned consumer
 	log       *slog.Logger
 	life      service.Lifecycle
@@ -71,8 +69,8 @@ func consumerName(ctx context.Context, pr *redisq.Presence, service, explicit st
 	return name
 }
 
-func newPresence(pr *redisq.Presence, name string, prune bool, lock time.Duration, log *slog.Logger) *presence {
-	return &presence{p: pr, name: name, prune: prune, pruneIdle: max(pruneIdleMin, 10*lock),
+func newPresence(pr *redisq.Presence, name string, lock time.Duration, log *slog.Logger) *presence {
+	return &presence{p: pr, name: name, pruneIdle: max(pruneIdleMin, 10*lock),
 		log:  log.With("component", "chat.presence", "consumer", name, "instance", pr.Instance()),
 		life: service.Lifecycle{Name: "chat: consumer presence"}}
 }
@@ -115,7 +113,7 @@ func (s *presence) runOnce(ctx context.Context) error {
 		}
 		s.others = others
 	}
-	if s.prune && time.Since(s.lastPrune) >= pruneEvery {
+	if time.Since(s.lastPrune) >= pruneEvery {
 		s.lastPrune = time.Now()
 		gone, err := s.p.PruneGone(ctx, s.pruneIdle)
 		if err != nil {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"sync"
 	"time"
 
@@ -67,9 +68,9 @@ func Serve(ctx context.Context, cfg Config) error {
 			return err
 		}
 		defer p.rdb.Close()
-		if err := p.claimConsumerName(ctx); err != nil {
-			return err
-		}
+	}
+	if err := p.claimConsumerName(ctx); err != nil {
+		return err
 	}
 	p.m = newMetrics(p.reg, c, pool, p.rdb)
 	if err := p.build(); err != nil {
@@ -101,8 +102,8 @@ type process struct {
 	// redundant read each.)
 	own      sync.Map
 	listener *notifier.Notifier
-	// presence keeps the consumer name live (relay and worker roles; nil
-	// without Redis).
+	// presence keeps the consumer name live (the worker role; nil
+	// without it).
 	presence *presence
 	gw       *gateway.Gateway
 	// relayWake wakes this process's relay (nil without the relay role or
@@ -247,16 +248,25 @@ func (p *process) connectRedis(ctx context.Context) (*redis.Client, error) {
 	return rdb, nil
 }
 
-// claimConsumerName settles the process's consumer name (Worker.ConsumerName:
-// the explicit one, or one claimed unique) and builds its presence.
+// claimConsumerName settles the process's consumer name (Worker.ConsumerName):
+// with the worker role the explicit one, or one claimed unique, and its
+// presence; without it (the name only names the relay's heartbeat row)
+// the explicit one or "<service>-<hostname>-relay".
 func (p *process) claimConsumerName(ctx context.Context) error {
 	c := p.cfg
+	if !c.has(RoleWorker) {
+		if c.Worker.ConsumerName == "" {
+			host, _ := os.Hostname()
+			c.Worker.ConsumerName = c.Service + "-" + host + "-relay"
+		}
+		return nil
+	}
 	pr, err := redisq.NewPresence(p.rdb, c.RedisPrefix, chat.QueueName(chat.Peer(c.Service)), c.Service, 0)
 	if err != nil {
 		return fmt.Errorf("serve: %w", err)
 	}
 	c.Worker.ConsumerName = consumerName(ctx, pr, c.Service, c.Worker.ConsumerName, p.log)
-	p.presence = newPresence(pr, c.Worker.ConsumerName, c.has(RoleWorker), c.LockDuration, p.log)
+	p.presence = newPresence(pr, c.Worker.ConsumerName, c.LockDuration, p.log)
 	p.log.Info("consumer name", "consumer", c.Worker.ConsumerName, "instance", pr.Instance())
 	return nil
 }
