@@ -129,29 +129,47 @@ func tokenExpiry(ctx context.Context) <-chan time.Time {
 	return t.C
 }
 
-// tokenRevoked is closed once the token of ctx's principal is revoked
-// (auth.Revocations; the server reads new revocations every second), nil
-// without a principal. Its goroutine ends with ctx.
-func (a *API) tokenRevoked(ctx context.Context) <-chan struct{} {
+// revocationWatch tells a WebSocket's loop when its token is revoked
+// (auth.Revocations; the server reads new revocations every second)
+// without a goroutine of its own: the loop selects on changed() and asks
+// revoked() when it fires. A nil watch (no principal) never fires. Not
+// safe for concurrent use: the socket's loop owns it.
+type revocationWatch struct {
+	rev *auth.Revocations
+	p   *auth.Principal
+	c   <-chan struct{}
+}
+
+// closedChan is a channel that is always ready.
+var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
+
+// watchRevocation returns the watch of ctx's principal, nil without one.
+// A token revoked already makes changed() ready at once.
+func (a *API) watchRevocation(ctx context.Context) *revocationWatch {
 	p := auth.PrincipalOf(ctx)
 	if p == nil || a.verifier == nil {
 		return nil
 	}
-	rev := a.verifier.Revocations()
-	out := make(chan struct{})
-	go func() {
-		for {
-			changed := rev.Changed() // before the check: no change is missed
-			if rev.Revoked(p) {
-				close(out)
-				return
-			}
-			select {
-			case <-changed:
-			case <-ctx.Done():
-				return
-			}
-		}
-	}()
-	return out
+	w := &revocationWatch{rev: a.verifier.Revocations(), p: p}
+	w.c = w.rev.Changed()
+	if w.rev.Revoked(p) {
+		w.c = closedChan
+	}
+	return w
+}
+
+// changed is ready when the revocation set changed since the last call of
+// revoked (or the watch began).
+func (w *revocationWatch) changed() <-chan struct{} {
+	if w == nil {
+		return nil
+	}
+	return w.c
+}
+
+// revoked re-arms changed and reports whether the token is revoked now.
+// Re-arming first means a change between the two is not missed.
+func (w *revocationWatch) revoked() bool {
+	w.c = w.rev.Changed()
+	return w.rev.Revoked(w.p)
 }
