@@ -18,8 +18,8 @@ import "strings"
 //     to the inbound stream itself, so a service cannot forge messages to
 //     itself;
 //   - no other key, and no FLUSHALL, CONFIG, KEYS or other administrative
-//     command (INFO, PING, HELLO, SELECT, MULTI/EXEC, SCRIPT LOAD are
-//     allowed: they touch no key).
+//     command (INFO, PING, HELLO, SELECT, MULTI/EXEC, SCRIPT LOAD, TIME and
+//     CLIENT INFO are allowed: they touch no key).
 //
 // Key rules are in Redis 7.0 selectors ("(…)"), one per group of keys, so a
 // command allowed on one key is not thereby allowed on another. Commands
@@ -30,7 +30,7 @@ func ACLRules(prefix, out, in string) []string {
 	return []string{
 		"on", "resetkeys", "resetchannels", "-@all",
 		// Connection and transaction commands: no keys.
-		"+ping", "+hello", "+select", "+info", "+multi", "+exec", "+discard", "+script|load", "+time",
+		"+ping", "+hello", "+select", "+info", "+multi", "+exec", "+discard", "+script|load", "+time", "+client|info",
 		// Outbound: add jobs only.
 		"(" + keyRule(o.Stream) + " " + keyRule(o.dedupe+"*") + " +evalsha +eval +set +xadd +del)",
 		// Inbound stream: consume, never add. The presence set is in the

@@ -294,8 +294,9 @@ func durabilitySettings(ctx context.Context, rdb redis.UniversalClient) (map[str
 
 // NodeDurability is one Redis node's durability settings (ReadDurability).
 type NodeDurability struct {
-	// Addr is the node's address as the client knows it ("host:port"; for
-	// a Sentinel client, "FailoverClient": its current master).
+	// Addr is the node's address ("host:port"): as the client knows it,
+	// or for a Sentinel client its current master's as the master reports
+	// it (CLIENT INFO laddr; "FailoverClient" when that is refused).
 	Addr string
 	// AppendOnly and MaxMemoryPolicy are the node's settings; both "" when
 	// they could not be read (Err says why; nil Err: the server refused
@@ -325,11 +326,18 @@ func (n NodeDurability) Problem() string {
 
 // ReadDurability reads the durability settings of every node rdb talks
 // to: each master and replica of a *redis.ClusterClient (ForEachShard),
-// else the one server. It logs nothing and never fails as a whole: a node
+// else the one server (through Sentinel, the current primary: its
+// replicas are not read, though one of them becomes the primary after a
+// failover, when the next call reads it). It logs nothing and never fails as a whole: a node
 // that cannot be read has Err set. Safe for concurrent use.
 func ReadDurability(ctx context.Context, rdb redis.UniversalClient) []NodeDurability {
 	read := func(ctx context.Context, c *redis.Client) NodeDurability {
 		n := NodeDurability{Addr: c.Options().Addr}
+		if n.Addr == "FailoverClient" {
+			if ci, err := c.ClientInfo(ctx).Result(); err == nil && ci.LAddr != "" {
+				n.Addr = ci.LAddr
+			}
+		}
 		settings, err := durabilitySettings(ctx, c)
 		n.Err = err
 		if settings != nil {
