@@ -24,6 +24,7 @@ func runLabBench(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	asJSON := fs.Bool("json", false, "print one JSON object (DESIGN.md fields plus cpu_s); the details go to stderr")
 	hold := fs.Bool("hold-snapshot", false, "hold a REPEATABLE READ snapshot open (idle in transaction) through the run, as a forgotten session would")
 	insecure := fs.Bool("insecure", false, "services without auth and without signed stream entries (to measure what they cost)")
+	retention := fs.Duration("history-retention", 0, "run the services with --history-retention D (0 = keep everything), to measure retention pruning under load")
 	pgbouncer := fs.Bool("pgbouncer", false, "services reach Postgres through a private PgBouncer in transaction mode (LISTEN direct), as on a managed deployment")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -38,7 +39,7 @@ func runLabBench(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		return err
 	}
 	res, err := perf.Bench(ctx, perf.BenchOptions{Senders: *senders, Chats: *chats, Messages: *messages,
-		Variant: *variant, SendTimeout: *timeout, Progress: stderr, HoldSnapshot: *hold, Insecure: *insecure, PgBouncer: *pgbouncer})
+		Variant: *variant, SendTimeout: *timeout, Progress: stderr, HoldSnapshot: *hold, Insecure: *insecure, PgBouncer: *pgbouncer, Retention: *retention})
 	if err != nil {
 		return err
 	}
