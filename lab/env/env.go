@@ -107,6 +107,24 @@ type Options struct {
 	// tls_ca_file), and the services' HTTP API and WebSocket (HTTPS, WSS;
 	// Env.ConsumersURL is https://). Not with Sentinel. Default false.
 	TLS bool
+	// Durable runs the servers as production does: Postgres with fsync=on
+	// and synchronous_commit=on, Redis with appendonly yes and appendfsync
+	// everysec, so that every commit waits for the disk. Default false: the
+	// fast mode, Postgres with fsync=off (synchronous_commit stays on, and
+	// Redis is the same), whose data survive a crash of any process but not
+	// of the machine; it leaves the disk's flush out of every figure.
+	Durable bool
+}
+
+// ServerMode names the servers' durability settings for output and logs:
+// "durable: postgres fsync=on synchronous_commit=on, redis appendfsync
+// everysec" with durable true, else the fast mode's "fast: postgres
+// fsync=off synchronous_commit=on, redis appendfsync everysec".
+func ServerMode(durable bool) string {
+	if durable {
+		return "durable: postgres fsync=on synchronous_commit=on, redis appendfsync everysec"
+	}
+	return "fast: postgres fsync=off synchronous_commit=on, redis appendfsync everysec"
 }
 
 // SentinelMaster is the master name of the lab's sentinels.
@@ -152,6 +170,8 @@ type Env struct {
 	// Token is a development bearer token of user "lab" for every chat on
 	// both services, valid for 30 days ("" when Insecure).
 	Token string
+	// Durable echoes Options.Durable: the servers flush every commit.
+	Durable bool
 
 	admin *pgxpool.Pool
 	rdb   *redis.Client
@@ -217,7 +237,7 @@ func Start(ctx context.Context, opts Options) (_ *Env, err error) {
 	if progress == nil {
 		progress = io.Discard
 	}
-	e := &Env{Dir: opts.Dir, Variant: opts.Variant, LockDuration: opts.LockDuration}
+	e := &Env{Dir: opts.Dir, Variant: opts.Variant, LockDuration: opts.LockDuration, Durable: opts.Durable}
 	if e.Dir == "" {
 		// A lab killed with SIGKILL leaves its log dir behind: remove those
 		// whose owner is gone, and mark ours the same way.
@@ -239,7 +259,7 @@ func Start(ctx context.Context, opts Options) (_ *Env, err error) {
 		}
 	}()
 
-	var pgOpts pgproc.Options
+	pgOpts := pgproc.Options{Fsync: opts.Durable}
 	rdOpts := redisproc.Options{ACLFile: true}
 	var certFile, keyFile string
 	if opts.TLS {
@@ -259,7 +279,7 @@ func Start(ctx context.Context, opts Options) (_ *Env, err error) {
 		pgOpts.TLSCertFile, pgOpts.TLSKeyFile = certFile, keyFile
 		rdOpts.TLSCertFile, rdOpts.TLSKeyFile = certFile, keyFile
 	}
-	fmt.Fprintln(progress, "lab: starting private Postgres and Redis")
+	fmt.Fprintf(progress, "lab: starting private Postgres and Redis (%s)\n", ServerMode(opts.Durable))
 	var wg sync.WaitGroup
 	var pgErr, rdErr error
 	wg.Add(2)

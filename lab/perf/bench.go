@@ -73,6 +73,9 @@ type BenchOptions struct {
 	// PgBouncer runs the services through a private PgBouncer in
 	// transaction mode (EnvOptions.PgBouncer).
 	PgBouncer bool
+	// Durable runs the servers flushing every commit (env.Options.Durable:
+	// Postgres fsync=on); default false, the fast mode (fsync=off).
+	Durable bool
 }
 
 // BenchResult is what Bench measured. The JSON fields are DESIGN.md's
@@ -133,6 +136,9 @@ type BenchResult struct {
 	Stages Stages `json:"-"`
 	// HoldSnapshot echoes BenchOptions.HoldSnapshot.
 	HoldSnapshot bool `json:"hold_snapshot"`
+	// Durable echoes BenchOptions.Durable: true when Postgres ran with
+	// fsync=on, false in the fast mode (fsync=off).
+	Durable bool `json:"durable"`
 	// WindowsMsgsPerS is the rate of messages shown in each successive
 	// 10 s window from the first send (the last window may be shorter; it
 	// is dropped when under 2 s), in msg/s.
@@ -201,13 +207,13 @@ func Bench(ctx context.Context, opts BenchOptions) (*BenchResult, error) {
 	// The bench is one client IP and one user pushing thousands of
 	// messages a second over a socket per chat: the per-IP and per-user
 	// limits and the socket cap, meant for people, are off.
-	e, err := env.Start(ctx, env.Options{Variant: opts.Variant, Progress: progress, ExtraArgs: env.UnlimitedArgs, Insecure: opts.Insecure, PgBouncer: opts.PgBouncer})
+	e, err := env.Start(ctx, env.Options{Variant: opts.Variant, Progress: progress, ExtraArgs: env.UnlimitedArgs, Insecure: opts.Insecure, PgBouncer: opts.PgBouncer, Durable: opts.Durable})
 	if err != nil {
 		return nil, err
 	}
 	defer e.Close()
 	res := &BenchResult{Senders: opts.Senders, Chats: opts.Chats, Messages: opts.Messages,
-		RSSMB: map[string]float64{}, CPUS: map[string]float64{}}
+		RSSMB: map[string]float64{}, CPUS: map[string]float64{}, Durable: opts.Durable}
 
 	// Watchers: one per chat; arrivals by message id.
 	var got arrivals
@@ -559,8 +565,8 @@ func samplePGWaits(ctx context.Context, e *env.Env, into map[string]int) int {
 
 // WriteText prints the result for people.
 func (r *BenchResult) WriteText(w io.Writer) {
-	fmt.Fprintf(w, "bench: %d senders, %d chats, %d messages (v2: HTTP POST to consumers → WebSocket frame at workers)\n\n",
-		r.Senders, r.Chats, r.Messages)
+	fmt.Fprintf(w, "bench: %d senders, %d chats, %d messages (v2: HTTP POST to consumers → WebSocket frame at workers)\nservers: %s\n\n",
+		r.Senders, r.Chats, r.Messages, env.ServerMode(r.Durable))
 	fmt.Fprintf(w, "sent (201): %d   send errors: %d   lost: %d   shown twice: %d\n", r.Sent, r.SendErrors, r.Lost, r.DuplicatesShown)
 	if r.FirstSendError != "" {
 		fmt.Fprintf(w, "first send error: %s\n", r.FirstSendError)
