@@ -114,6 +114,10 @@ type Options struct {
 	// Redis is the same), whose data survive a crash of any process but not
 	// of the machine; it leaves the disk's flush out of every figure.
 	Durable bool
+	// Debug gives every service process a pprof listener of its own
+	// (serve --debug-addr on a free loopback port; Env.DebugAddrs), for
+	// profiling under load. Default false: none.
+	Debug bool
 }
 
 // ServerMode names the servers' durability settings for output and logs:
@@ -172,6 +176,9 @@ type Env struct {
 	Token string
 	// Durable echoes Options.Durable: the servers flush every commit.
 	Durable bool
+	// DebugAddrs maps each service process's name to its pprof address
+	// ("127.0.0.1:PORT", /debug/pprof/) with Options.Debug; nil without.
+	DebugAddrs map[string]string
 
 	admin *pgxpool.Pool
 	rdb   *redis.Client
@@ -630,6 +637,17 @@ func (e *Env) newProcs(opts Options, serveArgs []string) error {
 		args = append(args, opts.ExtraArgs...)
 		if f := opts.Faults[name]; f != "" {
 			args = append(args, "--fault", f)
+		}
+		if opts.Debug {
+			a, err := spawn.FreeAddr()
+			if err != nil {
+				return nil, fmt.Errorf("lab: %s: pick a debug port: %w", name, err)
+			}
+			if e.DebugAddrs == nil {
+				e.DebugAddrs = map[string]string{}
+			}
+			e.DebugAddrs[name] = a
+			args = append(args, "--debug-addr", a)
 		}
 		cfg := &ProcConfig{Args: args, API: api, LogPath: filepath.Join(e.Dir, name+".log"), TLS: opts.TLS}
 		if api && consumer == service+"-1" {

@@ -76,6 +76,15 @@ type BenchOptions struct {
 	// Durable runs the servers flushing every commit (env.Options.Durable:
 	// Postgres fsync=on); default false, the fast mode (fsync=off).
 	Durable bool
+	// ProfileDir, when set, gives the services pprof listeners
+	// (env.Options.Debug) and writes into it, from DefaultProfileDelay
+	// (2 s) after the first send, a CPU profile of ProfileSeconds of every
+	// service process with an allocation profile before and after it
+	// (profileWindow). Default "": no profiles.
+	ProfileDir string
+	// ProfileSeconds is the CPU profile's length. Default
+	// DefaultProfileSeconds (10).
+	ProfileSeconds int
 }
 
 // BenchResult is what Bench measured. The JSON fields are DESIGN.md's
@@ -207,7 +216,8 @@ func Bench(ctx context.Context, opts BenchOptions) (*BenchResult, error) {
 	// The bench is one client IP and one user pushing thousands of
 	// messages a second over a socket per chat: the per-IP and per-user
 	// limits and the socket cap, meant for people, are off.
-	e, err := env.Start(ctx, env.Options{Variant: opts.Variant, Progress: progress, ExtraArgs: env.UnlimitedArgs, Insecure: opts.Insecure, PgBouncer: opts.PgBouncer, Durable: opts.Durable})
+	e, err := env.Start(ctx, env.Options{Variant: opts.Variant, Progress: progress, ExtraArgs: env.UnlimitedArgs, Insecure: opts.Insecure, PgBouncer: opts.PgBouncer, Durable: opts.Durable,
+		Debug: opts.ProfileDir != ""})
 	if err != nil {
 		return nil, err
 	}
@@ -294,6 +304,21 @@ func Bench(ctx context.Context, opts BenchOptions) (*BenchResult, error) {
 	}
 	sendersDone := make(chan struct{})
 	go func() { wg.Wait(); close(sendersDone) }()
+	profDone := make(chan error, 1)
+	if opts.ProfileDir != "" {
+		go func() {
+			select {
+			case <-time.After(DefaultProfileDelay):
+			case <-ctx.Done():
+				profDone <- ctx.Err()
+				return
+			}
+			fmt.Fprintf(progress, "lab: bench: profiling every service process for %d s into %s\n", opts.ProfileSeconds, opts.ProfileDir)
+			profDone <- profileWindow(ctx, e, opts.ProfileDir, opts.ProfileSeconds, got.n.Load)
+		}()
+	} else {
+		profDone <- nil
+	}
 
 	tick := time.NewTicker(opts.ProgressEvery)
 	defer tick.Stop()
@@ -347,6 +372,9 @@ func Bench(ctx context.Context, opts BenchOptions) (*BenchResult, error) {
 	end := time.Now()
 	stopSampler()
 	report("done")
+	if err := <-profDone; err != nil {
+		fmt.Fprintf(progress, "%v\n", err)
+	}
 	res.Wall = end.Sub(start)
 	res.Tables = tableStats(ctx, e)
 
@@ -504,6 +532,7 @@ func benchDefaults(o BenchOptions) BenchOptions {
 	orDefault(&o.SendTimeout, DefaultBenchSendTimeout)
 	orDefault(&o.Drain, DefaultBenchDrain)
 	orDefault(&o.ProgressEvery, time.Second)
+	orDefault(&o.ProfileSeconds, DefaultProfileSeconds)
 	return o
 }
 
