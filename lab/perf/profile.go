@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -30,7 +31,8 @@ const (
 // and <process>.allocs1.pprof (go tool pprof -sample_index=alloc_objects
 // -base allocs0 allocs1 gives the window's allocations). shown reads the
 // number of messages shown so far; dir/window.txt gets the number shown
-// during the window, to divide by. It returns when every profile is
+// during the window, to divide by, and <process>.metrics.txt each API
+// process's /metrics at the window's end. It returns when every profile is
 // written or ctx ends; errors are joined.
 func profileWindow(ctx context.Context, e *env.Env, dir string, s int, shown func() int64) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
@@ -90,6 +92,11 @@ func profileWindow(ctx context.Context, e *env.Env, dir string, s int, shown fun
 	})
 	n1, t1 := shown(), time.Now()
 	err = errors.Join(err, allocs(1))
+	for _, p := range e.Procs() {
+		if u := p.URL(); u != "" {
+			err = errors.Join(err, get(strings.TrimPrefix(u, "http://"), "/metrics", p.Name()+".metrics.txt", 10*time.Second))
+		}
+	}
 	note := fmt.Sprintf("messages shown during the window: %d\nwindow: %.1f s\n", n1-n0, t1.Sub(t0).Seconds())
 	err = errors.Join(err, os.WriteFile(filepath.Join(dir, "window.txt"), []byte(note), 0o644))
 	if err != nil {
