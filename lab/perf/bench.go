@@ -1,6 +1,7 @@
 package perf
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -143,6 +144,13 @@ type BenchResult struct {
 	MaxUnsent, MaxPending int64 `json:"-"`
 	// Stages are the p50s of the three legs (see LatencyRun.Stages).
 	Stages Stages `json:"-"`
+	// TailStages are the legs' medians over the messages at or above the
+	// p99: where the tail's time goes.
+	TailStages Stages `json:"-"`
+	// SlowSeconds are the (up to 5) one-second windows, by send start,
+	// with the highest p99, worst first: a tail that recurs at a period
+	// shows here.
+	SlowSeconds []SlowSecond `json:"-"`
 	// HoldSnapshot echoes BenchOptions.HoldSnapshot.
 	HoldSnapshot bool `json:"hold_snapshot"`
 	// Durable echoes BenchOptions.Durable: true when Postgres ran with
@@ -191,6 +199,14 @@ type TableStat struct {
 	Del       int64  `json:"n_tup_del"`
 	Autovac   int64  `json:"autovacuum_count"`
 	SizeBytes int64  `json:"total_bytes"`
+}
+
+// SlowSecond is one second of a bench run, by send start: its offset
+// from the first send, its p99 latency and messages sent then.
+type SlowSecond struct {
+	AtS   int
+	P99Ms float64
+	N     int
 }
 
 // WaitCount is how often one (role, state, wait event) was seen across the
@@ -607,6 +623,15 @@ func (r *BenchResult) WriteText(w io.Writer) {
 	fmt.Fprintf(w, "largest backlog seen: %d unsent outbox rows, %d queue entries not yet acknowledged\n", r.MaxUnsent, r.MaxPending)
 	fmt.Fprintf(w, "p50 per leg: call → send tx %s ms, send tx → inbox tx %s ms, inbox tx → shown %s ms\n",
 		probe.FmtMs(r.Stages.ToSendTx), probe.FmtMs(r.Stages.SendToInboxTx), probe.FmtMs(r.Stages.InboxTxToShown))
+	fmt.Fprintf(w, "the slowest 1%% (≥ p99), median per leg: call → send tx %s ms, send tx → inbox tx %s ms, inbox tx → shown %s ms\n",
+		probe.FmtMs(r.TailStages.ToSendTx), probe.FmtMs(r.TailStages.SendToInboxTx), probe.FmtMs(r.TailStages.InboxTxToShown))
+	if len(r.SlowSeconds) > 0 {
+		var parts []string
+		for _, x := range r.SlowSeconds {
+			parts = append(parts, fmt.Sprintf("%d s: p99 %.0f ms (%d msgs)", x.AtS, x.P99Ms, x.N))
+		}
+		fmt.Fprintf(w, "slowest seconds by send start: %s\n", strings.Join(parts, "; "))
+	}
 	fmt.Fprintln(w)
 	names := make([]string, 0, len(r.CPUS))
 	for k := range r.CPUS {
@@ -724,6 +749,12 @@ func (res *BenchResult) figures(recs []sendRec, got *arrivals, start, sendEnd ti
 	var lat, sendLat []time.Duration
 	var lastShown time.Time
 	var st stageSamples
+	type sample struct {
+		d  time.Duration
+		t0 time.Time
+		sh probe.Shown
+	}
+	var all []sample
 	got.mu.Lock()
 	for _, r := range recs {
 		if !r.ok {
@@ -738,6 +769,7 @@ func (res *BenchResult) figures(recs []sendRec, got *arrivals, start, sendEnd ti
 		at := sh.At
 		st.add(r.t0, sh)
 		lat = append(lat, at.Sub(r.t0))
+		all = append(all, sample{at.Sub(r.t0), r.t0, sh})
 		if at.After(lastShown) {
 			lastShown = at
 		}
@@ -749,6 +781,28 @@ func (res *BenchResult) figures(recs []sendRec, got *arrivals, start, sendEnd ti
 	res.P50Ms, res.P95Ms, res.P99Ms = probe.RoundMs(probe.Percentile(lat, .5)), probe.RoundMs(probe.Percentile(lat, .95)), probe.RoundMs(probe.Percentile(lat, .99))
 	res.SendP50Ms = probe.RoundMs(probe.Percentile(sendLat, .5))
 	res.Stages = st.p50()
+	p99 := probe.Percentile(lat, .99)
+	var tail stageSamples
+	secs := map[int][]time.Duration{}
+	for _, x := range all {
+		if x.d >= p99 {
+			tail.add(x.t0, x.sh)
+		}
+		k := int(x.t0.Sub(start) / time.Second)
+		secs[k] = append(secs[k], x.d)
+	}
+	res.TailStages = tail.p50()
+	for k, ds := range secs {
+		slices.Sort(ds)
+		res.SlowSeconds = append(res.SlowSeconds, SlowSecond{AtS: k, P99Ms: probe.RoundMs(probe.Percentile(ds, .99)), N: len(ds)})
+	}
+	slices.SortFunc(res.SlowSeconds, func(a, b SlowSecond) int {
+		if a.P99Ms != b.P99Ms {
+			return cmp.Compare(b.P99Ms, a.P99Ms)
+		}
+		return cmp.Compare(a.AtS, b.AtS)
+	})
+	res.SlowSeconds = res.SlowSeconds[:min(5, len(res.SlowSeconds))]
 	if !lastShown.IsZero() {
 		d := lastShown.Sub(start)
 		res.DurationS = math.Round(d.Seconds()*1000) / 1000
