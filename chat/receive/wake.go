@@ -38,6 +38,10 @@ type WakerConfig struct {
 	// Timeout bounds each wake-up statement. Default DefaultWakeTimeout
 	// (2 s).
 	Timeout time.Duration
+	// Interval is the least time between the starts of two wake-up
+	// statements: what commits meanwhile rides on the next one. Default 0:
+	// no spacing, the next one as soon as the previous one is done.
+	Interval time.Duration
 	// Logger receives failed wake-ups (Warn) with component=chat.wake.
 	// Default slog.Default().
 	Logger *slog.Logger
@@ -57,11 +61,12 @@ type WakerConfig struct {
 // statement) finds the rows at its poll or after its LISTEN reconnects
 // (catch-up by seq). Safe for concurrent use.
 type Waker struct {
-	pool    *pgxpool.Pool
-	inbox   string
-	receipt string
-	timeout time.Duration
-	log     *slog.Logger
+	pool     *pgxpool.Pool
+	inbox    string
+	receipt  string
+	timeout  time.Duration
+	interval time.Duration
+	log      *slog.Logger
 
 	mu       sync.Mutex
 	chats    map[int64]struct{}
@@ -98,7 +103,7 @@ func NewWaker(pool *pgxpool.Pool, svc string, cfg *WakerConfig) (*Waker, error) 
 		c.Logger = slog.Default()
 	}
 	return &Waker{
-		pool: pool, inbox: chat.InboxChannel(svc), receipt: chat.ReceiptChannel(svc), timeout: c.Timeout,
+		pool: pool, inbox: chat.InboxChannel(svc), receipt: chat.ReceiptChannel(svc), timeout: c.Timeout, interval: c.Interval,
 		log:  c.Logger.With("component", "chat.wake", "service", svc),
 		wake: make(chan struct{}, 1), life: service.Lifecycle{Name: "chat: waker"},
 	}, nil
@@ -237,6 +242,7 @@ func (w *Waker) Stopped() <-chan struct{} { return w.life.Stopped() }
 // loop sends the pending wake-ups until stopping ends, then once more for
 // what is pending then; each statement runs under ctx (the run's context).
 func (w *Waker) loop(stopping, ctx context.Context) {
+	var last time.Time // start of the previous statement
 	for {
 		select {
 		case <-stopping.Done():
@@ -244,6 +250,17 @@ func (w *Waker) loop(stopping, ctx context.Context) {
 			return
 		case <-w.wake:
 		}
+		if wait := time.Until(last.Add(w.interval)); w.interval > 0 && wait > 0 {
+			t := time.NewTimer(wait)
+			select {
+			case <-stopping.Done():
+				t.Stop()
+				w.send(ctx)
+				return
+			case <-t.C:
+			}
+		}
+		last = time.Now()
 		w.send(ctx)
 	}
 }

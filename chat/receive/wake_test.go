@@ -197,3 +197,31 @@ func TestWakerSplitsLongPayloads(t *testing.T) {
 		t.Fatalf("%d chats woken, want 2000", seen)
 	}
 }
+
+// With an Interval, commits made within it after a wake-up wait for the
+// next one and share it; Stop sends what is pending at once.
+func TestWakerIntervalCoalescesAndStopFlushes(t *testing.T) {
+	t.Parallel()
+	h := chattest.New(t, "")
+	ctx := context.Background()
+	w, err := NewWaker(h.RolePool(t, chat.Workers), chat.Workers, &WakerConfig{Interval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := listen(t, h, chat.InboxChannel(chat.Workers))
+	if err := w.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	w.Committed([]inbox.Applied{{Value: chat.Message{ChatID: 1}}})
+	if n := next(t, l); n.Payload != "1" {
+		t.Fatalf("first wake-up %q, want \"1\"", n.Payload)
+	}
+	w.Committed([]inbox.Applied{{Value: chat.Message{ChatID: 2}}})
+	w.Committed([]inbox.Applied{{Value: chat.Message{ChatID: 3}}})
+	if err := w.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := next(t, l); n.Payload != "2,3" {
+		t.Fatalf("wake-up after the interval %q, want \"2,3\" (both commits in one)", n.Payload)
+	}
+}

@@ -73,7 +73,11 @@ func (p *process) buildWorker() error {
 	gw := p.gw
 	// The gateways of this service's other processes hear of the commit
 	// from the waker, after it: the inbox transaction runs no NOTIFY.
-	waker, err := receive.NewWaker(p.pool, c.Service, &receive.WakerConfig{Logger: p.log})
+	// Spaced like the send path's NOTIFY (notifyInterval): this process's
+	// own gateway is handed the rows directly, the others can wait a few
+	// milliseconds under load, and one statement then carries several
+	// batches.
+	waker, err := receive.NewWaker(p.pool, c.Service, &receive.WakerConfig{Logger: p.log, Interval: notifyInterval})
 	if err != nil {
 		return err
 	}
