@@ -8,6 +8,7 @@ import (
 	"io"
 	"strings"
 
+	"github.com/outboxchat/outboxchat/lab/env"
 	"github.com/outboxchat/outboxchat/lab/perf"
 )
 
@@ -48,6 +49,9 @@ func writeLatency(rep *perf.LatencyReport, asJSON bool, plotPath string, stdout,
 		if err := rep.WriteJSON(stdout); err != nil {
 			return err
 		}
+		// The JSON lines keep DESIGN.md's fields alone; the servers' mode
+		// goes with the floors.
+		fmt.Fprintf(stderr, "servers: %s\n", env.ServerMode(rep.Durable))
 		if rep.Floors != nil {
 			rep.Floors.Write(stderr, rep.V2P50())
 		}

@@ -155,9 +155,6 @@ type LatencySummary struct {
 	P99Ms   float64 `json:"p99_ms"`
 	MaxMs   float64 `json:"max_ms"`
 	N       int     `json:"n"`
-	// Durable is true when the servers flushed every commit
-	// (LatencyOptions.Durable), false in the fast mode.
-	Durable bool `json:"durable"`
 }
 
 // Summary returns the variant's JSON summary.
@@ -456,9 +453,7 @@ func (r *LatencyReport) V2P50() time.Duration {
 func (r *LatencyReport) WriteJSON(w io.Writer) error {
 	enc := json.NewEncoder(w)
 	for _, v := range r.Variants {
-		s := v.Summary()
-		s.Durable = r.Durable
-		if err := enc.Encode(s); err != nil {
+		if err := enc.Encode(v.Summary()); err != nil {
 			return fmt.Errorf("lab: write json: %w", err)
 		}
 	}
