@@ -70,7 +70,7 @@ type Waker struct {
 
 	mu       sync.Mutex
 	chats    map[int64]struct{}
-	any      bool
+	anyChat  bool
 	receipts map[int64]receiptWake
 
 	wake chan struct{} // 1-buffered: something is pending
@@ -134,7 +134,7 @@ func (w *Waker) Committed(applied []inbox.Applied) {
 			} else if m, err := chat.DecodeEvent(a.Delivery.Payload); err == nil {
 				w.addChat(m.ChatID)
 			} else {
-				w.any = true
+				w.anyChat = true
 			}
 		}
 	}
@@ -167,8 +167,8 @@ func (w *Waker) addReceipt(r chat.Receipt) {
 // and payloads, each payload under maxNotePayload bytes.
 func (w *Waker) take() (channels, payloads []string) {
 	w.mu.Lock()
-	chats, anyChat, receipts := w.chats, w.any, w.receipts
-	w.chats, w.any, w.receipts = nil, false, nil
+	chats, anyChat, receipts := w.chats, w.anyChat, w.receipts
+	w.chats, w.anyChat, w.receipts = nil, false, nil
 	w.mu.Unlock()
 	split := func(channel string, items []string) {
 		cur := ""
