@@ -129,3 +129,15 @@ func (f ReceiptFrame) MarshalJSON() ([]byte, error) {
 // ReceiptChannel is the NOTIFY channel of receipts applied to service's
 // messages; the payload is "chat_id:upto_seq:unix_µs" items joined by ",".
 func ReceiptChannel(service string) string { return service + "_receipts" }
+
+// EventSeqFloor is the outbox event name of a seq floor: the sender's
+// word that, in each chat listed, it will never send a message with a seq
+// up to UptoSeq that it has not sent already. Its payload has a Receipt's
+// shape (DecodeReceipt): ReceivedAt is when the sender recorded the floor,
+// From the sender. A sender emits one when its database lost commits (a
+// failover to an asynchronous replica, a restore) after their messages had
+// been published: it then skips the seqs it can no longer account for
+// (chat/store.Fence), and the receiver, which may never get them, records
+// the floor so its watermark and receipts go past them instead of holding
+// the chat's next messages behind a gap nothing will fill.
+const EventSeqFloor = "seq.floor"

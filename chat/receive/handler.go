@@ -154,7 +154,7 @@ func (h *InboxHandler) decodeReceipt(d inbox.Delivery) (chat.Receipt, error) {
 // the job id. Errors wrap inbox.ErrMalformed.
 func (h *InboxHandler) decode(d inbox.Delivery) (chat.Message, error) {
 	if d.Name != chat.EventMessageCreated {
-		return chat.Message{}, fmt.Errorf("%w: event %q, expected %q or %q", inbox.ErrMalformed, d.Name, chat.EventMessageCreated, chat.EventReceipt)
+		return chat.Message{}, fmt.Errorf("%w: event %q, expected %q, %q or %q", inbox.ErrMalformed, d.Name, chat.EventMessageCreated, chat.EventReceipt, chat.EventSeqFloor)
 	}
 	m, err := chat.DecodeEvent(d.Payload)
 	return m, h.checkDecoded(d, "message", m.ID, m.From, err)
@@ -222,6 +222,7 @@ func (h *InboxHandler) QueueBatch(b *pgx.Batch, ds []inbox.Delivery, rs []inbox.
 	var sentAts []time.Time
 	var rChats, rUpto []int64
 	var rAts []time.Time
+	var fChats, fUpto []int64 // seq floors (floor.go)
 	first := map[string]int{} // message id → index of its first delivery in ds
 	msgs := make([]chat.Message, len(ds))
 	for i, d := range ds {
@@ -230,6 +231,20 @@ func (h *InboxHandler) QueueBatch(b *pgx.Batch, ds []inbox.Delivery, rs []inbox.
 		// delivered and stop their re-drive.
 		if err := h.verify(d); err != nil {
 			rs[i].Err = err
+			continue
+		}
+		if d.Name == chat.EventSeqFloor {
+			r, err := h.decodeFloor(d)
+			if err != nil {
+				rs[i].Err = err
+				continue
+			}
+			for _, c := range r.Chats {
+				fChats, fUpto = append(fChats, c.ChatID), append(fUpto, c.UptoSeq)
+			}
+			// No Value: a chat.Receipt would be pushed as a receipt
+			// (✓✓) by the gateway; without one it re-reads its rooms.
+			rs[i].Fresh = true
 			continue
 		}
 		if d.Name == chat.EventReceipt {
@@ -268,12 +283,22 @@ func (h *InboxHandler) QueueBatch(b *pgx.Batch, ds []inbox.Delivery, rs []inbox.
 			return nil
 		})
 	}
-	if len(ids) == 0 {
+	if len(ids) == 0 && len(fChats) == 0 {
 		return nil
 	}
-	locks := slices.Clone(chats)
+	// One lock set for the floors' chats and the messages' together, in
+	// ascending order: two sets taken one after the other could deadlock
+	// with another consumer's.
+	locks := append(slices.Clone(chats), fChats...)
 	slices.Sort(locks)
 	b.Queue(h.lockChats, slices.Compact(locks))
+	if len(fChats) > 0 {
+		h.queueFloors(b, fChats, fUpto)
+		if len(ids) == 0 {
+			b.Queue(h.rq.emit, fChats, h.service)
+			return nil
+		}
+	}
 	b.Queue(h.insertBatch, ids, chats, seqs, bodies, senders, sentAts, repeats, authors).Query(func(rows pgx.Rows) error {
 		for rows.Next() {
 			var id, taken string
@@ -304,7 +329,7 @@ func (h *InboxHandler) QueueBatch(b *pgx.Batch, ds []inbox.Delivery, rs []inbox.
 	})
 	// After the insert, so it sees the new rows; for duplicates too (a
 	// message published again by the re-drive gets its receipt).
-	b.Queue(h.rq.emit, chats, h.service)
+	b.Queue(h.rq.emit, append(slices.Clip(chats), fChats...), h.service)
 	return nil
 }
 

@@ -111,8 +111,8 @@ func NewWaker(pool *pgxpool.Pool, svc string, cfg *WakerConfig) (*Waker, error) 
 
 // Committed records what an inbox commit stored (inbox.Config.AfterCommit's
 // argument): the chat of each message (from the stored Message, else from
-// the delivery's payload; an undecodable one wakes every chat) and each
-// receipt. It never blocks; the wake-up follows as soon as the previous one
+// the delivery's payload; an undecodable one wakes every chat), each
+// receipt, and the chats of each seq floor (chat.EventSeqFloor). It never blocks; the wake-up follows as soon as the previous one
 // is done. Calls made while the Waker is not started are kept and sent on
 // Start.
 func (w *Waker) Committed(applied []inbox.Applied) {
@@ -130,6 +130,16 @@ func (w *Waker) Committed(applied []inbox.Applied) {
 			if a.Delivery.Name == chat.EventReceipt {
 				if r, err := chat.DecodeReceipt(a.Delivery.Payload); err == nil {
 					w.addReceipt(r)
+				}
+			} else if a.Delivery.Name == chat.EventSeqFloor {
+				// A seq floor moved the chats' inbox floors: their rooms
+				// are read again (as this process's gateway does).
+				if r, err := chat.DecodeReceipt(a.Delivery.Payload); err == nil {
+					for _, c := range r.Chats {
+						w.addChat(c.ChatID)
+					}
+				} else {
+					w.anyChat = true
 				}
 			} else if m, err := chat.DecodeEvent(a.Delivery.Payload); err == nil {
 				w.addChat(m.ChatID)

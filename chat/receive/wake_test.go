@@ -159,6 +159,11 @@ func TestWakerReachesAnotherListenerCoalesced(t *testing.T) {
 	if n := next(t, l); n.Payload != "21" {
 		t.Errorf("wake-up from the delivery's payload %q, want \"21\"", n.Payload)
 	}
+	fp, _ := json.Marshal(chat.Receipt{ID: uuid.NewString(), From: chat.Consumers, ReceivedAt: time.Now(), Chats: []chat.ReceiptChat{{ChatID: 33, UptoSeq: 4}}})
+	w.Committed([]inbox.Applied{{Delivery: inbox.Delivery{Name: chat.EventSeqFloor, Payload: fp}}})
+	if n := next(t, l); n.Channel != chat.InboxChannel(chat.Workers) || n.Payload != "33" {
+		t.Errorf("wake-up for a seq floor %s %q, want the inbox channel with \"33\"", n.Channel, n.Payload)
+	}
 	w.Committed([]inbox.Applied{{Delivery: inbox.Delivery{Name: chat.EventMessageCreated, Payload: []byte("{")}}})
 	if n := next(t, l); n.Payload != "" {
 		t.Errorf("wake-up for an undecodable delivery %q, want \"\" (any chat)", n.Payload)

@@ -31,7 +31,18 @@ func RedisACL(service, prefix, user, password string) ([]string, error) {
 	}
 	sum := sha256.Sum256([]byte(password))
 	args := []string{"ACL", "SETUSER", user, "reset", "#" + hex.EncodeToString(sum[:])}
-	return append(args, redisq.ACLRules(prefix, chat.QueueName(service), chat.QueueName(chat.Peer(service)))...), nil
+	args = append(args, redisq.ACLRules(prefix, chat.QueueName(service), chat.QueueName(chat.Peer(service)))...)
+	// The seq fence's high-water marks (chat/store.Fence): its script
+	// reads and raises them, the fence scans them after a failover.
+	hwm := strings.NewReplacer("*", `\*`, "?", `\?`, "[", `\[`, "]", `\]`).Replace(SeqHighWaterKey(prefix, service))
+	return append(args, "(~"+hwm+" +eval +evalsha +hget +hset +hscan)"), nil
+}
+
+// SeqHighWaterKey is the Redis hash of service's seq high-water marks
+// under key prefix prefix: field chat id, value the highest seq of that
+// chat the service's relay has published (chat/store.Fence).
+func SeqHighWaterKey(prefix, service string) string {
+	return prefix + "seq-hwm:" + service
 }
 
 // RedisACLLine formats RedisACL's arguments as one redis-cli line (rules

@@ -363,6 +363,7 @@ const statusCacheTTL = 5 * time.Second
 //	outboxchat_outbox_unsent                 (relay role) rows not yet published, messages and receipts
 //	outboxchat_outbox_oldest_unsent_seconds  (relay role) age of the oldest, database clock; 0 if none
 //	outboxchat_outbox_parked                 (relay role) parked rows
+//	outboxchat_seq_lost                      (relay role) seqs published, then lost with commits the database lost (seq_lost)
 //	outboxchat_queue_pending                 (worker role) pending entries of the service's consumer group
 //	outboxchat_queue_lag                     (worker role) entries not yet delivered to the group
 //	outboxchat_deadletter_entries            (worker role) length of the dead-letter stream
@@ -373,7 +374,7 @@ type statusCollector struct {
 	rdb                redis.UniversalClient
 	prefix, service    string
 	unsent, oldest     *prometheus.Desc
-	parked             *prometheus.Desc
+	parked, lost       *prometheus.Desc
 	pending, lag, dead *prometheus.Desc
 
 	mu            sync.Mutex
@@ -388,6 +389,7 @@ func newStatusCollector(db outbox.DB, rdb redis.UniversalClient, prefix, service
 		unsent:  d("outboxchat_outbox_unsent", "Outbox rows not yet published (messages and receipts), parked rows excluded."),
 		oldest:  d("outboxchat_outbox_oldest_unsent_seconds", "Age of the oldest unsent outbox row by the database clock (0 if none)."),
 		parked:  d("outboxchat_outbox_parked", "Parked outbox rows (publish failed --relay-max-attempts times); they wait for `outboxchat outbox retry`."),
+		lost:    d("outboxchat_seq_lost", "Seqs this service published whose messages its database lost with commits (a failover or restore; the seq fence's seq_lost): any is a message answered 201 and gone."),
 		pending: d("outboxchat_queue_pending", "Entries delivered to this service's consumer group and not yet acknowledged."),
 		lag:     d("outboxchat_queue_lag", "Entries of the stream not yet delivered to this service's consumer group."),
 		dead:    d("outboxchat_deadletter_entries", "Entries in the dead-letter stream of the stream this service reads."),
@@ -395,7 +397,7 @@ func newStatusCollector(db outbox.DB, rdb redis.UniversalClient, prefix, service
 }
 
 func (c *statusCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.unsent, c.oldest, c.parked, c.pending, c.lag, c.dead} {
+	for _, d := range []*prometheus.Desc{c.unsent, c.oldest, c.parked, c.lost, c.pending, c.lag, c.dead} {
 		ch <- d
 	}
 }
@@ -416,6 +418,7 @@ func (c *statusCollector) Collect(ch chan<- prometheus.Metric) {
 		g(c.unsent, float64(c.s.Unsent))
 		g(c.oldest, c.s.OldestUnsentSeconds)
 		g(c.parked, float64(c.s.Parked))
+		g(c.lost, float64(c.s.LostSeqs))
 	}
 	if c.redisOK {
 		g(c.pending, float64(c.s.StreamPending))

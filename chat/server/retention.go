@@ -9,10 +9,12 @@ import (
 	"github.com/outboxchat/outboxchat/internal/service"
 )
 
-// retentionEvery is how often the retention service prunes. Each pass
-// deletes in bounded batches (store.DefaultPruneBatch) until nothing older
-// than the retention is left, so a pass after the first takes about a
-// minute's worth of history.
+// retentionEvery is how often the retention service prunes, or every
+// retention period when that is shorter (a history kept for seconds is
+// pruned every few seconds). Each pass deletes in bounded batches
+// (store.DefaultPruneBatch) until nothing older than the retention is
+// left, so a pass after the first takes about one interval's worth of
+// history.
 const retentionEvery = time.Minute
 
 // retention deletes the service's history older than its retention
@@ -46,15 +48,20 @@ func (r *retention) runOnce(ctx context.Context) (store.PruneCounts, error) {
 	return n, err
 }
 
+// Start runs runOnce at once and then every min(retentionEvery, the
+// retention), until Stop.
 func (r *retention) Start(ctx context.Context) error {
+	every := min(retentionEvery, r.cfg.OlderThan)
 	return r.life.Start(ctx, func(run *service.Run) {
 		run.Every(0, func(ctx context.Context) time.Duration {
 			if _, err := r.runOnce(ctx); err != nil && ctx.Err() == nil {
-				r.log.Warn("pruning history failed; retried at the next pass", "err", err, "every", retentionEvery)
+				r.log.Warn("pruning history failed; retried at the next pass", "err", err, "every", every)
 			}
-			return retentionEvery
+			return every
 		})
 	})
 }
 
+// Stop stops the passes; a pass in flight is cancelled (its DELETEs are
+// each a transaction: what committed stays).
 func (r *retention) Stop(ctx context.Context) error { return r.life.Stop(ctx) }

@@ -125,7 +125,7 @@ func (p *process) buildRelay() error {
 	if err != nil {
 		return err
 	}
-	op := redisq.OutboxPublisher(pub)
+	op := p.fence.Publisher(redisq.OutboxPublisher(pub))
 	if c.Hooks != nil {
 		op = c.Hooks.Publisher(op)
 	}

@@ -13,11 +13,14 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/outboxchat/outboxchat/chat"
 	"github.com/outboxchat/outboxchat/chat/auth"
 	"github.com/outboxchat/outboxchat/chat/gateway"
 	"github.com/outboxchat/outboxchat/chat/schema"
+	"github.com/outboxchat/outboxchat/chat/store"
 	"github.com/outboxchat/outboxchat/internal/notifier"
 	"github.com/outboxchat/outboxchat/internal/service"
+	"github.com/outboxchat/outboxchat/outbox"
 	"github.com/outboxchat/outboxchat/redisq"
 )
 
@@ -56,17 +59,18 @@ func Serve(ctx context.Context, cfg Config) error {
 	if err := c.validateEndpoints(); err != nil {
 		return err
 	}
-	pool, err := p.connectPostgres(ctx)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
 	if p.cfg.needsRedis() {
+		var err error
 		if p.rdb, err = p.connectRedis(ctx); err != nil {
 			return err
 		}
 		defer p.rdb.Close()
 	}
+	pool, err := p.connectPostgres(ctx)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
 	p.m = newMetrics(p.reg, c, pool, p.rdb)
 	if err := p.build(); err != nil {
 		return err
@@ -88,6 +92,8 @@ type process struct {
 	reg  *prometheus.Registry
 	m    *metrics
 	keys *auth.EventKeys
+	// fence keeps seqs from going backwards across a failover (store.Fence).
+	fence *store.Fence
 	// verifier checks the API's bearer tokens; nil when auth is off.
 	verifier *auth.Verifier
 	// own holds the backend pids of this process's pool (uint32 →
@@ -192,6 +198,13 @@ func (p *process) connectPostgres(ctx context.Context) (*pgxpool.Pool, error) {
 	// plan_cache_mode per session, not as a startup parameter, which
 	// poolers refuse (schema.PlanCacheSetup).
 	setPlan := schema.PlanCacheSetup(pcfg)
+	var rdb redis.UniversalClient
+	if p.rdb != nil {
+		rdb = p.rdb
+	}
+	if p.fence, err = store.NewFence(rdb, c.RedisPrefix, c.Service, p.log); err != nil {
+		return nil, err
+	}
 	pcfg.AfterConnect = func(ctx context.Context, conn *pgx.Conn) error {
 		p.own.Store(conn.PgConn().PID(), struct{}{})
 		if setPlan != "" {
@@ -199,7 +212,9 @@ func (p *process) connectPostgres(ctx context.Context) (*pgxpool.Pool, error) {
 				return fmt.Errorf("set plan_cache_mode: %w", err)
 			}
 		}
-		return nil
+		// Every new connection (a new primary after a failover among
+		// them) is checked before it is used for a send.
+		return p.fence.Check(ctx, conn)
 	}
 	pcfg.BeforeClose = func(conn *pgx.Conn) { p.own.Delete(conn.PgConn().PID()) }
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
@@ -216,6 +231,26 @@ func (p *process) connectPostgres(ctx context.Context) (*pgxpool.Pool, error) {
 		return nil, fmt.Errorf("serve: %w", err)
 	} else if n > 0 {
 		p.log.Info("migrations applied", "count", n)
+	}
+	// The fence's writer enqueues in-transaction wake-ups: a fence is rare,
+	// and it must not depend on a writer that only the api role starts.
+	fw, err := outbox.NewWriter(pool, &outbox.WriterConfig{
+		Table: c.Service + ".outbox", Channel: chat.OutboxChannel(c.Service), Mode: outbox.WakeInTx, Logger: p.log,
+	})
+	if err != nil {
+		pool.Close()
+		return nil, err
+	}
+	p.fence.SetWriter(fw)
+	// The connections opened before the migrations skipped the check.
+	// A process without Redis waits for one with it to fence a new
+	// incarnation: its sends fail until then, its start does not.
+	err = pool.AcquireFunc(ctx, func(pc *pgxpool.Conn) error { return p.fence.Check(ctx, pc.Conn()) })
+	if errors.Is(err, store.ErrNotFenced) {
+		p.log.Warn("sends wait until a relay or worker process fences the database", "err", err)
+	} else if err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("serve: %w", err)
 	}
 	p.pool = pool
 	return pool, nil

@@ -71,6 +71,13 @@ type ServiceStatus struct {
 	Consumers     []ConsumerStatus `json:"consumers"`
 	// DeadLetters is the length of that stream's dead-letter stream.
 	DeadLetters int64 `json:"dead_letters"`
+	// LostSeqs counts the seqs this service published that its database
+	// no longer holds because it lost commits (a failover to a replica
+	// that had not received them, a restore): the seq fence recorded them
+	// in seq_lost (migration 014) when it fenced the new incarnation. Any
+	// is a problem: those messages were sent (2xx) and only the old
+	// primary had them.
+	LostSeqs int64 `json:"lost_seqs"`
 	// Errors lists what could not be read ("database: …", "redis: …").
 	Errors []string `json:"errors,omitempty"`
 }
@@ -108,6 +115,10 @@ func OutboxStatus(ctx context.Context, db outbox.DB, service string, s *ServiceS
 		ago = &a
 	}
 	s.LastRelayPassSeconds = ago
+	if err := db.QueryRow(ctx, "SELECT coalesce(sum(to_seq - from_seq + 1), 0)::bigint FROM "+
+		pgx.Identifier{service, "seq_lost"}.Sanitize()).Scan(&s.LostSeqs); err != nil {
+		return fmt.Errorf("lost seqs: %w", err)
+	}
 	return nil
 }
 
@@ -173,6 +184,10 @@ func ReadStatus(ctx context.Context, db outbox.DB, rdb redis.UniversalClient, pr
 		}
 		if s.Parked > 0 {
 			st.Problems = append(st.Problems, fmt.Sprintf("%s: %d parked outbox row(s): see `outboxchat outbox parked --service %s`", svc, s.Parked, svc))
+		}
+		if s.LostSeqs > 0 {
+			st.Problems = append(st.Problems, fmt.Sprintf("%s: %d sent message(s) lost with commits the database lost (failover or restore): see %s.seq_lost; only the old primary had them",
+				svc, s.LostSeqs, svc))
 		}
 		if s.DeadLetters > 0 {
 			st.Problems = append(st.Problems, fmt.Sprintf("%s: %d dead letter(s) on %s: see `outboxchat deadletters list --service %s`", svc, s.DeadLetters, chat.QueueName(chat.Peer(svc)), svc))

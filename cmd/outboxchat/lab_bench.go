@@ -24,6 +24,7 @@ func runLabBench(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	asJSON := fs.Bool("json", false, "print one JSON object (DESIGN.md fields plus cpu_s); the details go to stderr")
 	hold := fs.Bool("hold-snapshot", false, "hold a REPEATABLE READ snapshot open (idle in transaction) through the run, as a forgotten session would")
 	insecure := fs.Bool("insecure", false, "services without auth and without signed stream entries (to measure what they cost)")
+	retention := fs.Duration("history-retention", 0, "run the services with --history-retention D (0 = keep everything), to measure retention pruning under load")
 	pgbouncer := fs.Bool("pgbouncer", false, "services reach Postgres through a private PgBouncer in transaction mode (LISTEN direct), as on a managed deployment")
 	durable := fs.Bool("durable", false, "servers as production runs them: Postgres fsync=on and synchronous_commit=on, Redis appendonly yes with appendfsync everysec (default: the fast mode, Postgres fsync=off)")
 	profileDir := fs.String("profile-dir", "", "write, from 2 s after the first send, a CPU profile (--profile-seconds) and allocation profiles before and after it of every service process into this directory (pprof format)")
@@ -41,7 +42,7 @@ func runLabBench(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		return err
 	}
 	res, err := perf.Bench(ctx, perf.BenchOptions{Senders: *senders, Chats: *chats, Messages: *messages,
-		Variant: *variant, SendTimeout: *timeout, Progress: stderr, HoldSnapshot: *hold, Insecure: *insecure, PgBouncer: *pgbouncer, Durable: *durable,
+		Variant: *variant, SendTimeout: *timeout, Progress: stderr, HoldSnapshot: *hold, Insecure: *insecure, PgBouncer: *pgbouncer, Durable: *durable, Retention: *retention,
 		ProfileDir: *profileDir, ProfileSeconds: *profileSeconds})
 	if err != nil {
 		return err

@@ -70,6 +70,13 @@ type Options struct {
 	// verify-full; plain connections are still accepted. Start copies them
 	// into Dir (readable by the server's user). Default "": no TLS.
 	TLSCertFile, TLSKeyFile string
+	// StandbyOf, when set, makes the new server an asynchronous streaming
+	// replica (a hot standby) of that running server instead of a new
+	// cluster: its data dir is a pg_basebackup of StandbyOf (-X stream -R),
+	// it follows StandbyOf's WAL, accepts read-only connections, and
+	// Promote makes it a primary. Ignored when Dir/data already holds a
+	// cluster. Default nil: a new primary.
+	StandbyOf *Server
 }
 
 // Server is a running (or stopped) private PostgreSQL server. All methods are
@@ -137,7 +144,11 @@ func Start(ctx context.Context, opts *Options) (*Server, error) {
 			return nil, fmt.Errorf("pgproc: chmod dir: %w", err)
 		}
 	}
-	if err := s.initdb(ctx); err != nil {
+	if opts.StandbyOf != nil {
+		if err := s.baseBackup(ctx, opts.StandbyOf); err != nil {
+			return nil, err
+		}
+	} else if err := s.initdb(ctx); err != nil {
 		return nil, err
 	}
 	if opts.TLSCertFile != "" && opts.TLSKeyFile != "" {
@@ -152,8 +163,10 @@ func Start(ctx context.Context, opts *Options) (*Server, error) {
 	}); err != nil {
 		return nil, err
 	}
-	if err := s.createDB(ctx, DefaultDatabase); err != nil {
-		return nil, err
+	if opts.StandbyOf == nil {
+		if err := s.createDB(ctx, DefaultDatabase); err != nil {
+			return nil, err
+		}
 	}
 	ok = true
 	s.log.Info("pgproc: started", "port", s.port, "dir", s.dir)
@@ -222,7 +235,10 @@ func findBinDir(dir string) (string, error) {
 }
 
 func (s *Server) command(name string, args ...string) *exec.Cmd {
-	cmd := exec.Command(filepath.Join(s.binDir, name), args...)
+	if !filepath.IsAbs(name) {
+		name = filepath.Join(s.binDir, name)
+	}
+	cmd := exec.Command(name, args...)
 	cmd.Dir = s.dir
 	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "LC_ALL=C", "LANG=C", "TZ=UTC"}
 	if s.cred != nil {

@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -169,4 +170,59 @@ func TestPortInUse(t *testing.T) {
 		t.Fatal("second server on same port started")
 	}
 	t.Logf("expected error: %v", err)
+}
+
+// TestStandbyCutAndPromote: a standby follows its primary until the
+// replication is cut; what the primary commits after that is missing
+// from the promoted standby, which then takes writes on a new timeline.
+func TestStandbyCutAndPromote(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	primary, err := Start(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer primary.Close()
+	exec := func(s *Server, q string) {
+		t.Helper()
+		conn, err := pgx.Connect(ctx, s.AdminURL())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close(ctx)
+		if _, err := conn.Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	exec(primary, "CREATE TABLE t (v int)")
+	exec(primary, "INSERT INTO t VALUES (1)")
+	standby, err := Start(ctx, &Options{StandbyOf: primary})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer standby.Close()
+	exec(primary, "INSERT INTO t VALUES (2)")
+	if err := standby.WaitCaughtUp(ctx, primary, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := standby.CutReplication(ctx); err != nil {
+		t.Fatal(err)
+	}
+	exec(primary, "INSERT INTO t VALUES (3)")
+	if err := primary.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	if err := standby.Promote(ctx); err != nil {
+		t.Fatal(err)
+	}
+	exec(standby, "INSERT INTO t VALUES (4)")
+	var got string
+	var timeline int
+	if err := queryRow(ctx, standby.AdminURL(), "SELECT string_agg(v::text, ',' ORDER BY v), ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int FROM t", nil, &got, &timeline); err != nil {
+		t.Fatal(err)
+	}
+	if got != "1,2,4" || timeline != 2 {
+		t.Fatalf("promoted standby holds %q on timeline %d, want 1,2,4 on timeline 2 (3 was committed after the cut)", got, timeline)
+	}
 }

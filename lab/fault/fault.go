@@ -24,6 +24,7 @@ const (
 	PostgresImmediate Kind = "postgres-immediate" // stop Postgres in immediate mode (a crash)
 	PostgresFast      Kind = "postgres-fast"      // stop Postgres in fast mode
 	Net               Kind = "net"                // a toxic (Fault.Net) on one service's link to Postgres or Redis
+	PruneHistory      Kind = "prune-history"      // delete Target service's history older than PruneOlderThan, again and again, as retention would
 )
 
 // Network fault kinds (Fault.Net), each a toxiproxy toxic or, for
@@ -39,6 +40,10 @@ const (
 // NetKinds lists the network fault kinds in the order schedules draw them.
 var NetKinds = []string{NetLatency, NetTimeout, NetReset, NetBandwidth, NetBlackHole}
 
+// PruneOlderThan is what PruneHistory deletes: history older than this
+// (store.Prune's OlderThan). Short, so that a schedule's own messages go.
+const PruneOlderThan = 500 * time.Millisecond
+
 // Servers a fault can take down (Fault.Server).
 const (
 	ServerRedis    = "redis"
@@ -49,8 +54,9 @@ const (
 type Fault struct {
 	At, For time.Duration
 	Kind    Kind
-	// Target is a process name (process kinds) or a link
-	// "service>postgres|redis" (Net); unused for the server kinds.
+	// Target is a process name (process kinds), a link
+	// "service>postgres|redis" (Net) or a service (PruneHistory); unused
+	// for the server kinds.
 	Target string
 	// Net is the network kind (Net), Stream its direction ("upstream":
 	// service to server; "downstream": back), Attrs its toxiproxy

@@ -74,6 +74,10 @@ type BenchOptions struct {
 	// PgBouncer runs the services through a private PgBouncer in
 	// transaction mode (EnvOptions.PgBouncer).
 	PgBouncer bool
+	// Retention, when above 0, runs the services with
+	// --history-retention Retention, so that the bench measures the
+	// retention service pruning under load. Default 0: keep everything.
+	Retention time.Duration
 	// Durable runs the servers flushing every commit (env.Options.Durable:
 	// Postgres fsync=on); default false, the fast mode (fsync=off).
 	Durable bool
@@ -232,7 +236,11 @@ func Bench(ctx context.Context, opts BenchOptions) (*BenchResult, error) {
 	// The bench is one client IP and one user pushing thousands of
 	// messages a second over a socket per chat: the per-IP and per-user
 	// limits and the socket cap, meant for people, are off.
-	e, err := env.Start(ctx, env.Options{Variant: opts.Variant, Progress: progress, ExtraArgs: env.UnlimitedArgs, Insecure: opts.Insecure, PgBouncer: opts.PgBouncer, Durable: opts.Durable,
+	args := env.UnlimitedArgs
+	if opts.Retention > 0 {
+		args = append(slices.Clip(args), "--history-retention", opts.Retention.String())
+	}
+	e, err := env.Start(ctx, env.Options{Variant: opts.Variant, Progress: progress, ExtraArgs: args, Insecure: opts.Insecure, PgBouncer: opts.PgBouncer, Durable: opts.Durable,
 		Debug: opts.ProfileDir != ""})
 	if err != nil {
 		return nil, err

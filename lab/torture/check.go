@@ -3,6 +3,7 @@ package torture
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -61,13 +62,17 @@ func (t *run) drainState(ctx context.Context) string {
 	if err != nil {
 		return "database: " + err.Error()
 	}
+	pruned, err := t.prunedSeqs(qctx)
+	if err != nil {
+		return "database: " + err.Error()
+	}
 	unseen := 0
 	for _, ws := range t.clients {
 		for _, w := range ws {
 			for _, side := range []string{chat.Consumers, chat.Workers} {
 				seen := w.Seen(side)
 				for seq := int64(1); seq <= tops[side][t.chats[w]]; seq++ {
-					if _, ok := seen[seq]; !ok {
+					if _, ok := seen[seq]; !ok && !pruned[seqKey{side, t.chats[w], seq}] {
 						unseen++
 					}
 				}
@@ -80,14 +85,105 @@ func (t *run) drainState(ctx context.Context) string {
 	return strings.Join(missing, ", ")
 }
 
-// inboxed returns every inbox row of both services: message id → row.
+// inboxed returns every inbox row of both services, with those a
+// prune took (t.keep): message id → row.
 func (t *run) inboxed(ctx context.Context) (map[string]sentMsg, error) {
-	return t.rowsByID(ctx, `SELECT message_id::text, chat_id, seq FROM %s.inbox`, chat.Peer)
+	return t.withKept(t.rowsByID(ctx, inboxQuery, chat.Peer))(t.keptInbox)
 }
 
-// stored returns every messages row of both services: message id → row.
+// stored returns every messages row of both services, with those a prune
+// took: message id → row.
 func (t *run) stored(ctx context.Context) (map[string]sentMsg, error) {
-	return t.rowsByID(ctx, `SELECT id::text, chat_id, seq FROM %s.messages`, func(svc string) string { return svc })
+	return t.withKept(t.rowsByID(ctx, messagesQuery, func(svc string) string { return svc }))(t.keptStored)
+}
+
+const (
+	inboxQuery    = `SELECT message_id::text, chat_id, seq FROM %s.inbox`
+	messagesQuery = `SELECT id::text, chat_id, seq FROM %s.messages`
+)
+
+// keep adds the inbox and messages rows of both services to what the
+// checker keeps of them (keptInbox, keptStored), so that the rows a prune
+// is about to delete still count as stored and received.
+func (t *run) keep(ctx context.Context) error {
+	in, err := t.rowsByID(ctx, inboxQuery, chat.Peer)
+	if err != nil {
+		return err
+	}
+	st, err := t.rowsByID(ctx, messagesQuery, func(svc string) string { return svc })
+	if err != nil {
+		return err
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.keptInbox == nil {
+		t.keptInbox, t.keptStored = map[string]sentMsg{}, map[string]sentMsg{}
+	}
+	maps.Copy(t.keptInbox, in)
+	maps.Copy(t.keptStored, st)
+	return nil
+}
+
+// wasInbox reports whether message id was in a receiver's inbox when the
+// checker last kept the rows (before a prune).
+func (t *run) wasInbox(id string) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	_, ok := t.keptInbox[id]
+	return ok
+}
+
+// seqKey is one message by its origin, chat and seq.
+type seqKey struct {
+	side      string
+	chat, seq int64
+}
+
+// prunedSeqs returns the messages a prune deleted: kept (before a prune)
+// and no longer in the table they were kept from. A client that had not
+// shown one of them by then never can: history older than the retention
+// is gone, which is what retention is for (a socket frozen or away longer
+// than it). They are counted apart (ScheduleResult.PrunedUnseen), not as
+// lost: the receiver had each (its row was kept from the inbox or the
+// sender had its receipt).
+func (t *run) prunedSeqs(ctx context.Context) (map[seqKey]bool, error) {
+	in, err := t.rowsByID(ctx, inboxQuery, chat.Peer)
+	if err != nil {
+		return nil, err
+	}
+	st, err := t.rowsByID(ctx, messagesQuery, func(svc string) string { return svc })
+	if err != nil {
+		return nil, err
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	out := map[seqKey]bool{}
+	for kept, now := range map[*map[string]sentMsg]map[string]sentMsg{&t.keptInbox: in, &t.keptStored: st} {
+		for id, m := range *kept {
+			if _, ok := now[id]; !ok {
+				out[seqKey{m.From, m.ChatID, m.Seq}] = true
+			}
+		}
+	}
+	return out, nil
+}
+
+// withKept returns a function that adds the kept rows it is given to
+// rows (the rows read now win).
+func (t *run) withKept(rows map[string]sentMsg, err error) func(kept map[string]sentMsg) (map[string]sentMsg, error) {
+	return func(kept map[string]sentMsg) (map[string]sentMsg, error) {
+		if err != nil {
+			return nil, err
+		}
+		t.mu.Lock()
+		defer t.mu.Unlock()
+		for id, m := range kept {
+			if _, ok := rows[id]; !ok {
+				rows[id] = m
+			}
+		}
+		return rows, nil
+	}
 }
 
 // rowsByID runs query (%s = the service's schema; columns id, chat_id,
@@ -110,6 +206,36 @@ func (t *run) rowsByID(ctx context.Context, query string, from func(svc string) 
 	return out, nil
 }
 
+// floors returns, per service whose messages they are and per chat, the
+// newest floor a delete left: sent[origin], the origin's own seq floor
+// (its messages up to it are taken); received[origin], the receiver's gap
+// fill (the origin's messages up to it were all received; migration 008).
+func (t *run) floors(ctx context.Context) (sent, received map[string]map[int64]int64, err error) {
+	sent, received = map[string]map[int64]int64{}, map[string]map[int64]int64{}
+	read := func(into map[int64]int64, query string) error {
+		rows, err := t.e.Admin().Query(ctx, query)
+		if err != nil {
+			return err
+		}
+		var c, f int64
+		_, err = pgx.ForEachRow(rows, []any{&c, &f}, func() error {
+			into[c] = f
+			return nil
+		})
+		return err
+	}
+	for _, svc := range []string{chat.Consumers, chat.Workers} {
+		sent[svc], received[chat.Peer(svc)] = map[int64]int64{}, map[int64]int64{}
+		if err := read(sent[svc], `SELECT chat_id, max(seq) FROM `+svc+`.seq_floors GROUP BY chat_id`); err != nil {
+			return nil, nil, err
+		}
+		if err := read(received[chat.Peer(svc)], `SELECT chat_id, max(upto) FROM `+svc+`.inbox_gap_fills GROUP BY chat_id`); err != nil {
+			return nil, nil, err
+		}
+	}
+	return sent, received, nil
+}
+
 // tops returns, per side and chat, the highest seq the side stored.
 func (t *run) tops(ctx context.Context) (map[string]map[int64]int64, error) {
 	out := map[string]map[int64]int64{}
@@ -130,6 +256,12 @@ func (t *run) tops(ctx context.Context) (map[string]map[int64]int64, error) {
 		if err := rows.Err(); err != nil {
 			return nil, err
 		}
+	}
+	// A chat whose newest rows a prune took still had them.
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, m := range t.keptStored {
+		out[m.From][m.ChatID] = max(out[m.From][m.ChatID], m.Seq)
 	}
 	return out, nil
 }
@@ -154,16 +286,26 @@ func (t *run) check(ctx context.Context, res *ScheduleResult) {
 		problem("read messages: %v", err)
 		return
 	}
+	sentFloor, receivedFloor, err := t.floors(qctx)
+	if err != nil {
+		problem("read floors: %v", err)
+		return
+	}
 	var lost, wrong []string
 	for _, m := range sent {
 		got, ok := inInbox[m.ID]
+		// A row a prune deleted after the checker last kept the rows (a
+		// transaction that began long before it committed) is still
+		// accounted for by the floor the delete left: received up to there.
 		switch {
+		case !ok && receivedFloor[m.From][m.ChatID] >= m.Seq:
 		case !ok:
 			lost = append(lost, fmt.Sprintf("%s chat %d seq %d", m.From, m.ChatID, m.Seq))
 		case got.ChatID != m.ChatID || got.Seq != m.Seq || got.From != m.From:
 			wrong = append(wrong, fmt.Sprintf("%s chat %d seq %d is in the inbox as chat %d seq %d", m.From, m.ChatID, m.Seq, got.ChatID, got.Seq))
 		}
-		if st, ok := stored[m.ID]; !ok || st.ChatID != m.ChatID || st.Seq != m.Seq {
+		if st, ok := stored[m.ID]; !ok && sentFloor[m.From][m.ChatID] >= m.Seq {
+		} else if !ok || st.ChatID != m.ChatID || st.Seq != m.Seq {
 			wrong = append(wrong, fmt.Sprintf("%s answered 201 for chat %d seq %d but did not store it so", m.From, m.ChatID, m.Seq))
 		}
 	}
@@ -188,12 +330,18 @@ func (t *run) check(ctx context.Context, res *ScheduleResult) {
 		problem("read messages: %v", err)
 		return
 	}
+	pruned, err := t.prunedSeqs(qctx)
+	if err != nil {
+		problem("read rows: %v", err)
+		return
+	}
 	shown := map[string]bool{}
 	ci := 0
 	for _, svc := range []string{chat.Consumers, chat.Workers} {
 		for _, w := range t.clients[svc] {
 			ci++
-			v := checkView(w.Frames(), t.chats[w], tops)
+			v := checkView(w.Frames(), t.chats[w], tops, func(side string, seq int64) bool { return pruned[seqKey{side, t.chats[w], seq}] })
+			res.PrunedUnseen += len(v.pruned)
 			res.Reconnects += max(0, w.Connects()-1)
 			res.DuplicatesShown += len(v.dups)
 			res.OrderViolations += len(v.order)
@@ -226,7 +374,7 @@ func (t *run) check(ctx context.Context, res *ScheduleResult) {
 	}
 
 	// 4. No entry acknowledged before its message was in the inbox.
-	t.tap.SampleAcks(qctx, t.e)
+	t.tap.SampleAcks(qctx, t.e, t.wasInbox)
 	if early := t.tap.EarlyAcks(); len(early) > 0 {
 		problem("%d entr(ies) acknowledged before the inbox commit: %s", len(early), firstFew(early))
 	}
@@ -248,14 +396,18 @@ func (t *run) check(ctx context.Context, res *ScheduleResult) {
 // view is what checkView found wrong with one client's frames.
 type view struct {
 	dups, order, missing, extra []string
+	// pruned are seqs never shown that a prune deleted first (excused).
+	pruned []string
 }
 
 // checkView checks the frames one client received for chat chatID
 // against tops (side → chat → highest stored seq): a frame twice on one
 // connection (dups), a seq not above the last of its side on its
 // connection (order), a seq 1..N of a side never shown (missing), a seq
-// above N (extra).
-func checkView(frames []probe.Shown, chatID int64, tops map[string]map[int64]int64) view {
+// above N (extra). A seq never shown for which pruned (nil: none) is true
+// was deleted by a prune before the client could show it: it goes into
+// pruned, not missing.
+func checkView(frames []probe.Shown, chatID int64, tops map[string]map[int64]int64, pruned func(side string, seq int64) bool) view {
 	var v view
 	type key struct {
 		conn int
@@ -289,7 +441,11 @@ func checkView(frames []probe.Shown, chatID int64, tops map[string]map[int64]int
 	for _, side := range []string{chat.Consumers, chat.Workers} {
 		top := tops[side][chatID]
 		for seq := int64(1); seq <= top; seq++ {
-			if !seen[side][seq] {
+			switch {
+			case seen[side][seq]:
+			case pruned != nil && pruned(side, seq):
+				v.pruned = append(v.pruned, fmt.Sprintf("%s seq %d", side, seq))
+			default:
 				v.missing = append(v.missing, fmt.Sprintf("%s seq %d", side, seq))
 			}
 		}

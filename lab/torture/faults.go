@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/outboxchat/outboxchat/chat"
+	"github.com/outboxchat/outboxchat/chat/store"
 	"github.com/outboxchat/outboxchat/lab/env"
 	"github.com/outboxchat/outboxchat/lab/fault"
 )
@@ -32,6 +33,10 @@ func (t *run) apply(ctx context.Context, start time.Time, f fault.Fault) {
 	hold := func() { _ = env.SleepUntil(ctx, time.Now().Add(f.For)) }
 	if f.Kind == fault.CrashPoint {
 		t.crashPoint(ctx, rctx, t.e.Proc(f.Target), f)
+		return
+	}
+	if f.Kind == fault.PruneHistory {
+		t.pruneHistory(ctx, f)
 		return
 	}
 	switch f.Kind {
@@ -118,3 +123,31 @@ func (t *run) heal(ctx context.Context) error {
 	}
 	return nil
 }
+
+// pruneHistory deletes f.Target's history older than fault.PruneOlderThan
+// (store.Prune, what retention and `outboxchat prune` run) every
+// pruneEvery until f.For has passed, under load and the other faults.
+// Before each prune the checker keeps what it is about to delete
+// (t.keep): the rows are gone from the tables, not from what was
+// delivered.
+func (t *run) pruneHistory(ctx context.Context, f fault.Fault) {
+	t.log.Add("fault", "prune %s history older than %v, every %v for %v", f.Target, fault.PruneOlderThan, pruneEvery, f.For)
+	end := time.Now().Add(f.For)
+	var total int64
+	for ctx.Err() == nil && time.Now().Before(end) {
+		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		if err := t.keep(pctx); err == nil {
+			n, err := store.Prune(pctx, t.e.Admin(), store.PruneConfig{Service: f.Target, OlderThan: fault.PruneOlderThan})
+			if err != nil {
+				t.log.Add("lab", "prune %s: %v", f.Target, err) // Postgres down: the next round prunes
+			}
+			total += n.Total()
+		}
+		cancel()
+		_ = env.SleepUntil(ctx, time.Now().Add(pruneEvery))
+	}
+	t.log.Add("fault", "prune %s done: %d row(s) deleted", f.Target, total)
+}
+
+// pruneEvery is how often a PruneHistory fault prunes.
+const pruneEvery = 300 * time.Millisecond

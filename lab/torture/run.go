@@ -37,6 +37,9 @@ type run struct {
 	// locks serialise faults on one target (a process, Postgres, Redis,
 	// a link).
 	locks map[string]*sync.Mutex
+	// keptInbox and keptStored (guarded by mu) are the inbox and messages
+	// rows seen before each prune (keep): message id → row.
+	keptInbox, keptStored map[string]sentMsg
 }
 
 func (t *run) intn(n int) int {
@@ -144,7 +147,7 @@ func runSchedule(ctx context.Context, opts Options, s *schedule) (*ScheduleResul
 	go func() { // invariant 4, sampled from outside while faults run
 		defer load.Done()
 		for env.SleepUntil(lctx, time.Now().Add(250*time.Millisecond)) == nil {
-			t.tap.SampleAcks(lctx, e)
+			t.tap.SampleAcks(lctx, e, t.wasInbox)
 		}
 	}()
 	if s.Malformed > 0 {
@@ -175,7 +178,7 @@ func runSchedule(ctx context.Context, opts Options, s *schedule) (*ScheduleResul
 	healed := time.Now()
 	dctx, cancel := context.WithTimeout(ctx, opts.DrainBound)
 	derr := env.WaitFor(dctx, 200*time.Millisecond, func() bool {
-		t.tap.SampleAcks(dctx, e)
+		t.tap.SampleAcks(dctx, e, t.wasInbox)
 		return t.drained(dctx)
 	})
 	cancel()

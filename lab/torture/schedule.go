@@ -127,6 +127,8 @@ func drawSchedule(seed uint64, k int, d time.Duration) *schedule {
 			f.Kind, f.For = fault.PostgresImmediate, ms(200, 2500)
 		case c < 74:
 			f.Kind, f.For = fault.PostgresFast, ms(200, 2500)
+		case c < 80:
+			f.Kind, f.Target, f.For = fault.PruneHistory, []string{chat.Consumers, chat.Workers}[r.IntN(2)], ms(500, 5000)
 		default:
 			f.Kind, f.Target, f.For = fault.Net, links[r.IntN(len(links))], ms(500, 5000)
 			f.Net = fault.NetKinds[r.IntN(len(fault.NetKinds))]

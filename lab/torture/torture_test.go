@@ -15,13 +15,14 @@ import (
 	"github.com/outboxchat/outboxchat/lab/probe"
 )
 
-// tortureTestSeed draws, for the 5 short schedules of make test, two
-// topologies with two API processes and two relays per service, one with
-// everything in one process per service, and faults of every family:
-// SIGKILL, SIGSTOP, SIGTERM, a worker crash before its inbox commit, Redis
-// kill -9 and graceful stop, Postgres fast restart, toxiproxy latency,
-// reset_peer, bandwidth and black-hole; malformed entries in two.
-const tortureTestSeed = 5
+// tortureTestSeed draws, for the 5 short schedules of make test, three
+// topologies (two API processes and two relays per service; a separate
+// relay; everything in one process per service) and faults of most
+// families: SIGKILL, SIGSTOP, SIGTERM, a relay crash after its publish, a
+// worker crash before and after its inbox commit, Redis kill -9, Postgres
+// fast restart, toxiproxy timeout, reset_peer, bandwidth and black-hole,
+// history pruned under load; malformed entries in one.
+const tortureTestSeed = 23
 
 // TestTortureShort runs the 5 short schedules: each a fresh topology on
 // private servers, load both ways, clients dropping and reconnecting, a
@@ -91,12 +92,16 @@ func TestDrawScheduleReplays(t *testing.T) {
 				if !strings.Contains(f.Target, ">") {
 					t.Fatalf("schedule %d: fault %s has no link", k, f)
 				}
+			case fault.PruneHistory:
+				if f.Target != chat.Consumers && f.Target != chat.Workers {
+					t.Fatalf("schedule %d: fault %s prunes no service", k, f)
+				}
 			}
 		}
 	}
 	for _, want := range []string{string(fault.Kill), string(fault.Stop), string(fault.Term), fault.RelayAfterPublish, fault.WorkerBeforeCommit,
 		fault.WorkerAfterCommit, string(fault.RedisKill), string(fault.RedisStop), string(fault.PostgresImmediate), string(fault.PostgresFast),
-		"net-" + fault.NetLatency, "net-" + fault.NetTimeout, "net-" + fault.NetReset, "net-" + fault.NetBandwidth, "net-" + fault.NetBlackHole} {
+		"net-" + fault.NetLatency, "net-" + fault.NetTimeout, "net-" + fault.NetReset, "net-" + fault.NetBandwidth, "net-" + fault.NetBlackHole, string(fault.PruneHistory)} {
 		if !kinds[want] {
 			t.Errorf("200 schedules never drew %s", want)
 		}
@@ -105,7 +110,8 @@ func TestDrawScheduleReplays(t *testing.T) {
 
 // TestCheckViewCatches: the client-side checker flags a frame twice on one
 // connection, a seq that goes down on one connection and a seq never
-// shown, and allows a repeat after a reconnect.
+// shown, allows a repeat after a reconnect, and excuses a seq a prune
+// deleted before it was shown.
 func TestCheckViewCatches(t *testing.T) {
 	fr := func(conn int, from string, seq int64) probe.Shown {
 		return probe.Shown{Conn: conn, Message: chat.Message{ID: from + string(rune('a'+seq)), ChatID: 1, Seq: seq, From: from}}
@@ -123,10 +129,17 @@ func TestCheckViewCatches(t *testing.T) {
 		{"one never shown", []probe.Shown{fr(1, c, 1), fr(2, c, 3), fr(2, w, 1)}, 0, 0, 1, 0},
 		{"one never stored", []probe.Shown{fr(1, c, 1), fr(1, c, 2), fr(1, c, 3), fr(1, c, 4), fr(1, w, 1)}, 0, 0, 0, 1},
 	} {
-		v := checkView(tc.frames, 1, tops)
+		v := checkView(tc.frames, 1, tops, nil)
 		if len(v.dups) != tc.dups || len(v.order) != tc.order || len(v.missing) != tc.missing || len(v.extra) != tc.extra {
 			t.Errorf("%s: got %+v", tc.name, v)
 		}
+	}
+	// A seq never shown that a prune deleted first is excused, and only
+	// that one.
+	pruned := func(side string, seq int64) bool { return side == c && seq == 2 }
+	v := checkView([]probe.Shown{fr(1, c, 1), fr(2, w, 1)}, 1, tops, pruned)
+	if len(v.pruned) != 1 || len(v.missing) != 1 || v.missing[0] != c+" seq 3" {
+		t.Errorf("one pruned and one missing: got %+v", v)
 	}
 }
 

@@ -1,0 +1,285 @@
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/outboxchat/outboxchat/chat"
+	"github.com/outboxchat/outboxchat/chat/schema"
+	"github.com/outboxchat/outboxchat/outbox"
+)
+
+// Fence keeps a chat's seq from going backwards when the database loses
+// commits that had already left it: a failover to an asynchronous replica
+// that had not received them, or a point-in-time restore. The floors of
+// migration 008 remember what a DELETE takes away; lost commits leave
+// nothing behind in the database, so the Fence keeps, in Redis, the
+// highest seq per chat that the service's relay has published (Publisher,
+// one script call per relay batch, before the batch is published), and
+// checks each new database connection's incarnation — the cluster's
+// system identifier and WAL timeline, which a promotion or a restore
+// changes (Check). The first connection to an incarnation not yet fenced
+// (table seq_epochs, migration 014) fences it, in one transaction under
+// an advisory lock: every chat whose high-water mark is above its last
+// seq in the database (the newest message or seq floor) gets a seq floor
+// at the mark, so sends go on above it; seq_lost records the seqs in
+// between (published, then lost with the old primary: `status` reports
+// them); and one seq.floor event (chat.EventSeqFloor) tells the receiver
+// not to wait for them. Until that commits the connection is not handed
+// out, so no send runs on the new incarnation unfenced.
+//
+// Limits: behind a transaction-mode pooler (PgBouncer) the pooler
+// reconnects to a promoted server without a new client connection, so
+// Check runs when the service's own connections are replaced, not at the
+// promotion; and a Redis that lost its data too (no AOF) cannot fence.
+//
+// A Fence is safe for concurrent use.
+type Fence struct {
+	rdb     redis.UniversalClient
+	key     string
+	service string
+	log     *slog.Logger
+
+	mu     sync.Mutex
+	writer *outbox.Writer
+	fenced map[epoch]bool
+}
+
+// ErrNotFenced is returned (wrapped) by the Check of a Fence without
+// Redis on a connection to a database incarnation no process has fenced
+// yet: sends wait (the pool's acquire fails, the API answers 503) until
+// the relay's or the worker's process fences it.
+var ErrNotFenced = errors.New("seq fence: the database is a new incarnation (failover or restore) not fenced yet")
+
+// epoch is a database incarnation.
+type epoch struct {
+	systemID string
+	timeline int
+}
+
+// raiseHWM raises the high-water marks of KEYS[1] (a hash: chat id →
+// seq): ARGV holds chat, seq pairs; a mark only goes up. Returns nothing.
+var raiseHWM = redis.NewScript(`
+for i = 1, #ARGV, 2 do
+  local cur = tonumber(redis.call('HGET', KEYS[1], ARGV[i]) or '0')
+  if tonumber(ARGV[i + 1]) > cur then
+    redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])
+  end
+end
+return 0
+`)
+
+// NewFence returns the Fence of service's seqs, keeping its high-water
+// marks in rdb under key prefix prefix (schema.SeqHighWaterKey). log nil
+// means slog.Default(). SetWriter must be called before the first Check
+// that has to fence. rdb nil (a process without Redis, e.g. the api role
+// alone) makes a Fence that cannot fence: its Check refuses connections to
+// an incarnation not yet fenced (ErrNotFenced) until a process with Redis
+// (the relay's, the worker's) has fenced it; Publisher must not be used.
+func NewFence(rdb redis.UniversalClient, prefix, service string, log *slog.Logger) (*Fence, error) {
+	if err := chat.CheckService(service); err != nil {
+		return nil, err
+	}
+	if log == nil {
+		log = slog.Default()
+	}
+	return &Fence{rdb: rdb, key: schema.SeqHighWaterKey(prefix, service), service: service,
+		log: log.With("component", "seq_fence"), fenced: map[epoch]bool{}}, nil
+}
+
+// SetWriter sets the outbox writer (the service's outbox) through which a
+// fence enqueues its seq.floor event.
+func (f *Fence) SetWriter(w *outbox.Writer) {
+	f.mu.Lock()
+	f.writer = w
+	f.mu.Unlock()
+}
+
+// Publisher returns next behind the Fence: before next publishes a batch,
+// the batch's highest seq per chat of its message.created events is raised
+// in Redis (one script call). An error there is returned as a plain error
+// (Redis is down: the relay retries the batch), so nothing is published
+// above the marks. Payloads that do not decode are passed on untouched
+// (next refuses them).
+func (f *Fence) Publisher(next outbox.Publisher) outbox.Publisher {
+	return outbox.PublisherFunc(func(ctx context.Context, msgs []outbox.Message) error {
+		top := map[int64]int64{}
+		for _, m := range msgs {
+			if m.Event != chat.EventMessageCreated {
+				continue
+			}
+			var ev struct {
+				ChatID int64 `json:"chat_id"`
+				Seq    int64 `json:"seq"`
+			}
+			if json.Unmarshal(m.Payload, &ev) != nil || ev.ChatID <= 0 {
+				continue
+			}
+			top[ev.ChatID] = max(top[ev.ChatID], ev.Seq)
+		}
+		if len(top) > 0 {
+			args := make([]any, 0, 2*len(top))
+			for c, s := range top {
+				args = append(args, c, s)
+			}
+			if err := raiseHWM.Run(ctx, f.rdb, []string{f.key}, args...).Err(); err != nil && !errors.Is(err, redis.Nil) {
+				return fmt.Errorf("seq fence: raise high-water marks: %w", err)
+			}
+		}
+		return next.Publish(ctx, msgs)
+	})
+}
+
+// Check is a pgxpool AfterConnect hook: it reads conn's database
+// incarnation and, unless it is known fenced, fences it (see Fence) before
+// conn is used. It returns an error (the pool then drops conn, and the
+// caller's acquire fails) when the incarnation cannot be read or fenced,
+// e.g. while Redis is down after a failover. The first incarnation a
+// service ever runs on (seq_epochs empty) is recorded without reading
+// Redis: there is nothing to fence yet. It must run after the migrations
+// (it reads seq_epochs): before, it does nothing.
+func (f *Fence) Check(ctx context.Context, conn *pgx.Conn) error {
+	var ep epoch
+	var migrated bool
+	err := conn.QueryRow(ctx, `SELECT s.system_identifier::text,
+			('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int,
+			to_regclass($1) IS NOT NULL
+		FROM pg_control_system() s`, f.service+".seq_epochs").Scan(&ep.systemID, &ep.timeline, &migrated)
+	if err != nil {
+		return fmt.Errorf("seq fence: read the database's incarnation: %w", err)
+	}
+	if !migrated {
+		return nil
+	}
+	f.mu.Lock()
+	known, w := f.fenced[ep], f.writer
+	f.mu.Unlock()
+	if known {
+		return nil
+	}
+	if err := f.fence(ctx, conn, ep, w); err != nil {
+		return err
+	}
+	f.mu.Lock()
+	f.fenced[ep] = true
+	f.mu.Unlock()
+	return nil
+}
+
+// fenceBatch bounds the chats of one floor statement (and one seq.floor
+// event, below chat.MaxReceiptChats).
+const fenceBatch = 1000
+
+// fence fences incarnation ep on conn (see Fence).
+func (f *Fence) fence(ctx context.Context, conn *pgx.Conn, ep epoch, w *outbox.Writer) error {
+	s := pgx.Identifier{f.service}.Sanitize()
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("seq fence: %w", err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	var done, first bool
+	if err := tx.QueryRow(ctx, `SELECT pg_advisory_xact_lock(hashtextextended($1, 0)) IS NULL,
+			EXISTS (SELECT 1 FROM `+s+`.seq_epochs WHERE system_id = $2 AND timeline = $3),
+			NOT EXISTS (SELECT 1 FROM `+s+`.seq_epochs)`,
+		f.service+".seq_fence", ep.systemID, ep.timeline).Scan(new(bool), &done, &first); err != nil {
+		return fmt.Errorf("seq fence: %w", err)
+	}
+	if done {
+		return tx.Commit(ctx)
+	}
+	var lost []chat.ReceiptChat
+	var lostSeqs int64
+	if !first {
+		if f.rdb == nil {
+			return fmt.Errorf("%w: system %s timeline %d", ErrNotFenced, ep.systemID, ep.timeline)
+		}
+		if w == nil {
+			return errors.New("seq fence: no outbox writer set")
+		}
+		var cursor uint64
+		for {
+			kv, next, err := f.rdb.HScan(ctx, f.key, cursor, "", fenceBatch).Result()
+			if err != nil {
+				return fmt.Errorf("seq fence: read high-water marks: %w", err)
+			}
+			var chats, marks []int64
+			for i := 0; i+1 < len(kv); i += 2 {
+				c, err1 := strconv.ParseInt(kv[i], 10, 64)
+				m, err2 := strconv.ParseInt(kv[i+1], 10, 64)
+				if err1 == nil && err2 == nil && c > 0 && m > 0 {
+					chats, marks = append(chats, c), append(marks, m)
+				}
+			}
+			if len(chats) > 0 {
+				rows, err := tx.Query(ctx, `WITH h AS (SELECT h.chat_id, h.mark, greatest(
+						coalesce((SELECT m.seq FROM `+s+`.messages m WHERE m.chat_id = h.chat_id ORDER BY m.seq DESC LIMIT 1), 0),
+						coalesce((SELECT f.seq FROM `+s+`.seq_floors f WHERE f.chat_id = h.chat_id ORDER BY f.seq DESC LIMIT 1), 0)) AS last
+					FROM unnest($1::bigint[], $2::bigint[]) AS h(chat_id, mark)),
+				l AS (INSERT INTO `+s+`.seq_lost (chat_id, from_seq, to_seq, system_id, timeline)
+					SELECT chat_id, last + 1, mark, $3, $4 FROM h WHERE mark > last
+					ON CONFLICT DO NOTHING),
+				fl AS (INSERT INTO `+s+`.seq_floors (chat_id, seq)
+					SELECT chat_id, mark FROM h WHERE mark > last ON CONFLICT DO NOTHING)
+				SELECT chat_id, mark, mark - last FROM h WHERE mark > last ORDER BY chat_id`,
+					chats, marks, ep.systemID, ep.timeline)
+				if err != nil {
+					return fmt.Errorf("seq fence: %w", err)
+				}
+				for rows.Next() {
+					var c chat.ReceiptChat
+					var n int64
+					if err := rows.Scan(&c.ChatID, &c.UptoSeq, &n); err != nil {
+						rows.Close()
+						return fmt.Errorf("seq fence: %w", err)
+					}
+					lost, lostSeqs = append(lost, c), lostSeqs+n
+				}
+				if err := rows.Err(); err != nil {
+					return fmt.Errorf("seq fence: %w", err)
+				}
+			}
+			if cursor = next; cursor == 0 {
+				break
+			}
+		}
+		for start := 0; start < len(lost); start += fenceBatch {
+			part := lost[start:min(start+fenceBatch, len(lost))]
+			r := chat.Receipt{ID: uuid.NewString(), Chats: part, ReceivedAt: time.Now().UTC(), From: f.service}
+			payload, err := json.Marshal(r)
+			if err != nil {
+				return fmt.Errorf("seq fence: %w", err)
+			}
+			if err := w.Enqueue(ctx, tx, outbox.Event{ID: r.ID, Name: chat.EventSeqFloor, Payload: payload}); err != nil {
+				return fmt.Errorf("seq fence: %w", err)
+			}
+		}
+	}
+	if _, err := tx.Exec(ctx, `INSERT INTO `+s+`.seq_epochs (system_id, timeline) VALUES ($1, $2) ON CONFLICT DO NOTHING`,
+		ep.systemID, ep.timeline); err != nil {
+		return fmt.Errorf("seq fence: %w", err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("seq fence: %w", err)
+	}
+	if w != nil && len(lost) > 0 {
+		w.Committed()
+	}
+	if first {
+		f.log.Info("seq fence: first database incarnation recorded", "system_id", ep.systemID, "timeline", ep.timeline)
+	} else {
+		f.log.Warn("seq fence: new database incarnation fenced", "system_id", ep.systemID, "timeline", ep.timeline,
+			"chats_fenced", len(lost), "seqs_lost", lostSeqs)
+	}
+	return nil
+}
