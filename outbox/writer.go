@@ -225,6 +225,14 @@ func (w *Writer) Mode() WakeMode { return w.mode }
 // channel is a bind parameter.
 const notifySQL = "SELECT pg_notify($1, '')"
 
+// afterCommitNotifySQL is notifySQL for the post-commit wake-up, a
+// transaction of its own: its commit does not wait for the WAL flush
+// (synchronous_commit=off for it alone). A wake-up lost to a crash only
+// delays the relay until its poll, and the cluster-wide notify lock, which
+// a notifying commit holds until it ends, is then not held through an
+// fsync, so notifying commits do not queue behind each other's flushes.
+const afterCommitNotifySQL = "SELECT pg_notify($1, ''), set_config('synchronous_commit', 'off', true)"
+
 // Enqueue inserts events into the outbox inside tx with one INSERT (one
 // round trip; two statements pipelined in one round trip with WakeInTx, the
 // second being pg_notify). It never commits or rolls back tx: the events
@@ -378,7 +386,7 @@ func (w *Writer) notifyLoop(stopping, ctx context.Context) {
 		}
 		last = time.Now()
 		nctx, cancel := context.WithTimeout(ctx, w.notifyTimeout)
-		_, err := w.pool.Exec(nctx, notifySQL, w.channel)
+		_, err := w.pool.Exec(nctx, afterCommitNotifySQL, w.channel)
 		cancel()
 		if err != nil && ctx.Err() == nil {
 			w.log.Warn("notify failed; the relay's poll will pick the rows up",

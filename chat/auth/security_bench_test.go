@@ -83,7 +83,7 @@ func BenchmarkSignVerifyEvent(b *testing.B) {
 	}
 }
 
-func writeEventKeysB(b *testing.B) string {
+func writeEventKeysB(b testing.TB) string {
 	return testenv.WriteFile(b, "event.keys", []byte("consumers-to-workers "+benchHexKey(1)+"\nworkers-to-consumers "+benchHexKey(2)+"\n"))
 }
 

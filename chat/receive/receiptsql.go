@@ -39,8 +39,8 @@ type receiptQueries struct {
 	emit string
 	// apply records the receipts ($1 chats, $2 upto seqs, $3 times;
 	// several per chat allowed: the highest seq and latest time win) in
-	// the service's receipts table, NOTIFYs $4 with the chats that
-	// advanced, and returns each chat's upto and time. A chat advances
+	// the service's receipts table and returns each chat's upto and time
+	// (the gateways hear of them from a Waker, after the commit). A chat advances
 	// when the receipt's upto is above the chat's newest row (a backward
 	// scan of the primary key meets it first); the insert is one row per
 	// chat, whatever the number of messages covered. Nothing is updated:
@@ -100,10 +100,7 @@ func newReceiptQueries(service string) receiptQueries {
 				SELECT r.chat_id, r.upto FROM r JOIN ins USING (chat_id)
 				WHERE r.upto > coalesce((SELECT max(m.seq) FROM ` + s + `.messages m WHERE m.chat_id = r.chat_id), 0)
 				ORDER BY r.chat_id
-				ON CONFLICT DO NOTHING),
-			note AS (SELECT pg_notify($4, string_agg(r.chat_id || ':' || r.upto || ':' ||
-					(extract(epoch FROM r.at) * 1000000)::bigint, ','))
-				FROM r JOIN ins USING (chat_id) HAVING count(*) > 0)
-			SELECT r.chat_id, r.upto, r.at, (SELECT count(*) FROM note) FROM r`,
+				ON CONFLICT DO NOTHING)
+			SELECT r.chat_id, r.upto, r.at FROM r`,
 	}
 }

@@ -71,11 +71,22 @@ func (p *process) buildWorker() error {
 	var wakePending atomic.Bool
 	observeE2E := p.m.e2e()
 	gw := p.gw
+	// The gateways of this service's other processes hear of the commit
+	// from the waker, after it: the inbox transaction runs no NOTIFY.
+	// Spaced like the send path's NOTIFY (notifyInterval): this process's
+	// own gateway is handed the rows directly, the others can wait a few
+	// milliseconds under load, and one statement then carries several
+	// batches.
+	waker, err := receive.NewWaker(p.pool, c.Service, &receive.WakerConfig{Logger: p.log, Interval: notifyInterval})
+	if err != nil {
+		return err
+	}
 	afterCommit := func(applied []inbox.Applied) {
 		observeE2E(applied)
 		if gw != nil {
 			gw.OfferApplied(applied)
 		}
+		waker.Committed(applied)
 		if wake := p.relayWake; wake != nil && wakePending.CompareAndSwap(false, true) {
 			time.AfterFunc(receiptWakeDelay, func() { wakePending.Store(false); wake() })
 		}
@@ -86,7 +97,9 @@ func (p *process) buildWorker() error {
 	if err != nil {
 		return err
 	}
-	p.add(ic)
+	// Started before the consumer and stopped after it, so that the last
+	// batch's wake-up is sent.
+	p.add(waker, ic)
 	p.announce = append(p.announce, func() {
 		p.log.Info("worker started", "queue", chat.QueueName(chat.Peer(c.Service)), "consumer", c.Worker.ConsumerName)
 	})

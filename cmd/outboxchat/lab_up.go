@@ -22,10 +22,11 @@ func runLabUp(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	workAddr := fs.String("workers-addr", "", "workers' HTTP address: PORT, :PORT or 127.0.0.1:PORT (default: a free port, new each run)")
 	keepLogs := fs.Bool("keep-logs", false, "keep the services' logs (a temp dir, printed) after the lab stops; by default they are removed")
 	useTLS := fs.Bool("tls", false, "everything over TLS with a private CA made for this run (printed as \"ca: PATH\"): HTTPS and WSS to the services, sslmode=verify-full to Postgres, rediss:// to Redis")
+	durable := fs.Bool("durable", false, "servers as production runs them: Postgres fsync=on and synchronous_commit=on, Redis appendonly yes with appendfsync everysec (default: the fast mode, Postgres fsync=off)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	opts := env.Options{Variant: *variant, Progress: stderr, TLS: *useTLS}
+	opts := env.Options{Variant: *variant, Progress: stderr, TLS: *useTLS, Durable: *durable}
 	var err error
 	if opts.ConsumersAddr, err = loopbackAddr("--consumers-addr", *consAddr); err != nil {
 		return err
