@@ -22,6 +22,10 @@ type Delivery struct {
 	// Sig is the entry's signature, when the queue carries one ("" = none);
 	// the Handler checks it (the inbox does not).
 	Sig string
+	// Headers are the event's headers (outbox.Event.Headers, carried by the
+	// queue: redisq's Job.Headers); nil when it had none. The Handler may
+	// read them (a trace context, a tenant) and must not modify the map.
+	Headers map[string]string
 	Err error
 }
 

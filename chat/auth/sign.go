@@ -9,7 +9,9 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
+	"slices"
 	"strings"
 
 	"github.com/outboxchat/outboxchat/chat"
@@ -28,7 +30,13 @@ type EventKeys struct {
 
 // Signature scheme: "v1=" + hex(HMAC-SHA256(key, fields)), fields being the
 // entry's id, name and payload, each preceded by its length as a 4-byte
-// big-endian integer (so no two field lists encode alike).
+// big-endian integer (so no two field lists encode alike), and, only when
+// the entry has headers, a fourth field: the headers in key order, each key
+// and value preceded by its length likewise. An entry without headers signs
+// exactly as before headers existed, so entries already in a stream (and
+// dead letters) still verify; adding, removing or changing a header of a
+// signed entry breaks its signature (three fields cannot encode like four:
+// the payload's length prefix says where the input ends).
 const sigPrefix = "v1="
 
 // minEventKeyBytes is the shortest key accepted: RFC 2104 §3 advises keys
@@ -85,7 +93,7 @@ func ReadEventKeys(path string) (*EventKeys, error) {
 }
 
 // eventMAC is the HMAC-SHA256 of an entry's fields under key.
-func eventMAC(key []byte, id, name string, payload []byte) []byte {
+func eventMAC(key []byte, id, name string, payload []byte, headers map[string]string) []byte {
 	m := hmac.New(sha256.New, key)
 	var n [4]byte
 	for _, f := range [][]byte{[]byte(id), []byte(name), payload} {
@@ -93,20 +101,32 @@ func eventMAC(key []byte, id, name string, payload []byte) []byte {
 		m.Write(n[:])
 		m.Write(f)
 	}
+	if len(headers) > 0 {
+		var h []byte
+		for _, k := range slices.Sorted(maps.Keys(headers)) {
+			h = binary.BigEndian.AppendUint32(h, uint32(len(k)))
+			h = append(h, k...)
+			h = binary.BigEndian.AppendUint32(h, uint32(len(headers[k])))
+			h = append(h, headers[k]...)
+		}
+		binary.BigEndian.PutUint32(n[:], uint32(len(h)))
+		m.Write(n[:])
+		m.Write(h)
+	}
 	return m.Sum(nil)
 }
 
 // Signer returns the redisq.PublisherConfig.Sign of queue (the direction a
-// service publishes to).
+// service publishes to). It signs the job's id, name, payload and headers.
 func (k *EventKeys) Signer(queue string) func(redisq.Job) string {
 	key := k.keys[queue][0]
 	return func(j redisq.Job) string {
-		return sigPrefix + hex.EncodeToString(eventMAC(key, j.ID, j.Name, j.Payload))
+		return sigPrefix + hex.EncodeToString(eventMAC(key, j.ID, j.Name, j.Payload, j.Headers))
 	}
 }
 
-// Verify checks d's signature against queue's keys: nil, or an error
-// wrapping ErrUnsigned or ErrForged. Constant time in the signature.
+// Verify checks d's signature (over its id, name, payload and headers)
+// against queue's keys: nil, or an error wrapping ErrUnsigned or ErrForged. Constant time in the signature.
 func (k *EventKeys) Verify(queue string, d inbox.Delivery) error {
 	if d.Sig == "" {
 		return ErrUnsigned
@@ -116,7 +136,7 @@ func (k *EventKeys) Verify(queue string, d inbox.Delivery) error {
 		return ErrForged
 	}
 	for _, key := range k.keys[queue] {
-		if hmac.Equal(got, eventMAC(key, d.ID, d.Name, d.Payload)) {
+		if hmac.Equal(got, eventMAC(key, d.ID, d.Name, d.Payload, d.Headers)) {
 			return nil
 		}
 	}
