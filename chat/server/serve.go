@@ -1,6 +1,8 @@
 package server
 
 import (
+	"github.com/outboxchat/outboxchat/chat/telemetry"
+
 	"context"
 	"errors"
 	"fmt"
@@ -49,7 +51,7 @@ func Serve(ctx context.Context, cfg Config) error {
 		return err
 	}
 	log := c.Logger.With("service", c.Service)
-	p := &process{cfg: c, log: log, reg: prometheus.NewRegistry()}
+	p := &process{cfg: c, log: log, reg: prometheus.NewRegistry(), tracer: telemetry.New(c.TracerProvider)}
 	if err := p.loadKeys(); err != nil {
 		return err
 	}
@@ -88,6 +90,8 @@ type process struct {
 	reg  *prometheus.Registry
 	m    *metrics
 	keys *auth.EventKeys
+	// tracer records the spans (Config.TracerProvider); off when nil.
+	tracer *telemetry.Tracer
 	// verifier checks the API's bearer tokens; nil when auth is off.
 	verifier *auth.Verifier
 	// own holds the backend pids of this process's pool (uint32 →
