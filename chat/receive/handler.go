@@ -103,8 +103,8 @@ func NewInboxHandler(service string, keys *auth.EventKeys) (*InboxHandler, error
 		// The probes are scalar subqueries, not EXISTS: a plan cached while
 		// the inbox was empty turned EXISTS into a hashed scan of the
 		// whole table.
-		insertBatch: `WITH a AS (SELECT * FROM unnest($1::uuid[], $2::bigint[], $3::bigint[], $4::text[], $5::text[], $6::timestamptz[], $9::text[], $10::text[])
-				AS a(id, chat, seq, body, sender, sent_at, author, tp)),
+		insertBatch: `WITH a AS (SELECT * FROM unnest($1::uuid[], $2::bigint[], $3::bigint[], $4::text[], $5::text[], $6::timestamptz[], $9::text[], $10::text[], $11::text[])
+				AS a(id, chat, seq, body, sender, sent_at, author, tp, ref)),
 			fl AS MATERIALIZED (SELECT y.chat, coalesce((SELECT g.upto FROM ` + s + `.inbox_gap_fills g
 					WHERE g.chat_id = y.chat ORDER BY g.upto DESC LIMIT 1), 0) AS fill
 				FROM (SELECT DISTINCT chat FROM a) y),
@@ -115,8 +115,8 @@ func NewInboxHandler(service string, keys *auth.EventKeys) (*InboxHandler, error
 			r AS (SELECT u.*, NOT (f.base AND u.seq - f.first = row_number() OVER (PARTITION BY u.chat ORDER BY u.seq) - 1) AS held
 				FROM u JOIN f USING (chat)),
 		ins AS (
-			INSERT INTO ` + s + `.inbox (message_id, chat_id, seq, body, sender, sent_at, author, held, traceparent)
-			SELECT r.id, r.chat, r.seq, r.body, r.sender, r.sent_at, NULLIF(r.author, ''), r.held, NULLIF(r.tp, '') FROM r
+			INSERT INTO ` + s + `.inbox (message_id, chat_id, seq, body, sender, sent_at, author, held, traceparent, stream_id)
+			SELECT r.id, r.chat, r.seq, r.body, r.sender, r.sent_at, NULLIF(r.author, ''), r.held, NULLIF(r.tp, ''), NULLIF(r.ref, '') FROM r
 			ON CONFLICT (message_id) DO NOTHING RETURNING message_id, chat_id, received_at),
 		k AS MATERIALIZED (SELECT a.id, (SELECT t.message_id FROM ` + s + `.inbox t WHERE t.chat_id = a.chat AND t.seq = a.seq) AS taken
 				FROM a WHERE a.id NOT IN (SELECT message_id FROM ins)),
@@ -219,7 +219,7 @@ func (h *InboxHandler) ApplyBatch(ctx context.Context, tx pgx.Tx, ds []inbox.Del
 // receipt always (Value: the Receipt). It queues nothing when every
 // delivery is malformed.
 func (h *InboxHandler) QueueBatch(b *pgx.Batch, ds []inbox.Delivery, rs []inbox.BatchResult) error {
-	var ids, bodies, senders, authors, repeats, tps []string
+	var ids, bodies, senders, authors, repeats, tps, refs []string
 	traced := "" // the first traceparent of the batch's messages: the receipt's
 	var chats, seqs []int64
 	var sentAts []time.Time
@@ -269,7 +269,7 @@ func (h *InboxHandler) QueueBatch(b *pgx.Batch, ds []inbox.Delivery, rs []inbox.
 		if !validTraceparent(tp) {
 			tp = ""
 		}
-		tps = append(tps, tp)
+		tps, refs = append(tps, tp), append(refs, d.Ref)
 		if traced == "" {
 			traced = tp
 		}
@@ -290,7 +290,7 @@ func (h *InboxHandler) QueueBatch(b *pgx.Batch, ds []inbox.Delivery, rs []inbox.
 	locks := slices.Clone(chats)
 	slices.Sort(locks)
 	b.Queue(h.lockChats, slices.Compact(locks))
-	b.Queue(h.insertBatch, ids, chats, seqs, bodies, senders, sentAts, h.channel, repeats, authors, tps).Query(func(rows pgx.Rows) error {
+	b.Queue(h.insertBatch, ids, chats, seqs, bodies, senders, sentAts, h.channel, repeats, authors, tps, refs).Query(func(rows pgx.Rows) error {
 		for rows.Next() {
 			var id, taken string
 			var at time.Time

@@ -13,3 +13,9 @@ ALTER TABLE outbox ADD COLUMN headers jsonb;
 -- push to the sender's trace. Only that one header is kept: the row is
 -- read on every push, and the other headers are the handler's business.
 ALTER TABLE inbox ADD COLUMN traceparent text;
+
+-- The queue's reference of the delivery that stored the row (for redisq:
+-- the stream entry id, whose first part is the milliseconds at which the
+-- relay added it): `outboxchat trace` tells from it when the message was
+-- published and which entry arrived, after the entry itself was trimmed.
+ALTER TABLE inbox ADD COLUMN stream_id text;
