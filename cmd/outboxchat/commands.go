@@ -20,6 +20,7 @@ var commands = []command{
 	{"migrate", runMigrate},
 	{"token", runToken},
 	{"status", runStatus},
+	{"trace", runTrace},
 	{"deadletters", runDeadletters},
 	{"outbox", runOutbox},
 	{"prune", runPrune},
@@ -50,6 +51,7 @@ commands:
   token    mint a development JWT (HS256) for a user, services and chats
   lab      up | chaos | latency | bench | demo: private servers, fault experiments, measurements
   status       both services on one screen; exits 1 when something needs a person
+  trace        --message-id ID | --chat N --seq S: one message's way across both services
   deadletters  list | show | replay | drop the dead letters
   outbox       parked | retry: the outbox rows parked after failed publishes
   prune        --service S --older-than D: delete history older than D once, print the counts

@@ -77,7 +77,7 @@ var Layers = map[string]Layer{
 
 	vocab: {May: []string{library}, TestMay: []string{testenv, chattest}},
 	// The library carries headers as a plain map; OpenTelemetry stays here.
-	tele:    {May: []string{}, TestMay: []string{testenv, chattest}},
+	tele:    {May: []string{}, TestMay: []string{library, testenv, chattest}},
 	schema:  {May: []string{library, vocab}, TestMay: []string{testenv, chattest}},
 	auth:    {May: []string{library, vocab}, TestMay: []string{testenv, chattest}},
 	store:   {May: []string{library, vocab, schema, auth}, TestMay: []string{testenv, chattest}},
