@@ -127,13 +127,13 @@ const Traceparent = traceparentHeader
 // OTEL_TRACES_EXPORTER is not "none". environ is os.Environ() but for
 // tests.
 func Configured(environ []string) bool {
-	any := false
+	set := false
 	for _, kv := range environ {
 		k, v, _ := strings.Cut(kv, "=")
 		if !strings.HasPrefix(k, "OTEL_") {
 			continue
 		}
-		any = true
+		set = true
 		switch {
 		case k == "OTEL_SDK_DISABLED" && strings.EqualFold(strings.TrimSpace(v), "true"):
 			return false
@@ -141,7 +141,7 @@ func Configured(environ []string) bool {
 			return false
 		}
 	}
-	return any
+	return set
 }
 
 // FromEnv builds the process's TracerProvider from the standard OTEL_*
