@@ -26,7 +26,7 @@ type Delivery struct {
 	// queue: redisq's Job.Headers); nil when it had none. The Handler may
 	// read them (a trace context, a tenant) and must not modify the map.
 	Headers map[string]string
-	Err error
+	Err     error
 }
 
 // Source is the queue side the Consumer reads from. Implementations must be
