@@ -47,7 +47,10 @@ func (p *process) traceSend(next http.Handler) http.Handler {
 			trace.WithAttributes(attribute.String("http.request.method", r.Method), attribute.String("url.path", r.URL.Path),
 				attribute.String(telemetry.AttrService, p.cfg.Service)))
 		defer span.End()
-		w.Header().Set(telemetry.Traceparent, t.Traceparent(ctx))
+		// Also when the sampler left the send out (flags 00): the caller
+		// learns its trace id either way.
+		sc := span.SpanContext()
+		w.Header().Set(telemetry.Traceparent, "00-"+sc.TraceID().String()+"-"+sc.SpanID().String()+"-"+sc.TraceFlags().String())
 		sw := &statusWriter{ResponseWriter: w, status: http.StatusOK}
 		next.ServeHTTP(sw, r.WithContext(ctx))
 		span.SetAttributes(attribute.Int("http.response.status_code", sw.status))
@@ -124,7 +127,7 @@ func tracedPublisher(next outbox.Publisher, t *telemetry.Tracer, service string)
 			sctx, span := t.Start(t.Extract(ctx, m.Headers), telemetry.SpanRelayPublish,
 				trace.WithSpanKind(trace.SpanKindProducer), trace.WithAttributes(
 					attribute.String(telemetry.AttrMessageID, m.ID), attribute.String("messaging.operation.name", m.Event),
-					attribute.String(telemetry.AttrService, service), attribute.Int("messaging.batch.message_count", len(msgs))))
+					attribute.String(telemetry.AttrService, service)))
 			spans = append(spans, span)
 			h := make(map[string]string, len(m.Headers))
 			for k, v := range m.Headers {
@@ -176,7 +179,7 @@ func traceApplied(t *telemetry.Tracer, clock *fetchClock, service string, applie
 		ctx := t.Extract(context.Background(), a.Delivery.Headers)
 		name := telemetry.SpanInboxStore
 		attrs := []attribute.KeyValue{attribute.String(telemetry.AttrMessageID, a.Delivery.ID),
-			attribute.String(telemetry.AttrService, service), attribute.Int("messaging.batch.message_count", len(applied))}
+			attribute.String(telemetry.AttrService, service)}
 		switch v := a.Value.(type) {
 		case chat.Receipt:
 			name = telemetry.SpanReceipt

@@ -80,10 +80,14 @@ func (t *Tracer) Start(ctx context.Context, name string, opts ...trace.SpanStart
 
 // Inject returns the headers that carry ctx's span context
 // ({"traceparent": "00-…", "tracestate": …}), or nil when the Tracer is off
-// or ctx holds no valid span context. Within outbox.CheckHeaders' limits
-// (a tracestate is at most 512 bytes).
+// or ctx holds no valid, sampled span context. An unsampled context is not
+// carried: none of the spans after it would be recorded, so a message the
+// sampler left out costs no header on its way (with
+// OTEL_TRACES_SAMPLER=parentbased_traceidratio, only the sampled share of
+// the messages pays for tracing). Within outbox.CheckHeaders' limits (a
+// tracestate is at most 512 bytes).
 func (t *Tracer) Inject(ctx context.Context) map[string]string {
-	if !t.Enabled() || !trace.SpanContextFromContext(ctx).IsValid() {
+	if sc := trace.SpanContextFromContext(ctx); !t.Enabled() || !sc.IsValid() || !sc.IsSampled() {
 		return nil
 	}
 	h := map[string]string{}

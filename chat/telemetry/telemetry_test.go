@@ -52,6 +52,13 @@ func TestInjectExtract(t *testing.T) {
 	if tr.Inject(context.Background()) != nil {
 		t.Fatal("headers without a span")
 	}
+	// A send the sampler left out carries nothing downstream.
+	never := telemetry.New(sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.NeverSample())))
+	uctx, uspan := never.Start(context.Background(), "x")
+	defer uspan.End()
+	if !uspan.SpanContext().IsValid() || never.Inject(uctx) != nil {
+		t.Fatalf("unsampled span: valid %v, headers %v; want valid and none", uspan.SpanContext().IsValid(), never.Inject(uctx))
+	}
 	off := telemetry.New(nil)
 	if off.Enabled() || off.Inject(ctx) != nil || off.Traceparent(ctx) != "" {
 		t.Fatal("an off Tracer carries a trace context")
