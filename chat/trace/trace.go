@@ -57,8 +57,8 @@ const (
 	// StagePublished.
 	StateAcked       = "acked"       // the receiver's group acknowledged the entry
 	StateUndelivered = "undelivered" // in the stream, not read by the receiver's group yet
-	StateTrimmed     = "trimmed"     // no longer in the stream (acknowledged and trimmed, or lost)
-	StateNotFound    = "not_found"   // the outbox row is gone but no entry, dead letter or inbox row names one
+	StateTrimmed     = "trimmed"     // no longer in the stream (acknowledged and trimmed, or lost); at null when no entry id is known
+	StateNotFound    = "not_found"   // the outbox row is gone, nothing received it, and no entry or dead letter names one
 	// StageReceived.
 	StateHeld  = "held"  // stored behind a missing seq: not shown until the gap fills or times out
 	StateShown = "shown" // pushed to the room's sockets
@@ -229,13 +229,29 @@ func ByID(ctx context.Context, db DB, rdb redis.UniversalClient, id string, opt 
 		tr.add(*st)
 	}
 	if !inOutbox && len(entries) == 0 && rdb != nil {
-		tr.add(Stage{Stage: StagePublished, Service: tr.Service, State: StateNotFound})
+		// Published (the row is gone), but no entry is left to say when:
+		// trimmed after the receiver stored it (a row stored before
+		// migration 011 does not name its entry), or lost before.
+		st := Stage{Stage: StagePublished, Service: tr.Service, State: StateNotFound}
+		if received != "" || tr.has(StageReceived) {
+			st.State = StateTrimmed
+		}
+		tr.add(st)
 	}
 	tr.sort()
 	return tr, nil
 }
 
 func (tr *Trace) add(s Stage) { tr.Stages = append(tr.Stages, s) }
+
+func (tr *Trace) has(stage string) bool {
+	for _, s := range tr.Stages {
+		if s.Stage == stage {
+			return true
+		}
+	}
+	return false
+}
 
 // order ranks the stages of equal times in the order of the way.
 var order = map[string]int{StageStored: 0, StageOutbox: 1, StagePublished: 2, StageDeadLettered: 3,
