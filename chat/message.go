@@ -40,6 +40,9 @@ const DefaultMaxBodyBytes = 4096
 //     service's own messages it is nil (JSON null) until the other
 //     service's receipt arrives (see Receipt), then that side's inbox
 //     commit time; for received messages it equals ReceivedAt.
+//   - TraceParent: not part of the JSON (neither event nor frame): the W3C
+//     traceparent a received message arrived with ("" for none), kept in
+//     its inbox row so that the gateway's push joins the sender's trace.
 type Message struct {
 	ID          string     `json:"id"`
 	ChatID      int64      `json:"chat_id"`
@@ -50,6 +53,7 @@ type Message struct {
 	Author      string     `json:"author,omitempty"`
 	ReceivedAt  *time.Time `json:"received_at,omitempty"`
 	DeliveredAt *time.Time `json:"delivered_at"`
+	TraceParent string     `json:"-"`
 }
 
 // MarshalJSON encodes times as RFC 3339 with microseconds in UTC;

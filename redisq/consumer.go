@@ -38,7 +38,8 @@ const trimBatch = 10000
 const maxClaimRounds = 4
 
 // ErrMalformedEntry is wrapped by Delivery.Err for a stream entry that lacks
-// the id, name or payload field (written by something other than Add).
+// the id, name or payload field, or whose headers field does not decode
+// (written by something other than Add).
 var ErrMalformedEntry = errors.New("redisq: malformed stream entry")
 
 // ConsumerConfig configures a Consumer. Queue, Group and Consumer are
@@ -550,11 +551,22 @@ func decodeEntry(streamID string, values map[string]any) Delivery {
 	if s, ok := values["sig"].(string); ok {
 		d.Sig = s // optional: absent on unsigned entries
 	}
+	var badHeaders error
+	if v, ok := values[headersField]; ok { // optional: absent without headers
+		if s, ok := v.(string); ok {
+			d.Headers, badHeaders = decodeHeaders(s)
+		} else {
+			badHeaders = fmt.Errorf("%w: not a string", errBadHeaders)
+		}
+	}
 	if d.ID == "" && len(missing) == 0 {
 		missing = append(missing, "id")
 	}
-	if len(missing) > 0 {
+	switch {
+	case len(missing) > 0:
 		d.Err = fmt.Errorf("%w %s: missing or empty fields %v", ErrMalformedEntry, streamID, missing)
+	case badHeaders != nil:
+		d.Err = fmt.Errorf("%w %s: %w", ErrMalformedEntry, streamID, badHeaders)
 	}
 	return d
 }
@@ -647,7 +659,7 @@ func (c *Consumer) settled(ids ...string) {
 
 // DeadLetter moves d out of the way: in one MULTI/EXEC it XADDs d to the
 // dead-letter stream (Keys().Dead) with fields id, name, payload, [sig,]
-// reason and stream_id, acknowledges d.StreamID, and trims the dead-letter
+// [headers,] reason and stream_id, acknowledges d.StreamID, and trims the dead-letter
 // stream to DeadLetterMax entries (oldest first; EventDeadLetterTrimmed
 // counts them). Use it for entries that can
 // never be processed as they are (malformed, poison, forged); operators
@@ -664,6 +676,9 @@ func (c *Consumer) DeadLetter(ctx context.Context, d Delivery, reason string) er
 		vals := []any{"id", d.ID, "name", d.Name, "payload", d.Payload}
 		if d.Sig != "" {
 			vals = append(vals, "sig", d.Sig)
+		}
+		if h := encodeHeaders(d.Headers); h != "" {
+			vals = append(vals, headersField, h)
 		}
 		pipe.XAdd(ctx, &redis.XAddArgs{
 			Stream: c.keys.Dead,

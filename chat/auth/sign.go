@@ -10,7 +10,9 @@ import (
 	"errors"
 	"fmt"
 	"hash"
+	"maps"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 
@@ -41,6 +43,7 @@ type eventKey struct {
 type macState struct {
 	h   hash.Hash
 	buf []byte
+	len [4]byte
 	sum [sha256.Size]byte
 }
 
@@ -52,7 +55,13 @@ func newEventKey(key []byte) *eventKey {
 
 // Signature scheme: "v1=" + hex(HMAC-SHA256(key, fields)), fields being the
 // entry's id, name and payload, each preceded by its length as a 4-byte
-// big-endian integer (so no two field lists encode alike).
+// big-endian integer (so no two field lists encode alike), and, only when
+// the entry has headers, a fourth field: the headers in key order, each key
+// and value preceded by its length likewise. An entry without headers signs
+// exactly as before headers existed, so entries already in a stream (and
+// dead letters) still verify; adding, removing or changing a header of a
+// signed entry breaks its signature (three fields cannot encode like four:
+// the payload's length prefix says where the input ends).
 const sigPrefix = "v1="
 
 // minEventKeyBytes is the shortest key accepted: RFC 2104 §3 advises keys
@@ -108,29 +117,42 @@ func ReadEventKeys(path string) (*EventKeys, error) {
 	return k, nil
 }
 
-// mac computes the HMAC-SHA256 of an entry's fields under k into
-// st.sum, st being a state from k's pool (the caller puts it back).
-func (k *eventKey) mac(st *macState, id, name string, payload []byte) []byte {
+// mac computes the HMAC-SHA256 of an entry's fields (and headers, when
+// it has any) under k into st.sum, st being a state from k's pool (the
+// caller puts it back).
+func (k *eventKey) mac(st *macState, id, name string, payload []byte, headers map[string]string) []byte {
 	b := st.buf[:0]
 	for _, f := range [][]byte{[]byte(id), []byte(name)} {
 		b = binary.BigEndian.AppendUint32(b, uint32(len(f)))
 		b = append(b, f...)
 	}
 	b = binary.BigEndian.AppendUint32(b, uint32(len(payload)))
-	st.buf = b
 	st.h.Reset()
 	st.h.Write(b)
 	st.h.Write(payload)
+	if len(headers) > 0 {
+		h := b[:0]
+		for _, key := range slices.Sorted(maps.Keys(headers)) {
+			h = binary.BigEndian.AppendUint32(h, uint32(len(key)))
+			h = append(h, key...)
+			h = binary.BigEndian.AppendUint32(h, uint32(len(headers[key])))
+			h = append(h, headers[key]...)
+		}
+		st.h.Write(binary.BigEndian.AppendUint32(st.len[:0], uint32(len(h))))
+		st.h.Write(h)
+		b = h
+	}
+	st.buf = b
 	return st.h.Sum(st.sum[:0])
 }
 
 // Signer returns the redisq.PublisherConfig.Sign of queue (the direction a
-// service publishes to).
+// service publishes to). It signs the job's id, name, payload and headers.
 func (k *EventKeys) Signer(queue string) func(redisq.Job) string {
 	key := k.keys[queue][0]
 	return func(j redisq.Job) string {
 		st := key.pool.Get().(*macState)
-		sum := key.mac(st, j.ID, j.Name, j.Payload)
+		sum := key.mac(st, j.ID, j.Name, j.Payload, j.Headers)
 		var out [len(sigPrefix) + 2*sha256.Size]byte
 		copy(out[:], sigPrefix)
 		hex.Encode(out[len(sigPrefix):], sum)
@@ -155,7 +177,7 @@ func (k *EventKeys) Verify(queue string, d inbox.Delivery) error {
 	}
 	for _, key := range k.keys[queue] {
 		st := key.pool.Get().(*macState)
-		match := hmac.Equal(got[:], key.mac(st, d.ID, d.Name, d.Payload))
+		match := hmac.Equal(got[:], key.mac(st, d.ID, d.Name, d.Payload, d.Headers))
 		key.pool.Put(st)
 		if match {
 			return nil

@@ -103,8 +103,8 @@ func NewInboxHandler(service string, keys *auth.EventKeys) (*InboxHandler, error
 		// The probes are scalar subqueries, not EXISTS: a plan cached while
 		// the inbox was empty turned EXISTS into a hashed scan of the
 		// whole table.
-		insertBatch: `WITH a AS (SELECT * FROM unnest($1::uuid[], $2::bigint[], $3::bigint[], $4::text[], $5::text[], $6::timestamptz[], $8::text[])
-				AS a(id, chat, seq, body, sender, sent_at, author)),
+		insertBatch: `WITH a AS (SELECT * FROM unnest($1::uuid[], $2::bigint[], $3::bigint[], $4::text[], $5::text[], $6::timestamptz[], $8::text[], $9::text[], $10::text[])
+				AS a(id, chat, seq, body, sender, sent_at, author, tp, ref)),
 			fl AS MATERIALIZED (SELECT y.chat, coalesce((SELECT g.upto FROM ` + s + `.inbox_gap_fills g
 					WHERE g.chat_id = y.chat ORDER BY g.upto DESC LIMIT 1), 0) AS fill
 				FROM (SELECT DISTINCT chat FROM a) y),
@@ -115,8 +115,8 @@ func NewInboxHandler(service string, keys *auth.EventKeys) (*InboxHandler, error
 			r AS (SELECT u.*, NOT (f.base AND u.seq - f.first = row_number() OVER (PARTITION BY u.chat ORDER BY u.seq) - 1) AS held
 				FROM u JOIN f USING (chat)),
 		ins AS (
-			INSERT INTO ` + s + `.inbox (message_id, chat_id, seq, body, sender, sent_at, author, held)
-			SELECT r.id, r.chat, r.seq, r.body, r.sender, r.sent_at, NULLIF(r.author, ''), r.held FROM r
+			INSERT INTO ` + s + `.inbox (message_id, chat_id, seq, body, sender, sent_at, author, held, traceparent, stream_id)
+			SELECT r.id, r.chat, r.seq, r.body, r.sender, r.sent_at, NULLIF(r.author, ''), r.held, NULLIF(r.tp, ''), NULLIF(r.ref, '') FROM r
 			ON CONFLICT (message_id) DO NOTHING RETURNING message_id, chat_id, received_at),
 		k AS MATERIALIZED (SELECT a.id, (SELECT t.message_id FROM ` + s + `.inbox t WHERE t.chat_id = a.chat AND t.seq = a.seq) AS taken
 				FROM a WHERE a.id NOT IN (SELECT message_id FROM ins)),
@@ -217,7 +217,8 @@ func (h *InboxHandler) ApplyBatch(ctx context.Context, tx pgx.Tx, ds []inbox.Del
 // receipt always (Value: the Receipt). It queues nothing when every
 // delivery is malformed.
 func (h *InboxHandler) QueueBatch(b *pgx.Batch, ds []inbox.Delivery, rs []inbox.BatchResult) error {
-	var ids, bodies, senders, authors, repeats []string
+	var ids, bodies, senders, authors, repeats, tps, refs []string
+	traced := "" // the first traceparent of the batch's messages: the receipt's
 	var chats, seqs []int64
 	var sentAts []time.Time
 	var rChats, rUpto []int64
@@ -273,6 +274,19 @@ func (h *InboxHandler) QueueBatch(b *pgx.Batch, ds []inbox.Delivery, rs []inbox.
 		ids, chats, seqs = append(ids, m.ID), append(chats, m.ChatID), append(seqs, m.Seq)
 		bodies, senders, sentAts = append(bodies, m.Body), append(senders, m.From), append(sentAts, m.SentAt)
 		authors = append(authors, m.Author)
+		// The message's trace context (migration 011): kept in its row for
+		// the gateway's push, and sent back on the batch's receipt (one
+		// receipt per batch, so it joins the trace of its first traced
+		// message).
+		tp := d.Headers[traceparentHeader]
+		if !validTraceparent(tp) {
+			tp = ""
+		}
+		tps, refs = append(tps, tp), append(refs, d.Ref)
+		if traced == "" {
+			traced = tp
+		}
+		msgs[i].TraceParent = tp
 	}
 	if len(rChats) > 0 {
 		b.Queue(h.rq.apply, rChats, rUpto, rAts).Query(func(rows pgx.Rows) error {
@@ -295,11 +309,11 @@ func (h *InboxHandler) QueueBatch(b *pgx.Batch, ds []inbox.Delivery, rs []inbox.
 	if len(fChats) > 0 {
 		h.queueFloors(b, fChats, fUpto)
 		if len(ids) == 0 {
-			b.Queue(h.rq.emit, fChats, h.service)
+			b.Queue(h.rq.emit, fChats, h.service, nil)
 			return nil
 		}
 	}
-	b.Queue(h.insertBatch, ids, chats, seqs, bodies, senders, sentAts, repeats, authors).Query(func(rows pgx.Rows) error {
+	b.Queue(h.insertBatch, ids, chats, seqs, bodies, senders, sentAts, repeats, authors, tps, refs).Query(func(rows pgx.Rows) error {
 		for rows.Next() {
 			var id, taken string
 			var at time.Time
@@ -329,8 +343,37 @@ func (h *InboxHandler) QueueBatch(b *pgx.Batch, ds []inbox.Delivery, rs []inbox.
 	})
 	// After the insert, so it sees the new rows; for duplicates too (a
 	// message published again by the re-drive gets its receipt).
-	b.Queue(h.rq.emit, append(slices.Clip(chats), fChats...), h.service)
+	var receiptHeaders *string
+	if traced != "" {
+		j := `{"` + traceparentHeader + `":"` + traced + `"}` // a traceparent is hex and '-': nothing to escape
+		receiptHeaders = &j
+	}
+	b.Queue(h.rq.emit, append(slices.Clip(chats), fChats...), h.service, receiptHeaders)
 	return nil
+}
+
+// traceparentHeader is the event header of the W3C trace context
+// (telemetry.Traceparent; the receiver keeps only that one).
+const traceparentHeader = "traceparent"
+
+// maxTraceparentBytes bounds a traceparent kept in the inbox (version 00
+// is 55 bytes).
+const maxTraceparentBytes = 64
+
+// validTraceparent reports whether tp looks like a W3C traceparent: 1 to
+// maxTraceparentBytes lower-case hex digits and '-'. The header is outside
+// input; anything else is not kept (a tracer would refuse it anyway), and
+// what is kept can be spliced into the receipt's JSON as it is.
+func validTraceparent(tp string) bool {
+	if tp == "" || len(tp) > maxTraceparentBytes {
+		return false
+	}
+	for i := 0; i < len(tp); i++ {
+		if c := tp[i]; !('0' <= c && c <= '9' || 'a' <= c && c <= 'f' || c == '-') {
+			return false
+		}
+	}
+	return true
 }
 
 var (

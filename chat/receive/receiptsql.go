@@ -35,7 +35,8 @@ type receiptQueries struct {
 	// written but the receipt: the inbox_watermarks row this used to
 	// insert per chat and batch, and its pruning, cost more than the
 	// batch's insert itself. $2 is the service (the
-	// receipt's "from").
+	// receipt's "from"), $3 the receipt's event headers (a JSON object,
+	// or NULL for none: the trace context of a message of the batch).
 	emit string
 	// apply records the receipts ($1 chats, $2 upto seqs, $3 times;
 	// several per chat allowed: the highest seq and latest time win) in
@@ -83,9 +84,9 @@ func newReceiptQueries(service string) receiptQueries {
 			r AS (SELECT jsonb_agg(jsonb_build_object('chat_id', chat_id, 'upto_seq', upto) ORDER BY chat_id) AS chats
 				FROM calc WHERE upto > 0 HAVING count(*) > 0),
 			g AS (SELECT gen_random_uuid() AS id)
-			INSERT INTO ` + s + `.outbox (event, idempotency_key, payload)
+			INSERT INTO ` + s + `.outbox (event, idempotency_key, payload, headers)
 			SELECT '` + chat.EventReceipt + `', g.id::text, jsonb_build_object('id', g.id, 'chats', r.chats,
-				'received_at', now(), 'from', $2::text)
+				'received_at', now(), 'from', $2::text), $3::text::jsonb
 			FROM r, g`,
 		apply: `WITH r AS (SELECT chat_id, max(upto) AS upto, max(at) AS at
 				FROM unnest($1::bigint[], $2::bigint[], $3::timestamptz[]) AS u(chat_id, upto, at) GROUP BY chat_id),

@@ -59,10 +59,14 @@ func (p *process) buildAPI() error {
 		// what they are (in-tx NOTIFY, poll only).
 		afterCommit = func(ms []chat.Message) { wake(); gw.Offer(false, ms) }
 	}
-	st, err := store.New(p.pool, &store.Config{
+	scfg := &store.Config{
 		Service: c.Service, Writer: writer, LockTimeout: c.API.SendLockTimeout, ReadTimeout: c.API.ReadTimeout,
 		Metrics: p.m.sends(), AfterCommit: afterCommit,
-	})
+	}
+	if p.tracer.Enabled() {
+		scfg.Headers = p.tracer.Inject
+	}
+	st, err := store.New(p.pool, scfg)
 	if err != nil {
 		return err
 	}
@@ -76,6 +80,9 @@ func (p *process) buildAPI() error {
 		dw := store.NewDualWriter(st, pub, p.log)
 		p.add(dw)
 		sender = dualWriteSender{dw}
+	}
+	if p.tracer.Enabled() {
+		sender = tracedSender{next: sender, t: p.tracer, service: c.Service}
 	}
 	api, err := httpapi.New(httpapi.Deps{Sender: sender, Reader: st, Rooms: rooms{gw}}, &httpapi.Config{
 		Service: c.Service, ListenAddr: c.API.HTTPAddr, MaxBodyBytes: c.API.MaxBodyBytes, Verifier: p.verifier,
@@ -116,7 +123,11 @@ func (p *process) buildHTTP(api *httpapi.API) error {
 	}
 	readHeader, idle := api.Timeouts()
 	hs.ln = ln
-	hs.srv = &http.Server{Handler: api.Handler(mux, p.m.instrument), ReadHeaderTimeout: readHeader, IdleTimeout: idle,
+	handler := api.Handler(mux, p.m.instrument)
+	if p.tracer.Enabled() {
+		handler = p.traceSend(handler)
+	}
+	hs.srv = &http.Server{Handler: handler, ReadHeaderTimeout: readHeader, IdleTimeout: idle,
 		MaxHeaderBytes: maxHeaderBytes,
 		// Failed TLS handshakes and the like: every scanner causes them.
 		ErrorLog: slog.NewLogLogger(p.log.Handler(), slog.LevelDebug)}

@@ -31,6 +31,7 @@ func (p *process) buildGateway() error {
 	gw, err := gateway.New(p.pool, c.Service, &gateway.Config{
 		Channels:   []string{chat.InboxChannel(c.Service), chat.OutboxChannel(c.Service), chat.ReceiptChannel(c.Service)},
 		GapTimeout: c.API.GapTimeout, Logger: p.log, Notifier: p.listener, SkipOwnOn: skip, PollInterval: c.gatewayPoll,
+		OnPush: p.pushTracer(),
 	})
 	if err != nil {
 		return err
@@ -81,8 +82,16 @@ func (p *process) buildWorker() error {
 	if err != nil {
 		return err
 	}
+	var clock *fetchClock
+	if p.tracer.Enabled() {
+		clock = &fetchClock{Source: src}
+		src = clock
+	}
 	afterCommit := func(applied []inbox.Applied) {
 		observeE2E(applied)
+		if clock != nil {
+			traceApplied(p.tracer, clock, c.Service, applied)
+		}
 		if gw != nil {
 			gw.OfferApplied(applied)
 		}
@@ -128,6 +137,9 @@ func (p *process) buildRelay() error {
 	op := p.fence.Publisher(redisq.OutboxPublisher(pub))
 	if c.Hooks != nil {
 		op = c.Hooks.Publisher(op)
+	}
+	if p.tracer.Enabled() {
+		op = tracedPublisher(op, p.tracer, c.Service)
 	}
 	relay, err := outbox.NewRelay(p.pool, &outbox.RelayConfig{
 		Table: c.Service + ".outbox", Channel: chat.OutboxChannel(c.Service), Publisher: op,
@@ -177,4 +189,12 @@ func (p *process) buildRelay() error {
 		p.log.Info("relay started", "queue", chat.QueueName(c.Service), "poll_only", c.Relay.PollOnly)
 	})
 	return nil
+}
+
+// pushTracer is the gateway's OnPush: nil when tracing is off.
+func (p *process) pushTracer() func(chat.Message, time.Time) {
+	if !p.tracer.Enabled() {
+		return nil
+	}
+	return tracePush(p.tracer, p.cfg.Service)
 }

@@ -1,6 +1,8 @@
 package server
 
 import (
+	"github.com/outboxchat/outboxchat/chat/telemetry"
+
 	"context"
 	"errors"
 	"fmt"
@@ -53,7 +55,7 @@ func Serve(ctx context.Context, cfg Config) error {
 		return err
 	}
 	log := c.Logger.With("service", c.Service)
-	p := &process{cfg: c, log: log, reg: prometheus.NewRegistry()}
+	p := &process{cfg: c, log: log, reg: prometheus.NewRegistry(), tracer: telemetry.New(c.TracerProvider)}
 	if err := p.loadKeys(); err != nil {
 		return err
 	}
@@ -98,6 +100,8 @@ type process struct {
 	keys *auth.EventKeys
 	// fence keeps seqs from going backwards across a failover (store.Fence).
 	fence *store.Fence
+	// tracer records the spans (Config.TracerProvider); off when nil.
+	tracer *telemetry.Tracer
 	// verifier checks the API's bearer tokens; nil when auth is off.
 	verifier *auth.Verifier
 	// own holds the backend pids of this process's pool (uint32 →

@@ -21,6 +21,7 @@ var commands = []command{
 	{"token", runToken},
 	{"revoke", runRevoke},
 	{"status", runStatus},
+	{"trace", runTrace},
 	{"deadletters", runDeadletters},
 	{"outbox", runOutbox},
 	{"prune", runPrune},
@@ -52,6 +53,7 @@ commands:
   revoke   --user U | --token-id JTI: refuse a user's tokens issued until now, or one token
   lab      up | chaos | latency | bench | demo: private servers, fault experiments, measurements
   status       both services on one screen; exits 1 when something needs a person
+  trace        --message-id ID | --chat N --seq S: one message's way across both services
   deadletters  list | show | replay | drop the dead letters
   outbox       parked | retry: the outbox rows parked after failed publishes
   prune        --service S --older-than D: delete history older than D once, print the counts

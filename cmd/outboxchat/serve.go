@@ -12,12 +12,15 @@ import (
 	"strings"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/outboxchat/outboxchat/chat"
 	"github.com/outboxchat/outboxchat/chat/auth"
 	"github.com/outboxchat/outboxchat/chat/httpapi"
 	"github.com/outboxchat/outboxchat/chat/schema"
 	"github.com/outboxchat/outboxchat/chat/server"
 	"github.com/outboxchat/outboxchat/chat/store"
+	"github.com/outboxchat/outboxchat/chat/telemetry"
 	"github.com/outboxchat/outboxchat/lab/fault"
 	"github.com/outboxchat/outboxchat/outbox"
 	"github.com/outboxchat/outboxchat/redisq"
@@ -90,10 +93,28 @@ func runServe(ctx context.Context, args []string, _, stderr io.Writer) error {
 	} else if f != nil {
 		hooks = f
 	}
+	// Tracing from the standard OTEL_* variables; off (nil) when none is
+	// set. Flushed after the server has stopped.
+	tp, shutdownTracing, err := telemetry.FromEnv(ctx, *service)
+	if err != nil {
+		return err
+	}
+	var tracer trace.TracerProvider // nil unless configured: an interface holding a nil pointer is not nil
+	if tp != nil {
+		tracer = tp
+		log.Info("tracing on: spans exported over OTLP/HTTP (OTEL_* environment)")
+	}
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), telemetry.ShutdownTimeout)
+		defer cancel()
+		if err := shutdownTracing(sctx); err != nil {
+			log.Warn("flushing traces failed", "err", err)
+		}
+	}()
 	return server.Serve(ctx, server.Config{
 		Service: *service, Roles: r, Mode: *mode, DatabaseURL: *dbURL, ListenDatabaseURL: *listenURL,
 		RedisURL: *redisURL, RedisPrefix: *prefix, LockDuration: *lock, EventKeyFile: *auth.eventKeys,
-		Hooks: hooks, Logger: log,
+		Hooks: hooks, Logger: log, TracerProvider: tracer,
 		API: server.APIConfig{
 			HTTPAddr: *httpAddr, Wake: wm, MaxBodyBytes: *maxBody, SendLockTimeout: *sendLock, ReadTimeout: *readTimeout,
 			GapTimeout: *gap, Auth: auth.config(), TLSCertFile: *auth.tlsCert, TLSKeyFile: *auth.tlsKey,
