@@ -47,6 +47,9 @@ const DefaultMaxBodyBytes = 4096
 //   - ReadAt: for this service's own messages, when someone on the other
 //     side read it (the other service's read receipt, see ReadMark); nil
 //     (JSON null) until then, and for received messages.
+//   - TraceParent: not part of the JSON (neither event nor frame): the W3C
+//     traceparent a received message arrived with ("" for none), kept in
+//     its inbox row so that the gateway's push joins the sender's trace.
 type Message struct {
 	ID          string     `json:"id"`
 	ChatID      int64      `json:"chat_id"`
@@ -61,6 +64,7 @@ type Message struct {
 	EditedAt    *time.Time `json:"edited_at,omitempty"`
 	Deleted     bool       `json:"deleted"`
 	ReadAt      *time.Time `json:"read_at"`
+	TraceParent string     `json:"-"`
 }
 
 // MarshalJSON encodes times as RFC 3339 with microseconds in UTC;

@@ -28,9 +28,9 @@ import (
 func TestMain(m *testing.M) { labtest.Main(m, "deploy-test-") }
 
 const (
-	rulesFile     = "prometheus/outboxchat-rules.yml"
-	rulesTestFile = "prometheus/outboxchat-rules.test.yml"
-	dashboardFile = "grafana/outboxchat-dashboard.json"
+	rulesFile     = "prometheus/rules.yml"
+	rulesTestFile = "prometheus/rules.test.yml"
+	dashboardFile = "grafana/outboxchat.json"
 )
 
 // promtool returns the promtool binary, failing the test when it is

@@ -22,7 +22,11 @@ type Delivery struct {
 	// Sig is the entry's signature, when the queue carries one ("" = none);
 	// the Handler checks it (the inbox does not).
 	Sig string
-	Err error
+	// Headers are the event's headers (outbox.Event.Headers, carried by the
+	// queue: redisq's Job.Headers); nil when it had none. The Handler may
+	// read them (a trace context, a tenant) and must not modify the map.
+	Headers map[string]string
+	Err     error
 }
 
 // Source is the queue side the Consumer reads from. Implementations must be

@@ -29,6 +29,11 @@ type Message struct {
 	Payload []byte
 	// CreatedAt is when the row was inserted (database clock).
 	CreatedAt time.Time
+	// Headers are the event's headers (Event.Headers) as stored; nil when
+	// it had none. A Publisher should carry them to the receiver (redisq's
+	// OutboxPublisher does) and may replace the map (not modify it: the
+	// relay may hand the same message to a retried Publish).
+	Headers map[string]string
 }
 
 // Publisher moves a batch of outbox messages to the broker.

@@ -325,7 +325,7 @@ func NewRelay(pool *pgxpool.Pool, cfg *RelayConfig) (*Relay, error) {
 	// is how long (s) the row still waits after a failure of its own (0:
 	// not waiting); the pass publishes only the rows before the first
 	// waiting one.
-	r.claimSQL = "SELECT id, idempotency_key, event, payload, created_at, " +
+	r.claimSQL = "SELECT id, idempotency_key, event, payload, created_at, headers, " +
 		"coalesce(greatest(extract(epoch FROM retry_at - now()), 0), 0)::float8 FROM " + t.quoted +
 		" WHERE sent_at IS NULL AND parked_at IS NULL AND id >= $2 ORDER BY id LIMIT $1 FOR UPDATE"
 	// Published rows are deleted, not updated (the package doc says why).
@@ -638,7 +638,7 @@ func (r *Relay) readClaim(br pgx.BatchResults, h *horizon) ([]Message, []time.Du
 	for rows.Next() {
 		var m Message
 		var wait float64
-		if err := rows.Scan(&m.RowID, &m.ID, &m.Event, &m.Payload, &m.CreatedAt, &wait); err != nil {
+		if err := rows.Scan(&m.RowID, &m.ID, &m.Event, &m.Payload, &m.CreatedAt, &m.Headers, &wait); err != nil {
 			rows.Close()
 			return nil, nil, fmt.Errorf("scan: %w", err)
 		}

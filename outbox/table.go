@@ -93,7 +93,8 @@ func checkChannel(ch string) error {
 //	  last_error      text,
 //	  failures        integer     NOT NULL DEFAULT 0,
 //	  retry_at        timestamptz,
-//	  parked_at       timestamptz
+//	  parked_at       timestamptz,
+//	  headers         jsonb
 //	);
 //	CREATE INDEX <table with '.' as '_'>_unsent ON <table> (id) WHERE sent_at IS NULL;
 //
@@ -101,8 +102,10 @@ func checkChannel(ch string) error {
 // rows the table holds. attempts counts every failed pass that claimed the
 // row; failures those the Publisher blamed on the row itself
 // (MessageError), retry_at is when it may be tried again and parked_at when
-// it was parked (RelayConfig.MaxAttempts). A table made from an earlier
-// TableDDL (without the last three columns) needs ParkingDDL. TableDDL panics if table is invalid: the name is a
+// it was parked (RelayConfig.MaxAttempts); headers holds Event.Headers
+// (NULL when none). A table made from an earlier TableDDL needs ParkingDDL
+// (without failures, retry_at and parked_at) and HeadersDDL (without
+// headers), in that order. TableDDL panics if table is invalid: the name is a
 // constant of the calling program, so an invalid one is a programming error.
 func TableDDL(table string) string {
 	t, err := parseTable(table)
@@ -121,7 +124,8 @@ func TableDDL(table string) string {
   last_error      text,
   failures        integer     NOT NULL DEFAULT 0,
   retry_at        timestamptz,
-  parked_at       timestamptz
+  parked_at       timestamptz,
+  headers         jsonb
 );
 CREATE INDEX ` + idx + " ON " + t.quoted + " (id) WHERE sent_at IS NULL;\n"
 }
@@ -140,4 +144,19 @@ func ParkingDDL(table string) string {
   ADD COLUMN retry_at  timestamptz,
   ADD COLUMN parked_at timestamptz;
 `
+}
+
+// HeadersDDL returns the ALTER TABLE statement (ending in ";\n") that adds
+// the headers column (jsonb, NULL when an event has none; see TableDDL) to
+// an outbox table created by an earlier TableDDL. Include it in a
+// migration before running a Writer or Relay of this version: both name the
+// column. Adding a nullable column without a default rewrites nothing, so
+// it is quick on a large table (it takes a brief ACCESS EXCLUSIVE lock). It
+// panics if table is invalid, as TableDDL does.
+func HeadersDDL(table string) string {
+	t, err := parseTable(table)
+	if err != nil {
+		panic("outbox: HeadersDDL: " + err.Error())
+	}
+	return "ALTER TABLE " + t.quoted + " ADD COLUMN headers jsonb;\n"
 }

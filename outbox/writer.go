@@ -17,7 +17,8 @@ import (
 )
 
 // ErrInvalidEvent is wrapped by Writer.Enqueue when an Event lacks its ID or
-// Name or its Payload is not valid JSON. Nothing is sent to the database, so
+// Name, its Payload is not valid JSON or its Headers break the limits (then
+// ErrInvalidHeaders is wrapped too). Nothing is sent to the database, so
 // the caller's transaction stays usable.
 var ErrInvalidEvent = errors.New("invalid event")
 
@@ -41,6 +42,13 @@ type Event struct {
 	// JSON. The relay hands it to the Publisher in jsonb's normalized text
 	// form (key order and whitespace may differ from the input).
 	Payload []byte
+	// Headers is optional metadata that travels with the event to the
+	// receiver (Message.Headers, redisq's Job.Headers, inbox.Delivery.Headers):
+	// a trace context, a tenant, a schema version. Within the limits of
+	// CheckHeaders (MaxHeaders keys of MaxHeaderKeyBytes, values of
+	// MaxHeaderValueBytes). Stored in the row's headers column (jsonb; NULL
+	// when empty). Default nil: no headers.
+	Headers map[string]string
 }
 
 // WakeMode selects how a Writer wakes the relay after an enqueue.
@@ -205,13 +213,13 @@ func NewWriter(pool *pgxpool.Pool, cfg *WriterConfig) (*Writer, error) {
 	// takes its id from the identity sequence (the subquery on
 	// pg_current_xact_id is evaluated before any row is produced): the
 	// relay's claim floor (floor.go) relies on it.
-	w.insertOneSQL = "INSERT INTO " + t.quoted + ` (event, idempotency_key, payload)
-SELECT $1, $2, $3::text::jsonb FROM (SELECT pg_current_xact_id() OFFSET 0) AS x`
+	w.insertOneSQL = "INSERT INTO " + t.quoted + ` (event, idempotency_key, payload, headers)
+SELECT $1, $2, $3::text::jsonb, $4::text::jsonb FROM (SELECT pg_current_xact_id() OFFSET 0) AS x`
 	// WITH ORDINALITY + ORDER BY: identity values follow the argument order,
 	// so the relay publishes a multi-event enqueue in the order given.
-	w.insertManySQL = "INSERT INTO " + t.quoted + ` (event, idempotency_key, payload)
-SELECT e, k, p::jsonb FROM (SELECT pg_current_xact_id() OFFSET 0) AS x,
-  unnest($1::text[], $2::text[], $3::text[]) WITH ORDINALITY AS u(e, k, p, n) ORDER BY n`
+	w.insertManySQL = "INSERT INTO " + t.quoted + ` (event, idempotency_key, payload, headers)
+SELECT e, k, p::jsonb, h::jsonb FROM (SELECT pg_current_xact_id() OFFSET 0) AS x,
+  unnest($1::text[], $2::text[], $3::text[], $4::text[]) WITH ORDINALITY AS u(e, k, p, h, n) ORDER BY n`
 	return w, nil
 }
 
@@ -224,6 +232,14 @@ func (w *Writer) Mode() WakeMode { return w.mode }
 // notifySQL wakes listeners on a channel; pg_notify (not NOTIFY) because the
 // channel is a bind parameter.
 const notifySQL = "SELECT pg_notify($1, '')"
+
+// afterCommitNotifySQL is notifySQL for the post-commit wake-up, a
+// transaction of its own: its commit does not wait for the WAL flush
+// (synchronous_commit=off for it alone). A wake-up lost to a crash only
+// delays the relay until its poll, and the cluster-wide notify lock, which
+// a notifying commit holds until it ends, is then not held through an
+// fsync, so notifying commits do not queue behind each other's flushes.
+const afterCommitNotifySQL = "SELECT pg_notify($1, ''), set_config('synchronous_commit', 'off', true)"
 
 // Enqueue inserts events into the outbox inside tx with one INSERT (one
 // round trip; two statements pipelined in one round trip with WakeInTx, the
@@ -295,18 +311,36 @@ func (w *Writer) insert(events []Event) (string, []any, error) {
 		case !json.Valid(e.Payload):
 			return "", nil, fmt.Errorf("outbox: enqueue: event %d (id %s): payload is not valid JSON: %w", i, e.ID, ErrInvalidEvent)
 		}
+		if err := CheckHeaders(e.Headers); err != nil {
+			return "", nil, fmt.Errorf("outbox: enqueue: event %d (id %s): %w: %w", i, e.ID, ErrInvalidEvent, err)
+		}
 	}
 	if len(events) == 1 {
 		e := events[0]
-		return w.insertOneSQL, []any{e.Name, e.ID, string(e.Payload)}, nil
+		return w.insertOneSQL, []any{e.Name, e.ID, string(e.Payload), encodeHeaders(e.Headers)}, nil
 	}
 	names := make([]string, len(events))
 	ids := make([]string, len(events))
 	payloads := make([]string, len(events))
+	headers := make([]*string, len(events))
 	for i, e := range events {
-		names[i], ids[i], payloads[i] = e.Name, e.ID, string(e.Payload)
+		names[i], ids[i], payloads[i], headers[i] = e.Name, e.ID, string(e.Payload), encodeHeaders(e.Headers)
 	}
-	return w.insertManySQL, []any{names, ids, payloads}, nil
+	return w.insertManySQL, []any{names, ids, payloads, headers}, nil
+}
+
+// encodeHeaders returns h as a JSON object, or nil (SQL NULL) when h is
+// empty: a row without headers costs nothing more than before.
+func encodeHeaders(h map[string]string) *string {
+	if len(h) == 0 {
+		return nil
+	}
+	b, err := json.Marshal(h) // cannot fail for a map of strings
+	if err != nil {
+		return nil
+	}
+	s := string(b)
+	return &s
 }
 
 // Committed tells the Writer that a transaction that called Enqueue has
@@ -378,7 +412,7 @@ func (w *Writer) notifyLoop(stopping, ctx context.Context) {
 		}
 		last = time.Now()
 		nctx, cancel := context.WithTimeout(ctx, w.notifyTimeout)
-		_, err := w.pool.Exec(nctx, notifySQL, w.channel)
+		_, err := w.pool.Exec(nctx, afterCommitNotifySQL, w.channel)
 		cancel()
 		if err != nil && ctx.Err() == nil {
 			w.log.Warn("notify failed; the relay's poll will pick the rows up",

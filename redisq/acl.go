@@ -10,14 +10,16 @@ import "strings"
 //     dedupe key), nothing else;
 //   - on its inbound queue in, as a consumer-group member: read, claim,
 //     acknowledge and trim (XREADGROUP, XAUTOCLAIM, XACK, XPENDING, XINFO,
-//     XRANGE, XTRIM, XGROUP CREATE, XINFO GROUPS and CONSUMERS, trim.lua), delete the dedupe keys of
+//     XRANGE, XTRIM, XGROUP CREATE, XINFO GROUPS and CONSUMERS, trim.lua), keep its presence
+//     (presence.lua, prune.lua: the presence set, XGROUP DELCONSUMER of a consumer with nothing
+//     pending, TIME), delete the dedupe keys of
 //     trimmed entries, and XADD to the dead-letter stream (XTRIM to cap it,
 //     XLEN for the gauges) — but never XADD
 //     to the inbound stream itself, so a service cannot forge messages to
 //     itself;
 //   - no other key, and no FLUSHALL, CONFIG, KEYS or other administrative
-//     command (INFO, PING, HELLO, SELECT, MULTI/EXEC, SCRIPT LOAD are
-//     allowed: they touch no key).
+//     command (INFO, PING, HELLO, SELECT, MULTI/EXEC, SCRIPT LOAD, TIME and
+//     CLIENT INFO are allowed: they touch no key).
 //
 // Key rules are in Redis 7.0 selectors ("(…)"), one per group of keys, so a
 // command allowed on one key is not thereby allowed on another. Commands
@@ -28,12 +30,15 @@ func ACLRules(prefix, out, in string) []string {
 	return []string{
 		"on", "resetkeys", "resetchannels", "-@all",
 		// Connection and transaction commands: no keys.
-		"+ping", "+hello", "+select", "+info", "+multi", "+exec", "+discard", "+script|load",
+		"+ping", "+hello", "+select", "+info", "+multi", "+exec", "+discard", "+script|load", "+time", "+client|info",
 		// Outbound: add jobs only.
 		"(" + keyRule(o.Stream) + " " + keyRule(o.dedupe+"*") + " +evalsha +eval +set +xadd +del)",
-		// Inbound stream: consume, never add.
-		"(" + keyRule(i.Stream) + " +xreadgroup +xack +xautoclaim +xpending +xgroup|create +xinfo|groups +xinfo|consumers" +
-			" +xrange +xtrim +xlen +exists +evalsha +eval)",
+		// Inbound stream: consume, never add. The presence set is in the
+		// same selector because prune.lua touches both keys (a command
+		// must match one selector with all its keys).
+		"(" + keyRule(i.Stream) + " " + keyRule(i.Presence) + " +xreadgroup +xack +xautoclaim +xpending +xgroup|create +xinfo|groups +xinfo|consumers" +
+			" +xgroup|delconsumer +xrange +xtrim +xlen +exists +evalsha +eval" +
+			" +zadd +zrem +zrange +zrangebyscore +zremrangebyscore +pttl +pexpire)",
 		// Inbound dedupe keys: deleted with trimmed entries (trim.lua).
 		"(" + keyRule(i.dedupe+"*") + " +del)",
 		// Inbound dead letters: added, capped (DeadLetterMax) and counted

@@ -11,7 +11,7 @@ import (
 // InboxSource adapts a Consumer to inbox.Source, so that an inbox.Consumer
 // reads a redisq consumer group: Fetch, Ack and DeadLetter call the
 // Consumer's, with inbox.Delivery.Ref = Delivery.StreamID and ID, Name,
-// Payload, Sig and Err copied from the entry. It adds no state; it is safe for
+// Payload, Sig, Headers and Err copied from the entry. It adds no state; it is safe for
 // concurrent use as the Consumer is.
 func InboxSource(c *Consumer) inbox.Source { return inboxSource{c} }
 
@@ -24,7 +24,7 @@ func (s inboxSource) Fetch(ctx context.Context, max int) ([]inbox.Delivery, erro
 	}
 	out := make([]inbox.Delivery, len(ds))
 	for i, d := range ds {
-		out[i] = inbox.Delivery{Ref: d.StreamID, ID: d.ID, Name: d.Name, Payload: d.Payload, Sig: d.Sig, Err: d.Err}
+		out[i] = inbox.Delivery{Ref: d.StreamID, ID: d.ID, Name: d.Name, Payload: d.Payload, Sig: d.Sig, Headers: d.Headers, Err: d.Err}
 	}
 	return out, nil
 }
@@ -32,13 +32,13 @@ func (s inboxSource) Fetch(ctx context.Context, max int) ([]inbox.Delivery, erro
 func (s inboxSource) Ack(ctx context.Context, refs ...string) error { return s.c.Ack(ctx, refs...) }
 
 func (s inboxSource) DeadLetter(ctx context.Context, d inbox.Delivery, reason string) error {
-	return s.c.DeadLetter(ctx, Delivery{Job: Job{ID: d.ID, Name: d.Name, Payload: d.Payload, Sig: d.Sig}, StreamID: d.Ref}, reason)
+	return s.c.DeadLetter(ctx, Delivery{Job: Job{ID: d.ID, Name: d.Name, Payload: d.Payload, Sig: d.Sig, Headers: d.Headers}, StreamID: d.Ref}, reason)
 }
 
 // OutboxPublisher adapts a Publisher to outbox.Publisher, so that an
 // outbox.Relay publishes into a redisq stream: each outbox.Message becomes
-// a Job with ID = Message.ID (the idempotency key), Name = Message.Event and
-// Payload = Message.Payload, added in order with one pipelined Add (a
+// a Job with ID = Message.ID (the idempotency key), Name = Message.Event,
+// Payload = Message.Payload and Headers = Message.Headers, added in order with one pipelined Add (a
 // re-published message is a successful no-op while its job is in the
 // stream). Errors are Add's; one that is a job's own fault (JobFault: an
 // empty ID, an "ERR" reply to its script) is returned as an
@@ -49,7 +49,7 @@ func OutboxPublisher(p *Publisher) outbox.Publisher {
 	return outbox.PublisherFunc(func(ctx context.Context, msgs []outbox.Message) error {
 		jobs := make([]Job, len(msgs))
 		for i, m := range msgs {
-			jobs[i] = Job{ID: m.ID, Name: m.Event, Payload: m.Payload}
+			jobs[i] = Job{ID: m.ID, Name: m.Event, Payload: m.Payload, Headers: m.Headers}
 		}
 		_, err := p.Add(ctx, jobs...)
 		je, own := JobFault(err)

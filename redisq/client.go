@@ -8,8 +8,10 @@ import (
 	"log/slog"
 	neturl "net/url"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -250,21 +252,13 @@ func CheckDurability(ctx context.Context, rdb redis.UniversalClient, logger *slo
 		logger = slog.Default()
 	}
 	logger = logger.With("component", "redisq")
-	settings := map[string]string{}
-	for _, name := range []string{"appendonly", "maxmemory-policy"} {
-		vals, err := rdb.ConfigGet(ctx, name).Result()
-		if err != nil {
-			var rerr redis.Error
-			if errors.As(err, &rerr) {
-				if settings, err = durabilityFromInfo(ctx, rdb); err != nil {
-					logger.WarnContext(ctx, "could not check redis durability settings: CONFIG GET and INFO refused", "err", err)
-					return nil
-				}
-				break
-			}
-			return fmt.Errorf("redisq: checking durability: config get %s: %w", name, err)
-		}
-		settings[name] = vals[name]
+	settings, err := durabilitySettings(ctx, rdb)
+	if err != nil {
+		return err
+	}
+	if settings == nil {
+		logger.WarnContext(ctx, "could not check redis durability settings: CONFIG GET and INFO refused")
+		return nil
 	}
 	derr := &DurabilityError{AppendOnly: settings["appendonly"], MaxMemoryPolicy: settings["maxmemory-policy"]}
 	if derr.AppendOnly == "yes" && derr.MaxMemoryPolicy == "noeviction" {
@@ -274,4 +268,106 @@ func CheckDurability(ctx context.Context, rdb redis.UniversalClient, logger *slo
 		"appendonly", derr.AppendOnly, "maxmemory_policy", derr.MaxMemoryPolicy,
 		"want", "appendonly yes, maxmemory-policy noeviction")
 	return derr
+}
+
+// durabilitySettings reads appendonly and maxmemory-policy from one node:
+// CONFIG GET, or INFO when CONFIG is refused; nil settings and no error
+// when both are refused; a connection error wrapped.
+func durabilitySettings(ctx context.Context, rdb redis.UniversalClient) (map[string]string, error) {
+	settings := map[string]string{}
+	for _, name := range []string{"appendonly", "maxmemory-policy"} {
+		vals, err := rdb.ConfigGet(ctx, name).Result()
+		if err != nil {
+			var rerr redis.Error
+			if errors.As(err, &rerr) {
+				if settings, err = durabilityFromInfo(ctx, rdb); err != nil {
+					return nil, nil
+				}
+				return settings, nil
+			}
+			return nil, fmt.Errorf("redisq: checking durability: config get %s: %w", name, err)
+		}
+		settings[name] = vals[name]
+	}
+	return settings, nil
+}
+
+// NodeDurability is one Redis node's durability settings (ReadDurability).
+type NodeDurability struct {
+	// Addr is the node's address ("host:port"): as the client knows it,
+	// or for a Sentinel client its current master's as the master reports
+	// it (CLIENT INFO laddr; "FailoverClient" when that is refused).
+	Addr string
+	// AppendOnly and MaxMemoryPolicy are the node's settings; both "" when
+	// they could not be read (Err says why; nil Err: the server refused
+	// CONFIG and INFO).
+	AppendOnly, MaxMemoryPolicy string
+	// Err is why the node could not be read, or nil.
+	Err error
+}
+
+// Known reports whether the settings were read.
+func (n NodeDurability) Known() bool { return n.AppendOnly != "" }
+
+// Durable reports whether the settings were read and keep queued jobs:
+// appendonly "yes" and maxmemory-policy "noeviction".
+func (n NodeDurability) Durable() bool {
+	return n.AppendOnly == "yes" && n.MaxMemoryPolicy == "noeviction"
+}
+
+// Problem describes what is unsafe about the node ("" when durable or not
+// known): the DurabilityError text.
+func (n NodeDurability) Problem() string {
+	if !n.Known() || n.Durable() {
+		return ""
+	}
+	return (&DurabilityError{AppendOnly: n.AppendOnly, MaxMemoryPolicy: n.MaxMemoryPolicy}).Error()
+}
+
+// ReadDurability reads the durability settings of every node rdb talks
+// to: each master and replica of a *redis.ClusterClient (ForEachShard),
+// else the one server (through Sentinel, the current primary: its
+// replicas are not read, though one of them becomes the primary after a
+// failover, when the next call reads it). It logs nothing and never fails as a whole: a node
+// that cannot be read has Err set. Safe for concurrent use.
+func ReadDurability(ctx context.Context, rdb redis.UniversalClient) []NodeDurability {
+	read := func(ctx context.Context, c *redis.Client) NodeDurability {
+		n := NodeDurability{Addr: c.Options().Addr}
+		if n.Addr == "FailoverClient" {
+			if ci, err := c.ClientInfo(ctx).Result(); err == nil && ci.LAddr != "" {
+				n.Addr = ci.LAddr
+			}
+		}
+		settings, err := durabilitySettings(ctx, c)
+		n.Err = err
+		if settings != nil {
+			n.AppendOnly, n.MaxMemoryPolicy = settings["appendonly"], settings["maxmemory-policy"]
+		}
+		return n
+	}
+	switch c := rdb.(type) {
+	case *redis.Client:
+		return []NodeDurability{read(ctx, c)}
+	case *redis.ClusterClient:
+		var mu sync.Mutex
+		var out []NodeDurability
+		err := c.ForEachShard(ctx, func(ctx context.Context, n *redis.Client) error {
+			d := read(ctx, n)
+			mu.Lock()
+			out = append(out, d)
+			mu.Unlock()
+			return nil
+		})
+		if err != nil && len(out) == 0 {
+			return []NodeDurability{{Addr: "cluster", Err: err}}
+		}
+		slices.SortFunc(out, func(a, b NodeDurability) int { return strings.Compare(a.Addr, b.Addr) })
+		return out
+	}
+	settings, err := durabilitySettings(ctx, rdb)
+	n := NodeDurability{Addr: "redis", Err: err}
+	if settings != nil {
+		n.AppendOnly, n.MaxMemoryPolicy = settings["appendonly"], settings["maxmemory-policy"]
+	}
+	return []NodeDurability{n}
 }

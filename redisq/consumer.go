@@ -38,7 +38,8 @@ const trimBatch = 10000
 const maxClaimRounds = 4
 
 // ErrMalformedEntry is wrapped by Delivery.Err for a stream entry that lacks
-// the id, name or payload field (written by something other than Add).
+// the id, name or payload field, or whose headers field does not decode
+// (written by something other than Add).
 var ErrMalformedEntry = errors.New("redisq: malformed stream entry")
 
 // ConsumerConfig configures a Consumer. Queue, Group and Consumer are
@@ -53,9 +54,11 @@ type ConsumerConfig struct {
 	// Group is the consumer group (required). Every group gets every entry;
 	// the consumers of one group share them.
 	Group string
-	// Consumer is this consumer's name within Group (required). Keep it
-	// stable across restarts of the same instance (e.g. the host name), so a
-	// restarted consumer finds and finishes its own pending entries first.
+	// Consumer is this consumer's name within Group (required). Two live
+	// processes must not share one (they would share its pending list):
+	// Presence.Claim picks one no live process holds and that a
+	// replacement of a stopped process gets again, so it finds and
+	// finishes the pending entries left under it first.
 	Consumer string
 	// Block is how long Fetch waits for new entries (XREADGROUP BLOCK,
 	// millisecond resolution; default DefaultBlock). It is also the longest
@@ -548,11 +551,22 @@ func decodeEntry(streamID string, values map[string]any) Delivery {
 	if s, ok := values["sig"].(string); ok {
 		d.Sig = s // optional: absent on unsigned entries
 	}
+	var badHeaders error
+	if v, ok := values[headersField]; ok { // optional: absent without headers
+		if s, ok := v.(string); ok {
+			d.Headers, badHeaders = decodeHeaders(s)
+		} else {
+			badHeaders = fmt.Errorf("%w: not a string", errBadHeaders)
+		}
+	}
 	if d.ID == "" && len(missing) == 0 {
 		missing = append(missing, "id")
 	}
-	if len(missing) > 0 {
+	switch {
+	case len(missing) > 0:
 		d.Err = fmt.Errorf("%w %s: missing or empty fields %v", ErrMalformedEntry, streamID, missing)
+	case badHeaders != nil:
+		d.Err = fmt.Errorf("%w %s: %w", ErrMalformedEntry, streamID, badHeaders)
 	}
 	return d
 }
@@ -582,7 +596,14 @@ func (c *Consumer) Ack(ctx context.Context, streamIDs ...string) error {
 
 // trimIfDue trims when something was acknowledged since the last trim and
 // TrimInterval has passed. A failed trim is logged; a later call retries.
+// With ctx already done (a Fetch cut short by its caller's stop) it leaves
+// the trim for a later call: it could only fail, and the warning would
+// appear on every graceful stop. A trim that fails because ctx ended during
+// it is logged at debug level, for the same reason.
 func (c *Consumer) trimIfDue(ctx context.Context) {
+	if ctx.Err() != nil {
+		return
+	}
 	c.mu.Lock()
 	due := c.acked && time.Since(c.lastTrim) >= c.trimI
 	if due {
@@ -595,7 +616,11 @@ func (c *Consumer) trimIfDue(ctx context.Context) {
 	}
 	n, err := c.Trim(ctx)
 	if err != nil {
-		c.logger.WarnContext(ctx, "trimming acknowledged entries failed", "err", err)
+		if ctx.Err() != nil {
+			c.logger.DebugContext(ctx, "trim cut short by the caller's context; a later call retries", "err", err)
+		} else {
+			c.logger.WarnContext(ctx, "trimming acknowledged entries failed", "err", err)
+		}
 		c.mu.Lock()
 		c.acked = true
 		c.mu.Unlock()
@@ -634,7 +659,7 @@ func (c *Consumer) settled(ids ...string) {
 
 // DeadLetter moves d out of the way: in one MULTI/EXEC it XADDs d to the
 // dead-letter stream (Keys().Dead) with fields id, name, payload, [sig,]
-// reason and stream_id, acknowledges d.StreamID, and trims the dead-letter
+// [headers,] reason and stream_id, acknowledges d.StreamID, and trims the dead-letter
 // stream to DeadLetterMax entries (oldest first; EventDeadLetterTrimmed
 // counts them). Use it for entries that can
 // never be processed as they are (malformed, poison, forged); operators
@@ -651,6 +676,9 @@ func (c *Consumer) DeadLetter(ctx context.Context, d Delivery, reason string) er
 		vals := []any{"id", d.ID, "name", d.Name, "payload", d.Payload}
 		if d.Sig != "" {
 			vals = append(vals, "sig", d.Sig)
+		}
+		if h := encodeHeaders(d.Headers); h != "" {
+			vals = append(vals, headersField, h)
 		}
 		pipe.XAdd(ctx, &redis.XAddArgs{
 			Stream: c.keys.Dead,

@@ -16,8 +16,9 @@ type DeadLetter struct {
 	// DeadID is the entry's id in the dead-letter stream: what Replay and
 	// Drop take.
 	DeadID string
-	// Job is the entry's id, name, payload and sig fields (empty when the
-	// entry lacked them: a malformed entry can only be dropped).
+	// Job is the entry's id, name, payload, sig and headers fields (empty
+	// when the entry lacked them: a malformed entry can only be dropped;
+	// Headers nil when its headers field did not decode).
 	Job
 	// Reason is why it was dead-lettered; StreamID its id in the queue
 	// stream when it was.
@@ -109,7 +110,7 @@ func (d *DeadLetters) Get(ctx context.Context, deadID string) (dl DeadLetter, ok
 }
 
 // Replay puts each entry back on the queue stream (scripts/replay.lua: XADD
-// with its id, name, payload and signature, its dedupe key set, the
+// with its id, name, payload, signature and headers, its dedupe key set, the
 // dead-letter entry deleted, atomically) and returns, per deadID in order,
 // the new stream entry id, or "" when the entry was not there (replayed or
 // dropped before: a repeated Replay changes nothing). The receiver's inbox
@@ -152,6 +153,7 @@ func deadLetter(m redis.XMessage) DeadLetter {
 	str := func(k string) string { s, _ := m.Values[k].(string); return s }
 	dl := DeadLetter{DeadID: m.ID, Reason: str("reason"), StreamID: str("stream_id"),
 		Job: Job{ID: str("id"), Name: str("name"), Payload: []byte(str("payload")), Sig: str("sig")}}
+	dl.Headers, _ = decodeHeaders(str(headersField))
 	var ms, seq int64
 	if _, err := fmt.Sscanf(m.ID, "%d-%d", &ms, &seq); err == nil {
 		dl.At = time.UnixMilli(ms)

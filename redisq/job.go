@@ -16,6 +16,12 @@ type Job struct {
 	// signs ID, Name and Payload with HMAC-SHA256, see
 	// PublisherConfig.Sign).
 	Sig string
+	// Headers is the job's optional metadata (outbox.Event.Headers: a trace
+	// context, a tenant, …), within the limits of outbox.CheckHeaders. When
+	// not empty it is stored as the entry's "headers" field (a JSON object
+	// of strings) and read back into Delivery.Headers. Default nil: no
+	// field, as in entries written before headers existed.
+	Headers map[string]string
 }
 
 // Delivery is a Job handed to a consumer-group member.
@@ -28,7 +34,8 @@ type Delivery struct {
 	StreamID   string
 	Deliveries int64
 	// Err is nil for a well-formed entry. For an entry lacking the id, name
-	// or payload field (not written by Publisher.Add) it wraps
+	// or payload field, or whose headers field is not a JSON object of
+	// strings within the limits (not written by Publisher.Add), it wraps
 	// ErrMalformedEntry, and Job holds whatever fields could be read: the
 	// caller should DeadLetter it.
 	Err error

@@ -7,6 +7,7 @@ package redisq
 //	stream:      <prefix>q:{<queue>}:stream
 //	dedupe key:  <prefix>q:{<queue>}:dedupe:<job id>
 //	dead letter: <prefix>q:{<queue>}:dead
+//	presence:    <prefix>q:{<queue>}:consumers   (sorted set, presence.lua)
 
 // Keys holds the key names of one queue. The zero value is not useful; build
 // it with NewKeys. Keys is a plain value, safe to copy and share.
@@ -15,6 +16,9 @@ type Keys struct {
 	Stream string
 	// Dead is the dead-letter stream (entries moved out by DeadLetter).
 	Dead string
+	// Presence is the sorted set of live consumer processes (Presence):
+	// member "<group>\x00<name>\x00<instance>", score its expiry (Unix ms).
+	Presence string
 	// dedupe is the prefix of the per-job dedupe keys; see Dedupe.
 	dedupe string
 }
@@ -24,9 +28,10 @@ type Keys struct {
 func NewKeys(prefix, queue string) Keys {
 	base := prefix + "q:{" + queue + "}:"
 	return Keys{
-		Stream: base + "stream",
-		Dead:   base + "dead",
-		dedupe: base + "dedupe:",
+		Stream:   base + "stream",
+		Dead:     base + "dead",
+		Presence: base + "consumers",
+		dedupe:   base + "dedupe:",
 	}
 }
 

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/outboxchat/outboxchat/outbox"
 )
 
 // checkQueueName rejects names that would break the keys' hash tag.
@@ -172,7 +174,7 @@ func (p *Publisher) Keys() Keys { return p.keys }
 
 // Add adds jobs to the stream in slice order, each through scripts/add.lua
 // (SET <dedupe key> NX PX <DedupeTTL>, then XADD with fields id, name,
-// payload), all pipelined in one round trip. It returns how many jobs were
+// payload, and sig and headers when set), all pipelined in one round trip. It returns how many jobs were
 // new; the others were duplicates of ids still in the stream (at most
 // DedupeTTL; a trim forgets an id with its entry) or repeated within jobs,
 // which count as success. Add with no jobs returns (0, nil).
@@ -180,8 +182,9 @@ func (p *Publisher) Keys() Keys { return p.keys }
 // On error (Redis down, timeout, OOM, ctx done) some of the jobs may have
 // been added and others not: the caller must retry all of them, which is
 // safe because adds are idempotent; added is then 0. Nothing is kept in
-// memory for a later retry. A job with an empty ID fails the whole call
-// with ErrInvalidJob before anything is sent. If the server answers
+// memory for a later retry. A job with an empty ID, or headers beyond the
+// limits of outbox.CheckHeaders (then outbox.ErrInvalidHeaders is wrapped
+// too), fails the whole call with ErrInvalidJob before anything is sent. If the server answers
 // NOSCRIPT (script cache empty after a restart), Add loads the script and
 // retries those jobs once. Safe for concurrent use.
 func (p *Publisher) Add(ctx context.Context, jobs ...Job) (added int, err error) {
@@ -221,6 +224,9 @@ func (p *Publisher) run(ctx context.Context, script *redis.Script, jobs []Job) (
 		if j.ID == "" {
 			return 0, &JobError{Index: i, Err: fmt.Errorf("job %d has an empty ID: %w", i, ErrInvalidJob)}
 		}
+		if err := outbox.CheckHeaders(j.Headers); err != nil {
+			return 0, &JobError{Index: i, ID: j.ID, Err: fmt.Errorf("job %d: %w: %w", i, ErrInvalidJob, err)}
+		}
 	}
 	todo := make([]int, len(jobs))
 	for i := range todo {
@@ -258,7 +264,7 @@ func (p *Publisher) addOnce(ctx context.Context, script *redis.Script, jobs []Jo
 			j.Sig = p.sign(j)
 		}
 		cmds[k] = pipe.EvalSha(ctx, sha, []string{p.keys.Dedupe(j.ID), p.keys.Stream},
-			p.ttlMS, j.ID, j.Name, j.Payload, j.Sig)
+			p.ttlMS, j.ID, j.Name, j.Payload, j.Sig, encodeHeaders(j.Headers))
 	}
 	// Exec's error is the first failed command's; inspect each instead.
 	_, _ = pipe.Exec(ctx)

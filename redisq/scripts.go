@@ -19,9 +19,15 @@ var (
 	readdSource string
 	//go:embed scripts/replay.lua
 	replaySource string
+	//go:embed scripts/presence.lua
+	presenceSource string
+	//go:embed scripts/prune.lua
+	pruneSource string
 
-	addScript    = redis.NewScript(addSource)
-	trimScript   = redis.NewScript(trimSource)
-	readdScript  = redis.NewScript(readdSource)
-	replayScript = redis.NewScript(replaySource)
+	addScript      = redis.NewScript(addSource)
+	trimScript     = redis.NewScript(trimSource)
+	readdScript    = redis.NewScript(readdSource)
+	replayScript   = redis.NewScript(replaySource)
+	presenceScript = redis.NewScript(presenceSource)
+	pruneScript    = redis.NewScript(pruneSource)
 )

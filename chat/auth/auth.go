@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"context"
 	"crypto/ed25519"
+	"crypto/rand"
 	"crypto/rsa"
 	"encoding/base64"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -141,8 +143,10 @@ func (s Services) MarshalJSON() ([]byte, error) {
 }
 
 // MintToken signs an HS256 token for user, valid for services and chats
-// for ttl from now. For development and the lab (`outboxchat token`); in
-// production an identity provider mints tokens.
+// for ttl from now, with iat (now) and a random jti (32 hex digits), so it
+// can be revoked by user or by id (Revocations). For development and the
+// lab (`outboxchat token`); in production an identity provider mints
+// tokens.
 func MintToken(secret []byte, user string, services []string, chats ChatScope, ttl time.Duration) (string, error) {
 	if user == "" || len(services) == 0 || ttl <= 0 {
 		return "", errors.New("mint token: need a user, a service and a positive ttl")
@@ -154,10 +158,18 @@ func MintToken(secret []byte, user string, services []string, chats ChatScope, t
 	}
 	now := time.Now()
 	c := TokenClaims{
-		RegisteredClaims: jwt.RegisteredClaims{Subject: user, IssuedAt: jwt.NewNumericDate(now), ExpiresAt: jwt.NewNumericDate(now.Add(ttl))},
-		Chats:            chats, Svc: services,
+		RegisteredClaims: jwt.RegisteredClaims{Subject: user, IssuedAt: jwt.NewNumericDate(now), ExpiresAt: jwt.NewNumericDate(now.Add(ttl)),
+			ID: newTokenID()},
+		Chats: chats, Svc: services,
 	}
 	return jwt.NewWithClaims(jwt.SigningMethodHS256, c).SignedString(secret)
+}
+
+// newTokenID returns 16 random bytes in hex.
+func newTokenID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
 }
 
 // ReadSecretFile reads an HS256 secret (see Config.SecretFile).
@@ -188,6 +200,9 @@ type Verifier struct {
 	// checked on every hit. Emptied when it reaches verifiedCacheSize.
 	mu       sync.RWMutex
 	verified map[string]*Principal
+
+	// revoked is checked on every Verify, cache hit or not.
+	revoked *Revocations
 }
 
 // verifiedCacheSize bounds Verifier's cache of verified tokens.
@@ -210,7 +225,7 @@ func NewVerifier(service string, cfg Config) (*Verifier, error) {
 	case cfg.Insecure:
 		return nil, nil
 	}
-	v := &Verifier{service: service, verified: map[string]*Principal{}}
+	v := &Verifier{service: service, verified: map[string]*Principal{}, revoked: NewRevocations()}
 	var methods []string
 	if cfg.SecretFile != "" {
 		s, err := ReadSecretFile(cfg.SecretFile)
@@ -231,13 +246,21 @@ func NewVerifier(service string, cfg Config) (*Verifier, error) {
 	return v, nil
 }
 
-// Verify checks token's signature, expiry and svc claim and returns its
-// principal. Errors say why, without echoing the token.
+// Revocations returns the set of revoked users and tokens Verify refuses
+// (empty at first; the caller fills it).
+func (v *Verifier) Revocations() *Revocations { return v.revoked }
+
+// Verify checks token's signature, expiry, svc claim and revocation
+// (Revocations) and returns its principal. Errors say why, without echoing
+// the token; a revoked token's wraps ErrRevoked.
 func (v *Verifier) Verify(token string) (*Principal, error) {
 	v.mu.RLock()
 	p := v.verified[token]
 	v.mu.RUnlock()
 	if p != nil && time.Now().Before(p.Expires) {
+		if v.revoked.Revoked(p) {
+			return nil, fmt.Errorf("invalid token: %w", ErrRevoked)
+		}
 		return p, nil
 	}
 	var c TokenClaims
@@ -250,13 +273,19 @@ func (v *Verifier) Verify(token string) (*Principal, error) {
 	if !slices.Contains(c.Svc, v.service) {
 		return nil, fmt.Errorf("invalid token: not for service %s", v.service)
 	}
-	p = &Principal{User: c.Subject, Chats: c.Chats, Expires: c.ExpiresAt.Time}
+	p = &Principal{User: c.Subject, Chats: c.Chats, Expires: c.ExpiresAt.Time, TokenID: c.ID}
+	if c.IssuedAt != nil {
+		p.IssuedAt = c.IssuedAt.Time
+	}
 	v.mu.Lock()
 	if len(v.verified) >= verifiedCacheSize {
 		clear(v.verified)
 	}
 	v.verified[token] = p
 	v.mu.Unlock()
+	if v.revoked.Revoked(p) {
+		return nil, fmt.Errorf("invalid token: %w", ErrRevoked)
+	}
 	return p, nil
 }
 
@@ -332,6 +361,10 @@ type Principal struct {
 	Chats ChatScope
 	// Expires is the token's exp.
 	Expires time.Time
+	// TokenID is the token's jti ("" when it has none); IssuedAt its iat
+	// (zero when it has none). Revocations match on them.
+	TokenID  string
+	IssuedAt time.Time
 }
 
 // WithPrincipal returns ctx carrying p.

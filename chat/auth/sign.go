@@ -9,8 +9,12 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"hash"
+	"maps"
 	"os"
+	"slices"
 	"strings"
+	"sync"
 
 	"github.com/outboxchat/outboxchat/chat"
 
@@ -23,12 +27,41 @@ import (
 // The first key of a direction signs; every key of it (at most two, for
 // rotation) verifies. Safe for concurrent use once built.
 type EventKeys struct {
-	keys map[string][][]byte // queue → keys, signing key first
+	keys map[string][]*eventKey // queue → keys, signing key first
+}
+
+// eventKey is one key with a pool of HMAC states keyed with it: hmac.New
+// (two SHA-256 states and the padded key) per entry cost more than the
+// MAC itself; a pooled state is Reset instead.
+type eventKey struct {
+	key  []byte
+	pool sync.Pool // of *macState
+}
+
+// macState is one pooled HMAC with scratch room for the encoded fields
+// and the sum.
+type macState struct {
+	h   hash.Hash
+	buf []byte
+	len [4]byte
+	sum [sha256.Size]byte
+}
+
+func newEventKey(key []byte) *eventKey {
+	k := &eventKey{key: key}
+	k.pool.New = func() any { return &macState{h: hmac.New(sha256.New, key)} }
+	return k
 }
 
 // Signature scheme: "v1=" + hex(HMAC-SHA256(key, fields)), fields being the
 // entry's id, name and payload, each preceded by its length as a 4-byte
-// big-endian integer (so no two field lists encode alike).
+// big-endian integer (so no two field lists encode alike), and, only when
+// the entry has headers, a fourth field: the headers in key order, each key
+// and value preceded by its length likewise. An entry without headers signs
+// exactly as before headers existed, so entries already in a stream (and
+// dead letters) still verify; adding, removing or changing a header of a
+// signed entry breaks its signature (three fields cannot encode like four:
+// the payload's length prefix says where the input ends).
 const sigPrefix = "v1="
 
 // minEventKeyBytes is the shortest key accepted: RFC 2104 §3 advises keys
@@ -56,7 +89,7 @@ func ReadEventKeys(path string) (*EventKeys, error) {
 	if err != nil {
 		return nil, fmt.Errorf("event keys: %w", err)
 	}
-	k := &EventKeys{keys: map[string][][]byte{}}
+	k := &EventKeys{keys: map[string][]*eventKey{}}
 	sc := bufio.NewScanner(bytes.NewReader(b))
 	for n := 1; sc.Scan(); n++ {
 		line := strings.TrimSpace(sc.Text())
@@ -74,7 +107,7 @@ func ReadEventKeys(path string) (*EventKeys, error) {
 		if len(k.keys[dir]) == 2 {
 			return nil, fmt.Errorf("event keys %s:%d: at most two keys per direction", path, n)
 		}
-		k.keys[dir] = append(k.keys[dir], key)
+		k.keys[dir] = append(k.keys[dir], newEventKey(key))
 	}
 	for _, dir := range []string{chat.QueueName(chat.Consumers), chat.QueueName(chat.Workers)} {
 		if len(k.keys[dir]) == 0 {
@@ -84,24 +117,47 @@ func ReadEventKeys(path string) (*EventKeys, error) {
 	return k, nil
 }
 
-// eventMAC is the HMAC-SHA256 of an entry's fields under key.
-func eventMAC(key []byte, id, name string, payload []byte) []byte {
-	m := hmac.New(sha256.New, key)
-	var n [4]byte
-	for _, f := range [][]byte{[]byte(id), []byte(name), payload} {
-		binary.BigEndian.PutUint32(n[:], uint32(len(f)))
-		m.Write(n[:])
-		m.Write(f)
+// mac computes the HMAC-SHA256 of an entry's fields (and headers, when
+// it has any) under k into st.sum, st being a state from k's pool (the
+// caller puts it back).
+func (k *eventKey) mac(st *macState, id, name string, payload []byte, headers map[string]string) []byte {
+	b := st.buf[:0]
+	for _, f := range [][]byte{[]byte(id), []byte(name)} {
+		b = binary.BigEndian.AppendUint32(b, uint32(len(f)))
+		b = append(b, f...)
 	}
-	return m.Sum(nil)
+	b = binary.BigEndian.AppendUint32(b, uint32(len(payload)))
+	st.h.Reset()
+	st.h.Write(b)
+	st.h.Write(payload)
+	if len(headers) > 0 {
+		h := b[:0]
+		for _, key := range slices.Sorted(maps.Keys(headers)) {
+			h = binary.BigEndian.AppendUint32(h, uint32(len(key)))
+			h = append(h, key...)
+			h = binary.BigEndian.AppendUint32(h, uint32(len(headers[key])))
+			h = append(h, headers[key]...)
+		}
+		st.h.Write(binary.BigEndian.AppendUint32(st.len[:0], uint32(len(h))))
+		st.h.Write(h)
+		b = h
+	}
+	st.buf = b
+	return st.h.Sum(st.sum[:0])
 }
 
 // Signer returns the redisq.PublisherConfig.Sign of queue (the direction a
-// service publishes to).
+// service publishes to). It signs the job's id, name, payload and headers.
 func (k *EventKeys) Signer(queue string) func(redisq.Job) string {
 	key := k.keys[queue][0]
 	return func(j redisq.Job) string {
-		return sigPrefix + hex.EncodeToString(eventMAC(key, j.ID, j.Name, j.Payload))
+		st := key.pool.Get().(*macState)
+		sum := key.mac(st, j.ID, j.Name, j.Payload, j.Headers)
+		var out [len(sigPrefix) + 2*sha256.Size]byte
+		copy(out[:], sigPrefix)
+		hex.Encode(out[len(sigPrefix):], sum)
+		key.pool.Put(st)
+		return string(out[:])
 	}
 }
 
@@ -111,12 +167,19 @@ func (k *EventKeys) Verify(queue string, d inbox.Delivery) error {
 	if d.Sig == "" {
 		return ErrUnsigned
 	}
-	got, err := hex.DecodeString(strings.TrimPrefix(d.Sig, sigPrefix))
-	if err != nil || !strings.HasPrefix(d.Sig, sigPrefix) {
+	hexSig, ok := strings.CutPrefix(d.Sig, sigPrefix)
+	var got [sha256.Size]byte
+	if !ok || len(hexSig) != 2*sha256.Size {
+		return ErrForged
+	}
+	if _, err := hex.Decode(got[:], []byte(hexSig)); err != nil {
 		return ErrForged
 	}
 	for _, key := range k.keys[queue] {
-		if hmac.Equal(got, eventMAC(key, d.ID, d.Name, d.Payload)) {
+		st := key.pool.Get().(*macState)
+		match := hmac.Equal(got[:], key.mac(st, d.ID, d.Name, d.Payload, d.Headers))
+		key.pool.Put(st)
+		if match {
 			return nil
 		}
 	}

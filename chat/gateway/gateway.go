@@ -76,6 +76,11 @@ type Config struct {
 	// own outbox notifications: its sends are offered directly, while a
 	// notification with no chat id would re-read every room). Default none.
 	SkipOwnOn []string
+	// OnPush, when set, is called after a received message that carries a
+	// trace context (chat.Message.TraceParent) was queued to a subscriber,
+	// with the time its push began (the tracing's gateway span). It runs on
+	// the gateway goroutine and must not block. Default nil.
+	OnPush func(m chat.Message, began time.Time)
 	// Logger; nil means slog.Default().
 	Logger *slog.Logger
 }
@@ -195,7 +200,7 @@ func New(pool *pgxpool.Pool, service string, cfg *Config) (*Gateway, error) {
 	q := `SELECT r.k, r.chat_id, false, m.id::text, m.seq, m.body, m.created_at, NULL::timestamptz, $4::text,
 			CASE WHEN m.seq <= w.upto THEN (SELECT d.delivered_at FROM ` + s + `.receipts d
 				WHERE d.chat_id = r.chat_id AND d.upto_seq >= m.seq ORDER BY d.upto_seq LIMIT 1) END,
-			coalesce(m.author, ''), fl.floor, m.version, m.edited_at, m.deleted,
+			coalesce(m.author, ''), fl.floor, '', m.version, m.edited_at, m.deleted,
 			CASE WHEN m.seq <= w.rupto THEN (SELECT x.read_at FROM ` + s + `.reads x
 				WHERE x.chat_id = r.chat_id AND x.upto_seq >= m.seq ORDER BY x.upto_seq LIMIT 1) END
 		FROM unnest($1::bigint[], $2::bigint[]) WITH ORDINALITY AS r(chat_id, after, k)
@@ -208,12 +213,12 @@ func New(pool *pgxpool.Pool, service string, cfg *Config) (*Gateway, error) {
 		CROSS JOIN LATERAL (SELECT id, seq, body, created_at, author, version, edited_at, deleted FROM ` + s + `.messages
 			WHERE chat_id = r.chat_id AND seq > r.after ORDER BY seq LIMIT ` + page + `) m
 		UNION ALL
-		SELECT r.k, r.chat_id, true, i.message_id::text, i.seq, i.body, i.sent_at, i.received_at, i.sender, i.received_at, coalesce(i.author, ''), fl.floor,
+		SELECT r.k, r.chat_id, true, i.message_id::text, i.seq, i.body, i.sent_at, i.received_at, i.sender, i.received_at, coalesce(i.author, ''), fl.floor, coalesce(i.traceparent, ''),
 			i.version, i.edited_at, i.deleted, NULL::timestamptz
 		FROM unnest($1::bigint[], $3::bigint[]) WITH ORDINALITY AS r(chat_id, after, k)
 		CROSS JOIN LATERAL (SELECT coalesce((SELECT g.upto FROM ` + s + `.inbox_gap_fills g
 			WHERE g.chat_id = r.chat_id ORDER BY g.upto DESC LIMIT 1), 0) AS floor) fl
-		CROSS JOIN LATERAL (SELECT message_id, seq, body, sent_at, received_at, sender, author, version, edited_at, deleted FROM ` + s + `.inbox
+		CROSS JOIN LATERAL (SELECT message_id, seq, body, sent_at, received_at, sender, author, traceparent, version, edited_at, deleted FROM ` + s + `.inbox
 			WHERE chat_id = r.chat_id AND seq > r.after ORDER BY seq LIMIT ` + page + `) i`
 	g := &Gateway{
 		pool: pool, service: service, cfg: c, query: q, changesQuery: changesSQL(service),
@@ -692,7 +697,7 @@ func (g *Gateway) push(ctx context.Context) (more bool, hold time.Time, err erro
 		var recvAt *time.Time
 		var floor int64
 		var version int32
-		if err := rows.Scan(&k, &m.ChatID, &received, &m.ID, &m.Seq, &m.Body, &m.SentAt, &recvAt, &m.From, &m.DeliveredAt, &m.Author, &floor,
+		if err := rows.Scan(&k, &m.ChatID, &received, &m.ID, &m.Seq, &m.Body, &m.SentAt, &recvAt, &m.From, &m.DeliveredAt, &m.Author, &floor, &m.TraceParent,
 			&version, &m.EditedAt, &m.Deleted, &m.ReadAt); err != nil {
 			rows.Close()
 			g.markDirty(ids)
@@ -825,6 +830,9 @@ func (g *Gateway) deliver(s *Subscription, rr *roomRows, now time.Time) (held bo
 		default:
 			s.evict()
 			return false
+		}
+		if m.TraceParent != "" && g.cfg.OnPush != nil {
+			g.cfg.OnPush(m, now)
 		}
 	}
 	return held

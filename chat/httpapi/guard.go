@@ -7,6 +7,7 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"strconv"
 	"strings"
@@ -74,10 +75,23 @@ type GuardConfig struct {
 	UserRate  float64
 	UserBurst int
 	// IPRate and IPBurst limit each client IP's API and WebSocket requests
-	// the same way (the connecting address: behind a proxy that is the
-	// proxy). Defaults DefaultIPRate, DefaultIPBurst.
+	// the same way (the connecting address, or the one TrustedProxies
+	// finds in X-Forwarded-For). Defaults DefaultIPRate, DefaultIPBurst.
 	IPRate  float64
 	IPBurst int
+	// TrustedProxies are the networks of the reverse proxies in front of
+	// the server (ParseTrustedProxies). A request whose connecting address
+	// is in one of them counts as coming from the rightmost address of its
+	// X-Forwarded-For headers that is not itself in one (so a client
+	// cannot choose its address by sending the header itself: only the
+	// hops the trusted proxies appended are believed), or, when every hop
+	// is trusted, the leftmost; hops left of one that does not parse are
+	// ignored. That address is the client IP of the rate limits, of the
+	// per-user limits without auth, and of the logs (the request's
+	// RemoteAddr, port 0). Default nil: X-Forwarded-For is ignored and
+	// the client IP is the connecting address, behind a proxy the
+	// proxy's.
+	TrustedProxies []netip.Prefix
 	// SocketsPerUser caps a user's open WebSockets; one more gets 429.
 	// Default DefaultSocketsPerUser.
 	SocketsPerUser int
@@ -216,6 +230,15 @@ func (g *guard) originAllowed(r *http.Request) bool {
 // limit (413, nothing read, connection closed) and the body read deadline.
 func (g *guard) wrap(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if len(g.cfg.TrustedProxies) > 0 {
+			if client, ok := g.forwardedClient(r); ok {
+				// A copy: a handler must not change the server's Request.
+				fr := new(http.Request)
+				*fr = *r
+				fr.RemoteAddr = netip.AddrPortFrom(client, 0).String()
+				r = fr
+			}
+		}
 		if r.Body != http.NoBody && r.Header.Get("Upgrade") == "" {
 			// The server's idle and header timeouts do not cover the body:
 			// bound its read from now. (The server resets the deadline for
@@ -348,8 +371,82 @@ func (g *guard) takeSocket(user string) (release func(), ok bool) {
 	}, true
 }
 
-// clientIP is the connecting address's IP (RemoteAddr); forwarded headers
-// are not trusted.
+// trusted reports whether a is in a trusted proxy network.
+func (g *guard) trusted(a netip.Addr) bool {
+	for _, p := range g.cfg.TrustedProxies {
+		if p.Contains(a) {
+			return true
+		}
+	}
+	return false
+}
+
+// forwardedClient returns the client r came from by its X-Forwarded-For
+// headers (see GuardConfig.TrustedProxies), and false when the connecting
+// address is not a trusted proxy or the headers name no valid hop.
+func (g *guard) forwardedClient(r *http.Request) (netip.Addr, bool) {
+	peer, err := netip.ParseAddrPort(r.RemoteAddr)
+	if err != nil || !g.trusted(peer.Addr().Unmap()) {
+		return netip.Addr{}, false
+	}
+	hdrs := r.Header.Values("X-Forwarded-For")
+	var client netip.Addr
+	for i := len(hdrs) - 1; i >= 0; i-- {
+		hops := strings.Split(hdrs[i], ",")
+		for j := len(hops) - 1; j >= 0; j-- {
+			hop, ok := parseHop(hops[j])
+			if !ok {
+				return client, client.IsValid()
+			}
+			client = hop
+			if !g.trusted(hop) {
+				return client, true
+			}
+		}
+	}
+	return client, client.IsValid()
+}
+
+// parseHop parses one X-Forwarded-For element: an IP, or an IP with a port
+// ("1.2.3.4:5", "[::1]:5"), as some proxies write it.
+func parseHop(s string) (netip.Addr, bool) {
+	s = strings.TrimSpace(s)
+	if a, err := netip.ParseAddr(s); err == nil {
+		return a.Unmap(), true
+	}
+	if ap, err := netip.ParseAddrPort(s); err == nil {
+		return ap.Addr().Unmap(), true
+	}
+	return netip.Addr{}, false
+}
+
+// ParseTrustedProxies parses a comma-separated list of CIDRs and bare IPs
+// ("10.0.0.0/8, 192.168.1.7, fd00::/8"; a bare IP is a /32 or /128) for
+// GuardConfig.TrustedProxies; "" gives nil. Error: an element that is
+// neither, naming it.
+func ParseTrustedProxies(s string) ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	for _, f := range strings.Split(s, ",") {
+		f = strings.TrimSpace(f)
+		if f == "" {
+			continue
+		}
+		if p, err := netip.ParsePrefix(f); err == nil {
+			out = append(out, p.Masked())
+			continue
+		}
+		a, err := netip.ParseAddr(f)
+		if err != nil {
+			return nil, fmt.Errorf("trusted proxies: %q is not a CIDR or an IP address", f)
+		}
+		out = append(out, netip.PrefixFrom(a.Unmap(), a.Unmap().BitLen()))
+	}
+	return out, nil
+}
+
+// clientIP is the request's client IP: its RemoteAddr, which guard.wrap
+// set from X-Forwarded-For when the connecting address is a trusted proxy
+// (GuardConfig.TrustedProxies); otherwise forwarded headers are ignored.
 func clientIP(r *http.Request) string {
 	host, _, err := net.SplitHostPort(r.RemoteAddr)
 	if err != nil {

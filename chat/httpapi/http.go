@@ -520,7 +520,7 @@ func (a *API) handleWS(w http.ResponseWriter, r *http.Request) {
 		liveFrames, typing, leave = a.deps.Live.Join(chatID, auth.AuthorOf(r.Context()))
 		defer leave()
 	}
-	expired := tokenExpiry(ctx)
+	expired, revocation := tokenExpiry(ctx), a.watchRevocation(ctx)
 	pingFailed := a.keepAlive(ctx, c)
 	// The room's delivered watermark first (receipts the client may have
 	// missed while disconnected); live receipts follow as frames. Read after
@@ -611,6 +611,12 @@ func (a *API) handleWS(w http.ResponseWriter, r *http.Request) {
 		case <-expired:
 			c.Close(chat.CloseUnauthorized, "token expired: reconnect with a new token and your cursors")
 			return
+		case <-revocation.changed():
+			if revocation.revoked() {
+				c.Close(chat.CloseUnauthorized, "token revoked")
+				return
+			}
+			continue
 		case <-pingFailed:
 			a.dropSocket(r, chatID, "ping_timeout", nil)
 			c.CloseNow()

@@ -128,3 +128,48 @@ func tokenExpiry(ctx context.Context) <-chan time.Time {
 	context.AfterFunc(ctx, func() { t.Stop() })
 	return t.C
 }
+
+// revocationWatch tells a WebSocket's loop when its token is revoked
+// (auth.Revocations; the server reads new revocations every second)
+// without a goroutine of its own: the loop selects on changed() and asks
+// revoked() when it fires. A nil watch (no principal) never fires. Not
+// safe for concurrent use: the socket's loop owns it.
+type revocationWatch struct {
+	rev *auth.Revocations
+	p   *auth.Principal
+	c   <-chan struct{}
+}
+
+// closedChan is a channel that is always ready.
+var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
+
+// watchRevocation returns the watch of ctx's principal, nil without one.
+// A token revoked already makes changed() ready at once.
+func (a *API) watchRevocation(ctx context.Context) *revocationWatch {
+	p := auth.PrincipalOf(ctx)
+	if p == nil || a.verifier == nil {
+		return nil
+	}
+	w := &revocationWatch{rev: a.verifier.Revocations(), p: p}
+	w.c = w.rev.Changed()
+	if w.rev.Revoked(p) {
+		w.c = closedChan
+	}
+	return w
+}
+
+// changed is ready when the revocation set changed since the last call of
+// revoked (or the watch began).
+func (w *revocationWatch) changed() <-chan struct{} {
+	if w == nil {
+		return nil
+	}
+	return w.c
+}
+
+// revoked re-arms changed and reports whether the token is revoked now.
+// Re-arming first means a change between the two is not missed.
+func (w *revocationWatch) revoked() bool {
+	w.c = w.rev.Changed()
+	return w.rev.Revoked(w.p)
+}

@@ -3,8 +3,10 @@
 // the service's inbox (the inbox.Handler of package inbox, whose
 // transaction also records duplicates), enqueues one cumulative receipt
 // per batch in the service's own outbox, and applies the peer's receipts to
-// the service's receipts table; Redriver publishes again the messages no
-// receipt came back for in time.
+// the service's receipts table; Waker tells the service's other processes'
+// gateways about those commits after they are made (the inbox transaction
+// itself runs no NOTIFY); Redriver publishes again the messages no receipt
+// came back for in time.
 //
 // Invariants: no receipt claims a seq the receiver never stored (a receipt
 // covers a chat only up to its highest inbox row not stored behind a gap,

@@ -18,13 +18,14 @@ import (
 )
 
 // InboxHandler is the chat's inbox.Handler: it records a message.created
-// event from the other service in <service>.inbox, keyed by message id, and
-// in the same transaction NOTIFYs the gateway channel with the chat id
-// (invariant 7). A duplicate inserts nothing and is logged in
-// <service>.inbox_duplicates instead. It is safe for concurrent use.
+// event from the other service in <service>.inbox, keyed by message id. A
+// duplicate inserts nothing and is logged in <service>.inbox_duplicates
+// instead. It sends no NOTIFY: the gateways of the service's other
+// processes learn of the new rows from a Waker after the commit
+// (inbox.Config.AfterCommit), or at their poll. It is safe for concurrent
+// use.
 type InboxHandler struct {
 	service     string
-	channel     string
 	lockChats   string
 	insertBatch string
 	rq          receiptQueries
@@ -44,8 +45,7 @@ type InboxHandler struct {
 // by seq: one covering that seq still tells the sender it was delivered.)
 var ErrSeqConflict = errors.New("seq conflict")
 
-// NewInboxHandler returns the handler for service's inbox; it NOTIFYs the
-// gateway's channel chat.InboxChannel(service). With keys non-nil it
+// NewInboxHandler returns the handler for service's inbox. With keys non-nil it
 // refuses, as malformed (dead-lettered with the reason, before the inbox is
 // touched), every delivery whose signature is missing or does not match
 // keys for the inbound queue; nil keys: signatures are not checked. Error:
@@ -58,7 +58,6 @@ func NewInboxHandler(service string, keys *auth.EventKeys) (*InboxHandler, error
 	return &InboxHandler{
 		service: service,
 		keys:    keys,
-		channel: chat.InboxChannel(service),
 		rq:      newReceiptQueries(service),
 		cq:      newChangeQueries(service),
 		// lockChats takes, in the order given (ascending, so two inbox
@@ -73,12 +72,13 @@ func NewInboxHandler(service string, keys *auth.EventKeys) (*InboxHandler, error
 		// in 20 seeds). A single consumer never waits on it.
 		lockChats: `SELECT count(pg_advisory_xact_lock(` + schema.InboxLockSQL(service, "c") + `))
 			FROM unnest($1::bigint[]) AS c`,
-		// The whole batch in one statement: insert the rows, NOTIFY the
-		// gateway once with every chat id that got a new row, record the
-		// duplicates ($8: ids already known to repeat inside the batch, plus
-		// those that hit an existing row), and return the new ids. The
-		// NOTIFY's CTE is read by the final SELECT, so it runs whenever a row
-		// was inserted.
+		// The whole batch in one statement: insert the rows, record the
+		// duplicates ($7: ids already known to repeat inside the batch, plus
+		// those that hit an existing row), and return the new ids. No
+		// NOTIFY: one inside the transaction would take the cluster-wide
+		// notify lock at commit and hold it through the commit's WAL flush,
+		// so that every notifying commit of the database waited for the
+		// others' fsyncs; the Waker notifies after the commit instead.
 		//
 		// A delivery at or below the chat's floor (its newest gap fill:
 		// every seq up to it has been stored, migration 008) is not
@@ -105,8 +105,8 @@ func NewInboxHandler(service string, keys *auth.EventKeys) (*InboxHandler, error
 		// The probes are scalar subqueries, not EXISTS: a plan cached while
 		// the inbox was empty turned EXISTS into a hashed scan of the
 		// whole table.
-		insertBatch: `WITH a AS (SELECT * FROM unnest($1::uuid[], $2::bigint[], $3::bigint[], $4::text[], $5::text[], $6::timestamptz[], $9::text[])
-				AS a(id, chat, seq, body, sender, sent_at, author)),
+		insertBatch: `WITH a AS (SELECT * FROM unnest($1::uuid[], $2::bigint[], $3::bigint[], $4::text[], $5::text[], $6::timestamptz[], $8::text[], $9::text[], $10::text[])
+				AS a(id, chat, seq, body, sender, sent_at, author, tp, ref)),
 			fl AS MATERIALIZED (SELECT y.chat, coalesce((SELECT g.upto FROM ` + s + `.inbox_gap_fills g
 					WHERE g.chat_id = y.chat ORDER BY g.upto DESC LIMIT 1), 0) AS fill
 				FROM (SELECT DISTINCT chat FROM a) y),
@@ -117,17 +117,16 @@ func NewInboxHandler(service string, keys *auth.EventKeys) (*InboxHandler, error
 			r AS (SELECT u.*, NOT (f.base AND u.seq - f.first = row_number() OVER (PARTITION BY u.chat ORDER BY u.seq) - 1) AS held
 				FROM u JOIN f USING (chat)),
 		ins AS (
-			INSERT INTO ` + s + `.inbox (message_id, chat_id, seq, body, sender, sent_at, author, held)
-			SELECT r.id, r.chat, r.seq, r.body, r.sender, r.sent_at, NULLIF(r.author, ''), r.held FROM r
+			INSERT INTO ` + s + `.inbox (message_id, chat_id, seq, body, sender, sent_at, author, held, traceparent, stream_id)
+			SELECT r.id, r.chat, r.seq, r.body, r.sender, r.sent_at, NULLIF(r.author, ''), r.held, NULLIF(r.tp, ''), NULLIF(r.ref, '') FROM r
 			ON CONFLICT (message_id) DO NOTHING RETURNING message_id, chat_id, received_at),
 		k AS MATERIALIZED (SELECT a.id, (SELECT t.message_id FROM ` + s + `.inbox t WHERE t.chat_id = a.chat AND t.seq = a.seq) AS taken
 				FROM a WHERE a.id NOT IN (SELECT message_id FROM ins)),
-		note AS (SELECT pg_notify($7, string_agg(DISTINCT chat_id::text, ',')) AS n FROM ins HAVING count(*) > 0),
 		dup AS (INSERT INTO ` + s + `.inbox_duplicates (message_id)
 			SELECT k.id FROM k WHERE k.taken IS NULL OR k.taken = k.id
-			UNION ALL SELECT u FROM unnest($8::uuid[]) AS u)
-		SELECT message_id::text, received_at, (SELECT count(*) FROM note), '' FROM ins
-		UNION ALL SELECT k.id::text, now(), (SELECT count(*) FROM note), k.taken::text FROM k
+			UNION ALL SELECT u FROM unnest($7::uuid[]) AS u)
+		SELECT message_id::text, received_at, '' FROM ins
+		UNION ALL SELECT k.id::text, now(), k.taken::text FROM k
 			WHERE k.taken <> k.id`,
 	}, nil
 }
@@ -211,8 +210,7 @@ func (h *InboxHandler) ApplyBatch(ctx context.Context, tx pgx.Tx, ds []inbox.Del
 // QueueBatch implements inbox.PipelineHandler: it decodes ds (a malformed
 // delivery's result gets its error) and queues up to four statements:
 // for the messages, one that locks their chats (in chat order), one that
-// inserts the new rows, NOTIFYs the gateway
-// channel and records duplicates, then one that enqueues a receipt for the
+// inserts the new rows and records duplicates, then one that enqueues a receipt for the
 // chats of those messages in the service's own outbox (see receipt.go); for the
 // receipts (EventReceipt deliveries), one that records them in the
 // service's receipts table (a row per chat they advance; the covered
@@ -221,7 +219,8 @@ func (h *InboxHandler) ApplyBatch(ctx context.Context, tx pgx.Tx, ds []inbox.Del
 // receipt always (Value: the Receipt). It queues nothing when every
 // delivery is malformed.
 func (h *InboxHandler) QueueBatch(b *pgx.Batch, ds []inbox.Delivery, rs []inbox.BatchResult) error {
-	var ids, bodies, senders, authors, repeats []string
+	var ids, bodies, senders, authors, repeats, tps, refs []string
+	traced := "" // the first traceparent of the batch's messages: the receipt's
 	var chats, seqs []int64
 	var sentAts []time.Time
 	var rChats, rUpto []int64
@@ -286,9 +285,22 @@ func (h *InboxHandler) QueueBatch(b *pgx.Batch, ds []inbox.Delivery, rs []inbox.
 		ids, chats, seqs = append(ids, m.ID), append(chats, m.ChatID), append(seqs, m.Seq)
 		bodies, senders, sentAts = append(bodies, m.Body), append(senders, m.From), append(sentAts, m.SentAt)
 		authors = append(authors, m.Author)
+		// The message's trace context (migration 011): kept in its row for
+		// the gateway's push, and sent back on the batch's receipt (one
+		// receipt per batch, so it joins the trace of its first traced
+		// message).
+		tp := d.Headers[traceparentHeader]
+		if !validTraceparent(tp) {
+			tp = ""
+		}
+		tps, refs = append(tps, tp), append(refs, d.Ref)
+		if traced == "" {
+			traced = tp
+		}
+		msgs[i].TraceParent = tp
 	}
 	if len(rChats) > 0 {
-		b.Queue(h.rq.apply, rChats, rUpto, rAts, chat.ReceiptChannel(h.service)).Query(func(rows pgx.Rows) error {
+		b.Queue(h.rq.apply, rChats, rUpto, rAts).Query(func(rows pgx.Rows) error {
 			rows.Close()
 			if err := rows.Err(); err != nil {
 				return fmt.Errorf("apply receipts: %w", err)
@@ -308,16 +320,15 @@ func (h *InboxHandler) QueueBatch(b *pgx.Batch, ds []inbox.Delivery, rs []inbox.
 	if len(fChats) > 0 {
 		h.queueFloors(b, fChats, fUpto)
 		if len(ids) == 0 {
-			b.Queue(h.rq.emit, fChats, h.service)
+			b.Queue(h.rq.emit, fChats, h.service, nil)
 			return nil
 		}
 	}
-	b.Queue(h.insertBatch, ids, chats, seqs, bodies, senders, sentAts, h.channel, repeats, authors).Query(func(rows pgx.Rows) error {
+	b.Queue(h.insertBatch, ids, chats, seqs, bodies, senders, sentAts, repeats, authors, tps, refs).Query(func(rows pgx.Rows) error {
 		for rows.Next() {
 			var id, taken string
 			var at time.Time
-			var n int64
-			if err := rows.Scan(&id, &at, &n, &taken); err != nil {
+			if err := rows.Scan(&id, &at, &taken); err != nil {
 				return fmt.Errorf("insert inbox batch: %w", err)
 			}
 			if i, ok := first[id]; ok && taken != "" {
@@ -343,8 +354,37 @@ func (h *InboxHandler) QueueBatch(b *pgx.Batch, ds []inbox.Delivery, rs []inbox.
 	})
 	// After the insert, so it sees the new rows; for duplicates too (a
 	// message published again by the re-drive gets its receipt).
-	b.Queue(h.rq.emit, append(slices.Clip(chats), fChats...), h.service)
+	var receiptHeaders *string
+	if traced != "" {
+		j := `{"` + traceparentHeader + `":"` + traced + `"}` // a traceparent is hex and '-': nothing to escape
+		receiptHeaders = &j
+	}
+	b.Queue(h.rq.emit, append(slices.Clip(chats), fChats...), h.service, receiptHeaders)
 	return nil
+}
+
+// traceparentHeader is the event header of the W3C trace context
+// (telemetry.Traceparent; the receiver keeps only that one).
+const traceparentHeader = "traceparent"
+
+// maxTraceparentBytes bounds a traceparent kept in the inbox (version 00
+// is 55 bytes).
+const maxTraceparentBytes = 64
+
+// validTraceparent reports whether tp looks like a W3C traceparent: 1 to
+// maxTraceparentBytes lower-case hex digits and '-'. The header is outside
+// input; anything else is not kept (a tracer would refuse it anyway), and
+// what is kept can be spliced into the receipt's JSON as it is.
+func validTraceparent(tp string) bool {
+	if tp == "" || len(tp) > maxTraceparentBytes {
+		return false
+	}
+	for i := 0; i < len(tp); i++ {
+		if c := tp[i]; !('0' <= c && c <= '9' || 'a' <= c && c <= 'f' || c == '-') {
+			return false
+		}
+	}
+	return true
 }
 
 var (

@@ -35,12 +35,13 @@ type receiptQueries struct {
 	// written but the receipt: the inbox_watermarks row this used to
 	// insert per chat and batch, and its pruning, cost more than the
 	// batch's insert itself. $2 is the service (the
-	// receipt's "from").
+	// receipt's "from"), $3 the receipt's event headers (a JSON object,
+	// or NULL for none: the trace context of a message of the batch).
 	emit string
 	// apply records the receipts ($1 chats, $2 upto seqs, $3 times;
 	// several per chat allowed: the highest seq and latest time win) in
-	// the service's receipts table, NOTIFYs $4 with the chats that
-	// advanced, and returns each chat's upto and time. A chat advances
+	// the service's receipts table and returns each chat's upto and time
+	// (the gateways hear of them from a Waker, after the commit). A chat advances
 	// when the receipt's upto is above the chat's newest row (a backward
 	// scan of the primary key meets it first); the insert is one row per
 	// chat, whatever the number of messages covered. Nothing is updated:
@@ -83,9 +84,9 @@ func newReceiptQueries(service string) receiptQueries {
 			r AS (SELECT jsonb_agg(jsonb_build_object('chat_id', chat_id, 'upto_seq', upto) ORDER BY chat_id) AS chats
 				FROM calc WHERE upto > 0 HAVING count(*) > 0),
 			g AS (SELECT gen_random_uuid() AS id)
-			INSERT INTO ` + s + `.outbox (event, idempotency_key, payload)
+			INSERT INTO ` + s + `.outbox (event, idempotency_key, payload, headers)
 			SELECT '` + chat.EventReceipt + `', g.id::text, jsonb_build_object('id', g.id, 'chats', r.chats,
-				'received_at', now(), 'from', $2::text)
+				'received_at', now(), 'from', $2::text), $3::text::jsonb
 			FROM r, g`,
 		apply: `WITH r AS (SELECT chat_id, max(upto) AS upto, max(at) AS at
 				FROM unnest($1::bigint[], $2::bigint[], $3::timestamptz[]) AS u(chat_id, upto, at) GROUP BY chat_id),
@@ -100,10 +101,7 @@ func newReceiptQueries(service string) receiptQueries {
 				SELECT r.chat_id, r.upto FROM r JOIN ins USING (chat_id)
 				WHERE r.upto > coalesce((SELECT max(m.seq) FROM ` + s + `.messages m WHERE m.chat_id = r.chat_id), 0)
 				ORDER BY r.chat_id
-				ON CONFLICT DO NOTHING),
-			note AS (SELECT pg_notify($4, string_agg(r.chat_id || ':' || r.upto || ':' ||
-					(extract(epoch FROM r.at) * 1000000)::bigint, ','))
-				FROM r JOIN ins USING (chat_id) HAVING count(*) > 0)
-			SELECT r.chat_id, r.upto, r.at, (SELECT count(*) FROM note) FROM r`,
+				ON CONFLICT DO NOTHING)
+			SELECT r.chat_id, r.upto, r.at FROM r`,
 	}
 }

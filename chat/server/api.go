@@ -34,6 +34,12 @@ const notifyInterval = 5 * time.Millisecond
 // send path, the HTTP API and its server.
 func (p *process) buildAPI() error {
 	c := p.cfg
+	if p.verifier != nil {
+		// Before the HTTP server: its first read is done before a request
+		// is served.
+		p.add(newRevocations(p.pool, c.Service, p.verifier.Revocations(), p.log))
+		p.m.revoked(p.verifier.Revocations().Len)
+	}
 	wcfg := &outbox.WriterConfig{
 		Table: c.Service + ".outbox", Channel: chat.OutboxChannel(c.Service), Mode: c.API.Wake, Logger: p.log,
 	}
@@ -56,10 +62,14 @@ func (p *process) buildAPI() error {
 		// what they are (in-tx NOTIFY, poll only).
 		afterCommit = func(ms []chat.Message) { wake(); gw.Offer(false, ms) }
 	}
-	st, err := store.New(p.pool, &store.Config{
+	scfg := &store.Config{
 		Service: c.Service, Writer: writer, LockTimeout: c.API.SendLockTimeout, ReadTimeout: c.API.ReadTimeout,
 		Metrics: p.m.sends(), AfterCommit: afterCommit,
-	})
+	}
+	if p.tracer.Enabled() {
+		scfg.Headers = p.tracer.Inject
+	}
+	st, err := store.New(p.pool, scfg)
 	if err != nil {
 		return err
 	}
@@ -79,6 +89,9 @@ func (p *process) buildAPI() error {
 		return err
 	} else if hub != nil {
 		deps.Live = liveRooms{hub}
+	}
+	if p.tracer.Enabled() {
+		deps.Sender = tracedSender{next: deps.Sender, t: p.tracer, service: c.Service}
 	}
 	api, err := httpapi.New(deps, &httpapi.Config{
 		Service: c.Service, ListenAddr: c.API.HTTPAddr, MaxBodyBytes: c.API.MaxBodyBytes, Verifier: p.verifier,
@@ -119,7 +132,11 @@ func (p *process) buildHTTP(api *httpapi.API) error {
 	}
 	readHeader, idle := api.Timeouts()
 	hs.ln = ln
-	hs.srv = &http.Server{Handler: api.Handler(mux, p.m.instrument), ReadHeaderTimeout: readHeader, IdleTimeout: idle,
+	handler := api.Handler(mux, p.m.instrument)
+	if p.tracer.Enabled() {
+		handler = p.traceSend(handler)
+	}
+	hs.srv = &http.Server{Handler: handler, ReadHeaderTimeout: readHeader, IdleTimeout: idle,
 		MaxHeaderBytes: maxHeaderBytes,
 		// Failed TLS handshakes and the like: every scanner causes them.
 		ErrorLog: slog.NewLogLogger(p.log.Handler(), slog.LevelDebug)}
@@ -130,7 +147,9 @@ func (p *process) buildHTTP(api *httpapi.API) error {
 
 // readyz answers GET /readyz: 503 while stopping, or when the database or
 // (for the roles that need it) Redis cannot be reached, saying which and
-// why; 200 {"status": "ready"} otherwise.
+// why; 200 {"status": "ready"} otherwise. A Redis that is up but not
+// durable keeps the process ready (it works; restarting it would not
+// help) and is named: "redis_durable": false and a "warnings" list.
 func (p *process) readyz(stopping *atomic.Bool) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		if stopping.Load() {
@@ -154,7 +173,18 @@ func (p *process) readyz(stopping *atomic.Bool) http.HandlerFunc {
 				return
 			}
 		}
-		httpapi.WriteJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+		body := map[string]any{"status": "ready"}
+		if p.m.durability != nil {
+			durable, warnings := true, []string{}
+			for _, n := range p.m.durability.read(pctx) {
+				if msg := n.Problem(); msg != "" {
+					durable = false
+					warnings = append(warnings, "redis "+n.Addr+" is NOT DURABLE: "+msg)
+				}
+			}
+			body["redis_durable"], body["warnings"] = durable, warnings
+		}
+		httpapi.WriteJSON(w, http.StatusOK, body)
 	}
 }
 

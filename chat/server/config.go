@@ -1,11 +1,12 @@
 package server
 
 import (
+	"go.opentelemetry.io/otel/trace"
+
 	"cmp"
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
 	"slices"
 	"strings"
 	"time"
@@ -76,6 +77,14 @@ type Config struct {
 	Hooks Hooks
 	// Logger; nil means slog.Default().
 	Logger *slog.Logger
+	// TracerProvider, when set, records the spans of every message's way
+	// (HTTP send, send transaction, relay publish, inbox store, receipt,
+	// gateway push; see tracing.go) and carries the W3C trace context in
+	// the event headers. The caller owns it (shuts it down after Serve
+	// returns). Default nil: tracing off, no span, no header, none of the
+	// wrappers (telemetry.FromEnv returns nil when no OTEL_* variable is
+	// set).
+	TracerProvider trace.TracerProvider
 
 	// API configures the api role.
 	API APIConfig
@@ -175,9 +184,15 @@ type RelayConfig struct {
 // stream from the peer.
 type WorkerConfig struct {
 	// ConsumerName names this worker in the consumer group (and its relay's
-	// heartbeat row); it must be stable across restarts of one instance so
-	// a restarted worker finishes its own pending jobs first. Default
-	// "<service>-<hostname>".
+	// heartbeat row). Two live processes must not share one: they would
+	// share one pending list (each is warned, and `outboxchat status` and
+	// outboxchat_consumer_name_shared show it). Default "": at start the
+	// process claims "<service>-<hostname>-<n>", the lowest n that no live
+	// process of the group holds (redisq.Presence.Claim), so a process
+	// replacing one that stopped gets its name and finishes its pending
+	// entries first; with Redis down at start, "<service>-<hostname>-p<pid>".
+	// Without the worker role it only names the relay's heartbeat row:
+	// default "<service>-<hostname>-relay".
 	ConsumerName string
 	// DeadLetterMax caps the dead-letter stream this worker writes
 	// (redisq.ConsumerConfig.DeadLetterMax). Default 0 means
@@ -207,7 +222,8 @@ func ParseRoles(s string) ([]string, error) {
 // WithDefaults returns a copy of c in which every zero field that has a
 // default holds it: Roles all three, Mode ModeOutbox, RedisPrefix,
 // LockDuration, Logger, API.HTTPAddr (by service), API.MaxBodyBytes,
-// API.GapTimeout, Relay.RedriveAfter, Worker.ConsumerName. Fields whose
+// API.GapTimeout, Relay.RedriveAfter (Worker.ConsumerName is claimed at
+// start, see WorkerConfig). Fields whose
 // default is applied by the component they configure (timeouts, relay and
 // dead-letter limits) are left for it. Relay.RedriveAfter comes out ≤ 0
 // when the re-drive is off.
@@ -239,10 +255,6 @@ func (c *Config) WithDefaults() *Config {
 		if after := d.Relay.RedriveAfter; after > 0 {
 			d.API.GapTimeout = max(d.API.GapTimeout, after+receive.RedriveInterval(after)+time.Second)
 		}
-	}
-	if d.Worker.ConsumerName == "" {
-		host, _ := os.Hostname()
-		d.Worker.ConsumerName = d.Service + "-" + host
 	}
 	return &d
 }

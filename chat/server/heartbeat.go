@@ -19,26 +19,30 @@ const heartbeatEvery = 5 * time.Second
 
 // heartbeat writes, at most every heartbeatEvery, when this process's relay
 // last committed a pass into <service>.relay_heartbeat (row name = the
-// process's consumer name), on the database clock, for `outboxchat
-// status`. A service (Start/Stop) with a runOnce a test can call.
+// process's consumer name), on the database clock, and whether its LISTEN
+// connection is up (null for a poll-only relay), for `outboxchat status`.
+// A service (Start/Stop) with a runOnce a test can call.
 type heartbeat struct {
 	pool     *pgxpool.Pool
 	name     string
 	lastPass func() time.Time
-	sql      string
-	log      *slog.Logger
-	written  time.Time // the lastPass last written
-	life     service.Lifecycle
+	// listening reports whether the relay's LISTEN connection is up; nil
+	// for a poll-only relay.
+	listening func() bool
+	sql       string
+	log       *slog.Logger
+	written   time.Time // the lastPass last written
+	life      service.Lifecycle
 }
 
-func newHeartbeat(pool *pgxpool.Pool, svc, name string, lastPass func() time.Time, log *slog.Logger) *heartbeat {
-	return &heartbeat{pool: pool, name: name, lastPass: lastPass, log: log.With("component", "chat.heartbeat"),
+func newHeartbeat(pool *pgxpool.Pool, svc, name string, lastPass func() time.Time, listening func() bool, log *slog.Logger) *heartbeat {
+	return &heartbeat{pool: pool, name: name, lastPass: lastPass, listening: listening, log: log.With("component", "chat.heartbeat"),
 		life: service.Lifecycle{Name: "chat: relay heartbeat"},
 		// pass_at on the database clock: now() less how long ago, by this
 		// process's clock, the pass committed.
-		sql: "INSERT INTO " + pgx.Identifier{svc, "relay_heartbeat"}.Sanitize() + ` (relay, pass_at)
-VALUES ($1, now() - $2::bigint * interval '1 microsecond')
-ON CONFLICT (relay) DO UPDATE SET pass_at = excluded.pass_at`}
+		sql: "INSERT INTO " + pgx.Identifier{svc, "relay_heartbeat"}.Sanitize() + ` (relay, pass_at, listening)
+VALUES ($1, now() - $2::bigint * interval '1 microsecond', $3)
+ON CONFLICT (relay) DO UPDATE SET pass_at = excluded.pass_at, listening = excluded.listening`}
 }
 
 // runOnce writes the heartbeat if the relay passed since the last write.
@@ -47,7 +51,12 @@ func (h *heartbeat) runOnce(ctx context.Context) error {
 	if last.IsZero() || !last.After(h.written) {
 		return nil
 	}
-	if _, err := h.pool.Exec(ctx, h.sql, h.name, time.Since(last).Microseconds()); err != nil {
+	var listening *bool
+	if h.listening != nil {
+		l := h.listening()
+		listening = &l
+	}
+	if _, err := h.pool.Exec(ctx, h.sql, h.name, time.Since(last).Microseconds(), listening); err != nil {
 		return fmt.Errorf("chat: relay heartbeat: %w", err)
 	}
 	h.written = last

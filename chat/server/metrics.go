@@ -40,6 +40,9 @@ type metrics struct {
 	reg *prometheus.Registry
 	// selfCheckOK is outboxchat_listen_selfcheck_ok.
 	selfCheckOK prometheus.Gauge
+	// durability is outboxchat_redis_durable's snapshot (nil without
+	// Redis); /readyz shows it too.
+	durability *durabilityCollector
 }
 
 // newMetrics registers on reg the metrics every process has: the Go
@@ -67,7 +70,62 @@ func newMetrics(reg *prometheus.Registry, c *Config, pool *pgxpool.Pool, rdb *re
 		}
 		reg.MustRegister(newStatusCollector(db, qr, c.RedisPrefix, c.Service))
 	}
+	if rdb != nil {
+		m.durability = newDurabilityCollector(rdb)
+		reg.MustRegister(m.durability)
+	}
 	return m
+}
+
+// durabilityCollector exports, per Redis node the process talks to, whether
+// it keeps queued jobs through a restart and memory pressure, read at most
+// once per statusCacheTTL (2 s bound; CONFIG GET, or INFO where CONFIG is
+// refused):
+//
+//	outboxchat_redis_durable{node}   1: appendonly yes and maxmemory-policy noeviction; 0: not (jobs can be lost)
+//
+// A node whose settings cannot be read is left out of that scrape. The
+// same snapshot feeds /readyz. Safe for concurrent use.
+type durabilityCollector struct {
+	rdb     redis.UniversalClient
+	durable *prometheus.Desc
+
+	mu    sync.Mutex
+	at    time.Time
+	nodes []redisq.NodeDurability
+}
+
+func newDurabilityCollector(rdb redis.UniversalClient) *durabilityCollector {
+	return &durabilityCollector{rdb: rdb, durable: prometheus.NewDesc("outboxchat_redis_durable",
+		"1 when the Redis node keeps queued jobs (appendonly yes, maxmemory-policy noeviction), 0 when a restart or memory pressure can lose them.",
+		[]string{"node"}, nil)}
+}
+
+// read returns the nodes' settings, at most statusCacheTTL old.
+func (c *durabilityCollector) read(ctx context.Context) []redisq.NodeDurability {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.nodes == nil || time.Since(c.at) >= statusCacheTTL {
+		ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		c.nodes, c.at = redisq.ReadDurability(ctx, c.rdb), time.Now()
+		cancel()
+	}
+	return c.nodes
+}
+
+func (c *durabilityCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.durable }
+
+func (c *durabilityCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, n := range c.read(context.Background()) {
+		if !n.Known() {
+			continue
+		}
+		v := 0.0
+		if n.Durable() {
+			v = 1
+		}
+		ch <- prometheus.MustNewConstMetric(c.durable, prometheus.GaugeValue, v, n.Addr)
+	}
 }
 
 // handler serves the registry (GET /metrics).
@@ -325,6 +383,24 @@ func (m *metrics) deletedPending(n func() int64) {
 	m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
 		Name: "outboxchat_queue_deleted_pending_total",
 		Help: "Pending stream entries found deleted from the stream (lost in Redis; healed by the sender's re-drive).",
+	}, func() float64 { return float64(n()) }))
+}
+
+// consumerNameShared registers outboxchat_consumer_name_shared, read from n
+// at each scrape (the presence's Shared).
+func (m *metrics) consumerNameShared(n func() int64) {
+	m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "outboxchat_consumer_name_shared",
+		Help: "Other live processes consuming under this process's consumer name (they share one pending list); 0 when the name is this process's alone.",
+	}, func() float64 { return float64(n()) }))
+}
+
+// revoked registers outboxchat_auth_revoked, read from n at each scrape
+// (the verifier's revocation set).
+func (m *metrics) revoked(n func() int) {
+	m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "outboxchat_auth_revoked",
+		Help: "Users and token ids revoked (`outboxchat revoke`) that this API process refuses.",
 	}, func() float64 { return float64(n()) }))
 }
 

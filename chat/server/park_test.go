@@ -114,6 +114,12 @@ func TestParkedMessageLeavesAGapThenRetryDelivers(t *testing.T) {
 		st.Services[1].Stream == "" || len(st.Services[1].Consumers) != 1 {
 		t.Fatalf("status with both services running = %+v, %v", st, err)
 	}
+	// The heartbeat says the relay listens, and the worker is live under
+	// its consumer name.
+	if r := st.Services[0].Relays; len(r) != 1 || r[0].Listening == nil || !*r[0].Listening ||
+		st.Services[1].Consumers[0].Processes != 1 || len(st.Services[1].LiveConsumers) != 1 {
+		t.Fatalf("status relays %+v, consumers %+v, live %+v", r, st.Services[1].Consumers, st.Services[1].LiveConsumers)
+	}
 }
 
 func seqs(ms []chat.Message) []int64 {

@@ -32,6 +32,7 @@ func (p *process) buildGateway() error {
 		Channels: []string{chat.InboxChannel(c.Service), chat.OutboxChannel(c.Service), chat.ReceiptChannel(c.Service),
 			chat.ChangeChannel(c.Service), chat.ReadChannel(c.Service)},
 		GapTimeout: c.API.GapTimeout, Logger: p.log, Notifier: p.listener, SkipOwnOn: skip, PollInterval: c.gatewayPoll,
+		OnPush: p.pushTracer(),
 	})
 	if err != nil {
 		return err
@@ -72,11 +73,30 @@ func (p *process) buildWorker() error {
 	var wakePending atomic.Bool
 	observeE2E := p.m.e2e()
 	gw := p.gw
+	// The gateways of this service's other processes hear of the commit
+	// from the waker, after it: the inbox transaction runs no NOTIFY.
+	// Spaced like the send path's NOTIFY (notifyInterval): this process's
+	// own gateway is handed the rows directly, the others can wait a few
+	// milliseconds under load, and one statement then carries several
+	// batches.
+	waker, err := receive.NewWaker(p.pool, c.Service, &receive.WakerConfig{Logger: p.log, Interval: notifyInterval})
+	if err != nil {
+		return err
+	}
+	var clock *fetchClock
+	if p.tracer.Enabled() {
+		clock = &fetchClock{Source: src}
+		src = clock
+	}
 	afterCommit := func(applied []inbox.Applied) {
 		observeE2E(applied)
+		if clock != nil {
+			traceApplied(p.tracer, clock, c.Service, applied)
+		}
 		if gw != nil {
 			gw.OfferApplied(applied)
 		}
+		waker.Committed(applied)
 		if wake := p.relayWake; wake != nil && wakePending.CompareAndSwap(false, true) {
 			time.AfterFunc(receiptWakeDelay, func() { wakePending.Store(false); wake() })
 		}
@@ -91,7 +111,9 @@ func (p *process) buildWorker() error {
 	if err != nil {
 		return err
 	}
-	p.add(ic, held)
+	// The waker is started before the consumer and stopped after it, so
+	// that the last batch's wake-up is sent.
+	p.add(waker, ic, held)
 	p.announce = append(p.announce, func() {
 		p.log.Info("worker started", "queue", chat.QueueName(chat.Peer(c.Service)), "consumer", c.Worker.ConsumerName)
 	})
@@ -121,6 +143,9 @@ func (p *process) buildRelay() error {
 	if c.Hooks != nil {
 		op = c.Hooks.Publisher(op)
 	}
+	if p.tracer.Enabled() {
+		op = tracedPublisher(op, p.tracer, c.Service)
+	}
 	relay, err := outbox.NewRelay(p.pool, &outbox.RelayConfig{
 		Table: c.Service + ".outbox", Channel: chat.OutboxChannel(c.Service), Publisher: op,
 		PollInterval: c.Relay.PollInterval, DisableListen: c.Relay.PollOnly, Logger: p.log,
@@ -132,7 +157,11 @@ func (p *process) buildRelay() error {
 	if err != nil {
 		return err
 	}
-	p.add(relay, newHeartbeat(p.pool, c.Service, c.Worker.ConsumerName, relay.LastPass, p.log))
+	var listening func() bool
+	if !c.Relay.PollOnly {
+		listening = relay.Listening
+	}
+	p.add(relay, newHeartbeat(p.pool, c.Service, c.Worker.ConsumerName, relay.LastPass, listening, p.log))
 	if c.Relay.OutboxVacuumRows >= 0 {
 		vac, err := outbox.NewVacuum(p.pool, &outbox.VacuumConfig{
 			Table: c.Service + ".outbox", DeadRows: c.Relay.OutboxVacuumRows, Logger: p.log,
@@ -165,4 +194,12 @@ func (p *process) buildRelay() error {
 		p.log.Info("relay started", "queue", chat.QueueName(c.Service), "poll_only", c.Relay.PollOnly)
 	})
 	return nil
+}
+
+// pushTracer is the gateway's OnPush: nil when tracing is off.
+func (p *process) pushTracer() func(chat.Message, time.Time) {
+	if !p.tracer.Enabled() {
+		return nil
+	}
+	return tracePush(p.tracer, p.cfg.Service)
 }

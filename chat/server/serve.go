@@ -1,10 +1,13 @@
 package server
 
 import (
+	"github.com/outboxchat/outboxchat/chat/telemetry"
+
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"sync"
 	"time"
 
@@ -52,7 +55,7 @@ func Serve(ctx context.Context, cfg Config) error {
 		return err
 	}
 	log := c.Logger.With("service", c.Service)
-	p := &process{cfg: c, log: log, reg: prometheus.NewRegistry()}
+	p := &process{cfg: c, log: log, reg: prometheus.NewRegistry(), tracer: telemetry.New(c.TracerProvider)}
 	if err := p.loadKeys(); err != nil {
 		return err
 	}
@@ -71,6 +74,9 @@ func Serve(ctx context.Context, cfg Config) error {
 		return err
 	}
 	defer pool.Close()
+	if err := p.claimConsumerName(ctx); err != nil {
+		return err
+	}
 	p.m = newMetrics(p.reg, c, pool, p.rdb)
 	if err := p.build(); err != nil {
 		return err
@@ -94,6 +100,8 @@ type process struct {
 	keys *auth.EventKeys
 	// fence keeps seqs from going backwards across a failover (store.Fence).
 	fence *store.Fence
+	// tracer records the spans (Config.TracerProvider); off when nil.
+	tracer *telemetry.Tracer
 	// verifier checks the API's bearer tokens; nil when auth is off.
 	verifier *auth.Verifier
 	// own holds the backend pids of this process's pool (uint32 →
@@ -103,6 +111,9 @@ type process struct {
 	// redundant read each.)
 	own      sync.Map
 	listener *notifier.Notifier
+	// presence keeps the consumer name live (the worker role; nil
+	// without it).
+	presence *presence
 	gw       *gateway.Gateway
 	// relayWake wakes this process's relay (nil without the relay role or
 	// when it polls only); set while building, read after the start.
@@ -122,6 +133,11 @@ func (p *process) add(svcs ...service.Service) { p.services = append(p.services,
 // dual writer and HTTP server.
 func (p *process) build() error {
 	c := p.cfg
+	if p.presence != nil {
+		// Before the worker, so the name stays live until it has acked.
+		p.add(p.presence)
+		p.m.consumerNameShared(p.presence.Shared)
+	}
 	if c.listens() {
 		if err := p.buildListener(); err != nil {
 			return err
@@ -268,6 +284,29 @@ func (p *process) connectRedis(ctx context.Context) (*redis.Client, error) {
 		p.log.Warn("could not check redis durability (redis down?); continuing", "err", err)
 	}
 	return rdb, nil
+}
+
+// claimConsumerName settles the process's consumer name (Worker.ConsumerName):
+// with the worker role the explicit one, or one claimed unique, and its
+// presence; without it (the name only names the relay's heartbeat row)
+// the explicit one or "<service>-<hostname>-relay".
+func (p *process) claimConsumerName(ctx context.Context) error {
+	c := p.cfg
+	if !c.has(RoleWorker) {
+		if c.Worker.ConsumerName == "" {
+			host, _ := os.Hostname()
+			c.Worker.ConsumerName = c.Service + "-" + host + "-relay"
+		}
+		return nil
+	}
+	pr, err := redisq.NewPresence(p.rdb, c.RedisPrefix, chat.QueueName(chat.Peer(c.Service)), c.Service, 0)
+	if err != nil {
+		return fmt.Errorf("serve: %w", err)
+	}
+	c.Worker.ConsumerName = consumerName(ctx, pr, c.Service, c.Worker.ConsumerName, p.log)
+	p.presence = newPresence(pr, c.Worker.ConsumerName, c.LockDuration, p.log)
+	p.log.Info("consumer name", "consumer", c.Worker.ConsumerName, "instance", pr.Instance())
+	return nil
 }
 
 // buildListener builds the process's one LISTEN connection: the relay and

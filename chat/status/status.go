@@ -3,6 +3,7 @@ package status
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/outboxchat/outboxchat/chat"
@@ -41,6 +42,9 @@ const (
 type Status struct {
 	Services []ServiceStatus `json:"services"`
 	Database DatabaseStatus  `json:"database"`
+	// Redis is every Redis node's durability settings (empty without
+	// --redis-url).
+	Redis []RedisNodeStatus `json:"redis"`
 	// Problems lists what needs a person, one sentence each; empty when
 	// healthy.
 	Problems []string `json:"problems"`
@@ -71,6 +75,15 @@ type ServiceStatus struct {
 	Consumers     []ConsumerStatus `json:"consumers"`
 	// DeadLetters is the length of that stream's dead-letter stream.
 	DeadLetters int64 `json:"dead_letters"`
+	// Relays are the service's relays that committed a pass within
+	// RelayLiveWindow (their heartbeat rows), newest first.
+	Relays []RelayStatus `json:"relays"`
+	// LiveConsumers are the processes live in the group's presence set
+	// (redisq.LiveConsumers): consumer name and instance id each.
+	LiveConsumers []LiveConsumerStatus `json:"live_consumers"`
+	// SharedConsumerNames are the consumer names more than one live
+	// process uses (each a problem).
+	SharedConsumerNames []string `json:"shared_consumer_names"`
 	// LostSeqs counts the seqs this service published that its database
 	// no longer holds because it lost commits (a failover to a replica
 	// that had not received them, a restore): the seq fence recorded them
@@ -82,11 +95,65 @@ type ServiceStatus struct {
 	Errors []string `json:"errors,omitempty"`
 }
 
+// RelayLiveWindow is how recent a relay's last pass must be for status to
+// count it as running (its heartbeat is written every 5 s while it passes).
+const RelayLiveWindow = time.Minute
+
+// RelayStatus is one running relay (a relay_heartbeat row).
+type RelayStatus struct {
+	// Name is the relay process's consumer name.
+	Name string `json:"name"`
+	// LastPassSeconds is how long ago, by the database clock, it last
+	// committed a pass.
+	LastPassSeconds float64 `json:"last_pass_seconds"`
+	// Listening is whether its LISTEN connection was up; null for a
+	// poll-only relay (or one that has not said).
+	Listening *bool `json:"listening"`
+}
+
+// LiveConsumerStatus is one live process of a consumer group.
+type LiveConsumerStatus struct {
+	Name     string `json:"name"`
+	Instance string `json:"instance"`
+}
+
 // ConsumerStatus is one member of a service's consumer group.
 type ConsumerStatus struct {
 	Name        string  `json:"name"`
 	Pending     int64   `json:"pending"`
 	IdleSeconds float64 `json:"idle_seconds"`
+	// Processes is how many live processes use the name (0: none, e.g. a
+	// consumer that is gone; more than 1: shared, a problem).
+	Processes int `json:"processes"`
+}
+
+// RedisNodeStatus is one Redis node's durability (redisq.ReadDurability).
+type RedisNodeStatus struct {
+	Addr string `json:"addr"`
+	// AppendOnly and MaxMemoryPolicy are "" when they could not be read.
+	AppendOnly      string `json:"appendonly"`
+	MaxMemoryPolicy string `json:"maxmemory_policy"`
+	// Durable is appendonly yes and maxmemory-policy noeviction; null when
+	// unknown (Error, or CONFIG and INFO refused).
+	Durable *bool  `json:"durable"`
+	Error   string `json:"error,omitempty"`
+}
+
+// RedisStatus reads the durability of every node of rdb.
+func RedisStatus(ctx context.Context, rdb redis.UniversalClient) []RedisNodeStatus {
+	var out []RedisNodeStatus
+	for _, n := range redisq.ReadDurability(ctx, rdb) {
+		s := RedisNodeStatus{Addr: n.Addr, AppendOnly: n.AppendOnly, MaxMemoryPolicy: n.MaxMemoryPolicy}
+		if n.Err != nil {
+			s.Error = n.Err.Error()
+		}
+		if n.Known() {
+			d := n.Durable()
+			s.Durable = &d
+		}
+		out = append(out, s)
+	}
+	return out
 }
 
 // DatabaseStatus is the database's cleanup horizon (see horizonCollector).
@@ -115,6 +182,19 @@ func OutboxStatus(ctx context.Context, db outbox.DB, service string, s *ServiceS
 		ago = &a
 	}
 	s.LastRelayPassSeconds = ago
+	rows, err := db.Query(ctx, "SELECT relay, greatest(extract(epoch FROM now() - pass_at), 0)::float8, listening FROM "+
+		pgx.Identifier{service, "relay_heartbeat"}.Sanitize()+" WHERE pass_at > now() - $1::bigint * interval '1 millisecond' ORDER BY pass_at DESC",
+		RelayLiveWindow.Milliseconds())
+	if err != nil {
+		return fmt.Errorf("relay heartbeats: %w", err)
+	}
+	s.Relays, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (RelayStatus, error) {
+		var rs RelayStatus
+		return rs, r.Scan(&rs.Name, &rs.LastPassSeconds, &rs.Listening)
+	})
+	if err != nil {
+		return fmt.Errorf("relay heartbeats: %w", err)
+	}
 	if err := db.QueryRow(ctx, "SELECT coalesce(sum(to_seq - from_seq + 1), 0)::bigint FROM "+
 		pgx.Identifier{service, "seq_lost"}.Sanitize()).Scan(&s.LostSeqs); err != nil {
 		return fmt.Errorf("lost seqs: %w", err)
@@ -141,6 +221,27 @@ func QueueStatus(ctx context.Context, rdb redis.UniversalClient, prefix, service
 			s.Consumers = append(s.Consumers, ConsumerStatus{Name: c.Name, Pending: c.Pending, IdleSeconds: c.Idle.Seconds()})
 		}
 	}
+	live, err := redisq.LiveConsumers(ctx, rdb, prefix, chat.QueueName(chat.Peer(service)))
+	if err != nil {
+		return err
+	}
+	s.LiveConsumers, s.SharedConsumerNames = []LiveConsumerStatus{}, []string{}
+	count := map[string]int{}
+	for _, l := range live {
+		// A process refreshes its entry every third of its ttl: one with
+		// less than half left has missed a refresh (it died, e.g. before
+		// its replacement took the name), and is not counted.
+		if l.Group != service || l.Remaining < redisq.DefaultPresenceTTL/2 {
+			continue
+		}
+		s.LiveConsumers = append(s.LiveConsumers, LiveConsumerStatus{Name: l.Name, Instance: l.Instance})
+		if count[l.Name]++; count[l.Name] == 2 {
+			s.SharedConsumerNames = append(s.SharedConsumerNames, l.Name)
+		}
+	}
+	for i := range s.Consumers {
+		s.Consumers[i].Processes = count[s.Consumers[i].Name]
+	}
 	return nil
 }
 
@@ -161,9 +262,22 @@ func ReadStatus(ctx context.Context, db outbox.DB, rdb redis.UniversalClient, pr
 	if th.TransactionAge <= 0 {
 		th.TransactionAge = DefaultMaxTransactionAge
 	}
-	st := &Status{Problems: []string{}}
+	st := &Status{Problems: []string{}, Redis: []RedisNodeStatus{}}
+	if rdb != nil {
+		st.Redis = RedisStatus(ctx, rdb)
+		for _, n := range st.Redis {
+			switch {
+			case n.Error != "":
+				st.Problems = append(st.Problems, fmt.Sprintf("redis %s: cannot read its durability settings: %s", n.Addr, n.Error))
+			case n.Durable != nil && !*n.Durable:
+				st.Problems = append(st.Problems, fmt.Sprintf("redis %s: NOT DURABLE: appendonly %q, maxmemory-policy %q (want yes, noeviction): a restart or memory pressure loses queued jobs; run CONFIG SET appendonly yes and CONFIG SET maxmemory-policy noeviction, and put them in redis.conf",
+					n.Addr, n.AppendOnly, n.MaxMemoryPolicy))
+			}
+		}
+	}
 	for _, svc := range []string{chat.Consumers, chat.Workers} {
-		s := ServiceStatus{Service: svc, Consumers: []ConsumerStatus{}}
+		s := ServiceStatus{Service: svc, Consumers: []ConsumerStatus{}, Relays: []RelayStatus{},
+			LiveConsumers: []LiveConsumerStatus{}, SharedConsumerNames: []string{}}
 		if err := OutboxStatus(ctx, db, svc, &s); err != nil {
 			s.Errors = append(s.Errors, "database: "+err.Error())
 		}
@@ -184,6 +298,22 @@ func ReadStatus(ctx context.Context, db outbox.DB, rdb redis.UniversalClient, pr
 		}
 		if s.Parked > 0 {
 			st.Problems = append(st.Problems, fmt.Sprintf("%s: %d parked outbox row(s): see `outboxchat outbox parked --service %s`", svc, s.Parked, svc))
+		}
+		for _, name := range s.SharedConsumerNames {
+			var who []string
+			for _, l := range s.LiveConsumers {
+				if l.Name == name {
+					who = append(who, l.Instance)
+				}
+			}
+			st.Problems = append(st.Problems, fmt.Sprintf("%s: consumer name %q is used by %d live processes (%s): they share one pending list; give each its own --consumer-name, or leave it unset for a unique one",
+				svc, name, len(who), strings.Join(who, ", ")))
+		}
+		for _, r := range s.Relays {
+			if r.Listening != nil && !*r.Listening {
+				st.Problems = append(st.Problems, fmt.Sprintf("%s: relay %s is not listening (its LISTEN connection is down): it finds new outbox rows only at its poll, so messages are late; check its database connection (behind a transaction-mode pooler, --listen-database-url)",
+					svc, r.Name))
+			}
 		}
 		if s.LostSeqs > 0 {
 			st.Problems = append(st.Problems, fmt.Sprintf("%s: %d sent message(s) lost with commits the database lost (failover or restore): see %s.seq_lost; only the old primary had them",

@@ -570,6 +570,9 @@ func (s *Store) insertAndCommit(ctx context.Context, conn *pgxpool.Conn, reqs []
 			// Request order: each chat's events, hence its outbox ids, ascend
 			// with seq (invariant 5).
 			events[j] = outbox.Event{ID: m.ID, Name: chat.EventMessageCreated, Payload: payload}
+			if s.headers != nil {
+				events[j].Headers = s.headers(reqs[i].ctx)
+			}
 		}
 		b.Queue(s.q.insertMessages, ids, chatIDs, seqs, bodies, cids, authors)
 		if _, err := s.writer.QueueEnqueue(b, events...); err != nil {

@@ -36,9 +36,10 @@ type Store struct {
 	writer  *outbox.Writer
 	q       queries
 	fq      featureQueries
-	// afterCommit, lockTimeout, readTimeout, metrics: Config's, defaults
+	// afterCommit, headers, lockTimeout, readTimeout, metrics: Config's, defaults
 	// applied.
 	afterCommit              func(ms []chat.Message)
+	headers                  func(ctx context.Context) map[string]string
 	lockTimeout, readTimeout time.Duration
 	metrics                  *SendMetrics
 
@@ -168,6 +169,11 @@ type Config struct {
 	// with its messages, in seq order per chat (the in-process gateway's
 	// Offer and the relay's wake-up). It must not block.
 	AfterCommit func(ms []chat.Message)
+	// Headers, when set, gives the headers of each message's outbox event
+	// from its send's context (the server's trace context: a traceparent);
+	// nil results and a nil Headers mean none. It must be fast and safe for
+	// concurrent use: it runs in the committer, once per message.
+	Headers func(ctx context.Context) map[string]string
 }
 
 // New returns a Store on pool configured by cfg; pool's role must own the
@@ -186,7 +192,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Store, error) {
 	}
 	s := &Store{pool: pool, service: cfg.Service, writer: cfg.Writer, q: newQueries(cfg.Service), fq: newFeatureQueries(cfg.Service),
 		lockTimeout: cmp.Or(cfg.LockTimeout, DefaultSendLockTimeout), readTimeout: cmp.Or(cfg.ReadTimeout, DefaultReadTimeout),
-		metrics: cfg.Metrics, afterCommit: cfg.AfterCommit,
+		metrics: cfg.Metrics, afterCommit: cfg.AfterCommit, headers: cfg.Headers,
 		slowSem: make(chan struct{}, slowLanesFor(pool.Config().MaxConns))}
 	s.life.Name = "chat: store"
 	s.cond = sync.NewCond(&s.mu)

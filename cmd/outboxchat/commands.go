@@ -19,7 +19,9 @@ var commands = []command{
 	{"serve", runServe},
 	{"migrate", runMigrate},
 	{"token", runToken},
+	{"revoke", runRevoke},
 	{"status", runStatus},
+	{"trace", runTrace},
 	{"deadletters", runDeadletters},
 	{"outbox", runOutbox},
 	{"prune", runPrune},
@@ -48,8 +50,10 @@ commands:
   serve    run a service (consumers or workers)
   migrate  create the service's role and schema, apply migrations
   token    mint a development JWT (HS256) for a user, services and chats
+  revoke   --user U | --token-id JTI: refuse a user's tokens issued until now, or one token
   lab      up | chaos | latency | bench | demo: private servers, fault experiments, measurements
   status       both services on one screen; exits 1 when something needs a person
+  trace        --message-id ID | --chat N --seq S: one message's way across both services
   deadletters  list | show | replay | drop the dead letters
   outbox       parked | retry: the outbox rows parked after failed publishes
   prune        --service S --older-than D: delete history older than D once, print the counts

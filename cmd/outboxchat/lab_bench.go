@@ -26,6 +26,9 @@ func runLabBench(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	insecure := fs.Bool("insecure", false, "services without auth and without signed stream entries (to measure what they cost)")
 	retention := fs.Duration("history-retention", 0, "run the services with --history-retention D (0 = keep everything), to measure retention pruning under load")
 	pgbouncer := fs.Bool("pgbouncer", false, "services reach Postgres through a private PgBouncer in transaction mode (LISTEN direct), as on a managed deployment")
+	durable := fs.Bool("durable", false, "servers as production runs them: Postgres fsync=on and synchronous_commit=on, Redis appendonly yes with appendfsync everysec (default: the fast mode, Postgres fsync=off)")
+	profileDir := fs.String("profile-dir", "", "write, from 2 s after the first send, a CPU profile (--profile-seconds) and allocation profiles before and after it of every service process into this directory (pprof format)")
+	profileSeconds := fs.Int("profile-seconds", perf.DefaultProfileSeconds, "length of the --profile-dir CPU profile in seconds")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -39,7 +42,8 @@ func runLabBench(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		return err
 	}
 	res, err := perf.Bench(ctx, perf.BenchOptions{Senders: *senders, Chats: *chats, Messages: *messages,
-		Variant: *variant, SendTimeout: *timeout, Progress: stderr, HoldSnapshot: *hold, Insecure: *insecure, PgBouncer: *pgbouncer, Retention: *retention})
+		Variant: *variant, SendTimeout: *timeout, Progress: stderr, HoldSnapshot: *hold, Insecure: *insecure, PgBouncer: *pgbouncer, Durable: *durable, Retention: *retention,
+		ProfileDir: *profileDir, ProfileSeconds: *profileSeconds})
 	if err != nil {
 		return err
 	}

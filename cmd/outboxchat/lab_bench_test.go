@@ -28,7 +28,7 @@ func TestBenchCmd(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	var out, errb bytes.Buffer
-	err := runLabBench(ctx, []string{"--senders", "4", "--chats", "10", "--messages", "500", "--json"}, &out, &errb)
+	err := runLabBench(ctx, []string{"--senders", "4", "--chats", "10", "--messages", "500", "--json", "--durable"}, &out, &errb)
 	if err != nil {
 		t.Fatalf("lab bench: %v\nstderr:\n%s", err, errb.String())
 	}
@@ -49,6 +49,9 @@ func TestBenchCmd(t *testing.T) {
 	}
 	if r.Senders != 4 || r.Chats != 10 || r.Messages != 500 {
 		t.Errorf("echoed options = %d/%d/%d", r.Senders, r.Chats, r.Messages)
+	}
+	if !r.Durable || !strings.Contains(errb.String(), "servers: durable: postgres fsync=on") {
+		t.Errorf("--durable: json durable %v; the text names the servers' mode: %v", r.Durable, strings.Contains(errb.String(), "servers: durable"))
 	}
 	if r.Lost != 0 || r.DuplicatesShown != 0 {
 		t.Errorf("lost %d, shown twice %d; want 0 and 0", r.Lost, r.DuplicatesShown)

@@ -8,6 +8,7 @@ import (
 	"io"
 	"strings"
 
+	"github.com/outboxchat/outboxchat/lab/env"
 	"github.com/outboxchat/outboxchat/lab/perf"
 )
 
@@ -21,6 +22,7 @@ func runLabLatency(ctx context.Context, args []string, stdout, stderr io.Writer)
 	runs := fs.Int("runs", perf.DefaultLatencyRuns, "runs per variant")
 	asJSON := fs.Bool("json", false, "print one JSON object per variant per line (variant, runs, p50_ms, p95_ms, p99_ms, max_ms, n); floors and plot path go to stderr")
 	plotPath := fs.String("plot", perf.DefaultPlotPath, `PNG of the latency CDF per variant ("none" = no plot)`)
+	durable := fs.Bool("durable", false, "servers as production runs them: Postgres fsync=on and synchronous_commit=on, Redis appendonly yes with appendfsync everysec (default: the fast mode, Postgres fsync=off)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -34,7 +36,7 @@ func runLabLatency(ctx context.Context, args []string, stdout, stderr io.Writer)
 	if len(vs) == 0 {
 		return errors.New("lab latency: --variants is empty")
 	}
-	rep, err := perf.Latency(ctx, perf.LatencyOptions{Variants: vs, Messages: *messages, Interval: *interval, Runs: *runs, Progress: stderr})
+	rep, err := perf.Latency(ctx, perf.LatencyOptions{Variants: vs, Messages: *messages, Interval: *interval, Runs: *runs, Progress: stderr, Durable: *durable})
 	if err != nil {
 		return err
 	}
@@ -47,6 +49,9 @@ func writeLatency(rep *perf.LatencyReport, asJSON bool, plotPath string, stdout,
 		if err := rep.WriteJSON(stdout); err != nil {
 			return err
 		}
+		// The JSON lines keep DESIGN.md's fields alone; the servers' mode
+		// goes with the floors.
+		fmt.Fprintf(stderr, "servers: %s\n", env.ServerMode(rep.Durable))
 		if rep.Floors != nil {
 			rep.Floors.Write(stderr, rep.V2P50())
 		}

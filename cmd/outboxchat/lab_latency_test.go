@@ -59,7 +59,7 @@ func TestLatencyCmd(t *testing.T) {
 	if !(s.P50Ms > 0 && s.P50Ms <= s.P95Ms && s.P95Ms <= s.P99Ms && s.P99Ms <= s.MaxMs) {
 		t.Errorf("percentiles not ordered and positive: %+v", s)
 	}
-	for _, want := range []string{"INSERT+COMMIT round trip", "v2 p50 / floors sum", "plot: " + plotPath} {
+	for _, want := range []string{"INSERT+COMMIT round trip", "v2 p50 / floors sum", "plot: " + plotPath, "servers: fast: postgres fsync=off"} {
 		if !strings.Contains(errb.String(), want) {
 			t.Errorf("stderr lacks %q", want)
 		}

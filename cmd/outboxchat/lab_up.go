@@ -22,10 +22,15 @@ func runLabUp(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	workAddr := fs.String("workers-addr", "", "workers' HTTP address: PORT, :PORT or 127.0.0.1:PORT (default: a free port, new each run)")
 	keepLogs := fs.Bool("keep-logs", false, "keep the services' logs (a temp dir, printed) after the lab stops; by default they are removed")
 	useTLS := fs.Bool("tls", false, "everything over TLS with a private CA made for this run (printed as \"ca: PATH\"): HTTPS and WSS to the services, sslmode=verify-full to Postgres, rediss:// to Redis")
+	instances := fs.Int("instances", 1, "API+worker processes per service, each on its own port and printed as its own consumers: and workers: line (behind one load balancer they are one service)")
+	durable := fs.Bool("durable", false, "servers as production runs them: Postgres fsync=on and synchronous_commit=on, Redis appendonly yes with appendfsync everysec (default: the fast mode, Postgres fsync=off)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	opts := env.Options{Variant: *variant, Progress: stderr, TLS: *useTLS}
+	if *instances < 1 {
+		return fmt.Errorf("lab up: --instances %d: want 1 or more", *instances)
+	}
+	opts := env.Options{Variant: *variant, Progress: stderr, TLS: *useTLS, Durable: *durable, APIs: *instances}
 	var err error
 	if opts.ConsumersAddr, err = loopbackAddr("--consumers-addr", *consAddr); err != nil {
 		return err
@@ -49,7 +54,13 @@ func runLabUp(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	defer e.Close()
 	fmt.Fprintf(stdout, "consumers: %s\n", e.ConsumersURL)
+	for _, p := range e.ConsumersAPIs {
+		fmt.Fprintf(stdout, "consumers: %s\n", p.URL())
+	}
 	fmt.Fprintf(stdout, "workers: %s\n", e.WorkersURL)
+	for _, p := range e.WorkersAPIs {
+		fmt.Fprintf(stdout, "workers: %s\n", p.URL())
+	}
 	fmt.Fprintf(stdout, "database: %s\n", e.DatabaseURL)
 	fmt.Fprintf(stdout, "redis: %s\n", e.RedisURL)
 	// A development token for every chat on both services; the pages take

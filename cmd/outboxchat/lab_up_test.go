@@ -112,8 +112,10 @@ func fixedPort(t *testing.T) int {
 // upRun is a `lab up` running for a test (startUp).
 type upRun struct {
 	// lines are the "key: value" lines lab up printed, up to the one
-	// startUp waited for.
+	// startUp waited for (the last value of a repeated key); all are
+	// every value of each key, in order.
 	lines  map[string]string
+	all    map[string][]string
 	cancel context.CancelFunc
 	done   chan error
 	stderr strings.Builder // written by lab up until stop returns
@@ -126,7 +128,7 @@ type upRun struct {
 func startUp(t *testing.T, last string, args ...string) *upRun {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	u := &upRun{lines: map[string]string{}, cancel: cancel, done: make(chan error, 1)}
+	u := &upRun{lines: map[string]string{}, all: map[string][]string{}, cancel: cancel, done: make(chan error, 1)}
 	pr, pw := io.Pipe()
 	go func() {
 		err := runLabUp(ctx, args, pw, &u.stderr)
@@ -139,6 +141,7 @@ func startUp(t *testing.T, last string, args ...string) *upRun {
 	for sc.Scan() {
 		k, v, _ := strings.Cut(sc.Text(), ": ")
 		u.lines[k] = v
+		u.all[k] = append(u.all[k], v)
 		if k == last {
 			break
 		}

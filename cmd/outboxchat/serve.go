@@ -12,12 +12,15 @@ import (
 	"strings"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/outboxchat/outboxchat/chat"
 	"github.com/outboxchat/outboxchat/chat/auth"
 	"github.com/outboxchat/outboxchat/chat/httpapi"
 	"github.com/outboxchat/outboxchat/chat/schema"
 	"github.com/outboxchat/outboxchat/chat/server"
 	"github.com/outboxchat/outboxchat/chat/store"
+	"github.com/outboxchat/outboxchat/chat/telemetry"
 	"github.com/outboxchat/outboxchat/lab/fault"
 	"github.com/outboxchat/outboxchat/outbox"
 	"github.com/outboxchat/outboxchat/redisq"
@@ -42,7 +45,7 @@ func runServe(ctx context.Context, args []string, _, stderr io.Writer) error {
 	lock := fs.Duration("lock-duration", redisq.DefaultLockDuration, "how long a job may stay unacknowledged before it is handed out again")
 	redrive := fs.Duration("redrive-after", -1, "publish a sent message again when no receipt came back within this long (default 2 × --lock-duration; 0 = off)")
 	gap := fs.Duration("gap-timeout", 0, "how long the WebSocket gateway holds received messages behind a missing seq (0 = 2 × --lock-duration; negative = no hold)")
-	consumer := fs.String("consumer-name", "", "this worker's name in the consumer group, stable across restarts (default <service>-<hostname>)")
+	consumer := fs.String("consumer-name", "", "this worker's name in the consumer group; two live processes must not share one (default: a unique <service>-<hostname>-<n>, claimed at start)")
 	maxBody := fs.Int("max-body-bytes", chat.DefaultMaxBodyBytes, "message body limit in bytes")
 	prefix := fs.String("redis-prefix", chat.DefaultRedisPrefix, "prefix of every Redis key")
 	faultSpec := fs.String("fault", os.Getenv("OUTBOXCHAT_FAULT"), "fault injection for the lab, KIND:SEQ (default $OUTBOXCHAT_FAULT; off)")
@@ -79,6 +82,10 @@ func runServe(ctx context.Context, args []string, _, stderr io.Writer) error {
 		go func() { _ = srv.Serve(ln) }()
 		defer srv.Close()
 	}
+	guardCfg, err := guard.config()
+	if err != nil {
+		return err
+	}
 	log := newLogger(stderr, *logFormat)
 	var hooks server.Hooks // nil unless --fault: an interface holding a nil *Crash is not nil
 	if f, err := fault.ParseCrash(*faultSpec, log.With("service", *service)); err != nil {
@@ -86,14 +93,32 @@ func runServe(ctx context.Context, args []string, _, stderr io.Writer) error {
 	} else if f != nil {
 		hooks = f
 	}
+	// Tracing from the standard OTEL_* variables; off (nil) when none is
+	// set. Flushed after the server has stopped.
+	tp, shutdownTracing, err := telemetry.FromEnv(ctx, *service)
+	if err != nil {
+		return err
+	}
+	var tracer trace.TracerProvider // nil unless configured: an interface holding a nil pointer is not nil
+	if tp != nil {
+		tracer = tp
+		log.Info("tracing on: spans exported over OTLP/HTTP (OTEL_* environment)")
+	}
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), telemetry.ShutdownTimeout)
+		defer cancel()
+		if err := shutdownTracing(sctx); err != nil {
+			log.Warn("flushing traces failed", "err", err)
+		}
+	}()
 	return server.Serve(ctx, server.Config{
 		Service: *service, Roles: r, Mode: *mode, DatabaseURL: *dbURL, ListenDatabaseURL: *listenURL,
 		RedisURL: *redisURL, RedisPrefix: *prefix, LockDuration: *lock, EventKeyFile: *auth.eventKeys,
-		Hooks: hooks, Logger: log,
+		Hooks: hooks, Logger: log, TracerProvider: tracer,
 		API: server.APIConfig{
 			HTTPAddr: *httpAddr, Wake: wm, MaxBodyBytes: *maxBody, SendLockTimeout: *sendLock, ReadTimeout: *readTimeout,
 			GapTimeout: *gap, Auth: auth.config(), TLSCertFile: *auth.tlsCert, TLSKeyFile: *auth.tlsKey,
-			Guard: guard.config(), ShutdownDelay: *shutdownDelay,
+			Guard: guardCfg, ShutdownDelay: *shutdownDelay,
 		},
 		Relay: server.RelayConfig{
 			PollOnly: *pollOnly, PollInterval: *poll, RedriveAfter: redriveAfter(*redrive),
@@ -123,6 +148,7 @@ type guardFlagSet struct {
 	ping, pong                         *time.Duration
 	userRate, ipRate                   *float64
 	userBurst, ipBurst, socketsPerUser *int
+	trustedProxies                     *string
 }
 
 func guardFlags(fs *flag.FlagSet) *guardFlagSet {
@@ -139,18 +165,23 @@ func guardFlags(fs *flag.FlagSet) *guardFlagSet {
 		ipRate:         fs.Float64("rate-ip", httpapi.DefaultIPRate, "API and WebSocket requests per second per client IP (negative: no limit)"),
 		ipBurst:        fs.Int("burst-ip", httpapi.DefaultIPBurst, "requests at once per client IP"),
 		socketsPerUser: fs.Int("ws-per-user", httpapi.DefaultSocketsPerUser, "open WebSockets per user (negative: no cap)"),
+		trustedProxies: fs.String("trusted-proxies", "", "comma-separated CIDRs (or IPs) of the reverse proxies in front: from them the client IP is the rightmost untrusted X-Forwarded-For hop (default none: X-Forwarded-For is ignored)"),
 	}
 	return g
 }
 
-func (g *guardFlagSet) config() httpapi.GuardConfig {
+func (g *guardFlagSet) config() (httpapi.GuardConfig, error) {
+	tp, err := httpapi.ParseTrustedProxies(*g.trustedProxies)
+	if err != nil {
+		return httpapi.GuardConfig{}, fmt.Errorf("--trusted-proxies: %w", err)
+	}
 	return httpapi.GuardConfig{
 		AllowedHosts: splitList(*g.hosts), AllowedOrigins: splitList(*g.origins),
 		ReadHeaderTimeout: *g.readHeader, BodyReadTimeout: *g.bodyRead, IdleTimeout: *g.idle,
 		PingInterval: *g.ping, PongTimeout: *g.pong,
 		UserRate: *g.userRate, UserBurst: *g.userBurst, IPRate: *g.ipRate, IPBurst: *g.ipBurst,
-		SocketsPerUser: *g.socketsPerUser,
-	}
+		SocketsPerUser: *g.socketsPerUser, TrustedProxies: tp,
+	}, nil
 }
 
 // authFlagSet holds serve's authentication flags (auth.Config).

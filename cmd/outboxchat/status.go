@@ -84,8 +84,24 @@ func writeStatus(w io.Writer, st *status.Status) {
 	}
 	tw.Flush()
 	for _, s := range st.Services {
+		for _, r := range s.Relays {
+			listening := "poll only"
+			if r.Listening != nil {
+				listening = map[bool]string{true: "listening", false: "NOT LISTENING"}[*r.Listening]
+			}
+			fmt.Fprintf(w, "%s relay %s: last pass %s ago, %s\n", s.Service, r.Name, secs(r.LastPassSeconds), listening)
+		}
 		for _, c := range s.Consumers {
-			fmt.Fprintf(w, "%s consumer %s: pending %d, idle %s\n", s.Service, c.Name, c.Pending, secs(c.IdleSeconds))
+			fmt.Fprintf(w, "%s consumer %s: pending %d, idle %s, live processes %d\n", s.Service, c.Name, c.Pending, secs(c.IdleSeconds), c.Processes)
+		}
+	}
+	for _, n := range st.Redis {
+		switch {
+		case n.Durable == nil:
+			fmt.Fprintf(w, "redis %s: durability unknown %s\n", n.Addr, n.Error)
+		default:
+			d := map[bool]string{true: "durable", false: "NOT DURABLE"}[*n.Durable]
+			fmt.Fprintf(w, "redis %s: appendonly %s, maxmemory-policy %s: %s\n", n.Addr, n.AppendOnly, n.MaxMemoryPolicy, d)
 		}
 	}
 	if st.Database.Error == "" {

@@ -37,17 +37,19 @@ type Interim struct {
 // Layer names.
 const (
 	library  = "library"
-	testenv  = "testenv"  // internal/testenv: private servers for tests
-	vocab    = "chat"     // the app's vocabulary
-	schema   = "schema"   // chat/schema
-	auth     = "auth"     // chat/auth
-	store    = "store"    // chat/store
-	receive  = "receive"  // chat/receive
-	gateway  = "gateway"  // chat/gateway
-	status   = "status"   // chat/status
-	http     = "http"     // chat/httpapi and chat/web
-	server   = "server"   // chat/server
-	chattest = "chattest" // test support of the app
+	testenv  = "testenv"   // internal/testenv: private servers for tests
+	vocab    = "chat"      // the app's vocabulary
+	tele     = "telemetry" // chat/telemetry: OpenTelemetry tracing, trace context in event headers
+	tracecmd = "trace"     // chat/trace: a message's path across both services, for `outboxchat trace`
+	schema   = "schema"    // chat/schema
+	auth     = "auth"      // chat/auth
+	store    = "store"     // chat/store
+	receive  = "receive"   // chat/receive
+	gateway  = "gateway"   // chat/gateway
+	status   = "status"    // chat/status
+	http     = "http"      // chat/httpapi and chat/web
+	server   = "server"    // chat/server
+	chattest = "chattest"  // test support of the app
 	lab      = "lab"
 	labtest  = "labtest" // test support of the binaries that run the lab
 	deploy   = "deploy"
@@ -66,20 +68,24 @@ var libraryModules = []string{
 }
 
 // app is every layer of the app, bottom to top.
-var app = []string{vocab, schema, auth, store, receive, gateway, status, http, server}
+var app = []string{vocab, tele, schema, auth, store, receive, gateway, status, tracecmd, http, server}
 
 // Layers is the architecture: which layer may import which.
 var Layers = map[string]Layer{
 	library: {May: []string{library}, TestMay: []string{testenv}, External: libraryModules},
 	testenv: {May: []string{library}, External: libraryModules},
 
-	vocab:   {May: []string{library}, TestMay: []string{testenv, chattest}},
+	vocab: {May: []string{library}, TestMay: []string{testenv, chattest}},
+	// The library carries headers as a plain map; OpenTelemetry stays here.
+	tele:    {May: []string{}, TestMay: []string{library, testenv, chattest}},
 	schema:  {May: []string{library, vocab}, TestMay: []string{testenv, chattest}},
 	auth:    {May: []string{library, vocab}, TestMay: []string{testenv, chattest}},
 	store:   {May: []string{library, vocab, schema, auth}, TestMay: []string{testenv, chattest}},
 	receive: {May: []string{library, vocab, schema, auth, store}, TestMay: []string{testenv, chattest}},
 	gateway: {May: []string{library, vocab, schema, auth}, TestMay: []string{testenv, chattest}},
 	status:  {May: []string{library, vocab, schema, auth}, TestMay: []string{testenv, chattest}},
+	// The trace command's queries read what status reads, per message.
+	tracecmd: {May: []string{library, vocab, schema, auth}, TestMay: []string{testenv, chattest}},
 	// The HTTP surface depends on small interfaces that the server fills
 	// with the parts, not on store, receive or gateway themselves.
 	http:     {May: []string{library, vocab, schema, auth, status, http}, TestMay: []string{testenv, chattest}},
@@ -112,6 +118,8 @@ var Places = []Place{
 	{"chat/gateway/...", gateway},
 	{"chat/live/...", gateway},
 	{"chat/status/...", status},
+	{"chat/telemetry/...", tele},
+	{"chat/trace/...", tracecmd},
 	{"chat/httpapi/...", http},
 	{"chat/web/...", http},
 	{"chat/server/...", server},

@@ -107,6 +107,28 @@ type Options struct {
 	// tls_ca_file), and the services' HTTP API and WebSocket (HTTPS, WSS;
 	// Env.ConsumersURL is https://). Not with Sentinel. Default false.
 	TLS bool
+	// Durable runs the servers as production does: Postgres with fsync=on
+	// and synchronous_commit=on, Redis with appendonly yes and appendfsync
+	// everysec, so that every commit waits for the disk. Default false: the
+	// fast mode, Postgres with fsync=off (synchronous_commit stays on, and
+	// Redis is the same), whose data survive a crash of any process but not
+	// of the machine; it leaves the disk's flush out of every figure.
+	Durable bool
+	// Debug gives every service process a pprof listener of its own
+	// (serve --debug-addr on a free loopback port; Env.DebugAddrs), for
+	// profiling under load. Default false: none.
+	Debug bool
+}
+
+// ServerMode names the servers' durability settings for output and logs:
+// "durable: postgres fsync=on synchronous_commit=on, redis appendfsync
+// everysec" with durable true, else the fast mode's "fast: postgres
+// fsync=off synchronous_commit=on, redis appendfsync everysec".
+func ServerMode(durable bool) string {
+	if durable {
+		return "durable: postgres fsync=on synchronous_commit=on, redis appendfsync everysec"
+	}
+	return "fast: postgres fsync=off synchronous_commit=on, redis appendfsync everysec"
 }
 
 // SentinelMaster is the master name of the lab's sentinels.
@@ -152,6 +174,11 @@ type Env struct {
 	// Token is a development bearer token of user "lab" for every chat on
 	// both services, valid for 30 days ("" when Insecure).
 	Token string
+	// Durable echoes Options.Durable: the servers flush every commit.
+	Durable bool
+	// DebugAddrs maps each service process's name to its pprof address
+	// ("127.0.0.1:PORT", /debug/pprof/) with Options.Debug; nil without.
+	DebugAddrs map[string]string
 
 	admin *pgxpool.Pool
 	rdb   *redis.Client
@@ -217,7 +244,7 @@ func Start(ctx context.Context, opts Options) (_ *Env, err error) {
 	if progress == nil {
 		progress = io.Discard
 	}
-	e := &Env{Dir: opts.Dir, Variant: opts.Variant, LockDuration: opts.LockDuration}
+	e := &Env{Dir: opts.Dir, Variant: opts.Variant, LockDuration: opts.LockDuration, Durable: opts.Durable}
 	if e.Dir == "" {
 		// A lab killed with SIGKILL leaves its log dir behind: remove those
 		// whose owner is gone, and mark ours the same way.
@@ -239,7 +266,7 @@ func Start(ctx context.Context, opts Options) (_ *Env, err error) {
 		}
 	}()
 
-	var pgOpts pgproc.Options
+	pgOpts := pgproc.Options{Fsync: opts.Durable}
 	rdOpts := redisproc.Options{ACLFile: true}
 	var certFile, keyFile string
 	if opts.TLS {
@@ -259,7 +286,7 @@ func Start(ctx context.Context, opts Options) (_ *Env, err error) {
 		pgOpts.TLSCertFile, pgOpts.TLSKeyFile = certFile, keyFile
 		rdOpts.TLSCertFile, rdOpts.TLSKeyFile = certFile, keyFile
 	}
-	fmt.Fprintln(progress, "lab: starting private Postgres and Redis")
+	fmt.Fprintf(progress, "lab: starting private Postgres and Redis (%s)\n", ServerMode(opts.Durable))
 	var wg sync.WaitGroup
 	var pgErr, rdErr error
 	wg.Add(2)
@@ -610,6 +637,17 @@ func (e *Env) newProcs(opts Options, serveArgs []string) error {
 		args = append(args, opts.ExtraArgs...)
 		if f := opts.Faults[name]; f != "" {
 			args = append(args, "--fault", f)
+		}
+		if opts.Debug {
+			a, err := spawn.FreeAddr()
+			if err != nil {
+				return nil, fmt.Errorf("lab: %s: pick a debug port: %w", name, err)
+			}
+			if e.DebugAddrs == nil {
+				e.DebugAddrs = map[string]string{}
+			}
+			e.DebugAddrs[name] = a
+			args = append(args, "--debug-addr", a)
 		}
 		cfg := &ProcConfig{Args: args, API: api, LogPath: filepath.Join(e.Dir, name+".log"), TLS: opts.TLS}
 		if api && consumer == service+"-1" {

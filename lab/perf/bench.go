@@ -1,6 +1,7 @@
 package perf
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -77,6 +78,18 @@ type BenchOptions struct {
 	// --history-retention Retention, so that the bench measures the
 	// retention service pruning under load. Default 0: keep everything.
 	Retention time.Duration
+	// Durable runs the servers flushing every commit (env.Options.Durable:
+	// Postgres fsync=on); default false, the fast mode (fsync=off).
+	Durable bool
+	// ProfileDir, when set, gives the services pprof listeners
+	// (env.Options.Debug) and writes into it, from DefaultProfileDelay
+	// (2 s) after the first send, a CPU profile of ProfileSeconds of every
+	// service process with an allocation profile before and after it
+	// (profileWindow). Default "": no profiles.
+	ProfileDir string
+	// ProfileSeconds is the CPU profile's length. Default
+	// DefaultProfileSeconds (10).
+	ProfileSeconds int
 }
 
 // BenchResult is what Bench measured. The JSON fields are DESIGN.md's
@@ -135,8 +148,18 @@ type BenchResult struct {
 	MaxUnsent, MaxPending int64 `json:"-"`
 	// Stages are the p50s of the three legs (see LatencyRun.Stages).
 	Stages Stages `json:"-"`
+	// TailStages are the legs' medians over the messages at or above the
+	// p99: where the tail's time goes.
+	TailStages Stages `json:"-"`
+	// SlowSeconds are the (up to 5) one-second windows, by send start,
+	// with the highest p99, worst first: a tail that recurs at a period
+	// shows here.
+	SlowSeconds []SlowSecond `json:"-"`
 	// HoldSnapshot echoes BenchOptions.HoldSnapshot.
 	HoldSnapshot bool `json:"hold_snapshot"`
+	// Durable echoes BenchOptions.Durable: true when Postgres ran with
+	// fsync=on, false in the fast mode (fsync=off).
+	Durable bool `json:"durable"`
 	// WindowsMsgsPerS is the rate of messages shown in each successive
 	// 10 s window from the first send (the last window may be shorter; it
 	// is dropped when under 2 s), in msg/s.
@@ -182,6 +205,14 @@ type TableStat struct {
 	SizeBytes int64  `json:"total_bytes"`
 }
 
+// SlowSecond is one second of a bench run, by send start: its offset
+// from the first send, its p99 latency and messages sent then.
+type SlowSecond struct {
+	AtS   int
+	P99Ms float64
+	N     int
+}
+
 // WaitCount is how often one (role, state, wait event) was seen across the
 // pg_stat_activity samples, summed over backends.
 type WaitCount struct {
@@ -209,13 +240,14 @@ func Bench(ctx context.Context, opts BenchOptions) (*BenchResult, error) {
 	if opts.Retention > 0 {
 		args = append(slices.Clip(args), "--history-retention", opts.Retention.String())
 	}
-	e, err := env.Start(ctx, env.Options{Variant: opts.Variant, Progress: progress, ExtraArgs: args, Insecure: opts.Insecure, PgBouncer: opts.PgBouncer})
+	e, err := env.Start(ctx, env.Options{Variant: opts.Variant, Progress: progress, ExtraArgs: args, Insecure: opts.Insecure, PgBouncer: opts.PgBouncer, Durable: opts.Durable,
+		Debug: opts.ProfileDir != ""})
 	if err != nil {
 		return nil, err
 	}
 	defer e.Close()
 	res := &BenchResult{Senders: opts.Senders, Chats: opts.Chats, Messages: opts.Messages,
-		RSSMB: map[string]float64{}, CPUS: map[string]float64{}}
+		RSSMB: map[string]float64{}, CPUS: map[string]float64{}, Durable: opts.Durable}
 
 	// Watchers: one per chat; arrivals by message id.
 	var got arrivals
@@ -296,6 +328,21 @@ func Bench(ctx context.Context, opts BenchOptions) (*BenchResult, error) {
 	}
 	sendersDone := make(chan struct{})
 	go func() { wg.Wait(); close(sendersDone) }()
+	profDone := make(chan error, 1)
+	if opts.ProfileDir != "" {
+		go func() {
+			select {
+			case <-time.After(DefaultProfileDelay):
+			case <-ctx.Done():
+				profDone <- ctx.Err()
+				return
+			}
+			fmt.Fprintf(progress, "lab: bench: profiling every service process for %d s into %s\n", opts.ProfileSeconds, opts.ProfileDir)
+			profDone <- profileWindow(ctx, e, opts.ProfileDir, opts.ProfileSeconds, got.n.Load)
+		}()
+	} else {
+		profDone <- nil
+	}
 
 	tick := time.NewTicker(opts.ProgressEvery)
 	defer tick.Stop()
@@ -349,6 +396,9 @@ func Bench(ctx context.Context, opts BenchOptions) (*BenchResult, error) {
 	end := time.Now()
 	stopSampler()
 	report("done")
+	if err := <-profDone; err != nil {
+		fmt.Fprintf(progress, "%v\n", err)
+	}
 	res.Wall = end.Sub(start)
 	res.Tables = tableStats(ctx, e)
 
@@ -506,6 +556,7 @@ func benchDefaults(o BenchOptions) BenchOptions {
 	orDefault(&o.SendTimeout, DefaultBenchSendTimeout)
 	orDefault(&o.Drain, DefaultBenchDrain)
 	orDefault(&o.ProgressEvery, time.Second)
+	orDefault(&o.ProfileSeconds, DefaultProfileSeconds)
 	return o
 }
 
@@ -567,8 +618,8 @@ func samplePGWaits(ctx context.Context, e *env.Env, into map[string]int) int {
 
 // WriteText prints the result for people.
 func (r *BenchResult) WriteText(w io.Writer) {
-	fmt.Fprintf(w, "bench: %d senders, %d chats, %d messages (v2: HTTP POST to consumers → WebSocket frame at workers)\n\n",
-		r.Senders, r.Chats, r.Messages)
+	fmt.Fprintf(w, "bench: %d senders, %d chats, %d messages (v2: HTTP POST to consumers → WebSocket frame at workers)\nservers: %s\n\n",
+		r.Senders, r.Chats, r.Messages, env.ServerMode(r.Durable))
 	fmt.Fprintf(w, "sent (201): %d   send errors: %d   lost: %d   shown twice: %d\n", r.Sent, r.SendErrors, r.Lost, r.DuplicatesShown)
 	if r.FirstSendError != "" {
 		fmt.Fprintf(w, "first send error: %s\n", r.FirstSendError)
@@ -580,6 +631,15 @@ func (r *BenchResult) WriteText(w io.Writer) {
 	fmt.Fprintf(w, "largest backlog seen: %d unsent outbox rows, %d queue entries not yet acknowledged\n", r.MaxUnsent, r.MaxPending)
 	fmt.Fprintf(w, "p50 per leg: call → send tx %s ms, send tx → inbox tx %s ms, inbox tx → shown %s ms\n",
 		probe.FmtMs(r.Stages.ToSendTx), probe.FmtMs(r.Stages.SendToInboxTx), probe.FmtMs(r.Stages.InboxTxToShown))
+	fmt.Fprintf(w, "the slowest 1%% (≥ p99), median per leg: call → send tx %s ms, send tx → inbox tx %s ms, inbox tx → shown %s ms\n",
+		probe.FmtMs(r.TailStages.ToSendTx), probe.FmtMs(r.TailStages.SendToInboxTx), probe.FmtMs(r.TailStages.InboxTxToShown))
+	if len(r.SlowSeconds) > 0 {
+		var parts []string
+		for _, x := range r.SlowSeconds {
+			parts = append(parts, fmt.Sprintf("%d s: p99 %.0f ms (%d msgs)", x.AtS, x.P99Ms, x.N))
+		}
+		fmt.Fprintf(w, "slowest seconds by send start: %s\n", strings.Join(parts, "; "))
+	}
 	fmt.Fprintln(w)
 	names := make([]string, 0, len(r.CPUS))
 	for k := range r.CPUS {
@@ -697,6 +757,12 @@ func (res *BenchResult) figures(recs []sendRec, got *arrivals, start, sendEnd ti
 	var lat, sendLat []time.Duration
 	var lastShown time.Time
 	var st stageSamples
+	type sample struct {
+		d  time.Duration
+		t0 time.Time
+		sh probe.Shown
+	}
+	var all []sample
 	got.mu.Lock()
 	for _, r := range recs {
 		if !r.ok {
@@ -711,6 +777,7 @@ func (res *BenchResult) figures(recs []sendRec, got *arrivals, start, sendEnd ti
 		at := sh.At
 		st.add(r.t0, sh)
 		lat = append(lat, at.Sub(r.t0))
+		all = append(all, sample{at.Sub(r.t0), r.t0, sh})
 		if at.After(lastShown) {
 			lastShown = at
 		}
@@ -722,6 +789,28 @@ func (res *BenchResult) figures(recs []sendRec, got *arrivals, start, sendEnd ti
 	res.P50Ms, res.P95Ms, res.P99Ms = probe.RoundMs(probe.Percentile(lat, .5)), probe.RoundMs(probe.Percentile(lat, .95)), probe.RoundMs(probe.Percentile(lat, .99))
 	res.SendP50Ms = probe.RoundMs(probe.Percentile(sendLat, .5))
 	res.Stages = st.p50()
+	p99 := probe.Percentile(lat, .99)
+	var tail stageSamples
+	secs := map[int][]time.Duration{}
+	for _, x := range all {
+		if x.d >= p99 {
+			tail.add(x.t0, x.sh)
+		}
+		k := int(x.t0.Sub(start) / time.Second)
+		secs[k] = append(secs[k], x.d)
+	}
+	res.TailStages = tail.p50()
+	for k, ds := range secs {
+		slices.Sort(ds)
+		res.SlowSeconds = append(res.SlowSeconds, SlowSecond{AtS: k, P99Ms: probe.RoundMs(probe.Percentile(ds, .99)), N: len(ds)})
+	}
+	slices.SortFunc(res.SlowSeconds, func(a, b SlowSecond) int {
+		if a.P99Ms != b.P99Ms {
+			return cmp.Compare(b.P99Ms, a.P99Ms)
+		}
+		return cmp.Compare(a.AtS, b.AtS)
+	})
+	res.SlowSeconds = res.SlowSeconds[:min(5, len(res.SlowSeconds))]
 	if !lastShown.IsZero() {
 		d := lastShown.Sub(start)
 		res.DurationS = math.Round(d.Seconds()*1000) / 1000

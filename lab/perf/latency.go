@@ -71,6 +71,9 @@ type LatencyOptions struct {
 	FloorSamples int
 	// Progress receives progress lines. nil discards them.
 	Progress io.Writer
+	// Durable runs the servers flushing every commit (env.Options.Durable:
+	// Postgres fsync=on); default false, the fast mode (fsync=off).
+	Durable bool
 }
 
 // LatencyRun is one run of one variant.
@@ -136,6 +139,9 @@ type LatencyReport struct {
 	// Floors are measured on the environment of v2 (or of the first
 	// variant when v2 is not measured); nil when skipped.
 	Floors *Floors
+	// Durable echoes LatencyOptions.Durable (fsync=on; false: the fast
+	// mode, fsync=off).
+	Durable bool
 }
 
 // LatencySummary is one variant's line of `lab latency --json` (DESIGN.md):
@@ -222,7 +228,7 @@ func Latency(ctx context.Context, opts LatencyOptions) (*LatencyReport, error) {
 	if !slices.Contains(opts.Variants, env.VariantV2) {
 		floorsOn = opts.Variants[0]
 	}
-	rep := &LatencyReport{Messages: opts.Messages, Interval: opts.Interval, Runs: opts.Runs}
+	rep := &LatencyReport{Messages: opts.Messages, Interval: opts.Interval, Runs: opts.Runs, Durable: opts.Durable}
 	for _, v := range opts.Variants {
 		vl, floors, err := latencyVariant(ctx, v, opts, v == floorsOn && opts.FloorSamples > 0, progress)
 		if err != nil {
@@ -243,7 +249,7 @@ func latencyVariant(ctx context.Context, variant string, opts LatencyOptions, fl
 	// variant's way: in v2 the API wakes the relay in its process directly
 	// after commit (and NOTIFYs relays elsewhere); in v2-intx only the NOTIFY
 	// sent at commit wakes it (through its LISTEN); v2-poll has no wake-up.
-	e, err := env.Start(ctx, env.Options{Variant: variant, Progress: progress})
+	e, err := env.Start(ctx, env.Options{Variant: variant, Progress: progress, Durable: opts.Durable})
 	if err != nil {
 		return nil, nil, err
 	}
@@ -379,8 +385,8 @@ func latencyRun(ctx context.Context, e *env.Env, chatID int64, opts LatencyOptio
 // over runs, the worst latency of all runs, runs; then losses and the
 // floors.
 func (r *LatencyReport) WriteTable(w io.Writer) {
-	fmt.Fprintf(w, "latency: %d messages per run, one every %v; send call → frame at a workers WebSocket client\n\n",
-		r.Messages, r.Interval)
+	fmt.Fprintf(w, "latency: %d messages per run, one every %v; send call → frame at a workers WebSocket client\nservers: %s\n\n",
+		r.Messages, r.Interval, env.ServerMode(r.Durable))
 	rows := [][]string{{"variant", "p50", "p95", "p99", "max", "runs"}}
 	for _, v := range r.Variants {
 		col := func(f func(LatencyRun) time.Duration) []time.Duration {

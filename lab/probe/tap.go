@@ -157,9 +157,10 @@ func (t *Tap) Violations() []string {
 // in the receiver's inbox. Read in that order — Redis first, then Postgres
 // — an entry acknowledged only after its inbox commit is always found
 // there; one acknowledged before its commit is caught while the commit is
-// outstanding, and for good if the worker died in between. Errors (a
-// server down) skip the sample.
-func (t *Tap) SampleAcks(ctx context.Context, e *env.Env) {
+// outstanding, and for good if the worker died in between. known, when
+// set, says a message was in the inbox earlier (a row since deleted by
+// retention counts as there). Errors (a server down) skip the sample.
+func (t *Tap) SampleAcks(ctx context.Context, e *env.Env, known func(messageID string) bool) {
 	for _, from := range []string{chat.Consumers, chat.Workers} {
 		receiver := chat.Peer(from)
 		t.mu.Lock()
@@ -223,7 +224,7 @@ func (t *Tap) SampleAcks(ctx context.Context, e *env.Env) {
 		}
 		t.mu.Lock()
 		for ref, id := range acked {
-			if in[id] {
+			if in[id] || (known != nil && known(id)) {
 				t.confirmed[ref] = true
 				continue
 			}

@@ -63,13 +63,17 @@ func (t *run) drainState(ctx context.Context) string {
 	if err != nil {
 		return "database: " + err.Error()
 	}
+	pruned, err := t.prunedSeqs(qctx)
+	if err != nil {
+		return "database: " + err.Error()
+	}
 	unseen := 0
 	for _, ws := range t.clients {
 		for _, w := range ws {
 			for _, side := range []string{chat.Consumers, chat.Workers} {
 				seen := w.Seen(side)
 				for seq := int64(1); seq <= tops[side][t.chats[w]]; seq++ {
-					if _, ok := seen[seq]; !ok {
+					if _, ok := seen[seq]; !ok && !pruned[seqKey{side, t.chats[w], seq}] {
 						unseen++
 					}
 				}
@@ -157,6 +161,50 @@ func (t *run) keep(ctx context.Context) error {
 	maps.Copy(t.keptInbox, in)
 	maps.Copy(t.keptStored, st)
 	return nil
+}
+
+// wasInbox reports whether message id was in a receiver's inbox when the
+// checker last kept the rows (before a prune).
+func (t *run) wasInbox(id string) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	_, ok := t.keptInbox[id]
+	return ok
+}
+
+// seqKey is one message by its origin, chat and seq.
+type seqKey struct {
+	side      string
+	chat, seq int64
+}
+
+// prunedSeqs returns the messages a prune deleted: kept (before a prune)
+// and no longer in the table they were kept from. A client that had not
+// shown one of them by then never can: history older than the retention
+// is gone, which is what retention is for (a socket frozen or away longer
+// than it). They are counted apart (ScheduleResult.PrunedUnseen), not as
+// lost: the receiver had each (its row was kept from the inbox or the
+// sender had its receipt).
+func (t *run) prunedSeqs(ctx context.Context) (map[seqKey]bool, error) {
+	in, err := t.rowsByID(ctx, inboxQuery, chat.Peer)
+	if err != nil {
+		return nil, err
+	}
+	st, err := t.rowsByID(ctx, messagesQuery, func(svc string) string { return svc })
+	if err != nil {
+		return nil, err
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	out := map[seqKey]bool{}
+	for kept, now := range map[*map[string]sentMsg]map[string]sentMsg{&t.keptInbox: in, &t.keptStored: st} {
+		for id, m := range *kept {
+			if _, ok := now[id]; !ok {
+				out[seqKey{m.From, m.ChatID, m.Seq}] = true
+			}
+		}
+	}
+	return out, nil
 }
 
 // withKept returns a function that adds the kept rows it is given to
@@ -321,12 +369,18 @@ func (t *run) check(ctx context.Context, res *ScheduleResult) {
 		problem("read messages: %v", err)
 		return
 	}
+	pruned, err := t.prunedSeqs(qctx)
+	if err != nil {
+		problem("read rows: %v", err)
+		return
+	}
 	shown := map[string]bool{}
 	ci := 0
 	for _, svc := range []string{chat.Consumers, chat.Workers} {
 		for _, w := range t.clients[svc] {
 			ci++
-			v := checkView(w.Frames(), t.chats[w], tops)
+			v := checkView(w.Frames(), t.chats[w], tops, func(side string, seq int64) bool { return pruned[seqKey{side, t.chats[w], seq}] })
+			res.PrunedUnseen += len(v.pruned)
 			res.Reconnects += max(0, w.Connects()-1)
 			res.DuplicatesShown += len(v.dups)
 			res.OrderViolations += len(v.order)
@@ -399,7 +453,7 @@ func (t *run) check(ctx context.Context, res *ScheduleResult) {
 	}
 
 	// 5. No entry acknowledged before its message was in the inbox.
-	t.tap.SampleAcks(qctx, t.e)
+	t.tap.SampleAcks(qctx, t.e, t.wasInbox)
 	if early := t.tap.EarlyAcks(); len(early) > 0 {
 		problem("%d entr(ies) acknowledged before the inbox commit: %s", len(early), firstFew(early))
 	}
@@ -421,14 +475,18 @@ func (t *run) check(ctx context.Context, res *ScheduleResult) {
 // view is what checkView found wrong with one client's frames.
 type view struct {
 	dups, order, missing, extra []string
+	// pruned are seqs never shown that a prune deleted first (excused).
+	pruned []string
 }
 
 // checkView checks the frames one client received for chat chatID
 // against tops (side → chat → highest stored seq): a frame twice on one
 // connection (dups), a seq not above the last of its side on its
 // connection (order), a seq 1..N of a side never shown (missing), a seq
-// above N (extra).
-func checkView(frames []probe.Shown, chatID int64, tops map[string]map[int64]int64) view {
+// above N (extra). A seq never shown for which pruned (nil: none) is true
+// was deleted by a prune before the client could show it: it goes into
+// pruned, not missing.
+func checkView(frames []probe.Shown, chatID int64, tops map[string]map[int64]int64, pruned func(side string, seq int64) bool) view {
 	var v view
 	type key struct {
 		conn int
@@ -462,7 +520,11 @@ func checkView(frames []probe.Shown, chatID int64, tops map[string]map[int64]int
 	for _, side := range []string{chat.Consumers, chat.Workers} {
 		top := tops[side][chatID]
 		for seq := int64(1); seq <= top; seq++ {
-			if !seen[side][seq] {
+			switch {
+			case seen[side][seq]:
+			case pruned != nil && pruned(side, seq):
+				v.pruned = append(v.pruned, fmt.Sprintf("%s seq %d", side, seq))
+			default:
 				v.missing = append(v.missing, fmt.Sprintf("%s seq %d", side, seq))
 			}
 		}

@@ -150,7 +150,7 @@ func runSchedule(ctx context.Context, opts Options, s *schedule) (*ScheduleResul
 	go func() { // invariant 4, sampled from outside while faults run
 		defer load.Done()
 		for env.SleepUntil(lctx, time.Now().Add(250*time.Millisecond)) == nil {
-			t.tap.SampleAcks(lctx, e)
+			t.tap.SampleAcks(lctx, e, t.wasInbox)
 		}
 	}()
 	if s.Malformed > 0 {
@@ -181,7 +181,7 @@ func runSchedule(ctx context.Context, opts Options, s *schedule) (*ScheduleResul
 	healed := time.Now()
 	dctx, cancel := context.WithTimeout(ctx, opts.DrainBound)
 	derr := env.WaitFor(dctx, 200*time.Millisecond, func() bool {
-		t.tap.SampleAcks(dctx, e)
+		t.tap.SampleAcks(dctx, e, t.wasInbox)
 		return t.drained(dctx)
 	})
 	cancel()

@@ -122,14 +122,19 @@ type Failure struct {
 // the clients' reconnects, the checker's counts (as in Result),
 // the dead letters found, the drain time in seconds, and what broke.
 type ScheduleResult struct {
-	Schedule        int      `json:"schedule"`
-	Topology        string   `json:"topology"`
-	Faults          []string `json:"faults"`
-	Sent            int      `json:"sent"`
-	Changes         int      `json:"changes"`
-	Shown           int      `json:"shown"`
-	Reconnects      int      `json:"reconnects"`
-	Lost            int      `json:"lost"`
+	Schedule   int      `json:"schedule"`
+	Topology   string   `json:"topology"`
+	Faults     []string `json:"faults"`
+	Sent       int      `json:"sent"`
+	Changes    int      `json:"changes"`
+	Shown      int      `json:"shown"`
+	Reconnects int      `json:"reconnects"`
+	Lost       int      `json:"lost"`
+	// PrunedUnseen counts (client, seq) never shown because a
+	// prune-history fault deleted the message (delivered) before the
+	// client, frozen or away, could show it: retention's contract, not a
+	// loss.
+	PrunedUnseen    int      `json:"pruned_unseen"`
 	DuplicatesShown int      `json:"duplicates_shown"`
 	OrderViolations int      `json:"order_violations"`
 	DeadLetters     int      `json:"dead_letters"`

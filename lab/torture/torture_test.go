@@ -113,7 +113,8 @@ func TestDrawScheduleReplays(t *testing.T) {
 
 // TestCheckViewCatches: the client-side checker flags a frame twice on one
 // connection, a seq that goes down on one connection and a seq never
-// shown, and allows a repeat after a reconnect.
+// shown, allows a repeat after a reconnect, and excuses a seq a prune
+// deleted before it was shown.
 func TestCheckViewCatches(t *testing.T) {
 	fr := func(conn int, from string, seq int64) probe.Shown {
 		return probe.Shown{Conn: conn, Message: chat.Message{ID: from + string(rune('a'+seq)), ChatID: 1, Seq: seq, From: from}}
@@ -131,10 +132,17 @@ func TestCheckViewCatches(t *testing.T) {
 		{"one never shown", []probe.Shown{fr(1, c, 1), fr(2, c, 3), fr(2, w, 1)}, 0, 0, 1, 0},
 		{"one never stored", []probe.Shown{fr(1, c, 1), fr(1, c, 2), fr(1, c, 3), fr(1, c, 4), fr(1, w, 1)}, 0, 0, 0, 1},
 	} {
-		v := checkView(tc.frames, 1, tops)
+		v := checkView(tc.frames, 1, tops, nil)
 		if len(v.dups) != tc.dups || len(v.order) != tc.order || len(v.missing) != tc.missing || len(v.extra) != tc.extra {
 			t.Errorf("%s: got %+v", tc.name, v)
 		}
+	}
+	// A seq never shown that a prune deleted first is excused, and only
+	// that one.
+	pruned := func(side string, seq int64) bool { return side == c && seq == 2 }
+	v := checkView([]probe.Shown{fr(1, c, 1), fr(2, w, 1)}, 1, tops, pruned)
+	if len(v.pruned) != 1 || len(v.missing) != 1 || v.missing[0] != c+" seq 3" {
+		t.Errorf("one pruned and one missing: got %+v", v)
 	}
 }
 

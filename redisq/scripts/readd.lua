@@ -11,13 +11,21 @@
 -- ARGV[3]  job name
 -- ARGV[4]  job payload (bytes)
 -- ARGV[5]  job signature ("" = none: no sig field), as in add.lua
+-- ARGV[6]  job headers ("" or absent = none: no headers field), as in
+--          add.lua
 --
 -- Returns  1 (the job was added: SET <dedupe key> 1 PX ttl, then XADD
---          <stream> * id .. name .. payload .. [sig ..]).
+--          <stream> * id .. name .. payload .. [sig ..] [headers ..]).
 -- Errors   the XADD error reply (the dedupe key is then left set: a later
 --          plain add of the id is a no-op, a later re-add adds it).
 redis.call('SET', KEYS[1], '1', 'PX', ARGV[1])
+local f = {'id', ARGV[2], 'name', ARGV[3], 'payload', ARGV[4]}
 if ARGV[5] ~= nil and ARGV[5] ~= '' then
-  return redis.call('XADD', KEYS[2], '*', 'id', ARGV[2], 'name', ARGV[3], 'payload', ARGV[4], 'sig', ARGV[5]) and 1
+  f[#f + 1] = 'sig'
+  f[#f + 1] = ARGV[5]
 end
-return redis.call('XADD', KEYS[2], '*', 'id', ARGV[2], 'name', ARGV[3], 'payload', ARGV[4]) and 1
+if ARGV[6] ~= nil and ARGV[6] ~= '' then
+  f[#f + 1] = 'headers'
+  f[#f + 1] = ARGV[6]
+end
+return redis.call('XADD', KEYS[2], '*', unpack(f)) and 1

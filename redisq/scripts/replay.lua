@@ -7,9 +7,9 @@
 --          share the stream's hash tag, so they live in its cluster slot
 -- ARGV[3]  dedupe TTL in milliseconds (integer > 0)
 --
--- In one step: XADD <stream> * id .. name .. payload .. [sig ..] with the
--- entry's fields (its signature too, so a receiver that checks signatures
--- accepts it), SET <dedupe key> 1 PX ttl (as a re-add does: a later plain
+-- In one step: XADD <stream> * id .. name .. payload .. [sig ..]
+-- [headers ..] with the entry's fields (its signature and headers too, so a
+-- receiver that checks signatures accepts it), SET <dedupe key> 1 PX ttl (as a re-add does: a later plain
 -- add of the id is a no-op), XDEL the dead-letter entry.
 --
 -- Returns  the new stream entry id, or false (a nil reply) when the
@@ -25,12 +25,14 @@ for i = 1, #f, 2 do v[f[i]] = f[i + 1] end
 if not v['id'] or v['id'] == '' or not v['name'] or not v['payload'] then
   return redis.error_reply('ERR dead-letter entry lacks id, name or payload')
 end
-local id
-if v['sig'] and v['sig'] ~= '' then
-  id = redis.call('XADD', KEYS[2], '*', 'id', v['id'], 'name', v['name'], 'payload', v['payload'], 'sig', v['sig'])
-else
-  id = redis.call('XADD', KEYS[2], '*', 'id', v['id'], 'name', v['name'], 'payload', v['payload'])
+local a = {'id', v['id'], 'name', v['name'], 'payload', v['payload']}
+for _, k in ipairs({'sig', 'headers'}) do
+  if v[k] and v[k] ~= '' then
+    a[#a + 1] = k
+    a[#a + 1] = v[k]
+  end
 end
+local id = redis.call('XADD', KEYS[2], '*', unpack(a))
 redis.call('SET', ARGV[2] .. v['id'], '1', 'PX', ARGV[3])
 redis.call('XDEL', KEYS[1], ARGV[1])
 return id

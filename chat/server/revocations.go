@@ -1,0 +1,85 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxchat/outboxchat/chat/auth"
+	"github.com/outboxchat/outboxchat/internal/service"
+)
+
+// revocationPoll is how often the api role reads new rows of its
+// revoked_tokens table: a revocation takes effect on every API process
+// within about this long (and open sockets of a revoked token are closed
+// then), for one indexed query per second per process, none per request.
+const revocationPoll = time.Second
+
+// revocations keeps the verifier's revocation set (auth.Revocations) up to
+// date from <service>.revoked_tokens (`outboxchat revoke` writes it): the
+// first read in Start, before the API serves, then every revocationPoll
+// the rows whose version is above the last seen. A service (Start/Stop)
+// with a runOnce a test can call.
+type revocations struct {
+	pool    *pgxpool.Pool
+	set     *auth.Revocations
+	sql     string
+	log     *slog.Logger
+	life    service.Lifecycle
+	version int64 // the highest version read; the runOnce caller's only
+}
+
+func newRevocations(pool *pgxpool.Pool, svc string, set *auth.Revocations, log *slog.Logger) *revocations {
+	return &revocations{pool: pool, set: set, log: log.With("component", "chat.revocations"),
+		life: service.Lifecycle{Name: "chat: token revocations"},
+		// The version index keeps this an index range scan of the new rows
+		// (none, nearly always).
+		sql: "SELECT kind, value, revoked_at, version FROM " + pgx.Identifier{svc, "revoked_tokens"}.Sanitize() +
+			" WHERE version > $1 ORDER BY version"}
+}
+
+// runOnce adds the rows written since the last read and returns how many.
+func (r *revocations) runOnce(ctx context.Context) (int, error) {
+	rows, err := r.pool.Query(ctx, r.sql, r.version)
+	if err != nil {
+		return 0, fmt.Errorf("chat: reading revocations: %w", err)
+	}
+	var version int64
+	rs, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (auth.Revocation, error) {
+		var rv auth.Revocation
+		err := row.Scan(&rv.Kind, &rv.Value, &rv.RevokedAt, &version)
+		return rv, err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("chat: reading revocations: %w", err)
+	}
+	if len(rs) == 0 {
+		return 0, nil
+	}
+	r.set.Add(rs...)
+	r.version = version
+	r.log.Info("revocations read", "new", len(rs), "revoked", r.set.Len())
+	return len(rs), nil
+}
+
+func (r *revocations) Start(ctx context.Context) error {
+	return r.life.Start(ctx, func(run *service.Run) {
+		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		if _, err := r.runOnce(rctx); err != nil {
+			r.log.Warn("reading revocations failed; retried every second", "err", err)
+		}
+		cancel()
+		run.Every(revocationPoll, func(ctx context.Context) time.Duration {
+			if _, err := r.runOnce(ctx); err != nil && ctx.Err() == nil {
+				r.log.Warn("reading revocations failed; retried", "err", err, "every", revocationPoll)
+			}
+			return revocationPoll
+		})
+	})
+}
+
+func (r *revocations) Stop(ctx context.Context) error { return r.life.Stop(ctx) }

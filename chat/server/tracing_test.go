@@ -1,0 +1,276 @@
+package server
+
+import (
+	"bytes"
+	"compress/gzip"
+	"context"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
+	coltracepb "go.opentelemetry.io/proto/otlp/collector/trace/v1"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/outboxchat/outboxchat/chat"
+	"github.com/outboxchat/outboxchat/chat/internal/chattest"
+	"github.com/outboxchat/outboxchat/chat/telemetry"
+	"github.com/outboxchat/outboxchat/internal/testenv"
+)
+
+// postTraced sends one message to chat on base and returns it with the
+// response's traceparent header.
+func postTraced(t *testing.T, base string, chatID int64, body string) (chat.Message, string) {
+	t.Helper()
+	resp, err := chattest.AuthClient.Post(fmt.Sprintf("%s/api/chats/%d/messages", base, chatID), "application/json",
+		strings.NewReader(`{"body":`+chattest.JSONString(body)+`}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusCreated {
+		t.Fatalf("send: %d %s", resp.StatusCode, raw)
+	}
+	var m chat.Message
+	if err := json.Unmarshal(raw, &m); err != nil {
+		t.Fatalf("decode %s: %v", raw, err)
+	}
+	return m, resp.Header.Get("traceparent")
+}
+
+// TestTraceFollowsAMessageBothWays: with tracing on, one send's trace
+// holds every stage on both services, each the child of the one before
+// (the context travels in the event headers, out with the message and back
+// with its receipt), and the send's response names the HTTP span in its
+// traceparent.
+func TestTraceFollowsAMessageBothWays(t *testing.T) {
+	t.Parallel()
+	exp := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	h := newHarness(t, "")
+	on := func(c *Config) { c.TracerProvider = tp }
+	cons, work := h.start(chat.Consumers, on), h.start(chat.Workers, on)
+	w := chattest.Watch(t, work.base, 7)
+	m, tpHeader := postTraced(t, cons.base, 7, "traced")
+	w.WaitSeqs(t, chat.Consumers, 1, 10*time.Second)
+
+	parts := strings.Split(tpHeader, "-")
+	if len(parts) != 4 || len(parts[1]) != 32 || len(parts[2]) != 16 {
+		t.Fatalf("response traceparent %q is not a W3C traceparent", tpHeader)
+	}
+	traceID := parts[1]
+	// The stages, in order, each with the name of its parent's stage and
+	// the service that records it.
+	type stage struct{ name, parent, service string }
+	want := []stage{
+		{telemetry.SpanHTTPSend, "", chat.Consumers},
+		{telemetry.SpanSendTx, telemetry.SpanHTTPSend, chat.Consumers},
+		{telemetry.SpanRelayPublish, telemetry.SpanSendTx, chat.Consumers},
+		{telemetry.SpanInboxStore, telemetry.SpanRelayPublish, chat.Workers},
+		{telemetry.SpanGatewayPush, telemetry.SpanRelayPublish, chat.Workers},
+		{telemetry.SpanRelayPublish, telemetry.SpanRelayPublish, chat.Workers}, // the receipt's
+		{telemetry.SpanReceipt, telemetry.SpanRelayPublish, chat.Workers},      // its parent: the workers' publish
+	}
+	var spans tracetest.SpanStubs
+	byID := map[trace.SpanID]tracetest.SpanStub{}
+	find := func(s stage) bool {
+		for _, sp := range spans {
+			if sp.Name != s.name || sp.SpanContext.TraceID().String() != traceID {
+				continue
+			}
+			svc := ""
+			for _, a := range sp.Attributes {
+				if a.Key == telemetry.AttrService {
+					svc = a.Value.AsString()
+				}
+			}
+			p, ok := byID[sp.Parent.SpanID()]
+			switch {
+			case s.parent == "" && sp.Parent.IsValid():
+				continue
+			case s.parent != "" && (!ok || p.Name != s.parent):
+				continue
+			case s.name == telemetry.SpanReceipt:
+				// recorded by the consumers (the receipt's addressee), child
+				// of the workers' publish of the receipt
+				if svc != chat.Consumers || attr(p, telemetry.AttrService) != chat.Workers {
+					continue
+				}
+			case svc != s.service:
+				continue
+			}
+			return true
+		}
+		return false
+	}
+	testenv.WaitFor(t, 15*time.Second, "every stage of the message's trace", func() bool {
+		spans = exp.GetSpans()
+		for _, sp := range spans {
+			byID[sp.SpanContext.SpanID()] = sp
+		}
+		for _, s := range want {
+			if !find(s) {
+				return false
+			}
+		}
+		return true
+	})
+	for _, sp := range spans {
+		if sp.Name == telemetry.SpanHTTPSend && sp.SpanContext.TraceID().String() == traceID {
+			if sp.SpanContext.SpanID().String() != parts[2] {
+				t.Errorf("response traceparent names span %s, the HTTP span is %s", parts[2], sp.SpanContext.SpanID())
+			}
+		}
+		if sp.Name == telemetry.SpanSendTx && sp.SpanContext.TraceID().String() == traceID && attr(sp, telemetry.AttrMessageID) != m.ID {
+			t.Errorf("send transaction span has message id %q, want %s", attr(sp, telemetry.AttrMessageID), m.ID)
+		}
+	}
+	// The receiver kept the traceparent with the row (for a gateway in
+	// another process).
+	if n := h.Count(t, `SELECT count(*) FROM workers.inbox WHERE message_id = $1 AND traceparent LIKE $2`, m.ID, "00-"+traceID+"-%"); n != 1 {
+		t.Errorf("workers.inbox row of %s has no traceparent of trace %s", m.ID, traceID)
+	}
+}
+
+func attr(s tracetest.SpanStub, key string) string {
+	for _, a := range s.Attributes {
+		if string(a.Key) == key {
+			return a.Value.AsString()
+		}
+	}
+	return ""
+}
+
+// TestTracingOffLeavesNoTrace: without a TracerProvider nothing carries a
+// trace context: no traceparent on the response, no headers on the outbox
+// row, none kept in the inbox.
+func TestTracingOffLeavesNoTrace(t *testing.T) {
+	t.Parallel()
+	h, cons, work := startBoth(t)
+	w := chattest.Watch(t, work.base, 3)
+	// A traceparent on the request is not taken up either.
+	req, _ := http.NewRequest(http.MethodPost, cons.base+"/api/chats/3/messages", strings.NewReader(`{"body":"plain"}`))
+	req.Header.Set("traceparent", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := chattest.AuthClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusCreated || resp.Header.Get("traceparent") != "" {
+		t.Fatalf("status %d, traceparent %q; want 201 and none", resp.StatusCode, resp.Header.Get("traceparent"))
+	}
+	w.WaitSeqs(t, chat.Consumers, 1, 10*time.Second)
+	if n := h.Count(t, `SELECT count(*) FROM workers.inbox WHERE traceparent IS NOT NULL`); n != 0 {
+		t.Fatalf("%d inbox rows with a traceparent", n)
+	}
+}
+
+// otlpReceiver is a minimal OTLP/HTTP trace endpoint: it decodes each
+// export request (protobuf, possibly gzip) and keeps the spans' names and
+// trace ids.
+type otlpReceiver struct {
+	mu    sync.Mutex
+	spans map[string][]string // trace id (hex) → span names
+	bad   []string
+}
+
+func (o *otlpReceiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	var body io.Reader = r.Body
+	if r.Header.Get("Content-Encoding") == "gzip" {
+		zr, err := gzip.NewReader(r.Body)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		body = zr
+	}
+	raw, err := io.ReadAll(body)
+	var req coltracepb.ExportTraceServiceRequest
+	if err == nil {
+		err = proto.Unmarshal(raw, &req)
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if r.URL.Path != "/v1/traces" || r.Header.Get("Content-Type") != "application/x-protobuf" || err != nil {
+		o.bad = append(o.bad, fmt.Sprintf("%s %s %s: %v", r.Method, r.URL.Path, r.Header.Get("Content-Type"), err))
+		http.Error(w, "bad export", http.StatusBadRequest)
+		return
+	}
+	for _, rs := range req.ResourceSpans {
+		for _, ss := range rs.ScopeSpans {
+			for _, sp := range ss.Spans {
+				id := hex.EncodeToString(sp.TraceId)
+				o.spans[id] = append(o.spans[id], sp.Name)
+			}
+		}
+	}
+	w.Header().Set("Content-Type", "application/x-protobuf")
+	out, _ := proto.Marshal(&coltracepb.ExportTraceServiceResponse{})
+	_, _ = io.Copy(w, bytes.NewReader(out))
+}
+
+func (o *otlpReceiver) names(traceID string) []string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return append([]string(nil), o.spans[traceID]...)
+}
+
+// TestTracesExportOverOTLPHTTP: configured by the standard variables
+// alone (telemetry.FromEnv), the services export their spans to a real
+// OTLP/HTTP endpoint, which receives the message's trace from the send to
+// the other side's push. (Not parallel: t.Setenv.)
+func TestTracesExportOverOTLPHTTP(t *testing.T) {
+	recv := &otlpReceiver{spans: map[string][]string{}}
+	srv := httptest.NewServer(recv)
+	defer srv.Close()
+	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", srv.URL)
+	t.Setenv("OTEL_BSP_SCHEDULE_DELAY", "50")
+	t.Setenv("OTEL_SERVICE_NAME", "outboxchat-test")
+	ctx := context.Background()
+	h := newHarness(t, "")
+	var cons, work *running
+	for _, svc := range []string{chat.Consumers, chat.Workers} {
+		tp, shutdown, err := telemetry.FromEnv(ctx, svc)
+		if err != nil || tp == nil {
+			t.Fatalf("FromEnv = %v, %v; want a provider", tp, err)
+		}
+		t.Cleanup(func() { _ = shutdown(context.Background()) })
+		r := h.start(svc, func(c *Config) { c.TracerProvider = tp })
+		if svc == chat.Consumers {
+			cons = r
+		} else {
+			work = r
+		}
+	}
+	w := chattest.Watch(t, work.base, 9)
+	_, tpHeader := postTraced(t, cons.base, 9, "exported")
+	w.WaitSeqs(t, chat.Consumers, 1, 10*time.Second)
+	traceID := strings.Split(tpHeader, "-")[1]
+	testenv.WaitFor(t, 15*time.Second, "the send's and the push's spans at the OTLP endpoint", func() bool {
+		got := strings.Join(recv.names(traceID), ",")
+		for _, n := range []string{telemetry.SpanHTTPSend, telemetry.SpanSendTx, telemetry.SpanRelayPublish,
+			telemetry.SpanInboxStore, telemetry.SpanGatewayPush} {
+			if !strings.Contains(got, n) {
+				return false
+			}
+		}
+		return true
+	})
+	recv.mu.Lock()
+	defer recv.mu.Unlock()
+	if len(recv.bad) > 0 {
+		t.Fatalf("bad export requests: %v", recv.bad)
+	}
+}

@@ -1,0 +1,80 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/outboxchat/outboxchat/chat"
+	"github.com/outboxchat/outboxchat/lab/probe"
+)
+
+// TestUpInstances: `lab up --instances 2` runs two API+worker processes per
+// service, each printed as its own consumers: / workers: line, and they
+// are one service: a message sent to either instance of one side reaches
+// a WebSocket client of either instance of the other, each once; a
+// client of one instance sees what was sent through the other instance of
+// its own service.
+func TestUpInstances(t *testing.T) {
+	t.Parallel()
+	u := startUp(t, "token", "--instances", "2")
+	cons, work, token := u.all["consumers"], u.all["workers"], u.lines["token"]
+	if len(cons) != 2 || len(work) != 2 || cons[0] == cons[1] || work[0] == work[1] {
+		t.Fatalf("lab up --instances 2 printed consumers %v, workers %v: want two distinct URLs each", cons, work)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	const chatID = 7
+	var watchers []*probe.Watcher
+	for _, base := range []string{cons[0], cons[1], work[0], work[1]} {
+		w, err := probe.NewWatcher(base, chatID, &probe.WatcherConfig{Token: token})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := w.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		defer w.Stop(context.Background())
+		if err := probe.Connect(ctx, w); err != nil {
+			t.Fatal(err)
+		}
+		watchers = append(watchers, w)
+	}
+	snd := probe.NewSender(token)
+	var sent []chat.Message
+	for i, base := range []string{cons[1], cons[0], work[0], work[1]} {
+		m, err := snd.Send(ctx, base, chatID, fmt.Sprint("through instance ", i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		sent = append(sent, m)
+	}
+	for k, w := range watchers {
+		for ctx.Err() == nil {
+			done := true
+			for _, m := range sent {
+				done = done && w.SeenID(m.ID)
+			}
+			if done {
+				break
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(10 * time.Millisecond):
+			}
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("client %d (of %v) did not see all 4 messages: frames %v", k, append(cons, work...), w.Frames())
+		}
+		per := map[string]int{}
+		for _, f := range w.Frames() {
+			per[f.Message.ID]++
+		}
+		for _, m := range sent {
+			if per[m.ID] != 1 {
+				t.Errorf("message %s shown %d times on one client, want once", m.ID, per[m.ID])
+			}
+		}
+	}
+}

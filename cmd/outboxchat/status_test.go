@@ -1,0 +1,100 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/outboxchat/outboxchat/chat"
+	"github.com/outboxchat/outboxchat/chat/schema"
+	"github.com/outboxchat/outboxchat/chat/status"
+	"github.com/outboxchat/outboxchat/internal/testenv"
+	"github.com/outboxchat/outboxchat/redisq"
+)
+
+// status names a non-durable Redis, a consumer name two live processes
+// share and a relay that is not listening, each a problem (exit 1), and is
+// healthy again once each is mended.
+func TestStatusNamesDurabilitySharedNameAndListening(t *testing.T) {
+	ctx := context.Background()
+	dbURL, admin := testDatabase(t)
+	for _, s := range []string{chat.Consumers, chat.Workers} {
+		if err := schema.Bootstrap(ctx, admin, s); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := schema.Migrate(ctx, admin, s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	srv := testenv.PrivateRedis(t)
+	rdb, err := redisq.NewClient(srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rdb.Close()
+	prefix := testenv.Prefix(t)
+	conn := []string{"--database-url", dbURL, "--redis-url", srv.URL(), "--redis-prefix", prefix}
+
+	if err := rdb.ConfigSet(ctx, "maxmemory-policy", "allkeys-lru").Err(); err != nil {
+		t.Fatal(err)
+	}
+	queue := chat.QueueName(chat.Consumers) // the stream workers read
+	var ps []*redisq.Presence
+	for range 2 {
+		p, err := redisq.NewPresence(rdb, prefix, queue, chat.Workers, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := p.Beat(ctx, "workers-same"); err != nil {
+			t.Fatal(err)
+		}
+		ps = append(ps, p)
+	}
+	if _, err := admin.Exec(ctx, `INSERT INTO consumers.relay_heartbeat (relay, pass_at, listening) VALUES ('consumers-a', now(), false)`); err != nil {
+		t.Fatal(err)
+	}
+
+	out, err := runCmd(t, append([]string{"status", "--json"}, conn...)...)
+	if !errors.Is(err, errNeedsPerson) {
+		t.Fatalf("status = %v; want errNeedsPerson (exit 1):\n%s", err, out)
+	}
+	var st status.Status
+	if err := json.Unmarshal([]byte(out), &st); err != nil {
+		t.Fatalf("status --json: %v: %s", err, out)
+	}
+	joined := strings.Join(st.Problems, "\n")
+	for _, want := range []string{`NOT DURABLE: appendonly "yes", maxmemory-policy "allkeys-lru"`, `consumer name "workers-same" is used by 2 live processes`, "relay consumers-a is not listening"} {
+		if !strings.Contains(joined, want) {
+			t.Errorf("problems lack %q:\n%s", want, joined)
+		}
+	}
+	if len(st.Problems) != 3 || len(st.Redis) != 1 || st.Redis[0].Durable == nil || *st.Redis[0].Durable ||
+		len(st.Services[1].SharedConsumerNames) != 1 || len(st.Services[1].LiveConsumers) != 2 ||
+		len(st.Services[0].Relays) != 1 || st.Services[0].Relays[0].Listening == nil {
+		t.Fatalf("status %s", out)
+	}
+	for _, key := range []string{`"service"`, `"unsent"`, `"oldest_unsent_seconds"`, `"parked"`, `"stream_pending"`, `"dead_letters"`, `"problems"`} {
+		if !strings.Contains(out, key) {
+			t.Errorf("status --json lacks %s", key)
+		}
+	}
+	text, err := runCmd(t, append([]string{"status"}, conn...)...)
+	if !errors.Is(err, errNeedsPerson) || !strings.Contains(text, "NEEDS A PERSON (3)") || !strings.Contains(text, "NOT LISTENING") {
+		t.Fatalf("status text = %v:\n%s", err, text)
+	}
+
+	if err := rdb.ConfigSet(ctx, "maxmemory-policy", "noeviction").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := ps[1].Leave(ctx, "workers-same"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.Exec(ctx, `UPDATE consumers.relay_heartbeat SET listening = true`); err != nil {
+		t.Fatal(err)
+	}
+	if text, err := runCmd(t, append([]string{"status"}, conn...)...); err != nil || !strings.Contains(text, "healthy") {
+		t.Fatalf("status after mending = %v:\n%s", err, text)
+	}
+}

@@ -1,0 +1,42 @@
+package redisq_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/outboxchat/outboxchat/internal/redisproc"
+	"github.com/outboxchat/outboxchat/redisq"
+)
+
+// ReadDurability names the node: a plain client's address, and through
+// Sentinel the current primary's; it tells a durable node from one with
+// an eviction policy.
+func TestReadDurabilityNamesTheNode(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	srv, rdb := privateRedis(t)
+	nodes := redisq.ReadDurability(ctx, rdb)
+	if len(nodes) != 1 || nodes[0].Addr != srv.Addr() || !nodes[0].Durable() || nodes[0].Problem() != "" {
+		t.Fatalf("durable node: %+v", nodes)
+	}
+	sn, err := redisproc.Start(ctx, &redisproc.Options{Sentinel: &redisproc.SentinelOptions{
+		MasterName: "m", MasterAddr: srv.Addr(), Quorum: 1, DownAfter: time.Second, FailoverTimeout: 5 * time.Second,
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sn.Close() })
+	sc, err := redisq.NewClient(redisq.SentinelScheme + "://" + sn.Addr() + "/m/0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sc.Close()
+	if err := rdb.ConfigSet(ctx, "maxmemory-policy", "allkeys-lru").Err(); err != nil {
+		t.Fatal(err)
+	}
+	nodes = redisq.ReadDurability(ctx, sc)
+	if len(nodes) != 1 || nodes[0].Addr != srv.Addr() || nodes[0].Durable() || !nodes[0].Known() || nodes[0].MaxMemoryPolicy != "allkeys-lru" {
+		t.Fatalf("non-durable node through sentinel: %+v (want %s)", nodes, srv.Addr())
+	}
+}
