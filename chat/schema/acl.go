@@ -34,8 +34,7 @@ func RedisACL(service, prefix, user, password string) ([]string, error) {
 	args = append(args, redisq.ACLRules(prefix, chat.QueueName(service), chat.QueueName(chat.Peer(service)))...)
 	// The seq fence's high-water marks (chat/store.Fence): its script
 	// reads and raises them, the fence scans them after a failover.
-	hwm := strings.NewReplacer("*", `\*`, "?", `\?`, "[", `\[`, "]", `\]`).Replace(SeqHighWaterKey(prefix, service))
-	args = append(args, "(~"+hwm+" +eval +evalsha +hget +hset +hscan)")
+	args = append(args, "(~"+globEscape(SeqHighWaterKey(prefix, service))+" +eval +evalsha +hget +hset +hscan)")
 	// The live channel of typing and presence (package chat/live): publish
 	// and subscribe on it alone.
 	return append(args, "&"+globEscape(prefix+"live"), "+publish", "+subscribe", "+unsubscribe"), nil
