@@ -51,7 +51,7 @@ commands:
   migrate  create the service's role and schema, apply migrations
   token    mint a development JWT (HS256) for a user, services and chats
   revoke   --user U | --token-id JTI: refuse a user's tokens issued until now, or one token
-  lab      up | chaos | latency | bench | demo: private servers, fault experiments, measurements
+  lab      up | demo | chaos | scenario | torture | latency | bench: private servers, fault experiments, measurements
   status       both services on one screen; exits 1 when something needs a person
   trace        --message-id ID | --chat N --seq S: one message's way across both services
   deadletters  list | show | replay | drop the dead letters
@@ -63,12 +63,12 @@ const labUsage = `usage: outboxchat lab <command> [flags]
 
 commands:
   up      start private Postgres and Redis and both services; print their URLs; Ctrl-C stops all:
-          [--consumers-addr PORT] [--workers-addr PORT] [--keep-logs] [--variant v2] [--tls]
+          [--consumers-addr PORT] [--workers-addr PORT] [--keep-logs] [--variant v2] [--tls] [--durable] [--instances N]
   chaos   the write-up's fault experiment: --variant v1|v2 [--json]; or --scenario NAME; --list
   scenario NAME [--json] [--redrive-after D]: a named fault scenario (redis-flush, stream-entry-deleted, …); --list
   latency the write-up's latency table: [--variants v1,v2,v2-intx,v2-poll] [--messages 100] [--interval 100ms]
           [--runs 3] [--json] [--plot lab-output/latency-cdf.png]; plus the floors (commit, PING, NOTIFY)
-  bench   sustained load: [--senders 16] [--chats 100] [--messages 20000] [--variant v2] [--hold-snapshot] [--pgbouncer] [--json]
+  bench   sustained load: [--senders 16] [--chats 100] [--messages 20000] [--variant v2] [--hold-snapshot] [--pgbouncer] [--durable] [--history-retention D] [--profile-dir DIR] [--json]
   demo    chaos v1, then chaos v2, then the latency table (1 run); fails unless results are as expected
   torture random fault schedules checked by an independent checker: [--schedules 10] [--seed 1]
           [--schedule K] [--duration 20s] [--drain-bound 60s] [--drop I,J] [--shrink] [--dir DIR] [-v] [--json]
