@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -293,22 +294,43 @@ func DecodeEditRequest(data []byte, maxBodyBytes int) (string, error) {
 // exactly {"upto_seq": N} with N a non-negative 64-bit integer. Errors are
 // *FieldError values naming the field ("" for the document).
 func DecodeReadRequest(data []byte) (int64, error) {
-	var raw map[string]json.RawMessage
-	if err := json.Unmarshal(data, &raw); err != nil || raw == nil {
-		return 0, &FieldError{Field: "", Msg: "malformed JSON: expected an object {\"upto_seq\": N}"}
+	malformed := &FieldError{Field: "", Msg: "malformed JSON: expected an object {\"upto_seq\": N}"}
+	notSeq := &FieldError{Field: "upto_seq", Msg: "must be a non-negative 64-bit integer"}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.UseNumber()
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		return 0, malformed
 	}
-	for k := range raw {
-		if k != "upto_seq" {
-			return 0, &FieldError{Field: k, Msg: "unknown field (the field is \"upto_seq\")"}
+	var n *json.Number
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return 0, malformed
 		}
+		key, _ := tok.(string)
+		if key != "upto_seq" {
+			return 0, &FieldError{Field: key, Msg: "unknown field (the field is \"upto_seq\")"}
+		}
+		if n != nil {
+			return 0, &FieldError{Field: key, Msg: "given twice"}
+		}
+		if tok, err = dec.Token(); err != nil {
+			return 0, malformed
+		}
+		num, ok := tok.(json.Number) // null, a string, an object: not a seq
+		if !ok {
+			return 0, notSeq
+		}
+		n = &num
 	}
-	v, ok := raw["upto_seq"]
-	if !ok {
+	if _, err := dec.Token(); err != nil { // the closing '}'
+		return 0, malformed
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return 0, &FieldError{Field: "", Msg: "malformed JSON: trailing data after the object"}
+	}
+	if n == nil {
 		return 0, &FieldError{Field: "upto_seq", Msg: "is required"}
-	}
-	var n json.Number
-	if v = bytes.TrimSpace(v); len(v) == 0 || v[0] == '"' || json.Unmarshal(v, &n) != nil {
-		return 0, &FieldError{Field: "upto_seq", Msg: "must be a non-negative 64-bit integer"}
 	}
 	return ParseSeq("upto_seq", n.String())
 }

@@ -49,16 +49,19 @@ func mustJSON(v any) []byte { b, _ := json.Marshal(v); return b }
 
 func TestDecodeReadRequest(t *testing.T) {
 	for in, want := range map[string]string{
-		`{"upto_seq": 7}`:              "",
-		`{"upto_seq": 0}`:              "",
-		`{"upto_seq": -1}`:             "upto_seq",
-		`{"upto_seq": "7"}`:            "upto_seq",
-		`{"upto_seq": 1.5}`:            "upto_seq",
-		`{}`:                           "upto_seq",
-		`{"upto_seq": 1, "x": 2}`:      "x",
-		`[1]`:                          "",
-		`null`:                         "",
-		`{"upto_seq": 99999999999999}`: "",
+		`{"upto_seq": 7}`:                "",
+		`{"upto_seq": 0}`:                "",
+		`{"upto_seq": -1}`:               "upto_seq",
+		`{"upto_seq": "7"}`:              "upto_seq",
+		`{"upto_seq": 1.5}`:              "upto_seq",
+		`{}`:                             "upto_seq",
+		`{"upto_seq": 1, "x": 2}`:        "x",
+		`[1]`:                            "",
+		`null`:                           "",
+		`{"upto_seq": 99999999999999}`:   "",
+		`{"upto_seq": null}`:             "upto_seq",
+		`{"upto_seq": 1, "upto_seq": 0}`: "upto_seq",
+		`{"upto_seq": {"a": 1}}`:         "upto_seq",
 	} {
 		n, err := DecodeReadRequest([]byte(in))
 		var fe *FieldError
@@ -136,4 +139,23 @@ func FuzzDecodeReadMark(f *testing.F) {
 			t.Fatalf("accepted a bad mark: %+v", r)
 		}
 	})
+}
+
+// TestParseChatCursorRange: a cursor whose time no message can have (out
+// of years 1–9999, where Postgres's range ends too) is a 400 on the
+// cursor, not a query the database refuses.
+func TestParseChatCursorRange(t *testing.T) {
+	for in, ok := range map[string]bool{
+		"1796169629949000.5":     true,
+		"-210866803200000001.1":  false,
+		"-9000000000000000000.1": false,
+		"9223372036854775807.1":  false,
+		"0.1":                    true,
+	} {
+		_, err := ParseChatCursor(in)
+		var fe *FieldError
+		if ok != (err == nil) || (!ok && (!errors.As(err, &fe) || fe.Field != "cursor")) {
+			t.Errorf("ParseChatCursor(%q) = %v, want ok %v (else an error naming cursor)", in, err, ok)
+		}
+	}
 }

@@ -44,6 +44,12 @@ func (c ChatCursor) String() string {
 
 // ParseChatCursor decodes a cursor from ChatCursor.String ("" is the start).
 // It returns a *FieldError for field "cursor".
+// The bounds of a chat cursor's time, in Unix microseconds.
+var (
+	minCursorMicros = time.Date(1, 1, 1, 0, 0, 0, 0, time.UTC).UnixMicro()
+	maxCursorMicros = time.Date(9999, 12, 31, 23, 59, 59, 0, time.UTC).UnixMicro()
+)
+
 func ParseChatCursor(s string) (ChatCursor, error) {
 	if s == "" {
 		return ChatCursor{}, nil
@@ -55,7 +61,9 @@ func ParseChatCursor(s string) (ChatCursor, error) {
 	}
 	us, err1 := strconv.ParseInt(a, 10, 64)
 	id, err2 := strconv.ParseInt(b, 10, 64)
-	if err1 != nil || err2 != nil || id <= 0 {
+	// A cursor's time is a message's: years 1 to 9999, well inside
+	// Postgres's timestamp range (a time outside it fails the query).
+	if err1 != nil || err2 != nil || id <= 0 || us < minCursorMicros || us > maxCursorMicros {
 		return ChatCursor{}, bad
 	}
 	return ChatCursor{At: time.UnixMicro(us), ChatID: id}, nil

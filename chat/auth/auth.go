@@ -17,6 +17,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/outboxchat/outboxchat/chat"
 
@@ -270,6 +272,15 @@ func (v *Verifier) Verify(token string) (*Principal, error) {
 	if c.Subject == "" {
 		return nil, errors.New("invalid token: no sub")
 	}
+	if !validSubject(c.Subject) {
+		return nil, errors.New("invalid token: sub holds a control character or is not valid UTF-8")
+	}
+	// An iat in the future (beyond the issuer's clock skew) is refused:
+	// such a token would outlive a revocation of its user, which refuses
+	// the tokens issued until then.
+	if c.IssuedAt != nil && c.IssuedAt.After(time.Now().Add(issuedAtSkew)) {
+		return nil, errors.New("invalid token: iat is in the future")
+	}
 	if !slices.Contains(c.Svc, v.service) {
 		return nil, fmt.Errorf("invalid token: not for service %s", v.service)
 	}
@@ -385,4 +396,23 @@ func AuthorOf(ctx context.Context) string {
 		return p.User
 	}
 	return ""
+}
+
+// issuedAtSkew is how far ahead of this process's clock a token's iat may
+// be (the issuer's clock running ahead).
+const issuedAtSkew = 30 * time.Second
+
+// validSubject reports whether a token's sub can be a user name: valid
+// UTF-8 without control characters (a NUL, which Postgres text refuses,
+// or a terminal escape, which would reach logs and pages as author).
+func validSubject(s string) bool {
+	if !utf8.ValidString(s) {
+		return false
+	}
+	for _, r := range s {
+		if unicode.IsControl(r) {
+			return false
+		}
+	}
+	return true
 }
