@@ -282,6 +282,9 @@ func DecodeEditRequest(data []byte, maxBodyBytes int) (string, error) {
 		if errors.As(err, &fe) && fe.Field == "client_id" {
 			return "", &FieldError{Field: "client_id", Msg: "unknown field (the field is \"body\")"}
 		}
+		if errors.As(err, &fe) && strings.HasPrefix(fe.Msg, "unknown field") {
+			return "", &FieldError{Field: fe.Field, Msg: "unknown field (the field is \"body\")"}
+		}
 		return "", err
 	}
 	if req.ClientID != "" {
