@@ -9,8 +9,6 @@ import (
 	"strings"
 	"time"
 	"unicode/utf8"
-
-	"github.com/google/uuid"
 )
 
 // Edits, deletes and read receipts.
@@ -103,7 +101,7 @@ func DecodeChange(name string, data []byte) (Change, error) {
 		return c, fmt.Errorf("%w: change: %v", ErrMalformedEvent, err)
 	}
 	for _, id := range []string{raw.ID, raw.MessageID} {
-		if _, err := uuid.Parse(id); err != nil || len(id) != 36 {
+		if !isUUID(id) {
 			return c, fmt.Errorf("%w: change id %q is not a UUID", ErrMalformedEvent, id)
 		}
 	}
@@ -227,7 +225,7 @@ func DecodeReadMark(data []byte) (ReadMark, error) {
 	if err := json.Unmarshal(data, &raw); err != nil {
 		return r, fmt.Errorf("%w: read: %v", ErrMalformedEvent, err)
 	}
-	if _, err := uuid.Parse(raw.ID); err != nil || len(raw.ID) != 36 {
+	if !isUUID(raw.ID) {
 		return r, fmt.Errorf("%w: read id %q is not a UUID", ErrMalformedEvent, raw.ID)
 	}
 	if raw.ChatID <= 0 || raw.UptoSeq <= 0 {
@@ -342,7 +340,7 @@ func DecodeReadRequest(data []byte) (int64, error) {
 // 36-character form. It returns it lower-cased, or a *FieldError for field
 // "message_id".
 func ParseMessageID(s string) (string, error) {
-	if _, err := uuid.Parse(s); err != nil || len(s) != 36 {
+	if !isUUID(s) {
 		return "", &FieldError{Field: "message_id", Msg: "must be a UUID"}
 	}
 	return strings.ToLower(s), nil

@@ -10,8 +10,6 @@ import (
 	"strings"
 	"time"
 	"unicode/utf8"
-
-	"github.com/google/uuid"
 )
 
 // EventMessageCreated is the outbox event name of a sent message.
@@ -344,7 +342,7 @@ func DecodeEvent(data []byte) (Message, error) {
 	if err := json.Unmarshal(data, &raw); err != nil {
 		return m, fmt.Errorf("%w: %v", ErrMalformedEvent, err)
 	}
-	if _, err := uuid.Parse(raw.ID); err != nil || len(raw.ID) != 36 {
+	if !isUUID(raw.ID) {
 		return m, fmt.Errorf("%w: id %q is not a UUID", ErrMalformedEvent, raw.ID)
 	}
 	if raw.ChatID <= 0 {

@@ -76,7 +76,7 @@ func DecodeReceipt(data []byte) (Receipt, error) {
 	if err := json.Unmarshal(data, &raw); err != nil {
 		return r, fmt.Errorf("%w: receipt: %v", ErrMalformedEvent, err)
 	}
-	if _, err := uuid.Parse(raw.ID); err != nil || len(raw.ID) != 36 {
+	if !isUUID(raw.ID) {
 		return r, fmt.Errorf("%w: receipt id %q is not a UUID", ErrMalformedEvent, raw.ID)
 	}
 	if len(raw.Chats) == 0 || len(raw.Chats) > MaxReceiptChats {
@@ -141,3 +141,10 @@ func ReceiptChannel(service string) string { return service + "_receipts" }
 // the floor so its watermark and receipts go past them instead of holding
 // the chat's next messages behind a gap nothing will fill.
 const EventSeqFloor = "seq.floor"
+
+// isUUID reports whether s is a UUID in its canonical 36-character form,
+// the only form event ids, job ids and message ids take.
+func isUUID(s string) bool {
+	_, err := uuid.Parse(s)
+	return err == nil && len(s) == 36
+}

@@ -222,9 +222,7 @@ func (f *Fence) fence(ctx context.Context, conn *pgx.Conn, ep epoch, w *outbox.W
 				}
 			}
 			if len(chats) > 0 {
-				rows, err := tx.Query(ctx, `WITH h AS (SELECT h.chat_id, h.mark, greatest(
-						coalesce((SELECT m.seq FROM `+s+`.messages m WHERE m.chat_id = h.chat_id ORDER BY m.seq DESC LIMIT 1), 0),
-						coalesce((SELECT f.seq FROM `+s+`.seq_floors f WHERE f.chat_id = h.chat_id ORDER BY f.seq DESC LIMIT 1), 0)) AS last
+				rows, err := tx.Query(ctx, `WITH h AS (SELECT h.chat_id, h.mark, `+lastSeqSQL(s, "h.chat_id")+` AS last
 					FROM unnest($1::bigint[], $2::bigint[]) AS h(chat_id, mark)),
 				l AS (INSERT INTO `+s+`.seq_lost (chat_id, from_seq, to_seq, system_id, timeline)
 					SELECT chat_id, last + 1, mark, $3, $4 FROM h WHERE mark > last

@@ -329,6 +329,20 @@ func (s *Server) initdb(ctx context.Context) error {
 
 // runInitdb runs initdb into s.dataDir.
 func (s *Server) runInitdb(ctx context.Context) error {
+	if err := s.makeDataDir(); err != nil {
+		return err
+	}
+	start := time.Now()
+	if err := s.runTool(ctx, "initdb", "initdb.log", "-D", s.dataDir, "-U", "postgres", "-A", "trust",
+		"-E", "UTF8", "--locale=C", "--no-sync", "--no-instructions"); err != nil {
+		return err
+	}
+	s.log.Debug("pgproc: initdb done", "dir", s.dataDir, "took", time.Since(start))
+	return nil
+}
+
+// makeDataDir creates s.dataDir (0700), owned by the server's user.
+func (s *Server) makeDataDir() error {
 	if err := os.MkdirAll(s.dataDir, 0o700); err != nil {
 		return fmt.Errorf("pgproc: create data dir: %w", err)
 	}
@@ -337,17 +351,24 @@ func (s *Server) runInitdb(ctx context.Context) error {
 			return fmt.Errorf("pgproc: chown data dir: %w", err)
 		}
 	}
-	cmd := s.command("initdb", "-D", s.dataDir, "-U", "postgres", "-A", "trust",
-		"-E", "UTF8", "--locale=C", "--no-sync", "--no-instructions")
-	out, err := os.Create(filepath.Join(s.dir, "initdb.log"))
+	return nil
+}
+
+// runTool runs the server's tool name (a path, or a name in the bin dir)
+// with args as the server's user, its output in Dir/logName, until it exits
+// or ctx ends (then its process group is killed). The error names the tool
+// and carries the log's tail.
+func (s *Server) runTool(ctx context.Context, name, logName string, args ...string) error {
+	cmd := s.command(name, args...)
+	out, err := os.Create(filepath.Join(s.dir, logName))
 	if err != nil {
 		return fmt.Errorf("pgproc: %w", err)
 	}
 	defer out.Close()
 	cmd.Stdout, cmd.Stderr = out, out
-	start := time.Now()
+	tool := filepath.Base(name)
 	if err := spawn.Start(cmd); err != nil {
-		return fmt.Errorf("pgproc: start initdb: %w", err)
+		return fmt.Errorf("pgproc: start %s: %w", tool, err)
 	}
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
@@ -356,12 +377,11 @@ func (s *Server) runInitdb(ctx context.Context) error {
 	case <-ctx.Done():
 		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 		<-done
-		return fmt.Errorf("pgproc: initdb: %w", ctx.Err())
+		return fmt.Errorf("pgproc: %s: %w", tool, ctx.Err())
 	}
 	if err != nil {
-		return fmt.Errorf("pgproc: initdb: %w: %s", err, spawn.TailFile(out.Name(), 2048))
+		return fmt.Errorf("pgproc: %s: %w: %s", tool, err, spawn.TailFile(out.Name(), 2048))
 	}
-	s.log.Debug("pgproc: initdb done", "dir", s.dataDir, "took", time.Since(start))
 	return nil
 }
 

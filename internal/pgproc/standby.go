@@ -9,8 +9,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-
-	"github.com/outboxchat/outboxchat/internal/spawn"
 )
 
 // baseBackup fills s.dataDir with a pg_basebackup of primary, written as a
@@ -20,13 +18,8 @@ import (
 // PostgreSQL 15's defaults (wal_level=replica, max_wal_senders=10) allow
 // them: the primary needs no setting of its own.
 func (s *Server) baseBackup(ctx context.Context, primary *Server) error {
-	if err := os.MkdirAll(s.dataDir, 0o700); err != nil {
-		return fmt.Errorf("pgproc: create data dir: %w", err)
-	}
-	if s.cred != nil {
-		if err := os.Chown(s.dataDir, int(s.cred.Uid), int(s.cred.Gid)); err != nil {
-			return fmt.Errorf("pgproc: chown data dir: %w", err)
-		}
+	if err := s.makeDataDir(); err != nil {
+		return err
 	}
 	// A bin dir of symlinks to initdb and postgres (e.g. /usr/local/bin)
 	// may lack pg_basebackup: it sits beside the real postgres.
@@ -36,30 +29,8 @@ func (s *Server) baseBackup(ctx context.Context, primary *Server) error {
 			tool = filepath.Join(filepath.Dir(real), tool)
 		}
 	}
-	cmd := s.command(tool, "-D", s.dataDir, "-h", "127.0.0.1", "-p", strconv.Itoa(primary.Port()),
+	return s.runTool(ctx, tool, "basebackup.log", "-D", s.dataDir, "-h", "127.0.0.1", "-p", strconv.Itoa(primary.Port()),
 		"-U", "postgres", "-X", "stream", "-R", "-c", "fast", "--no-sync")
-	out, err := os.Create(filepath.Join(s.dir, "basebackup.log"))
-	if err != nil {
-		return fmt.Errorf("pgproc: %w", err)
-	}
-	defer out.Close()
-	cmd.Stdout, cmd.Stderr = out, out
-	if err := spawn.Start(cmd); err != nil {
-		return fmt.Errorf("pgproc: start pg_basebackup: %w", err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	select {
-	case err = <-done:
-	case <-ctx.Done():
-		_ = cmd.Process.Kill()
-		<-done
-		return fmt.Errorf("pgproc: pg_basebackup: %w", ctx.Err())
-	}
-	if err != nil {
-		return fmt.Errorf("pgproc: pg_basebackup: %w: %s", err, spawn.TailFile(out.Name(), 2048))
-	}
-	return nil
 }
 
 // WaitCaughtUp waits until the standby s has replayed all the WAL its

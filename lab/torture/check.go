@@ -141,15 +141,23 @@ const (
 	messagesQuery = `SELECT id::text, chat_id, seq FROM %s.messages`
 )
 
+// tableRows reads the inbox and messages rows of both services as they are
+// now (without the kept ones): message id → row.
+func (t *run) tableRows(ctx context.Context) (inbox, messages map[string]sentMsg, err error) {
+	if inbox, err = t.rowsByID(ctx, inboxQuery, chat.Peer); err != nil {
+		return nil, nil, err
+	}
+	if messages, err = t.rowsByID(ctx, messagesQuery, func(svc string) string { return svc }); err != nil {
+		return nil, nil, err
+	}
+	return inbox, messages, nil
+}
+
 // keep adds the inbox and messages rows of both services to what the
 // checker keeps of them (keptInbox, keptStored), so that the rows a prune
 // is about to delete still count as stored and received.
 func (t *run) keep(ctx context.Context) error {
-	in, err := t.rowsByID(ctx, inboxQuery, chat.Peer)
-	if err != nil {
-		return err
-	}
-	st, err := t.rowsByID(ctx, messagesQuery, func(svc string) string { return svc })
+	in, st, err := t.tableRows(ctx)
 	if err != nil {
 		return err
 	}
@@ -186,11 +194,7 @@ type seqKey struct {
 // lost: the receiver had each (its row was kept from the inbox or the
 // sender had its receipt).
 func (t *run) prunedSeqs(ctx context.Context) (map[seqKey]bool, error) {
-	in, err := t.rowsByID(ctx, inboxQuery, chat.Peer)
-	if err != nil {
-		return nil, err
-	}
-	st, err := t.rowsByID(ctx, messagesQuery, func(svc string) string { return svc })
+	in, st, err := t.tableRows(ctx)
 	if err != nil {
 		return nil, err
 	}
