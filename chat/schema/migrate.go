@@ -3,6 +3,7 @@ package schema
 import (
 	"context"
 	"embed"
+	"errors"
 	"fmt"
 	"io/fs"
 	"math"
@@ -13,6 +14,7 @@ import (
 	"github.com/outboxchat/outboxchat/chat"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -61,6 +63,24 @@ func Bootstrap(ctx context.Context, pool *pgxpool.Pool, service string) error {
 	if err := chat.CheckService(service); err != nil {
 		return err
 	}
+	// Roles are cluster-wide and the advisory lock is per database: when
+	// another database's bootstrap creates the role at the same moment, this
+	// transaction's CREATE ROLE fails as a duplicate (caught), but its
+	// catalog cache may still hold the role as missing until the next
+	// transaction, so CREATE SCHEMA … AUTHORIZATION fails with 42704. A new
+	// transaction sees the committed role.
+	var err error
+	for range 3 {
+		err = bootstrapOnce(ctx, pool, service)
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != "42704" {
+			return err
+		}
+	}
+	return err
+}
+
+func bootstrapOnce(ctx context.Context, pool *pgxpool.Pool, service string) error {
 	id := pgx.Identifier{service}.Sanitize()
 	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext('outboxchat.bootstrap'))`); err != nil {

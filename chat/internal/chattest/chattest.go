@@ -82,6 +82,9 @@ func New(t testing.TB, redisURL string) *Harness {
 	return NewOn(t, testenv.Database(t), redisURL)
 }
 
+// bootstrapMu serialises the harnesses' Bootstrap calls.
+var bootstrapMu sync.Mutex
+
 // NewOn is New on the database of the superuser URL adminURL
 // (e.g. a private server of the test's own).
 func NewOn(t testing.TB, adminURL, redisURL string) *Harness {
@@ -93,7 +96,12 @@ func NewOn(t testing.TB, adminURL, redisURL string) *Harness {
 	}
 	t.Cleanup(admin.Close)
 	for _, s := range []string{chat.Consumers, chat.Workers} {
-		if err := schema.Bootstrap(ctx, admin, s); err != nil {
+		// One bootstrap at a time in the test binary: the roles are the
+		// server's, shared by every test's database.
+		bootstrapMu.Lock()
+		err := schema.Bootstrap(ctx, admin, s)
+		bootstrapMu.Unlock()
+		if err != nil {
 			t.Fatal(err)
 		}
 		if _, err := schema.Migrate(ctx, admin, s); err != nil {
