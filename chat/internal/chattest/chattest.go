@@ -259,6 +259,15 @@ func (w *Watcher) LastReceipt(service string) chat.ReceiptFrame {
 // checks they are exactly seqs 1..n of chat, in order, each once.
 func (w *Watcher) WaitSeqs(t testing.TB, service string, n int, timeout time.Duration) []chat.Message {
 	t.Helper()
+	defer func() {
+		if t.Failed() { // also on WaitFor's Fatalf: say what did arrive
+			var seqs []int64
+			for _, m := range w.From(service) {
+				seqs = append(seqs, m.Seq)
+			}
+			t.Logf("seqs from %s on the socket: %v", service, seqs)
+		}
+	}()
 	testenv.WaitFor(t, timeout, fmt.Sprintf("%d messages from %s on the socket", n, service), func() bool {
 		return len(w.From(service)) >= n
 	})
