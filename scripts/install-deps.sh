@@ -4,7 +4,8 @@
 # `make demo` and `make up` need); with --test also pgbouncer (the
 # connection-pooler tests) and promtool (from Debian's prometheus package:
 # the deploy/ rules test runs `promtool check rules` and `promtool test
-# rules`); with --browser Chromium for the browser test. `make test` and
+# rules`) and libfaketime (the clock-step test preloads it into a private
+# Postgres to step that server's wall clock); with --browser Chromium for the browser test. `make test` and
 # `make deps` pass both flags. Debian/Ubuntu only (apt-get); elsewhere it
 # says what to install. It never starts or touches a system server: the
 # tests and the lab run private servers on free ports.
@@ -27,6 +28,7 @@ have_pg() {
 have_redis() { command -v redis-server >/dev/null 2>&1; }
 have_pgbouncer() { command -v pgbouncer >/dev/null 2>&1 || [ -x /usr/sbin/pgbouncer ]; }
 have_promtool() { command -v promtool >/dev/null 2>&1; }
+have_faketime() { ls /usr/lib/*/faketime/libfaketime.so.1 >/dev/null 2>&1; }
 have_chromium() { command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || command -v google-chrome >/dev/null 2>&1; }
 
 pkgs=()
@@ -35,12 +37,13 @@ have_redis || pkgs+=(redis-server)
 if [ "$want_test" = 1 ]; then
   have_pgbouncer || pkgs+=(pgbouncer)
   have_promtool || pkgs+=(prometheus)
+  have_faketime || pkgs+=(libfaketime)
 fi
 if [ "$want_browser" = 1 ] && ! have_chromium; then pkgs+=(chromium); fi
 [ ${#pkgs[@]} -eq 0 ] && exit 0
 
 if ! command -v apt-get >/dev/null 2>&1; then
-  echo "outboxchat needs: ${pkgs[*]} (Debian names: postgresql = PostgreSQL 15+ server binaries, redis-server = Redis 7+, prometheus for its promtool). Install them with your package manager and run again." >&2
+  echo "outboxchat needs: ${pkgs[*]} (Debian names: postgresql = PostgreSQL 15+ server binaries, redis-server = Redis 7+, prometheus for its promtool, libfaketime). Install them with your package manager and run again." >&2
   exit 1
 fi
 sudo=""

@@ -77,6 +77,12 @@ type Options struct {
 	// Promote makes it a primary. Ignored when Dir/data already holds a
 	// cluster. Default nil: a new primary.
 	StandbyOf *Server
+	// Env is extra environment for the postgres server process (not initdb
+	// or pg_basebackup), as "KEY=VALUE" strings added to the minimal one
+	// Start gives it (PATH, LC_ALL=C, LANG=C, TZ=UTC). Tests use it to
+	// preload a fault into the server, such as libfaketime to step its
+	// wall clock. Default nil: nothing added.
+	Env []string
 }
 
 // Server is a running (or stopped) private PostgreSQL server. All methods are
@@ -93,6 +99,7 @@ type Server struct {
 	log          *slog.Logger
 	cred         *syscall.Credential
 	tls          bool // Dir/server.crt and Dir/server.key serve TLS
+	env          []string
 
 	life spawn.Server // the postmaster; SIGINT (fast shutdown) stops it
 }
@@ -111,6 +118,7 @@ func Start(ctx context.Context, opts *Options) (*Server, error) {
 		fsync:        opts.Fsync,
 		log:          opts.Logger,
 		startTimeout: opts.StartTimeout,
+		env:          opts.Env,
 	}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
@@ -404,6 +412,7 @@ func (s *Server) launch(ctx context.Context) (*spawn.Proc, error) {
 		"-c", "log_destination=stderr",
 		"-c", "TimeZone=UTC",
 	)
+	cmd.Env = append(cmd.Env, s.env...)
 	if s.tls {
 		cmd.Args = append(cmd.Args, "-c", "ssl=on",
 			"-c", "ssl_cert_file="+filepath.Join(s.dir, "server.crt"),
