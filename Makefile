@@ -1,6 +1,6 @@
 # outboxchat: `make demo` runs the lab's demo; `make test` runs every test.
 # Both install PostgreSQL and Redis with apt-get when they are missing;
-# `make test` (through `make deps`) also PgBouncer, promtool and Chromium,
+# `make test` (through `make deps`) also PgBouncer, promtool, libfaketime and Chromium,
 # which only the tests use: see scripts/install-deps.sh.
 
 GO ?= go
