@@ -38,7 +38,7 @@ func (s inboxSource) DeadLetter(ctx context.Context, d inbox.Delivery, reason st
 // OutboxPublisher adapts a Publisher to outbox.Publisher, so that an
 // outbox.Relay publishes into a redisq stream: each outbox.Message becomes
 // a Job with ID = Message.ID (the idempotency key), Name = Message.Event,
-// Payload = Message.Payload and Headers = Message.Headers, added in order with one pipelined Add (a
+// Payload = Message.Payload and Headers = Message.Headers, added in order with one Add (a
 // re-published message is a successful no-op while its job is in the
 // stream). Errors are Add's; one that is a job's own fault (JobFault: an
 // empty ID, an "ERR" reply to its script) is returned as an

@@ -15,8 +15,8 @@
 //
 // # Invariants
 //
-//   - Idempotent add. Add runs scripts/add.lua per job: SET <dedupe key> NX
-//     PX <DedupeTTL>, then XADD. A job whose ID is still in the queue (not
+//   - Idempotent add. Add runs scripts/add.lua, one atomic call per batch,
+//     which per job does SET <dedupe key> NX PX <DedupeTTL>, then XADD. A job whose ID is still in the queue (not
 //     yet acknowledged by every group and trimmed) and was added within
 //     DedupeTTL is not added again and counts as success, so a caller that
 //     does not know whether an Add went through simply repeats it. If the
@@ -27,8 +27,11 @@
 //     is what keeps Redis memory flat: remembering every id for DedupeTTL
 //     would grow it with traffic (at 5,000 jobs/s, a day of ids is about
 //     80 GB).
-//   - Order. Add keeps slice order; a stream hands entries out in the order
-//     they were added. Redeliveries (own pending, reclaimed) come before new
+//   - Order. Add keeps slice order, also across a failure and its retry:
+//     a failed Add added a prefix of its jobs and nothing after it (one
+//     script call per batch; a pipeline of per-job calls could fail its
+//     first calls, NOSCRIPT or LOADING, and add the later ones). A stream
+//     hands entries out in the order they were added. Redeliveries (own pending, reclaimed) come before new
 //     entries, so a redelivered job may arrive after later ones: receivers
 //     that need order must tolerate that (the chat orders by seq).
 //   - At-least-once delivery. An entry stays in the group's pending list

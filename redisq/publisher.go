@@ -172,21 +172,26 @@ func (c *PublisherConfig) validate() error {
 // Keys returns the queue's key names.
 func (p *Publisher) Keys() Keys { return p.keys }
 
-// Add adds jobs to the stream in slice order, each through scripts/add.lua
-// (SET <dedupe key> NX PX <DedupeTTL>, then XADD with fields id, name,
-// payload, and sig and headers when set), all pipelined in one round trip. It returns how many jobs were
-// new; the others were duplicates of ids still in the stream (at most
-// DedupeTTL; a trim forgets an id with its entry) or repeated within jobs,
-// which count as success. Add with no jobs returns (0, nil).
+// Add adds jobs to the stream in slice order through scripts/add.lua, one
+// atomic script call per maxScriptJobs jobs (per job: SET <dedupe key> NX
+// PX <DedupeTTL>, then XADD with fields id, name, payload, and sig and
+// headers when set). It returns how many jobs were new; the others were
+// duplicates of ids still in the stream (at most DedupeTTL; a trim forgets
+// an id with its entry) or repeated within jobs, which count as success.
+// Add with no jobs returns (0, nil).
 //
-// On error (Redis down, timeout, OOM, ctx done) some of the jobs may have
-// been added and others not: the caller must retry all of them, which is
-// safe because adds are idempotent; added is then 0. Nothing is kept in
-// memory for a later retry. A job with an empty ID, or headers beyond the
-// limits of outbox.CheckHeaders (then outbox.ErrInvalidHeaders is wrapped
-// too), fails the whole call with ErrInvalidJob before anything is sent. If the server answers
-// NOSCRIPT (script cache empty after a restart), Add loads the script and
-// retries those jobs once. Safe for concurrent use.
+// What Add puts in the stream is always a prefix of jobs, in order: a call
+// that fails part way (Redis down or restarting, a timeout, OOM, ctx done)
+// has added the jobs before some index and none after it, so a retry of all
+// of them (safe: adds are idempotent) never puts an earlier job after a
+// later one. added is then 0. Nothing is kept in memory for a later retry.
+// A job with an empty ID, or headers beyond the limits of
+// outbox.CheckHeaders (then outbox.ErrInvalidHeaders is wrapped too),
+// fails the whole call with ErrInvalidJob before anything is sent; a job
+// whose XADD the server refuses is a *JobError naming it (see JobFault).
+// NOSCRIPT (the server's script cache emptied by a restart) is answered by
+// sending the script itself (go-redis's Script.Run). Safe for concurrent
+// use.
 func (p *Publisher) Add(ctx context.Context, jobs ...Job) (added int, err error) {
 	added, err = p.run(ctx, addScript, jobs)
 	if err != nil || len(jobs) == 0 {
@@ -198,24 +203,29 @@ func (p *Publisher) Add(ctx context.Context, jobs ...Job) (added int, err error)
 	return added, nil
 }
 
-// Readd adds jobs to the stream again whatever their dedupe keys say: each
-// through scripts/readd.lua (SET <dedupe key> PX <DedupeTTL>, overwriting,
-// then XADD), all pipelined in one round trip. It is the re-drive's add: a
-// job whose dedupe key survived while its stream entry was lost (FLUSHALL
-// and a re-add, XDEL, a failover to a replica that had the key and not the
-// entry) is not mistaken for a duplicate. Every call adds a new entry per
-// job, so the receiver must drop duplicates (the inbox does). It returns
-// how many jobs were added (len(jobs) on success). Errors as for Add: on
-// error some jobs may have been added, the caller retries all of them;
+// Readd adds jobs to the stream again whatever their dedupe keys say,
+// through scripts/readd.lua (per job: SET <dedupe key> PX <DedupeTTL>,
+// overwriting, then XADD), one atomic script call per maxScriptJobs jobs.
+// It is the re-drive's add: a job whose dedupe key survived while its
+// stream entry was lost (FLUSHALL and a re-add, XDEL, a failover to a
+// replica that had the key and not the entry) is not mistaken for a
+// duplicate. Every call adds a new entry per job, so the receiver must drop
+// duplicates (the inbox does). It returns how many jobs were added
+// (len(jobs) on success). Errors and order as for Add: what a failed call
+// added is a prefix of jobs, and the caller retries all of them;
 // ErrInvalidJob for an empty ID before anything is sent. Safe for
 // concurrent use.
 func (p *Publisher) Readd(ctx context.Context, jobs ...Job) (int, error) {
 	return p.run(ctx, readdScript, jobs)
 }
 
-// run runs script (add.lua or readd.lua, same KEYS and ARGV) for jobs,
-// pipelined, loading the script once on NOSCRIPT, and returns the sum of
-// the script's replies.
+// maxScriptJobs bounds the jobs of one script call (its KEYS and ARGV, and
+// how long it holds the server): a larger batch is split into calls made
+// one after the other, each only after the one before added all its jobs.
+const maxScriptJobs = 500
+
+// run runs script (add.lua or readd.lua, same KEYS, ARGV and reply) for
+// jobs, maxScriptJobs at a time, and returns the sum of the jobs added.
 func (p *Publisher) run(ctx context.Context, script *redis.Script, jobs []Job) (added int, err error) {
 	if len(jobs) == 0 {
 		return 0, nil
@@ -228,66 +238,67 @@ func (p *Publisher) run(ctx context.Context, script *redis.Script, jobs []Job) (
 			return 0, &JobError{Index: i, ID: j.ID, Err: fmt.Errorf("job %d: %w: %w", i, ErrInvalidJob, err)}
 		}
 	}
-	todo := make([]int, len(jobs))
-	for i := range todo {
-		todo[i] = i
-	}
-	for attempt := 0; ; attempt++ {
-		n, missing, err := p.addOnce(ctx, script, jobs, todo)
+	for from := 0; from < len(jobs); from += maxScriptJobs {
+		n, err := p.runOnce(ctx, script, jobs, from, min(from+maxScriptJobs, len(jobs)))
 		if err != nil {
 			return 0, err
 		}
 		added += n
-		if len(missing) == 0 {
-			break
-		}
-		if attempt > 0 {
-			return 0, fmt.Errorf("redisq: adding jobs: script still missing after SCRIPT LOAD")
-		}
-		if err := script.Load(ctx, p.rdb).Err(); err != nil {
-			return 0, fmt.Errorf("redisq: adding jobs: loading script: %w", err)
-		}
-		todo = missing
 	}
 	return added, nil
 }
 
-// addOnce pipelines EVALSHA of script for jobs[todo...]. It returns how many
-// were added and the indices whose EVALSHA failed with NOSCRIPT.
-func (p *Publisher) addOnce(ctx context.Context, script *redis.Script, jobs []Job, todo []int) (int, []int, error) {
-	sha := script.Hash()
-	pipe := p.rdb.Pipeline()
-	cmds := make([]*redis.Cmd, len(todo))
-	for k, i := range todo {
-		j := jobs[i]
+// runOnce runs script for jobs[from:to] in one call.
+func (p *Publisher) runOnce(ctx context.Context, script *redis.Script, jobs []Job, from, to int) (int, error) {
+	keys := make([]string, 1, 1+to-from)
+	keys[0] = p.keys.Stream
+	args := make([]any, 1, 1+5*(to-from))
+	args[0] = p.ttlMS
+	for _, j := range jobs[from:to] {
 		if j.Sig == "" && p.sign != nil {
 			j.Sig = p.sign(j)
 		}
-		cmds[k] = pipe.EvalSha(ctx, sha, []string{p.keys.Dedupe(j.ID), p.keys.Stream},
-			p.ttlMS, j.ID, j.Name, j.Payload, j.Sig, encodeHeaders(j.Headers))
+		keys = append(keys, p.keys.Dedupe(j.ID))
+		args = append(args, j.ID, j.Name, j.Payload, j.Sig, encodeHeaders(j.Headers))
 	}
-	// Exec's error is the first failed command's; inspect each instead.
-	_, _ = pipe.Exec(ctx)
-	added := 0
-	var missing []int
-	for k, cmd := range cmds {
-		n, err := cmd.Int()
-		switch {
-		case err == nil:
-			added += n
-		case redis.HasErrorPrefix(err, "NOSCRIPT"):
-			missing = append(missing, todo[k])
-		default:
-			return 0, nil, &JobError{Index: todo[k], ID: jobs[todo[k]].ID, Err: err}
-		}
+	reply, err := script.Run(ctx, p.rdb, keys, args...).Slice()
+	if err != nil {
+		return 0, fmt.Errorf("redisq: adding jobs: %w", err)
 	}
-	return added, missing, nil
+	added, failed, msg, ok := scriptReply(reply)
+	if !ok {
+		return 0, fmt.Errorf("redisq: adding jobs: unexpected script reply %v", reply)
+	}
+	if failed > 0 {
+		i := from + failed - 1
+		return 0, &JobError{Index: i, ID: jobs[i].ID, Err: replyError(msg)}
+	}
+	return added, nil
 }
 
+// scriptReply decodes add.lua's and readd.lua's reply {added, failed, err}.
+func scriptReply(reply []any) (added, failed int, msg string, ok bool) {
+	if len(reply) != 3 {
+		return 0, 0, "", false
+	}
+	a, ok1 := reply[0].(int64)
+	f, ok2 := reply[1].(int64)
+	m, ok3 := reply[2].(string)
+	return int(a), int(f), m, ok1 && ok2 && ok3
+}
+
+// replyError is the error reply a script got for one job's command (the
+// script returns it as text, not as its own error, to say which job).
+type replyError string
+
+func (e replyError) Error() string { return string(e) }
+
 // JobError is the error of Add and Readd that names the job it arose at:
-// Index in the jobs given, ID, and Err (ErrInvalidJob for an empty ID, else
-// Redis's error for that job's command). It says nothing of the other jobs
-// (Redis down fails every one; the first is named).
+// Index in the jobs given, ID, and Err (ErrInvalidJob for an empty ID or
+// headers over the limits: then nothing was sent; else the server's error
+// reply to that job's XADD: then the jobs before it were added and none
+// after it). Errors of the whole call (Redis down, OOM, NOSCRIPT twice, ctx
+// done) are not JobErrors.
 type JobError struct {
 	Index int
 	ID    string
@@ -306,9 +317,9 @@ func (e *JobError) Unwrap() error { return e.Err }
 
 // JobFault reports whether err (from Add) is the job's own fault rather
 // than the server's or the connection's: an empty ID (ErrInvalidJob; then
-// nothing was sent), or a plain "ERR ..." reply to that job's script (a
-// command error from the job's arguments; every job before it was
-// added). Replies that describe the server's state (OOM, READONLY,
+// nothing was sent), or a plain "ERR ..." reply to that job's XADD (a
+// command error from the job's arguments; every job before it was added,
+// none after it). Replies that describe the server's state (OOM, READONLY,
 // LOADING, NOPERM, WRONGTYPE, BUSY, …) and network errors are not: they
 // fail every job alike.
 func JobFault(err error) (*JobError, bool) {
@@ -321,6 +332,10 @@ func JobFault(err error) (*JobError, bool) {
 	}
 	var re redis.Error
 	if errors.As(je.Err, &re) && strings.HasPrefix(re.Error(), "ERR ") {
+		return je, true
+	}
+	var se replyError
+	if errors.As(je.Err, &se) && strings.HasPrefix(string(se), "ERR ") {
 		return je, true
 	}
 	return nil, false

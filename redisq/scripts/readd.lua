@@ -1,31 +1,39 @@
--- readd.lua: add one job to the queue stream again, whatever its dedupe key
--- says (the re-drive of a job whose stream entry may be gone while its
--- dedupe key is still there: a FLUSHALL followed by a re-add, an XDEL, a
--- failover to a replica that had the key but not the entry, …). The
--- receiver's inbox drops the copy if it already has the job.
+-- readd.lua: add a batch of jobs to the queue stream again, whatever their
+-- dedupe keys say (the re-drive of jobs whose stream entries may be gone
+-- while their dedupe keys are still there: a FLUSHALL followed by a re-add,
+-- an XDEL, a failover to a replica that had the key but not the entry, …),
+-- in order, in one atomic call (add.lua says why one call). The receiver's
+-- inbox drops a copy if it already has the job.
 --
--- KEYS[1]  dedupe key of the job  (<prefix>q:{<queue>}:dedupe:<job id>)
--- KEYS[2]  stream key             (<prefix>q:{<queue>}:stream)
--- ARGV[1]  dedupe TTL in milliseconds (integer > 0)
--- ARGV[2]  job id
--- ARGV[3]  job name
--- ARGV[4]  job payload (bytes)
--- ARGV[5]  job signature ("" = none: no sig field), as in add.lua
--- ARGV[6]  job headers ("" or absent = none: no headers field), as in
---          add.lua
+-- KEYS and ARGV as in add.lua: KEYS[1] the stream, KEYS[1 + i] job i's
+-- dedupe key; ARGV[1] the dedupe TTL (ms), then five arguments per job (id,
+-- name, payload, signature, headers; "" = none).
 --
--- Returns  1 (the job was added: SET <dedupe key> 1 PX ttl, then XADD
---          <stream> * id .. name .. payload .. [sig ..] [headers ..]).
--- Errors   the XADD error reply (the dedupe key is then left set: a later
---          plain add of the id is a no-op, a later re-add adds it).
-redis.call('SET', KEYS[1], '1', 'PX', ARGV[1])
-local f = {'id', ARGV[2], 'name', ARGV[3], 'payload', ARGV[4]}
-if ARGV[5] ~= nil and ARGV[5] ~= '' then
-  f[#f + 1] = 'sig'
-  f[#f + 1] = ARGV[5]
+-- Per job: SET <dedupe key> 1 PX ttl (overwriting), then XADD <stream> *
+-- id .. name .. payload .. [sig ..] [headers ..].
+--
+-- Returns  {added, failed, err}: added = how many jobs were added; failed = 0
+--          when all were, else the index i of the job whose XADD failed (its
+--          dedupe key left set: a later plain add of the id is a no-op, a
+--          later re-add adds it; the jobs after it not tried) and err its
+--          error reply.
+local added = 0
+for i = 1, #KEYS - 1 do
+  local a = 2 + 5 * (i - 1)
+  redis.call('SET', KEYS[1 + i], '1', 'PX', ARGV[1])
+  local f = {'id', ARGV[a], 'name', ARGV[a + 1], 'payload', ARGV[a + 2]}
+  if ARGV[a + 3] ~= '' then
+    f[#f + 1] = 'sig'
+    f[#f + 1] = ARGV[a + 3]
+  end
+  if ARGV[a + 4] ~= '' then
+    f[#f + 1] = 'headers'
+    f[#f + 1] = ARGV[a + 4]
+  end
+  local r = redis.pcall('XADD', KEYS[1], '*', unpack(f))
+  if type(r) == 'table' and r.err then
+    return {added, i, r.err}
+  end
+  added = added + 1
 end
-if ARGV[6] ~= nil and ARGV[6] ~= '' then
-  f[#f + 1] = 'headers'
-  f[#f + 1] = ARGV[6]
-end
-return redis.call('XADD', KEYS[2], '*', unpack(f)) and 1
+return {added, 0, ''}

@@ -1,0 +1,136 @@
+package redisq_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/outboxchat/outboxchat/redisq"
+)
+
+// An Add that fails has added a prefix of its jobs and nothing after the
+// failure, so its retry keeps the order. The failure here is one job of the
+// batch refused by the server while the others would be accepted: the
+// publisher's ACL user may write the dedupe keys of jobs 0, 1 and 3 but not
+// of job 2 (NOPERM). With the script already in the server's cache, a
+// pipeline of one script call per job added jobs 0, 1 and 3, and the retry
+// put job 2 after job 3; one atomic call per batch adds a prefix (here
+// none: Redis checks a script's declared keys before running it), and once
+// the ACL allows every key the retry adds all four in order.
+func TestFailedAddAddsAPrefixAndItsRetryKeepsOrder(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	_, admin := privateRedis(t)
+	q := newQueue(t, admin)
+	if _, err := q.pub.Add(ctx, redisq.Job{ID: "warm", Name: "n", Payload: []byte("{}")}); err != nil {
+		t.Fatal(err) // loads the scripts into the server's cache
+	}
+	if _, err := q.pub.Readd(ctx, redisq.Job{ID: "warm", Name: "n", Payload: []byte("{}")}); err != nil {
+		t.Fatal(err)
+	}
+	rule := func(keys ...string) []any {
+		args := []any{"ACL", "SETUSER", "orderpub", "reset", "on", ">pw", "+@all"}
+		for _, k := range keys {
+			args = append(args, "~"+k)
+		}
+		return args
+	}
+	noJob2 := rule(q.keys.Stream, q.keys.Dedupe("job-0"), q.keys.Dedupe("job-1"), q.keys.Dedupe("job-3"))
+	rdb := redis.NewClient(&redis.Options{Addr: admin.Options().Addr, Username: "orderpub", Password: "pw"})
+	t.Cleanup(func() { _ = rdb.Close() })
+	pub, err := redisq.NewPublisher(rdb, &redisq.PublisherConfig{Queue: "chat", Prefix: q.prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// added returns the ids in the stream after the two "warm" entries.
+	added := func() []string {
+		es, err := admin.XRange(ctx, q.keys.Stream, "-", "+").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, e := range es[2:] {
+			out = append(out, fmt.Sprint(e.Values["id"]))
+		}
+		return out
+	}
+	isPrefix := func(got []string) bool {
+		for i, id := range got {
+			if i >= 4 || id != fmt.Sprint("job-", i) {
+				return false
+			}
+		}
+		return true
+	}
+	for _, c := range []struct {
+		name string
+		add  func(context.Context, ...redisq.Job) (int, error)
+	}{{"Add", pub.Add}, {"Readd", pub.Readd}} {
+		if err := admin.Do(ctx, noJob2...).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if err := admin.Del(ctx, q.keys.Stream).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if err := admin.XAdd(ctx, &redis.XAddArgs{Stream: q.keys.Stream, Values: []any{"id", "warm"}}).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if err := admin.XAdd(ctx, &redis.XAddArgs{Stream: q.keys.Stream, Values: []any{"id", "warm"}}).Err(); err != nil {
+			t.Fatal(err)
+		}
+		for i := range 4 {
+			_ = admin.Del(ctx, q.keys.Dedupe(fmt.Sprint("job-", i)))
+		}
+		if n, err := c.add(ctx, jobs(4, 0)...); err == nil {
+			t.Fatalf("%s with job-2's key forbidden = %d, nil; want an error", c.name, n)
+		}
+		if got := added(); !isPrefix(got) {
+			t.Fatalf("after the failed %s the stream holds %v: not a prefix of [job-0 job-1 job-2 job-3]", c.name, got)
+		}
+		if err := admin.Do(ctx, rule(q.keys.Stream, q.keys.Dedupe("*"))...).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.add(ctx, jobs(4, 0)...); err != nil {
+			t.Fatalf("retry %s: %v", c.name, err)
+		}
+		got := added()
+		seen := map[string]bool{}
+		var first []string // each id's first entry, in stream order
+		for _, id := range got {
+			if !seen[id] {
+				seen[id] = true
+				first = append(first, id)
+			}
+		}
+		if fmt.Sprint(first) != "[job-0 job-1 job-2 job-3]" {
+			t.Fatalf("after the retry of %s the stream holds %v: first entries %v, want [job-0 job-1 job-2 job-3]", c.name, got, first)
+		}
+	}
+}
+
+// A batch larger than one script call's bound is added in order, across
+// the calls, with the duplicates counted.
+func TestAddBeyondOneScriptCallKeepsOrder(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	q := newQueue(t, nil)
+	q.add(t, 10, 0)
+	n, err := q.pub.Add(ctx, jobs(1200, 0)...)
+	if err != nil || n != 1190 {
+		t.Fatalf("Add of 1,200 jobs, 10 of them in the stream = %d, %v; want 1190, nil", n, err)
+	}
+	es, err := q.rdb.XRange(ctx, q.keys.Stream, "-", "+").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(es) != 1200 {
+		t.Fatalf("stream holds %d entries, want 1200", len(es))
+	}
+	for i, e := range es {
+		if want := fmt.Sprint("job-", i); e.Values["id"] != want {
+			t.Fatalf("entry %d is %v, want %s", i, e.Values["id"], want)
+		}
+	}
+}
