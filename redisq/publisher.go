@@ -6,9 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/outboxchat/outboxchat/outbox"
@@ -186,9 +188,18 @@ func (p *Publisher) Keys() Keys { return p.keys }
 // limits of outbox.CheckHeaders (then outbox.ErrInvalidHeaders is wrapped
 // too), fails the whole call with ErrInvalidJob before anything is sent. If the server answers
 // NOSCRIPT (script cache empty after a restart), Add loads the script and
-// retries those jobs once. Safe for concurrent use.
+// retries those jobs once.
+//
+// On a Redis Cluster (NewClient with a redis+cluster:// URL) the queue's
+// keys share one slot. While that slot migrates, a job whose dedupe key
+// is not yet on the node that has the stream gets TRYAGAIN: Add retries
+// those jobs alone, for at most TryAgainBudget and within ctx, and they
+// may then land after later jobs of the same call (receivers order by
+// their own sequence numbers, not by stream position). The pipeline is
+// never resent as a whole, so a CLUSTERDOWN reply fails the call at once
+// (a *ClusterDownError in the *JobError). Safe for concurrent use.
 func (p *Publisher) Add(ctx context.Context, jobs ...Job) (added int, err error) {
-	added, err = p.run(ctx, addScript, jobs)
+	added, err = p.run(ctx, addScript, jobs, "")
 	if err != nil || len(jobs) == 0 {
 		return added, err
 	}
@@ -204,19 +215,22 @@ func (p *Publisher) Add(ctx context.Context, jobs ...Job) (added int, err error)
 // job whose dedupe key survived while its stream entry was lost (FLUSHALL
 // and a re-add, XDEL, a failover to a replica that had the key and not the
 // entry) is not mistaken for a duplicate. Every call adds a new entry per
-// job, so the receiver must drop duplicates (the inbox does). It returns
-// how many jobs were added (len(jobs) on success). Errors as for Add: on
-// error some jobs may have been added, the caller retries all of them;
-// ErrInvalidJob for an empty ID before anything is sent. Safe for
-// concurrent use.
+// job, so the receiver must drop duplicates (the inbox does); within one
+// call a job is added once, however often its command is sent (the dedupe
+// key holds a token of the call, and a resend that finds it adds nothing).
+// It returns how many jobs were added (len(jobs) on success). Errors and
+// cluster behaviour as for Add: on error some jobs may have been added, the
+// caller retries all of them; ErrInvalidJob for an empty ID before
+// anything is sent. Safe for concurrent use.
 func (p *Publisher) Readd(ctx context.Context, jobs ...Job) (int, error) {
-	return p.run(ctx, readdScript, jobs)
+	return p.run(ctx, readdScript, jobs, uuid.NewString())
 }
 
-// run runs script (add.lua or readd.lua, same KEYS and ARGV) for jobs,
-// pipelined, loading the script once on NOSCRIPT, and returns the sum of
-// the script's replies.
-func (p *Publisher) run(ctx context.Context, script *redis.Script, jobs []Job) (added int, err error) {
+// run runs script (add.lua or readd.lua, same KEYS and ARGV, readd's token
+// ARGV[7]) for jobs, pipelined, loading the script once on NOSCRIPT and
+// retrying the jobs that got TRYAGAIN (retryTryAgain's bounds), and
+// returns the sum of the script's replies.
+func (p *Publisher) run(ctx context.Context, script *redis.Script, jobs []Job, token string) (added int, err error) {
 	if len(jobs) == 0 {
 		return 0, nil
 	}
@@ -232,29 +246,55 @@ func (p *Publisher) run(ctx context.Context, script *redis.Script, jobs []Job) (
 	for i := range todo {
 		todo[i] = i
 	}
-	for attempt := 0; ; attempt++ {
-		n, missing, err := p.addOnce(ctx, script, jobs, todo)
+	loaded := false
+	until, wait := time.Now().Add(TryAgainBudget), tryAgainFirstWait
+	for {
+		n, missing, again, err := p.addOnce(ctx, script, jobs, todo, token)
 		if err != nil {
 			return 0, err
 		}
 		added += n
-		if len(missing) == 0 {
-			break
+		switch {
+		case len(missing) > 0:
+			if loaded {
+				return 0, fmt.Errorf("redisq: adding jobs: script still missing after SCRIPT LOAD")
+			}
+			if err := script.Load(ctx, p.rdb).Err(); err != nil {
+				return 0, fmt.Errorf("redisq: adding jobs: loading script: %w", err)
+			}
+			loaded = true
+		case len(again) > 0:
+			if !waitTryAgain(ctx, until, &wait) {
+				return 0, again[0]
+			}
+		default:
+			return added, nil
 		}
-		if attempt > 0 {
-			return 0, fmt.Errorf("redisq: adding jobs: script still missing after SCRIPT LOAD")
+		todo = todo[:0]
+		for _, i := range missing {
+			todo = append(todo, i)
 		}
-		if err := script.Load(ctx, p.rdb).Err(); err != nil {
-			return 0, fmt.Errorf("redisq: adding jobs: loading script: %w", err)
+		for _, je := range again {
+			todo = append(todo, je.Index)
 		}
-		todo = missing
+		slices.Sort(todo)
 	}
-	return added, nil
 }
 
+// noRetryCmd is a command go-redis's cluster client never resends within
+// a pipeline: it resends a node's whole pipeline when the first reply is a
+// retryable error (TRYAGAIN, CLUSTERDOWN, LOADING), and a resend would
+// repeat the scripts that had run and wait out a CLUSTERDOWN. MOVED and
+// ASK are still followed (per command, not resent). Add's own loop
+// retries the jobs that got TRYAGAIN.
+type noRetryCmd struct{ *redis.Cmd }
+
+func (noRetryCmd) NoRetry() bool { return true }
+
 // addOnce pipelines EVALSHA of script for jobs[todo...]. It returns how many
-// were added and the indices whose EVALSHA failed with NOSCRIPT.
-func (p *Publisher) addOnce(ctx context.Context, script *redis.Script, jobs []Job, todo []int) (int, []int, error) {
+// were added, the indices whose EVALSHA failed with NOSCRIPT and the
+// errors of those that got TRYAGAIN.
+func (p *Publisher) addOnce(ctx context.Context, script *redis.Script, jobs []Job, todo []int, token string) (int, []int, []*JobError, error) {
 	sha := script.Hash()
 	pipe := p.rdb.Pipeline()
 	cmds := make([]*redis.Cmd, len(todo))
@@ -263,25 +303,38 @@ func (p *Publisher) addOnce(ctx context.Context, script *redis.Script, jobs []Jo
 		if j.Sig == "" && p.sign != nil {
 			j.Sig = p.sign(j)
 		}
-		cmds[k] = pipe.EvalSha(ctx, sha, []string{p.keys.Dedupe(j.ID), p.keys.Stream},
-			p.ttlMS, j.ID, j.Name, j.Payload, j.Sig, encodeHeaders(j.Headers))
+		args := []any{"evalsha", sha, 2, p.keys.Dedupe(j.ID), p.keys.Stream,
+			p.ttlMS, j.ID, j.Name, j.Payload, j.Sig, encodeHeaders(j.Headers)}
+		if token != "" {
+			args = append(args, token)
+		}
+		cmds[k] = redis.NewCmd(ctx, args...)
+		cmds[k].SetFirstKeyPos(3)
+		_ = pipe.Process(ctx, noRetryCmd{cmds[k]})
 	}
 	// Exec's error is the first failed command's; inspect each instead.
 	_, _ = pipe.Exec(ctx)
 	added := 0
 	var missing []int
+	var again []*JobError
 	for k, cmd := range cmds {
 		n, err := cmd.Int()
+		je := &JobError{Index: todo[k], ID: jobs[todo[k]].ID, Err: err}
 		switch {
 		case err == nil:
 			added += n
 		case redis.HasErrorPrefix(err, "NOSCRIPT"):
 			missing = append(missing, todo[k])
+		case isTryAgain(err):
+			again = append(again, je)
+		case redis.HasErrorPrefix(err, "CLUSTERDOWN"):
+			je.Err = &ClusterDownError{Err: err}
+			return 0, nil, nil, je
 		default:
-			return 0, nil, &JobError{Index: todo[k], ID: jobs[todo[k]].ID, Err: err}
+			return 0, nil, nil, je
 		}
 	}
-	return added, missing, nil
+	return added, missing, again, nil
 }
 
 // JobError is the error of Add and Readd that names the job it arose at:

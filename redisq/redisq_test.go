@@ -22,13 +22,13 @@ func TestMain(m *testing.M) { testenv.Main(m) }
 
 // queue is one test's queue on the shared test server.
 type queue struct {
-	rdb    *redis.Client
+	rdb    redis.UniversalClient
 	prefix string
 	pub    *redisq.Publisher
 	keys   redisq.Keys
 }
 
-func newQueue(t *testing.T, rdb *redis.Client) *queue {
+func newQueue(t *testing.T, rdb redis.UniversalClient) *queue {
 	t.Helper()
 	if rdb == nil {
 		rdb = testenv.Redis(t)
@@ -63,7 +63,7 @@ func (q *queue) consumer(t testing.TB, name string, cfg *redisq.ConsumerConfig) 
 
 // privateRedis is a private Redis server of the test's own, which it may
 // stop and kill, and a fail-fast client of it (NewClient).
-func privateRedis(t *testing.T) (*redisproc.Server, *redis.Client) {
+func privateRedis(t *testing.T) (*redisproc.Server, redis.UniversalClient) {
 	t.Helper()
 	srv := testenv.PrivateRedis(t)
 	rdb, err := redisq.NewClient(srv.URL())

@@ -13,12 +13,22 @@
 -- ARGV[5]  job signature ("" = none: no sig field), as in add.lua
 -- ARGV[6]  job headers ("" or absent = none: no headers field), as in
 --          add.lua
+-- ARGV[7]  the re-add's token, unique per Readd call (non-empty)
 --
--- Returns  1 (the job was added: SET <dedupe key> 1 PX ttl, then XADD
---          <stream> * id .. name .. payload .. [sig ..] [headers ..]).
+-- The token makes a resend of the same call's command a no-op: the dedupe
+-- key holds the token of the call that re-added the job last, so a second
+-- run with that token (a client that resent its pipeline) finds it and
+-- adds nothing. A later call, with another token, adds the job again.
+--
+-- Returns  1 (the job was added: SET <dedupe key> <token> PX ttl, then XADD
+--          <stream> * id .. name .. payload .. [sig ..] [headers ..]; or
+--          this call had added it already).
 -- Errors   the XADD error reply (the dedupe key is then left set: a later
 --          plain add of the id is a no-op, a later re-add adds it).
-redis.call('SET', KEYS[1], '1', 'PX', ARGV[1])
+if redis.call('GET', KEYS[1]) == ARGV[7] then
+  return 1
+end
+redis.call('SET', KEYS[1], ARGV[7], 'PX', ARGV[1])
 local f = {'id', ARGV[2], 'name', ARGV[3], 'payload', ARGV[4]}
 if ARGV[5] ~= nil and ARGV[5] ~= '' then
   f[#f + 1] = 'sig'
