@@ -189,8 +189,21 @@ func (clusterDownHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis
 	return next
 }
 
-// isTryAgain reports whether err is a TRYAGAIN reply.
-func isTryAgain(err error) bool { return err != nil && redis.HasErrorPrefix(err, "TRYAGAIN") }
+// isTryAgain reports whether err is a reply of a slot in migration that
+// go-redis gave up on: TRYAGAIN (the keys are split between the two
+// nodes), or an ASK or MOVED left over when its redirections ran out
+// (ASK and TRYAGAIN alternate while the keys are split).
+func isTryAgain(err error) bool {
+	if err == nil {
+		return false
+	}
+	for _, p := range []string{"TRYAGAIN", "ASK ", "MOVED "} {
+		if redis.HasErrorPrefix(err, p) {
+			return true
+		}
+	}
+	return false
+}
 
 // tryAgainWaits are the waits between the retries of retryTryAgain.
 const (
@@ -199,7 +212,7 @@ const (
 )
 
 // retryTryAgain calls op, and again after a growing wait while it fails
-// with TRYAGAIN, for at most TryAgainBudget and never past ctx: then it
+// with TRYAGAIN (isTryAgain), for at most TryAgainBudget and never past ctx: then it
 // returns op's last error. Any other result is returned at once.
 func retryTryAgain(ctx context.Context, op func() error) error {
 	until := time.Now().Add(TryAgainBudget)
