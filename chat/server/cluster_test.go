@@ -1,0 +1,53 @@
+package server
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/outboxchat/outboxchat/chat"
+	"github.com/outboxchat/outboxchat/chat/internal/chattest"
+	"github.com/outboxchat/outboxchat/internal/testenv"
+	"github.com/outboxchat/outboxchat/redisq"
+)
+
+// Both services run on a Redis Cluster of three masters through a
+// redis+cluster:// URL: messages flow both ways, each direction's queue
+// keys sit in one slot, and the durability gauge has one series per
+// master.
+func TestServeOnRedisCluster(t *testing.T) {
+	t.Parallel()
+	cl := testenv.RedisCluster(t, 3)
+	h := newHarness(t, cl.URL())
+	cons := h.start(chat.Consumers, nil)
+	work := h.start(chat.Workers, nil)
+	wc, ww := chattest.Watch(t, cons.base, 7), chattest.Watch(t, work.base, 7)
+	for range 3 {
+		chattest.Send(t, cons.base, 7, "to workers")
+		chattest.Send(t, work.base, 7, "to consumers")
+	}
+	ww.WaitSeqs(t, chat.Consumers, 3, 20*time.Second)
+	wc.WaitSeqs(t, chat.Workers, 3, 20*time.Second)
+
+	ctx := context.Background()
+	for _, svc := range []string{chat.Consumers, chat.Workers} {
+		k := redisq.NewKeys(h.Prefix, chat.QueueName(svc))
+		node, slot, err := cl.NodeFor(ctx, k.Stream)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, key := range []string{k.Dead, k.Presence, k.Dedupe("x")} {
+			if n, s, err := cl.NodeFor(ctx, key); err != nil || n != node || s != slot {
+				t.Fatalf("%s: slot %d on %v, the stream's %d on %s (%v)", key, s, n, slot, node.Addr(), err)
+			}
+		}
+	}
+	for _, addr := range cl.Addrs() {
+		series := `outboxchat_redis_durable{node="` + addr + `"}`
+		testenv.WaitFor(t, 10*time.Second, series, func() bool { return scrape(t, work.base, series) == 1 })
+	}
+	if m, err := chattest.Get(work.base + "/metrics"); err != nil || strings.Count(m, "outboxchat_redis_durable{") != 3 {
+		t.Fatalf("durability series: %v\n%s", err, m)
+	}
+}
