@@ -86,6 +86,14 @@
 //   - Sentinel failover: NewClient takes a redis+sentinel:// URL
 //     (ParseSentinelURL) and follows the primary; jobs the old primary had
 //     not replicated are lost as above.
+//   - Redis Cluster: NewClient takes a redis+cluster:// URL
+//     (ParseClusterURL). A queue's keys share the hash tag "{<queue>}", so
+//     one slot, and every script declares every key it touches. While the
+//     slot migrates, MOVED and ASK are followed and TRYAGAIN retried within
+//     the call (go-redis's ClusterMaxRedirects, then TryAgainBudget);
+//     nothing is kept across calls. CLUSTERDOWN fails the call at once
+//     (ErrClusterDown). Readd adds a job once per call even when a command
+//     is sent twice (a token of the call in the dedupe key).
 //   - A malformed entry (fields missing, e.g. written by hand) is returned
 //     with Delivery.Err set, so the caller can DeadLetter it; it never
 //     crashes the consumer, is never skipped silently and does not block the

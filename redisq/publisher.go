@@ -270,10 +270,7 @@ func (p *Publisher) run(ctx context.Context, script *redis.Script, jobs []Job, t
 		default:
 			return added, nil
 		}
-		todo = todo[:0]
-		for _, i := range missing {
-			todo = append(todo, i)
-		}
+		todo = append(todo[:0], missing...)
 		for _, je := range again {
 			todo = append(todo, je.Index)
 		}

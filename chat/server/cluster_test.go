@@ -2,26 +2,62 @@ package server
 
 import (
 	"context"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/outboxchat/outboxchat/chat"
 	"github.com/outboxchat/outboxchat/chat/internal/chattest"
+	"github.com/outboxchat/outboxchat/chat/schema"
 	"github.com/outboxchat/outboxchat/internal/testenv"
 	"github.com/outboxchat/outboxchat/redisq"
 )
 
 // Both services run on a Redis Cluster of three masters through a
-// redis+cluster:// URL: messages flow both ways, each direction's queue
-// keys sit in one slot, and the durability gauge has one series per
-// master.
+// redis+cluster:// URL, each as its least-privilege ACL user (set on every
+// node through the cluster client): messages flow both ways, each
+// direction's queue keys sit in one slot, and the durability gauge has
+// one series per master.
 func TestServeOnRedisCluster(t *testing.T) {
 	t.Parallel()
+	ctx := context.Background()
 	cl := testenv.RedisCluster(t, 3)
 	h := newHarness(t, cl.URL())
-	cons := h.start(chat.Consumers, nil)
-	work := h.start(chat.Workers, nil)
+	admin, err := redisq.NewClient(cl.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	urls := map[string]string{}
+	for _, svc := range []string{chat.Consumers, chat.Workers} {
+		user := "u-" + svc
+		args, err := schema.RedisACL(svc, h.Prefix, user, "pw-"+user)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := schema.ApplyRedisACL(ctx, admin, args); err != nil {
+			t.Fatal(err)
+		}
+		for _, addr := range cl.Addrs() {
+			nc := redis.NewClient(&redis.Options{Addr: addr})
+			err := nc.Do(ctx, "ACL", "GETUSER", user).Err()
+			_ = nc.Close()
+			if err != nil {
+				t.Fatalf("user %s on node %s: %v", user, addr, err)
+			}
+		}
+		u, err := url.Parse(cl.URL())
+		if err != nil {
+			t.Fatal(err)
+		}
+		u.User = url.UserPassword(user, "pw-"+user)
+		urls[svc] = u.String()
+	}
+	cons := h.start(chat.Consumers, func(c *Config) { c.RedisURL = urls[chat.Consumers] })
+	work := h.start(chat.Workers, func(c *Config) { c.RedisURL = urls[chat.Workers] })
 	wc, ww := chattest.Watch(t, cons.base, 7), chattest.Watch(t, work.base, 7)
 	for range 3 {
 		chattest.Send(t, cons.base, 7, "to workers")
@@ -30,7 +66,6 @@ func TestServeOnRedisCluster(t *testing.T) {
 	ww.WaitSeqs(t, chat.Consumers, 3, 20*time.Second)
 	wc.WaitSeqs(t, chat.Workers, 3, 20*time.Second)
 
-	ctx := context.Background()
 	for _, svc := range []string{chat.Consumers, chat.Workers} {
 		k := redisq.NewKeys(h.Prefix, chat.QueueName(svc))
 		node, slot, err := cl.NodeFor(ctx, k.Stream)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"strconv"
 	"strings"
 	"time"
@@ -94,7 +95,7 @@ func (c *Cluster) Addrs() []string {
 func (c *Cluster) URL() string { return "redis+cluster://" + strings.Join(c.Addrs(), ",") + "/" }
 
 // NodeFor returns the node that serves key now (CLUSTER KEYSLOT and
-// CLUSTER SLOTS, asked of the first running node), and the slot.
+// CLUSTER SHARDS, asked of the first running node), and the slot.
 func (c *Cluster) NodeFor(ctx context.Context, key string) (*Server, int, error) {
 	for _, s := range c.Nodes {
 		if !s.Running() {
@@ -108,13 +109,20 @@ func (c *Cluster) NodeFor(ctx context.Context, key string) (*Server, int, error)
 				return err
 			}
 			slot = int(n)
-			ranges, err := rc.ClusterSlots(ctx).Result()
+			shards, err := rc.ClusterShards(ctx).Result()
 			if err != nil {
 				return err
 			}
-			for _, r := range ranges {
-				if int(r.Start) <= slot && slot <= int(r.End) && len(r.Nodes) > 0 {
-					node = c.byAddr(r.Nodes[0].Addr)
+			for _, sh := range shards {
+				for _, r := range sh.Slots {
+					if int(r.Start) > slot || slot > int(r.End) {
+						continue
+					}
+					for _, n := range sh.Nodes {
+						if n.Role == "master" {
+							node = c.byAddr(net.JoinHostPort(n.IP, strconv.FormatInt(n.Port, 10)))
+						}
+					}
 				}
 			}
 			if node == nil {
