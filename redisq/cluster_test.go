@@ -235,74 +235,47 @@ func deliveriesOf(js []redisq.Job) []redisq.Delivery {
 	return out
 }
 
-// slotMove moves one slot from one master to another, step by step, as
-// redis-cli --cluster reshard does.
+// slotMove is a redisproc.SlotMove of a test: its steps fail the test on
+// error.
 type slotMove struct {
-	t            *testing.T
-	cl           *redisproc.Cluster
-	slot         int
-	from, to     *redisproc.Server
-	fromID, toID string
+	*redisproc.SlotMove
+	t  *testing.T
+	cl *redisproc.Cluster
 }
 
-// startSlotMove marks key's slot MIGRATING on its owner and IMPORTING on
-// the next node.
+// startSlotMove starts moving key's slot from its owner to the next node.
 func startSlotMove(t *testing.T, cl *redisproc.Cluster, key string) *slotMove {
 	t.Helper()
-	ctx := context.Background()
-	from, slot, err := cl.NodeFor(ctx, key)
+	from, slot, err := cl.NodeFor(context.Background(), key)
 	if err != nil {
 		t.Fatal(err)
 	}
-	i := slices.Index(cl.Nodes, from)
-	m := &slotMove{t: t, cl: cl, slot: slot, from: from, to: cl.Nodes[(i+1)%len(cl.Nodes)]}
-	m.fromID = nodeClient(t, m.from).ClusterMyID(ctx).Val()
-	m.toID = nodeClient(t, m.to).ClusterMyID(ctx).Val()
-	if err := nodeClient(t, m.to).Do(ctx, "CLUSTER", "SETSLOT", slot, "IMPORTING", m.fromID).Err(); err != nil {
+	to := cl.Nodes[(slices.Index(cl.Nodes, from)+1)%len(cl.Nodes)]
+	sm, err := cl.StartSlotMove(context.Background(), slot, to)
+	if err != nil {
 		t.Fatal(err)
 	}
-	if err := nodeClient(t, m.from).Do(ctx, "CLUSTER", "SETSLOT", slot, "MIGRATING", m.toID).Err(); err != nil {
-		t.Fatal(err)
-	}
-	return m
+	return &slotMove{SlotMove: sm, t: t, cl: cl}
 }
 
-// migrate moves keys (MIGRATE … KEYS, atomic per key).
 func (m *slotMove) migrate(keys ...string) {
 	m.t.Helper()
-	args := []any{"MIGRATE", "127.0.0.1", m.to.Port(), "", 0, 5000, "KEYS"}
-	for _, k := range keys {
-		args = append(args, k)
-	}
-	if err := nodeClient(m.t, m.from).Do(context.Background(), args...).Err(); err != nil {
-		m.t.Fatalf("migrate %v: %v", keys, err)
+	if err := m.Migrate(context.Background(), keys...); err != nil {
+		m.t.Fatal(err)
 	}
 }
 
-// migrateRest moves every key of the slot still on the source.
 func (m *slotMove) migrateRest() {
 	m.t.Helper()
-	ctx := context.Background()
-	for {
-		keys, err := nodeClient(m.t, m.from).ClusterGetKeysInSlot(ctx, m.slot, 100).Result()
-		if err != nil {
-			m.t.Fatal(err)
-		}
-		if len(keys) == 0 {
-			return
-		}
-		m.migrate(keys...)
+	if err := m.MigrateRest(context.Background()); err != nil {
+		m.t.Fatal(err)
 	}
 }
 
-// finish gives the slot to the target on every node.
 func (m *slotMove) finish() {
 	m.t.Helper()
-	for _, s := range append([]*redisproc.Server{m.to, m.from}, m.cl.Nodes...) {
-		err := nodeClient(m.t, s).Do(context.Background(), "CLUSTER", "SETSLOT", m.slot, "NODE", m.toID).Err()
-		if err != nil {
-			m.t.Fatalf("setslot node on %s: %v", s.Addr(), err)
-		}
+	if err := m.Finish(context.Background()); err != nil {
+		m.t.Fatal(err)
 	}
 }
 
@@ -497,8 +470,11 @@ func TestClusterScriptsDuringSlotMigration(t *testing.T) {
 			t.Fatalf("dedupe key of %s exists = %d, want %d", id, n, want)
 		}
 	}
-	if n := nodeClient(t, m.from).ClusterCountKeysInSlot(ctx, m.slot).Val(); n != 0 {
-		t.Fatalf("%d keys of slot %d left on the source", n, m.slot)
+	if n := nodeClient(t, m.From).ClusterCountKeysInSlot(ctx, m.Slot).Val(); n != 0 {
+		t.Fatalf("%d keys of slot %d left on the source", n, m.Slot)
+	}
+	if n := nodeClient(t, m.To).ClusterCountKeysInSlot(ctx, m.Slot).Val(); n < 8 {
+		t.Fatalf("%d keys of slot %d on the target, want the queue's 8 or more", n, m.Slot)
 	}
 }
 

@@ -109,24 +109,13 @@ func (c *Cluster) NodeFor(ctx context.Context, key string) (*Server, int, error)
 				return err
 			}
 			slot = int(n)
-			shards, err := rc.ClusterShards(ctx).Result()
+			addr, _, err := slotOwner(ctx, rc, slot)
 			if err != nil {
 				return err
 			}
-			for _, sh := range shards {
-				for _, r := range sh.Slots {
-					if int(r.Start) > slot || slot > int(r.End) {
-						continue
-					}
-					for _, n := range sh.Nodes {
-						if n.Role == "master" {
-							node = c.byAddr(net.JoinHostPort(n.IP, strconv.FormatInt(n.Port, 10)))
-						}
-					}
-				}
-			}
+			node = c.byAddr(addr)
 			if node == nil {
-				return fmt.Errorf("slot %d has no known owner", slot)
+				return fmt.Errorf("slot %d is served by %s, not a node of this cluster", slot, addr)
 			}
 			return nil
 		})
@@ -136,6 +125,28 @@ func (c *Cluster) NodeFor(ctx context.Context, key string) (*Server, int, error)
 		return node, slot, nil
 	}
 	return nil, 0, errors.New("redisproc: no cluster node is running")
+}
+
+// slotOwner returns the address and node id of the master serving slot
+// as rc's node sees it (CLUSTER SHARDS); an error when none does.
+func slotOwner(ctx context.Context, rc *redis.Client, slot int) (addr, id string, err error) {
+	shards, err := rc.ClusterShards(ctx).Result()
+	if err != nil {
+		return "", "", err
+	}
+	for _, sh := range shards {
+		for _, r := range sh.Slots {
+			if int(r.Start) > slot || slot > int(r.End) {
+				continue
+			}
+			for _, n := range sh.Nodes {
+				if n.Role == "master" {
+					return net.JoinHostPort(n.IP, strconv.FormatInt(n.Port, 10)), n.ID, nil
+				}
+			}
+		}
+	}
+	return "", "", fmt.Errorf("slot %d has no master", slot)
 }
 
 // byAddr returns the node at addr, nil when none is.
@@ -207,4 +218,114 @@ func (c *Cluster) Close() error {
 		errs = append(errs, s.Close())
 	}
 	return errors.Join(errs...)
+}
+
+// SlotMove is one slot's move from one master to another, step by step,
+// as redis-cli --cluster reshard does it: StartSlotMove marks the slot
+// MIGRATING on its owner and IMPORTING on the target, Migrate moves keys
+// (MIGRATE, atomic per key), MigrateRest moves the keys left, Finish hands
+// the slot over (CLUSTER SETSLOT NODE on every running node). Between the
+// steps the cluster answers ASK and TRYAGAIN as during a live reshard.
+// Its methods are not meant for concurrent use.
+type SlotMove struct {
+	c *Cluster
+	// Slot is the slot being moved.
+	Slot int
+	// From is its owner before the move, To its owner after.
+	From, To *Server
+	toID     string
+}
+
+// StartSlotMove starts moving slot from its owner to the node to (which
+// must be another master of c).
+func (c *Cluster) StartSlotMove(ctx context.Context, slot int, to *Server) (*SlotMove, error) {
+	m := &SlotMove{c: c, Slot: slot, To: to}
+	var fromID string
+	for _, s := range c.Nodes {
+		if !s.Running() {
+			continue
+		}
+		var addr string
+		err := withClient(ctx, s, func(rc *redis.Client) (err error) {
+			addr, fromID, err = slotOwner(ctx, rc, slot)
+			return err
+		})
+		if err != nil {
+			return nil, fmt.Errorf("redisproc: slot %d: %w", slot, err)
+		}
+		m.From = c.byAddr(addr)
+		break
+	}
+	if m.From == nil || m.From == to {
+		return nil, fmt.Errorf("redisproc: slot %d: owner %v, target %s: nothing to move", slot, m.From, to.Addr())
+	}
+	err := withClient(ctx, to, func(rc *redis.Client) (err error) {
+		if m.toID, err = rc.ClusterMyID(ctx).Result(); err != nil {
+			return err
+		}
+		return rc.Do(ctx, "CLUSTER", "SETSLOT", slot, "IMPORTING", fromID).Err()
+	})
+	if err == nil {
+		err = withClient(ctx, m.From, func(rc *redis.Client) error {
+			return rc.Do(ctx, "CLUSTER", "SETSLOT", slot, "MIGRATING", m.toID).Err()
+		})
+	}
+	if err != nil {
+		return nil, fmt.Errorf("redisproc: start moving slot %d: %w", slot, err)
+	}
+	return m, nil
+}
+
+// Migrate moves keys (of the slot) to the target: one MIGRATE … KEYS.
+func (m *SlotMove) Migrate(ctx context.Context, keys ...string) error {
+	if len(keys) == 0 {
+		return nil
+	}
+	args := []any{"MIGRATE", "127.0.0.1", m.To.Port(), "", 0, 5000, "KEYS"}
+	for _, k := range keys {
+		args = append(args, k)
+	}
+	err := withClient(ctx, m.From, func(rc *redis.Client) error { return rc.Do(ctx, args...).Err() })
+	if err != nil {
+		return fmt.Errorf("redisproc: migrate %v: %w", keys, err)
+	}
+	return nil
+}
+
+// MigrateRest moves every key of the slot still on the source, 100 at a
+// time.
+func (m *SlotMove) MigrateRest(ctx context.Context) error {
+	for {
+		var keys []string
+		err := withClient(ctx, m.From, func(rc *redis.Client) (err error) {
+			keys, err = rc.ClusterGetKeysInSlot(ctx, m.Slot, 100).Result()
+			return err
+		})
+		if err != nil {
+			return fmt.Errorf("redisproc: keys of slot %d: %w", m.Slot, err)
+		}
+		if len(keys) == 0 {
+			return nil
+		}
+		if err := m.Migrate(ctx, keys...); err != nil {
+			return err
+		}
+	}
+}
+
+// Finish hands the slot over to the target: CLUSTER SETSLOT NODE on the
+// target, the source, then every other running node.
+func (m *SlotMove) Finish(ctx context.Context) error {
+	for _, s := range append([]*Server{m.To, m.From}, m.c.Nodes...) {
+		if !s.Running() {
+			continue
+		}
+		err := withClient(ctx, s, func(rc *redis.Client) error {
+			return rc.Do(ctx, "CLUSTER", "SETSLOT", m.Slot, "NODE", m.toID).Err()
+		})
+		if err != nil {
+			return fmt.Errorf("redisproc: hand slot %d over on %s: %w", m.Slot, s.Addr(), err)
+		}
+	}
+	return nil
 }

@@ -57,6 +57,39 @@ func TestCluster(t *testing.T) {
 		t.Fatalf("64 keys landed on %d nodes, want 3", len(owners))
 	}
 
+	// A slot moves with its key; the client follows ASK meanwhile and
+	// MOVED after.
+	from, slot, err := c.NodeFor(ctx, "ka")
+	if err != nil {
+		t.Fatal(err)
+	}
+	to := c.Nodes[0]
+	if to == from {
+		to = c.Nodes[1]
+	}
+	m, err := c.StartSlotMove(ctx, slot, to)
+	if err != nil || m.From != from || m.To != to || m.Slot != slot {
+		t.Fatalf("StartSlotMove = %+v, %v", m, err)
+	}
+	if err := m.MigrateRest(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := cc.Set(ctx, "ka", "asked", 0).Err(); err != nil {
+		t.Fatalf("set during the move: %v", err)
+	}
+	if err := m.Finish(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n, _, err := c.NodeFor(ctx, "ka"); err != nil || n != to {
+		t.Fatalf("after the move ka is on %v, %v; want %s", n, err, to.Addr())
+	}
+	if v, err := client(t, to).Get(ctx, "ka").Result(); err != nil || v != "asked" {
+		t.Fatalf("ka on the target = %q, %v", v, err)
+	}
+	if v, err := cc.Get(ctx, "ka").Result(); err != nil || v != "asked" {
+		t.Fatalf("get after the move = %q, %v", v, err)
+	}
+
 	if err := c.Nodes[2].Stop(ctx); err != nil {
 		t.Fatal(err)
 	}
