@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"net/url"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -84,5 +85,70 @@ func TestServeOnRedisCluster(t *testing.T) {
 	}
 	if m, err := chattest.Get(work.base + "/metrics"); err != nil || strings.Count(m, "outboxchat_redis_durable{") != 3 {
 		t.Fatalf("durability series: %v\n%s", err, m)
+	}
+}
+
+// Messages sent while the slot of their queue moves to another master —
+// before any key moved, with only the stream moved, with every key moved
+// before the hand-over — all arrive, once and in order: the relay's adds
+// meet TRYAGAIN (the target node counts them) and are retried within the
+// call or on the relay's next pass.
+func TestServeDuringSlotMove(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	cl := testenv.RedisCluster(t, 3)
+	h := newHarness(t, cl.URL())
+	cons := h.start(chat.Consumers, nil)
+	work := h.start(chat.Workers, nil)
+	ww := chattest.Watch(t, work.base, 9)
+	send := func(n int) {
+		for range n {
+			chattest.Send(t, cons.base, 9, "to workers")
+		}
+	}
+	send(3)
+	ww.WaitSeqs(t, chat.Consumers, 3, 20*time.Second)
+
+	k := redisq.NewKeys(h.Prefix, chat.QueueName(chat.Consumers))
+	from, slot, err := cl.NodeFor(ctx, k.Stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	to := cl.Nodes[0]
+	if to == from {
+		to = cl.Nodes[1]
+	}
+	tc := redis.NewClient(&redis.Options{Addr: to.Addr()})
+	defer tc.Close()
+	tryAgains := func() int64 {
+		for _, line := range strings.Split(tc.Info(ctx, "errorstats").Val(), "\n") {
+			if v, ok := strings.CutPrefix(strings.TrimSpace(line), "errorstat_TRYAGAIN:count="); ok {
+				n, _ := strconv.ParseInt(v, 10, 64)
+				return n
+			}
+		}
+		return 0
+	}
+	m, err := cl.StartSlotMove(ctx, slot, to)
+	if err != nil {
+		t.Fatal(err)
+	}
+	send(3)
+	if err := m.Migrate(ctx, k.Stream); err != nil {
+		t.Fatal(err)
+	}
+	send(3)
+	if err := m.MigrateRest(ctx); err != nil {
+		t.Fatal(err)
+	}
+	send(3)
+	testenv.WaitFor(t, 10*time.Second, "the relay's adds meet TRYAGAIN on the target", func() bool { return tryAgains() > 0 })
+	if err := m.Finish(ctx); err != nil {
+		t.Fatal(err)
+	}
+	send(3)
+	ww.WaitSeqs(t, chat.Consumers, 15, 30*time.Second)
+	if n, s, err := cl.NodeFor(ctx, k.Dead); err != nil || n != to || s != slot {
+		t.Fatalf("after the move the queue's keys are on %v (slot %d, %v), want %s", n, s, err, to.Addr())
 	}
 }
