@@ -1,6 +1,7 @@
 package redisq
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -274,12 +275,40 @@ func durabilityFromInfo(ctx context.Context, rdb redis.UniversalClient) (map[str
 // from INFO persistence and INFO memory (aof_enabled, maxmemory_policy);
 // when INFO is refused too, it logs that durability could not be checked
 // and returns nil. A connection
-// error is returned wrapped. Safe for concurrent use.
+// error is returned wrapped. On a *redis.ClusterClient every master and
+// replica is checked (ForEachShard): each unsafe node logs its own warning
+// (with its address), the first one's *DurabilityError is returned, and a
+// node that cannot be reached fails the check with its error. Safe for
+// concurrent use.
 func CheckDurability(ctx context.Context, rdb redis.UniversalClient, logger *slog.Logger) error {
 	if logger == nil {
 		logger = slog.Default()
 	}
 	logger = logger.With("component", "redisq")
+	if cc, ok := rdb.(*redis.ClusterClient); ok {
+		var mu sync.Mutex
+		var first error
+		err := cc.ForEachShard(ctx, func(ctx context.Context, n *redis.Client) error {
+			err := checkDurability(ctx, n, logger.With("node", n.Options().Addr))
+			var derr *DurabilityError
+			if errors.As(err, &derr) {
+				mu.Lock()
+				first = cmp.Or(first, err)
+				mu.Unlock()
+				return nil
+			}
+			return err
+		})
+		if err != nil {
+			return err
+		}
+		return first
+	}
+	return checkDurability(ctx, rdb, logger)
+}
+
+// checkDurability is CheckDurability on one server.
+func checkDurability(ctx context.Context, rdb redis.UniversalClient, logger *slog.Logger) error {
 	settings, err := durabilitySettings(ctx, rdb)
 	if err != nil {
 		return err

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"maps"
 	"os"
 	"slices"
@@ -224,6 +225,22 @@ func TestClusterQueue(t *testing.T) {
 	n, err := nodeClient(t, owner).ClusterCountKeysInSlot(ctx, slot).Result()
 	if err != nil || n < 4 {
 		t.Fatalf("owner %s holds %d keys of slot %d, %v", owner.Addr(), n, slot, err)
+	}
+
+	// The durability check reads every node and names the unsafe one.
+	var logs testenv.SyncBuffer
+	logger := slog.New(slog.NewTextHandler(&logs, nil))
+	if err := redisq.CheckDurability(ctx, rdb, logger); err != nil || logs.String() != "" {
+		t.Fatalf("CheckDurability on a durable cluster = %v, logged %q", err, logs.String())
+	}
+	bad := cl.Nodes[2]
+	if err := nodeClient(t, bad).ConfigSet(ctx, "maxmemory-policy", "allkeys-lru").Err(); err != nil {
+		t.Fatal(err)
+	}
+	err = redisq.CheckDurability(ctx, rdb, logger)
+	if !errors.Is(err, redisq.ErrNotDurable) || strings.Count(logs.String(), "NOT DURABLE") != 1 ||
+		!strings.Contains(logs.String(), "node="+bad.Addr()) {
+		t.Fatalf("CheckDurability with %s on allkeys-lru = %v, logged %q", bad.Addr(), err, logs.String())
 	}
 }
 
