@@ -33,13 +33,14 @@ const (
 	// immediate).
 	ClusterMinRetryBackoff = 2 * time.Millisecond
 	ClusterMaxRetryBackoff = 32 * time.Millisecond
-	// TryAgainBudget is the longest a script of this package keeps
-	// retrying TRYAGAIN within one call, on top of go-redis's own
-	// retries (and never past the call's ctx deadline). A script whose
-	// keys are split between two nodes while its slot migrates gets
-	// TRYAGAIN until the keys are on one node again or the slot's move
-	// completes; a migration longer than this makes the call fail with
-	// the TRYAGAIN error, for the caller to retry later.
+	// TryAgainBudget is the longest a script (or MULTI) of this package
+	// keeps retrying TRYAGAIN within one call, on top of go-redis's own
+	// retries (and never past the call's ctx deadline); an ASK or MOVED
+	// left over when go-redis's redirections ran out counts as TRYAGAIN.
+	// A script whose keys are split between two nodes while its slot
+	// migrates gets TRYAGAIN until the keys are on one node again or the
+	// slot's move completes; a migration longer than this makes the call
+	// fail with the TRYAGAIN error, for the caller to retry later.
 	TryAgainBudget = 2 * time.Second
 )
 
