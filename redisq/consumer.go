@@ -643,10 +643,21 @@ func (c *Consumer) trimIfDue(ctx context.Context) {
 func (c *Consumer) Trim(ctx context.Context) (int64, error) {
 	var n int64
 	err := retryTryAgain(ctx, func() error {
-		ids, err := trimScript.Run(ctx, c.rdb, []string{c.keys.Stream}, "plan", trimBatch).StringSlice()
-		if err != nil || len(ids) == 0 {
-			n = 0
+		n = 0
+		plan, err := trimScript.Run(ctx, c.rdb, []string{c.keys.Stream}, "plan", trimBatch).Slice()
+		if err != nil {
 			return err
+		}
+		if len(plan) == 0 || plan[0] == int64(0) {
+			return nil
+		}
+		ids := make([]string, 0, len(plan)-1)
+		for _, v := range plan[1:] {
+			id, ok := v.(string)
+			if !ok {
+				return fmt.Errorf("trim.lua plan: job id %v is a %T", v, v)
+			}
+			ids = append(ids, id)
 		}
 		keys := make([]string, 1, 1+len(ids))
 		keys[0] = c.keys.Stream

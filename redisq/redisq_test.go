@@ -496,6 +496,31 @@ func TestMalformedEntryIsReturnedAndDeadLettered(t *testing.T) {
 	}
 }
 
+// Trim deletes acknowledged entries that have no job id (no dedupe key to
+// delete with them), also when they are all there is to trim.
+func TestTrimDeletesEntriesWithoutID(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	q := newQueue(t, nil)
+	c := q.consumer(t, "w1", &redisq.ConsumerConfig{TrimInterval: time.Hour})
+	for range 2 {
+		if err := q.rdb.XAdd(ctx, &redis.XAddArgs{Stream: q.keys.Stream, Values: []any{"garbage", "x"}}).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, d := range fetchN(t, c, 2) {
+		if err := c.DeadLetter(ctx, d, "missing fields"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n, err := c.Trim(ctx); err != nil || n != 2 {
+		t.Fatalf("Trim = %d, %v; want 2", n, err)
+	}
+	if n := q.rdb.XLen(ctx, q.keys.Stream).Val(); n != 0 {
+		t.Fatalf("stream length %d, want 0", n)
+	}
+}
+
 // A pending entry deleted from the stream (XDEL) is acked away, counted
 // (DeletedPending, EventDeletedPending) and the rest delivered, whether the
 // consumer re-reads its own pending entries (XREADGROUP 0 answers the

@@ -7,8 +7,9 @@
 -- KEYS[1]  stream key (<prefix>q:{<queue>}:stream)
 -- ARGV[1]  "plan"
 -- ARGV[2]  most entries to delete in one call (integer > 0)
--- Returns  the job ids (the "id" fields) of the entries a trim would delete
---          now, in stream order, each once (a list, maybe empty).
+-- Returns  a list: the number of entries a trim would delete now (integer
+--          >= 0; entries without an "id" field count too), then their job
+--          ids (the "id" fields), in stream order, each once.
 --
 -- trim:
 -- KEYS[1]  stream key
@@ -85,12 +86,12 @@ end
 
 local mode, batch = ARGV[1], tonumber(ARGV[2])
 if redis.call('EXISTS', KEYS[1]) == 0 then
-  if mode == 'plan' then return {} end
+  if mode == 'plan' then return {0} end
   return 0
 end
 local groups = redis.call('XINFO', 'GROUPS', KEYS[1])
 if #groups == 0 then
-  if mode == 'plan' then return {} end
+  if mode == 'plan' then return {0} end
   return 0
 end
 
@@ -123,7 +124,7 @@ local function jobid(e)
 end
 
 if mode == 'plan' then
-  local ids, seen = {}, {}
+  local ids, seen = {#doomed}, {}
   for _, e in ipairs(doomed) do
     local id = jobid(e)
     if id and not seen[id] then
