@@ -81,7 +81,7 @@ func ParseClusterURL(url string) (*redis.ClusterOptions, error) {
 			continue
 		}
 		if _, _, err := net.SplitHostPort(h); err != nil {
-			h = net.JoinHostPort(h, "6379")
+			h = net.JoinHostPort(strings.Trim(h, "[]"), "6379")
 		}
 		addrs = append(addrs, h)
 	}

@@ -621,11 +621,11 @@ func TestReaddResendAddsOnce(t *testing.T) {
 // scheme.
 func TestParseClusterURL(t *testing.T) {
 	t.Parallel()
-	o, err := redisq.ParseClusterURL("redis+cluster://u:p%40ss@h1:7000,h2,[::1]:7002/?dial_timeout=2s")
+	o, err := redisq.ParseClusterURL("redis+cluster://u:p%40ss@h1:7000,h2,[::1]:7002,[::2]/?dial_timeout=2s")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := []string{"h1:7000", "h2:6379", "[::1]:7002"}; !slices.Equal(o.Addrs, want) {
+	if want := []string{"h1:7000", "h2:6379", "[::1]:7002", "[::2]:6379"}; !slices.Equal(o.Addrs, want) {
 		t.Fatalf("Addrs %v, want %v", o.Addrs, want)
 	}
 	if o.Username != "u" || o.Password != "p@ss" || o.DialTimeout != 2*time.Second || o.TLSConfig != nil {
