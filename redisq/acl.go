@@ -7,7 +7,8 @@ import "strings"
 // what redisq needs and no more, under key prefix prefix:
 //
 //   - on its outbound queue out: add jobs (add.lua: SET NX, XADD, DEL of a
-//     dedupe key), nothing else;
+//     dedupe key; in its re-add mode GET and SET of a dedupe key, XADD),
+//     nothing else;
 //   - on its inbound queue in, as a consumer-group member: read, claim,
 //     acknowledge and trim (XREADGROUP, XAUTOCLAIM, XACK, XPENDING, XINFO,
 //     XRANGE, XTRIM, XGROUP CREATE, XINFO GROUPS and CONSUMERS, trim.lua), keep its presence
@@ -19,7 +20,8 @@ import "strings"
 //     itself;
 //   - no other key, and no FLUSHALL, CONFIG, KEYS or other administrative
 //     command (INFO, PING, HELLO, SELECT, MULTI/EXEC, SCRIPT LOAD, TIME and
-//     CLIENT INFO are allowed: they touch no key).
+//     CLIENT INFO are allowed: they touch no key; so are CLUSTER SLOTS and
+//     ASKING, which a Redis Cluster client needs).
 //
 // Key rules are in Redis 7.0 selectors ("(…)"), one per group of keys, so a
 // command allowed on one key is not thereby allowed on another. Commands
@@ -31,16 +33,22 @@ func ACLRules(prefix, out, in string) []string {
 		"on", "resetkeys", "resetchannels", "-@all",
 		// Connection and transaction commands: no keys.
 		"+ping", "+hello", "+select", "+info", "+multi", "+exec", "+discard", "+script|load", "+time", "+client|info",
-		// Outbound: add jobs only.
-		"(" + keyRule(o.Stream) + " " + keyRule(o.dedupe+"*") + " +evalsha +eval +set +xadd +del)",
+		// A cluster client's topology and ASK redirections: no keys.
+		"+cluster|slots", "+asking",
+		// Outbound: add jobs only (a re-add reads its token back: GET).
+		"(" + keyRule(o.Stream) + " " + keyRule(o.dedupe+"*") + " +evalsha +eval +set +get +xadd +del)",
 		// Inbound stream: consume, never add. The presence set is in the
 		// same selector because prune.lua touches both keys (a command
 		// must match one selector with all its keys).
 		"(" + keyRule(i.Stream) + " " + keyRule(i.Presence) + " +xreadgroup +xack +xautoclaim +xpending +xgroup|create +xinfo|groups +xinfo|consumers" +
 			" +xgroup|delconsumer +xrange +xtrim +xlen +exists +evalsha +eval" +
 			" +zadd +zrem +zrange +zrangebyscore +zremrangebyscore +pttl +pexpire)",
-		// Inbound dedupe keys: deleted with trimmed entries (trim.lua).
+		// Inbound dedupe keys: deleted with trimmed entries (trim.lua,
+		// which declares the stream and the keys it deletes: its EVALSHA
+		// must match one selector with all of them; the commands inside
+		// are checked one by one against the selectors above).
 		"(" + keyRule(i.dedupe+"*") + " +del)",
+		"(" + keyRule(i.Stream) + " " + keyRule(i.dedupe+"*") + " +evalsha +eval)",
 		// Inbound dead letters: added, capped (DeadLetterMax) and counted
 		// (the gauges); reading, replaying and dropping them is the
 		// operator's (an admin user).

@@ -1,7 +1,9 @@
 package redisq
 
 import (
+	"cmp"
 	"context"
+	"crypto/tls"
 	"crypto/x509"
 	"errors"
 	"fmt"
@@ -31,8 +33,10 @@ const (
 	ClientPoolTimeout = time.Second
 )
 
-// NewClient returns a fail-fast *redis.Client for url
-// ("redis://[user:password@]host:port[/db]", also "rediss://" and "unix://").
+// NewClient returns a fail-fast Redis client for url: a *redis.Client for
+// "redis://[user:password@]host:port[/db]" (also "rediss://" and "unix://"),
+// a *redis.Client through Sentinel for "redis+sentinel://", a
+// *redis.ClusterClient for "redis+cluster://" and "rediss+cluster://".
 //
 // The client never retries a command (MaxRetries -1) and dials once per
 // attempt (no dial retries); dial timeout ClientDialTimeout, read and write
@@ -52,13 +56,25 @@ const (
 // certificate against the CA certificates (PEM) in that file instead of
 // the system's roots (a private CA; the host name is still checked). The
 // caller owns the client and must Close it. Errors: a malformed url, an
-// unreadable or empty tls_ca_file, tls_ca_file without rediss://.
+// unreadable or empty tls_ca_file, tls_ca_file without rediss:// (or
+// rediss+cluster://).
 //
 // A "redis+sentinel://" url (see ParseSentinelURL) returns go-redis's
 // failover client instead, with the same fail-fast settings: it asks the
 // sentinels for the primary of the named master and follows failovers;
 // every command (CheckDurability's CONFIG GET too) goes to the primary.
-func NewClient(url string) (*redis.Client, error) {
+//
+// A "redis+cluster://" url (see ParseClusterURL) returns go-redis's cluster
+// client with the same settings on every node's connections. Within one
+// call it follows MOVED and ASK redirections and retries TRYAGAIN (a
+// multi-key command during a slot migration) and connection failures, at
+// most ClusterMaxRedirects times in all, waiting ClusterMinRetryBackoff to
+// ClusterMaxRetryBackoff between retries; nothing is kept across calls.
+// A CLUSTERDOWN reply to a single command is returned at once, not
+// retried, as a *ClusterDownError (matching ErrClusterDown); a pipeline
+// whose first command meets CLUSTERDOWN is resent by go-redis within the
+// same bound, except Publisher.Add's and Readd's, which are never resent.
+func NewClient(url string) (redis.UniversalClient, error) {
 	if strings.HasPrefix(url, SentinelScheme+"://") {
 		fo, err := ParseSentinelURL(url)
 		if err != nil {
@@ -68,6 +84,9 @@ func NewClient(url string) (*redis.Client, error) {
 			&fo.PoolTimeout, &fo.ContextTimeoutEnabled, &fo.DisableIdentity)
 		return redis.NewFailoverClient(fo), nil
 	}
+	if strings.HasPrefix(url, ClusterScheme+"://") || strings.HasPrefix(url, ClusterTLSScheme+"://") {
+		return newClusterClient(url)
+	}
 	url, caFile, err := cutQueryParam(url, TLSCAFileParam)
 	if err != nil {
 		return nil, fmt.Errorf("redisq: parsing redis url: %w", err)
@@ -76,24 +95,34 @@ func NewClient(url string) (*redis.Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("redisq: parsing redis url: %w", err)
 	}
-	if caFile != "" {
-		if opt.TLSConfig == nil {
-			return nil, fmt.Errorf("redisq: %s needs a rediss:// url", TLSCAFileParam)
-		}
-		pem, err := os.ReadFile(caFile)
-		if err != nil {
-			return nil, fmt.Errorf("redisq: %s: %w", TLSCAFileParam, err)
-		}
-		roots := x509.NewCertPool()
-		if !roots.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("redisq: %s %s: no PEM certificate in it", TLSCAFileParam, caFile)
-		}
-		opt.TLSConfig.RootCAs = roots
+	if err := setCAFile(opt.TLSConfig, caFile); err != nil {
+		return nil, err
 	}
 	failFast(&opt.MaxRetries, &opt.DialerRetries, &opt.DialTimeout, &opt.ReadTimeout, &opt.WriteTimeout,
 		&opt.PoolTimeout, &opt.ContextTimeoutEnabled, &opt.DisableIdentity)
 	opt.MaintNotificationsConfig = &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
 	return redis.NewClient(opt), nil
+}
+
+// setCAFile makes cfg (a rediss:// client's TLS config, nil without TLS)
+// trust only the CA certificates in caFile; "" leaves cfg alone.
+func setCAFile(cfg *tls.Config, caFile string) error {
+	if caFile == "" {
+		return nil
+	}
+	if cfg == nil {
+		return fmt.Errorf("redisq: %s needs a rediss:// url", TLSCAFileParam)
+	}
+	pem, err := os.ReadFile(caFile)
+	if err != nil {
+		return fmt.Errorf("redisq: %s: %w", TLSCAFileParam, err)
+	}
+	roots := x509.NewCertPool()
+	if !roots.AppendCertsFromPEM(pem) {
+		return fmt.Errorf("redisq: %s %s: no PEM certificate in it", TLSCAFileParam, caFile)
+	}
+	cfg.RootCAs = roots
+	return nil
 }
 
 // failFast sets NewClient's fail-fast settings on the fields of either
@@ -246,12 +275,40 @@ func durabilityFromInfo(ctx context.Context, rdb redis.UniversalClient) (map[str
 // from INFO persistence and INFO memory (aof_enabled, maxmemory_policy);
 // when INFO is refused too, it logs that durability could not be checked
 // and returns nil. A connection
-// error is returned wrapped. Safe for concurrent use.
+// error is returned wrapped. On a *redis.ClusterClient every master and
+// replica is checked (ForEachShard): each unsafe node logs its own warning
+// (with its address), the first one's *DurabilityError is returned, and a
+// node that cannot be reached fails the check with its error. Safe for
+// concurrent use.
 func CheckDurability(ctx context.Context, rdb redis.UniversalClient, logger *slog.Logger) error {
 	if logger == nil {
 		logger = slog.Default()
 	}
 	logger = logger.With("component", "redisq")
+	if cc, ok := rdb.(*redis.ClusterClient); ok {
+		var mu sync.Mutex
+		var first error
+		err := cc.ForEachShard(ctx, func(ctx context.Context, n *redis.Client) error {
+			err := checkDurability(ctx, n, logger.With("node", n.Options().Addr))
+			var derr *DurabilityError
+			if errors.As(err, &derr) {
+				mu.Lock()
+				first = cmp.Or(first, err)
+				mu.Unlock()
+				return nil
+			}
+			return err
+		})
+		if err != nil {
+			return err
+		}
+		return first
+	}
+	return checkDurability(ctx, rdb, logger)
+}
+
+// checkDurability is CheckDurability on one server.
+func checkDurability(ctx context.Context, rdb redis.UniversalClient, logger *slog.Logger) error {
 	settings, err := durabilitySettings(ctx, rdb)
 	if err != nil {
 		return err

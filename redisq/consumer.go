@@ -634,12 +634,42 @@ func (c *Consumer) trimIfDue(ctx context.Context) {
 }
 
 // Trim deletes the entries every consumer group of the stream has
-// acknowledged, with their dedupe keys (scripts/trim.lua), at most 10,000
-// per call, and returns how many it deleted. Ack and an idle Fetch call it
-// at most every TrimInterval; call it directly to force a trim. Safe for
-// concurrent use.
+// acknowledged, with their dedupe keys (scripts/trim.lua: a plan call
+// reads the job ids, a trim call with their dedupe keys declared deletes),
+// at most 10,000 per call, and returns how many it deleted. Ack and an
+// idle Fetch call it at most every TrimInterval; call it directly to force
+// a trim. During a cluster slot migration of the queue it retries TRYAGAIN
+// (TryAgainBudget, within ctx). Safe for concurrent use.
 func (c *Consumer) Trim(ctx context.Context) (int64, error) {
-	n, err := trimScript.Run(ctx, c.rdb, []string{c.keys.Stream}, c.keys.dedupe, trimBatch).Int64()
+	var n int64
+	err := retryTryAgain(ctx, func() error {
+		n = 0
+		plan, err := trimScript.Run(ctx, c.rdb, []string{c.keys.Stream}, "plan", trimBatch).Slice()
+		if err != nil {
+			return err
+		}
+		if len(plan) == 0 || plan[0] == int64(0) {
+			return nil
+		}
+		ids := make([]string, 0, len(plan)-1)
+		for _, v := range plan[1:] {
+			id, ok := v.(string)
+			if !ok {
+				return fmt.Errorf("trim.lua plan: job id %v is a %T", v, v)
+			}
+			ids = append(ids, id)
+		}
+		keys := make([]string, 1, 1+len(ids))
+		keys[0] = c.keys.Stream
+		args := make([]any, 2, 2+len(ids))
+		args[0], args[1] = "trim", trimBatch
+		for _, id := range ids {
+			keys = append(keys, c.keys.Dedupe(id))
+			args = append(args, id)
+		}
+		n, err = trimScript.Run(ctx, c.rdb, keys, args...).Int64()
+		return err
+	})
 	if err != nil {
 		return 0, fmt.Errorf("redisq: trimming stream: %w", err)
 	}
@@ -665,30 +695,20 @@ func (c *Consumer) settled(ids ...string) {
 // never be processed as they are (malformed, poison, forged); operators
 // inspect, replay and drop them with DeadLetters. The sig field keeps the
 // entry's signature, so a replay is accepted by a receiver that checks
-// signatures. Errors: empty d.StreamID, Redis errors (wrapped; then none of
-// the steps happened). Safe for concurrent use.
+// signatures. During a cluster slot migration of the queue it retries
+// TRYAGAIN (TryAgainBudget, within ctx). Errors: empty d.StreamID, Redis
+// errors (wrapped; then none of the steps happened). Safe for concurrent
+// use.
 func (c *Consumer) DeadLetter(ctx context.Context, d Delivery, reason string) error {
 	if d.StreamID == "" {
 		return fmt.Errorf("redisq: dead-lettering: empty stream id")
 	}
 	var trim *redis.IntCmd
-	_, err := c.rdb.TxPipelined(ctx, func(pipe redis.Pipeliner) error {
-		vals := []any{"id", d.ID, "name", d.Name, "payload", d.Payload}
-		if d.Sig != "" {
-			vals = append(vals, "sig", d.Sig)
-		}
-		if h := encodeHeaders(d.Headers); h != "" {
-			vals = append(vals, headersField, h)
-		}
-		pipe.XAdd(ctx, &redis.XAddArgs{
-			Stream: c.keys.Dead,
-			Values: append(vals, "reason", reason, "stream_id", d.StreamID),
-		})
-		pipe.XAck(ctx, c.keys.Stream, c.group, d.StreamID)
-		if c.dlMax > 0 {
-			trim = pipe.XTrimMaxLen(ctx, c.keys.Dead, c.dlMax)
-		}
-		return nil
+	// A MULTI whose keys are split between two nodes during a slot
+	// migration gets TRYAGAIN and runs none of its commands.
+	err := retryTryAgain(ctx, func() error {
+		_, err := c.rdb.TxPipelined(ctx, c.deadLetterTx(ctx, d, reason, &trim))
+		return err
 	})
 	if err != nil {
 		c.noteNoGroup(ctx, err)
@@ -741,4 +761,27 @@ func (c *Consumer) Stats(ctx context.Context) (Stats, error) {
 		return Stats{}, fmt.Errorf("redisq: reading stats: %w", err)
 	}
 	return s, nil
+}
+
+// deadLetterTx queues DeadLetter's commands for d on a MULTI pipeline; the
+// dead-letter trim's command goes to *trim (nil when DeadLetterMax is 0).
+func (c *Consumer) deadLetterTx(ctx context.Context, d Delivery, reason string, trim **redis.IntCmd) func(redis.Pipeliner) error {
+	return func(pipe redis.Pipeliner) error {
+		vals := []any{"id", d.ID, "name", d.Name, "payload", d.Payload}
+		if d.Sig != "" {
+			vals = append(vals, "sig", d.Sig)
+		}
+		if h := encodeHeaders(d.Headers); h != "" {
+			vals = append(vals, headersField, h)
+		}
+		pipe.XAdd(ctx, &redis.XAddArgs{
+			Stream: c.keys.Dead,
+			Values: append(vals, "reason", reason, "stream_id", d.StreamID),
+		})
+		pipe.XAck(ctx, c.keys.Stream, c.group, d.StreamID)
+		if c.dlMax > 0 {
+			*trim = pipe.XTrimMaxLen(ctx, c.keys.Dead, c.dlMax)
+		}
+		return nil
+	}
 }

@@ -114,13 +114,15 @@ func (d *DeadLetters) Get(ctx context.Context, deadID string) (dl DeadLetter, ok
 // dead-letter entry deleted, atomically) and returns, per deadID in order,
 // the new stream entry id, or "" when the entry was not there (replayed or
 // dropped before: a repeated Replay changes nothing). The receiver's inbox
-// drops the job if it already has it. Errors: a malformed entry (lacking
-// id, name or payload; drop it) or Redis errors, wrapped; the entries
-// before it were replayed.
+// drops the job if it already has it. Each entry's job id is read first
+// (XRANGE), so that the script declares the job's dedupe key; during a
+// cluster slot migration of the queue it retries TRYAGAIN (TryAgainBudget,
+// within ctx). Errors: a malformed entry (lacking id, name or payload;
+// drop it) or Redis errors, wrapped; the entries before it were replayed.
 func (d *DeadLetters) Replay(ctx context.Context, deadIDs ...string) ([]string, error) {
 	out := make([]string, 0, len(deadIDs))
 	for _, id := range deadIDs {
-		nid, err := replayScript.Run(ctx, d.rdb, []string{d.keys.Dead, d.keys.Stream}, id, d.keys.dedupe, d.ttlMS).Text()
+		nid, err := d.replay(ctx, id)
 		if errors.Is(err, redis.Nil) {
 			d.logger.InfoContext(ctx, "dead letter not replayed: no such entry (replayed or dropped already)", "dead_id", id)
 			out = append(out, "")
@@ -133,6 +135,28 @@ func (d *DeadLetters) Replay(ctx context.Context, deadIDs ...string) ([]string, 
 		out = append(out, nid)
 	}
 	return out, nil
+}
+
+// replay runs replay.lua for the dead-letter entry id: its new stream
+// entry id, or redis.Nil when the entry is not there.
+func (d *DeadLetters) replay(ctx context.Context, id string) (string, error) {
+	var nid string
+	err := retryTryAgain(ctx, func() error {
+		msgs, err := d.rdb.XRange(ctx, d.keys.Dead, id, id).Result()
+		if err != nil {
+			return err
+		}
+		if len(msgs) == 0 {
+			return redis.Nil
+		}
+		// An entry without an id fails in the script before it touches
+		// the (then meaningless) dedupe key.
+		job, _ := msgs[0].Values["id"].(string)
+		nid, err = replayScript.Run(ctx, d.rdb, []string{d.keys.Dead, d.keys.Stream, d.keys.Dedupe(job)},
+			id, job, d.ttlMS).Text()
+		return err
+	})
+	return nid, err
 }
 
 // Drop deletes the entries (XDEL) and returns how many existed; ids that do

@@ -15,25 +15,26 @@
 //
 // # Invariants
 //
-//   - Idempotent add. Add runs scripts/add.lua, one atomic call per batch,
-//     which per job does SET <dedupe key> NX PX <DedupeTTL>, then XADD. A job whose ID is still in the queue (not
-//     yet acknowledged by every group and trimmed) and was added within
-//     DedupeTTL is not added again and counts as success, so a caller that
-//     does not know whether an Add went through simply repeats it. If the
-//     XADD fails the dedupe key is deleted again, so the retry is not
-//     swallowed. Once every group has acknowledged a job, the trim deletes
-//     its dedupe key with the entry: a later re-add of that id is delivered
-//     again, and the receiver's inbox (which already holds it) drops it. This
-//     is what keeps Redis memory flat: remembering every id for DedupeTTL
-//     would grow it with traffic (at 5,000 jobs/s, a day of ids is about
-//     80 GB).
-//   - Order. Add keeps slice order, also across a failure and its retry:
-//     a failed Add added a prefix of its jobs and nothing after it (one
+//   - Idempotent add. Add runs scripts/add.lua, one atomic call per
+//     batch, which per job does SET <dedupe key> NX PX <DedupeTTL>, then
+//     XADD. A job whose ID is still in the queue (not yet acknowledged by
+//     every group and trimmed) and was added within DedupeTTL is not added
+//     again and counts as success, so a caller that does not know whether
+//     an Add went through simply repeats it. If the XADD fails the dedupe
+//     key is deleted again, so the retry is not swallowed. Once every group
+//     has acknowledged a job, the trim deletes its dedupe key with the
+//     entry: a later re-add of that id is delivered again, and the
+//     receiver's inbox (which already holds it) drops it. This is what
+//     keeps Redis memory flat: remembering every id for DedupeTTL would grow
+//     it with traffic (at 5,000 jobs/s, a day of ids is about 80 GB).
+//   - Order. Add keeps slice order, also across a failure and its retry: a
+//     failed Add added a prefix of its jobs and nothing after it (one
 //     script call per batch; a pipeline of per-job calls could fail its
 //     first calls, NOSCRIPT or LOADING, and add the later ones). A stream
-//     hands entries out in the order they were added. Redeliveries (own pending, reclaimed) come before new
-//     entries, so a redelivered job may arrive after later ones: receivers
-//     that need order must tolerate that (the chat orders by seq).
+//     hands entries out in the order they were added. Redeliveries (own
+//     pending, reclaimed) come before new entries, so a redelivered job may
+//     arrive after later ones: receivers that need order must tolerate that
+//     (the chat orders by seq).
 //   - At-least-once delivery. An entry stays in the group's pending list
 //     from delivery until Ack or DeadLetter. A Consumer first hands out its
 //     own pending entries (left by a previous run under the same name, or
@@ -56,8 +57,8 @@
 //
 //   - Redis down or unreachable: Add, Fetch, Ack and DeadLetter return an
 //     error within about a second (dial timeout 500 ms, read timeout 1 s);
-//     nothing is buffered. A failed Add may have added some of its jobs: the
-//     caller retries all of them.
+//     nothing is buffered. A failed Add may have added a prefix of its jobs:
+//     the caller retries all of them.
 //   - Redis restarted with appendonly yes (AOF): the stream, the group's
 //     pending lists and the dedupe keys come back; nothing is lost (with
 //     appendfsync everysec, at most the last second of writes can be lost
@@ -89,6 +90,14 @@
 //   - Sentinel failover: NewClient takes a redis+sentinel:// URL
 //     (ParseSentinelURL) and follows the primary; jobs the old primary had
 //     not replicated are lost as above.
+//   - Redis Cluster: NewClient takes a redis+cluster:// URL
+//     (ParseClusterURL). A queue's keys share the hash tag "{<queue>}", so
+//     one slot, and every script declares every key it touches. While the
+//     slot migrates, MOVED and ASK are followed and TRYAGAIN retried within
+//     the call (go-redis's ClusterMaxRedirects, then TryAgainBudget);
+//     nothing is kept across calls. CLUSTERDOWN fails the call at once
+//     (ErrClusterDown). Readd adds a job once per call even when a command
+//     is sent twice (a token of the call in the dedupe key).
 //   - A malformed entry (fields missing, e.g. written by hand) is returned
 //     with Delivery.Err set, so the caller can DeadLetter it; it never
 //     crashes the consumer, is never skipped silently and does not block the

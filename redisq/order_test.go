@@ -22,7 +22,7 @@ import (
 func TestFailedAddAddsAPrefixAndItsRetryKeepsOrder(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	_, admin := privateRedis(t)
+	srv, admin := privateRedis(t)
 	q := newQueue(t, admin)
 	if _, err := q.pub.Add(ctx, redisq.Job{ID: "warm", Name: "n", Payload: []byte("{}")}); err != nil {
 		t.Fatal(err) // loads the scripts into the server's cache
@@ -38,7 +38,7 @@ func TestFailedAddAddsAPrefixAndItsRetryKeepsOrder(t *testing.T) {
 		return args
 	}
 	noJob2 := rule(q.keys.Stream, q.keys.Dedupe("job-0"), q.keys.Dedupe("job-1"), q.keys.Dedupe("job-3"))
-	rdb := redis.NewClient(&redis.Options{Addr: admin.Options().Addr, Username: "orderpub", Password: "pw"})
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr(), Username: "orderpub", Password: "pw"})
 	t.Cleanup(func() { _ = rdb.Close() })
 	pub, err := redisq.NewPublisher(rdb, &redisq.PublisherConfig{Queue: "chat", Prefix: q.prefix})
 	if err != nil {

@@ -132,10 +132,16 @@ func (p *Presence) Leave(ctx context.Context, name string) error {
 // entry is lost), and returns their names. Entries a dead consumer left
 // pending are taken over by the live ones after LockDuration (Fetch's
 // XAUTOCLAIM), after which it has none. Without this, every name that
-// ever consumed stays in the group. Errors: Redis errors (wrapped); a
-// stream or group that does not exist yet deletes nothing.
+// ever consumed stays in the group. During a cluster slot migration of the
+// queue it retries TRYAGAIN (TryAgainBudget, within ctx). Errors: Redis
+// errors (wrapped); a stream or group that does not exist yet deletes
+// nothing.
 func (p *Presence) PruneGone(ctx context.Context, idle time.Duration) ([]string, error) {
-	names, err := pruneScript.Run(ctx, p.rdb, []string{p.keys.Stream, p.keys.Presence}, p.group, idle.Milliseconds()).StringSlice()
+	var names []string
+	err := retryTryAgain(ctx, func() (err error) {
+		names, err = pruneScript.Run(ctx, p.rdb, []string{p.keys.Stream, p.keys.Presence}, p.group, idle.Milliseconds()).StringSlice()
+		return err
+	})
 	if err != nil && !errors.Is(err, redis.Nil) {
 		return nil, fmt.Errorf("redisq: pruning gone consumers: %w", err)
 	}

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/outboxchat/outboxchat/outbox"
@@ -190,10 +191,16 @@ func (p *Publisher) Keys() Keys { return p.keys }
 // fails the whole call with ErrInvalidJob before anything is sent; a job
 // whose XADD the server refuses is a *JobError naming it (see JobFault).
 // NOSCRIPT (the server's script cache emptied by a restart) is answered by
-// sending the script itself (go-redis's Script.Run). Safe for concurrent
-// use.
+// sending the script itself (go-redis's Script.Run).
+//
+// On a Redis Cluster (NewClient with a redis+cluster:// URL) the queue's
+// keys share one slot. While that slot migrates, a call whose dedupe keys
+// are not all on the node that has the stream gets TRYAGAIN, and nothing of
+// it runs: Add retries the call, for at most TryAgainBudget and within ctx,
+// so the batch waits for the move and keeps its order. A CLUSTERDOWN reply
+// fails the call at once (ErrClusterDown). Safe for concurrent use.
 func (p *Publisher) Add(ctx context.Context, jobs ...Job) (added int, err error) {
-	added, err = p.run(ctx, addScript, jobs)
+	added, err = p.run(ctx, jobs, "")
 	if err != nil || len(jobs) == 0 {
 		return added, err
 	}
@@ -204,19 +211,21 @@ func (p *Publisher) Add(ctx context.Context, jobs ...Job) (added int, err error)
 }
 
 // Readd adds jobs to the stream again whatever their dedupe keys say,
-// through scripts/readd.lua (per job: SET <dedupe key> PX <DedupeTTL>,
-// overwriting, then XADD), one atomic script call per maxScriptJobs jobs.
-// It is the re-drive's add: a job whose dedupe key survived while its
-// stream entry was lost (FLUSHALL and a re-add, XDEL, a failover to a
-// replica that had the key and not the entry) is not mistaken for a
-// duplicate. Every call adds a new entry per job, so the receiver must drop
-// duplicates (the inbox does). It returns how many jobs were added
-// (len(jobs) on success). Errors and order as for Add: what a failed call
-// added is a prefix of jobs, and the caller retries all of them;
-// ErrInvalidJob for an empty ID before anything is sent. Safe for
-// concurrent use.
+// through scripts/add.lua in its re-add mode (per job: SET <dedupe key>
+// <token> PX <DedupeTTL>, overwriting, then XADD), one atomic script call
+// per maxScriptJobs jobs. It is the re-drive's add: a job whose dedupe key
+// survived while its stream entry was lost (FLUSHALL and a re-add, XDEL, a
+// failover to a replica that had the key and not the entry) is not
+// mistaken for a duplicate. Every call adds a new entry per job, so the
+// receiver must drop duplicates (the inbox does); within one call a job is
+// added once, however often its command is sent (the dedupe key holds a
+// token of the call, and a resend that finds it adds nothing). It returns
+// how many jobs were added (len(jobs) on success). Errors, order and
+// cluster behaviour as for Add: what a failed call added is a prefix of
+// jobs, and the caller retries all of them; ErrInvalidJob for an empty ID
+// before anything is sent. Safe for concurrent use.
 func (p *Publisher) Readd(ctx context.Context, jobs ...Job) (int, error) {
-	return p.run(ctx, readdScript, jobs)
+	return p.run(ctx, jobs, uuid.NewString())
 }
 
 // maxScriptJobs bounds the jobs of one script call (its KEYS and ARGV, and
@@ -224,9 +233,9 @@ func (p *Publisher) Readd(ctx context.Context, jobs ...Job) (int, error) {
 // one after the other, each only after the one before added all its jobs.
 const maxScriptJobs = 500
 
-// run runs script (add.lua or readd.lua, same KEYS, ARGV and reply) for
-// jobs, maxScriptJobs at a time, and returns the sum of the jobs added.
-func (p *Publisher) run(ctx context.Context, script *redis.Script, jobs []Job) (added int, err error) {
+// run runs add.lua for jobs, maxScriptJobs at a time, adding (token "") or
+// re-adding with token, and returns the sum of the jobs added.
+func (p *Publisher) run(ctx context.Context, jobs []Job, token string) (added int, err error) {
 	if len(jobs) == 0 {
 		return 0, nil
 	}
@@ -239,7 +248,7 @@ func (p *Publisher) run(ctx context.Context, script *redis.Script, jobs []Job) (
 		}
 	}
 	for from := 0; from < len(jobs); from += maxScriptJobs {
-		n, err := p.runOnce(ctx, script, jobs, from, min(from+maxScriptJobs, len(jobs)))
+		n, err := p.runOnce(ctx, jobs, from, min(from+maxScriptJobs, len(jobs)), token)
 		if err != nil {
 			return 0, err
 		}
@@ -248,12 +257,13 @@ func (p *Publisher) run(ctx context.Context, script *redis.Script, jobs []Job) (
 	return added, nil
 }
 
-// runOnce runs script for jobs[from:to] in one call.
-func (p *Publisher) runOnce(ctx context.Context, script *redis.Script, jobs []Job, from, to int) (int, error) {
+// runOnce runs add.lua for jobs[from:to] in one call, retried while it
+// gets TRYAGAIN (retryTryAgain's bounds).
+func (p *Publisher) runOnce(ctx context.Context, jobs []Job, from, to int, token string) (int, error) {
 	keys := make([]string, 1, 1+to-from)
 	keys[0] = p.keys.Stream
-	args := make([]any, 1, 1+5*(to-from))
-	args[0] = p.ttlMS
+	args := make([]any, 2, 2+5*(to-from))
+	args[0], args[1] = p.ttlMS, token
 	for _, j := range jobs[from:to] {
 		if j.Sig == "" && p.sign != nil {
 			j.Sig = p.sign(j)
@@ -261,7 +271,11 @@ func (p *Publisher) runOnce(ctx context.Context, script *redis.Script, jobs []Jo
 		keys = append(keys, p.keys.Dedupe(j.ID))
 		args = append(args, j.ID, j.Name, j.Payload, j.Sig, encodeHeaders(j.Headers))
 	}
-	reply, err := script.Run(ctx, p.rdb, keys, args...).Slice()
+	var reply []any
+	err := retryTryAgain(ctx, func() (err error) {
+		reply, err = addScript.Run(ctx, p.rdb, keys, args...).Slice()
+		return err
+	})
 	if err != nil {
 		return 0, fmt.Errorf("redisq: adding jobs: %w", err)
 	}
@@ -276,7 +290,7 @@ func (p *Publisher) runOnce(ctx context.Context, script *redis.Script, jobs []Jo
 	return added, nil
 }
 
-// scriptReply decodes add.lua's and readd.lua's reply {added, failed, err}.
+// scriptReply decodes add.lua's reply {added, failed, err}.
 func scriptReply(reply []any) (added, failed int, msg string, ok bool) {
 	if len(reply) != 3 {
 		return 0, 0, "", false

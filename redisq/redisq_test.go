@@ -22,13 +22,13 @@ func TestMain(m *testing.M) { testenv.Main(m) }
 
 // queue is one test's queue on the shared test server.
 type queue struct {
-	rdb    *redis.Client
+	rdb    redis.UniversalClient
 	prefix string
 	pub    *redisq.Publisher
 	keys   redisq.Keys
 }
 
-func newQueue(t *testing.T, rdb *redis.Client) *queue {
+func newQueue(t *testing.T, rdb redis.UniversalClient) *queue {
 	t.Helper()
 	if rdb == nil {
 		rdb = testenv.Redis(t)
@@ -63,7 +63,7 @@ func (q *queue) consumer(t testing.TB, name string, cfg *redisq.ConsumerConfig) 
 
 // privateRedis is a private Redis server of the test's own, which it may
 // stop and kill, and a fail-fast client of it (NewClient).
-func privateRedis(t *testing.T) (*redisproc.Server, *redis.Client) {
+func privateRedis(t *testing.T) (*redisproc.Server, redis.UniversalClient) {
 	t.Helper()
 	srv := testenv.PrivateRedis(t)
 	rdb, err := redisq.NewClient(srv.URL())
@@ -493,6 +493,31 @@ func TestMalformedEntryIsReturnedAndDeadLettered(t *testing.T) {
 	}
 	if err := c.DeadLetter(ctx, redisq.Delivery{}, "x"); err == nil {
 		t.Fatal("DeadLetter without stream id succeeded")
+	}
+}
+
+// Trim deletes acknowledged entries that have no job id (no dedupe key to
+// delete with them), also when they are all there is to trim.
+func TestTrimDeletesEntriesWithoutID(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	q := newQueue(t, nil)
+	c := q.consumer(t, "w1", &redisq.ConsumerConfig{TrimInterval: time.Hour})
+	for range 2 {
+		if err := q.rdb.XAdd(ctx, &redis.XAddArgs{Stream: q.keys.Stream, Values: []any{"garbage", "x"}}).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, d := range fetchN(t, c, 2) {
+		if err := c.DeadLetter(ctx, d, "missing fields"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n, err := c.Trim(ctx); err != nil || n != 2 {
+		t.Fatalf("Trim = %d, %v; want 2", n, err)
+	}
+	if n := q.rdb.XLen(ctx, q.keys.Stream).Val(); n != 0 {
+		t.Fatalf("stream length %d, want 0", n)
 	}
 }
 

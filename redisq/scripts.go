@@ -15,8 +15,6 @@ var (
 	addSource string
 	//go:embed scripts/trim.lua
 	trimSource string
-	//go:embed scripts/readd.lua
-	readdSource string
 	//go:embed scripts/replay.lua
 	replaySource string
 	//go:embed scripts/presence.lua
@@ -26,7 +24,6 @@ var (
 
 	addScript      = redis.NewScript(addSource)
 	trimScript     = redis.NewScript(trimSource)
-	readdScript    = redis.NewScript(readdSource)
 	replayScript   = redis.NewScript(replaySource)
 	presenceScript = redis.NewScript(presenceSource)
 	pruneScript    = redis.NewScript(pruneSource)

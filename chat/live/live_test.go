@@ -8,8 +8,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/outboxchat/outboxchat/chat"
 	"github.com/outboxchat/outboxchat/internal/testenv"
+	"github.com/outboxchat/outboxchat/redisq"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }
@@ -19,7 +22,13 @@ func TestMain(m *testing.M) { testenv.Main(m) }
 // as when the process dies) was called.
 func startHub(t *testing.T, service, prefix string) (*Hub, context.CancelFunc) {
 	t.Helper()
-	h, err := New(testenv.Redis(t), &Config{Service: service, Prefix: prefix, Heartbeat: 100 * time.Millisecond})
+	return startHubOn(t, testenv.Redis(t), service, prefix)
+}
+
+// startHubOn is startHub on rdb.
+func startHubOn(t *testing.T, rdb redis.UniversalClient, service, prefix string) (*Hub, context.CancelFunc) {
+	t.Helper()
+	h, err := New(rdb, &Config{Service: service, Prefix: prefix, Heartbeat: 100 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -124,5 +133,39 @@ func TestTypingReachesOthersRateLimited(t *testing.T) {
 	}
 	if n := count(m1, 100*time.Millisecond) + count(other, 100*time.Millisecond); n != 0 {
 		t.Errorf("sender or another chat got %d typing frames", n)
+	}
+}
+
+// On a Redis Cluster (a redis+cluster:// client per process, each given a
+// different node first) presence and typing reach the other process.
+func TestLiveOnRedisCluster(t *testing.T) {
+	t.Parallel()
+	cl := testenv.RedisCluster(t, 3)
+	prefix := fmt.Sprintf("livetest:%d:", time.Now().UnixNano())
+	var hubs []*Hub
+	for i, svc := range []string{chat.Consumers, chat.Workers} {
+		rdb, err := redisq.NewClient("redis+cluster://" + cl.Addrs()[i] + "/")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = rdb.Close() })
+		h, _ := startHubOn(t, rdb, svc, prefix)
+		hubs = append(hubs, h)
+	}
+	m1, m3 := hubs[0].Join(5, "u1"), hubs[1].Join(5, "u3")
+	defer func() { m1.Leave(); m3.Leave() }()
+	onlineOf(t, m3, 5*time.Second, "consumers:u1,workers:u3")
+	onlineOf(t, m1, 5*time.Second, "consumers:u1,workers:u3")
+	m1.Typing()
+	end := time.After(5 * time.Second)
+	for {
+		select {
+		case f := <-m3.C:
+			if strings.Contains(string(f), `"type":"typing"`) {
+				return
+			}
+		case <-end:
+			t.Fatal("no typing frame from the other process")
+		}
 	}
 }

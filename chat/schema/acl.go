@@ -75,8 +75,19 @@ func RedisACLLine(args []string) string {
 // ApplyRedisACL runs args (RedisACL's) on rdb, an administrator's
 // connection, then ACL SAVE when the server has an ACL file (so the user
 // survives a restart; without one the error "no ACL file" is ignored and
-// the user lives until the server stops).
-func ApplyRedisACL(ctx context.Context, rdb *redis.Client, args []string) error {
+// the user lives until the server stops). Users are per node in a Redis
+// Cluster: on a *redis.ClusterClient it runs on every master and replica
+// the client knows (ForEachShard) and returns the first error. Safe for
+// concurrent use.
+func ApplyRedisACL(ctx context.Context, rdb redis.UniversalClient, args []string) error {
+	if cc, ok := rdb.(*redis.ClusterClient); ok {
+		return cc.ForEachShard(ctx, func(ctx context.Context, n *redis.Client) error {
+			if err := ApplyRedisACL(ctx, n, args); err != nil {
+				return fmt.Errorf("node %s: %w", n.Options().Addr, err)
+			}
+			return nil
+		})
+	}
 	cmd := make([]any, len(args))
 	for i, a := range args {
 		cmd[i] = a

@@ -99,6 +99,17 @@ func TestRedisACLLeastPrivilege(t *testing.T) {
 	if _, err := pub.Add(ctx, redisq.Job{ID: "acl-check", Name: "noop", Payload: []byte("{}")}); err != nil {
 		t.Errorf("add to its outbound queue: %v", err)
 	}
+	if _, err := pub.Readd(ctx, redisq.Job{ID: "acl-check", Name: "noop", Payload: []byte("{}")}); err != nil {
+		t.Errorf("re-add to its outbound queue: %v", err)
+	}
+	trimmer, err := redisq.NewConsumer(rdb, &redisq.ConsumerConfig{Queue: chat.QueueName(chat.Workers), Prefix: h.Prefix,
+		Group: "acl-check", Consumer: "acl-check"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := trimmer.Trim(ctx); err != nil {
+		t.Errorf("trim of its inbound stream: %v", err)
+	}
 	fake, err := redisq.NewPublisher(rdb, &redisq.PublisherConfig{Queue: chat.QueueName(chat.Workers), Prefix: h.Prefix})
 	if err != nil {
 		t.Fatal(err)

@@ -217,7 +217,7 @@ func (p *process) buildLive() (*live.Hub, error) {
 
 // closer closes a Redis client when stopped (services stop in reverse
 // order: after the hub that uses it).
-type closer struct{ c *redis.Client }
+type closer struct{ c redis.UniversalClient }
 
 func (closer) Start(context.Context) error  { return nil }
 func (c closer) Stop(context.Context) error { return c.c.Close() }

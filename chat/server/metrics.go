@@ -49,7 +49,7 @@ type metrics struct {
 // runtime's and the process's, the database's cleanup horizon, the LISTEN
 // self-check, and the process's part of the status snapshot (the outbox's
 // where the relay runs, the queue's where the worker does).
-func newMetrics(reg *prometheus.Registry, c *Config, pool *pgxpool.Pool, rdb *redis.Client) *metrics {
+func newMetrics(reg *prometheus.Registry, c *Config, pool *pgxpool.Pool, rdb redis.UniversalClient) *metrics {
 	m := &metrics{reg: reg, selfCheckOK: prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "outboxchat_listen_selfcheck_ok",
 		Help: "1 when the latest start-up self-check's NOTIFY reached this process's LISTEN connection; 0 before it passed or when it failed (a transaction-mode pooler: set --listen-database-url).",

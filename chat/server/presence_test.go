@@ -82,7 +82,7 @@ func TestNonDurableRedisIsExposed(t *testing.T) {
 	}
 	h := newHarness(t, srv.URL())
 	r := h.start(chat.Workers, nil)
-	node := `outboxchat_redis_durable{node="` + rdb.Options().Addr + `"}`
+	node := `outboxchat_redis_durable{node="` + srv.Addr() + `"}`
 	if v := scrape(t, r.base, node); v != 0 {
 		t.Fatalf("%s = %v, want 0", node, v)
 	}

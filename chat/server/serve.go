@@ -94,7 +94,7 @@ type process struct {
 	cfg  *Config
 	log  *slog.Logger
 	pool *pgxpool.Pool
-	rdb  *redis.Client
+	rdb  redis.UniversalClient
 	reg  *prometheus.Registry
 	m    *metrics
 	keys *auth.EventKeys
@@ -273,7 +273,7 @@ func (p *process) connectPostgres(ctx context.Context) (*pgxpool.Pool, error) {
 }
 
 // connectRedis opens the Redis client and logs whether Redis is durable.
-func (p *process) connectRedis(ctx context.Context) (*redis.Client, error) {
+func (p *process) connectRedis(ctx context.Context) (redis.UniversalClient, error) {
 	rdb, err := redisq.NewClient(p.cfg.RedisURL)
 	if err != nil {
 		return nil, fmt.Errorf("serve: %w", err)

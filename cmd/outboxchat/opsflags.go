@@ -47,7 +47,7 @@ func (f opsFlags) pool(ctx context.Context, cmd string) (*pgxpool.Pool, error) {
 	return p, nil
 }
 
-func (f opsFlags) redis(cmd string) (*redis.Client, error) {
+func (f opsFlags) redis(cmd string) (redis.UniversalClient, error) {
 	if *f.redisURL == "" {
 		return nil, fmt.Errorf("%s: no redis URL (--redis-url or REDIS_URL)", cmd)
 	}

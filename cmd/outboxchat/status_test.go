@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 
@@ -96,5 +97,58 @@ func TestStatusNamesDurabilitySharedNameAndListening(t *testing.T) {
 	}
 	if text, err := runCmd(t, append([]string{"status"}, conn...)...); err != nil || !strings.Contains(text, "healthy") {
 		t.Fatalf("status after mending = %v:\n%s", err, text)
+	}
+}
+
+// status reads a Redis Cluster through a redis+cluster:// URL: every
+// master's durability, and the queues and live consumers.
+func TestStatusOnRedisCluster(t *testing.T) {
+	ctx := context.Background()
+	dbURL, admin := testDatabase(t)
+	for _, s := range []string{chat.Consumers, chat.Workers} {
+		if err := schema.Bootstrap(ctx, admin, s); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := schema.Migrate(ctx, admin, s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cl := testenv.RedisCluster(t, 3)
+	rdb, err := redisq.NewClient(cl.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rdb.Close()
+	prefix := testenv.Prefix(t)
+	p, err := redisq.NewPresence(rdb, prefix, chat.QueueName(chat.Consumers), chat.Workers, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Beat(ctx, "workers-a"); err != nil {
+		t.Fatal(err)
+	}
+	out, err := runCmd(t, "status", "--json", "--database-url", dbURL, "--redis-url", cl.URL(), "--redis-prefix", prefix)
+	if err != nil {
+		t.Fatalf("status = %v:\n%s", err, out)
+	}
+	var st status.Status
+	if err := json.Unmarshal([]byte(out), &st); err != nil {
+		t.Fatalf("status --json: %v: %s", err, out)
+	}
+	var addrs []string
+	for _, n := range st.Redis {
+		if n.Durable == nil || !*n.Durable {
+			t.Errorf("node %+v not durable", n)
+		}
+		addrs = append(addrs, n.Addr)
+	}
+	want := cl.Addrs()
+	slices.Sort(addrs)
+	slices.Sort(want)
+	if !slices.Equal(addrs, want) {
+		t.Fatalf("status read nodes %v, want the 3 masters %v", addrs, want)
+	}
+	if len(st.Services) != 2 || len(st.Services[1].LiveConsumers) != 1 {
+		t.Fatalf("status %s", out)
 	}
 }

@@ -63,6 +63,15 @@ type Options struct {
 	// certificate): URL is then rediss://. Not for sentinels. Default "":
 	// plain TCP.
 	TLSCertFile, TLSKeyFile string
+	// Cluster starts the server as a Redis Cluster node (--cluster-enabled
+	// yes, its nodes.conf in Dir) with no slots and no peers: StartCluster
+	// joins such nodes. Its cluster bus listens on 127.0.0.1 on another
+	// free port (--cluster-port; Server.BusPort). Not for sentinels.
+	// Default false.
+	Cluster bool
+	// ClusterNodeTimeout is cluster-node-timeout: how long a node may not
+	// answer before the others count it as failing. Default 1 s.
+	ClusterNodeTimeout time.Duration
 }
 
 // SentinelOptions configures a sentinel started by Start.
@@ -96,6 +105,9 @@ type Server struct {
 	aclFile      bool
 	tlsCert      string
 	tlsKey       string
+	cluster      bool
+	nodeTimeout  time.Duration
+	busPort      int
 
 	life spawn.Server // the process; SIGTERM stops it
 }
@@ -167,8 +179,23 @@ func Start(ctx context.Context, opts *Options) (*Server, error) {
 			return nil, fmt.Errorf("redisproc: acl file: %w", err)
 		}
 	}
+	if opts.Cluster && opts.Sentinel == nil {
+		s.cluster, s.nodeTimeout = true, opts.ClusterNodeTimeout
+		if s.nodeTimeout <= 0 {
+			s.nodeTimeout = time.Second
+		}
+	}
 	if _, err := spawn.OnFreePort(ctx, opts.Port, "redisproc", s.log, func(port int) error {
 		s.port, s.life.Port = port, port
+		if s.cluster {
+			// A bus port lost to a bind race fails the start with
+			// ErrBind too, and the retry picks both ports again.
+			bus, err := spawn.FreePort()
+			if err != nil {
+				return fmt.Errorf("redisproc: %w", err)
+			}
+			s.busPort = bus
+		}
 		return s.life.Start(ctx)
 	}); err != nil {
 		_ = s.Close()
@@ -195,6 +222,12 @@ func (s *Server) launch(ctx context.Context) (*spawn.Proc, error) {
 		"--maxmemory-policy", "noeviction",
 		"--daemonize", "no",
 		"--logfile", s.logPath,
+	}
+	if s.cluster {
+		args = append(args, "--cluster-enabled", "yes",
+			"--cluster-config-file", "nodes.conf",
+			"--cluster-port", strconv.Itoa(s.busPort),
+			"--cluster-node-timeout", strconv.FormatInt(s.nodeTimeout.Milliseconds(), 10))
 	}
 	if s.tlsCert != "" {
 		args[1] = "0"
@@ -310,6 +343,11 @@ func (s *Server) Addr() string { return net.JoinHostPort("127.0.0.1", strconv.It
 
 // Port returns the TCP port on 127.0.0.1. It does not change across Restart.
 func (s *Server) Port() int { return s.port }
+
+// BusPort returns the cluster bus port on 127.0.0.1 (Options.Cluster), 0
+// for a server that is not a cluster node. It does not change across
+// Restart.
+func (s *Server) BusPort() int { return s.busPort }
 
 // Dir returns the Redis working directory (AOF and redis.log).
 func (s *Server) Dir() string { return s.dir }

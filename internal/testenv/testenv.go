@@ -159,6 +159,26 @@ func PrivateRedis(t testing.TB) *redisproc.Server {
 	return s
 }
 
+// RedisCluster starts a private Redis Cluster of n masters of the test's
+// own (redisproc.StartCluster: free loopback ports, cluster_state:ok on
+// every node before it returns), closed when the test ends. The test fails
+// (t.Fatal) when the cluster cannot start.
+func RedisCluster(t testing.TB, n int) *redisproc.Cluster {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
+	defer cancel()
+	c, err := redisproc.StartCluster(ctx, n, &redisproc.Options{Logger: logger})
+	if err != nil {
+		t.Fatalf("testenv: start private redis cluster: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := c.Close(); err != nil {
+			t.Errorf("testenv: close private redis cluster: %v", err)
+		}
+	})
+	return c
+}
+
 // WaitFor is outboxtest.WaitFor: it calls cond at once and then every 5 ms
 // until it returns true, or fails the test with t.Fatalf(msg) once timeout
 // has elapsed. Use it instead of sleeps. cond runs on the calling goroutine.

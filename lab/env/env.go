@@ -181,7 +181,7 @@ type Env struct {
 	DebugAddrs map[string]string
 
 	admin *pgxpool.Pool
-	rdb   *redis.Client
+	rdb   redis.UniversalClient
 	links *Links // Options.Links
 	// redisURLs are the services' own Redis URLs (least-privilege users).
 	redisURLs map[string]string
@@ -514,7 +514,7 @@ func (e *Env) Admin() *pgxpool.Pool { return e.admin }
 
 // RedisClient returns a Redis client on the private Redis (owned by the
 // Env; fail-fast settings of redisq.NewClient).
-func (e *Env) RedisClient() *redis.Client { return e.rdb }
+func (e *Env) RedisClient() redis.UniversalClient { return e.rdb }
 
 // Close kills every process, closes the connections, stops and removes the
 // private servers and the temp dir. It is idempotent and returns the first

@@ -29,7 +29,7 @@ func streamOf(from string) string { return env.QueueKeys(from).Stream }
 // seq seen before is a re-send or a re-drive: allowed, the inbox drops
 // it). Safe for concurrent use.
 type Tap struct {
-	rdb    *redis.Client
+	rdb    redis.UniversalClient
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 

@@ -2,10 +2,15 @@
 --
 -- KEYS[1]  dead-letter stream (<prefix>q:{<queue>}:dead)
 -- KEYS[2]  stream key         (<prefix>q:{<queue>}:stream)
+-- KEYS[3]  dedupe key of the entry's job (<prefix>q:{<queue>}:dedupe:<id>),
+--          as the caller read the entry's id field before
 -- ARGV[1]  the dead-letter entry's id ("ms-seq")
--- ARGV[2]  dedupe key prefix (<prefix>q:{<queue>}:dedupe:); the dedupe keys
---          share the stream's hash tag, so they live in its cluster slot
+-- ARGV[2]  the job id the caller read from the entry (its "id" field)
 -- ARGV[3]  dedupe TTL in milliseconds (integer > 0)
+--
+-- Every key is declared (a cluster node refuses undeclared keys during a
+-- slot migration); an entry's fields never change, so the id read before
+-- still names its dedupe key, and a mismatch is an error.
 --
 -- In one step: XADD <stream> * id .. name .. payload .. [sig ..]
 -- [headers ..] with the entry's fields (its signature and headers too, so a
@@ -16,7 +21,8 @@
 --          dead-letter entry does not exist (already replayed or dropped:
 --          a repeated replay is a no-op).
 -- Errors   "ERR dead-letter entry lacks id, name or payload" (nothing done;
---          such an entry can only be dropped).
+--          such an entry can only be dropped); "ERR dead-letter entry's id
+--          is not ARGV[2]" (nothing done).
 local e = redis.call('XRANGE', KEYS[1], ARGV[1], ARGV[1])
 if #e == 0 then return false end
 local f = e[1][2]
@@ -24,6 +30,9 @@ local v = {}
 for i = 1, #f, 2 do v[f[i]] = f[i + 1] end
 if not v['id'] or v['id'] == '' or not v['name'] or not v['payload'] then
   return redis.error_reply('ERR dead-letter entry lacks id, name or payload')
+end
+if v['id'] ~= ARGV[2] then
+  return redis.error_reply("ERR dead-letter entry's id is not " .. ARGV[2])
 end
 local a = {'id', v['id'], 'name', v['name'], 'payload', v['payload']}
 for _, k in ipairs({'sig', 'headers'}) do
@@ -33,6 +42,6 @@ for _, k in ipairs({'sig', 'headers'}) do
   end
 end
 local id = redis.call('XADD', KEYS[2], '*', unpack(a))
-redis.call('SET', ARGV[2] .. v['id'], '1', 'PX', ARGV[3])
+redis.call('SET', KEYS[3], '1', 'PX', ARGV[3])
 redis.call('XDEL', KEYS[1], ARGV[1])
 return id

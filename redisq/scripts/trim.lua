@@ -1,24 +1,42 @@
 -- trim.lua: remove stream entries that every consumer group has acknowledged.
 --
+-- Two calls, so that every key the trim touches is declared (a cluster
+-- node refuses undeclared keys during a slot migration):
+--
+-- plan:
 -- KEYS[1]  stream key (<prefix>q:{<queue>}:stream)
--- ARGV[1]  dedupe key prefix (<prefix>q:{<queue>}:dedupe:); the dedupe keys
---          share the stream's hash tag, so they live in its cluster slot
+-- ARGV[1]  "plan"
 -- ARGV[2]  most entries to delete in one call (integer > 0)
+-- Returns  a list: the number of entries a trim would delete now (integer
+--          >= 0; entries without an "id" field count too), then their job
+--          ids (the "id" fields), in stream order, each once.
+--
+-- trim:
+-- KEYS[1]  stream key
+-- KEYS[2…] the dedupe keys of the job ids plan returned
+--          (<prefix>q:{<queue>}:dedupe:<id>)
+-- ARGV[1]  "trim"
+-- ARGV[2]  most entries to delete in one call (integer > 0)
+-- ARGV[3…] the job ids, in KEYS[2…]'s order
+-- Returns  the number of entries deleted (integer >= 0).
 --
 -- For every group of the stream (XINFO GROUPS) the lowest entry id it still
 -- needs is min(first pending id (XPENDING summary), last-delivered-id + 1):
 -- pending entries may be redelivered, undelivered ones are still to come.
--- The stream is trimmed with XTRIM MINID <lowest id over all groups> (exact,
--- not "~"), so entries below it, acknowledged by every group, are deleted.
--- A stream without groups is left alone (nobody has acknowledged anything).
+-- Entries below the lowest id over all groups, acknowledged by every group,
+-- are deleted (XTRIM MINID, exact, not "~"), at most ARGV[2] per call
+-- (XRANGE ... COUNT), so one call stays short. A stream without groups is
+-- left alone (nobody has acknowledged anything). Both calls compute the
+-- lowest id afresh, so a trim never deletes an entry a group needs, however
+-- the stream changed since the plan.
 --
 -- The dedupe key of every deleted entry (from its "id" field) is deleted
 -- with it: once every group has acknowledged a job, its receivers' inboxes
 -- hold it, so a later re-add of the id is dropped there; keeping the key
--- until its TTL would make Redis memory grow with traffic. At most ARGV[2]
--- entries go per call (XRANGE ... COUNT), so one call stays short.
---
--- Returns  the number of entries deleted (integer >= 0).
+-- until its TTL would make Redis memory grow with traffic. The trim stops
+-- before the first entry whose job id was not declared (the stream grew
+-- or changed since the plan), so no key is kept by mistake; entries without
+-- an "id" field have no dedupe key and are deleted.
 
 -- cmp compares two decimal strings without leading zeros: -1, 0 or 1.
 local function cmp(a, b)
@@ -66,9 +84,16 @@ local function next_id(id)
   return ms .. '-' .. incr(seq)
 end
 
-if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+local mode, batch = ARGV[1], tonumber(ARGV[2])
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  if mode == 'plan' then return {0} end
+  return 0
+end
 local groups = redis.call('XINFO', 'GROUPS', KEYS[1])
-if #groups == 0 then return 0 end
+if #groups == 0 then
+  if mode == 'plan' then return {0} end
+  return 0
+end
 
 local lowest = nil
 for _, g in ipairs(groups) do
@@ -87,18 +112,46 @@ for _, g in ipairs(groups) do
   if lowest == nil or idcmp(need, lowest) < 0 then lowest = need end
 end
 
-local doomed = redis.call('XRANGE', KEYS[1], '-', '(' .. lowest, 'COUNT', tonumber(ARGV[2]))
-if #doomed == 0 then return 0 end
-for _, e in ipairs(doomed) do
+local doomed = redis.call('XRANGE', KEYS[1], '-', '(' .. lowest, 'COUNT', batch)
+
+-- jobid returns the entry's "id" field, or nil.
+local function jobid(e)
   local f = e[2]
   for i = 1, #f, 2 do
-    if f[i] == 'id' then
-      redis.call('DEL', ARGV[1] .. f[i + 1])
-      break
+    if f[i] == 'id' then return f[i + 1] end
+  end
+  return nil
+end
+
+if mode == 'plan' then
+  local ids, seen = {#doomed}, {}
+  for _, e in ipairs(doomed) do
+    local id = jobid(e)
+    if id and not seen[id] then
+      seen[id] = true
+      ids[#ids + 1] = id
     end
   end
+  return ids
 end
+if mode ~= 'trim' then
+  return redis.error_reply('ERR trim.lua: mode ' .. tostring(mode) .. ' is neither plan nor trim')
+end
+
+local declared = {}
+for i = 3, #ARGV do declared[ARGV[i]] = KEYS[i - 1] end
+local last = nil
+for _, e in ipairs(doomed) do
+  local id = jobid(e)
+  if id then
+    local key = declared[id]
+    if not key then break end
+    redis.call('DEL', key)
+  end
+  last = e[1]
+end
+if last == nil then return 0 end
 -- Trim no further than the entries whose dedupe keys went above.
-local upto = next_id(doomed[#doomed][1])
+local upto = next_id(last)
 if idcmp(upto, lowest) > 0 then upto = lowest end
 return redis.call('XTRIM', KEYS[1], 'MINID', upto)

@@ -1,0 +1,154 @@
+package server
+
+import (
+	"context"
+	"net/url"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/outboxchat/outboxchat/chat"
+	"github.com/outboxchat/outboxchat/chat/internal/chattest"
+	"github.com/outboxchat/outboxchat/chat/schema"
+	"github.com/outboxchat/outboxchat/internal/testenv"
+	"github.com/outboxchat/outboxchat/redisq"
+)
+
+// Both services run on a Redis Cluster of three masters through a
+// redis+cluster:// URL, each as its least-privilege ACL user (set on every
+// node through the cluster client): messages flow both ways, each
+// direction's queue keys sit in one slot, and the durability gauge has
+// one series per master.
+func TestServeOnRedisCluster(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	cl := testenv.RedisCluster(t, 3)
+	h := newHarness(t, cl.URL())
+	admin, err := redisq.NewClient(cl.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	urls := map[string]string{}
+	for _, svc := range []string{chat.Consumers, chat.Workers} {
+		user := "u-" + svc
+		args, err := schema.RedisACL(svc, h.Prefix, user, "pw-"+user)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := schema.ApplyRedisACL(ctx, admin, args); err != nil {
+			t.Fatal(err)
+		}
+		for _, addr := range cl.Addrs() {
+			nc := redis.NewClient(&redis.Options{Addr: addr})
+			err := nc.Do(ctx, "ACL", "GETUSER", user).Err()
+			_ = nc.Close()
+			if err != nil {
+				t.Fatalf("user %s on node %s: %v", user, addr, err)
+			}
+		}
+		u, err := url.Parse(cl.URL())
+		if err != nil {
+			t.Fatal(err)
+		}
+		u.User = url.UserPassword(user, "pw-"+user)
+		urls[svc] = u.String()
+	}
+	cons := h.start(chat.Consumers, func(c *Config) { c.RedisURL = urls[chat.Consumers] })
+	work := h.start(chat.Workers, func(c *Config) { c.RedisURL = urls[chat.Workers] })
+	wc, ww := chattest.Watch(t, cons.base, 7), chattest.Watch(t, work.base, 7)
+	for range 3 {
+		chattest.Send(t, cons.base, 7, "to workers")
+		chattest.Send(t, work.base, 7, "to consumers")
+	}
+	ww.WaitSeqs(t, chat.Consumers, 3, 20*time.Second)
+	wc.WaitSeqs(t, chat.Workers, 3, 20*time.Second)
+
+	for _, svc := range []string{chat.Consumers, chat.Workers} {
+		k := redisq.NewKeys(h.Prefix, chat.QueueName(svc))
+		node, slot, err := cl.NodeFor(ctx, k.Stream)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, key := range []string{k.Dead, k.Presence, k.Dedupe("x")} {
+			if n, s, err := cl.NodeFor(ctx, key); err != nil || n != node || s != slot {
+				t.Fatalf("%s: slot %d on %v, the stream's %d on %s (%v)", key, s, n, slot, node.Addr(), err)
+			}
+		}
+	}
+	for _, addr := range cl.Addrs() {
+		series := `outboxchat_redis_durable{node="` + addr + `"}`
+		testenv.WaitFor(t, 10*time.Second, series, func() bool { return scrape(t, work.base, series) == 1 })
+	}
+	if m, err := chattest.Get(work.base + "/metrics"); err != nil || strings.Count(m, "outboxchat_redis_durable{") != 3 {
+		t.Fatalf("durability series: %v\n%s", err, m)
+	}
+}
+
+// Messages sent while the slot of their queue moves to another master —
+// before any key moved, with only the stream moved, with every key moved
+// before the hand-over — all arrive, once and in order: the relay's adds
+// meet TRYAGAIN (the target node counts them) and are retried within the
+// call or on the relay's next pass.
+func TestServeDuringSlotMove(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	cl := testenv.RedisCluster(t, 3)
+	h := newHarness(t, cl.URL())
+	cons := h.start(chat.Consumers, nil)
+	work := h.start(chat.Workers, nil)
+	ww := chattest.Watch(t, work.base, 9)
+	send := func(n int) {
+		for range n {
+			chattest.Send(t, cons.base, 9, "to workers")
+		}
+	}
+	send(3)
+	ww.WaitSeqs(t, chat.Consumers, 3, 20*time.Second)
+
+	k := redisq.NewKeys(h.Prefix, chat.QueueName(chat.Consumers))
+	from, slot, err := cl.NodeFor(ctx, k.Stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	to := cl.Nodes[0]
+	if to == from {
+		to = cl.Nodes[1]
+	}
+	tc := redis.NewClient(&redis.Options{Addr: to.Addr()})
+	defer tc.Close()
+	tryAgains := func() int64 {
+		for _, line := range strings.Split(tc.Info(ctx, "errorstats").Val(), "\n") {
+			if v, ok := strings.CutPrefix(strings.TrimSpace(line), "errorstat_TRYAGAIN:count="); ok {
+				n, _ := strconv.ParseInt(v, 10, 64)
+				return n
+			}
+		}
+		return 0
+	}
+	m, err := cl.StartSlotMove(ctx, slot, to)
+	if err != nil {
+		t.Fatal(err)
+	}
+	send(3)
+	if err := m.Migrate(ctx, k.Stream); err != nil {
+		t.Fatal(err)
+	}
+	send(3)
+	if err := m.MigrateRest(ctx); err != nil {
+		t.Fatal(err)
+	}
+	send(3)
+	testenv.WaitFor(t, 10*time.Second, "the relay's adds meet TRYAGAIN on the target", func() bool { return tryAgains() > 0 })
+	if err := m.Finish(ctx); err != nil {
+		t.Fatal(err)
+	}
+	send(3)
+	ww.WaitSeqs(t, chat.Consumers, 15, 30*time.Second)
+	if n, s, err := cl.NodeFor(ctx, k.Dead); err != nil || n != to || s != slot {
+		t.Fatalf("after the move the queue's keys are on %v (slot %d, %v), want %s", n, s, err, to.Addr())
+	}
+}
