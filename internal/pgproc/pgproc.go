@@ -22,6 +22,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -83,6 +84,10 @@ type Options struct {
 	// preload a fault into the server, such as libfaketime to step its
 	// wall clock. Default nil: nothing added.
 	Env []string
+	// Settings are extra server parameters, each "name=value", passed as
+	// -c options after the defaults (so they override them), e.g.
+	// "shared_preload_libraries=pg_stat_statements". Default nil: none.
+	Settings []string
 }
 
 // Server is a running (or stopped) private PostgreSQL server. All methods are
@@ -100,6 +105,7 @@ type Server struct {
 	cred         *syscall.Credential
 	tls          bool // Dir/server.crt and Dir/server.key serve TLS
 	env          []string
+	settings     []string
 
 	life spawn.Server // the postmaster; SIGINT (fast shutdown) stops it
 }
@@ -116,6 +122,7 @@ func Start(ctx context.Context, opts *Options) (*Server, error) {
 	}
 	s := &Server{
 		fsync:        opts.Fsync,
+		settings:     slices.Clone(opts.Settings),
 		log:          opts.Logger,
 		startTimeout: opts.StartTimeout,
 		env:          opts.Env,
@@ -413,6 +420,9 @@ func (s *Server) launch(ctx context.Context) (*spawn.Proc, error) {
 		"-c", "TimeZone=UTC",
 	)
 	cmd.Env = append(cmd.Env, s.env...)
+	for _, kv := range s.settings {
+		cmd.Args = append(cmd.Args, "-c", kv)
+	}
 	if s.tls {
 		cmd.Args = append(cmd.Args, "-c", "ssl=on",
 			"-c", "ssl_cert_file="+filepath.Join(s.dir, "server.crt"),

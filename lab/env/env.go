@@ -118,6 +118,10 @@ type Options struct {
 	// (serve --debug-addr on a free loopback port; Env.DebugAddrs), for
 	// profiling under load. Default false: none.
 	Debug bool
+	// PGSettings are extra Postgres server parameters ("name=value",
+	// pgproc.Options.Settings), e.g. to preload pg_stat_statements for
+	// counting statements. Default nil: none.
+	PGSettings []string
 }
 
 // ServerMode names the servers' durability settings for output and logs:
@@ -266,7 +270,7 @@ func Start(ctx context.Context, opts Options) (_ *Env, err error) {
 		}
 	}()
 
-	pgOpts := pgproc.Options{Fsync: opts.Durable}
+	pgOpts := pgproc.Options{Fsync: opts.Durable, Settings: opts.PGSettings}
 	rdOpts := redisproc.Options{ACLFile: true}
 	var certFile, keyFile string
 	if opts.TLS {

@@ -90,6 +90,11 @@ type BenchOptions struct {
 	// ProfileSeconds is the CPU profile's length. Default
 	// DefaultProfileSeconds (10).
 	ProfileSeconds int
+	// Counts, when true, preloads pg_stat_statements in the lab's Postgres
+	// and counts, from just before the first send to the end of the
+	// drain, the services' statements and every Redis command
+	// (BenchResult.Counts). Default false.
+	Counts bool
 }
 
 // BenchResult is what Bench measured. The JSON fields are DESIGN.md's
@@ -172,6 +177,9 @@ type BenchResult struct {
 	// send and after the drain and Redis trim.
 	OutboxBytesBefore map[string]int64 `json:"outbox_bytes_before"`
 	OutboxBytesAfter  map[string]int64 `json:"outbox_bytes_after"`
+	// Counts are the statements and Redis commands of the run
+	// (BenchOptions.Counts; nil without it), by who, most frequent first.
+	Counts []WorkCount `json:"counts,omitempty"`
 }
 
 // outboxBytes reads pg_total_relation_size of both outbox tables (nil if
@@ -241,7 +249,7 @@ func Bench(ctx context.Context, opts BenchOptions) (*BenchResult, error) {
 		args = append(slices.Clip(args), "--history-retention", opts.Retention.String())
 	}
 	e, err := env.Start(ctx, env.Options{Variant: opts.Variant, Progress: progress, ExtraArgs: args, Insecure: opts.Insecure, PgBouncer: opts.PgBouncer, Durable: opts.Durable,
-		Debug: opts.ProfileDir != ""})
+		Debug: opts.ProfileDir != "", PGSettings: pgSettings(opts.Counts)})
 	if err != nil {
 		return nil, err
 	}
@@ -275,6 +283,11 @@ func Bench(ctx context.Context, opts BenchOptions) (*BenchResult, error) {
 		}
 		defer release()
 		fmt.Fprintln(progress, "lab: bench: holding a REPEATABLE READ snapshot (idle in transaction) until the run has drained")
+	}
+	if opts.Counts {
+		if err := countsReset(ctx, e); err != nil {
+			return nil, err
+		}
 	}
 	cpu0, err := e.CPU(ctx)
 	if err != nil {
@@ -400,6 +413,11 @@ func Bench(ctx context.Context, opts BenchOptions) (*BenchResult, error) {
 		fmt.Fprintf(progress, "%v\n", err)
 	}
 	res.Wall = end.Sub(start)
+	if opts.Counts {
+		if res.Counts, err = countsRead(ctx, e); err != nil {
+			return nil, err
+		}
+	}
 	res.Tables = tableStats(ctx, e)
 
 	cpu1, err := e.CPU(ctx)
@@ -447,6 +465,15 @@ func Bench(ctx context.Context, opts BenchOptions) (*BenchResult, error) {
 		res.PGWaits = res.PGWaits[:12]
 	}
 	return res, nil
+}
+
+// pgSettings are the extra Postgres settings of a bench: those of the
+// counts when counting, else none.
+func pgSettings(counts bool) []string {
+	if counts {
+		return countSettings
+	}
+	return nil
 }
 
 // holdSnapshot opens the held snapshot of BenchOptions.HoldSnapshot on a
@@ -686,6 +713,7 @@ func (r *BenchResult) WriteText(w io.Writer) {
 			fmt.Fprintf(w, "%s total size: %.2f MB before, %.2f MB after\n", t, float64(b)/(1<<20), float64(r.OutboxBytesAfter[t])/(1<<20))
 		}
 	}
+	writeCounts(w, r.Counts, r.Sent-r.Lost)
 	if len(r.PGWaits) > 0 {
 		fmt.Fprintf(w, "\npostgres, non-idle client backends over %d samples (avg backends in that state):\n", r.PGWaitSamples)
 		for _, wc := range r.PGWaits {
