@@ -180,20 +180,28 @@ func (w *Waker) take() (channels, payloads []string) {
 	chats, anyChat, receipts := w.chats, w.anyChat, w.receipts
 	w.chats, w.anyChat, w.receipts = nil, false, nil
 	w.mu.Unlock()
-	split := func(channel string, items []string) {
-		cur := ""
-		for _, it := range items {
-			if cur != "" && len(cur)+1+len(it) > maxNotePayload {
-				channels, payloads = append(channels, channel), append(payloads, cur)
-				cur = ""
-			}
-			if cur != "" {
-				cur += ","
-			}
-			cur += it
+	// add appends one item (appendItem's bytes) to channel's current
+	// payload in buf, first sending buf off as a payload of its own when
+	// the item would take it to maxNotePayload or more. One buffer per
+	// channel, grown in place: no item strings, no re-copying of the
+	// payload built so far.
+	var buf []byte
+	add := func(channel string, appendItem func([]byte) []byte) {
+		n := len(buf)
+		if n > 0 {
+			buf = append(buf, ',')
 		}
-		if cur != "" {
-			channels, payloads = append(channels, channel), append(payloads, cur)
+		buf = appendItem(buf)
+		if n > 0 && len(buf) > maxNotePayload {
+			item := buf[n+1:]
+			channels, payloads = append(channels, channel), append(payloads, string(buf[:n]))
+			buf = append(buf[:0], item...)
+		}
+	}
+	flush := func(channel string) {
+		if len(buf) > 0 {
+			channels, payloads = append(channels, channel), append(payloads, string(buf))
+			buf = buf[:0]
 		}
 	}
 	if anyChat {
@@ -204,11 +212,10 @@ func (w *Waker) take() (channels, payloads []string) {
 			ids = append(ids, id)
 		}
 		slices.Sort(ids)
-		items := make([]string, len(ids))
-		for i, id := range ids {
-			items[i] = strconv.FormatInt(id, 10)
+		for _, id := range ids {
+			add(w.inbox, func(b []byte) []byte { return strconv.AppendInt(b, id, 10) })
 		}
-		split(w.inbox, items)
+		flush(w.inbox)
 	}
 	if len(receipts) > 0 {
 		ids := make([]int64, 0, len(receipts))
@@ -216,12 +223,17 @@ func (w *Waker) take() (channels, payloads []string) {
 			ids = append(ids, id)
 		}
 		slices.Sort(ids)
-		items := make([]string, len(ids))
-		for i, id := range ids {
+		for _, id := range ids {
 			r := receipts[id]
-			items[i] = strconv.FormatInt(id, 10) + ":" + strconv.FormatInt(r.upto, 10) + ":" + strconv.FormatInt(r.at.UnixMicro(), 10)
+			add(w.receipt, func(b []byte) []byte {
+				b = strconv.AppendInt(b, id, 10)
+				b = append(b, ':')
+				b = strconv.AppendInt(b, r.upto, 10)
+				b = append(b, ':')
+				return strconv.AppendInt(b, r.at.UnixMicro(), 10)
+			})
 		}
-		split(w.receipt, items)
+		flush(w.receipt)
 	}
 	return channels, payloads
 }

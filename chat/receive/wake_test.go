@@ -230,3 +230,53 @@ func TestWakerIntervalCoalescesAndStopFlushes(t *testing.T) {
 		t.Fatalf("wake-up after the interval %q, want \"2,3\" (both commits in one)", n.Payload)
 	}
 }
+
+// take's payloads: every chat once, in order, comma-separated, each
+// payload at most maxNotePayload bytes and as full as the next item
+// allows; receipts as chat:upto:micros on their own channel.
+func TestWakerTakeSplitsAndFormats(t *testing.T) {
+	t.Parallel()
+	h := chattest.New(t, "")
+	w, err := NewWaker(h.RolePool(t, chat.Workers), chat.Workers, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := time.UnixMicro(1_795_000_000_123456)
+	var applied []inbox.Applied
+	var want []string
+	for id := int64(1_000_000_000); id < 1_000_000_000+3000; id++ {
+		applied = append(applied, inbox.Applied{Value: chat.Message{ChatID: id}})
+		want = append(want, fmt.Sprint(id))
+	}
+	applied = append(applied, inbox.Applied{Value: chat.Receipt{ReceivedAt: at,
+		Chats: []chat.ReceiptChat{{ChatID: 9, UptoSeq: 4}, {ChatID: 2, UptoSeq: 7}}}})
+	w.Committed(applied)
+	channels, payloads := w.take()
+	var got []string
+	var receipts []string
+	for i, p := range payloads {
+		if len(p) > maxNotePayload {
+			t.Fatalf("payload %d: %d bytes", i, len(p))
+		}
+		switch channels[i] {
+		case chat.InboxChannel(chat.Workers):
+			if i+1 < len(payloads) && channels[i+1] == channels[i] && len(p)+1+len("1000000000") <= maxNotePayload {
+				t.Fatalf("payload %d (%d bytes) split before it was full", i, len(p))
+			}
+			got = append(got, strings.Split(p, ",")...)
+		case chat.ReceiptChannel(chat.Workers):
+			receipts = append(receipts, p)
+		default:
+			t.Fatalf("channel %q", channels[i])
+		}
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("chats: %d items, want %d in order", len(got), len(want))
+	}
+	if wantR := []string{"2:7:1795000000123456,9:4:1795000000123456"}; !slices.Equal(receipts, wantR) {
+		t.Fatalf("receipts %q, want %q", receipts, wantR)
+	}
+	if c, p := w.take(); len(c) != 0 || len(p) != 0 {
+		t.Fatalf("second take: %q %q, want nothing", c, p)
+	}
+}
