@@ -525,12 +525,11 @@ func (a *API) handleWS(w http.ResponseWriter, r *http.Request) {
 	// The room's delivered watermark first (receipts the client may have
 	// missed while disconnected); live receipts follow as frames. Read after
 	// Subscribe, so a receipt applied in between is pushed, not missed.
+	fw := newFrameWriter(ctx, c, wsWriteTimeout)
+	defer fw.stop()
 	if seq, at, err := a.deps.Reader.DeliveredUpTo(ctx, chatID); err == nil && seq > 0 {
 		b, _ := json.Marshal(chat.ReceiptFrame{ChatID: chatID, From: a.service, UptoSeq: seq, DeliveredAt: at})
-		wctx, wcancel := context.WithTimeout(ctx, wsWriteTimeout)
-		err := c.Write(wctx, websocket.MessageText, b)
-		wcancel()
-		if err != nil {
+		if err := fw.write(b); err != nil {
 			return
 		}
 		a.ws.frameOut()
@@ -539,10 +538,7 @@ func (a *API) handleWS(w http.ResponseWriter, r *http.Request) {
 	if a.deps.Browser != nil {
 		if seq, at, err := a.deps.Browser.ReadUpTo(ctx, chatID); err == nil && seq > 0 {
 			b, _ := json.Marshal(chat.ReadFrame{ChatID: chatID, From: a.service, UptoSeq: seq, ReadAt: at})
-			wctx, wcancel := context.WithTimeout(ctx, wsWriteTimeout)
-			err := c.Write(wctx, websocket.MessageText, b)
-			wcancel()
-			if err != nil {
+			if err := fw.write(b); err != nil {
 				return
 			}
 			a.ws.frameOut()
@@ -625,11 +621,8 @@ func (a *API) handleWS(w http.ResponseWriter, r *http.Request) {
 		case frame = <-liveFrames:
 		case frame = <-replies:
 		}
-		wctx, wcancel := context.WithTimeout(ctx, wsWriteTimeout)
-		err := c.Write(wctx, websocket.MessageText, frame)
-		wcancel()
-		if err != nil {
-			if ctx.Err() == nil && errors.Is(wctx.Err(), context.DeadlineExceeded) {
+		if err := fw.write(frame); err != nil {
+			if ctx.Err() == nil && fw.timedOut() {
 				a.dropSocket(r, chatID, "write_timeout", err)
 			}
 			var ne net.Error

@@ -173,3 +173,51 @@ func (w *revocationWatch) revoked() bool {
 	w.c = w.rev.Changed()
 	return w.rev.Revoked(w.p)
 }
+
+// errWriteTimeout is the cause a frameWriter's context is cancelled with
+// when a write outlasts its timeout.
+var errWriteTimeout = errors.New("websocket write timed out")
+
+// frameWriter writes a socket's frames, each bounded by a write timeout.
+// One timer per socket, re-armed for each write, cancels the writes'
+// context when a write outlasts it: a context.WithTimeout per frame cost a
+// context, a timer and the parent's cancel bookkeeping for every frame
+// pushed. Once cancelled (a timeout, or the socket's ctx ended) every
+// later write fails; the socket is to be closed. A timer that fires just
+// as a write completes in time fails the next write instead, as a write
+// timeout: that write took all of the timeout anyway. Not safe for
+// concurrent use (handleWS's loop is its only writer).
+type frameWriter struct {
+	c       *websocket.Conn
+	ctx     context.Context
+	cancel  context.CancelCauseFunc
+	timer   *time.Timer
+	timeout time.Duration
+}
+
+// newFrameWriter returns a frameWriter for c whose writes end with ctx or
+// after timeout each. The caller calls stop when done.
+func newFrameWriter(ctx context.Context, c *websocket.Conn, timeout time.Duration) *frameWriter {
+	wctx, cancel := context.WithCancelCause(ctx)
+	fw := &frameWriter{c: c, ctx: wctx, cancel: cancel, timeout: timeout}
+	fw.timer = time.AfterFunc(timeout, func() { cancel(errWriteTimeout) })
+	fw.timer.Stop()
+	return fw
+}
+
+// write writes b as one text frame.
+func (fw *frameWriter) write(b []byte) error {
+	fw.timer.Reset(fw.timeout)
+	err := fw.c.Write(fw.ctx, websocket.MessageText, b)
+	fw.timer.Stop()
+	return err
+}
+
+// timedOut reports whether a write outlasted the timeout.
+func (fw *frameWriter) timedOut() bool { return errors.Is(context.Cause(fw.ctx), errWriteTimeout) }
+
+// stop releases the timer and the context.
+func (fw *frameWriter) stop() {
+	fw.timer.Stop()
+	fw.cancel(nil)
+}
