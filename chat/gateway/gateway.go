@@ -623,14 +623,19 @@ func (g *Gateway) push(ctx context.Context) (more bool, hold time.Time, err erro
 	g.mu.Lock()
 	var ids, afterSent, afterRecv []int64
 	subs := map[int64][]*Subscription{}
+	// The offered rooms' subscriber lists share one growing array (each
+	// list capped at its length), not an allocation per room.
+	var listed []*Subscription
 	offered := g.offered
 	g.offered = nil
 	for id, room := range g.rooms {
 		if _, ok := g.dirty[id]; !ok && !g.allDirty {
 			if rr := offered[id]; rr != nil {
+				from := len(listed)
 				for s := range room {
-					subs[id] = append(subs[id], s)
+					listed = append(listed, s)
 				}
+				subs[id] = listed[from:len(listed):len(listed)]
 			}
 			continue
 		}

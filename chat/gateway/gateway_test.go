@@ -34,7 +34,7 @@ func offerGateway(t *testing.T, h *chattest.Harness) *Gateway {
 
 // storeReceived inserts a received message into workers.inbox without a
 // NOTIFY and returns it as stored.
-func storeReceived(t *testing.T, h *chattest.Harness, chatN, seq int64) chat.Message {
+func storeReceived(t testing.TB, h *chattest.Harness, chatN, seq int64) chat.Message {
 	t.Helper()
 	m := chat.Message{ID: uuid.NewString(), ChatID: chatN, Seq: seq, Body: "m", From: chat.Consumers}
 	var at time.Time
