@@ -525,7 +525,7 @@ func (a *API) handleWS(w http.ResponseWriter, r *http.Request) {
 	// The room's delivered watermark first (receipts the client may have
 	// missed while disconnected); live receipts follow as frames. Read after
 	// Subscribe, so a receipt applied in between is pushed, not missed.
-	fw := newFrameWriter(ctx, c, wsWriteTimeout)
+	fw := newFrameWriter(c, wsWriteTimeout)
 	defer fw.stop()
 	if seq, at, err := a.deps.Reader.DeliveredUpTo(ctx, chatID); err == nil && seq > 0 {
 		b, _ := json.Marshal(chat.ReceiptFrame{ChatID: chatID, From: a.service, UptoSeq: seq, DeliveredAt: at})

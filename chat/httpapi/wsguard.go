@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/outboxchat/outboxchat/chat"
@@ -174,33 +175,34 @@ func (w *revocationWatch) revoked() bool {
 	return w.rev.Revoked(w.p)
 }
 
-// errWriteTimeout is the cause a frameWriter's context is cancelled with
-// when a write outlasts its timeout.
-var errWriteTimeout = errors.New("websocket write timed out")
-
 // frameWriter writes a socket's frames, each bounded by a write timeout.
-// One timer per socket, re-armed for each write, cancels the writes'
-// context when a write outlasts it: a context.WithTimeout per frame cost a
-// context, a timer and the parent's cancel bookkeeping for every frame
-// pushed. Once cancelled (a timeout, or the socket's ctx ended) every
-// later write fails; the socket is to be closed. A timer that fires just
-// as a write completes in time fails the next write instead, as a write
-// timeout: that write took all of the timeout anyway. Not safe for
-// concurrent use (handleWS's loop is its only writer).
+// One timer per socket, re-armed for each write, closes the socket
+// (CloseNow) when a write outlasts it, which fails that write. The writes
+// themselves get a context without Done: the library then sets up no
+// cancellation of its own for each frame, and a context.WithTimeout per
+// frame cost a context, a timer and the parent's cancel bookkeeping for
+// every frame pushed. A write therefore ends when it completes, when the
+// timer closes the socket, or when the socket is closed otherwise (the
+// peer went away: the reader's Read fails and handleWS returns). A timer
+// that fires just as a write completes in time closes the socket all the
+// same (the next write fails), as a write timeout: that write took all of
+// the timeout anyway. Not safe for concurrent use (handleWS's loop is its
+// only writer).
 type frameWriter struct {
 	c       *websocket.Conn
-	ctx     context.Context
-	cancel  context.CancelCauseFunc
 	timer   *time.Timer
 	timeout time.Duration
+	expired atomic.Bool
 }
 
-// newFrameWriter returns a frameWriter for c whose writes end with ctx or
-// after timeout each. The caller calls stop when done.
-func newFrameWriter(ctx context.Context, c *websocket.Conn, timeout time.Duration) *frameWriter {
-	wctx, cancel := context.WithCancelCause(ctx)
-	fw := &frameWriter{c: c, ctx: wctx, cancel: cancel, timeout: timeout}
-	fw.timer = time.AfterFunc(timeout, func() { cancel(errWriteTimeout) })
+// newFrameWriter returns a frameWriter for c with the given timeout per
+// write. The caller calls stop when done.
+func newFrameWriter(c *websocket.Conn, timeout time.Duration) *frameWriter {
+	fw := &frameWriter{c: c, timeout: timeout}
+	fw.timer = time.AfterFunc(timeout, func() {
+		fw.expired.Store(true)
+		_ = c.CloseNow()
+	})
 	fw.timer.Stop()
 	return fw
 }
@@ -208,16 +210,14 @@ func newFrameWriter(ctx context.Context, c *websocket.Conn, timeout time.Duratio
 // write writes b as one text frame.
 func (fw *frameWriter) write(b []byte) error {
 	fw.timer.Reset(fw.timeout)
-	err := fw.c.Write(fw.ctx, websocket.MessageText, b)
+	err := fw.c.Write(context.Background(), websocket.MessageText, b)
 	fw.timer.Stop()
 	return err
 }
 
-// timedOut reports whether a write outlasted the timeout.
-func (fw *frameWriter) timedOut() bool { return errors.Is(context.Cause(fw.ctx), errWriteTimeout) }
+// timedOut reports whether a write outlasted the timeout (the socket is
+// then closed).
+func (fw *frameWriter) timedOut() bool { return fw.expired.Load() }
 
-// stop releases the timer and the context.
-func (fw *frameWriter) stop() {
-	fw.timer.Stop()
-	fw.cancel(nil)
-}
+// stop releases the timer.
+func (fw *frameWriter) stop() { fw.timer.Stop() }
