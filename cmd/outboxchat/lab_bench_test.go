@@ -76,3 +76,48 @@ func TestBenchCmd(t *testing.T) {
 		t.Errorf("no progress line on stderr")
 	}
 }
+
+// TestBenchCmdCounts runs a small `lab bench --counts --json`: the
+// services' statements and Redis's commands are counted from the first
+// send, and the send path's own work shows: the consumers' message INSERT
+// and the workers' inbox INSERT, each at least once and at most once per
+// message (group commits and batches), and an XADD per message.
+func TestBenchCmdCounts(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	const n = 300
+	var out, errb bytes.Buffer
+	err := runLabBench(ctx, []string{"--senders", "4", "--chats", "10", "--messages", "300", "--counts", "--json"}, &out, &errb)
+	if err != nil {
+		t.Fatalf("lab bench: %v\nstderr:\n%s", err, errb.String())
+	}
+	var r perf.BenchResult
+	if err := json.Unmarshal(out.Bytes(), &r); err != nil {
+		t.Fatal(err)
+	}
+	if r.Lost != 0 {
+		t.Fatalf("lost %d", r.Lost)
+	}
+	sum := func(who string, match func(string) bool) (calls int64) {
+		for _, c := range r.Counts {
+			if c.Who == who && match(c.What) {
+				calls += c.Calls
+			}
+		}
+		return calls
+	}
+	has := func(sub string) func(string) bool { return func(s string) bool { return strings.Contains(s, sub) } }
+	if c := sum("consumers", has(`INSERT INTO "consumers".messages`)); c < 1 || c > n {
+		t.Errorf("consumers' message INSERT: %d calls for %d messages", c, n)
+	}
+	if c := sum("workers", has(`INSERT INTO "workers".inbox`)); c < 1 || c > n {
+		t.Errorf("workers' inbox INSERT: %d calls for %d messages", c, n)
+	}
+	if c := sum("redis", func(s string) bool { return s == "xadd" }); c < n {
+		t.Errorf("redis xadd: %d calls for %d messages, want one each at least", c, n)
+	}
+	if !strings.Contains(errb.String(), "work per message shown (300)") {
+		t.Errorf("the text output has no counts:\n%s", errb.String())
+	}
+}
