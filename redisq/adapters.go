@@ -41,7 +41,7 @@ func (s inboxSource) DeadLetter(ctx context.Context, d inbox.Delivery, reason st
 // Payload = Message.Payload and Headers = Message.Headers, added in order with one Add (a
 // re-published message is a successful no-op while its job is in the
 // stream). Errors are Add's; one that is a job's own fault (JobFault: an
-// empty ID, an "ERR" reply to its script) is returned as an
+// empty ID, an "ERR" reply to its XADD) is returned as an
 // *outbox.MessageError naming its row, after the jobs before it were
 // added, so the relay parks that row rather than retrying the batch for
 // ever. Safe for concurrent use.

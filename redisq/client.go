@@ -73,7 +73,11 @@ const (
 // A CLUSTERDOWN reply to a single command is returned at once, not
 // retried, as a *ClusterDownError (matching ErrClusterDown); a pipeline
 // whose first command meets CLUSTERDOWN is resent by go-redis within the
-// same bound, except Publisher.Add's and Readd's, which are never resent.
+// same bound. go-redis also resends a command after a lost reply (EOF, a
+// read timeout) within that bound: an add is idempotent, a re-add counts a
+// job its call added already and adds it once, and a dead-lettering or a
+// replay resent may leave a second dead-letter entry or report nothing
+// replayed for an entry it did replay.
 func NewClient(url string) (redis.UniversalClient, error) {
 	if strings.HasPrefix(url, SentinelScheme+"://") {
 		fo, err := ParseSentinelURL(url)

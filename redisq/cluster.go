@@ -206,6 +206,10 @@ func isTryAgain(err error) bool {
 	return false
 }
 
+// tryAgainBudget is TryAgainBudget; the package's tests raise it, so that a
+// slot move on a loaded machine does not outlast it.
+var tryAgainBudget = TryAgainBudget
+
 // tryAgainWaits are the waits between the retries of retryTryAgain.
 const (
 	tryAgainFirstWait = 5 * time.Millisecond
@@ -216,7 +220,7 @@ const (
 // with TRYAGAIN (isTryAgain), for at most TryAgainBudget and never past ctx: then it
 // returns op's last error. Any other result is returned at once.
 func retryTryAgain(ctx context.Context, op func() error) error {
-	until := time.Now().Add(TryAgainBudget)
+	until := time.Now().Add(tryAgainBudget)
 	wait := tryAgainFirstWait
 	for {
 		err := op()

@@ -608,6 +608,18 @@ func TestReaddResendAddsOnce(t *testing.T) {
 	if n := q.rdb.XLen(ctx, q.keys.Stream).Val(); n != 3 {
 		t.Fatalf("stream length %d after Readd, want 3", n)
 	}
+	// A re-add whose XADD failed is not counted as added by a resend.
+	bad := q.keys.Stream + "-bad"
+	if err := q.rdb.Set(ctx, bad, "not a stream", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		r, err := q.rdb.Eval(ctx, string(src), []string{bad, q.keys.Dedupe("job-2")},
+			60000, "call-3", "job-2", "message.created", "{}", "", "").Slice()
+		if err != nil || len(r) != 3 || r[0] != int64(0) || r[1] != int64(1) {
+			t.Fatalf("add.lua re-add onto a string key = %v, %v; want job 1 failed, none added", r, err)
+		}
+	}
 }
 
 // Cluster URLs: addresses (port default 6379), user and password, TLS,

@@ -311,7 +311,7 @@ func (e replyError) Error() string { return string(e) }
 // Index in the jobs given, ID, and Err (ErrInvalidJob for an empty ID or
 // headers over the limits: then nothing was sent; else the server's error
 // reply to that job's XADD: then the jobs before it were added and none
-// after it). Errors of the whole call (Redis down, OOM, NOSCRIPT twice, ctx
+// after it). Errors of the whole call (Redis down, OOM, a key the ACL refuses, ctx
 // done) are not JobErrors.
 type JobError struct {
 	Index int
@@ -334,8 +334,8 @@ func (e *JobError) Unwrap() error { return e.Err }
 // nothing was sent), or a plain "ERR ..." reply to that job's XADD (a
 // command error from the job's arguments; every job before it was added,
 // none after it). Replies that describe the server's state (OOM, READONLY,
-// LOADING, NOPERM, WRONGTYPE, BUSY, …) and network errors are not: they
-// fail every job alike.
+// LOADING, NOPERM, WRONGTYPE, BUSY, an ACL refusal, …) and network errors
+// are not: they fail every job alike.
 func JobFault(err error) (*JobError, bool) {
 	var je *JobError
 	if !errors.As(err, &je) {
@@ -344,13 +344,17 @@ func JobFault(err error) (*JobError, bool) {
 	if errors.Is(je.Err, ErrInvalidJob) {
 		return je, true
 	}
-	var re redis.Error
-	if errors.As(je.Err, &re) && strings.HasPrefix(re.Error(), "ERR ") {
-		return je, true
-	}
 	var se replyError
-	if errors.As(je.Err, &se) && strings.HasPrefix(string(se), "ERR ") {
+	if errors.As(je.Err, &se) && strings.HasPrefix(string(se), "ERR ") && !isACLRefusal(string(se)) {
 		return je, true
 	}
 	return nil, false
+}
+
+// isACLRefusal reports whether an "ERR" reply a script got is the ACL's
+// refusal of a command or key (a configuration error of the user, the same
+// for every job), not a fault of the job's arguments.
+func isACLRefusal(reply string) bool {
+	return strings.HasPrefix(reply, "ERR The user executing the script can't") ||
+		strings.HasPrefix(reply, "ERR ACL failure")
 }

@@ -79,7 +79,7 @@ func TestFrameWriterWritesEveryFrame(t *testing.T) {
 func TestFrameWriterTimesOutOnAClientThatDoesNotRead(t *testing.T) {
 	t.Parallel()
 	frame := bytes.Repeat([]byte("x"), 64<<10)
-	_, done := wsPair(t, 300*time.Millisecond, 1<<20, frame)
+	_, done := wsPair(t, 2*time.Second, 1<<20, frame)
 	var r fwResult
 	select {
 	case r = <-done:

@@ -182,7 +182,7 @@ func (w *Waker) take() (channels, payloads []string) {
 	w.mu.Unlock()
 	// add appends one item (appendItem's bytes) to channel's current
 	// payload in buf, first sending buf off as a payload of its own when
-	// the item would take it to maxNotePayload or more. One buffer per
+	// the item would take it past maxNotePayload. One buffer per
 	// channel, grown in place: no item strings, no re-copying of the
 	// payload built so far.
 	var buf []byte

@@ -125,7 +125,7 @@ func Start(ctx context.Context, opts *Options) (*Server, error) {
 		settings:     slices.Clone(opts.Settings),
 		log:          opts.Logger,
 		startTimeout: opts.StartTimeout,
-		env:          opts.Env,
+		env:          slices.Clone(opts.Env),
 	}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)

@@ -112,8 +112,8 @@ func writeCounts(w io.Writer, counts []WorkCount, shown int) {
 				continue
 			}
 			what := c.What
-			if len(what) > 110 {
-				what = what[:110] + "…"
+			if r := []rune(what); len(r) > 110 {
+				what = string(r[:110]) + "…"
 			}
 			fmt.Fprintf(w, "  %-9s %7.3f  %s\n", "", per, what)
 		}

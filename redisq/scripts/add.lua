@@ -9,8 +9,9 @@
 -- loads the script, LOADING until a restarted server has read its data,
 -- both seen when a large pipeline is read in two parts), and the retry of
 -- the prefix then lands in the stream after the suffix: a chat's seqs out
--- of order. A script runs whole or not at all, and stops at the first job
--- that fails, so what it adds is always a prefix of the batch. On a Redis
+-- of order. A script's call either runs or (NOSCRIPT, LOADING, TRYAGAIN, a
+-- key the ACL refuses) does not start, and a running script stops at the
+-- first job that fails, so what it adds is always a prefix of the batch. On a Redis
 -- Cluster every key is in the queue's slot ({<queue>} hash tag).
 --
 -- KEYS[1]      stream key                     (<prefix>q:{<queue>}:stream)
@@ -31,7 +32,8 @@
 -- Returns  {added, failed, err}: added = how many jobs were added; failed = 0
 --          when every job was handled, else the index i of the job whose
 --          XADD failed (an add deletes its dedupe key again, so that a retry
---          is not mistaken for a duplicate; a re-add leaves it set) and err
+--          is not mistaken for a duplicate; a re-add sets it back to 1,
+--          without its token, so that a resend tries the XADD again) and err
 --          its error reply; the jobs after it were not tried.
 local token = ARGV[2]
 local added = 0
@@ -59,6 +61,10 @@ for i = 1, #KEYS - 1 do
     if type(r) == 'table' and r.err then
       if token == '' then
         redis.call('DEL', KEYS[1 + i])
+      else
+        -- Not this call's token any more: a resend of the call must try
+        -- the XADD again, not count the job as re-added.
+        redis.call('SET', KEYS[1 + i], '1', 'PX', ARGV[1])
       end
       return {added, i, r.err}
     end
