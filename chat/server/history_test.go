@@ -217,11 +217,12 @@ func attackSettled(t *testing.T, h *harness, w *chattest.Watcher, chatID int64, 
 }
 
 // attackSettledDeleting is attackSettled for a chat whose inbox rows were
-// deleted while it was being sent to: a row deleted before the gateway read
-// it cannot be shown, so the socket must show seqs in increasing order, each
-// once, up to n, and every seq it skipped must be at or below the workers'
-// floor for the chat (stored in the inbox once, deleted since): a seq
-// skipped above the floor is a message the socket lost.
+// deleted while it was being sent to (attackRecordInboxDeletes records
+// which): a row deleted before the gateway read it cannot be shown, so the
+// socket must show seqs in increasing order, each once, up to n, and every
+// seq it skipped must have been deleted from the inbox, and be at or below
+// the workers' floor for the chat: a seq skipped otherwise is a message the
+// socket lost.
 func attackSettledDeleting(t *testing.T, h *harness, w *chattest.Watcher, chatID int64, n int) {
 	t.Helper()
 	last := func() int64 {
@@ -252,8 +253,34 @@ func attackSettledDeleting(t *testing.T, h *harness, w *chattest.Watcher, chatID
 		if q > floor {
 			t.Fatalf("socket skipped seq %d, above the workers' floor %d: lost, not deleted (skipped %v)", q, floor, skipped)
 		}
+		if h.Count(t, `SELECT count(*) FROM public.attack_deleted WHERE chat_id = $1 AND seq = $2`, chatID, q) == 0 {
+			t.Fatalf("socket skipped seq %d, which was never deleted from the inbox: lost (skipped %v)", q, skipped)
+		}
 	}
 	t.Logf("socket showed %d of %d seqs; skipped (deleted before it read them) %v", n-len(skipped), n, skipped)
+}
+
+// attackRecordInboxDeletes adds triggers that record every inbox row
+// deleted from now on, by DELETE or TRUNCATE, in public.attack_deleted
+// (chat_id, seq). SECURITY DEFINER: whoever deletes, the admin writes the
+// record.
+func attackRecordInboxDeletes(t *testing.T, h *harness) {
+	t.Helper()
+	for _, sql := range []string{
+		`CREATE TABLE public.attack_deleted (chat_id bigint NOT NULL, seq bigint NOT NULL)`,
+		`CREATE FUNCTION public.attack_note_deleted() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER AS $$
+		BEGIN INSERT INTO public.attack_deleted SELECT chat_id, seq FROM gone; RETURN NULL; END $$`,
+		`CREATE FUNCTION public.attack_note_truncated() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER AS $$
+		BEGIN INSERT INTO public.attack_deleted SELECT chat_id, seq FROM workers.inbox; RETURN NULL; END $$`,
+		`CREATE TRIGGER attack_deleted AFTER DELETE ON workers.inbox REFERENCING OLD TABLE AS gone
+		FOR EACH STATEMENT EXECUTE FUNCTION public.attack_note_deleted()`,
+		`CREATE TRIGGER attack_truncated BEFORE TRUNCATE ON workers.inbox
+		FOR EACH STATEMENT EXECUTE FUNCTION public.attack_note_truncated()`,
+	} {
+		if _, err := h.Admin.Exec(context.Background(), sql); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+	}
 }
 
 // attackReceiptsSettled waits for chat's receipts on consumers to reach n;
@@ -286,6 +313,7 @@ func TestAttackPruneAndDeletesWhileSending(t *testing.T) {
 	t.Parallel()
 	h, cons, work := startBoth(t)
 	const chatID, n = 71, 30
+	attackRecordInboxDeletes(t, h)
 	w := chattest.Watch(t, work.base, chatID)
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
