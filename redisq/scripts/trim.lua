@@ -1,7 +1,8 @@
 -- trim.lua: remove stream entries that every consumer group has acknowledged.
 --
--- Two calls, so that every key the trim touches is declared (a cluster
--- node refuses undeclared keys during a slot migration):
+-- On a Redis Cluster, two calls, so that every key the trim touches is
+-- declared (a cluster node refuses undeclared keys during a slot
+-- migration); elsewhere one call (direct) does both:
 --
 -- plan:
 -- KEYS[1]  stream key (<prefix>q:{<queue>}:stream)
@@ -19,6 +20,15 @@
 -- ARGV[2]  most entries to delete in one call (integer > 0)
 -- ARGV[3…] the job ids, in KEYS[2…]'s order
 -- Returns  the number of entries deleted (integer >= 0).
+--
+-- direct (not on a Redis Cluster: it touches keys it does not declare):
+-- KEYS[1]  stream key
+-- ARGV[1]  "direct"
+-- ARGV[2]  most entries to delete in one call (integer > 0)
+-- ARGV[3]  the dedupe key prefix (<prefix>q:{<queue>}:dedupe:)
+-- Returns  the number of entries deleted (integer >= 0): plan and trim in
+--          one call, half the work and no job ids sent back and forth, for
+--          a single Redis or a Sentinel-managed one.
 --
 -- For every group of the stream (XINFO GROUPS) the lowest entry id it still
 -- needs is min(first pending id (XPENDING summary), last-delivered-id + 1):
@@ -123,6 +133,16 @@ local function jobid(e)
   return nil
 end
 
+if mode == 'direct' then
+  for _, e in ipairs(doomed) do
+    local id = jobid(e)
+    if id then redis.call('DEL', ARGV[3] .. id) end
+  end
+  if #doomed == 0 then return 0 end
+  local upto = next_id(doomed[#doomed][1])
+  if idcmp(upto, lowest) > 0 then upto = lowest end
+  return redis.call('XTRIM', KEYS[1], 'MINID', upto)
+end
 if mode == 'plan' then
   local ids, seen = {#doomed}, {}
   for _, e in ipairs(doomed) do
@@ -135,7 +155,7 @@ if mode == 'plan' then
   return ids
 end
 if mode ~= 'trim' then
-  return redis.error_reply('ERR trim.lua: mode ' .. tostring(mode) .. ' is neither plan nor trim')
+  return redis.error_reply('ERR trim.lua: mode ' .. tostring(mode) .. ' is not plan, trim or direct')
 end
 
 local declared = {}
