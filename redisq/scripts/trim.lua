@@ -154,17 +154,25 @@ if mode == 'plan' then
   end
   return ids
 end
-if mode ~= 'trim' then
+if mode ~= 'trim' and mode ~= 'direct' then
   return redis.error_reply('ERR trim.lua: mode ' .. tostring(mode) .. ' is not plan, trim or direct')
 end
 
-local declared = {}
-for i = 3, #ARGV do declared[ARGV[i]] = KEYS[i - 1] end
+-- keyof returns the dedupe key of job id: from its prefix (direct), or as
+-- declared (trim; nil for an id the plan did not return).
+local keyof
+if mode == 'direct' then
+  keyof = function(id) return ARGV[3] .. id end
+else
+  local declared = {}
+  for i = 3, #ARGV do declared[ARGV[i]] = KEYS[i - 1] end
+  keyof = function(id) return declared[id] end
+end
 local last = nil
 for _, e in ipairs(doomed) do
   local id = jobid(e)
   if id then
-    local key = declared[id]
+    local key = keyof(id)
     if not key then break end
     redis.call('DEL', key)
   end
