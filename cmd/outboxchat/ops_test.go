@@ -42,15 +42,7 @@ func runCmd(t *testing.T, args ...string) (string, error) {
 // then healthy, and warns again while a snapshot is held too long.
 func TestOperatorCommands(t *testing.T) {
 	ctx := context.Background()
-	dbURL, admin := testDatabase(t)
-	for _, s := range []string{chat.Consumers, chat.Workers} {
-		if err := schema.Bootstrap(ctx, admin, s); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := schema.Migrate(ctx, admin, s); err != nil {
-			t.Fatal(err)
-		}
-	}
+	dbURL, admin := migratedDatabase(t)
 	redisURL, prefix := testenv.RedisURL(t), testenv.Prefix(t)
 	conn := []string{"--database-url", dbURL, "--redis-url", redisURL, "--redis-prefix", prefix}
 	db := []string{"--database-url", dbURL}
@@ -198,5 +190,21 @@ func testDatabase(t *testing.T) (string, *pgxpool.Pool) {
 		t.Fatal(err)
 	}
 	t.Cleanup(admin.Close)
+	return dbURL, admin
+}
+
+// migratedDatabase is testDatabase with both services' roles and schemas
+// in place (schema.Bootstrap and schema.Migrate).
+func migratedDatabase(t *testing.T) (string, *pgxpool.Pool) {
+	t.Helper()
+	dbURL, admin := testDatabase(t)
+	for _, s := range []string{chat.Consumers, chat.Workers} {
+		if err := schema.Bootstrap(context.Background(), admin, s); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := schema.Migrate(context.Background(), admin, s); err != nil {
+			t.Fatal(err)
+		}
+	}
 	return dbURL, admin
 }

@@ -6,22 +6,13 @@ import (
 	"testing"
 
 	"github.com/outboxchat/outboxchat/chat"
-	"github.com/outboxchat/outboxchat/chat/schema"
 )
 
 // revoke writes one row per service; revoking again moves its version on
 // (the API processes read rows by version); bad flags write nothing.
 func TestRevokeCommand(t *testing.T) {
 	ctx := context.Background()
-	dbURL, admin := testDatabase(t)
-	for _, s := range []string{chat.Consumers, chat.Workers} {
-		if err := schema.Bootstrap(ctx, admin, s); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := schema.Migrate(ctx, admin, s); err != nil {
-			t.Fatal(err)
-		}
-	}
+	dbURL, admin := migratedDatabase(t)
 	db := []string{"--database-url", dbURL}
 	for _, bad := range [][]string{{}, {"--user", "a", "--token-id", "b"}, {"--user", "a", "--service", "nobody"}} {
 		if _, err := runCmd(t, append(append([]string{"revoke"}, bad...), db...)...); err == nil {

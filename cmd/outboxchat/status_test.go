@@ -9,7 +9,6 @@ import (
 	"testing"
 
 	"github.com/outboxchat/outboxchat/chat"
-	"github.com/outboxchat/outboxchat/chat/schema"
 	"github.com/outboxchat/outboxchat/chat/status"
 	"github.com/outboxchat/outboxchat/internal/testenv"
 	"github.com/outboxchat/outboxchat/redisq"
@@ -20,15 +19,7 @@ import (
 // healthy again once each is mended.
 func TestStatusNamesDurabilitySharedNameAndListening(t *testing.T) {
 	ctx := context.Background()
-	dbURL, admin := testDatabase(t)
-	for _, s := range []string{chat.Consumers, chat.Workers} {
-		if err := schema.Bootstrap(ctx, admin, s); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := schema.Migrate(ctx, admin, s); err != nil {
-			t.Fatal(err)
-		}
-	}
+	dbURL, admin := migratedDatabase(t)
 	srv := testenv.PrivateRedis(t)
 	rdb, err := redisq.NewClient(srv.URL())
 	if err != nil {
@@ -104,15 +95,7 @@ func TestStatusNamesDurabilitySharedNameAndListening(t *testing.T) {
 // master's durability, and the queues and live consumers.
 func TestStatusOnRedisCluster(t *testing.T) {
 	ctx := context.Background()
-	dbURL, admin := testDatabase(t)
-	for _, s := range []string{chat.Consumers, chat.Workers} {
-		if err := schema.Bootstrap(ctx, admin, s); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := schema.Migrate(ctx, admin, s); err != nil {
-			t.Fatal(err)
-		}
-	}
+	dbURL, _ := migratedDatabase(t)
 	cl := testenv.RedisCluster(t, 3)
 	rdb, err := redisq.NewClient(cl.URL())
 	if err != nil {

@@ -18,7 +18,6 @@ import (
 
 	"github.com/outboxchat/outboxchat/chat"
 	"github.com/outboxchat/outboxchat/chat/auth"
-	"github.com/outboxchat/outboxchat/chat/schema"
 	"github.com/outboxchat/outboxchat/chat/server"
 	"github.com/outboxchat/outboxchat/chat/trace"
 	"github.com/outboxchat/outboxchat/inbox"
@@ -83,15 +82,7 @@ func serveForTrace(t *testing.T, dbURL, redisURL, prefix, service string, hooks 
 // seq; the JSON has the contract's fields and stages in time order.
 func TestTraceCommand(t *testing.T) {
 	ctx := context.Background()
-	dbURL, admin := testDatabase(t)
-	for _, s := range []string{chat.Consumers, chat.Workers} {
-		if err := schema.Bootstrap(ctx, admin, s); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := schema.Migrate(ctx, admin, s); err != nil {
-			t.Fatal(err)
-		}
-	}
+	dbURL, admin := migratedDatabase(t)
 	redisURL, prefix := testenv.RedisURL(t), testenv.Prefix(t)
 	cons := serveForTrace(t, dbURL, redisURL, prefix, chat.Consumers, nil)
 	serveForTrace(t, dbURL, redisURL, prefix, chat.Workers, &poisonOnce{})
