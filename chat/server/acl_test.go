@@ -41,22 +41,9 @@ func TestRedisACLLeastPrivilege(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { admin.Do(context.Background(), "ACL", "DELUSER", user) })
-		u, err := url.Parse(h.RedisURL)
-		if err != nil {
-			t.Fatal(err)
-		}
-		u.User = url.UserPassword(user, "pw-"+user)
-		urls[s] = u.String()
+		urls[s] = withRedisUser(t, h.RedisURL, user)
 	}
-	cons := h.start(chat.Consumers, func(c *Config) { c.RedisURL = urls[chat.Consumers] })
-	work := h.start(chat.Workers, func(c *Config) { c.RedisURL = urls[chat.Workers] })
-	wc, ww := chattest.Watch(t, cons.base, 11), chattest.Watch(t, work.base, 11)
-	for range 3 {
-		chattest.Send(t, cons.base, 11, "to workers")
-		chattest.Send(t, work.base, 11, "to consumers")
-	}
-	ww.WaitSeqs(t, chat.Consumers, 3, 20*time.Second)
-	wc.WaitSeqs(t, chat.Workers, 3, 20*time.Second)
+	cons, _ := sendThreeEachWay(t, h, urls, 11)
 
 	rdb, err := redisq.NewClient(urls[chat.Consumers])
 	if err != nil {
@@ -140,4 +127,34 @@ func TestRedisACLLeastPrivilege(t *testing.T) {
 	if qi, err := redisq.Inspect(ctx, rdb, h.Prefix, chat.QueueName(chat.Workers)); err != nil || qi.DeadLetters != 1 || len(qi.Groups) != 1 {
 		t.Errorf("Inspect with consumers' credentials = %+v, %v", qi, err)
 	}
+}
+
+// withRedisUser returns redisURL with user's credentials (password
+// "pw-"+user, as the ACL tests set it).
+func withRedisUser(t *testing.T, redisURL, user string) string {
+	t.Helper()
+	u, err := url.Parse(redisURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.User = url.UserPassword(user, "pw-"+user)
+	return u.String()
+}
+
+// sendThreeEachWay starts both services, each on its Redis URL in urls,
+// sends three messages each way in chatID and waits for both sockets to
+// show them: the services' Redis rights are enough. It returns the
+// running services.
+func sendThreeEachWay(t *testing.T, h *harness, urls map[string]string, chatID int64) (cons, work *running) {
+	t.Helper()
+	cons = h.start(chat.Consumers, func(c *Config) { c.RedisURL = urls[chat.Consumers] })
+	work = h.start(chat.Workers, func(c *Config) { c.RedisURL = urls[chat.Workers] })
+	wc, ww := chattest.Watch(t, cons.base, chatID), chattest.Watch(t, work.base, chatID)
+	for range 3 {
+		chattest.Send(t, cons.base, chatID, "to workers")
+		chattest.Send(t, work.base, chatID, "to consumers")
+	}
+	ww.WaitSeqs(t, chat.Consumers, 3, 20*time.Second)
+	wc.WaitSeqs(t, chat.Workers, 3, 20*time.Second)
+	return cons, work
 }

@@ -2,7 +2,6 @@ package server
 
 import (
 	"context"
-	"net/url"
 	"strconv"
 	"strings"
 	"testing"
@@ -50,22 +49,9 @@ func TestServeOnRedisCluster(t *testing.T) {
 				t.Fatalf("user %s on node %s: %v", user, addr, err)
 			}
 		}
-		u, err := url.Parse(cl.URL())
-		if err != nil {
-			t.Fatal(err)
-		}
-		u.User = url.UserPassword(user, "pw-"+user)
-		urls[svc] = u.String()
+		urls[svc] = withRedisUser(t, cl.URL(), user)
 	}
-	cons := h.start(chat.Consumers, func(c *Config) { c.RedisURL = urls[chat.Consumers] })
-	work := h.start(chat.Workers, func(c *Config) { c.RedisURL = urls[chat.Workers] })
-	wc, ww := chattest.Watch(t, cons.base, 7), chattest.Watch(t, work.base, 7)
-	for range 3 {
-		chattest.Send(t, cons.base, 7, "to workers")
-		chattest.Send(t, work.base, 7, "to consumers")
-	}
-	ww.WaitSeqs(t, chat.Consumers, 3, 20*time.Second)
-	wc.WaitSeqs(t, chat.Workers, 3, 20*time.Second)
+	_, work := sendThreeEachWay(t, h, urls, 7)
 
 	for _, svc := range []string{chat.Consumers, chat.Workers} {
 		k := redisq.NewKeys(h.Prefix, chat.QueueName(svc))
