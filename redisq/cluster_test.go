@@ -397,18 +397,22 @@ func TestClusterScriptsDuringSlotMigration(t *testing.T) {
 	}
 
 	m := startSlotMove(t, cl, k.Stream)
+	// trims is a trim by w1 that must delete want entries.
+	trims := func(want int64) func(redis.UniversalClient) error {
+		return func(r redis.UniversalClient) error {
+			n, err := newClusterConsumer(t, r, prefix, "w1").Trim(ctx)
+			if err == nil && n != want {
+				err = fmt.Errorf("trimmed %d, want %d", n, want)
+			}
+			return err
+		}
+	}
 
 	// Step 1: nothing moved yet.
 	addJ6 := m.during("add j6 (new)", added(1, func(p *redisq.Publisher) (int, error) { return p.Add(ctx, jobs(1, 6)...) }))
 	m.during("add j3 (duplicate)", added(0, func(p *redisq.Publisher) (int, error) { return p.Add(ctx, jobs(1, 3)...) })).wait(t, false)
 	m.during("readd j4", added(1, func(p *redisq.Publisher) (int, error) { return p.Readd(ctx, jobs(1, 4)...) })).wait(t, false)
-	m.during("trim j0-j2", func(r redis.UniversalClient) error {
-		n, err := newClusterConsumer(t, r, prefix, "w1").Trim(ctx)
-		if err == nil && n != 3 {
-			err = fmt.Errorf("trimmed %d, want 3", n)
-		}
-		return err
-	}).wait(t, false)
+	m.during("trim j0-j2", trims(3)).wait(t, false)
 	m.during("presence beat", beat).wait(t, false)
 
 	// Step 2: only the stream moved.
@@ -452,13 +456,7 @@ func TestClusterScriptsDuringSlotMigration(t *testing.T) {
 	readdJ4.wait(t, true)
 	addJ7 := m.during("add j7 (new)", added(1, func(p *redisq.Publisher) (int, error) { return p.Add(ctx, jobs(1, 7)...) }))
 	m.during("readd j5", added(1, func(p *redisq.Publisher) (int, error) { return p.Readd(ctx, jobs(1, 5)...) })).wait(t, false)
-	m.during("trim j3", func(r redis.UniversalClient) error {
-		n, err := newClusterConsumer(t, r, prefix, "w1").Trim(ctx)
-		if err == nil && n != 1 {
-			err = fmt.Errorf("trimmed %d, want 1", n)
-		}
-		return err
-	}).wait(t, false)
+	m.during("trim j3", trims(1)).wait(t, false)
 	m.during("fetch w2", func(r redis.UniversalClient) error {
 		got, err := newClusterConsumer(t, r, prefix, "w2").Fetch(ctx, 100)
 		if err == nil && !slices.Equal(ids(got), []string{"job-4", "job-4", "job-5"}) {
