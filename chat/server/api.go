@@ -67,7 +67,7 @@ func (p *process) buildAPI() error {
 		Metrics: p.m.sends(), AfterCommit: afterCommit,
 	}
 	if p.tracer.Enabled() {
-		scfg.Headers = p.tracer.Inject
+		scfg.Headers, scfg.OnBatch = p.tracer.Inject, traceSendTx(p.tracer)
 	}
 	st, err := store.New(p.pool, scfg)
 	if err != nil {
@@ -91,7 +91,7 @@ func (p *process) buildAPI() error {
 		deps.Live = liveRooms{hub}
 	}
 	if p.tracer.Enabled() {
-		deps.Sender = tracedSender{next: deps.Sender, t: p.tracer, service: c.Service}
+		deps.Sender = tracedSender{next: deps.Sender}
 	}
 	api, err := httpapi.New(deps, &httpapi.Config{
 		Service: c.Service, ListenAddr: c.API.HTTPAddr, MaxBodyBytes: c.API.MaxBodyBytes, Verifier: p.verifier,

@@ -91,7 +91,7 @@ func (p *process) buildWorker() error {
 	afterCommit := func(applied []inbox.Applied) {
 		observeE2E(applied)
 		if clock != nil {
-			traceApplied(p.tracer, clock, c.Service, applied)
+			traceApplied(p.tracer, clock, applied)
 		}
 		if gw != nil {
 			gw.OfferApplied(applied)
@@ -144,7 +144,7 @@ func (p *process) buildRelay() error {
 		op = c.Hooks.Publisher(op)
 	}
 	if p.tracer.Enabled() {
-		op = tracedPublisher(op, p.tracer, c.Service)
+		op = tracedPublisher(op, p.tracer)
 	}
 	relay, err := outbox.NewRelay(p.pool, &outbox.RelayConfig{
 		Table: c.Service + ".outbox", Channel: chat.OutboxChannel(c.Service), Publisher: op,
@@ -201,5 +201,5 @@ func (p *process) pushTracer() func(chat.Message, time.Time) {
 	if !p.tracer.Enabled() {
 		return nil
 	}
-	return tracePush(p.tracer, p.cfg.Service)
+	return tracePush(p.tracer)
 }

@@ -23,13 +23,21 @@ import (
 // are installed only when the process's Tracer is enabled
 // (Config.TracerProvider): off, none of these wrappers exists.
 //
-//	HTTP send (server span; its traceparent is the response's)
-//	└ send transaction (its context goes into the outbox event's headers)
-//	  └ relay publish (one per message; its context replaces the headers')
-//	    ├ inbox store (the receiver's inbox commit)
-//	    ├ gateway push (each subscriber a received message is queued to)
-//	    └ relay publish of the receipt (the receiver's relay)
-//	      └ receipt (the sender's inbox commit of the receipt)
+// A message's own trace holds the spans that are the message's alone; the
+// batch operations it rides in (a group commit, a relay pass, an inbox
+// batch) are one span each, linked to every message they carry, as
+// OpenTelemetry's messaging conventions model batches. Every message of a
+// batch shares its start and end, so a span per message would repeat them,
+// and the SDK's and exporter's cost is per span.
+//
+//	HTTP send (server span; its traceparent is the response's, its
+//	│          context goes into the outbox event's headers)
+//	├ gateway push (each subscriber a received message is queued to)
+//	└ receipt (the sender's inbox commit of the receipt)
+//
+//	linked to the send: send transaction (a group commit), relay publish
+//	(a relay pass, on each side: the message's and its receipt's), inbox
+//	store (an inbox batch)
 
 // traceSend wraps the API's handler: a POST of a message gets a server
 // span, and the response a traceparent header naming it (set before the
@@ -41,16 +49,17 @@ func (p *process) traceSend(next http.Handler) http.Handler {
 			next.ServeHTTP(w, r)
 			return
 		}
-		ctx := t.Extract(r.Context(), map[string]string{telemetry.Traceparent: r.Header.Get(telemetry.Traceparent),
-			"tracestate": r.Header.Get("tracestate")})
+		ctx := r.Context()
+		if tp := r.Header.Get(telemetry.Traceparent); tp != "" {
+			ctx = t.Extract(ctx, map[string]string{telemetry.Traceparent: tp, "tracestate": r.Header.Get("tracestate")})
+		}
+		// The process's resource names the service: no attribute for it.
 		ctx, span := t.Start(ctx, telemetry.SpanHTTPSend, trace.WithSpanKind(trace.SpanKindServer),
-			trace.WithAttributes(attribute.String("http.request.method", r.Method), attribute.String("url.path", r.URL.Path),
-				attribute.String(telemetry.AttrService, p.cfg.Service)))
+			trace.WithAttributes(attribute.String("http.request.method", r.Method), attribute.String("url.path", r.URL.Path)))
 		defer span.End()
 		// Also when the sampler left the send out (flags 00): the caller
 		// learns its trace id either way.
-		sc := span.SpanContext()
-		w.Header().Set(telemetry.Traceparent, "00-"+sc.TraceID().String()+"-"+sc.SpanID().String()+"-"+sc.TraceFlags().String())
+		w.Header().Set(telemetry.Traceparent, telemetry.FormatTraceparent(span.SpanContext()))
 		sw := &statusWriter{ResponseWriter: w, status: http.StatusOK}
 		next.ServeHTTP(sw, r.WithContext(ctx))
 		span.SetAttributes(attribute.Int("http.response.status_code", sw.status))
@@ -85,69 +94,93 @@ func (w *statusWriter) WriteHeader(code int) {
 // upgrade does not pass here, but flushes might).
 func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
-// tracedSender is the send transaction's span around the store.
+// tracedSender names the message a send stored on the send's span (the
+// HTTP send's): its id, chat and seq. The send transaction has a span of
+// its own per group commit (traceSendTx).
 type tracedSender struct {
-	next    httpapi.Sender
-	t       *telemetry.Tracer
-	service string
+	next httpapi.Sender
 }
 
 func (s tracedSender) SendIdempotent(ctx context.Context, chatID int64, body, key, author string) (chat.Message, bool, error) {
-	ctx, span := s.t.Start(ctx, telemetry.SpanSendTx, trace.WithAttributes(
-		attribute.Int64(telemetry.AttrChatID, chatID), attribute.String(telemetry.AttrService, s.service)))
-	defer span.End()
 	m, replayed, err := s.next.SendIdempotent(ctx, chatID, body, key, author)
+	span := trace.SpanFromContext(ctx)
 	if err != nil {
-		span.RecordError(err)
-		span.SetStatus(codes.Error, "send failed")
+		span.SetAttributes(attribute.Int64(telemetry.AttrChatID, chatID))
 		return m, replayed, err
 	}
-	span.SetAttributes(attribute.String(telemetry.AttrMessageID, m.ID), attribute.Int64(telemetry.AttrSeq, m.Seq),
-		attribute.Bool("chat.replayed", replayed))
+	span.SetAttributes(attribute.String(telemetry.AttrMessageID, m.ID), attribute.Int64(telemetry.AttrChatID, chatID),
+		attribute.Int64(telemetry.AttrSeq, m.Seq))
+	if replayed {
+		span.SetAttributes(attribute.Bool("chat.replayed", true))
+	}
 	return m, replayed, nil
+}
+
+// traceSendTx is the store's OnBatch: one send transaction span per group
+// commit, linked to the span of each send it carried (a batch operation,
+// as the relay's publish: tracedPublisher).
+func traceSendTx(t *telemetry.Tracer) func([]context.Context, time.Time, error) {
+	return func(ctxs []context.Context, began time.Time, err error) {
+		links := make([]trace.Link, 0, len(ctxs))
+		for _, ctx := range ctxs {
+			if sc := trace.SpanContextFromContext(ctx); sc.IsValid() && sc.IsSampled() {
+				links = append(links, trace.Link{SpanContext: sc})
+			}
+		}
+		batchSpans(t, context.Background(), telemetry.SpanSendTx, trace.SpanKindInternal, began, links, err,
+			attribute.Int("chat.batch.sends", len(ctxs)))
+	}
 }
 
 var _ httpapi.Sender = tracedSender{}
 
-// tracedPublisher gives every published message that carries a trace
-// context a relay publish span, child of that context, and hands the
-// message on with its headers' trace context replaced by the span's, so
-// that the receiver's spans are children of the publish.
-func tracedPublisher(next outbox.Publisher, t *telemetry.Tracer, service string) outbox.Publisher {
+// tracedPublisher records one relay publish span per published batch that
+// holds a traced message (more than maxLinks of them: one span per
+// maxLinks), linked to each traced message's context, as OpenTelemetry's
+// messaging conventions model a batch send: every message of a batch shares
+// the publish's start and end, so a span of its own per message would only
+// repeat them. The messages go on with their headers untouched: the
+// receiver's spans continue the context of the send.
+func tracedPublisher(next outbox.Publisher, t *telemetry.Tracer) outbox.Publisher {
 	return outbox.PublisherFunc(func(ctx context.Context, msgs []outbox.Message) error {
-		var spans []trace.Span
-		out := msgs
-		for i, m := range msgs {
-			if m.Headers[telemetry.Traceparent] == "" {
-				continue
+		var links []trace.Link
+		for _, m := range msgs {
+			if sc := t.SpanContext(m.Headers); sc.IsValid() {
+				links = append(links, trace.Link{SpanContext: sc})
 			}
-			if spans == nil {
-				out = append([]outbox.Message(nil), msgs...) // the relay may retry msgs: leave them as they are
-			}
-			sctx, span := t.Start(t.Extract(ctx, m.Headers), telemetry.SpanRelayPublish,
-				trace.WithSpanKind(trace.SpanKindProducer), trace.WithAttributes(
-					attribute.String(telemetry.AttrMessageID, m.ID), attribute.String("messaging.operation.name", m.Event),
-					attribute.String(telemetry.AttrService, service)))
-			spans = append(spans, span)
-			h := make(map[string]string, len(m.Headers))
-			for k, v := range m.Headers {
-				h[k] = v
-			}
-			for k, v := range t.Inject(sctx) {
-				h[k] = v
-			}
-			out[i].Headers = h
 		}
-		err := next.Publish(ctx, out)
-		for _, span := range spans {
-			if err != nil {
-				span.RecordError(err)
-				span.SetStatus(codes.Error, "publish failed")
-			}
-			span.End()
+		if links == nil {
+			return next.Publish(ctx, msgs)
 		}
+		began := time.Now()
+		err := next.Publish(ctx, msgs)
+		batchSpans(t, ctx, telemetry.SpanRelayPublish, trace.SpanKindProducer, began, links, err,
+			attribute.Int("messaging.batch.message_count", len(msgs)))
 		return err
 	})
+}
+
+// maxLinks is the most links one batch span carries: the SDK's default
+// link count limit (OTEL_SPAN_LINK_COUNT_LIMIT, 128), above which it would
+// drop them.
+const maxLinks = 128
+
+// batchSpans records, for a batch operation that began at began and ends
+// now, spans named name linked to links, at most maxLinks each, as children
+// of ctx's span (if any), with the error err (nil: none) and attrs.
+func batchSpans(t *telemetry.Tracer, ctx context.Context, name string, kind trace.SpanKind, began time.Time,
+	links []trace.Link, err error, attrs ...attribute.KeyValue) {
+	for len(links) > 0 {
+		n := min(len(links), maxLinks)
+		_, span := t.Start(ctx, name, trace.WithSpanKind(kind), trace.WithTimestamp(began),
+			trace.WithLinks(links[:n]...), trace.WithAttributes(attrs...))
+		if err != nil {
+			span.RecordError(err)
+			span.SetStatus(codes.Error, "failed")
+		}
+		span.End()
+		links = links[n:]
+	}
 }
 
 // fetchClock wraps the worker's Source to note when its latest Fetch
@@ -167,44 +200,46 @@ func (f *fetchClock) Fetch(ctx context.Context, max int) ([]inbox.Delivery, erro
 	return ds, err
 }
 
-// traceApplied records, for each delivery of a committed inbox batch that
-// carries a trace context, an inbox store span (a message) or a receipt
-// span (a receipt), from the batch's fetch to now.
-func traceApplied(t *telemetry.Tracer, clock *fetchClock, service string, applied []inbox.Applied) {
+// traceApplied records the spans of a committed inbox batch, from its
+// fetch to now: one inbox store span linked to each traced message of the
+// batch (a batch operation, as the relay's publish: tracedPublisher), and a
+// receipt span, child of the receipt's trace context, for each traced
+// receipt (receipts are few: one per batch of the peer's inbox).
+func traceApplied(t *telemetry.Tracer, clock *fetchClock, applied []inbox.Applied) {
 	began := time.Unix(0, clock.at.Load())
+	var links []trace.Link
 	for _, a := range applied {
-		if a.Delivery.Headers[telemetry.Traceparent] == "" {
+		sc := t.SpanContext(a.Delivery.Headers)
+		if !sc.IsValid() {
 			continue
 		}
-		ctx := t.Extract(context.Background(), a.Delivery.Headers)
-		name := telemetry.SpanInboxStore
-		attrs := []attribute.KeyValue{attribute.String(telemetry.AttrMessageID, a.Delivery.ID),
-			attribute.String(telemetry.AttrService, service)}
-		switch v := a.Value.(type) {
-		case chat.Receipt:
-			name = telemetry.SpanReceipt
-			if len(v.Chats) > 0 {
-				attrs = append(attrs, attribute.Int64(telemetry.AttrChatID, v.Chats[0].ChatID),
-					attribute.Int64("chat.receipt.upto_seq", v.Chats[0].UptoSeq), attribute.Int("chat.receipt.chats", len(v.Chats)))
-			}
-		case chat.Message:
-			attrs = append(attrs, attribute.Int64(telemetry.AttrChatID, v.ChatID), attribute.Int64(telemetry.AttrSeq, v.Seq))
+		v, ok := a.Value.(chat.Receipt)
+		if !ok {
+			links = append(links, trace.Link{SpanContext: sc})
+			continue
 		}
-		_, span := t.Start(ctx, name, trace.WithSpanKind(trace.SpanKindConsumer), trace.WithTimestamp(began),
-			trace.WithAttributes(attrs...))
+		attrs := []attribute.KeyValue{attribute.String(telemetry.AttrMessageID, a.Delivery.ID)}
+		if len(v.Chats) > 0 {
+			attrs = append(attrs, attribute.Int64(telemetry.AttrChatID, v.Chats[0].ChatID),
+				attribute.Int64("chat.receipt.upto_seq", v.Chats[0].UptoSeq), attribute.Int("chat.receipt.chats", len(v.Chats)))
+		}
+		_, span := t.Start(trace.ContextWithRemoteSpanContext(context.Background(), sc), telemetry.SpanReceipt,
+			trace.WithSpanKind(trace.SpanKindConsumer), trace.WithTimestamp(began), trace.WithAttributes(attrs...))
 		span.End()
 	}
+	batchSpans(t, context.Background(), telemetry.SpanInboxStore, trace.SpanKindConsumer, began, links, nil,
+		attribute.Int("messaging.batch.message_count", len(applied)))
 }
 
 // tracePush is the gateway's OnPush: a gateway push span, child of the
 // message's trace context, from the push's start to its frame being
 // queued.
-func tracePush(t *telemetry.Tracer, service string) func(chat.Message, time.Time) {
+func tracePush(t *telemetry.Tracer) func(chat.Message, time.Time) {
 	return func(m chat.Message, began time.Time) {
-		ctx := t.Extract(context.Background(), telemetry.Headers(m.TraceParent))
+		ctx := t.ExtractTraceparent(context.Background(), m.TraceParent)
+		// The message's chat and seq are on its send's span, the parent.
 		_, span := t.Start(ctx, telemetry.SpanGatewayPush, trace.WithTimestamp(began), trace.WithAttributes(
-			attribute.String(telemetry.AttrMessageID, m.ID), attribute.Int64(telemetry.AttrChatID, m.ChatID),
-			attribute.Int64(telemetry.AttrSeq, m.Seq), attribute.String(telemetry.AttrService, service)))
+			attribute.String(telemetry.AttrMessageID, m.ID)))
 		span.End()
 	}
 }

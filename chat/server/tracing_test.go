@@ -15,9 +15,10 @@ import (
 	"testing"
 	"time"
 
+	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
-	"go.opentelemetry.io/otel/trace"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	coltracepb "go.opentelemetry.io/proto/otlp/collector/trace/v1"
 	"google.golang.org/protobuf/proto"
 
@@ -55,11 +56,16 @@ func postTraced(t *testing.T, base string, chatID int64, body string) (chat.Mess
 // traceparent.
 func TestTraceFollowsAMessageBothWays(t *testing.T) {
 	t.Parallel()
+	// One exporter, a provider per service: each span's resource names the
+	// service that recorded it, as serve's own provider does.
 	exp := tracetest.NewInMemoryExporter()
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
-	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	on := func(c *Config) {
+		tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp),
+			sdktrace.WithResource(resource.NewSchemaless(semconv.ServiceName(c.Service))))
+		t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+		c.TracerProvider = tp
+	}
 	h := newHarness(t, "")
-	on := func(c *Config) { c.TracerProvider = tp }
 	cons, work := h.start(chat.Consumers, on), h.start(chat.Workers, on)
 	w := chattest.Watch(t, work.base, 7)
 	m, tpHeader := postTraced(t, cons.base, 7, "traced")
@@ -70,77 +76,86 @@ func TestTraceFollowsAMessageBothWays(t *testing.T) {
 		t.Fatalf("response traceparent %q is not a W3C traceparent", tpHeader)
 	}
 	traceID := parts[1]
-	// The stages, in order, each with the name of its parent's stage and
-	// the service that records it.
-	type stage struct{ name, parent, service string }
+	// The stages: the message's own spans are the send's children; each
+	// batch it rode in is a span linked to the send (relation "link").
+	type stage struct{ name, relation, service string }
 	want := []stage{
-		{telemetry.SpanHTTPSend, "", chat.Consumers},
-		{telemetry.SpanSendTx, telemetry.SpanHTTPSend, chat.Consumers},
-		{telemetry.SpanRelayPublish, telemetry.SpanSendTx, chat.Consumers},
-		{telemetry.SpanInboxStore, telemetry.SpanRelayPublish, chat.Workers},
-		{telemetry.SpanGatewayPush, telemetry.SpanRelayPublish, chat.Workers},
-		{telemetry.SpanRelayPublish, telemetry.SpanRelayPublish, chat.Workers}, // the receipt's
-		{telemetry.SpanReceipt, telemetry.SpanRelayPublish, chat.Workers},      // its parent: the workers' publish
+		{telemetry.SpanGatewayPush, "child", chat.Workers},
+		{telemetry.SpanReceipt, "child", chat.Consumers}, // recorded by the receipt's addressee
+		{telemetry.SpanSendTx, "link", chat.Consumers},
+		{telemetry.SpanRelayPublish, "link", chat.Consumers},
+		{telemetry.SpanInboxStore, "link", chat.Workers},
+		{telemetry.SpanRelayPublish, "link", chat.Workers}, // the receipt's
 	}
 	var spans tracetest.SpanStubs
-	byID := map[trace.SpanID]tracetest.SpanStub{}
+	var send tracetest.SpanStub // the HTTP send's span
 	find := func(s stage) bool {
 		for _, sp := range spans {
-			if sp.Name != s.name || sp.SpanContext.TraceID().String() != traceID {
+			if sp.Name != s.name || spanService(sp) != s.service {
 				continue
 			}
-			svc := ""
-			for _, a := range sp.Attributes {
-				if a.Key == telemetry.AttrService {
-					svc = a.Value.AsString()
+			switch s.relation {
+			case "child":
+				if sp.SpanContext.TraceID() == send.SpanContext.TraceID() && sp.Parent.SpanID() == send.SpanContext.SpanID() {
+					return true
+				}
+			case "link":
+				for _, l := range sp.Links {
+					if l.SpanContext.TraceID() == send.SpanContext.TraceID() && l.SpanContext.SpanID() == send.SpanContext.SpanID() {
+						return true
+					}
 				}
 			}
-			p, ok := byID[sp.Parent.SpanID()]
-			switch {
-			case s.parent == "" && sp.Parent.IsValid():
-				continue
-			case s.parent != "" && (!ok || p.Name != s.parent):
-				continue
-			case s.name == telemetry.SpanReceipt:
-				// recorded by the consumers (the receipt's addressee), child
-				// of the workers' publish of the receipt
-				if svc != chat.Consumers || attr(p, telemetry.AttrService) != chat.Workers {
-					continue
-				}
-			case svc != s.service:
-				continue
-			}
-			return true
 		}
 		return false
 	}
+	var missing []stage
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("stages missing: %v; spans: %d", missing, len(spans))
+			for _, sp := range spans {
+				t.Logf("  %s %s trace %s parent %s links %d", spanService(sp), sp.Name, sp.SpanContext.TraceID(), sp.Parent.SpanID(), len(sp.Links))
+			}
+		}
+	})
 	testenv.WaitFor(t, 15*time.Second, "every stage of the message's trace", func() bool {
 		spans = exp.GetSpans()
 		for _, sp := range spans {
-			byID[sp.SpanContext.SpanID()] = sp
+			if sp.Name == telemetry.SpanHTTPSend && sp.SpanContext.TraceID().String() == traceID {
+				send = sp
+			}
 		}
+		if !send.SpanContext.IsValid() {
+			return false
+		}
+		missing = missing[:0]
 		for _, s := range want {
 			if !find(s) {
-				return false
+				missing = append(missing, s)
 			}
 		}
-		return true
+		return len(missing) == 0
 	})
-	for _, sp := range spans {
-		if sp.Name == telemetry.SpanHTTPSend && sp.SpanContext.TraceID().String() == traceID {
-			if sp.SpanContext.SpanID().String() != parts[2] {
-				t.Errorf("response traceparent names span %s, the HTTP span is %s", parts[2], sp.SpanContext.SpanID())
-			}
-		}
-		if sp.Name == telemetry.SpanSendTx && sp.SpanContext.TraceID().String() == traceID && attr(sp, telemetry.AttrMessageID) != m.ID {
-			t.Errorf("send transaction span has message id %q, want %s", attr(sp, telemetry.AttrMessageID), m.ID)
-		}
+	if send.Parent.IsValid() || spanService(send) != chat.Consumers {
+		t.Errorf("send span: parent %v, service %q; want a root span of %s", send.Parent, spanService(send), chat.Consumers)
+	}
+	if send.SpanContext.SpanID().String() != parts[2] {
+		t.Errorf("response traceparent names span %s, the HTTP span is %s", parts[2], send.SpanContext.SpanID())
+	}
+	if got := attr(send, telemetry.AttrMessageID); got != m.ID {
+		t.Errorf("send span has message id %q, want %s", got, m.ID)
 	}
 	// The receiver kept the traceparent with the row (for a gateway in
 	// another process).
 	if n := h.Count(t, `SELECT count(*) FROM workers.inbox WHERE message_id = $1 AND traceparent LIKE $2`, m.ID, "00-"+traceID+"-%"); n != 1 {
 		t.Errorf("workers.inbox row of %s has no traceparent of trace %s", m.ID, traceID)
 	}
+}
+
+// spanService is the service.name of the resource that recorded s.
+func spanService(s tracetest.SpanStub) string {
+	v, _ := s.Resource.Set().Value(semconv.ServiceNameKey)
+	return v.AsString()
 }
 
 func attr(s tracetest.SpanStub, key string) string {
@@ -178,11 +193,11 @@ func TestTracingOffLeavesNoTrace(t *testing.T) {
 }
 
 // otlpReceiver is a minimal OTLP/HTTP trace endpoint: it decodes each
-// export request (protobuf, possibly gzip) and keeps the spans' names and
-// trace ids.
+// export request (protobuf, possibly gzip) and keeps the spans' names by
+// trace id, their own and the ones they link to.
 type otlpReceiver struct {
 	mu    sync.Mutex
-	spans map[string][]string // trace id (hex) → span names
+	spans map[string][]string // trace id (hex) → names of its spans and of the spans linked to it
 	bad   []string
 }
 
@@ -213,6 +228,11 @@ func (o *otlpReceiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			for _, sp := range ss.Spans {
 				id := hex.EncodeToString(sp.TraceId)
 				o.spans[id] = append(o.spans[id], sp.Name)
+				for _, l := range sp.Links { // a batch's span, under each trace it carried
+					if lid := hex.EncodeToString(l.TraceId); lid != id {
+						o.spans[lid] = append(o.spans[lid], sp.Name)
+					}
+				}
 			}
 		}
 	}

@@ -367,6 +367,10 @@ func (s *Store) slowLane(ctx context.Context, chatID int64, sc *slowChat) {
 // commit it calls writer.Committed and afterCommit once (new messages only).
 // On error nothing is stored.
 func (s *Store) commitBatch(ctx context.Context, reqs []*sendReq, wait bool, lockTimeout time.Duration) (res []*sendResult, skipped []*sendReq, err error) {
+	if s.onBatch != nil {
+		began := time.Now()
+		defer func() { s.reportBatch(reqs, skipped, began, err) }()
+	}
 	chatSet := make(map[int64]bool, len(reqs))
 	keySet := map[chatKey]bool{}
 	var keyChats []int64
@@ -542,6 +546,18 @@ func (s *Store) lockAndRead(ctx context.Context, conn *pgxpool.Conn, chats, keyC
 		return nil, err
 	}
 	return st, nil
+}
+
+// reportBatch calls onBatch with the contexts of the sends of reqs that
+// the transaction answered: all but those skipped for a later one.
+func (s *Store) reportBatch(reqs, skipped []*sendReq, began time.Time, err error) {
+	ctxs := make([]context.Context, 0, len(reqs))
+	for _, r := range reqs {
+		if !slices.Contains(skipped, r) {
+			ctxs = append(ctxs, r.ctx)
+		}
+	}
+	s.onBatch(ctxs, began, err)
 }
 
 // insertAndCommit is a batch's second round trip: the new messages

@@ -40,6 +40,7 @@ type Store struct {
 	// applied.
 	afterCommit              func(ms []chat.Message)
 	headers                  func(ctx context.Context) map[string]string
+	onBatch                  func(ctxs []context.Context, began time.Time, err error)
 	lockTimeout, readTimeout time.Duration
 	metrics                  *SendMetrics
 
@@ -174,6 +175,12 @@ type Config struct {
 	// nil results and a nil Headers mean none. It must be fast and safe for
 	// concurrent use: it runs in the committer, once per message.
 	Headers func(ctx context.Context) map[string]string
+	// OnBatch, when set, is called after each send transaction, committed
+	// (err nil) or not, with the contexts of the sends it answered (new
+	// messages and idempotent replays; not those left to a later
+	// transaction) and when it began: the server's send transaction span.
+	// It runs in the committer and must not block.
+	OnBatch func(ctxs []context.Context, began time.Time, err error)
 }
 
 // New returns a Store on pool configured by cfg; pool's role must own the
@@ -192,7 +199,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Store, error) {
 	}
 	s := &Store{pool: pool, service: cfg.Service, writer: cfg.Writer, q: newQueries(cfg.Service), fq: newFeatureQueries(cfg.Service),
 		lockTimeout: cmp.Or(cfg.LockTimeout, DefaultSendLockTimeout), readTimeout: cmp.Or(cfg.ReadTimeout, DefaultReadTimeout),
-		metrics: cfg.Metrics, afterCommit: cfg.AfterCommit, headers: cfg.Headers,
+		metrics: cfg.Metrics, afterCommit: cfg.AfterCommit, headers: cfg.Headers, onBatch: cfg.OnBatch,
 		slowSem: make(chan struct{}, slowLanesFor(pool.Config().MaxConns))}
 	s.life.Name = "chat: store"
 	s.cond = sync.NewCond(&s.mu)

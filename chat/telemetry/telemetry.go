@@ -16,6 +16,7 @@ package telemetry
 
 import (
 	"context"
+	"encoding/hex"
 	"fmt"
 	"os"
 	"strings"
@@ -46,7 +47,6 @@ const (
 	AttrMessageID = "messaging.message.id"
 	AttrChatID    = "chat.id"
 	AttrSeq       = "chat.seq"
-	AttrService   = "chat.service"
 )
 
 // Tracer starts the chat's spans and moves the trace context in and out of
@@ -112,6 +112,57 @@ func (t *Tracer) Extract(ctx context.Context, headers map[string]string) context
 // none).
 func (t *Tracer) Traceparent(ctx context.Context) string {
 	return t.Inject(ctx)[traceparentHeader]
+}
+
+// SpanContext returns the remote span context that headers carry (as
+// Inject wrote them): invalid when the Tracer is off or headers carry none
+// (or a malformed one).
+func (t *Tracer) SpanContext(headers map[string]string) trace.SpanContext {
+	if !t.Enabled() || headers[traceparentHeader] == "" {
+		return trace.SpanContext{}
+	}
+	return trace.SpanContextFromContext(t.prop.Extract(context.Background(), propagation.MapCarrier(headers)))
+}
+
+// ExtractTraceparent is Extract of headers holding traceparent alone,
+// without building them: what the receiver keeps of a message's headers
+// (Headers) is enough to continue its trace.
+func (t *Tracer) ExtractTraceparent(ctx context.Context, traceparent string) context.Context {
+	if !t.Enabled() || traceparent == "" {
+		return ctx
+	}
+	return t.prop.Extract(ctx, traceparentCarrier(traceparent))
+}
+
+// traceparentCarrier is a propagation.TextMapCarrier holding one
+// traceparent and nothing else; Set is ignored.
+type traceparentCarrier string
+
+func (c traceparentCarrier) Get(key string) string {
+	if key == traceparentHeader {
+		return string(c)
+	}
+	return ""
+}
+
+func (traceparentCarrier) Set(string, string) {}
+
+func (traceparentCarrier) Keys() []string { return []string{traceparentHeader} }
+
+// FormatTraceparent returns sc as a W3C traceparent of version 00
+// ("00-<trace id>-<span id>-<flags>", 55 bytes, lower-case hex), whether or
+// not sc is valid or sampled; it allocates the string alone. It is what
+// the propagator writes for a valid span context.
+func FormatTraceparent(sc trace.SpanContext) string {
+	var b [55]byte
+	tid, sid := sc.TraceID(), sc.SpanID()
+	b[0], b[1], b[2] = '0', '0', '-'
+	hex.Encode(b[3:35], tid[:])
+	b[35] = '-'
+	hex.Encode(b[36:52], sid[:])
+	b[52] = '-'
+	hex.Encode(b[53:55], []byte{byte(sc.TraceFlags())})
+	return string(b[:])
 }
 
 // Headers returns the W3C traceparent header alone as event headers (nil

@@ -6,6 +6,7 @@ import (
 
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/outboxchat/outboxchat/chat/telemetry"
 	"github.com/outboxchat/outboxchat/outbox"
@@ -65,5 +66,40 @@ func TestInjectExtract(t *testing.T) {
 	}
 	if c := off.Extract(context.Background(), h); c != context.Background() {
 		t.Fatal("an off Tracer extracted a context")
+	}
+}
+
+// TestFormatAndExtractTraceparent: FormatTraceparent writes what the W3C
+// propagator writes, for sampled and unsampled spans; ExtractTraceparent
+// and SpanContext read back the span context that Inject carried.
+func TestFormatAndExtractTraceparent(t *testing.T) {
+	t.Parallel()
+	tr := telemetry.New(sdktrace.NewTracerProvider(sdktrace.WithSyncer(tracetest.NewInMemoryExporter())))
+	ctx, span := tr.Start(context.Background(), "x")
+	defer span.End()
+	h := tr.Inject(ctx)
+	if got := telemetry.FormatTraceparent(span.SpanContext()); got != h[telemetry.Traceparent] {
+		t.Fatalf("FormatTraceparent = %q, propagator %q", got, h[telemetry.Traceparent])
+	}
+	never := telemetry.New(sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.NeverSample())))
+	_, uspan := never.Start(context.Background(), "x")
+	defer uspan.End()
+	sc := uspan.SpanContext()
+	if got, want := telemetry.FormatTraceparent(sc), "00-"+sc.TraceID().String()+"-"+sc.SpanID().String()+"-00"; got != want {
+		t.Fatalf("unsampled: FormatTraceparent = %q, want %q", got, want)
+	}
+	for name, got := range map[string]trace.SpanContext{
+		"ExtractTraceparent": trace.SpanContextFromContext(tr.ExtractTraceparent(context.Background(), h[telemetry.Traceparent])),
+		"SpanContext":        tr.SpanContext(h),
+	} {
+		if got.TraceID() != span.SpanContext().TraceID() || got.SpanID() != span.SpanContext().SpanID() || !got.IsSampled() || !got.IsRemote() {
+			t.Errorf("%s = %v, want the remote, sampled context of %v", name, got, span.SpanContext())
+		}
+	}
+	if tr.SpanContext(map[string]string{telemetry.Traceparent: "00-garbage"}).IsValid() || tr.SpanContext(nil).IsValid() {
+		t.Error("a malformed or missing traceparent gave a valid span context")
+	}
+	if off := telemetry.New(nil); off.SpanContext(h).IsValid() || off.ExtractTraceparent(ctx, h[telemetry.Traceparent]) != ctx {
+		t.Error("an off Tracer extracted a span context")
 	}
 }
