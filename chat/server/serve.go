@@ -19,6 +19,7 @@ import (
 	"github.com/outboxchat/outboxchat/chat"
 	"github.com/outboxchat/outboxchat/chat/auth"
 	"github.com/outboxchat/outboxchat/chat/gateway"
+	"github.com/outboxchat/outboxchat/chat/lease"
 	"github.com/outboxchat/outboxchat/chat/schema"
 	"github.com/outboxchat/outboxchat/chat/store"
 	"github.com/outboxchat/outboxchat/internal/notifier"
@@ -115,9 +116,14 @@ type process struct {
 	// without it).
 	presence *presence
 	gw       *gateway.Gateway
-	// relayWake wakes this process's relay (nil without the relay role or
-	// when it polls only); set while building, read after the start.
-	relayWake func()
+	// relayWake wakes this process's relay of a partition (nil without
+	// the relay role or when it polls only); relayWakeChats those of the
+	// chats of a send batch. Set while building, read after the start.
+	relayWake      func(partition int)
+	relayWakeChats func(ms []chat.Message)
+	// leases runs the relays of the partitions this process holds (nil
+	// with one partition or without the relay role).
+	leases *lease.Manager
 	http      *httpService
 	services  []service.Service
 	// announce are log lines saying a role started (the lab waits for
@@ -248,16 +254,23 @@ func (p *process) connectPostgres(ctx context.Context) (*pgxpool.Pool, error) {
 	} else if n > 0 {
 		p.log.Info("migrations applied", "count", n)
 	}
-	// The fence's writer enqueues in-transaction wake-ups: a fence is rare,
-	// and it must not depend on a writer that only the api role starts.
-	fw, err := outbox.NewWriter(pool, &outbox.WriterConfig{
-		Table: c.Service + ".outbox", Channel: chat.OutboxChannel(c.Service), Mode: outbox.WakeInTx, Logger: p.log,
-	})
-	if err != nil {
+	if err := schema.EnsurePartitions(ctx, pool, c.Service, c.Partitions); err != nil {
 		pool.Close()
-		return nil, err
+		return nil, fmt.Errorf("serve: %w", err)
 	}
-	p.fence.SetWriter(fw)
+	// The fence's writers enqueue in-transaction wake-ups: a fence is rare,
+	// and it must not depend on a writer that only the api role starts.
+	fws := make([]*outbox.Writer, c.Partitions)
+	for part := range fws {
+		if fws[part], err = outbox.NewWriter(pool, &outbox.WriterConfig{
+			Table: chat.OutboxTable(c.Service, part), Channel: chat.PartitionOutboxChannel(c.Service, part),
+			Mode: outbox.WakeInTx, Logger: p.log,
+		}); err != nil {
+			pool.Close()
+			return nil, err
+		}
+	}
+	p.fence.SetWriter(fws...)
 	// The connections opened before the migrations skipped the check.
 	// A process without Redis waits for one with it to fence a new
 	// incarnation: its sends fail until then, its start does not.
