@@ -123,9 +123,9 @@ type process struct {
 	relayWakeChats func(ms []chat.Message)
 	// leases runs the relays of the partitions this process holds (nil
 	// with one partition or without the relay role).
-	leases *lease.Manager
-	http      *httpService
-	services  []service.Service
+	leases   *lease.Manager
+	http     *httpService
+	services []service.Service
 	// announce are log lines saying a role started (the lab waits for
 	// "relay started"), written once every service has.
 	announce []func()
