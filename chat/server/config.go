@@ -108,6 +108,11 @@ type Config struct {
 	onSelfCheck func(ok bool)
 	// gatewayPoll is the gateway's PollInterval (0: its default).
 	gatewayPoll time.Duration
+	// kill, when closed, hard-stops every service of the process (their
+	// Start contexts are cancelled, as if the process died): nothing is
+	// released, leases expire. Serve still returns only when its ctx
+	// ends.
+	kill chan struct{}
 }
 
 // APIConfig configures the api role: the HTTP API, the WebSocket gateway,

@@ -219,3 +219,125 @@ func TestPartitionedOrderProperty(t *testing.T) {
 		})
 	}
 }
+
+// leaseOwners returns, per live owner of service's partition leases (the
+// consumer name before the owner's random suffix), how many it holds.
+func leaseOwners(t *testing.T, h *harness, service string) map[string]int {
+	t.Helper()
+	rows, err := h.Admin.Query(context.Background(), `SELECT split_part(owner, '#', 1), count(*)
+		FROM `+service+`.partition_leases WHERE owner IS NOT NULL AND expires_at > now() GROUP BY 1`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	out := map[string]int{}
+	for rows.Next() {
+		var o string
+		var n int
+		if err := rows.Scan(&o, &n); err != nil {
+			t.Fatal(err)
+		}
+		out[o] = n
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// Two relay processes of consumers share its 4 partitions by leases: one
+// alone holds all 4; a second one joining gets 2 (rebalance); when it
+// stops gracefully, or is killed without releasing anything, the first
+// takes its partitions back within the lease TTL + 1 s; messages sent all
+// along (to chats of every partition) are shown once each, in order.
+func TestPartitionLeaseHandOver(t *testing.T) {
+	t.Parallel()
+	const parts = 4
+	const ttl = time.Second
+	h := newHarness(t, "")
+	relay := func(name string, kill chan struct{}) func(*Config) {
+		return func(c *Config) {
+			c.Partitions = parts
+			c.Relay.LeaseTTL = ttl
+			c.Roles = []string{RoleRelay}
+			c.Worker.ConsumerName = name
+			c.kill = kill
+		}
+	}
+	api := h.start(chat.Consumers, func(c *Config) {
+		c.Partitions = parts
+		c.Roles = []string{RoleAPI}
+	})
+	work := h.start(chat.Workers, func(c *Config) { c.Partitions = parts; c.Relay.LeaseTTL = ttl })
+	chats := []int64{40, 41, 42, 43, 44, 45, 46, 47} // two per partition
+	var ws []*chattest.Watcher
+	for _, c := range chats {
+		ws = append(ws, chattest.Watch(t, work.base, c))
+	}
+	sent := 0
+	sendRound := func() {
+		t.Helper()
+		for _, c := range chats {
+			chattest.Send(t, api.base, c, fmt.Sprint("round ", sent+1))
+		}
+		sent++
+	}
+	shown := func(what string) {
+		t.Helper()
+		for _, w := range ws {
+			w.WaitSeqs(t, chat.Consumers, sent, 30*time.Second)
+		}
+		t.Logf("%s: %d rounds shown", what, sent)
+	}
+	owners := func(what string, d time.Duration, want map[string]int) {
+		t.Helper()
+		testenv.WaitFor(t, d, what, func() bool {
+			got := leaseOwners(t, h, chat.Consumers)
+			if len(got) != len(want) {
+				return false
+			}
+			for o, n := range want {
+				if got[o] != n {
+					return false
+				}
+			}
+			return true
+		})
+	}
+
+	h.start(chat.Consumers, relay("relay-a", nil))
+	owners("relay-a holds all partitions", 10*time.Second, map[string]int{"relay-a": parts})
+	sendRound()
+	shown("relay-a alone")
+
+	b := h.start(chat.Consumers, relay("relay-b", nil))
+	owners("rebalanced to 2 and 2", 10*time.Second, map[string]int{"relay-a": 2, "relay-b": 2})
+	sendRound()
+	shown("relay-a and relay-b")
+
+	b.stop() // graceful: releases
+	owners("relay-a takes relay-b's released partitions", ttl+time.Second, map[string]int{"relay-a": parts})
+	sendRound()
+	shown("after the graceful stop")
+
+	kill := make(chan struct{})
+	var once sync.Once
+	t.Cleanup(func() { once.Do(func() { close(kill) }) })
+	h.start(chat.Consumers, relay("relay-b", kill))
+	owners("rebalanced again", 10*time.Second, map[string]int{"relay-a": 2, "relay-b": 2})
+	sendRound()
+	shown("relay-b back")
+
+	// Sends while relay-b dies: the ones in its partitions wait in the
+	// outbox until relay-a takes them over.
+	once.Do(func() { close(kill) })
+	sendRound()
+	owners("relay-a takes relay-b's expired partitions", ttl+time.Second, map[string]int{"relay-a": parts})
+	sendRound()
+	shown("after the kill")
+	for p := range parts {
+		if n := h.Count(t, `SELECT count(*) FROM `+chat.OutboxTable(chat.Consumers, p)); n != 0 {
+			t.Fatalf("partition %d: %d rows left in the outbox", p, n)
+		}
+	}
+}

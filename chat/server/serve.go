@@ -85,7 +85,35 @@ func Serve(ctx context.Context, cfg Config) error {
 	if p.http != nil {
 		defer p.http.ln.Close() // when a service fails to start, the server never served it
 	}
-	return runServices(ctx, log, p.services, p.up)
+	svcs := p.services
+	if c.kill != nil {
+		svcs = killable(svcs, c.kill)
+	}
+	return runServices(ctx, log, svcs, p.up)
+}
+
+// killable wraps svcs so that closing kill cancels their Start contexts
+// (a hard stop of each, as a killed process's).
+func killable(svcs []service.Service, kill <-chan struct{}) []service.Service {
+	out := make([]service.Service, len(svcs))
+	for i, s := range svcs {
+		out[i] = killableService{Service: s, kill: kill}
+	}
+	return out
+}
+
+type killableService struct {
+	service.Service
+	kill <-chan struct{}
+}
+
+func (k killableService) Start(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	go func() {
+		<-k.kill
+		cancel()
+	}()
+	return k.Service.Start(ctx)
 }
 
 // process is what Serve builds for one process: its connections, metrics
