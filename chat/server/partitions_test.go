@@ -13,8 +13,10 @@ import (
 
 	"github.com/outboxchat/outboxchat/chat"
 	"github.com/outboxchat/outboxchat/chat/internal/chattest"
+	"github.com/outboxchat/outboxchat/chat/status"
 	"github.com/outboxchat/outboxchat/inbox"
 	"github.com/outboxchat/outboxchat/internal/testenv"
+	"github.com/outboxchat/outboxchat/redisq"
 )
 
 // laneLog records, per inbox source (one per partition stream of a worker
@@ -218,6 +220,28 @@ func TestPartitionedOrderProperty(t *testing.T) {
 			return n == 0
 		})
 	}
+	// Status covers every partition, and says when both sides are
+	// drained.
+	testenv.WaitFor(t, 30*time.Second, "status: both services drained", func() bool {
+		st, err := status.ReadStatus(context.Background(), h.Admin, testenv.Redis(t), h.Prefix, status.StatusThresholds{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range st.Services {
+			if len(s.Partitions) != parts {
+				t.Fatalf("%s: status lists %d partitions, want %d", s.Service, len(s.Partitions), parts)
+			}
+			for _, p := range s.Partitions {
+				if p.LeaseOwner == "" || p.Stream != redisq.NewKeys(h.Prefix, chat.PartitionQueue(chat.Peer(s.Service), p.Partition)).Stream {
+					t.Fatalf("%s partition %d: %+v", s.Service, p.Partition, p)
+				}
+			}
+			if !s.Drained {
+				return false
+			}
+		}
+		return true
+	})
 }
 
 // leaseOwners returns, per live owner of service's partition leases (the
@@ -338,6 +362,45 @@ func TestPartitionLeaseHandOver(t *testing.T) {
 	for p := range parts {
 		if n := h.Count(t, `SELECT count(*) FROM `+chat.OutboxTable(chat.Consumers, p)); n != 0 {
 			t.Fatalf("partition %d: %d rows left in the outbox", p, n)
+		}
+	}
+}
+
+// Partitions and their leases through a real PgBouncer in transaction
+// mode (leases are rows, not session locks): both services with 3
+// partitions, every partition's lease held, messages of chats of every
+// partition arrive once, in order, both ways.
+func TestPartitionsThroughPgBouncer(t *testing.T) {
+	t.Parallel()
+	const parts = 3
+	h := newHarness(t, "")
+	viaPooler := func(service string) func(*Config) {
+		return func(c *Config) {
+			c.DatabaseURL, c.ListenDatabaseURL = h.pooled(service), h.RoleURL(service)
+			c.Partitions = parts
+			c.Relay.LeaseTTL = time.Second
+		}
+	}
+	cons := h.start(chat.Consumers, viaPooler(chat.Consumers))
+	work := h.start(chat.Workers, viaPooler(chat.Workers))
+	for _, svc := range []string{chat.Consumers, chat.Workers} {
+		testenv.WaitFor(t, 10*time.Second, svc+" holds every lease", func() bool {
+			n := 0
+			for _, k := range leaseOwners(t, h, svc) {
+				n += k
+			}
+			return n == parts
+		})
+	}
+	for c := int64(60); c < 60+parts; c++ {
+		for _, dir := range [][2]*running{{cons, work}, {work, cons}} {
+			from, to := dir[0], dir[1]
+			svc := map[*running]string{cons: chat.Consumers, work: chat.Workers}[from]
+			w := chattest.Watch(t, to.base, c)
+			for i := 1; i <= 3; i++ {
+				chattest.Send(t, from.base, c, fmt.Sprint("via ", svc, " ", i))
+				w.WaitSeqs(t, svc, i, 10*time.Second)
+			}
 		}
 	}
 }
