@@ -386,8 +386,11 @@ func ReadStatus(ctx context.Context, db outbox.DB, rdb redis.UniversalClient, pr
 					svc, p.OldestUnsentSeconds, p.Outbox, th.BacklogAge))
 			}
 		}
-		if s.Parked > 0 {
-			st.Problems = append(st.Problems, fmt.Sprintf("%s: %d parked outbox row(s): see `outboxchat outbox parked --service %s`", svc, s.Parked, svc))
+		for _, p := range s.Partitions {
+			if p.Parked > 0 {
+				st.Problems = append(st.Problems, fmt.Sprintf("%s: %d parked outbox row(s) in %s: see `outboxchat outbox parked --service %s%s`",
+					svc, p.Parked, p.Outbox, svc, partitionFlag(p.Partition)))
+			}
 		}
 		for _, name := range s.SharedConsumerNames {
 			var who []string
@@ -412,7 +415,8 @@ func ReadStatus(ctx context.Context, db outbox.DB, rdb redis.UniversalClient, pr
 		if s.DeadLetters > 0 {
 			for _, p := range s.Partitions {
 				if p.DeadLetters > 0 {
-					st.Problems = append(st.Problems, fmt.Sprintf("%s: %d dead letter(s) on %s: see `outboxchat deadletters list --service %s`", svc, p.DeadLetters, chat.PartitionQueue(chat.Peer(svc), p.Partition), svc))
+					st.Problems = append(st.Problems, fmt.Sprintf("%s: %d dead letter(s) on %s: see `outboxchat deadletters list --service %s%s`",
+						svc, p.DeadLetters, chat.PartitionQueue(chat.Peer(svc), p.Partition), svc, partitionFlag(p.Partition)))
 				}
 			}
 		}
@@ -427,6 +431,15 @@ func ReadStatus(ctx context.Context, db outbox.DB, rdb redis.UniversalClient, pr
 	}
 	st.Healthy = len(st.Problems) == 0
 	return st, nil
+}
+
+// partitionFlag is " --partition P" for a partition above 0, "" for 0
+// (the commands' default).
+func partitionFlag(p int) string {
+	if p == 0 {
+		return ""
+	}
+	return fmt.Sprintf(" --partition %d", p)
 }
 
 // HorizonSQL reads how far back the oldest transaction or snapshot holds
