@@ -241,7 +241,7 @@ func (p *process) loadKeys() error {
 // applies the migrations.
 func (p *process) connectPostgres(ctx context.Context) (*pgxpool.Pool, error) {
 	c := p.cfg
-	pcfg, err := schema.PoolConfig(c.DatabaseURL)
+	pcfg, err := schema.PoolConfigPartitions(c.DatabaseURL, c.Partitions)
 	if err != nil {
 		return nil, err
 	}
