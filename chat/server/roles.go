@@ -185,9 +185,13 @@ func (p *process) buildRelay() error {
 		if p.tracer.Enabled() {
 			op = tracedPublisher(op, p.tracer, c.Service)
 		}
+		rlog := p.log
+		if c.Partitions > 1 {
+			rlog = rlog.With("partition", part)
+		}
 		relays[part], err = outbox.NewRelay(p.pool, &outbox.RelayConfig{
 			Table: chat.OutboxTable(c.Service, part), Channel: chat.PartitionOutboxChannel(c.Service, part), Publisher: op,
-			PollInterval: c.Relay.PollInterval, DisableListen: c.Relay.PollOnly, Logger: p.log.With("partition", part),
+			PollInterval: c.Relay.PollInterval, DisableListen: c.Relay.PollOnly, Logger: rlog,
 			OnEvent: onRelay, Notifier: p.listener, MaxAttempts: c.Relay.MaxAttempts,
 			// This process's sends wake the relay directly; their NOTIFYs (for
 			// other processes) would only cause a second pass here.
