@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"runtime"
 	"sync"
 	"time"
 
@@ -315,7 +316,13 @@ func (p *process) connectPostgres(ctx context.Context) (*pgxpool.Pool, error) {
 
 // connectRedis opens the Redis client and logs whether Redis is durable.
 func (p *process) connectRedis(ctx context.Context) (redis.UniversalClient, error) {
-	rdb, err := redisq.NewClient(p.cfg.RedisURL)
+	// With partitions, the worker blocks in one read per partition's
+	// stream: room for those besides the pool's usual size.
+	pool := 0
+	if n := p.cfg.Partitions; n > 1 {
+		pool = 10*runtime.GOMAXPROCS(0) + 2*n
+	}
+	rdb, err := redisq.NewClientPool(p.cfg.RedisURL, pool)
 	if err != nil {
 		return nil, fmt.Errorf("serve: %w", err)
 	}
