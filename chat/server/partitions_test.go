@@ -13,6 +13,7 @@ import (
 
 	"github.com/outboxchat/outboxchat/chat"
 	"github.com/outboxchat/outboxchat/chat/internal/chattest"
+	"github.com/outboxchat/outboxchat/chat/schema"
 	"github.com/outboxchat/outboxchat/chat/status"
 	"github.com/outboxchat/outboxchat/inbox"
 	"github.com/outboxchat/outboxchat/internal/testenv"
@@ -402,5 +403,66 @@ func TestPartitionsThroughPgBouncer(t *testing.T) {
 				w.WaitSeqs(t, svc, i, 10*time.Second)
 			}
 		}
+	}
+}
+
+// On a Redis Cluster of three masters, each service as its
+// least-privilege user for 4 partitions (schema.RedisACLPartitions):
+// messages of a chat of every partition flow both ways, each partition's
+// queue keys share one slot, and the partitions' streams do not all sit
+// on one master.
+func TestPartitionsOnRedisCluster(t *testing.T) {
+	t.Parallel()
+	const parts = 4
+	ctx := context.Background()
+	cl := testenv.RedisCluster(t, 3)
+	h := newHarness(t, cl.URL())
+	admin, err := redisq.NewClient(cl.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	run := map[string]*running{}
+	for _, svc := range []string{chat.Consumers, chat.Workers} {
+		user := "u-" + svc
+		args, err := schema.RedisACLPartitions(svc, h.Prefix, user, "pw-"+user, parts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := schema.ApplyRedisACL(ctx, admin, args); err != nil {
+			t.Fatal(err)
+		}
+		url := withRedisUser(t, cl.URL(), user)
+		run[svc] = h.start(svc, func(c *Config) {
+			c.RedisURL, c.Partitions, c.Relay.LeaseTTL = url, parts, time.Second
+		})
+	}
+	for c := int64(30); c < 30+parts; c++ {
+		wc, ww := chattest.Watch(t, run[chat.Consumers].base, c), chattest.Watch(t, run[chat.Workers].base, c)
+		for range 3 {
+			chattest.Send(t, run[chat.Consumers].base, c, "to workers")
+			chattest.Send(t, run[chat.Workers].base, c, "to consumers")
+		}
+		ww.WaitSeqs(t, chat.Consumers, 3, 20*time.Second)
+		wc.WaitSeqs(t, chat.Workers, 3, 20*time.Second)
+	}
+	masters := map[string]bool{}
+	for _, svc := range []string{chat.Consumers, chat.Workers} {
+		for p := range parts {
+			k := redisq.NewKeys(h.Prefix, chat.PartitionQueue(svc, p))
+			node, slot, err := cl.NodeFor(ctx, k.Stream)
+			if err != nil {
+				t.Fatal(err)
+			}
+			masters[node.Addr()] = true
+			for _, key := range []string{k.Dead, k.Dedupe("x")} {
+				if n, s, err := cl.NodeFor(ctx, key); err != nil || n != node || s != slot {
+					t.Fatalf("%s: slot %d on %v, the stream's %d on %s (%v)", key, s, n, slot, node.Addr(), err)
+				}
+			}
+		}
+	}
+	if len(masters) < 2 {
+		t.Fatalf("the %d partition streams all sit on one master", 2*parts)
 	}
 }
