@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	neturl "net/url"
 	"os"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -79,6 +80,21 @@ const (
 // replay resent may leave a second dead-letter entry or report nothing
 // replayed for an entry it did replay.
 func NewClient(url string) (redis.UniversalClient, error) {
+	return NewClientPool(url, 0)
+}
+
+// NewClientPool is NewClient with room for at least poolSize connections
+// per node (go-redis's PoolSize, whose default is 10 per GOMAXPROCS): a
+// process that blocks in one XREADGROUP per stream (a consumer per
+// partition) holds a connection for each while its other commands need
+// theirs. A pool_size in url counts if it is larger. poolSize ≤ 0: as
+// NewClient.
+func NewClientPool(url string, poolSize int) (redis.UniversalClient, error) {
+	grow := func(size *int) {
+		if poolSize > 0 {
+			*size = max(cmp.Or(*size, 10*runtime.GOMAXPROCS(0)), poolSize)
+		}
+	}
 	if strings.HasPrefix(url, SentinelScheme+"://") {
 		fo, err := ParseSentinelURL(url)
 		if err != nil {
@@ -86,10 +102,11 @@ func NewClient(url string) (redis.UniversalClient, error) {
 		}
 		failFast(&fo.MaxRetries, &fo.DialerRetries, &fo.DialTimeout, &fo.ReadTimeout, &fo.WriteTimeout,
 			&fo.PoolTimeout, &fo.ContextTimeoutEnabled, &fo.DisableIdentity)
+		grow(&fo.PoolSize)
 		return redis.NewFailoverClient(fo), nil
 	}
 	if strings.HasPrefix(url, ClusterScheme+"://") || strings.HasPrefix(url, ClusterTLSScheme+"://") {
-		return newClusterClient(url)
+		return newClusterClient(url, grow)
 	}
 	url, caFile, err := cutQueryParam(url, TLSCAFileParam)
 	if err != nil {
@@ -104,6 +121,7 @@ func NewClient(url string) (redis.UniversalClient, error) {
 	}
 	failFast(&opt.MaxRetries, &opt.DialerRetries, &opt.DialTimeout, &opt.ReadTimeout, &opt.WriteTimeout,
 		&opt.PoolTimeout, &opt.ContextTimeoutEnabled, &opt.DisableIdentity)
+	grow(&opt.PoolSize)
 	opt.MaintNotificationsConfig = &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
 	return redis.NewClient(opt), nil
 }

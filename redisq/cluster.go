@@ -131,14 +131,16 @@ func redactURL(url string) string {
 	return scheme + "://" + user + ":xxxxx@" + rest[at+1:]
 }
 
-// newClusterClient is NewClient for a cluster url.
-func newClusterClient(url string) (*redis.ClusterClient, error) {
+// newClusterClient is NewClientPool for a cluster url; grow sets the
+// per-node pool size.
+func newClusterClient(url string, grow func(*int)) (*redis.ClusterClient, error) {
 	opt, err := ParseClusterURL(url)
 	if err != nil {
 		return nil, err
 	}
 	failFast(&opt.MaxRetries, &opt.DialerRetries, &opt.DialTimeout, &opt.ReadTimeout, &opt.WriteTimeout,
 		&opt.PoolTimeout, &opt.ContextTimeoutEnabled, &opt.DisableIdentity)
+	grow(&opt.PoolSize)
 	opt.MaxRedirects = ClusterMaxRedirects
 	opt.MinRetryBackoff, opt.MaxRetryBackoff = ClusterMinRetryBackoff, ClusterMaxRetryBackoff
 	opt.MaintNotificationsConfig = &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}

@@ -35,6 +35,17 @@ type InboxHandler struct {
 	keys *auth.EventKeys
 }
 
+// ForPartition returns a copy of h for the stream of partition p
+// (chat.PartitionQueue): the receipts of its batches are enqueued in the
+// outbox of the same partition (chat.OutboxTable(service, p)), so that
+// they travel back in the lane of their chats. ForPartition(0) is h's
+// behaviour. The copy shares nothing mutable with h.
+func (h *InboxHandler) ForPartition(p int) *InboxHandler {
+	c := *h
+	c.rq = newReceiptQueries(h.service, p)
+	return &c
+}
+
 // ErrSeqConflict is wrapped (with inbox.ErrMalformed, so it is
 // dead-lettered at once) by the result of a message whose (chat, seq) the
 // inbox already holds under another message id: the sender handed that seq
@@ -58,7 +69,7 @@ func NewInboxHandler(service string, keys *auth.EventKeys) (*InboxHandler, error
 	return &InboxHandler{
 		service: service,
 		keys:    keys,
-		rq:      newReceiptQueries(service),
+		rq:      newReceiptQueries(service, 0),
 		cq:      newChangeQueries(service),
 		// lockChats takes, in the order given (ascending, so two inbox
 		// transactions cannot deadlock), a transaction advisory lock per

@@ -1,6 +1,8 @@
 package receive
 
 import (
+	"strings"
+
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxchat/outboxchat/chat"
@@ -58,8 +60,13 @@ type receiptQueries struct {
 	apply string
 }
 
-func newReceiptQueries(service string) receiptQueries {
+// newReceiptQueries builds service's receipt statements; the receipt is
+// enqueued in the outbox of partition p (chat.OutboxTable): an inbox batch
+// holds the chats of one partition (it comes from that partition's
+// stream), and its receipt goes back through the same partition.
+func newReceiptQueries(service string, p int) receiptQueries {
 	s := pgx.Identifier{service}.Sanitize()
+	ob := pgx.Identifier(strings.Split(chat.OutboxTable(service, p), ".")).Sanitize()
 	return receiptQueries{
 		emit: `WITH c AS (SELECT DISTINCT unnest($1::bigint[]) AS chat_id),
 			top AS MATERIALIZED (SELECT c.chat_id, t.seq AS top, t.held FROM c
@@ -84,7 +91,7 @@ func newReceiptQueries(service string) receiptQueries {
 			r AS (SELECT jsonb_agg(jsonb_build_object('chat_id', chat_id, 'upto_seq', upto) ORDER BY chat_id) AS chats
 				FROM calc WHERE upto > 0 HAVING count(*) > 0),
 			g AS (SELECT gen_random_uuid() AS id)
-			INSERT INTO ` + s + `.outbox (event, idempotency_key, payload, headers)
+			INSERT INTO ` + ob + ` (event, idempotency_key, payload, headers)
 			SELECT '` + chat.EventReceipt + `', g.id::text, jsonb_build_object('id', g.id, 'chats', r.chats,
 				'received_at', now(), 'from', $2::text), $3::text::jsonb
 			FROM r, g`,

@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -99,6 +101,13 @@ type RedriveConfig struct {
 	// published (> 0), after its commit (the app's
 	// outboxchat_redriven_total). It must not block.
 	Redriven func(n int)
+	// Partitions, when it has more than one element, are the publishers of
+	// the partitions' streams (Partitions[p] to chat.PartitionQueue(service,
+	// p)): a message is published again to its chat's partition, and a
+	// message whose event still waits in its partition's outbox
+	// (chat.OutboxTable) is left to the relay. NewRedriver's pub is then
+	// not used (it may be nil). Default nil: one partition, through pub.
+	Partitions []Republisher
 	// Logger; nil means slog.Default().
 	Logger *slog.Logger
 }
@@ -111,11 +120,13 @@ type Redriver struct {
 	pool    *pgxpool.Pool
 	service string
 	pub     Republisher
-	cfg     RedriveConfig
-	log     *slog.Logger
-	chats   string
-	claim   string
-	life    service.Lifecycle
+	// pubs are the publishers by partition (len 1: pub).
+	pubs  []Republisher
+	cfg   RedriveConfig
+	log   *slog.Logger
+	chats string
+	claim string
+	life  service.Lifecycle
 	// pos is where the next pass starts in the cycle over the chats. Only
 	// a place in the cycle: lost on a restart, which starts it again.
 	mu  sync.Mutex
@@ -142,10 +153,17 @@ func NewRedriver(pool *pgxpool.Pool, service string, pub Republisher, cfg *Redri
 	if err := chat.CheckService(service); err != nil {
 		return nil, err
 	}
-	if pool == nil || pub == nil || cfg == nil {
+	if pool == nil || cfg == nil {
 		return nil, errors.New("chat: NewRedriver needs a pool, a publisher and a config")
 	}
 	c := *cfg
+	pubs := c.Partitions
+	if len(pubs) <= 1 {
+		pubs = []Republisher{pub}
+	}
+	if slices.Contains(pubs, nil) {
+		return nil, errors.New("chat: NewRedriver needs a pool, a publisher and a config")
+	}
 	switch {
 	case c.After <= 0:
 		return nil, fmt.Errorf("chat: redrive: After %v must be positive", c.After)
@@ -169,8 +187,17 @@ func NewRedriver(pool *pgxpool.Pool, service string, pub Republisher, cfg *Redri
 		log = slog.Default()
 	}
 	s := pgx.Identifier{service}.Sanitize()
+	// The event may wait in any partition's outbox (its chat's): with one
+	// partition the one table, else each (an index probe of the unsent
+	// rows per table).
+	var unsent strings.Builder
+	for p := range pubs {
+		ob := pgx.Identifier(strings.Split(chat.OutboxTable(service, p), ".")).Sanitize()
+		unsent.WriteString(`
+					  AND NOT EXISTS (SELECT 1 FROM ` + ob + ` o WHERE o.sent_at IS NULL AND o.idempotency_key = m.id::text)`)
+	}
 	return &Redriver{
-		pool: pool, service: service, pub: pub, cfg: c,
+		pool: pool, service: service, pub: pubs[0], pubs: pubs, cfg: c,
 		log: log.With("component", "chat.redrive"),
 		// One pass looks at up to ChatsPerPass chats, from the chat after
 		// pos.after on: a skip scan of the (chat_id, seq) index, one
@@ -204,8 +231,7 @@ func NewRedriver(pool *pgxpool.Pool, service string, pub Republisher, cfg *Redri
 					WHERE m.chat_id = c.chat_id AND m.seq > w.upto
 					  AND (m.created_at < now() - $1::interval OR m.created_at > now() + $1::interval)
 					  AND (m.redriven_at IS NULL OR m.redriven_at < now() - least($1::interval * power(2, m.redrives), $2::interval)
-					       OR m.redriven_at > now() + $1::interval)
-					  AND NOT EXISTS (SELECT 1 FROM ` + s + `.outbox o WHERE o.sent_at IS NULL AND o.idempotency_key = m.id::text)
+					       OR m.redriven_at > now() + $1::interval)` + unsent.String() + `
 					ORDER BY m.seq LIMIT $3
 					FOR UPDATE OF m SKIP LOCKED) m
 				ORDER BY c.ord, m.seq LIMIT $3)
@@ -338,7 +364,7 @@ func (r *Redriver) RunOnce(ctx context.Context) (int, error) {
 				next = redrivePos{after: last - 1, resumed: true}
 			}
 		}
-		if _, err := r.pub.Readd(ctx, sorted...); err != nil {
+		if err := r.readd(ctx, sorted, ms, order); err != nil {
 			return fmt.Errorf("publish again: %w", err)
 		}
 		for _, k := range order {
@@ -360,4 +386,27 @@ func (r *Redriver) RunOnce(ctx context.Context) (int, error) {
 		r.cfg.Redriven(n)
 	}
 	return n, nil
+}
+
+// readd publishes jobs (sorted: jobs[i] is the message ms[order[i]]) again,
+// each to its chat's partition, in their order.
+func (r *Redriver) readd(ctx context.Context, jobs []redisq.Job, ms []chat.Message, order []int) error {
+	if len(r.pubs) == 1 {
+		_, err := r.pub.Readd(ctx, jobs...)
+		return err
+	}
+	parts := make([][]redisq.Job, len(r.pubs))
+	for i, k := range order {
+		p := chat.Partition(ms[k].ChatID, len(r.pubs))
+		parts[p] = append(parts[p], jobs[i])
+	}
+	for p, js := range parts {
+		if len(js) == 0 {
+			continue
+		}
+		if _, err := r.pubs[p].Readd(ctx, js...); err != nil {
+			return fmt.Errorf("partition %d: %w", p, err)
+		}
+	}
+	return nil
 }

@@ -23,7 +23,19 @@ import (
 // SHA-256 ("#<hex>"), so the command can be printed or logged. The rules
 // start with "reset": applying them again replaces the user's rights.
 func RedisACL(service, prefix, user, password string) ([]string, error) {
+	return RedisACLPartitions(service, prefix, user, password, 1)
+}
+
+// RedisACLPartitions is RedisACL for a deployment of partitions partitions
+// per direction (serve --partitions): the rules of each partition's
+// outbound and inbound queues (chat.PartitionQueue), each partition's keys
+// in a selector of its own (one cluster slot per partition). Partitions 1
+// gives RedisACL's rules. Errors: RedisACL's, partitions out of range.
+func RedisACLPartitions(service, prefix, user, password string, partitions int) ([]string, error) {
 	if err := chat.CheckService(service); err != nil {
+		return nil, err
+	}
+	if err := chat.CheckPartitions(partitions); err != nil {
 		return nil, err
 	}
 	if user == "" || password == "" {
@@ -32,6 +44,15 @@ func RedisACL(service, prefix, user, password string) ([]string, error) {
 	sum := sha256.Sum256([]byte(password))
 	args := []string{"ACL", "SETUSER", user, "reset", "#" + hex.EncodeToString(sum[:])}
 	args = append(args, redisq.ACLRules(prefix, chat.QueueName(service), chat.QueueName(chat.Peer(service)))...)
+	for p := 1; p < partitions; p++ {
+		// ACLRules starts with the user's reset of keys and commands;
+		// only its selectors are added for the other partitions.
+		for _, r := range redisq.ACLRules(prefix, chat.PartitionQueue(service, p), chat.PartitionQueue(chat.Peer(service), p)) {
+			if strings.HasPrefix(r, "(") {
+				args = append(args, r)
+			}
+		}
+	}
 	// The seq fence's high-water marks (chat/store.Fence): its script
 	// reads and raises them, the fence scans them after a failover.
 	args = append(args, "(~"+globEscape(SeqHighWaterKey(prefix, service))+" +eval +evalsha +hget +hset +hscan)")

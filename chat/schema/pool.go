@@ -35,12 +35,21 @@ const DefaultPoolMaxConns = 16
 // pool_max_conns the pool gets DefaultPoolMaxConns. An invalid value is
 // pgxpool's error (e.g. pool_max_conns=0 is refused).
 func PoolConfig(databaseURL string) (*pgxpool.Config, error) {
+	return PoolConfigPartitions(databaseURL, 1)
+}
+
+// PoolConfigPartitions is PoolConfig for a process with partitions
+// partitions per direction (serve --partitions): without pool_max_conns
+// the pool gets DefaultPoolMaxConns plus 3 per partition beyond the first
+// (its relay's pass, its inbox batch and its writer's post-commit NOTIFY
+// may each hold one at a time).
+func PoolConfigPartitions(databaseURL string, partitions int) (*pgxpool.Config, error) {
 	pcfg, err := pgxpool.ParseConfig(databaseURL)
 	if err != nil {
 		return nil, fmt.Errorf("serve: database url: %w", err)
 	}
 	if !setsPoolMaxConns(databaseURL) {
-		pcfg.MaxConns = DefaultPoolMaxConns
+		pcfg.MaxConns = DefaultPoolMaxConns + 3*int32(max(partitions-1, 0))
 	}
 	return pcfg, nil
 }

@@ -40,30 +40,36 @@ func (p *process) buildAPI() error {
 		p.add(newRevocations(p.pool, c.Service, p.verifier.Revocations(), p.log))
 		p.m.revoked(p.verifier.Revocations().Len)
 	}
-	wcfg := &outbox.WriterConfig{
-		Table: c.Service + ".outbox", Channel: chat.OutboxChannel(c.Service), Mode: c.API.Wake, Logger: p.log,
-	}
-	if c.directRelayWake() {
-		// The relay of this process is woken directly (below); the NOTIFY
-		// only wakes other processes' relays and gateways, which can wait a
-		// few milliseconds under load.
-		wcfg.NotifyInterval = notifyInterval
-	}
-	writer, err := outbox.NewWriter(p.pool, wcfg)
-	if err != nil {
-		return err
+	// One writer per partition's outbox (chat.OutboxTable); a send goes
+	// to its chat's.
+	writers := make([]*outbox.Writer, c.Partitions)
+	for part := range writers {
+		wcfg := &outbox.WriterConfig{
+			Table: chat.OutboxTable(c.Service, part), Channel: chat.PartitionOutboxChannel(c.Service, part),
+			Mode: c.API.Wake, Logger: p.log,
+		}
+		if c.directRelayWake() {
+			// The relay of this process is woken directly (below); the NOTIFY
+			// only wakes other processes' relays and gateways, which can wait a
+			// few milliseconds under load.
+			wcfg.NotifyInterval = notifyInterval
+		}
+		var err error
+		if writers[part], err = outbox.NewWriter(p.pool, wcfg); err != nil {
+			return err
+		}
 	}
 	gw := p.gw
 	afterCommit := func(ms []chat.Message) { gw.Offer(false, ms) }
-	if wake := p.relayWake; wake != nil && c.directRelayWake() {
-		// In the after-commit mode the relay in this process is woken
-		// directly, a round trip sooner than through its LISTEN; the NOTIFY
-		// still wakes relays elsewhere. The other modes are left to measure
-		// what they are (in-tx NOTIFY, poll only).
-		afterCommit = func(ms []chat.Message) { wake(); gw.Offer(false, ms) }
+	if wake := p.relayWakeChats; wake != nil && c.directRelayWake() {
+		// In the after-commit mode the relays in this process are woken
+		// directly, a round trip sooner than through their LISTEN; the
+		// NOTIFY still wakes relays elsewhere. The other modes are left to
+		// measure what they are (in-tx NOTIFY, poll only).
+		afterCommit = func(ms []chat.Message) { wake(ms); gw.Offer(false, ms) }
 	}
 	scfg := &store.Config{
-		Service: c.Service, Writer: writer, LockTimeout: c.API.SendLockTimeout, ReadTimeout: c.API.ReadTimeout,
+		Service: c.Service, Writers: writers, LockTimeout: c.API.SendLockTimeout, ReadTimeout: c.API.ReadTimeout,
 		Metrics: p.m.sends(), AfterCommit: afterCommit,
 	}
 	if p.tracer.Enabled() {
@@ -73,10 +79,13 @@ func (p *process) buildAPI() error {
 	if err != nil {
 		return err
 	}
-	p.add(writer, gw, st)
+	for _, w := range writers {
+		p.add(w)
+	}
+	p.add(gw, st)
 	var sender httpapi.Sender = st
 	if c.Mode == ModeDualWrite {
-		pub, err := redisq.NewPublisher(p.rdb, p.publisherConfig())
+		pub, err := redisq.NewPublisher(p.rdb, p.publisherConfig(0))
 		if err != nil {
 			return err
 		}

@@ -63,6 +63,16 @@ type Config struct {
 	// RedisPrefix prefixes every Redis key (several deployments on one
 	// Redis). Default chat.DefaultRedisPrefix.
 	RedisPrefix string
+	// Partitions is the number of partitions per direction (chat.Partition):
+	// each has its own outbox table, relay, Redis stream and consumer.
+	// Both services must run with the same number. 1 is the layout
+	// without partitions ("<service>.outbox", one stream per direction,
+	// one relay per process); above 1, the relays are spread over the
+	// relay processes by leases (Relay.LeaseTTL), and every worker
+	// process consumes every partition's stream. Default
+	// chat.DefaultPartitions (1); at most chat.MaxPartitions. Changing it
+	// needs a drained deployment (docs/DEPLOYING.md).
+	Partitions int
 	// LockDuration is how long a job may stay unacknowledged before another
 	// worker may take it (stalled job); the gateway's hold and the
 	// re-drive's delay default from it. Default redisq.DefaultLockDuration.
@@ -98,6 +108,11 @@ type Config struct {
 	onSelfCheck func(ok bool)
 	// gatewayPoll is the gateway's PollInterval (0: its default).
 	gatewayPoll time.Duration
+	// kill, when closed, hard-stops every service of the process (their
+	// Start contexts are cancelled, as if the process died): nothing is
+	// released, leases expire. Serve still returns only when its ctx
+	// ends.
+	kill chan struct{}
 }
 
 // APIConfig configures the api role: the HTTP API, the WebSocket gateway,
@@ -173,6 +188,12 @@ type RelayConfig struct {
 	// outbox.DefaultVacuumDeadRows (5,000); negative: never (autovacuum
 	// only).
 	OutboxVacuumRows int64
+	// LeaseTTL is how long a partition lease lasts unless renewed (with
+	// Partitions above 1): renewals run every LeaseTTL/3, and a killed
+	// process's partitions are taken over by the others within about
+	// LeaseTTL + LeaseTTL/3. Default lease.DefaultTTL (10 s); at least
+	// 300 ms.
+	LeaseTTL time.Duration
 	// HistoryRetention, above 0, makes the relay role delete the service's
 	// history older than it every minute (messages, inbox rows, receipts,
 	// gap fills, duplicates; store.Prune says what is always kept). Default
@@ -233,6 +254,7 @@ func (c *Config) WithDefaults() *Config {
 		d.Roles = []string{RoleAPI, RoleRelay, RoleWorker}
 	}
 	d.Mode = cmp.Or(d.Mode, ModeOutbox)
+	d.Partitions = cmp.Or(d.Partitions, chat.DefaultPartitions)
 	d.RedisPrefix = cmp.Or(d.RedisPrefix, chat.DefaultRedisPrefix)
 	if d.LockDuration <= 0 {
 		d.LockDuration = redisq.DefaultLockDuration
@@ -267,6 +289,12 @@ func (c *Config) validate() error {
 	}
 	if c.Mode != ModeOutbox && c.Mode != ModeDualWrite {
 		return fmt.Errorf("unknown mode %q (want v1 or v2)", c.Mode)
+	}
+	if err := chat.CheckPartitions(c.Partitions); err != nil {
+		return fmt.Errorf("serve: %w", err)
+	}
+	if c.Mode == ModeDualWrite && c.Partitions > 1 {
+		return errors.New("serve: the v1 dual write has one lane: --partitions must be 1")
 	}
 	return nil
 }

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -8,6 +9,7 @@ import (
 	"github.com/outboxchat/outboxchat/chat/gateway"
 	"github.com/outboxchat/outboxchat/chat/receive"
 	"github.com/outboxchat/outboxchat/inbox"
+	"github.com/outboxchat/outboxchat/internal/service"
 	"github.com/outboxchat/outboxchat/outbox"
 	"github.com/outboxchat/outboxchat/redisq"
 )
@@ -24,13 +26,17 @@ func (p *process) buildGateway() error {
 	// This process's sends and inbox commits are offered to the gateway
 	// directly (store.Config.AfterCommit, inbox.Config.AfterCommit): drop
 	// their notifications; other processes' arrive through LISTEN.
-	skip := []string{chat.OutboxChannel(c.Service)}
+	var outboxes []string
+	for part := range c.Partitions {
+		outboxes = append(outboxes, chat.PartitionOutboxChannel(c.Service, part))
+	}
+	skip := outboxes
 	if c.has(RoleWorker) {
-		skip = append(skip, chat.InboxChannel(c.Service), chat.ReceiptChannel(c.Service))
+		skip = append(slices.Clip(skip), chat.InboxChannel(c.Service), chat.ReceiptChannel(c.Service))
 	}
 	gw, err := gateway.New(p.pool, c.Service, &gateway.Config{
-		Channels: []string{chat.InboxChannel(c.Service), chat.OutboxChannel(c.Service), chat.ReceiptChannel(c.Service),
-			chat.ChangeChannel(c.Service), chat.ReadChannel(c.Service)},
+		Channels: append([]string{chat.InboxChannel(c.Service), chat.ReceiptChannel(c.Service),
+			chat.ChangeChannel(c.Service), chat.ReadChannel(c.Service)}, outboxes...),
 		GapTimeout: c.API.GapTimeout, Logger: p.log, Notifier: p.listener, SkipOwnOn: skip, PollInterval: c.gatewayPoll,
 		OnPush: p.pushTracer(),
 	})
@@ -42,35 +48,21 @@ func (p *process) buildGateway() error {
 	return nil
 }
 
-// buildWorker builds the worker role: the stream from the peer into the
-// inbox. It starts before the relay and stops after it: it must finish and
-// ack its batch before connections close.
+// buildWorker builds the worker role: the streams from the peer into the
+// inbox, one consumer per partition (every worker process consumes every
+// partition's stream in its consumer group: the group spreads the entries
+// over the processes, as with one partition, and no lease is needed; a
+// stream's keys live in one cluster slot, so each partition has its own
+// blocking read). It starts before the relay and stops after it: it must
+// finish and ack its batch before connections close.
 func (p *process) buildWorker() error {
 	c := p.cfg
 	h, err := receive.NewInboxHandler(c.Service, p.keys)
 	if err != nil {
 		return err
 	}
-	qc, err := redisq.NewConsumer(p.rdb, &redisq.ConsumerConfig{
-		Queue: chat.QueueName(chat.Peer(c.Service)), Prefix: c.RedisPrefix, Group: c.Service,
-		Consumer: c.Worker.ConsumerName, LockDuration: c.LockDuration, Logger: p.log, DeadLetterMax: c.Worker.DeadLetterMax,
-		OnEvent: p.m.queueEvents(p.log, c.LockDuration),
-	})
-	if err != nil {
-		return err
-	}
-	p.m.deletedPending(qc.DeletedPending)
-	var src inbox.Source = redisq.InboxSource(qc)
-	var handler inbox.Handler = h
-	if c.Hooks != nil {
-		src, handler = c.Hooks.Source(src), c.Hooks.Handler(handler)
-	}
-	// The inbox transaction enqueued a receipt in this service's outbox:
-	// wake this process's relay for it, at most once per receiptWakeDelay,
-	// so that under load one relay pass carries the receipts of many inbox
-	// batches (another process's relay finds them at its next wake-up or
-	// poll).
-	var wakePending atomic.Bool
+	onQueue := p.m.queueEvents(p.log, c.LockDuration)
+	onInbox := p.m.inboxEvents(p.log)
 	observeE2E := p.m.e2e()
 	gw := p.gw
 	// The gateways of this service's other processes hear of the commit
@@ -83,101 +75,167 @@ func (p *process) buildWorker() error {
 	if err != nil {
 		return err
 	}
-	var clock *fetchClock
-	if p.tracer.Enabled() {
-		clock = &fetchClock{Source: src}
-		src = clock
+	var deleted []func() int64
+	var consumers []service.Service
+	for part := range c.Partitions {
+		qc, err := redisq.NewConsumer(p.rdb, &redisq.ConsumerConfig{
+			Queue: chat.PartitionQueue(chat.Peer(c.Service), part), Prefix: c.RedisPrefix, Group: c.Service,
+			Consumer: c.Worker.ConsumerName, LockDuration: c.LockDuration, Logger: p.log, DeadLetterMax: c.Worker.DeadLetterMax,
+			OnEvent: onQueue,
+		})
+		if err != nil {
+			return err
+		}
+		deleted = append(deleted, qc.DeletedPending)
+		var src inbox.Source = redisq.InboxSource(qc)
+		var handler inbox.Handler = h.ForPartition(part)
+		if c.Hooks != nil {
+			src, handler = c.Hooks.Source(src), c.Hooks.Handler(handler)
+		}
+		var clock *fetchClock
+		if p.tracer.Enabled() {
+			clock = &fetchClock{Source: src}
+			src = clock
+		}
+		// The inbox transaction enqueued a receipt in this service's
+		// outbox of the partition: wake this process's relay of it, at most
+		// once per receiptWakeDelay, so that under load one relay pass
+		// carries the receipts of many inbox batches (another process's
+		// relay finds them at its next wake-up or poll).
+		var wakePending atomic.Bool
+		afterCommit := func(applied []inbox.Applied) {
+			observeE2E(applied)
+			if clock != nil {
+				traceApplied(p.tracer, clock, applied)
+			}
+			if gw != nil {
+				gw.OfferApplied(applied)
+			}
+			waker.Committed(applied)
+			if wake := p.relayWake; wake != nil && wakePending.CompareAndSwap(false, true) {
+				time.AfterFunc(receiptWakeDelay, func() { wakePending.Store(false); wake(part) })
+			}
+		}
+		ic, err := inbox.NewConsumer(p.pool, src, handler, &inbox.Config{
+			Logger: p.log, OnEvent: onInbox, AfterCommit: afterCommit,
+		})
+		if err != nil {
+			return err
+		}
+		consumers = append(consumers, ic)
 	}
-	afterCommit := func(applied []inbox.Applied) {
-		observeE2E(applied)
-		if clock != nil {
-			traceApplied(p.tracer, clock, applied)
+	p.m.deletedPending(func() (n int64) {
+		for _, f := range deleted {
+			n += f()
 		}
-		if gw != nil {
-			gw.OfferApplied(applied)
-		}
-		waker.Committed(applied)
-		if wake := p.relayWake; wake != nil && wakePending.CompareAndSwap(false, true) {
-			time.AfterFunc(receiptWakeDelay, func() { wakePending.Store(false); wake() })
-		}
-	}
-	ic, err := inbox.NewConsumer(p.pool, src, handler, &inbox.Config{
-		Logger: p.log, OnEvent: p.m.inboxEvents(p.log), AfterCommit: afterCommit,
+		return n
 	})
-	if err != nil {
-		return err
-	}
 	held, err := receive.NewHeldChanges(p.pool, c.Service, 0, p.log)
 	if err != nil {
 		return err
 	}
-	// The waker is started before the consumer and stopped after it, so
+	// The waker is started before the consumers and stopped after them, so
 	// that the last batch's wake-up is sent.
-	p.add(waker, ic, held)
+	p.add(waker)
+	p.add(consumers...)
+	p.add(held)
 	p.announce = append(p.announce, func() {
-		p.log.Info("worker started", "queue", chat.QueueName(chat.Peer(c.Service)), "consumer", c.Worker.ConsumerName)
+		p.log.Info("worker started", "queue", chat.QueueName(chat.Peer(c.Service)), "consumer", c.Worker.ConsumerName,
+			"partitions", c.Partitions)
 	})
 	return nil
 }
 
-// publisherConfig is the config of the publisher to the peer's stream
-// (the relay's and the v1 dual writer's).
-func (p *process) publisherConfig() *redisq.PublisherConfig {
+// publisherConfig is the config of the publisher to partition part's
+// stream of the peer (the relay's and, for partition 0, the v1 dual
+// writer's).
+func (p *process) publisherConfig(part int) *redisq.PublisherConfig {
 	c := p.cfg
-	pc := &redisq.PublisherConfig{Queue: chat.QueueName(c.Service), Prefix: c.RedisPrefix, Logger: p.log}
+	pc := &redisq.PublisherConfig{Queue: chat.PartitionQueue(c.Service, part), Prefix: c.RedisPrefix, Logger: p.log}
 	if p.keys != nil {
+		// One key per direction, whatever the partition.
 		pc.Sign = p.keys.Signer(chat.QueueName(c.Service))
 	}
 	return pc
 }
 
-// buildRelay builds the relay role: the outbox relay, its heartbeat and
-// vacuum, and the re-drive.
+// buildRelay builds the relay role: the outbox relay of each partition,
+// their heartbeat and vacuums, and the re-drive. With one partition the
+// relay runs as long as the process; with more, a lease manager runs the
+// relays of the partitions this process holds (partitions.go).
 func (p *process) buildRelay() error {
 	c := p.cfg
-	pub, err := redisq.NewPublisher(p.rdb, p.publisherConfig())
-	if err != nil {
-		return err
-	}
-	op := p.fence.Publisher(redisq.OutboxPublisher(pub))
-	if c.Hooks != nil {
-		op = c.Hooks.Publisher(op)
-	}
-	if p.tracer.Enabled() {
-		op = tracedPublisher(op, p.tracer)
-	}
-	relay, err := outbox.NewRelay(p.pool, &outbox.RelayConfig{
-		Table: c.Service + ".outbox", Channel: chat.OutboxChannel(c.Service), Publisher: op,
-		PollInterval: c.Relay.PollInterval, DisableListen: c.Relay.PollOnly, Logger: p.log,
-		OnEvent: p.m.relayEvents(p.log), Notifier: p.listener, MaxAttempts: c.Relay.MaxAttempts,
-		// This process's sends wake the relay directly; their NOTIFYs (for
-		// other processes) would only cause a second pass here.
-		SkipOwnNotifications: c.directRelayWake(),
-	})
-	if err != nil {
-		return err
-	}
-	var listening func() bool
-	if !c.Relay.PollOnly {
-		listening = relay.Listening
-	}
-	p.add(relay, newHeartbeat(p.pool, c.Service, c.Worker.ConsumerName, relay.LastPass, listening, p.log))
-	if c.Relay.OutboxVacuumRows >= 0 {
-		vac, err := outbox.NewVacuum(p.pool, &outbox.VacuumConfig{
-			Table: c.Service + ".outbox", DeadRows: c.Relay.OutboxVacuumRows, Logger: p.log,
+	onRelay := p.m.relayEvents(p.log)
+	relays := make([]*outbox.Relay, c.Partitions)
+	pubs := make([]receive.Republisher, c.Partitions)
+	var pub0 *redisq.Publisher
+	for part := range c.Partitions {
+		pub, err := redisq.NewPublisher(p.rdb, p.publisherConfig(part))
+		if err != nil {
+			return err
+		}
+		if part == 0 {
+			pub0 = pub
+		}
+		pubs[part] = pub
+		op := p.fence.Publisher(redisq.OutboxPublisher(pub))
+		if c.Hooks != nil {
+			op = c.Hooks.Publisher(op)
+		}
+		if p.tracer.Enabled() {
+			op = tracedPublisher(op, p.tracer)
+		}
+		rlog := p.log
+		if c.Partitions > 1 {
+			rlog = rlog.With("partition", part)
+		}
+		relays[part], err = outbox.NewRelay(p.pool, &outbox.RelayConfig{
+			Table: chat.OutboxTable(c.Service, part), Channel: chat.PartitionOutboxChannel(c.Service, part), Publisher: op,
+			PollInterval: c.Relay.PollInterval, DisableListen: c.Relay.PollOnly, Logger: rlog,
+			OnEvent: onRelay, Notifier: p.listener, MaxAttempts: c.Relay.MaxAttempts,
+			// This process's sends wake the relay directly; their NOTIFYs (for
+			// other processes) would only cause a second pass here.
+			SkipOwnNotifications: c.directRelayWake(),
 		})
 		if err != nil {
 			return err
 		}
-		p.add(vac)
+	}
+	pr := &partitionRelays{relays: relays}
+	var listening func() bool
+	if !c.Relay.PollOnly {
+		listening = pr.listening
+	}
+	if c.Partitions == 1 {
+		p.add(relays[0])
+	} else {
+		lm, err := p.leaseManager(pr)
+		if err != nil {
+			return err
+		}
+		p.add(lm)
+	}
+	p.add(newHeartbeat(p.pool, c.Service, c.Worker.ConsumerName, pr.lastPass, listening, p.log))
+	if c.Relay.OutboxVacuumRows >= 0 {
+		for part := range c.Partitions {
+			vac, err := outbox.NewVacuum(p.pool, &outbox.VacuumConfig{
+				Table: chat.OutboxTable(c.Service, part), DeadRows: c.Relay.OutboxVacuumRows, Logger: p.log,
+			})
+			if err != nil {
+				return err
+			}
+			p.add(vac)
+		}
 	}
 	if keep := c.Relay.HistoryRetention; keep > 0 {
 		p.add(newRetention(p.pool, c.Service, keep, p.m.pruned(), p.log))
 	}
 	if after := c.Relay.RedriveAfter; after > 0 {
-		rd, err := receive.NewRedriver(p.pool, c.Service, pub, &receive.RedriveConfig{
-			After: after, Logger: p.log, Redriven: p.m.redriven(),
-		})
+		rcfg := &receive.RedriveConfig{After: after, Logger: p.log, Redriven: p.m.redriven()}
+		if c.Partitions > 1 {
+			rcfg.Partitions = pubs
+		}
+		rd, err := receive.NewRedriver(p.pool, c.Service, pub0, rcfg)
 		if err != nil {
 			return err
 		}
@@ -188,10 +246,10 @@ func (p *process) buildRelay() error {
 		// Poll-only means the relay moves at its poll alone: an inbox
 		// commit's receipt wake-up would publish this process's pending
 		// messages too, and the poll would no longer be what is measured.
-		p.relayWake = relay.Wake
+		p.relayWake, p.relayWakeChats = pr.wake, pr.wakeChats
 	}
 	p.announce = append(p.announce, func() {
-		p.log.Info("relay started", "queue", chat.QueueName(c.Service), "poll_only", c.Relay.PollOnly)
+		p.log.Info("relay started", "queue", chat.QueueName(c.Service), "poll_only", c.Relay.PollOnly, "partitions", c.Partitions)
 	})
 	return nil
 }

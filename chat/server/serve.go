@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"runtime"
 	"sync"
 	"time"
 
@@ -19,6 +20,7 @@ import (
 	"github.com/outboxchat/outboxchat/chat"
 	"github.com/outboxchat/outboxchat/chat/auth"
 	"github.com/outboxchat/outboxchat/chat/gateway"
+	"github.com/outboxchat/outboxchat/chat/lease"
 	"github.com/outboxchat/outboxchat/chat/schema"
 	"github.com/outboxchat/outboxchat/chat/store"
 	"github.com/outboxchat/outboxchat/internal/notifier"
@@ -84,7 +86,35 @@ func Serve(ctx context.Context, cfg Config) error {
 	if p.http != nil {
 		defer p.http.ln.Close() // when a service fails to start, the server never served it
 	}
-	return runServices(ctx, log, p.services, p.up)
+	svcs := p.services
+	if c.kill != nil {
+		svcs = killable(svcs, c.kill)
+	}
+	return runServices(ctx, log, svcs, p.up)
+}
+
+// killable wraps svcs so that closing kill cancels their Start contexts
+// (a hard stop of each, as a killed process's).
+func killable(svcs []service.Service, kill <-chan struct{}) []service.Service {
+	out := make([]service.Service, len(svcs))
+	for i, s := range svcs {
+		out[i] = killableService{Service: s, kill: kill}
+	}
+	return out
+}
+
+type killableService struct {
+	service.Service
+	kill <-chan struct{}
+}
+
+func (k killableService) Start(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	go func() {
+		<-k.kill
+		cancel()
+	}()
+	return k.Service.Start(ctx)
 }
 
 // process is what Serve builds for one process: its connections, metrics
@@ -115,11 +145,16 @@ type process struct {
 	// without it).
 	presence *presence
 	gw       *gateway.Gateway
-	// relayWake wakes this process's relay (nil without the relay role or
-	// when it polls only); set while building, read after the start.
-	relayWake func()
-	http      *httpService
-	services  []service.Service
+	// relayWake wakes this process's relay of a partition (nil without
+	// the relay role or when it polls only); relayWakeChats those of the
+	// chats of a send batch. Set while building, read after the start.
+	relayWake      func(partition int)
+	relayWakeChats func(ms []chat.Message)
+	// leases runs the relays of the partitions this process holds (nil
+	// with one partition or without the relay role).
+	leases   *lease.Manager
+	http     *httpService
+	services []service.Service
 	// announce are log lines saying a role started (the lab waits for
 	// "relay started"), written once every service has.
 	announce []func()
@@ -207,7 +242,7 @@ func (p *process) loadKeys() error {
 // applies the migrations.
 func (p *process) connectPostgres(ctx context.Context) (*pgxpool.Pool, error) {
 	c := p.cfg
-	pcfg, err := schema.PoolConfig(c.DatabaseURL)
+	pcfg, err := schema.PoolConfigPartitions(c.DatabaseURL, c.Partitions)
 	if err != nil {
 		return nil, err
 	}
@@ -248,16 +283,23 @@ func (p *process) connectPostgres(ctx context.Context) (*pgxpool.Pool, error) {
 	} else if n > 0 {
 		p.log.Info("migrations applied", "count", n)
 	}
-	// The fence's writer enqueues in-transaction wake-ups: a fence is rare,
-	// and it must not depend on a writer that only the api role starts.
-	fw, err := outbox.NewWriter(pool, &outbox.WriterConfig{
-		Table: c.Service + ".outbox", Channel: chat.OutboxChannel(c.Service), Mode: outbox.WakeInTx, Logger: p.log,
-	})
-	if err != nil {
+	if err := schema.EnsurePartitions(ctx, pool, c.Service, c.Partitions); err != nil {
 		pool.Close()
-		return nil, err
+		return nil, fmt.Errorf("serve: %w", err)
 	}
-	p.fence.SetWriter(fw)
+	// The fence's writers enqueue in-transaction wake-ups: a fence is rare,
+	// and it must not depend on a writer that only the api role starts.
+	fws := make([]*outbox.Writer, c.Partitions)
+	for part := range fws {
+		if fws[part], err = outbox.NewWriter(pool, &outbox.WriterConfig{
+			Table: chat.OutboxTable(c.Service, part), Channel: chat.PartitionOutboxChannel(c.Service, part),
+			Mode: outbox.WakeInTx, Logger: p.log,
+		}); err != nil {
+			pool.Close()
+			return nil, err
+		}
+	}
+	p.fence.SetWriter(fws...)
 	// The connections opened before the migrations skipped the check.
 	// A process without Redis waits for one with it to fence a new
 	// incarnation: its sends fail until then, its start does not.
@@ -274,7 +316,13 @@ func (p *process) connectPostgres(ctx context.Context) (*pgxpool.Pool, error) {
 
 // connectRedis opens the Redis client and logs whether Redis is durable.
 func (p *process) connectRedis(ctx context.Context) (redis.UniversalClient, error) {
-	rdb, err := redisq.NewClient(p.cfg.RedisURL)
+	// With partitions, the worker blocks in one read per partition's
+	// stream: room for those besides the pool's usual size.
+	pool := 0
+	if n := p.cfg.Partitions; n > 1 {
+		pool = 10*runtime.GOMAXPROCS(0) + 2*n
+	}
+	rdb, err := redisq.NewClientPool(p.cfg.RedisURL, pool)
 	if err != nil {
 		return nil, fmt.Errorf("serve: %w", err)
 	}

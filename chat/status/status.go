@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/outboxchat/outboxchat/chat"
+	"github.com/outboxchat/outboxchat/chat/schema"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
@@ -91,8 +92,43 @@ type ServiceStatus struct {
 	// is a problem: those messages were sent (2xx) and only the old
 	// primary had them.
 	LostSeqs int64 `json:"lost_seqs"`
+	// Partitions lists each partition's figures (serve --partitions): its
+	// outbox, its stream and its relay lease. One element (partition 0)
+	// for a deployment without partitions. The service's figures above
+	// are their sums (the oldest unsent row: their maximum; Stream:
+	// partition 0's).
+	Partitions []PartitionStatus `json:"partitions"`
+	// Drained is true when nothing is on its way in either lane of the
+	// service: no unsent outbox row, and no pending or undelivered entry
+	// in the group on any stream it reads. Change --partitions only when
+	// both services are drained (docs/DEPLOYING.md).
+	Drained bool `json:"drained"`
 	// Errors lists what could not be read ("database: …", "redis: …").
 	Errors []string `json:"errors,omitempty"`
+}
+
+// PartitionStatus is one partition of a service: the outbox table it
+// sends from, the stream of the peer it reads, and the lease of its relay.
+type PartitionStatus struct {
+	Partition int `json:"partition"`
+	// Outbox is the outbox table (chat.OutboxTable); Unsent,
+	// OldestUnsentSeconds and Parked its figures, as the service's.
+	Outbox              string  `json:"outbox"`
+	Unsent              int64   `json:"unsent"`
+	OldestUnsentSeconds float64 `json:"oldest_unsent_seconds"`
+	Parked              int64   `json:"parked"`
+	// Stream is the stream of the partition the service reads; its
+	// length, the group's pending and undelivered entries and the
+	// dead-letter stream's length, as the service's.
+	Stream        string `json:"stream"`
+	StreamLength  int64  `json:"stream_length"`
+	StreamPending int64  `json:"stream_pending"`
+	StreamLag     int64  `json:"stream_lag"`
+	DeadLetters   int64  `json:"dead_letters"`
+	// LeaseOwner is the relay process holding the partition's lease
+	// (consumer name and a random suffix), "" when none holds a live one
+	// (and always with one partition, which has no leases).
+	LeaseOwner string `json:"lease_owner"`
 }
 
 // RelayLiveWindow is how recent a relay's last pass must be for status to
@@ -167,11 +203,37 @@ type DatabaseStatus struct {
 // heartbeat. db needs SELECT on the service's outbox and relay_heartbeat;
 // the error is the first query's that failed.
 func OutboxStatus(ctx context.Context, db outbox.DB, service string, s *ServiceStatus) error {
-	st, err := outbox.ReadStats(ctx, db, service+".outbox")
+	parts, err := schema.PartitionTables(ctx, db, service)
 	if err != nil {
 		return err
 	}
-	s.Unsent, s.Parked, s.OldestUnsentSeconds = st.Unsent, st.Parked, st.OldestUnsent.Seconds()
+	owners := map[int]string{}
+	if len(parts) > 1 {
+		rows, err := db.Query(ctx, "SELECT partition, owner FROM "+pgx.Identifier{service, "partition_leases"}.Sanitize()+
+			" WHERE owner IS NOT NULL AND expires_at > now()")
+		if err != nil {
+			return fmt.Errorf("partition leases: %w", err)
+		}
+		var p int
+		var o string
+		if _, err := pgx.ForEachRow(rows, []any{&p, &o}, func() error { owners[p] = o; return nil }); err != nil {
+			return fmt.Errorf("partition leases: %w", err)
+		}
+	}
+	s.Partitions = s.Partitions[:0]
+	s.Unsent, s.Parked, s.OldestUnsentSeconds = 0, 0, 0
+	for _, p := range parts {
+		table := chat.OutboxTable(service, p)
+		st, err := outbox.ReadStats(ctx, db, table)
+		if err != nil {
+			return err
+		}
+		s.Partitions = append(s.Partitions, PartitionStatus{Partition: p, Outbox: table, Unsent: st.Unsent,
+			OldestUnsentSeconds: st.OldestUnsent.Seconds(), Parked: st.Parked, LeaseOwner: owners[p]})
+		s.Unsent += st.Unsent
+		s.Parked += st.Parked
+		s.OldestUnsentSeconds = max(s.OldestUnsentSeconds, st.OldestUnsent.Seconds())
+	}
 	var ago *float64
 	if err := db.QueryRow(ctx, "SELECT extract(epoch FROM now() - max(pass_at))::float8 FROM "+
 		pgx.Identifier{service, "relay_heartbeat"}.Sanitize()).Scan(&ago); err != nil {
@@ -205,22 +267,47 @@ func OutboxStatus(ctx context.Context, db outbox.DB, service string, s *ServiceS
 // QueueStatus reads into s the stream service reads (keys under prefix)
 // and its consumer group there, with the dead-letter stream's length.
 func QueueStatus(ctx context.Context, rdb redis.UniversalClient, prefix, service string, s *ServiceStatus) error {
-	qi, err := redisq.Inspect(ctx, rdb, prefix, chat.QueueName(chat.Peer(service)))
-	if err != nil {
-		return err
+	if len(s.Partitions) == 0 { // the database could not say: partition 0 at least
+		s.Partitions = []PartitionStatus{{Partition: 0, Outbox: chat.OutboxTable(service, 0)}}
 	}
-	s.Stream, s.StreamLength, s.DeadLetters = qi.Stream, qi.Length, qi.DeadLetters
-	s.StreamLag = qi.Length // no group yet: nothing was delivered
 	s.Consumers = []ConsumerStatus{}
-	for _, g := range qi.Groups {
-		if g.Name != service {
-			continue
+	s.StreamLength, s.StreamPending, s.StreamLag, s.DeadLetters = 0, 0, 0, 0
+	byName := map[string]int{} // consumer name → index in s.Consumers
+	for i := range s.Partitions {
+		ps := &s.Partitions[i]
+		qi, err := redisq.Inspect(ctx, rdb, prefix, chat.PartitionQueue(chat.Peer(service), ps.Partition))
+		if err != nil {
+			return err
 		}
-		s.StreamPending, s.StreamLag = g.Pending, g.Lag
-		for _, c := range g.Consumers {
-			s.Consumers = append(s.Consumers, ConsumerStatus{Name: c.Name, Pending: c.Pending, IdleSeconds: c.Idle.Seconds()})
+		ps.Stream, ps.StreamLength, ps.DeadLetters = qi.Stream, qi.Length, qi.DeadLetters
+		ps.StreamLag = qi.Length // no group yet: nothing was delivered
+		for _, g := range qi.Groups {
+			if g.Name != service {
+				continue
+			}
+			ps.StreamPending, ps.StreamLag = g.Pending, g.Lag
+			// A process's consumer has one name on every partition's
+			// stream: one entry per name, its pending summed, its
+			// shortest idle time.
+			for _, c := range g.Consumers {
+				if k, ok := byName[c.Name]; ok {
+					s.Consumers[k].Pending += c.Pending
+					s.Consumers[k].IdleSeconds = min(s.Consumers[k].IdleSeconds, c.Idle.Seconds())
+					continue
+				}
+				byName[c.Name] = len(s.Consumers)
+				s.Consumers = append(s.Consumers, ConsumerStatus{Name: c.Name, Pending: c.Pending, IdleSeconds: c.Idle.Seconds()})
+			}
 		}
+		if ps.Partition == 0 {
+			s.Stream = qi.Stream
+		}
+		s.StreamLength += ps.StreamLength
+		s.StreamPending += ps.StreamPending
+		s.StreamLag += ps.StreamLag
+		s.DeadLetters += ps.DeadLetters
 	}
+	// The presence set is partition 0's queue's (one per process).
 	live, err := redisq.LiveConsumers(ctx, rdb, prefix, chat.QueueName(chat.Peer(service)))
 	if err != nil {
 		return err
@@ -276,7 +363,7 @@ func ReadStatus(ctx context.Context, db outbox.DB, rdb redis.UniversalClient, pr
 		}
 	}
 	for _, svc := range []string{chat.Consumers, chat.Workers} {
-		s := ServiceStatus{Service: svc, Consumers: []ConsumerStatus{}, Relays: []RelayStatus{},
+		s := ServiceStatus{Service: svc, Consumers: []ConsumerStatus{}, Relays: []RelayStatus{}, Partitions: []PartitionStatus{},
 			LiveConsumers: []LiveConsumerStatus{}, SharedConsumerNames: []string{}}
 		if err := OutboxStatus(ctx, db, svc, &s); err != nil {
 			s.Errors = append(s.Errors, "database: "+err.Error())
@@ -286,18 +373,24 @@ func ReadStatus(ctx context.Context, db outbox.DB, rdb redis.UniversalClient, pr
 		} else if err := QueueStatus(ctx, rdb, prefix, svc, &s); err != nil {
 			s.Errors = append(s.Errors, "redis: "+err.Error())
 		}
+		s.Drained = len(s.Errors) == 0 && s.Unsent == 0 && s.StreamPending == 0 && s.StreamLag == 0
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
 		for _, e := range s.Errors {
 			st.Problems = append(st.Problems, fmt.Sprintf("%s: cannot read: %s", svc, e))
 		}
-		if s.OldestUnsentSeconds > th.BacklogAge.Seconds() {
-			st.Problems = append(st.Problems, fmt.Sprintf("%s: oldest unsent outbox row is %.0f s old (threshold %v): is its relay running and Redis reachable?",
-				svc, s.OldestUnsentSeconds, th.BacklogAge))
+		for _, p := range s.Partitions {
+			if p.OldestUnsentSeconds > th.BacklogAge.Seconds() {
+				st.Problems = append(st.Problems, fmt.Sprintf("%s: oldest unsent outbox row is %.0f s old in %s (threshold %v): is its relay running (with partitions: a live lease, lease_owner) and Redis reachable?",
+					svc, p.OldestUnsentSeconds, p.Outbox, th.BacklogAge))
+			}
 		}
-		if s.Parked > 0 {
-			st.Problems = append(st.Problems, fmt.Sprintf("%s: %d parked outbox row(s): see `outboxchat outbox parked --service %s`", svc, s.Parked, svc))
+		for _, p := range s.Partitions {
+			if p.Parked > 0 {
+				st.Problems = append(st.Problems, fmt.Sprintf("%s: %d parked outbox row(s) in %s: see `outboxchat outbox parked --service %s%s`",
+					svc, p.Parked, p.Outbox, svc, partitionFlag(p.Partition)))
+			}
 		}
 		for _, name := range s.SharedConsumerNames {
 			var who []string
@@ -320,7 +413,12 @@ func ReadStatus(ctx context.Context, db outbox.DB, rdb redis.UniversalClient, pr
 				svc, s.LostSeqs, svc))
 		}
 		if s.DeadLetters > 0 {
-			st.Problems = append(st.Problems, fmt.Sprintf("%s: %d dead letter(s) on %s: see `outboxchat deadletters list --service %s`", svc, s.DeadLetters, chat.QueueName(chat.Peer(svc)), svc))
+			for _, p := range s.Partitions {
+				if p.DeadLetters > 0 {
+					st.Problems = append(st.Problems, fmt.Sprintf("%s: %d dead letter(s) on %s: see `outboxchat deadletters list --service %s%s`",
+						svc, p.DeadLetters, chat.PartitionQueue(chat.Peer(svc), p.Partition), svc, partitionFlag(p.Partition)))
+				}
+			}
 		}
 		st.Services = append(st.Services, s)
 	}
@@ -333,6 +431,15 @@ func ReadStatus(ctx context.Context, db outbox.DB, rdb redis.UniversalClient, pr
 	}
 	st.Healthy = len(st.Problems) == 0
 	return st, nil
+}
+
+// partitionFlag is " --partition P" for a partition above 0, "" for 0
+// (the commands' default).
+func partitionFlag(p int) string {
+	if p == 0 {
+		return ""
+	}
+	return fmt.Sprintf(" --partition %d", p)
 }
 
 // HorizonSQL reads how far back the oldest transaction or snapshot holds

@@ -441,7 +441,7 @@ func (s *Store) commitBatch(ctx context.Context, reqs []*sendReq, wait bool, loc
 		}
 	}
 	if len(ms) > 0 {
-		s.writer.Committed()
+		s.committed(ms)
 		if s.afterCommit != nil {
 			s.afterCommit(ms)
 		}
@@ -591,7 +591,7 @@ func (s *Store) insertAndCommit(ctx context.Context, conn *pgxpool.Conn, reqs []
 			}
 		}
 		b.Queue(s.q.insertMessages, ids, chatIDs, seqs, bodies, cids, authors)
-		if _, err := s.writer.QueueEnqueue(b, events...); err != nil {
+		if err := s.queueEvents(b, ms, events); err != nil {
 			return nil, err
 		}
 	}
@@ -651,4 +651,44 @@ func classifySendError(err error) error {
 		return fmt.Errorf("%w: %w", chat.ErrSendTimeout, err)
 	}
 	return err
+}
+
+// queueEvents queues the outbox INSERT of events (events[i] of ms[i]): one
+// INSERT into the single outbox, or, with partitions, one per partition
+// that has events, each keeping the request order of its chats' events.
+func (s *Store) queueEvents(b *pgx.Batch, ms []chat.Message, events []outbox.Event) error {
+	if len(s.writers) == 1 {
+		_, err := s.writer.QueueEnqueue(b, events...)
+		return err
+	}
+	parts := make([][]outbox.Event, len(s.writers))
+	for i, m := range ms {
+		p := chat.Partition(m.ChatID, len(s.writers))
+		parts[p] = append(parts[p], events[i])
+	}
+	for p, evs := range parts {
+		if len(evs) == 0 {
+			continue
+		}
+		if _, err := s.writers[p].QueueEnqueue(b, evs...); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// committed wakes the relays of the partitions of ms after their commit
+// (outbox.Writer.Committed).
+func (s *Store) committed(ms []chat.Message) {
+	if len(s.writers) == 1 {
+		s.writer.Committed()
+		return
+	}
+	done := make([]bool, len(s.writers))
+	for _, m := range ms {
+		if p := chat.Partition(m.ChatID, len(s.writers)); !done[p] {
+			done[p] = true
+			s.writers[p].Committed()
+		}
+	}
 }

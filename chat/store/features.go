@@ -270,7 +270,7 @@ func (s *Store) Change(ctx context.Context, chatID int64, messageID, body string
 		if err != nil {
 			return err
 		}
-		if err := s.writer.Enqueue(ctx, tx, outbox.Event{ID: c.ID, Name: c.Event(), Payload: payload}); err != nil {
+		if err := s.writerFor(chatID).Enqueue(ctx, tx, outbox.Event{ID: c.ID, Name: c.Event(), Payload: payload}); err != nil {
 			return err
 		}
 		if _, err := tx.Exec(ctx, `SELECT pg_notify($1, $2)`, chat.ChangeChannel(s.service),
@@ -287,7 +287,7 @@ func (s *Store) Change(ctx context.Context, chatID int64, messageID, body string
 	if err != nil {
 		return chat.Message{}, fmt.Errorf("change message: %w", err)
 	}
-	s.writer.Committed()
+	s.writerFor(chatID).Committed()
 	return m, nil
 }
 
@@ -316,7 +316,7 @@ func (s *Store) MarkRead(ctx context.Context, chatID int64, reader string, upto 
 			if err != nil {
 				return err
 			}
-			if err := s.writer.Enqueue(ctx, tx, outbox.Event{ID: r.ID, Name: chat.EventMessageRead, Payload: payload}); err != nil {
+			if err := s.writerFor(chatID).Enqueue(ctx, tx, outbox.Event{ID: r.ID, Name: chat.EventMessageRead, Payload: payload}); err != nil {
 				return err
 			}
 		}
@@ -325,7 +325,7 @@ func (s *Store) MarkRead(ctx context.Context, chatID int64, reader string, upto 
 	if err != nil {
 		return res, fmt.Errorf("mark read: %w", err)
 	}
-	s.writer.Committed()
+	s.writerFor(chatID).Committed()
 	return res, nil
 }
 

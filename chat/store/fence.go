@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -50,9 +51,10 @@ type Fence struct {
 	service string
 	log     *slog.Logger
 
-	mu     sync.Mutex
-	writer *outbox.Writer
-	fenced map[epoch]bool
+	mu sync.Mutex
+	// writers are the outbox writers of the partitions (SetWriter).
+	writers []*outbox.Writer
+	fenced  map[epoch]bool
 }
 
 // ErrNotFenced is returned (wrapped) by the Check of a Fence without
@@ -97,11 +99,13 @@ func NewFence(rdb redis.UniversalClient, prefix, service string, log *slog.Logge
 		log: log.With("component", "seq_fence"), fenced: map[epoch]bool{}}, nil
 }
 
-// SetWriter sets the outbox writer (the service's outbox) through which a
-// fence enqueues its seq.floor event.
-func (f *Fence) SetWriter(w *outbox.Writer) {
+// SetWriter sets the outbox writers through which a fence enqueues its
+// seq.floor events: one writer (the service's outbox), or one per
+// partition (ws[p] for partition p, chat.OutboxTable), so that a chat's
+// floor takes its partition's lane.
+func (f *Fence) SetWriter(ws ...*outbox.Writer) {
 	f.mu.Lock()
-	f.writer = w
+	f.writers = ws
 	f.mu.Unlock()
 }
 
@@ -162,7 +166,7 @@ func (f *Fence) Check(ctx context.Context, conn *pgx.Conn) error {
 		return nil
 	}
 	f.mu.Lock()
-	known, w := f.fenced[ep], f.writer
+	known, w := f.fenced[ep], f.writers
 	f.mu.Unlock()
 	if known {
 		return nil
@@ -181,7 +185,7 @@ func (f *Fence) Check(ctx context.Context, conn *pgx.Conn) error {
 const fenceBatch = 1000
 
 // fence fences incarnation ep on conn (see Fence).
-func (f *Fence) fence(ctx context.Context, conn *pgx.Conn, ep epoch, w *outbox.Writer) error {
+func (f *Fence) fence(ctx context.Context, conn *pgx.Conn, ep epoch, w []*outbox.Writer) error {
 	s := pgx.Identifier{f.service}.Sanitize()
 	tx, err := conn.Begin(ctx)
 	if err != nil {
@@ -204,7 +208,7 @@ func (f *Fence) fence(ctx context.Context, conn *pgx.Conn, ep epoch, w *outbox.W
 		if f.rdb == nil {
 			return fmt.Errorf("%w: system %s timeline %d", ErrNotFenced, ep.systemID, ep.timeline)
 		}
-		if w == nil {
+		if len(w) == 0 || slices.Contains(w, nil) {
 			return errors.New("seq fence: no outbox writer set")
 		}
 		var cursor uint64
@@ -251,15 +255,23 @@ func (f *Fence) fence(ctx context.Context, conn *pgx.Conn, ep epoch, w *outbox.W
 				break
 			}
 		}
-		for start := 0; start < len(lost); start += fenceBatch {
-			part := lost[start:min(start+fenceBatch, len(lost))]
-			r := chat.Receipt{ID: uuid.NewString(), Chats: part, ReceivedAt: time.Now().UTC(), From: f.service}
-			payload, err := json.Marshal(r)
-			if err != nil {
-				return fmt.Errorf("seq fence: %w", err)
-			}
-			if err := w.Enqueue(ctx, tx, outbox.Event{ID: r.ID, Name: chat.EventSeqFloor, Payload: payload}); err != nil {
-				return fmt.Errorf("seq fence: %w", err)
+		// Each chat's floor goes through its partition's outbox.
+		byPart := make([][]chat.ReceiptChat, len(w))
+		for _, c := range lost {
+			p := chat.Partition(c.ChatID, len(w))
+			byPart[p] = append(byPart[p], c)
+		}
+		for p, chats := range byPart {
+			for start := 0; start < len(chats); start += fenceBatch {
+				part := chats[start:min(start+fenceBatch, len(chats))]
+				r := chat.Receipt{ID: uuid.NewString(), Chats: part, ReceivedAt: time.Now().UTC(), From: f.service}
+				payload, err := json.Marshal(r)
+				if err != nil {
+					return fmt.Errorf("seq fence: %w", err)
+				}
+				if err := w[p].Enqueue(ctx, tx, outbox.Event{ID: r.ID, Name: chat.EventSeqFloor, Payload: payload}); err != nil {
+					return fmt.Errorf("seq fence: %w", err)
+				}
 			}
 		}
 	}
@@ -270,8 +282,10 @@ func (f *Fence) fence(ctx context.Context, conn *pgx.Conn, ep epoch, w *outbox.W
 	if err := tx.Commit(ctx); err != nil {
 		return fmt.Errorf("seq fence: %w", err)
 	}
-	if w != nil && len(lost) > 0 {
-		w.Committed()
+	if len(lost) > 0 {
+		for _, w := range w {
+			w.Committed()
+		}
 	}
 	if first {
 		f.log.Info("seq fence: first database incarnation recorded", "system_id", ep.systemID, "timeline", ep.timeline)

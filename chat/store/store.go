@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -34,6 +35,9 @@ type Store struct {
 	pool    *pgxpool.Pool
 	service string
 	writer  *outbox.Writer
+	// writers are the writers of the partitions (Config.Writers), one
+	// per partition; len 1 without partitions.
+	writers []*outbox.Writer
 	q       queries
 	fq      featureQueries
 	// afterCommit, headers, lockTimeout, readTimeout, metrics: Config's, defaults
@@ -154,8 +158,14 @@ type Config struct {
 	// writes.
 	Service string
 	// Writer enqueues the message.created events in the service's outbox
-	// (its table "<service>.outbox").
+	// (its table "<service>.outbox"). Required unless Writers is set.
 	Writer *outbox.Writer
+	// Writers, when it has more than one element, are the writers of the
+	// partitions' outboxes (chat.OutboxTable): the events of a chat go to
+	// Writers[chat.Partition(chat, len(Writers))]. Default nil: every
+	// event goes through Writer (one partition). When set, Writer is
+	// ignored.
+	Writers []*outbox.Writer
 	// LockTimeout bounds a send's wait for its chat's lock (another session
 	// holds it); past it the send fails with chat.ErrChatBusy and stores
 	// nothing. Default DefaultSendLockTimeout (2 s).
@@ -194,16 +204,25 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Store, error) {
 	if err := chat.CheckService(cfg.Service); err != nil {
 		return nil, err
 	}
-	if pool == nil || cfg.Writer == nil {
+	writers := cfg.Writers
+	if len(writers) == 0 {
+		writers = []*outbox.Writer{cfg.Writer}
+	}
+	if pool == nil || slices.Contains(writers, nil) {
 		return nil, errors.New("store: New needs a pool and an outbox writer")
 	}
-	s := &Store{pool: pool, service: cfg.Service, writer: cfg.Writer, q: newQueries(cfg.Service), fq: newFeatureQueries(cfg.Service),
+	s := &Store{pool: pool, service: cfg.Service, writer: writers[0], writers: writers, q: newQueries(cfg.Service), fq: newFeatureQueries(cfg.Service),
 		lockTimeout: cmp.Or(cfg.LockTimeout, DefaultSendLockTimeout), readTimeout: cmp.Or(cfg.ReadTimeout, DefaultReadTimeout),
 		metrics: cfg.Metrics, afterCommit: cfg.AfterCommit, headers: cfg.Headers, onBatch: cfg.OnBatch,
 		slowSem: make(chan struct{}, slowLanesFor(pool.Config().MaxConns))}
 	s.life.Name = "chat: store"
 	s.cond = sync.NewCond(&s.mu)
 	return s, nil
+}
+
+// writerFor returns the writer of chatID's partition.
+func (s *Store) writerFor(chatID int64) *outbox.Writer {
+	return s.writers[chat.Partition(chatID, len(s.writers))]
 }
 
 // Send stores a message in chat chatID and its message.created outbox event

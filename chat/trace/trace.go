@@ -27,6 +27,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/outboxchat/outboxchat/chat"
+	"github.com/outboxchat/outboxchat/chat/schema"
 	"github.com/outboxchat/outboxchat/redisq"
 )
 
@@ -89,6 +90,11 @@ type Trace struct {
 	Receiver string `json:"receiver"`
 	ChatID   int64  `json:"chat_id"`
 	Seq      int64  `json:"seq"`
+	// Partition is the chat's partition (chat.Partition), among as many
+	// as the sender's schema has outbox tables (schema.PartitionTables;
+	// 0 without partitions): the outbox table and the stream read for the
+	// stages below.
+	Partition int `json:"partition"`
 	// Stages in time order (stages without a time last).
 	Stages []Stage `json:"stages"`
 	// Errors lists what could not be read ("redis: …"); the stages from
@@ -198,6 +204,11 @@ func ByID(ctx context.Context, db DB, rdb redis.UniversalClient, id string, opt 
 		return nil, fmt.Errorf("trace: message %q: %w", id, ErrNotFound)
 	}
 	tr.Receiver = chat.Peer(tr.Service)
+	parts, err := schema.PartitionTables(ctx, db, tr.Service)
+	if err != nil {
+		return nil, fmt.Errorf("trace: %w", err)
+	}
+	tr.Partition = chat.Partition(tr.ChatID, len(parts))
 	tr.add(Stage{Stage: StageStored, At: stored, Service: tr.Service})
 	if redrives > 0 {
 		tr.add(Stage{Stage: StageRedriven, At: redrivenAt, Service: tr.Service, Redrives: redrives})
@@ -277,15 +288,16 @@ func (tr *Trace) outbox(ctx context.Context, db DB) (bool, error) {
 	var parked *time.Time
 	var attempts, failures int64
 	var lastErr *string
+	table := chat.OutboxTable(tr.Service, tr.Partition)
 	err := db.QueryRow(ctx, `SELECT created_at, parked_at, attempts, failures, last_error FROM `+
-		pgx.Identifier{tr.Service, "outbox"}.Sanitize()+
+		pgx.Identifier(strings.Split(table, ".")).Sanitize()+
 		` WHERE idempotency_key = $1 AND sent_at IS NULL ORDER BY id LIMIT 1`, tr.MessageID).
 		Scan(&created, &parked, &attempts, &failures, &lastErr)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return false, nil
 	}
 	if err != nil {
-		return false, fmt.Errorf("trace: reading %s.outbox: %w", tr.Service, err)
+		return false, fmt.Errorf("trace: reading %s: %w", table, err)
 	}
 	st := Stage{Stage: StageOutbox, At: &created, Service: tr.Service, State: StatePending, Attempts: attempts, Failures: failures}
 	if lastErr != nil {
@@ -350,7 +362,7 @@ func (tr *Trace) delivered(ctx context.Context, db DB) error {
 // published stage for each stream entry of it (and for the entries the
 // dead letters and the inbox row name, which may be gone).
 func (tr *Trace) stream(ctx context.Context, rdb redis.UniversalClient, opt Options, since time.Time, entries map[string]*Stage) error {
-	keys := redisq.NewKeys(opt.Prefix, chat.QueueName(tr.Service))
+	keys := redisq.NewKeys(opt.Prefix, chat.PartitionQueue(tr.Service, tr.Partition))
 	start := strconv.FormatInt(max(since.UnixMilli(), 0), 10)
 	err := scan(ctx, rdb, keys.Dead, start, opt.MaxScan, func(m redis.XMessage) {
 		if str(m, "id") != tr.MessageID {

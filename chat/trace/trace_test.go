@@ -10,6 +10,7 @@ import (
 
 	"github.com/outboxchat/outboxchat/chat"
 	"github.com/outboxchat/outboxchat/chat/internal/chattest"
+	"github.com/outboxchat/outboxchat/chat/schema"
 	"github.com/outboxchat/outboxchat/chat/trace"
 	"github.com/outboxchat/outboxchat/internal/testenv"
 	"github.com/outboxchat/outboxchat/redisq"
@@ -120,5 +121,56 @@ func TestStagesInFlight(t *testing.T) {
 	// Without Redis the stream stages are said to be missing.
 	if tr, err := trace.ByID(ctx, h.Admin, nil, unread, trace.Options{}); err != nil || len(tr.Errors) != 1 {
 		t.Errorf("without redis: %+v, %v", tr, err)
+	}
+}
+
+// With partitions a trace reads the chat's partition: its outbox table
+// and its stream.
+func TestStagesInPartitions(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	h := chattest.New(t, "")
+	const parts = 3
+	if err := schema.EnsurePartitions(ctx, h.Admin, chat.Consumers, parts); err != nil {
+		t.Fatal(err)
+	}
+	rdb, err := redisq.NewClient(h.RedisURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = rdb.Close() })
+	msg := func(chatID int64) string {
+		id := uuid.NewString()
+		if _, err := h.Admin.Exec(ctx, `INSERT INTO consumers.messages (id, chat_id, seq, body) VALUES ($1, $2, 1, 'b')`, id, chatID); err != nil {
+			t.Fatal(err)
+		}
+		return id
+	}
+	pending, unread := msg(5), msg(4) // partitions 2 and 1
+	if _, err := h.Admin.Exec(ctx, `INSERT INTO consumers.outbox_p2 (event, idempotency_key, payload) VALUES ('message.created', $1, '{}')`, pending); err != nil {
+		t.Fatal(err)
+	}
+	stream := redisq.NewKeys(h.Prefix, chat.PartitionQueue(chat.Consumers, 1)).Stream
+	if err := rdb.XAdd(ctx, &redis.XAddArgs{Stream: stream, Values: []any{"id", unread, "name", "message.created", "payload", "{}"}}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		id, stage, state string
+		partition        int
+	}{{pending, trace.StageOutbox, trace.StatePending, 2}, {unread, trace.StagePublished, trace.StateUndelivered, 1}} {
+		tr, err := trace.ByID(ctx, h.Admin, rdb, c.id, trace.Options{Prefix: h.Prefix})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if tr.Partition != c.partition {
+			t.Errorf("trace %s: partition %d, want %d", c.id, tr.Partition, c.partition)
+		}
+		found := false
+		for _, s := range tr.Stages {
+			found = found || s.Stage == c.stage && s.State == c.state
+		}
+		if !found {
+			t.Errorf("trace %s: no %s stage %s: %+v", c.id, c.stage, c.state, tr.Stages)
+		}
 	}
 }

@@ -20,7 +20,7 @@ actions (the dead letters of the stream SERVICE reads, i.e. its worker's):
   show    --service S ID ...                        every field of the entries
   replay  --service S (ID ... | --all)              back on the stream, signature kept; a repeat is a no-op
   drop    --service S (ID ... | --all)              delete; a repeat is a no-op
-flags: --redis-url URL, --redis-prefix P, --json
+flags: --redis-url URL, --redis-prefix P, --partition N (with serve --partitions: that partition's stream; default 0), --json
 `
 
 // deadLetterView is one dead letter as printed.
@@ -60,10 +60,14 @@ func runDeadletters(ctx context.Context, args []string, stdout, stderr io.Writer
 	after := fs.String("after", "", "list: start after this dead-letter id")
 	count := fs.Int("count", 100, "list: at most this many per service")
 	all := fs.Bool("all", false, "replay, drop: every entry")
+	partition := fs.Int("partition", 0, "the partition whose stream's dead letters to use (serve --partitions; 0 without partitions)")
 	logFormat := fs.String("log-format", "text", "log format (stderr): text or json")
 	ids, err := parseInterleaved(fs, args[1:])
 	if err != nil {
 		return err
+	}
+	if *partition < 0 || *partition >= chat.MaxPartitions {
+		return fmt.Errorf("deadletters: --partition %d out of range", *partition)
 	}
 	services := []string{chat.Consumers, chat.Workers}
 	if *svc != "" {
@@ -88,7 +92,7 @@ func runDeadletters(ctx context.Context, args []string, stdout, stderr io.Writer
 	log := newLogger(stderr, *logFormat).With("command", "deadletters "+action)
 	tools := map[string]*redisq.DeadLetters{}
 	for _, s := range services {
-		if tools[s], err = redisq.NewDeadLetters(rdb, *f.prefix, chat.QueueName(chat.Peer(s)), 0, log); err != nil {
+		if tools[s], err = redisq.NewDeadLetters(rdb, *f.prefix, chat.PartitionQueue(chat.Peer(s), *partition), 0, log); err != nil {
 			return err
 		}
 	}
@@ -121,7 +125,7 @@ func runDeadletters(ctx context.Context, args []string, stdout, stderr io.Writer
 				return err
 			}
 			if !ok {
-				return fmt.Errorf("deadletters show: no dead letter %s on %s", id, chat.QueueName(chat.Peer(*svc)))
+				return fmt.Errorf("deadletters show: no dead letter %s on %s", id, chat.PartitionQueue(chat.Peer(*svc), *partition))
 			}
 			out = append(out, viewDeadLetter(*svc, d, true))
 		}

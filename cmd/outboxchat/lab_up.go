@@ -10,6 +10,7 @@ import (
 	"os"
 	"strconv"
 
+	"github.com/outboxchat/outboxchat/chat"
 	"github.com/outboxchat/outboxchat/lab/env"
 )
 
@@ -24,13 +25,17 @@ func runLabUp(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	useTLS := fs.Bool("tls", false, "everything over TLS with a private CA made for this run (printed as \"ca: PATH\"): HTTPS and WSS to the services, sslmode=verify-full to Postgres, rediss:// to Redis")
 	instances := fs.Int("instances", 1, "API+worker processes per service, each on its own port and printed as its own consumers: and workers: line (behind one load balancer they are one service)")
 	durable := fs.Bool("durable", false, "servers as production runs them: Postgres fsync=on and synchronous_commit=on, Redis appendonly yes with appendfsync everysec (default: the fast mode, Postgres fsync=off)")
+	partitions := fs.Int("partitions", 1, "partitions per direction of both services (serve --partitions): an outbox table, relay, stream and consumer each")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if err := chat.CheckPartitions(*partitions); err != nil {
+		return fmt.Errorf("lab up: --partitions: %w", err)
 	}
 	if *instances < 1 {
 		return fmt.Errorf("lab up: --instances %d: want 1 or more", *instances)
 	}
-	opts := env.Options{Variant: *variant, Progress: stderr, TLS: *useTLS, Durable: *durable, APIs: *instances}
+	opts := env.Options{Variant: *variant, Progress: stderr, TLS: *useTLS, Durable: *durable, APIs: *instances, Partitions: *partitions}
 	var err error
 	if opts.ConsumersAddr, err = loopbackAddr("--consumers-addr", *consAddr); err != nil {
 		return err

@@ -78,3 +78,53 @@ func TestUpInstances(t *testing.T) {
 		}
 	}
 }
+
+// TestUpPartitions: `lab up --partitions 4` runs both services with four
+// lanes each way (the services' Redis users limited to the partitions'
+// keys): messages to a chat of every partition, both ways, reach a client
+// of the other side once each.
+func TestUpPartitions(t *testing.T) {
+	t.Parallel()
+	u := startUp(t, "token", "--partitions", "4")
+	cons, work, token := u.all["consumers"], u.all["workers"], u.lines["token"]
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	snd := probe.NewSender(token)
+	for chatID := int64(20); chatID < 24; chatID++ {
+		for _, dir := range [][2]string{{cons[0], work[0]}, {work[0], cons[0]}} {
+			w, err := probe.NewWatcher(dir[1], chatID, &probe.WatcherConfig{Token: token})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := w.Start(ctx); err != nil {
+				t.Fatal(err)
+			}
+			defer w.Stop(context.Background())
+			if err := probe.Connect(ctx, w); err != nil {
+				t.Fatal(err)
+			}
+			m, err := snd.Send(ctx, dir[0], chatID, fmt.Sprint("to chat ", chatID))
+			if err != nil {
+				t.Fatal(err)
+			}
+			for ctx.Err() == nil && !w.SeenID(m.ID) {
+				select {
+				case <-ctx.Done():
+				case <-time.After(10 * time.Millisecond):
+				}
+			}
+			if ctx.Err() != nil {
+				t.Fatalf("chat %d: message from %s not shown on %s: frames %v", chatID, dir[0], dir[1], w.Frames())
+			}
+			n := 0
+			for _, f := range w.Frames() {
+				if f.Message.ID == m.ID {
+					n++
+				}
+			}
+			if n != 1 {
+				t.Fatalf("chat %d: message shown %d times, want once", chatID, n)
+			}
+		}
+	}
+}

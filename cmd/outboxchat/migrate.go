@@ -66,6 +66,7 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) er
 // redisACLFlagSet holds migrate's Redis ACL flags.
 type redisACLFlagSet struct {
 	passwordFile, adminURL, user, prefix *string
+	partitions                           *int
 }
 
 func redisACLFlags(fs *flag.FlagSet) *redisACLFlagSet {
@@ -74,6 +75,7 @@ func redisACLFlags(fs *flag.FlagSet) *redisACLFlagSet {
 		adminURL:     fs.String("redis-admin-url", "", "Redis URL of an administrator: apply the ACL SETUSER line (and ACL SAVE) instead of printing it"),
 		user:         fs.String("redis-user", "", "the service's Redis user name (default the service name)"),
 		prefix:       fs.String("redis-prefix", chat.DefaultRedisPrefix, "the services' --redis-prefix (the user's keys)"),
+		partitions:   fs.Int("partitions", envInt("OUTBOXCHAT_PARTITIONS", chat.DefaultPartitions), "the services' --partitions: the ACL covers every partition's streams (default $OUTBOXCHAT_PARTITIONS, else 1)"),
 	}
 }
 
@@ -89,7 +91,7 @@ func (a *redisACLFlagSet) run(ctx context.Context, service string, stdout io.Wri
 	if user == "" {
 		user = service
 	}
-	args, err := schema.RedisACL(service, *a.prefix, user, strings.TrimSpace(string(b)))
+	args, err := schema.RedisACLPartitions(service, *a.prefix, user, strings.TrimSpace(string(b)), *a.partitions)
 	if err != nil {
 		return fmt.Errorf("migrate: %w", err)
 	}

@@ -21,7 +21,7 @@ const outboxUsage = `usage: outboxchat outbox <action> --service S [flags]
 actions:
   parked  [--limit N]              the parked rows (publish failed --relay-max-attempts times)
   retry   (--id N[,N...] | --all)  put parked rows back in line (new row ids); a repeat is a no-op
-flags: --database-url URL, --json
+flags: --database-url URL, --partition N (with serve --partitions: that partition's outbox table; default 0), --json
 `
 
 // runOutbox runs `outboxchat outbox parked|retry`.
@@ -35,12 +35,16 @@ func runOutbox(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	limit := fs.Int("limit", 100, "parked: at most this many rows (0 = all)")
 	idList := fs.String("id", "", "retry: comma-separated row ids")
 	all := fs.Bool("all", false, "retry: every parked row")
+	partition := fs.Int("partition", 0, "the partition whose outbox table to use (serve --partitions; 0 without partitions)")
 	logFormat := fs.String("log-format", "text", "log format (stderr): text or json")
 	if err := fs.Parse(args[1:]); err != nil {
 		return err
 	}
 	if chat.Peer(*svc) == "" {
 		return fmt.Errorf("outbox %s: --service %q: want consumers or workers", action, *svc)
+	}
+	if *partition < 0 || *partition >= chat.MaxPartitions {
+		return fmt.Errorf("outbox %s: --partition %d out of range", action, *partition)
 	}
 	var ids []int64
 	if *idList != "" {
@@ -60,7 +64,7 @@ func runOutbox(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return err
 	}
 	defer pool.Close()
-	table := *svc + ".outbox"
+	table := chat.OutboxTable(*svc, *partition)
 	if action == "parked" {
 		rows, err := outbox.Parked(ctx, pool, table, *limit)
 		if err != nil {
@@ -92,7 +96,7 @@ func runOutbox(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return tw.Flush()
 	}
 	log := newLogger(stderr, *logFormat).With("command", "outbox retry", "service", *svc)
-	re, err := outbox.Retry(ctx, pool, table, chat.OutboxChannel(*svc), ids)
+	re, err := outbox.Retry(ctx, pool, table, chat.PartitionOutboxChannel(*svc, *partition), ids)
 	if err != nil {
 		return err
 	}

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/pprof"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -17,6 +18,7 @@ import (
 	"github.com/outboxchat/outboxchat/chat"
 	"github.com/outboxchat/outboxchat/chat/auth"
 	"github.com/outboxchat/outboxchat/chat/httpapi"
+	"github.com/outboxchat/outboxchat/chat/lease"
 	"github.com/outboxchat/outboxchat/chat/schema"
 	"github.com/outboxchat/outboxchat/chat/server"
 	"github.com/outboxchat/outboxchat/chat/store"
@@ -42,6 +44,8 @@ func runServe(ctx context.Context, args []string, _, stderr io.Writer) error {
 	wake := fs.String("wake", "after-commit", "relay wake-up: after-commit (fast), in-tx (NOTIFY in the send transaction) or none (poll only); after_commit and in_tx are accepted too")
 	pollOnly := fs.Bool("poll-only", false, "relay: no LISTEN, poll every --poll-interval")
 	poll := fs.Duration("poll-interval", outbox.DefaultPollInterval, "relay poll fallback interval")
+	partitions := fs.Int("partitions", envInt("OUTBOXCHAT_PARTITIONS", chat.DefaultPartitions), "partitions per direction, the same on both services: each has its own outbox table, relay, stream and consumer; a chat's events all take partition chat_id mod N (default $OUTBOXCHAT_PARTITIONS, else 1: one lane, the layout without partitions); change it only on a drained deployment (docs/DEPLOYING.md)")
+	leaseTTL := fs.Duration("lease-ttl", lease.DefaultTTL, "with --partitions above 1: how long a relay process's partition lease lasts unless renewed (renewed every third of it; a killed process's partitions are taken over within about 4/3 of it)")
 	lock := fs.Duration("lock-duration", redisq.DefaultLockDuration, "how long a job may stay unacknowledged before it is handed out again")
 	redrive := fs.Duration("redrive-after", -1, "publish a sent message again when no receipt came back within this long (default 2 × --lock-duration; 0 = off)")
 	gap := fs.Duration("gap-timeout", 0, "how long the WebSocket gateway holds received messages behind a missing seq (0 = 2 × --lock-duration; negative = no hold)")
@@ -113,7 +117,7 @@ func runServe(ctx context.Context, args []string, _, stderr io.Writer) error {
 	}()
 	return server.Serve(ctx, server.Config{
 		Service: *service, Roles: r, Mode: *mode, DatabaseURL: *dbURL, ListenDatabaseURL: *listenURL,
-		RedisURL: *redisURL, RedisPrefix: *prefix, LockDuration: *lock, EventKeyFile: *auth.eventKeys,
+		RedisURL: *redisURL, RedisPrefix: *prefix, LockDuration: *lock, Partitions: *partitions, EventKeyFile: *auth.eventKeys,
 		Hooks: hooks, Logger: log, TracerProvider: tracer,
 		API: server.APIConfig{
 			HTTPAddr: *httpAddr, Wake: wm, MaxBodyBytes: *maxBody, SendLockTimeout: *sendLock, ReadTimeout: *readTimeout,
@@ -123,9 +127,20 @@ func runServe(ctx context.Context, args []string, _, stderr io.Writer) error {
 		Relay: server.RelayConfig{
 			PollOnly: *pollOnly, PollInterval: *poll, RedriveAfter: redriveAfter(*redrive),
 			MaxAttempts: *maxAttempts, OutboxVacuumRows: *vacuumRows, HistoryRetention: *retention,
+			LeaseTTL: *leaseTTL,
 		},
 		Worker: server.WorkerConfig{ConsumerName: *consumer, DeadLetterMax: *deadMax},
 	})
+}
+
+// envInt is the integer in environment variable name, or def when it is
+// unset or not an integer (the flag's own parsing then reports nothing:
+// serve checks the value's range).
+func envInt(name string, def int) int {
+	if n, err := strconv.Atoi(strings.TrimSpace(os.Getenv(name))); err == nil {
+		return n
+	}
+	return def
 }
 
 // redriveAfter maps --redrive-after, whose 0 means off (as an operator

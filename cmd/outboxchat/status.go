@@ -84,6 +84,19 @@ func writeStatus(w io.Writer, st *status.Status) {
 	}
 	tw.Flush()
 	for _, s := range st.Services {
+		if len(s.Partitions) > 1 {
+			for _, p := range s.Partitions {
+				owner := p.LeaseOwner
+				if owner == "" {
+					owner = "NO LIVE LEASE"
+				}
+				fmt.Fprintf(w, "%s partition %d: unsent %d (oldest %s), stream %s pending %d lag %d, relay %s\n",
+					s.Service, p.Partition, p.Unsent, secs(p.OldestUnsentSeconds), p.Stream, p.StreamPending, p.StreamLag, owner)
+			}
+		}
+		fmt.Fprintf(w, "%s drained: %v\n", s.Service, s.Drained)
+	}
+	for _, s := range st.Services {
 		for _, r := range s.Relays {
 			listening := "poll only"
 			if r.Listening != nil {

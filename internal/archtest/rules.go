@@ -42,6 +42,7 @@ const (
 	tele     = "telemetry" // chat/telemetry: OpenTelemetry tracing, trace context in event headers
 	tracecmd = "trace"     // chat/trace: a message's path across both services, for `outboxchat trace`
 	schema   = "schema"    // chat/schema
+	lease    = "lease"     // chat/lease: partition leases of the relay processes
 	auth     = "auth"      // chat/auth
 	store    = "store"     // chat/store
 	receive  = "receive"   // chat/receive
@@ -68,7 +69,7 @@ var libraryModules = []string{
 }
 
 // app is every layer of the app, bottom to top.
-var app = []string{vocab, tele, schema, auth, store, receive, gateway, status, tracecmd, http, server}
+var app = []string{vocab, tele, schema, lease, auth, store, receive, gateway, status, tracecmd, http, server}
 
 // Layers is the architecture: which layer may import which.
 var Layers = map[string]Layer{
@@ -77,8 +78,10 @@ var Layers = map[string]Layer{
 
 	vocab: {May: []string{library}, TestMay: []string{testenv, chattest}},
 	// The library carries headers as a plain map; OpenTelemetry stays here.
-	tele:    {May: []string{}, TestMay: []string{library, testenv, chattest}},
-	schema:  {May: []string{library, vocab}, TestMay: []string{testenv, chattest}},
+	tele:   {May: []string{}, TestMay: []string{library, testenv, chattest}},
+	schema: {May: []string{library, vocab}, TestMay: []string{testenv, chattest}},
+	// Leases need the database only; its tests make the tables with schema.
+	lease:   {May: []string{library, vocab}, TestMay: []string{testenv, chattest, schema}},
 	auth:    {May: []string{library, vocab}, TestMay: []string{testenv, chattest}},
 	store:   {May: []string{library, vocab, schema, auth}, TestMay: []string{testenv, chattest}},
 	receive: {May: []string{library, vocab, schema, auth, store}, TestMay: []string{testenv, chattest}},
@@ -112,6 +115,7 @@ var Places = []Place{
 
 	{"chat", vocab},
 	{"chat/schema/...", schema},
+	{"chat/lease/...", lease},
 	{"chat/auth/...", auth},
 	{"chat/store/...", store},
 	{"chat/receive/...", receive},

@@ -118,6 +118,9 @@ type Options struct {
 	// (serve --debug-addr on a free loopback port; Env.DebugAddrs), for
 	// profiling under load. Default false: none.
 	Debug bool
+	// Partitions is every service process's --partitions (the Redis users'
+	// ACLs cover every partition's keys). Default 0 or 1: one lane, no flag.
+	Partitions int
 	// PGSettings are extra Postgres server parameters ("name=value",
 	// pgproc.Options.Settings), e.g. to preload pg_stat_statements for
 	// counting statements. Default nil: none.
@@ -330,7 +333,7 @@ func Start(ctx context.Context, opts Options) (_ *Env, err error) {
 	if e.rdb, err = redisq.NewClient(e.RedisURL); err != nil {
 		return nil, fmt.Errorf("lab: %w", err)
 	}
-	if err := e.redisUsers(ctx); err != nil {
+	if err := e.redisUsers(ctx, max(opts.Partitions, 1)); err != nil {
 		return nil, err
 	}
 	if opts.Links != nil {
@@ -456,9 +459,10 @@ func (e *Env) serveDatabaseURL(service string) string {
 	return e.ServiceDatabaseURL(service)
 }
 
-// redisUsers makes each service's least-privilege Redis user (schema.RedisACL)
-// with a random password, saved in the server's ACL file.
-func (e *Env) redisUsers(ctx context.Context) error {
+// redisUsers makes each service's least-privilege Redis user
+// (schema.RedisACLPartitions, for partitions per direction) with a random
+// password, saved in the server's ACL file.
+func (e *Env) redisUsers(ctx context.Context, partitions int) error {
 	e.redisURLs = map[string]string{}
 	for _, s := range []string{chat.Consumers, chat.Workers} {
 		b := make([]byte, 16)
@@ -466,7 +470,7 @@ func (e *Env) redisUsers(ctx context.Context) error {
 			return fmt.Errorf("lab: redis password: %w", err)
 		}
 		pw := hex.EncodeToString(b)
-		args, err := schema.RedisACL(s, RedisPrefix, s, pw)
+		args, err := schema.RedisACLPartitions(s, RedisPrefix, s, pw, partitions)
 		if err != nil {
 			return fmt.Errorf("lab: %w", err)
 		}
@@ -636,6 +640,9 @@ func (e *Env) newProcs(opts Options, serveArgs []string) error {
 			"--lock-duration", opts.LockDuration.String(), "--consumer-name", consumer}
 		if e.PgBouncer != nil {
 			args = append(args, "--listen-database-url", e.ServiceDatabaseURL(service))
+		}
+		if opts.Partitions > 1 {
+			args = append(args, "--partitions", strconv.Itoa(opts.Partitions))
 		}
 		args = append(args, serveArgs...)
 		args = append(args, opts.ExtraArgs...)

@@ -19,6 +19,7 @@ import (
 	"github.com/outboxchat/outboxchat/chat"
 	"github.com/outboxchat/outboxchat/lab/env"
 	"github.com/outboxchat/outboxchat/lab/probe"
+	"github.com/outboxchat/outboxchat/redisq"
 )
 
 // Bench defaults.
@@ -55,6 +56,9 @@ type BenchOptions struct {
 	Messages int
 	// Variant of the environment. Default env.VariantV2.
 	Variant string
+	// Partitions is both services' --partitions (env.Options.Partitions).
+	// Default 0 or 1: one lane.
+	Partitions int
 	// SendTimeout bounds sending; Drain the wait for the last messages.
 	// Defaults DefaultBenchSendTimeout (5 min) and DefaultBenchDrain (60 s).
 	SendTimeout, Drain time.Duration
@@ -249,7 +253,7 @@ func Bench(ctx context.Context, opts BenchOptions) (*BenchResult, error) {
 		args = append(slices.Clip(args), "--history-retention", opts.Retention.String())
 	}
 	e, err := env.Start(ctx, env.Options{Variant: opts.Variant, Progress: progress, ExtraArgs: args, Insecure: opts.Insecure, PgBouncer: opts.PgBouncer, Durable: opts.Durable,
-		Debug: opts.ProfileDir != "", PGSettings: pgSettings(opts.Counts)})
+		Partitions: opts.Partitions, Debug: opts.ProfileDir != "", PGSettings: pgSettings(opts.Counts)})
 	if err != nil {
 		return nil, err
 	}
@@ -359,11 +363,11 @@ func Bench(ctx context.Context, opts BenchOptions) (*BenchResult, error) {
 
 	tick := time.NewTicker(opts.ProgressEvery)
 	defer tick.Stop()
-	stream := env.QueueKeys(chat.Consumers).Stream
+	parts := max(opts.Partitions, 1)
 	report := func(phase string) {
 		el := time.Since(start).Seconds()
 		sh := got.n.Load()
-		unsent, pending := backlog(ctx, e, stream)
+		unsent, pending := backlog(ctx, e, parts)
 		res.MaxUnsent, res.MaxPending = max(res.MaxUnsent, unsent), max(res.MaxPending, pending)
 		fmt.Fprintf(progress, "lab: bench %s %5.1fs: sent %d/%d (errors %d)  shown %d  %.0f msg/s shown  backlog: outbox %d, queue %d\n",
 			phase, el, done.Load(), opts.Messages, failed.Load(), sh, float64(sh)/max(el, 1e-9), unsent, pending)
@@ -442,12 +446,22 @@ func Bench(ctx context.Context, opts BenchOptions) (*BenchResult, error) {
 	// Redis after: wait (bounded) for the acknowledged entries to be
 	// trimmed, then read used_memory.
 	tctx, cancelTrim := context.WithTimeout(ctx, DefaultBenchTrimWait)
+	streamLen := func(ctx context.Context) (total int64, err error) {
+		for p := range parts {
+			n, err := rdb.XLen(ctx, redisq.NewKeys(env.RedisPrefix, chat.PartitionQueue(chat.Consumers, p)).Stream).Result()
+			if err != nil {
+				return 0, err
+			}
+			total += n
+		}
+		return total, nil
+	}
 	_ = env.WaitFor(tctx, 100*time.Millisecond, func() bool {
-		n, err := rdb.XLen(tctx, stream).Result()
+		n, err := streamLen(tctx)
 		return err == nil && n == 0
 	})
 	cancelTrim()
-	res.StreamLenAfter, _ = rdb.XLen(ctx, stream).Result()
+	res.StreamLenAfter, _ = streamLen(ctx)
 	res.RedisKeysAfter, _ = rdb.DBSize(ctx).Result()
 	if res.RedisUsedMBAfter, err = e.RedisUsedMB(ctx); err != nil {
 		return nil, err
@@ -590,17 +604,26 @@ func benchDefaults(o BenchOptions) BenchOptions {
 // backlog returns the number of unsent consumers.outbox rows and of
 // consumers→workers queue entries not yet acknowledged (undelivered lag
 // plus pending); -1 for a figure that could not be read.
-func backlog(ctx context.Context, e *env.Env, stream string) (unsent, queued int64) {
+func backlog(ctx context.Context, e *env.Env, partitions int) (unsent, queued int64) {
 	ctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
 	defer cancel()
-	if e.Admin().QueryRow(ctx, `SELECT count(*) FROM consumers.outbox WHERE sent_at IS NULL`).Scan(&unsent) != nil {
-		unsent = -1
+	for p := range partitions {
+		var n int64
+		if e.Admin().QueryRow(ctx, `SELECT count(*) FROM `+chat.OutboxTable(chat.Consumers, p)+` WHERE sent_at IS NULL`).Scan(&n) != nil {
+			unsent = -1
+			break
+		}
+		unsent += n
 	}
-	queued = -1
-	if groups, err := e.RedisClient().XInfoGroups(ctx, stream).Result(); err == nil {
+	for p := range partitions {
+		stream := redisq.NewKeys(env.RedisPrefix, chat.PartitionQueue(chat.Consumers, p)).Stream
+		groups, err := e.RedisClient().XInfoGroups(ctx, stream).Result()
+		if err != nil {
+			return unsent, -1
+		}
 		for _, g := range groups {
 			if g.Name == chat.Workers {
-				queued = g.Pending + max(g.Lag, 0)
+				queued += g.Pending + max(g.Lag, 0)
 			}
 		}
 	}
