@@ -29,6 +29,7 @@ func runLabBench(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	durable := fs.Bool("durable", false, "servers as production runs them: Postgres fsync=on and synchronous_commit=on, Redis appendonly yes with appendfsync everysec (default: the fast mode, Postgres fsync=off)")
 	profileDir := fs.String("profile-dir", "", "write, from 2 s after the first send, a CPU profile (--profile-seconds) and allocation profiles before and after it of every service process into this directory (pprof format)")
 	profileSeconds := fs.Int("profile-seconds", perf.DefaultProfileSeconds, "length of the --profile-dir CPU profile in seconds")
+	redisLatency := fs.Duration("redis-latency", 0, "delay every reply from Redis to the services by this much (toxiproxy links in the lab's process), as across a network; whole milliseconds (default 0: direct)")
 	partitions := fs.Int("partitions", 1, "both services' --partitions (an outbox table, relay, stream and consumer per partition)")
 	counts := fs.Bool("counts", false, "count the services' Postgres statements (pg_stat_statements, preloaded) and all Redis commands (INFO commandstats) during the run, and print them per message")
 	if err := fs.Parse(args); err != nil {
@@ -48,7 +49,7 @@ func runLabBench(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	}
 	res, err := perf.Bench(ctx, perf.BenchOptions{Senders: *senders, Chats: *chats, Messages: *messages,
 		Variant: *variant, SendTimeout: *timeout, Progress: stderr, HoldSnapshot: *hold, Insecure: *insecure, PgBouncer: *pgbouncer, Durable: *durable, Retention: *retention,
-		ProfileDir: *profileDir, ProfileSeconds: *profileSeconds, Counts: *counts, Partitions: *partitions})
+		ProfileDir: *profileDir, ProfileSeconds: *profileSeconds, Counts: *counts, Partitions: *partitions, RedisLatency: *redisLatency})
 	if err != nil {
 		return err
 	}

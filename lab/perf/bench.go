@@ -18,6 +18,7 @@ import (
 
 	"github.com/outboxchat/outboxchat/chat"
 	"github.com/outboxchat/outboxchat/lab/env"
+	"github.com/outboxchat/outboxchat/lab/fault"
 	"github.com/outboxchat/outboxchat/lab/probe"
 	"github.com/outboxchat/outboxchat/redisq"
 )
@@ -59,6 +60,13 @@ type BenchOptions struct {
 	// Partitions is both services' --partitions (env.Options.Partitions).
 	// Default 0 or 1: one lane.
 	Partitions int
+	// RedisLatency, when above 0, routes each service's connections to
+	// Redis and Postgres through toxiproxy links in the lab's process
+	// (env.Links) and delays every reply from Redis by RedisLatency: one
+	// round trip between a service and Redis takes RedisLatency more, as
+	// across a network. Postgres's links stay without a toxic. Default 0:
+	// direct connections.
+	RedisLatency time.Duration
 	// SendTimeout bounds sending; Drain the wait for the last messages.
 	// Defaults DefaultBenchSendTimeout (5 min) and DefaultBenchDrain (60 s).
 	SendTimeout, Drain time.Duration
@@ -252,12 +260,24 @@ func Bench(ctx context.Context, opts BenchOptions) (*BenchResult, error) {
 	if opts.Retention > 0 {
 		args = append(slices.Clip(args), "--history-retention", opts.Retention.String())
 	}
+	var links *env.Links
+	if opts.RedisLatency > 0 {
+		links = env.NewLinks()
+		defer links.Close()
+	}
 	e, err := env.Start(ctx, env.Options{Variant: opts.Variant, Progress: progress, ExtraArgs: args, Insecure: opts.Insecure, PgBouncer: opts.PgBouncer, Durable: opts.Durable,
-		Partitions: opts.Partitions, Debug: opts.ProfileDir != "", PGSettings: pgSettings(opts.Counts)})
+		Partitions: opts.Partitions, Debug: opts.ProfileDir != "", PGSettings: pgSettings(opts.Counts), Links: links})
 	if err != nil {
 		return nil, err
 	}
 	defer e.Close()
+	if links != nil {
+		for _, s := range []string{chat.Consumers, chat.Workers} {
+			if _, err := links.Add(s+">redis", fault.NetLatency, "downstream", map[string]int{"latency": int(opts.RedisLatency.Milliseconds())}); err != nil {
+				return nil, err
+			}
+		}
+	}
 	res := &BenchResult{Senders: opts.Senders, Chats: opts.Chats, Messages: opts.Messages,
 		RSSMB: map[string]float64{}, CPUS: map[string]float64{}, Durable: opts.Durable}
 
