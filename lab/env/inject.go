@@ -100,7 +100,8 @@ func (e *Env) Inject(ctx context.Context, f fault.Fault) (Heal, error) {
 }
 
 // HealAll ends every fault: toxics removed (with Options.Links), Postgres
-// and Redis running, every service process running and continued. It
+// and Redis (every node of a cluster) running and continued, every service
+// process running and continued. It
 // returns the first failure to start something.
 func (e *Env) HealAll(ctx context.Context) error {
 	if e.links != nil {
@@ -114,6 +115,17 @@ func (e *Env) HealAll(ctx context.Context) error {
 	if !e.Redis.Running() {
 		if err := e.Redis.Restart(ctx); err != nil {
 			return fmt.Errorf("heal redis: %w", err)
+		}
+	}
+	if c := e.RedisCluster; c != nil {
+		for _, s := range c.Nodes {
+			if s.Running() {
+				_ = s.Resume()
+				continue
+			}
+			if err := s.Restart(ctx); err != nil {
+				return fmt.Errorf("heal redis cluster node %s: %w", s.Addr(), err)
+			}
 		}
 	}
 	for _, p := range e.Procs() {
