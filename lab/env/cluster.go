@@ -11,6 +11,7 @@ import (
 
 	"github.com/outboxchat/outboxchat/chat/schema"
 	"github.com/outboxchat/outboxchat/internal/redisproc"
+	"github.com/outboxchat/outboxchat/lab/fault"
 )
 
 // The lab's Redis Cluster (Options.RedisCluster).
@@ -53,4 +54,108 @@ func (e *Env) clusterUser(ctx context.Context, args []string) error {
 		}
 	}
 	return nil
+}
+
+// Pauses of the cluster faults (injectCluster).
+const (
+	// clusterHoldBack is how long a ClusterFailover lets the master take
+	// writes its held-back replica never gets, before the kill.
+	clusterHoldBack = 300 * time.Millisecond
+	// clusterKeyPause is the pause between two keys a ClusterReshard
+	// migrates.
+	clusterKeyPause = 20 * time.Millisecond
+)
+
+// injectCluster is Inject for the Redis Cluster kinds.
+func (e *Env) injectCluster(ctx context.Context, f fault.Fault) (Heal, error) {
+	none := func(context.Context) error { return nil }
+	c := e.RedisCluster
+	if c == nil {
+		return none, fmt.Errorf("lab: inject %s: the environment has no Redis Cluster", f.Kind)
+	}
+	node, slot, err := c.NodeFor(ctx, QueueKeys(f.Target).Stream)
+	if err != nil {
+		return none, fmt.Errorf("lab: inject %s: %w", f.Kind, err)
+	}
+	switch f.Kind {
+	case fault.ClusterPause:
+		if err := node.Pause(); err != nil {
+			return none, fmt.Errorf("lab: pause cluster node %s: %w", node.Addr(), err)
+		}
+		return func(context.Context) error { return node.Resume() }, nil
+	case fault.ClusterFailover:
+		fo, err := c.StartFailover(ctx, node)
+		if err == nil {
+			err = c.WaitSynced(ctx)
+		}
+		if err == nil {
+			err = fo.HoldBack(ctx)
+		}
+		if err != nil {
+			return none, fmt.Errorf("lab: inject %s: %w", f.Kind, err)
+		}
+		_ = SleepUntil(ctx, time.Now().Add(clusterHoldBack))
+		rejoin := func(ctx context.Context) error {
+			if fo.Master.Running() {
+				return nil
+			}
+			return fo.Rejoin(ctx)
+		}
+		if err := fo.KillMaster(ctx); err != nil {
+			return rejoin, fmt.Errorf("lab: inject %s: %w", f.Kind, err)
+		}
+		return rejoin, nil
+	case fault.ClusterReshard:
+		ms, err := c.Masters(ctx)
+		if err != nil {
+			return none, fmt.Errorf("lab: inject %s: %w", f.Kind, err)
+		}
+		var to *redisproc.Server
+		for _, m := range ms {
+			if m != node {
+				to = m
+				break
+			}
+		}
+		if to == nil {
+			return none, fmt.Errorf("lab: inject %s: no other master", f.Kind)
+		}
+		_, err = MoveSlotKeyByKey(ctx, c, slot, to, clusterKeyPause)
+		return none, err
+	}
+	return none, fmt.Errorf("lab: inject: %q is not a cluster fault", f.Kind)
+}
+
+// MoveSlotKeyByKey moves slot to the master to as a live reshard does:
+// the slot marked migrating and importing, its keys migrated one at a time
+// with pause between two, then handed over. It returns how many keys it
+// migrated one by one.
+func MoveSlotKeyByKey(ctx context.Context, c *redisproc.Cluster, slot int, to *redisproc.Server, pause time.Duration) (int, error) {
+	m, err := c.StartSlotMove(ctx, slot, to)
+	if err != nil {
+		return 0, err
+	}
+	from := redis.NewClient(&redis.Options{Addr: m.From.Addr()})
+	defer from.Close()
+	n := 0
+	for {
+		keys, err := from.ClusterGetKeysInSlot(ctx, slot, 1).Result()
+		if err != nil {
+			return n, fmt.Errorf("lab: keys of slot %d: %w", slot, err)
+		}
+		if len(keys) == 0 {
+			break
+		}
+		if err := m.Migrate(ctx, keys[0]); err != nil {
+			return n, err
+		}
+		n++
+		if err := SleepUntil(ctx, time.Now().Add(pause)); err != nil {
+			return n, err
+		}
+	}
+	if err := m.MigrateRest(ctx); err != nil {
+		return n, err
+	}
+	return n, m.Finish(ctx)
 }

@@ -3,12 +3,9 @@ package scenario
 import (
 	"context"
 	"errors"
-	"fmt"
 	"sort"
 	"sync"
 	"time"
-
-	"github.com/redis/go-redis/v9"
 
 	"github.com/outboxchat/outboxchat/chat"
 	"github.com/outboxchat/outboxchat/internal/redisproc"
@@ -149,35 +146,11 @@ func clusterReshard(ctx context.Context, s *run) error {
 	return nil
 }
 
-// moveSlot moves slot to the master to, key by key, pause apart.
+// moveSlot moves slot to the master to, key by key, pause apart
+// (env.MoveSlotKeyByKey), and logs how many keys moved so.
 func (s *run) moveSlot(ctx context.Context, c *redisproc.Cluster, slot int, to *redisproc.Server, pause time.Duration) error {
-	m, err := c.StartSlotMove(ctx, slot, to)
+	n, err := env.MoveSlotKeyByKey(ctx, c, slot, to, pause)
 	if err != nil {
-		return err
-	}
-	from := redis.NewClient(&redis.Options{Addr: m.From.Addr()})
-	defer from.Close()
-	n := 0
-	for {
-		keys, err := from.ClusterGetKeysInSlot(ctx, slot, 1).Result()
-		if err != nil {
-			return fmt.Errorf("lab: keys of slot %d: %w", slot, err)
-		}
-		if len(keys) == 0 {
-			break
-		}
-		if err := m.Migrate(ctx, keys[0]); err != nil {
-			return err
-		}
-		n++
-		if err := env.SleepUntil(ctx, time.Now().Add(pause)); err != nil {
-			return err
-		}
-	}
-	if err := m.MigrateRest(ctx); err != nil {
-		return err
-	}
-	if err := m.Finish(ctx); err != nil {
 		return err
 	}
 	s.log.Add("redis", "slot %d: %d keys migrated one by one", slot, n)
