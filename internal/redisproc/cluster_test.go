@@ -200,6 +200,25 @@ func TestClusterFailover(t *testing.T) {
 	}); err != nil {
 		t.Fatalf("the old master, now a replica, keeps {q}lost or lacks {q}after: %v", err)
 	}
+
+	// Back the other way, with the replica in sync at the kill: the last
+	// write survives.
+	back, err := c.StartFailover(ctx, f.Replica)
+	if err != nil || back.Replica != f.Master {
+		t.Fatalf("failover back: %+v, %v", back, err)
+	}
+	if err := cc.Set(ctx, "{q}synced", 1, 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := back.SyncReplica(ctx, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if err := back.KillMaster(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := client(t, f.Master).Exists(ctx, "{q}synced").Result(); err != nil || n != 1 {
+		t.Fatalf("{q}synced on the node promoted after SyncReplica: %d, %v", n, err)
+	}
 }
 
 // ephemeralLow is the first port of the kernel's ephemeral range.

@@ -58,9 +58,9 @@ func (e *Env) clusterUser(ctx context.Context, args []string) error {
 
 // Pauses of the cluster faults (injectCluster).
 const (
-	// clusterHoldBack is how long a ClusterFailover lets the master take
-	// writes its held-back replica never gets, before the kill.
-	clusterHoldBack = 300 * time.Millisecond
+	// clusterSyncPause bounds how long a ClusterFailover pauses the
+	// master's writes while its replica catches up, before the kill.
+	clusterSyncPause = 5 * time.Second
 	// clusterKeyPause is the pause between two keys a ClusterReshard
 	// migrates.
 	clusterKeyPause = 20 * time.Millisecond
@@ -89,12 +89,11 @@ func (e *Env) injectCluster(ctx context.Context, f fault.Fault) (Heal, error) {
 			err = c.WaitSynced(ctx)
 		}
 		if err == nil {
-			err = fo.HoldBack(ctx)
+			err = fo.SyncReplica(ctx, clusterSyncPause)
 		}
 		if err != nil {
 			return none, fmt.Errorf("lab: inject %s: %w", f.Kind, err)
 		}
-		_ = SleepUntil(ctx, time.Now().Add(clusterHoldBack))
 		rejoin := func(ctx context.Context) error {
 			if fo.Master.Running() {
 				return nil

@@ -30,7 +30,7 @@ func (e *Env) Proc(name string) *Proc {
 //	fault.RedisKill         SIGKILL Redis; fault.RedisStop: graceful shutdown; heal starts it again
 //	fault.PostgresImmediate, fault.PostgresFast  stop Postgres in that mode; heal starts it again
 //	fault.Net               a toxic on link f.Target (needs Options.Links); heal removes it
-//	fault.ClusterFailover   kill the master of f.Target's queue, its replica held back, and wait for the promotion; heal: the old master rejoins as a replica
+//	fault.ClusterFailover   kill the master of f.Target's queue once its replica is in sync (writes paused meanwhile), and wait for the promotion; heal: the old master rejoins as a replica
 //	fault.ClusterReshard    move the slot of f.Target's queue to another master key by key (done when Inject returns); heal: nothing
 //	fault.ClusterPause      SIGSTOP the master of f.Target's queue; heal continues it
 //

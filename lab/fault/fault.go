@@ -27,7 +27,7 @@ const (
 	PruneHistory      Kind = "prune-history"      // delete Target service's history older than PruneOlderThan, again and again, as retention would
 	// Redis Cluster kinds (env.Options.RedisCluster); Target is the
 	// service whose outbound queue's slot they act on.
-	ClusterFailover Kind = "cluster-failover" // kill the queue's master with its replica held back; the replica is promoted; heal: the old master rejoins as a replica
+	ClusterFailover Kind = "cluster-failover" // kill the queue's master once its replica is in sync; the replica is promoted; heal: the old master rejoins as a replica
 	ClusterReshard  Kind = "cluster-reshard"  // move the queue's slot to another master key by key, under load
 	ClusterPause    Kind = "cluster-pause"    // freeze (SIGSTOP) the queue's master; heal continues it
 )

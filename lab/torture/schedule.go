@@ -81,10 +81,9 @@ func (s *schedule) procNames() (workers, relays []string) {
 func drawSchedule(seed uint64, k int, d time.Duration) *schedule { return draw(seed, k, d, false) }
 
 // draw is drawSchedule, on a Redis Cluster when cluster is set: then
-// about a third of the faults are cluster faults, no single-server Redis
-// fault nor toxic on a Redis link is drawn, and a schedule with a
-// failover runs with the re-drive on (the rest of the draw is the same as
-// without).
+// about a third of the faults are cluster faults, and no single-server
+// Redis fault nor toxic on a Redis link is drawn (the rest of the draw is
+// the same as without).
 func draw(seed uint64, k int, d time.Duration, cluster bool) *schedule {
 	r := rand.New(rand.NewPCG(seed, uint64(k)))
 	s := &schedule{K: k, Cluster: cluster}
@@ -178,12 +177,5 @@ func draw(seed uint64, k int, d time.Duration, cluster bool) *schedule {
 		s.Faults = append(s.Faults, f)
 	}
 	sort.SliceStable(s.Faults, func(i, j int) bool { return s.Faults[i].At < s.Faults[j].At })
-	for _, f := range s.Faults {
-		// A failover loses what only the killed master had (replication
-		// is asynchronous): the re-drive is what brings it back.
-		if f.Kind == fault.ClusterFailover {
-			s.Redrive = true
-		}
-	}
 	return s
 }

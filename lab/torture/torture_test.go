@@ -63,9 +63,9 @@ func TestTortureShort(t *testing.T) {
 }
 
 // tortureClusterSeed draws, for the 2 short schedules on a Redis Cluster,
-// one API process per service and every cluster fault: master failovers
-// (re-drive on), slot moves and node pauses of both queues, among
-// Postgres toxics, a SIGKILL and malformed entries.
+// one API process per service and every cluster fault: master failovers,
+// slot moves and node pauses of both queues, among Postgres toxics, a
+// SIGKILL and malformed entries.
 const tortureClusterSeed = 42
 
 // TestTortureRedisCluster runs 2 short schedules on a Redis Cluster of 3
