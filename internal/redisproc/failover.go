@@ -131,7 +131,8 @@ func (c *Cluster) WaitSynced(ctx context.Context) error {
 // step: StartFailover picks the master's replica; HoldBack (optional)
 // freezes the replica and cuts its replication link, so that what the
 // master takes from then on never reaches it (replication is
-// asynchronous: a crash loses that much); KillMaster kills the master
+// asynchronous: a crash loses that much), or SyncReplica (optional) makes
+// sure the replica has everything; KillMaster kills the master
 // (SIGKILL) and waits until the cluster has promoted the replica; Rejoin
 // starts the old master again, which comes back as the new master's
 // replica. Its methods are not meant for concurrent use.
