@@ -33,8 +33,12 @@ func ACLRules(prefix, out, in string) []string {
 		"on", "resetkeys", "resetchannels", "-@all",
 		// Connection and transaction commands: no keys.
 		"+ping", "+hello", "+select", "+info", "+multi", "+exec", "+discard", "+script|load", "+time", "+client|info",
-		// A cluster client's topology and ASK redirections: no keys.
-		"+cluster|slots", "+asking",
+		// A cluster client's topology, command table and ASK
+		// redirections: no keys. Without COMMAND go-redis's cluster
+		// client asks for the table again before every command, of up to
+		// three random nodes: a round trip each, and a stalled node
+		// (even a replica) stalls every command.
+		"+cluster|slots", "+command", "+asking",
 		// Outbound: add jobs only (a re-add reads its token back: GET).
 		"(" + keyRule(o.Stream) + " " + keyRule(o.dedupe+"*") + " +evalsha +eval +set +get +xadd +del)",
 		// Inbound stream: consume, never add. The presence set is in the

@@ -145,7 +145,8 @@ func newClusterClient(url string, grow func(*int)) (*redis.ClusterClient, error)
 	opt.MinRetryBackoff, opt.MaxRetryBackoff = ClusterMinRetryBackoff, ClusterMaxRetryBackoff
 	opt.MaintNotificationsConfig = &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
 	c := redis.NewClusterClient(opt)
-	c.OnNewNode(func(n *redis.Client) { n.AddHook(clusterDownHook{}) })
+	reload := func() { c.ReloadState(context.Background()) }
+	c.OnNewNode(func(n *redis.Client) { n.AddHook(clusterHook{reload: reload}) })
 	return c, nil
 }
 
@@ -169,27 +170,56 @@ func (e *ClusterDownError) Error() string { return "redisq: redis cluster is dow
 // Is reports whether target is ErrClusterDown.
 func (e *ClusterDownError) Is(target error) bool { return target == ErrClusterDown }
 
-// clusterDownHook, on every node of a cluster client, turns a CLUSTERDOWN
+// clusterHook, on every node of a cluster client, turns a CLUSTERDOWN
 // reply to a single command into a *ClusterDownError, which go-redis's
 // redirection loop does not retry: a cluster that lost a slot stays down
-// for longer than any in-call retry could wait.
-type clusterDownHook struct{}
+// for longer than any in-call retry could wait. And it has the client
+// reload the slots' owners (reload, asynchronous and coalesced by
+// go-redis) on a CLUSTERDOWN reply, a failed dial or a broken connection:
+// after a master's failover nothing else tells go-redis that its replica
+// now serves the slots (no MOVED comes from a dead node), and it would go
+// on dialing the dead master until its periodic reload (a minute).
+type clusterHook struct{ reload func() }
 
-func (clusterDownHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h clusterHook) DialHook(next redis.DialHook) redis.DialHook {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := next(ctx, network, addr)
+		if err != nil {
+			h.reload()
+		}
+		return c, err
+	}
+}
 
-func (clusterDownHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+func (h clusterHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		err := next(ctx, cmd)
 		if err != nil && redis.HasErrorPrefix(err, "CLUSTERDOWN") {
+			h.reload()
 			err = &ClusterDownError{Err: err}
 			cmd.SetErr(err)
+		} else if connectionLost(err) {
+			h.reload()
 		}
 		return err
 	}
 }
 
-func (clusterDownHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
+func (h clusterHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		if connectionLost(err) || (err != nil && redis.HasErrorPrefix(err, "CLUSTERDOWN")) {
+			h.reload()
+		}
+		return err
+	}
+}
+
+// connectionLost reports whether err is a network error (the node went
+// away), not a reply or the caller's context ending.
+func connectionLost(err error) bool {
+	var ne net.Error
+	return err != nil && errors.As(err, &ne) && !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded)
 }
 
 // isTryAgain reports whether err is a reply of a slot in migration that

@@ -674,3 +674,46 @@ func TestParseClusterURL(t *testing.T) {
 		_ = c.Close()
 	}
 }
+
+// After a master's failover (killed, its replica promoted) the cluster
+// client of NewClient finds the promoted replica by itself: its failed
+// dials to the dead master make it reload the slots' owners, instead of
+// waiting for go-redis's periodic reload (a minute). The wait below is
+// well under that minute.
+func TestClusterClientFollowsFailover(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	cctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	cl, err := redisproc.StartCluster(cctx, 3, &redisproc.Options{ClusterNodeTimeout: 500 * time.Millisecond, ClusterReplicas: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cl.Close() })
+	rdb, _ := clusterClient(t, cl)
+	pub := newClusterPublisher(t, rdb, testenv.Prefix(t))
+	if _, err := pub.Add(ctx, jobs(2, 0)...); err != nil {
+		t.Fatal(err)
+	}
+	owner, _, err := cl.NodeFor(ctx, pub.Keys().Stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := cl.StartFailover(cctx, owner)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cl.WaitSynced(cctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.KillMaster(cctx); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, 20*time.Second, "add through the promoted replica", func() bool {
+		n, err := pub.Add(ctx, jobs(1, 2)...)
+		return err == nil && n == 1
+	})
+	if n := nodeClient(t, f.Replica).XLen(ctx, pub.Keys().Stream).Val(); n != 3 {
+		t.Fatalf("stream on the promoted replica has %d entries, want 3", n)
+	}
+}

@@ -2,6 +2,8 @@ package server
 
 import (
 	"context"
+	"fmt"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -12,6 +14,7 @@ import (
 	"github.com/outboxchat/outboxchat/chat"
 	"github.com/outboxchat/outboxchat/chat/internal/chattest"
 	"github.com/outboxchat/outboxchat/chat/schema"
+	"github.com/outboxchat/outboxchat/internal/redisproc"
 	"github.com/outboxchat/outboxchat/internal/testenv"
 	"github.com/outboxchat/outboxchat/redisq"
 )
@@ -137,4 +140,95 @@ func TestServeDuringSlotMove(t *testing.T) {
 	if n, s, err := cl.NodeFor(ctx, k.Dead); err != nil || n != to || s != slot {
 		t.Fatalf("after the move the queue's keys are on %v (slot %d, %v), want %s", n, s, err, to.Addr())
 	}
+}
+
+// Both services through a cluster failover: a master holding the
+// consumers' queue is killed while its replica, held back, lacks the last
+// messages the relay handed it (and marked sent); the replica is promoted.
+// Messages sent before, while the replica is held back, during the kill
+// and promotion, and after, are each shown once, in order, none lost: the
+// re-drive brings what the promoted replica never had.
+func TestServeThroughClusterFailover(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cl, err := redisproc.StartCluster(ctx, 3, &redisproc.Options{ClusterNodeTimeout: time.Second, ClusterReplicas: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cl.Close() })
+	h := newHarness(t, cl.URL())
+	fast := func(c *Config) { c.LockDuration = time.Second } // re-drive after 2 s
+	cons := h.start(chat.Consumers, fast)
+	work := h.start(chat.Workers, fast)
+	w := chattest.Watch(t, work.base, 9)
+	send := func(n int, what string) {
+		for i := 1; i <= n; i++ {
+			chattest.Send(t, cons.base, 9, fmt.Sprint(what, " ", i))
+		}
+	}
+	send(3, "before")
+	w.WaitSeqs(t, chat.Consumers, 3, 20*time.Second)
+
+	// Workers stopped: what the old master takes waits in its stream only.
+	work.stop()
+	k := redisq.NewKeys(h.Prefix, chat.QueueName(chat.Consumers))
+	master, _, err := cl.NodeFor(ctx, k.Stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := cl.StartFailover(ctx, master)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cl.WaitSynced(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.HoldBack(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = f.Release() })
+	send(3, "only the old master")
+	testenv.WaitFor(t, 10*time.Second, "the relay to publish to the old master", func() bool {
+		return h.Count(t, `SELECT count(*) FROM consumers.outbox WHERE sent_at IS NULL`) == 0
+	})
+	killed := make(chan error, 1)
+	go func() { killed <- f.KillMaster(ctx) }()
+	send(3, "during the failover")
+	if err := <-killed; err != nil {
+		t.Fatal(err)
+	}
+	if n := nodeClient(t, f.Replica).XLen(ctx, k.Stream).Val(); n >= 6 {
+		t.Fatalf("the promoted replica has %d stream entries: it was not held back", n)
+	}
+	send(3, "after")
+	work = h.start(chat.Workers, fast)
+	w2 := chattest.Watch(t, work.base, 9)
+	w2.WaitSeqs(t, chat.Consumers, 12, 60*time.Second)
+	testenv.WaitFor(t, 30*time.Second, "every message ✓✓", func() bool {
+		return h.Count(t, `SELECT count(*) FROM consumers.messages_with_receipts WHERE chat_id = 9 AND delivered_at IS NULL`) == 0
+	})
+	if n := h.Count(t, `SELECT count(*) FROM workers.inbox WHERE chat_id = 9`); n != 12 {
+		t.Fatalf("workers.inbox has %d rows, want 12", n)
+	}
+	m, err := chattest.Get(cons.base + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := regexp.MustCompile(`outboxchat_redriven_total (\d+)`).FindStringSubmatch(m)
+	if got == nil {
+		t.Fatal("no outboxchat_redriven_total on /metrics")
+	}
+	if n, _ := strconv.Atoi(got[1]); n < 3 {
+		t.Fatalf("outboxchat_redriven_total %d, want at least the 3 the promoted replica lacked", n)
+	}
+}
+
+// nodeClient is a plain client of one cluster node, closed when the test
+// ends.
+func nodeClient(t *testing.T, s *redisproc.Server) *redis.Client {
+	t.Helper()
+	c := redis.NewClient(&redis.Options{Addr: s.Addr()})
+	t.Cleanup(func() { _ = c.Close() })
+	return c
 }

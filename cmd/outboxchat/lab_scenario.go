@@ -16,7 +16,7 @@ import (
 func runLabScenario(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("lab scenario", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	asJSON := fs.Bool("json", false, "print one JSON object (scenario, sent, received, lost, duplicates_shown, redriven, ok, …); the event log goes to stderr")
+	asJSON := fs.Bool("json", false, "print one JSON object (scenario, sent, received, lost, duplicates_shown, order_violations, redriven, ok, …); the event log goes to stderr")
 	redrive := fs.String("redrive-after", "", "pass --redrive-after to the services (0 = re-drive off: shows what Redis lost)")
 	list := fs.Bool("list", false, "list the named scenarios")
 	// NAME may come before or after the flags.
@@ -58,14 +58,19 @@ func listScenarios(w io.Writer) {
 func runScenario(ctx context.Context, name string, so scenario.Options, asJSON bool, stdout, stderr io.Writer) error {
 	logW := eventLogTo(asJSON, stdout, stderr)
 	so.Log, so.Progress = logW, stderr
-	f, err := scenario.Run(ctx, name, so)
+	f, m, err := scenario.RunMeasured(ctx, name, so)
 	if f != nil {
 		if asJSON {
-			_ = json.NewEncoder(stdout).Encode(scenario.NewResult(name, f, err))
+			r := scenario.NewResult(name, f, err)
+			r.Measures = m
+			_ = json.NewEncoder(stdout).Encode(r)
 		} else {
 			fmt.Fprintln(stdout)
 			f.WriteSummary(stdout)
 			fmt.Fprintf(stdout, "shown twice: %d   order violations: %d   re-driven: %d\n", f.DuplicatesShown, len(f.OrderViolations), f.Redriven)
+			if m.MoveMs > 0 {
+				fmt.Fprintf(stdout, "slot move: %d ms   longest gap between messages shown: %d ms during the move, %d ms before\n", m.MoveMs, m.MaxGapDuringMs, m.MaxGapBeforeMs)
+			}
 		}
 	}
 	if err != nil {

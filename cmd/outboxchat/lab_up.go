@@ -24,6 +24,7 @@ func runLabUp(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	keepLogs := fs.Bool("keep-logs", false, "keep the services' logs (a temp dir, printed) after the lab stops; by default they are removed")
 	useTLS := fs.Bool("tls", false, "everything over TLS with a private CA made for this run (printed as \"ca: PATH\"): HTTPS and WSS to the services, sslmode=verify-full to Postgres, rediss:// to Redis")
 	instances := fs.Int("instances", 1, "API+worker processes per service, each on its own port and printed as its own consumers: and workers: line (behind one load balancer they are one service)")
+	cluster := fs.Bool("redis-cluster", false, "Redis as a private Redis Cluster of 3 masters and 3 replicas (the services get its redis+cluster:// URL; \"redis:\" then prints a node's URL, \"redis cluster:\" the cluster's)")
 	durable := fs.Bool("durable", false, "servers as production runs them: Postgres fsync=on and synchronous_commit=on, Redis appendonly yes with appendfsync everysec (default: the fast mode, Postgres fsync=off)")
 	partitions := fs.Int("partitions", 1, "partitions per direction of both services (serve --partitions): an outbox table, relay, stream and consumer each")
 	if err := fs.Parse(args); err != nil {
@@ -35,7 +36,7 @@ func runLabUp(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if *instances < 1 {
 		return fmt.Errorf("lab up: --instances %d: want 1 or more", *instances)
 	}
-	opts := env.Options{Variant: *variant, Progress: stderr, TLS: *useTLS, Durable: *durable, APIs: *instances, Partitions: *partitions}
+	opts := env.Options{Variant: *variant, Progress: stderr, TLS: *useTLS, Durable: *durable, APIs: *instances, Partitions: *partitions, RedisCluster: *cluster}
 	var err error
 	if opts.ConsumersAddr, err = loopbackAddr("--consumers-addr", *consAddr); err != nil {
 		return err
@@ -67,7 +68,12 @@ func runLabUp(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		fmt.Fprintf(stdout, "workers: %s\n", p.URL())
 	}
 	fmt.Fprintf(stdout, "database: %s\n", e.DatabaseURL)
-	fmt.Fprintf(stdout, "redis: %s\n", e.RedisURL)
+	if e.RedisCluster != nil {
+		fmt.Fprintf(stdout, "redis: %s\n", e.Redis.URL())
+		fmt.Fprintf(stdout, "redis cluster: %s\n", e.RedisURL)
+	} else {
+		fmt.Fprintf(stdout, "redis: %s\n", e.RedisURL)
+	}
 	// A development token for every chat on both services; the pages take
 	// it from the URL fragment, which browsers never send to a server.
 	fmt.Fprintf(stdout, "token: %s\n", e.Token)

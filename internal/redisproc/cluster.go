@@ -15,19 +15,31 @@ import (
 // ClusterSlots is the number of hash slots of a Redis Cluster.
 const ClusterSlots = 16384
 
-// Cluster is a private Redis Cluster of masters without replicas, each a
-// Server started with Options.Cluster, the slots split evenly between them
-// in Nodes order. All methods are safe for concurrent use.
+// Cluster is a private Redis Cluster, each node a Server started with
+// Options.Cluster: Shards masters that split the slots evenly, each with
+// Options.ClusterReplicas replicas. All methods are safe for concurrent
+// use.
 type Cluster struct {
-	// Nodes are the masters; Nodes[i] first serves the i-th of len(Nodes)
-	// equal ranges of slots.
+	// Nodes are every node: the masters first, Nodes[i] (i < Shards)
+	// serving at the start the i-th of Shards equal ranges of slots, then
+	// the replicas, master i's j-th at Nodes[Shards+i*R+j] (R replicas a
+	// master). A failover swaps roles: Role, Masters and ReplicasOf say who
+	// is what now.
 	Nodes []*Server
+	// Shards is the number of masters StartCluster made (len(Nodes) without
+	// replicas).
+	Shards int
+	// ids are the nodes' cluster node ids, in Nodes order (kept across
+	// restarts in nodes.conf).
+	ids []string
 }
 
-// StartCluster starts n (≥ 1) cluster nodes with opts (Port and Dir must be
-// unset; Cluster is implied), joins them (CLUSTER MEET on their bus ports),
-// assigns the slots (CLUSTER ADDSLOTSRANGE) and waits until every node
-// reports cluster_state:ok and knows every slot's owner. ctx bounds the
+// StartCluster starts n (≥ 1) masters and opts.ClusterReplicas replicas of
+// each with opts (Port and Dir must be unset; Cluster is implied), joins
+// them (CLUSTER MEET on their bus ports), assigns the slots to the masters
+// (CLUSTER ADDSLOTSRANGE), makes the replicas (CLUSTER REPLICATE), and
+// waits until every node reports cluster_state:ok and knows every slot's
+// owner and every replica's link to its master is up. ctx bounds the
 // whole start; on error every node started is closed.
 func StartCluster(ctx context.Context, n int, opts *Options) (*Cluster, error) {
 	if n < 1 {
@@ -40,13 +52,16 @@ func StartCluster(ctx context.Context, n int, opts *Options) (*Cluster, error) {
 	if o.Port != 0 || o.Dir != "" {
 		return nil, errors.New("redisproc: StartCluster picks each node's port and dir")
 	}
+	if o.ClusterReplicas < 0 {
+		return nil, errors.New("redisproc: negative ClusterReplicas")
+	}
 	o.Cluster = true
-	c := &Cluster{}
+	c := &Cluster{Shards: n}
 	fail := func(err error) (*Cluster, error) {
 		_ = c.Close()
 		return nil, err
 	}
-	for range n {
+	for range n * (1 + o.ClusterReplicas) {
 		s, err := Start(ctx, &o)
 		if err != nil {
 			return fail(err)
@@ -55,11 +70,19 @@ func StartCluster(ctx context.Context, n int, opts *Options) (*Cluster, error) {
 	}
 	for i, s := range c.Nodes {
 		err := withClient(ctx, s, func(rc *redis.Client) error {
+			id, err := rc.ClusterMyID(ctx).Result()
+			if err != nil {
+				return fmt.Errorf("cluster myid: %w", err)
+			}
+			c.ids = append(c.ids, id)
 			if i > 0 {
 				first := c.Nodes[0]
 				if err := rc.Do(ctx, "CLUSTER", "MEET", "127.0.0.1", first.Port(), first.BusPort()).Err(); err != nil {
 					return fmt.Errorf("cluster meet: %w", err)
 				}
+			}
+			if i >= n {
+				return nil
 			}
 			lo, hi := i*ClusterSlots/n, (i+1)*ClusterSlots/n-1
 			return rc.Do(ctx, "CLUSTER", "ADDSLOTSRANGE", lo, hi).Err()
@@ -68,10 +91,46 @@ func StartCluster(ctx context.Context, n int, opts *Options) (*Cluster, error) {
 			return fail(fmt.Errorf("redisproc: cluster node %s: %w", s.Addr(), err))
 		}
 	}
+	for i, s := range c.Nodes[n:] {
+		master := c.ids[i/o.ClusterReplicas]
+		// The replica must have learnt of its master (gossip from the
+		// MEETs) before it can replicate it: until then it answers
+		// "Unknown node".
+		err := withClient(ctx, s, func(rc *redis.Client) error {
+			return poll(ctx, func() (string, bool) {
+				err := rc.Do(ctx, "CLUSTER", "REPLICATE", master).Err()
+				return fmt.Sprint(err), err == nil
+			})
+		})
+		if err != nil {
+			return fail(fmt.Errorf("redisproc: cluster node %s: replicate %s: %w", s.Addr(), master, err))
+		}
+	}
 	if err := c.WaitState(ctx, "ok"); err != nil {
 		return fail(err)
 	}
+	if err := c.WaitSynced(ctx); err != nil {
+		return fail(err)
+	}
 	return c, nil
+}
+
+// poll calls cond at once and then every 10 ms until it reports true; it
+// returns ctx's error with cond's last note when ctx ends first.
+func poll(ctx context.Context, cond func() (note string, ok bool)) error {
+	t := time.NewTicker(10 * time.Millisecond)
+	defer t.Stop()
+	for {
+		note, ok := cond()
+		if ok {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w; last: %s", ctx.Err(), note)
+		case <-t.C:
+		}
+	}
 }
 
 // withClient runs f with a short-lived plain client of s.
@@ -165,19 +224,10 @@ func (c *Cluster) byAddr(addr string) *Server {
 // (cluster_slots_assigned), polling every 10 ms. It returns ctx's error,
 // with the last CLUSTER INFO that did not match, when ctx ends first.
 func (c *Cluster) WaitState(ctx context.Context, want string) error {
-	t := time.NewTicker(10 * time.Millisecond)
-	defer t.Stop()
-	for {
-		last, ok := c.stateIs(ctx, want)
-		if ok {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("redisproc: cluster state not %s: %w; last: %s", want, ctx.Err(), last)
-		case <-t.C:
-		}
+	if err := poll(ctx, func() (string, bool) { return c.stateIs(ctx, want) }); err != nil {
+		return fmt.Errorf("redisproc: cluster state not %s: %w", want, err)
 	}
+	return nil
 }
 
 // stateIs reports whether every running node is in state want (WaitState),
@@ -314,10 +364,17 @@ func (m *SlotMove) MigrateRest(ctx context.Context) error {
 }
 
 // Finish hands the slot over to the target: CLUSTER SETSLOT NODE on the
-// target, the source, then every other running node.
+// target, the source, then every other running master.
 func (m *SlotMove) Finish(ctx context.Context) error {
 	for _, s := range append([]*Server{m.To, m.From}, m.c.Nodes...) {
 		if !s.Running() {
+			continue
+		}
+		// Replicas take SETSLOT from no one but learn the owner from
+		// their master.
+		if r, err := m.c.Role(ctx, s); err != nil {
+			return err
+		} else if !r.Master {
 			continue
 		}
 		err := withClient(ctx, s, func(rc *redis.Client) error {

@@ -2,6 +2,9 @@ package redisproc
 
 import (
 	"context"
+	"fmt"
+	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -102,4 +105,131 @@ func TestCluster(t *testing.T) {
 	if err := c.WaitState(ctx, "ok"); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// StartCluster with replicas joins three masters and a replica of each;
+// a master whose replica was held back (frozen, link cut) takes a write
+// the replica never gets, is killed, and the replica is promoted without
+// that write; a cluster client writes through the new master; the old
+// master restarts as its replica and drops the write.
+func TestClusterFailover(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
+	defer cancel()
+	c, err := StartCluster(ctx, 3, &Options{ClusterNodeTimeout: time.Second, ClusterReplicas: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	if len(c.Nodes) != 6 || c.Shards != 3 {
+		t.Fatalf("nodes %d, shards %d: want 6 and 3", len(c.Nodes), c.Shards)
+	}
+	for _, s := range c.Nodes {
+		if lo := ephemeralLow(t); s.BusPort() >= lo {
+			t.Errorf("node %s: bus port %d in the ephemeral range (from %d)", s.Addr(), s.BusPort(), lo)
+		}
+	}
+	masters, err := c.Masters(ctx)
+	if err != nil || len(masters) != 3 {
+		t.Fatalf("masters %v, %v", masters, err)
+	}
+	for i, m := range masters {
+		if m != c.Nodes[i] {
+			t.Fatalf("master %d is %s, want %s", i, m.Addr(), c.Nodes[i].Addr())
+		}
+		reps, err := c.ReplicasOf(ctx, m)
+		if err != nil || len(reps) != 1 || reps[0] != c.Nodes[3+i] {
+			t.Fatalf("replicas of %s: %v, %v; want %s", m.Addr(), reps, err, c.Nodes[3+i].Addr())
+		}
+	}
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs()})
+	t.Cleanup(func() { _ = cc.Close() })
+	master, _, err := c.NodeFor(ctx, "{q}kept")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cc.Set(ctx, "{q}kept", 1, 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	f, err := c.StartFailover(ctx, master)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.WaitSynced(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.HoldBack(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := cc.Set(ctx, "{q}lost", 1, 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.KillMaster(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n, _, err := c.NodeFor(ctx, "{q}kept"); err != nil || n != f.Replica {
+		t.Fatalf("after the failover {q} is on %v, %v; want %s", n, err, f.Replica.Addr())
+	}
+	rc := client(t, f.Replica)
+	if n, err := rc.Exists(ctx, "{q}kept", "{q}lost").Result(); err != nil || n != 1 {
+		t.Fatalf("promoted replica holds %d of {q}kept, {q}lost (%v): want the first only", n, err)
+	}
+	// No MOVED comes from a dead node: the client learns the new owner
+	// when it reloads the slots.
+	cc.ReloadState(ctx)
+	if err := poll(ctx, func() (string, bool) {
+		err := cc.Set(ctx, "{q}after", 1, 0).Err()
+		return fmt.Sprint(err), err == nil
+	}); err != nil {
+		t.Fatalf("cluster client write after the failover: %v", err)
+	}
+	if err := f.Rejoin(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if reps, err := c.ReplicasOf(ctx, f.Replica); err != nil || len(reps) != 1 || reps[0] != f.Master {
+		t.Fatalf("replicas of the promoted node: %v, %v; want the old master", reps, err)
+	}
+	// A replica answers reads of its master's slots after READONLY.
+	old := redis.NewClient(&redis.Options{Addr: f.Master.Addr(), OnConnect: func(ctx context.Context, cn *redis.Conn) error {
+		return cn.ReadOnly(ctx).Err()
+	}})
+	t.Cleanup(func() { _ = old.Close() })
+	if err := poll(ctx, func() (string, bool) {
+		n, err := old.Exists(ctx, "{q}kept", "{q}lost", "{q}after").Result()
+		return fmt.Sprint(n, err), err == nil && n == 2
+	}); err != nil {
+		t.Fatalf("the old master, now a replica, keeps {q}lost or lacks {q}after: %v", err)
+	}
+
+	// Back the other way, with the replica in sync at the kill: the last
+	// write survives.
+	back, err := c.StartFailover(ctx, f.Replica)
+	if err != nil || back.Replica != f.Master {
+		t.Fatalf("failover back: %+v, %v", back, err)
+	}
+	if err := cc.Set(ctx, "{q}synced", 1, 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := back.SyncReplica(ctx, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if err := back.KillMaster(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := client(t, f.Master).Exists(ctx, "{q}synced").Result(); err != nil || n != 1 {
+		t.Fatalf("{q}synced on the node promoted after SyncReplica: %d, %v", n, err)
+	}
+}
+
+// ephemeralLow is the first port of the kernel's ephemeral range.
+func ephemeralLow(t *testing.T) int {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		t.Skip(err)
+	}
+	n, err := strconv.Atoi(strings.Fields(string(b))[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
 }

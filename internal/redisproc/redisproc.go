@@ -66,12 +66,20 @@ type Options struct {
 	// Cluster starts the server as a Redis Cluster node (--cluster-enabled
 	// yes, its nodes.conf in Dir) with no slots and no peers: StartCluster
 	// joins such nodes. Its cluster bus listens on 127.0.0.1 on another
-	// free port (--cluster-port; Server.BusPort). Not for sentinels.
-	// Default false.
+	// free port below the ephemeral range (spawn.FreeStablePort), so that
+	// a restart after a crash finds it free (--cluster-port;
+	// Server.BusPort). A replica fails over however long it was cut off
+	// from its master (--cluster-replica-validity-factor 0): the lab holds
+	// replicas back on purpose; and a master sends a replica its data at
+	// once (--repl-diskless-sync-delay 0). Not for sentinels. Default false.
 	Cluster bool
 	// ClusterNodeTimeout is cluster-node-timeout: how long a node may not
 	// answer before the others count it as failing. Default 1 s.
 	ClusterNodeTimeout time.Duration
+	// ClusterReplicas is the number of replicas StartCluster gives each
+	// master (CLUSTER REPLICATE); Start ignores it. Default 0: masters
+	// only.
+	ClusterReplicas int
 }
 
 // SentinelOptions configures a sentinel started by Start.
@@ -190,7 +198,7 @@ func Start(ctx context.Context, opts *Options) (*Server, error) {
 		if s.cluster {
 			// A bus port lost to a bind race fails the start with
 			// ErrBind too, and the retry picks both ports again.
-			bus, err := spawn.FreePort()
+			bus, err := spawn.FreeStablePort()
 			if err != nil {
 				return fmt.Errorf("redisproc: %w", err)
 			}
@@ -227,7 +235,9 @@ func (s *Server) launch(ctx context.Context) (*spawn.Proc, error) {
 		args = append(args, "--cluster-enabled", "yes",
 			"--cluster-config-file", "nodes.conf",
 			"--cluster-port", strconv.Itoa(s.busPort),
-			"--cluster-node-timeout", strconv.FormatInt(s.nodeTimeout.Milliseconds(), 10))
+			"--cluster-node-timeout", strconv.FormatInt(s.nodeTimeout.Milliseconds(), 10),
+			"--cluster-replica-validity-factor", "0",
+			"--repl-diskless-sync-delay", "0")
 	}
 	if s.tlsCert != "" {
 		args[1] = "0"

@@ -10,6 +10,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -79,6 +80,46 @@ func FreePort() (int, error) {
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// FreeStablePort is FreePort for a port a server must bind again after a
+// crash (a cluster node's bus port): it picks a free TCP port on 127.0.0.1
+// at random below the kernel's ephemeral range (ip_local_port_range, from
+// port 20000 up), where no outgoing connection's local port can take it
+// while the server is down. It falls back to FreePort when that range is
+// too small or unreadable, or after 100 ports found taken. The port is
+// released before returning: callers retry on bind failure.
+func FreeStablePort() (int, error) {
+	lo := 20000
+	hi := ephemeralLow()
+	if hi-lo < 1000 {
+		return FreePort()
+	}
+	for range 100 {
+		p := lo + rand.IntN(hi-lo)
+		l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p)))
+		if err != nil {
+			continue
+		}
+		_ = l.Close()
+		return p, nil
+	}
+	return FreePort()
+}
+
+// ephemeralLow returns the first port of the kernel's ephemeral range
+// (/proc/sys/net/ipv4/ip_local_port_range), 0 when unreadable.
+func ephemeralLow() int {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return 0
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return 0
+	}
+	n, _ := strconv.Atoi(f[0])
+	return n
 }
 
 // FreeAddr is FreePort as "127.0.0.1:PORT".

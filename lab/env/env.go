@@ -125,6 +125,13 @@ type Options struct {
 	// pgproc.Options.Settings), e.g. to preload pg_stat_statements for
 	// counting statements. Default nil: none.
 	PGSettings []string
+	// RedisCluster runs Redis as a private Redis Cluster of
+	// ClusterMasters masters with one replica each (Env.RedisCluster,
+	// cluster-node-timeout ClusterNodeTimeout) instead of one server; the
+	// services get a redis+cluster:// URL. Links then route Postgres only
+	// (a cluster client follows the nodes' own addresses). Not with
+	// Sentinel or TLS. Default false.
+	RedisCluster bool
 }
 
 // ServerMode names the servers' durability settings for output and logs:
@@ -155,6 +162,10 @@ type Env struct {
 	// primary's replica and the three sentinels watching them.
 	RedisReplica *redisproc.Server
 	Sentinels    []*redisproc.Server
+	// RedisCluster is the cluster of Options.RedisCluster, nil without;
+	// Redis is then its first node (a master at the start), RedisURL the
+	// cluster's redis+cluster:// URL.
+	RedisCluster *redisproc.Cluster
 	// Consumers and Workers are the services' main processes (api and
 	// worker roles, plus relay when no separate relay process runs).
 	Consumers, Workers *Proc
@@ -305,6 +316,10 @@ func Start(ctx context.Context, opts Options) (_ *Env, err error) {
 		defer wg.Done()
 		// An ACL file keeps the services' Redis users across the
 		// experiments' Redis restarts.
+		if opts.RedisCluster {
+			rdErr = e.startCluster(ctx, opts, rdOpts, progress)
+			return
+		}
 		e.Redis, rdErr = redisproc.Start(ctx, &rdOpts)
 	}()
 	wg.Wait()
@@ -313,6 +328,9 @@ func Start(ctx context.Context, opts Options) (_ *Env, err error) {
 	}
 	e.DatabaseURL = e.verifyFull(e.Postgres.AdminURL())
 	e.RedisURL = e.withRedisCA(e.Redis.URL())
+	if e.RedisCluster != nil {
+		e.RedisURL = e.RedisCluster.URL()
+	}
 	if opts.PgBouncer {
 		fmt.Fprintln(progress, "lab: starting private PgBouncer (transaction mode)")
 		if e.PgBouncer, err = pgbouncerproc.Start(ctx, &pgbouncerproc.Options{
@@ -474,6 +492,13 @@ func (e *Env) redisUsers(ctx context.Context, partitions int) error {
 		if err != nil {
 			return fmt.Errorf("lab: %w", err)
 		}
+		if e.RedisCluster != nil {
+			if err := e.clusterUser(ctx, args); err != nil {
+				return err
+			}
+			e.redisURLs[s] = strings.Replace(e.RedisURL, "://", "://"+s+":"+pw+"@", 1)
+			continue
+		}
 		if err := schema.ApplyRedisACL(ctx, e.rdb, args); err != nil {
 			return fmt.Errorf("lab: %w", err)
 		}
@@ -503,11 +528,14 @@ func (e *Env) route(route func(service, server, addr string) (string, error)) er
 		if err != nil {
 			return fmt.Errorf("lab: route %s to postgres: %w", s, err)
 		}
+		e.dbURLs[s] = fmt.Sprintf("postgres://%s@%s/%s?sslmode=disable", s, pg, pgproc.DefaultDatabase)
+		if e.RedisCluster != nil {
+			continue
+		}
 		rd, err := route(s, "redis", e.Redis.Addr())
 		if err != nil {
 			return fmt.Errorf("lab: route %s to redis: %w", s, err)
 		}
-		e.dbURLs[s] = fmt.Sprintf("postgres://%s@%s/%s?sslmode=disable", s, pg, pgproc.DefaultDatabase)
 		e.redisURLs[s] = strings.Replace(e.redisURLs[s], "@"+e.Redis.Addr()+"/", "@"+rd+"/", 1)
 	}
 	return nil
@@ -549,6 +577,9 @@ func (e *Env) Close() error {
 	}
 	if e.RedisReplica != nil {
 		errs = append(errs, e.RedisReplica.Close())
+	}
+	if e.RedisCluster != nil {
+		errs = append(errs, e.RedisCluster.Close())
 	}
 	if e.Redis != nil {
 		errs = append(errs, e.Redis.Close())

@@ -30,6 +30,9 @@ func (e *Env) Proc(name string) *Proc {
 //	fault.RedisKill         SIGKILL Redis; fault.RedisStop: graceful shutdown; heal starts it again
 //	fault.PostgresImmediate, fault.PostgresFast  stop Postgres in that mode; heal starts it again
 //	fault.Net               a toxic on link f.Target (needs Options.Links); heal removes it
+//	fault.ClusterFailover   kill the master of f.Target's queue once its replica is in sync (writes paused meanwhile), and wait for the promotion; heal: the old master rejoins as a replica
+//	fault.ClusterReshard    move the slot of f.Target's queue to another master key by key (done when Inject returns); heal: nothing
+//	fault.ClusterPause      SIGSTOP the master of f.Target's queue; heal continues it
 //
 // fault.CrashPoint is not injected here: it restarts a process with
 // --fault (fault.Spec), which needs the seq to crash at. The error is
@@ -86,6 +89,8 @@ func (e *Env) Inject(ctx context.Context, f fault.Fault) (Heal, error) {
 			return heal, fmt.Errorf("lab: stop postgres: %w", err)
 		}
 		return heal, nil
+	case fault.ClusterFailover, fault.ClusterReshard, fault.ClusterPause:
+		return e.injectCluster(ctx, f)
 	case fault.Net:
 		if e.links == nil {
 			return none, errors.New("lab: inject net: the environment has no Links")
@@ -100,7 +105,8 @@ func (e *Env) Inject(ctx context.Context, f fault.Fault) (Heal, error) {
 }
 
 // HealAll ends every fault: toxics removed (with Options.Links), Postgres
-// and Redis running, every service process running and continued. It
+// and Redis (every node of a cluster) running and continued, every service
+// process running and continued. It
 // returns the first failure to start something.
 func (e *Env) HealAll(ctx context.Context) error {
 	if e.links != nil {
@@ -114,6 +120,17 @@ func (e *Env) HealAll(ctx context.Context) error {
 	if !e.Redis.Running() {
 		if err := e.Redis.Restart(ctx); err != nil {
 			return fmt.Errorf("heal redis: %w", err)
+		}
+	}
+	if c := e.RedisCluster; c != nil {
+		for _, s := range c.Nodes {
+			if s.Running() {
+				_ = s.Resume()
+				continue
+			}
+			if err := s.Restart(ctx); err != nil {
+				return fmt.Errorf("heal redis cluster node %s: %w", s.Addr(), err)
+			}
 		}
 	}
 	for _, p := range e.Procs() {

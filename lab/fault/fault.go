@@ -25,6 +25,11 @@ const (
 	PostgresFast      Kind = "postgres-fast"      // stop Postgres in fast mode
 	Net               Kind = "net"                // a toxic (Fault.Net) on one service's link to Postgres or Redis
 	PruneHistory      Kind = "prune-history"      // delete Target service's history older than PruneOlderThan, again and again, as retention would
+	// Redis Cluster kinds (env.Options.RedisCluster); Target is the
+	// service whose outbound queue's slot they act on.
+	ClusterFailover Kind = "cluster-failover" // kill the queue's master once its replica is in sync; the replica is promoted; heal: the old master rejoins as a replica
+	ClusterReshard  Kind = "cluster-reshard"  // move the queue's slot to another master key by key, under load
+	ClusterPause    Kind = "cluster-pause"    // freeze (SIGSTOP) the queue's master; heal continues it
 )
 
 // Network fault kinds (Fault.Net), each a toxiproxy toxic or, for
@@ -55,8 +60,8 @@ type Fault struct {
 	At, For time.Duration
 	Kind    Kind
 	// Target is a process name (process kinds), a link
-	// "service>postgres|redis" (Net) or a service (PruneHistory); unused
-	// for the server kinds.
+	// "service>postgres|redis" (Net) or a service (PruneHistory, the
+	// cluster kinds); unused for the other server kinds.
 	Target string
 	// Net is the network kind (Net), Stream its direction ("upstream":
 	// service to server; "downstream": back), Attrs its toxiproxy
@@ -72,7 +77,7 @@ type Fault struct {
 // ServerPostgres), "" for the kinds that act on a process or a link.
 func (f Fault) Server() string {
 	switch f.Kind {
-	case RedisKill, RedisStop:
+	case RedisKill, RedisStop, ClusterFailover, ClusterReshard, ClusterPause:
 		return ServerRedis
 	case PostgresImmediate, PostgresFast:
 		return ServerPostgres

@@ -44,6 +44,10 @@ var scenarios = []scenario{
 		run: streamEntryDeleted},
 	{name: "redis-failover", doc: "Sentinel-managed primary + replica; the replica held back while 5 messages are published; primary killed, replica promoted without them: the re-drive brings them, each shown once, in order",
 		opts: env.Options{Sentinel: true}, run: redisFailover},
+	{name: "cluster-failover", doc: "Redis Cluster (3 masters + 3 replicas); the queue's master killed with its replica held back (5 jobs it never got), replica promoted, messages sent across it: the re-drive brings the 5, each shown once, in order",
+		opts: env.Options{RedisCluster: true}, run: clusterFailover},
+	{name: "cluster-reshard", doc: "Redis Cluster (3 masters + 3 replicas); both queues' slots moved to another master key by key while a sender sends every 50 ms: each shown once, in order; reports the longest delivery gap during the move",
+		opts: env.Options{RedisCluster: true}, run: clusterReshard},
 }
 
 // Names returns the names of the scenarios, in their listing order.
@@ -81,6 +85,20 @@ type run struct {
 	sent     int
 	lastSend time.Time
 	extra    []string // extra invariant violations found by the scenario
+	measures Measures
+}
+
+// Measures are a scenario's own measurements, in its Result (zero and
+// left out of the JSON when the scenario does not measure them).
+type Measures struct {
+	// MaxGapBeforeMs and MaxGapDuringMs are the longest times (ms)
+	// between two consecutive messages shown on the workers' client in
+	// the 2 s before a slot move and during it (to 1 s after its end),
+	// with a sender sending throughout (cluster-reshard); MoveMs is how
+	// long the move took.
+	MaxGapBeforeMs int64 `json:"max_gap_before_ms,omitempty"`
+	MaxGapDuringMs int64 `json:"max_gap_during_ms,omitempty"`
+	MoveMs         int64 `json:"move_ms,omitempty"`
 }
 
 // send sends "msg N" (N counting up) to chaos.Chat on consumers and logs it.
@@ -152,9 +170,25 @@ type Options struct {
 // wrapping probe.ErrInvariant when it ran but an invariant broke (the
 // figures are returned too), or another error when it could not run.
 func Run(ctx context.Context, name string, so Options) (*probe.Figures, error) {
+	f, _, err := RunMeasured(ctx, name, so)
+	return f, err
+}
+
+// RunMeasured is Run that also returns the scenario's own measurements.
+func RunMeasured(ctx context.Context, name string, so Options) (*probe.Figures, Measures, error) {
+	s, f, err := runScenario(ctx, name, so)
+	if s == nil {
+		return f, Measures{}, err
+	}
+	return f, s.measures, err
+}
+
+// runScenario is RunMeasured; the run is nil when the scenario could not
+// start.
+func runScenario(ctx context.Context, name string, so Options) (_ *run, _ *probe.Figures, err error) {
 	sc := find(name)
 	if sc == nil {
-		return nil, fmt.Errorf("lab: unknown scenario %q (see lab chaos --list)", name)
+		return nil, nil, fmt.Errorf("lab: unknown scenario %q (see lab chaos --list)", name)
 	}
 	progress := so.Progress
 	if progress == nil {
@@ -165,18 +199,19 @@ func Run(ctx context.Context, name string, so Options) (*probe.Figures, error) {
 	opts.ExtraArgs = append(append([]string(nil), opts.ExtraArgs...), so.ExtraArgs...)
 	e, err := env.Start(ctx, opts)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	defer e.Close()
 	s := &run{e: e, log: probe.NewEventLog(so.Log), snd: probe.NewSender(e.Token)}
+	fail := func(err error) (*run, *probe.Figures, error) { return s, nil, err }
 	events := probe.NewEvents()
 	defer events.Close()
 	s.w, err = probe.NewWatcher(e.WorkersURL, chaos.Chat, &probe.WatcherConfig{Token: e.Token, OnFrame: probe.LogFrames(s.log, true)})
 	if err != nil {
-		return nil, err
+		return fail(err)
 	}
 	if err := s.w.Start(ctx); err != nil {
-		return nil, err
+		return fail(err)
 	}
 	defer s.w.Stop(context.Background())
 	defer e.Workers.Subscribe(func(l env.LogLine) {
@@ -207,39 +242,39 @@ func Run(ctx context.Context, name string, so Options) (*probe.Figures, error) {
 		})()
 	}
 	if err := probe.Connect(ctx, s.w); err != nil {
-		return nil, fmt.Errorf("lab: watcher could not connect: %w", err)
+		return fail(fmt.Errorf("lab: watcher could not connect: %w", err))
 	}
 	fmt.Fprintf(progress, "lab: scenario %s\n", name)
 	s.log.Start()
 	s.lastSend = time.Now().Add(-time.Hour)
 	if err := sc.run(ctx, s); err != nil {
-		return nil, err
+		return fail(err)
 	}
 	settle := 2*e.LockDuration + 10*time.Second
 	fmt.Fprintf(progress, "lab: waiting up to %v for everything saved to be shown\n", settle)
 	if err := probe.WaitSettled(ctx, e, s.w, s.lastSend.Add(settle), 100*time.Millisecond); err != nil {
-		return nil, err
+		return fail(err)
 	}
 	f, err := probe.ReadFigures(ctx, e, s.w)
 	if err != nil {
-		return nil, err
+		return fail(err)
 	}
 	err = f.CheckInvariants()
 	if len(s.extra) > 0 {
 		err = errors.Join(err, fmt.Errorf("%v", s.extra))
 	}
 	if err != nil {
-		return f, fmt.Errorf("%w: scenario %s: %w", probe.ErrInvariant, name, err)
+		return s, f, fmt.Errorf("%w: scenario %s: %w", probe.ErrInvariant, name, err)
 	}
-	return f, nil
+	return s, f, nil
 }
 
 // Result is the `lab scenario NAME --json` object (DESIGN.md): the
 // scenario's name, messages sent (saved by consumers), received (shown at
 // the workers' WebSocket client), lost (seqs saved and never shown; []
-// when none), duplicates shown, messages re-driven (sum of
-// consumers.messages.redrives) and ok (every invariant held); plus the
-// chaos figures.
+// when none), duplicates shown, order violations ([] when none), messages
+// re-driven (sum of consumers.messages.redrives) and ok (every invariant
+// held); plus the chaos figures and the scenario's Measures.
 type Result struct {
 	Scenario          string   `json:"scenario"`
 	Sent              int      `json:"sent"`
@@ -250,8 +285,9 @@ type Result struct {
 	OK                bool     `json:"ok"`
 	DuplicatesSkipped int      `json:"duplicates_skipped"`
 	Unsent            int      `json:"unsent"`
-	OrderViolations   []string `json:"order_violations,omitempty"`
+	OrderViolations   []string `json:"order_violations"`
 	Error             string   `json:"error,omitempty"`
+	Measures
 }
 
 // NewResult is the Result of scenario name from its figures f and Run's
@@ -262,6 +298,9 @@ func NewResult(name string, f *probe.Figures, err error) Result {
 		DuplicatesSkipped: f.DuplicatesSkipped, Unsent: f.Unsent, OrderViolations: f.OrderViolations}
 	if r.Lost == nil {
 		r.Lost = []int{}
+	}
+	if r.OrderViolations == nil {
+		r.OrderViolations = []string{}
 	}
 	if err != nil {
 		r.Error = err.Error()

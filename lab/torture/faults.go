@@ -43,12 +43,26 @@ func (t *run) apply(ctx context.Context, start time.Time, f fault.Fault) {
 	case fault.Kill, fault.Term, fault.Stop:
 		t.log.Add("fault", "%s %s", map[fault.Kind]string{fault.Kill: "SIGKILL", fault.Term: "SIGTERM", fault.Stop: "SIGSTOP"}[f.Kind], f.Target)
 	}
+	if cluster[f.Kind] {
+		t.log.Add("fault", "%s", f.Label())
+	}
 	heal, err := t.e.Inject(rctx, f)
-	if err != nil && f.Kind == fault.Net {
+	if err != nil && (f.Kind == fault.Net || cluster[f.Kind]) {
 		t.log.Add("lab", "%v", err)
-		return
+		if f.Kind == fault.Net {
+			return
+		}
 	}
 	switch f.Kind {
+	case fault.ClusterReshard:
+		if err == nil {
+			t.log.Add("fault", "%s: slot moved", f.Label())
+		}
+		return
+	case fault.ClusterFailover:
+		if err == nil {
+			t.log.Add("fault", "%s: replica promoted", f.Label())
+		}
 	case fault.Net:
 		t.log.Add("fault", "net %s", f.Label())
 	case fault.RedisKill, fault.RedisStop, fault.PostgresImmediate, fault.PostgresFast:
@@ -71,6 +85,9 @@ func (t *run) apply(ctx context.Context, start time.Time, f fault.Fault) {
 		t.log.Add("fault", "%s up", f.Server())
 	}
 }
+
+// cluster are the Redis Cluster fault kinds.
+var cluster = map[fault.Kind]bool{fault.ClusterFailover: true, fault.ClusterReshard: true, fault.ClusterPause: true}
 
 // restart starts p again (start) if it is not running.
 func (t *run) restart(ctx context.Context, p *env.Proc, start env.Heal) {

@@ -21,7 +21,8 @@ type schedule struct {
 	Senders                        int // sender goroutines per service
 	Clients                        int // WebSocket clients per service
 	Redrive                        bool
-	Malformed                      int // malformed entries added to each stream
+	Malformed                      int  // malformed entries added to each stream
+	Cluster                        bool // Redis is a cluster (Options.RedisCluster)
 	Faults                         []fault.Fault
 }
 
@@ -33,6 +34,9 @@ func (s *schedule) topology() string {
 	t := fmt.Sprintf("%d api/svc, relays %d+%d, %d chats, %d senders+%d clients/svc, %s", s.APIs, s.ConsumersRelays, s.WorkersRelays, s.Chats, s.Senders, s.Clients, rd)
 	if s.Malformed > 0 {
 		t += fmt.Sprintf(", %d malformed/stream", s.Malformed)
+	}
+	if s.Cluster {
+		t += ", redis cluster 3+3"
 	}
 	return t
 }
@@ -74,9 +78,15 @@ func (s *schedule) procNames() (workers, relays []string) {
 
 // drawSchedule draws schedule k of seed: the same (seed, k) always gives
 // the same schedule.
-func drawSchedule(seed uint64, k int, d time.Duration) *schedule {
+func drawSchedule(seed uint64, k int, d time.Duration) *schedule { return draw(seed, k, d, false) }
+
+// draw is drawSchedule, on a Redis Cluster when cluster is set: then
+// about a third of the faults are cluster faults, and no single-server
+// Redis fault nor toxic on a Redis link is drawn (the rest of the draw is
+// the same as without).
+func draw(seed uint64, k int, d time.Duration, cluster bool) *schedule {
 	r := rand.New(rand.NewPCG(seed, uint64(k)))
-	s := &schedule{K: k}
+	s := &schedule{K: k, Cluster: cluster}
 	switch r.IntN(3) {
 	case 0: // every role in one process per service
 		s.APIs = 1
@@ -96,13 +106,31 @@ func drawSchedule(seed uint64, k int, d time.Duration) *schedule {
 	all := slices.Compact(slices.Sorted(slices.Values(append(append([]string(nil), workers...), relays...))))
 	links := []string{}
 	for _, svc := range []string{chat.Consumers, chat.Workers} {
-		links = append(links, svc+">postgres", svc+">redis")
+		links = append(links, svc+">postgres")
+		if !cluster {
+			links = append(links, svc+">redis")
+		}
 	}
 	n := 2 + r.IntN(4)
 	ms := func(lo, hi int) time.Duration { return time.Duration(lo+r.IntN(hi-lo+1)) * time.Millisecond }
 	for range n {
 		f := fault.Fault{At: time.Duration(r.Int64N(int64(d * 3 / 4)))}
-		switch c := r.IntN(100); {
+		c := r.IntN(100)
+		if cluster && (r.IntN(3) == 0 || (c >= 52 && c < 64)) {
+			// A cluster fault, also in place of a single-server one.
+			f.Target = []string{chat.Consumers, chat.Workers}[r.IntN(2)]
+			switch r.IntN(3) {
+			case 0:
+				f.Kind, f.For = fault.ClusterFailover, ms(500, 2500)
+			case 1:
+				f.Kind = fault.ClusterReshard
+			default:
+				f.Kind, f.For = fault.ClusterPause, ms(200, 2500)
+			}
+			s.Faults = append(s.Faults, f)
+			continue
+		}
+		switch {
 		case c < 15:
 			f.Kind, f.Target, f.For = fault.Kill, all[r.IntN(len(all))], ms(100, 1500)
 		case c < 27:

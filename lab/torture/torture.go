@@ -68,6 +68,14 @@ type Options struct {
 	Progress, Log io.Writer
 	// Dir keeps the process logs under Dir/s<K> ("" = temp dirs, removed).
 	Dir string
+	// RedisCluster runs every schedule on a Redis Cluster of 3 masters and
+	// 3 replicas (env.Options.RedisCluster) and draws cluster faults among
+	// the others: a master killed and its replica promoted
+	// (fault.ClusterFailover), a slot moved under load
+	// (fault.ClusterReshard), a node paused (fault.ClusterPause). The
+	// single-server Redis faults and the toxics on Redis links are not
+	// drawn then. Default false: one Redis server.
+	RedisCluster bool
 }
 
 // Result is the `lab torture --json` object (DESIGN.md: schedules,
@@ -178,7 +186,7 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 		}
 	}
 	for _, k := range ks {
-		s := drawSchedule(opts.Seed, k, opts.Duration)
+		s := draw(opts.Seed, k, opts.Duration, opts.RedisCluster)
 		s.Faults = dropFaults(s.Faults, opts.Drop)
 		for _, f := range s.Faults {
 			res.Faults[f.Family()]++

@@ -62,6 +62,42 @@ func TestTortureShort(t *testing.T) {
 	}
 }
 
+// tortureClusterSeed draws, for the 2 short schedules on a Redis Cluster,
+// one API process per service and every cluster fault: master failovers,
+// slot moves and node pauses of both queues, among Postgres toxics, a
+// SIGKILL and malformed entries.
+const tortureClusterSeed = 42
+
+// TestTortureRedisCluster runs 2 short schedules on a Redis Cluster of 3
+// masters and 3 replicas with cluster faults drawn among the others: no
+// loss, nothing shown twice, order kept. Budget: about 20 s a schedule.
+func TestTortureRedisCluster(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts private servers and service processes")
+	}
+	t.Parallel()
+	var progress, log strings.Builder
+	res, err := Run(context.Background(), Options{Schedules: 2, Seed: tortureClusterSeed, Duration: 6 * time.Second,
+		Progress: &progress, Log: &log, RedisCluster: true})
+	t.Log("\n" + progress.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Schedules != 2 || res.Failed != 0 || res.Lost != 0 || res.DuplicatesShown != 0 || res.OrderViolations != 0 {
+		t.Fatalf("want 2 schedules, none failed: %+v\nlog:\n%s", res, log.String())
+	}
+	for _, k := range []fault.Kind{fault.ClusterFailover, fault.ClusterReshard, fault.ClusterPause} {
+		if res.Faults[string(k)] == 0 {
+			t.Errorf("no %s drawn: %v", k, res.Faults)
+		}
+	}
+	for _, want := range []string{"replica promoted", "slot moved"} {
+		if !strings.Contains(log.String(), want) {
+			t.Errorf("fault log lacks %q:\n%s", want, log.String())
+		}
+	}
+}
+
 // TestDrawScheduleReplays: a (seed, schedule) pair always draws the same
 // schedule (what --seed S --schedule K relies on), other pairs differ, and
 // every fault names a process or link of its topology.
