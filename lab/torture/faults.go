@@ -25,6 +25,12 @@ func (t *run) apply(ctx context.Context, start time.Time, f fault.Fault) {
 	m.Lock()
 	defer m.Unlock()
 	if ctx.Err() != nil {
+		if cluster[f.Kind] {
+			// A slow failover can hold its subject to the end of the
+			// fault phase; say so, so that a reader (and the test) can
+			// tell a skipped fault from a lost one.
+			t.log.Add("fault", "%s: skipped, the fault phase ended while %s was busy", f.Label(), f.Subject())
+		}
 		return
 	}
 	// Healing uses a context of its own: it must run after ctx ends.

@@ -77,7 +77,7 @@ func TestTortureRedisCluster(t *testing.T) {
 	}
 	t.Parallel()
 	var progress, log strings.Builder
-	res, err := Run(context.Background(), Options{Schedules: 2, Seed: tortureClusterSeed, Duration: 6 * time.Second,
+	res, err := Run(context.Background(), Options{Schedules: 2, Seed: tortureClusterSeed, Duration: 10 * time.Second,
 		Progress: &progress, Log: &log, RedisCluster: true})
 	t.Log("\n" + progress.String())
 	if err != nil {
@@ -91,9 +91,18 @@ func TestTortureRedisCluster(t *testing.T) {
 			t.Errorf("no %s drawn: %v", k, res.Faults)
 		}
 	}
-	for _, want := range []string{"replica promoted", "slot moved"} {
-		if !strings.Contains(log.String(), want) {
-			t.Errorf("fault log lacks %q:\n%s", want, log.String())
+	// Faults on one subject run one at a time: on a loaded machine a
+	// failover (hold-back, sync, kill, promotion) can hold Redis to the end
+	// of the fault phase and the slot move drawn after it is skipped, and
+	// logged as such. The failover comes first in both schedules.
+	if !strings.Contains(log.String(), "replica promoted") {
+		t.Errorf("fault log lacks %q:\n%s", "replica promoted", log.String())
+	}
+	if !strings.Contains(log.String(), "slot moved") {
+		if !strings.Contains(log.String(), string(fault.ClusterReshard)) || !strings.Contains(log.String(), "skipped, the fault phase ended") {
+			t.Errorf("fault log has neither a slot moved nor a slot move skipped:\n%s", log.String())
+		} else {
+			t.Logf("every slot move was skipped (a failover held Redis to the end of the fault phase):\n%s", log.String())
 		}
 	}
 }
