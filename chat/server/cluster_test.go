@@ -3,7 +3,6 @@ package server
 import (
 	"context"
 	"fmt"
-	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -211,17 +210,7 @@ func TestServeThroughClusterFailover(t *testing.T) {
 	if n := h.Count(t, `SELECT count(*) FROM workers.inbox WHERE chat_id = 9`); n != 12 {
 		t.Fatalf("workers.inbox has %d rows, want 12", n)
 	}
-	m, err := chattest.Get(cons.base + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	got := regexp.MustCompile(`outboxchat_redriven_total (\d+)`).FindStringSubmatch(m)
-	if got == nil {
-		t.Fatal("no outboxchat_redriven_total on /metrics")
-	}
-	if n, _ := strconv.Atoi(got[1]); n < 3 {
-		t.Fatalf("outboxchat_redriven_total %d, want at least the 3 the promoted replica lacked", n)
-	}
+	redrivenAtLeast(t, cons.base, 3)
 }
 
 // nodeClient is a plain client of one cluster node, closed when the test

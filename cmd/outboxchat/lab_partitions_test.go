@@ -72,17 +72,7 @@ func TestPartitionRelayKilled(t *testing.T) {
 	chats := []int64{50, 51, 52, 53}
 	var ws []*probe.Watcher
 	for _, c := range chats {
-		w, err := probe.NewWatcher(e.WorkersURL, c, &probe.WatcherConfig{Token: e.Token})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := w.Start(ctx); err != nil {
-			t.Fatal(err)
-		}
-		defer w.Stop(context.Background())
-		if err := probe.Connect(ctx, w); err != nil {
-			t.Fatal(err)
-		}
+		w := connectWatcher(ctx, t, e.WorkersURL, c, e.Token)
 		ws = append(ws, w)
 	}
 	snd := probe.NewSender(e.Token)

@@ -42,17 +42,7 @@ func TestUpRedisCluster(t *testing.T) {
 		t.Fatalf("CLUSTER INFO of %s: %v\n%s", node, err, info)
 	}
 	token := u.lines["token"]
-	w, err := probe.NewWatcher(u.all["workers"][1], 5, &probe.WatcherConfig{Token: token})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := w.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	defer w.Stop(context.Background())
-	if err := probe.Connect(ctx, w); err != nil {
-		t.Fatal(err)
-	}
+	w := connectWatcher(ctx, t, u.all["workers"][1], 5, token)
 	m, err := probe.NewSender(token).Send(ctx, u.all["consumers"][0], 5, "through the cluster")
 	if err != nil {
 		t.Fatal(err)

@@ -28,17 +28,7 @@ func TestUpInstances(t *testing.T) {
 	const chatID = 7
 	var watchers []*probe.Watcher
 	for _, base := range []string{cons[0], cons[1], work[0], work[1]} {
-		w, err := probe.NewWatcher(base, chatID, &probe.WatcherConfig{Token: token})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := w.Start(ctx); err != nil {
-			t.Fatal(err)
-		}
-		defer w.Stop(context.Background())
-		if err := probe.Connect(ctx, w); err != nil {
-			t.Fatal(err)
-		}
+		w := connectWatcher(ctx, t, base, chatID, token)
 		watchers = append(watchers, w)
 	}
 	snd := probe.NewSender(token)
@@ -92,17 +82,7 @@ func TestUpPartitions(t *testing.T) {
 	snd := probe.NewSender(token)
 	for chatID := int64(20); chatID < 24; chatID++ {
 		for _, dir := range [][2]string{{cons[0], work[0]}, {work[0], cons[0]}} {
-			w, err := probe.NewWatcher(dir[1], chatID, &probe.WatcherConfig{Token: token})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := w.Start(ctx); err != nil {
-				t.Fatal(err)
-			}
-			defer w.Stop(context.Background())
-			if err := probe.Connect(ctx, w); err != nil {
-				t.Fatal(err)
-			}
+			w := connectWatcher(ctx, t, dir[1], chatID, token)
 			m, err := snd.Send(ctx, dir[0], chatID, fmt.Sprint("to chat ", chatID))
 			if err != nil {
 				t.Fatal(err)
@@ -127,4 +107,22 @@ func TestUpPartitions(t *testing.T) {
 			}
 		}
 	}
+}
+
+// connectWatcher starts a WebSocket client of base's chat with token and
+// waits until it is connected; it is stopped at the test's end.
+func connectWatcher(ctx context.Context, t *testing.T, base string, chatID int64, token string) *probe.Watcher {
+	t.Helper()
+	w, err := probe.NewWatcher(base, chatID, &probe.WatcherConfig{Token: token})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = w.Stop(context.Background()) })
+	if err := probe.Connect(ctx, w); err != nil {
+		t.Fatal(err)
+	}
+	return w
 }
