@@ -360,11 +360,17 @@ func TestPartitionLeaseHandOver(t *testing.T) {
 	owners("relay-a takes relay-b's expired partitions", ttl+time.Second, map[string]int{"relay-a": parts})
 	sendRound()
 	shown("after the kill")
-	for p := range parts {
-		if n := h.Count(t, `SELECT count(*) FROM `+chat.OutboxTable(chat.Consumers, p)); n != 0 {
-			t.Fatalf("partition %d: %d rows left in the outbox", p, n)
+	// A row relay-b published before it died, without deleting it, is
+	// shown already and waits for relay-a's next pass of its partition,
+	// which publishes it again (a no-op) and deletes it.
+	testenv.WaitFor(t, 10*time.Second, "every partition's outbox empty", func() bool {
+		for p := range parts {
+			if h.Count(t, `SELECT count(*) FROM `+chat.OutboxTable(chat.Consumers, p)) != 0 {
+				return false
+			}
 		}
-	}
+		return true
+	})
 }
 
 // Partitions and their leases through a real PgBouncer in transaction
