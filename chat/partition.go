@@ -2,6 +2,7 @@ package chat
 
 import (
 	"fmt"
+	"slices"
 	"strconv"
 )
 
@@ -80,4 +81,28 @@ func PartitionOutboxChannel(service string, p int) string {
 		return OutboxChannel(service)
 	}
 	return OutboxChannel(service) + "_p" + strconv.Itoa(p)
+}
+
+// SplitByPartition splits items by the partition of their chat among n
+// partitions: out[p] holds, in their order, the items whose chat (chatOf of
+// the item's index) is in partition p; len(out) is n (at least 1).
+func SplitByPartition[T any](n int, items []T, chatOf func(i int) int64) [][]T {
+	out := make([][]T, max(n, 1))
+	for i, it := range items {
+		p := Partition(chatOf(i), n)
+		out[p] = append(out[p], it)
+	}
+	return out
+}
+
+// PartitionsOf returns the partitions (among n) of ms's chats, each once,
+// in the order of their first message.
+func PartitionsOf(ms []Message, n int) []int {
+	var parts []int
+	for _, m := range ms {
+		if p := Partition(m.ChatID, n); !slices.Contains(parts, p) {
+			parts = append(parts, p)
+		}
+	}
+	return parts
 }

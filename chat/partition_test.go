@@ -1,6 +1,9 @@
 package chat
 
-import "testing"
+import (
+	"slices"
+	"testing"
+)
 
 func TestPartition(t *testing.T) {
 	for _, c := range []struct {
@@ -41,5 +44,28 @@ func TestPartitionNames(t *testing.T) {
 		if CheckPartitions(n) == nil {
 			t.Errorf("CheckPartitions(%d) = nil", n)
 		}
+	}
+}
+
+// TestSplitByPartition: items go to their chat's partition in their order;
+// PartitionsOf names each partition of a batch once, first seen first.
+func TestSplitByPartition(t *testing.T) {
+	chats := []int64{5, 2, 9, 6, 1, 13}
+	got := SplitByPartition(4, chats, func(i int) int64 { return chats[i] })
+	want := [][]int64{nil, {5, 9, 1, 13}, {2, 6}, nil}
+	if len(got) != len(want) {
+		t.Fatalf("SplitByPartition = %v, want %v", got, want)
+	}
+	for p := range want {
+		if !slices.Equal(got[p], want[p]) {
+			t.Fatalf("SplitByPartition = %v, want %v", got, want)
+		}
+	}
+	if one := SplitByPartition(1, chats, func(i int) int64 { return chats[i] }); len(one) != 1 || !slices.Equal(one[0], chats) {
+		t.Fatalf("one partition: %v", one)
+	}
+	ms := []Message{{ChatID: 6}, {ChatID: 5}, {ChatID: 2}, {ChatID: 9}}
+	if got := PartitionsOf(ms, 4); !slices.Equal(got, []int{2, 1}) {
+		t.Fatalf("PartitionsOf = %v, want [2 1]", got)
 	}
 }

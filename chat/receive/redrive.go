@@ -395,11 +395,7 @@ func (r *Redriver) readd(ctx context.Context, jobs []redisq.Job, ms []chat.Messa
 		_, err := r.pub.Readd(ctx, jobs...)
 		return err
 	}
-	parts := make([][]redisq.Job, len(r.pubs))
-	for i, k := range order {
-		p := chat.Partition(ms[k].ChatID, len(r.pubs))
-		parts[p] = append(parts[p], jobs[i])
-	}
+	parts := chat.SplitByPartition(len(r.pubs), jobs, func(i int) int64 { return ms[order[i]].ChatID })
 	for p, js := range parts {
 		if len(js) == 0 {
 			continue

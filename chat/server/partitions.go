@@ -75,15 +75,7 @@ func (pr *partitionRelays) wakeChats(ms []chat.Message) {
 		pr.relays[0].Wake()
 		return
 	}
-	var done uint64 // partitions < 64 by bit, others woken each time
-	for _, m := range ms {
-		part := chat.Partition(m.ChatID, len(pr.relays))
-		if part < 64 {
-			if done&(1<<part) != 0 {
-				continue
-			}
-			done |= 1 << part
-		}
+	for _, part := range chat.PartitionsOf(ms, len(pr.relays)) {
 		pr.relays[part].Wake()
 	}
 }

@@ -661,11 +661,7 @@ func (s *Store) queueEvents(b *pgx.Batch, ms []chat.Message, events []outbox.Eve
 		_, err := s.writer.QueueEnqueue(b, events...)
 		return err
 	}
-	parts := make([][]outbox.Event, len(s.writers))
-	for i, m := range ms {
-		p := chat.Partition(m.ChatID, len(s.writers))
-		parts[p] = append(parts[p], events[i])
-	}
+	parts := chat.SplitByPartition(len(s.writers), events, func(i int) int64 { return ms[i].ChatID })
 	for p, evs := range parts {
 		if len(evs) == 0 {
 			continue
@@ -684,11 +680,7 @@ func (s *Store) committed(ms []chat.Message) {
 		s.writer.Committed()
 		return
 	}
-	done := make([]bool, len(s.writers))
-	for _, m := range ms {
-		if p := chat.Partition(m.ChatID, len(s.writers)); !done[p] {
-			done[p] = true
-			s.writers[p].Committed()
-		}
+	for _, p := range chat.PartitionsOf(ms, len(s.writers)) {
+		s.writers[p].Committed()
 	}
 }

@@ -256,11 +256,7 @@ func (f *Fence) fence(ctx context.Context, conn *pgx.Conn, ep epoch, w []*outbox
 			}
 		}
 		// Each chat's floor goes through its partition's outbox.
-		byPart := make([][]chat.ReceiptChat, len(w))
-		for _, c := range lost {
-			p := chat.Partition(c.ChatID, len(w))
-			byPart[p] = append(byPart[p], c)
-		}
+		byPart := chat.SplitByPartition(len(w), lost, func(i int) int64 { return lost[i].ChatID })
 		for p, chats := range byPart {
 			for start := 0; start < len(chats); start += fenceBatch {
 				part := chats[start:min(start+fenceBatch, len(chats))]
