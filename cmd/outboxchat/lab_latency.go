@@ -23,20 +23,21 @@ func runLabLatency(ctx context.Context, args []string, stdout, stderr io.Writer)
 	asJSON := fs.Bool("json", false, "print one JSON object per variant per line (variant, runs, p50_ms, p95_ms, p99_ms, max_ms, n); floors and plot path go to stderr")
 	plotPath := fs.String("plot", perf.DefaultPlotPath, `PNG of the latency CDF per variant ("none" = no plot)`)
 	durable := fs.Bool("durable", false, "servers as production runs them: Postgres fsync=on and synchronous_commit=on, Redis appendonly yes with appendfsync everysec (default: the fast mode, Postgres fsync=off)")
+	instances := fs.Int("instances", 1, "API+worker processes per service: sends go to the consumers instances in turn, the watcher is on the last workers instance")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("lab latency: unexpected arguments %q", fs.Args())
 	}
-	if *messages <= 0 || *runs <= 0 || *interval <= 0 {
-		return errors.New("lab latency: --messages, --runs and --interval must be positive")
+	if *messages <= 0 || *runs <= 0 || *interval <= 0 || *instances <= 0 {
+		return errors.New("lab latency: --messages, --runs, --interval and --instances must be positive")
 	}
 	vs := splitList(*variants)
 	if len(vs) == 0 {
 		return errors.New("lab latency: --variants is empty")
 	}
-	rep, err := perf.Latency(ctx, perf.LatencyOptions{Variants: vs, Messages: *messages, Interval: *interval, Runs: *runs, Progress: stderr, Durable: *durable})
+	rep, err := perf.Latency(ctx, perf.LatencyOptions{Variants: vs, Messages: *messages, Interval: *interval, Runs: *runs, Progress: stderr, Durable: *durable, Instances: *instances})
 	if err != nil {
 		return err
 	}

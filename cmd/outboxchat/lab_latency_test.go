@@ -17,7 +17,7 @@ import (
 
 func TestLatencyCmdRejects(t *testing.T) {
 	for _, args := range [][]string{
-		{"--runs", "0"}, {"--messages", "-1"}, {"--variants", "v3"}, {"--variants", ","}, {"extra"},
+		{"--runs", "0"}, {"--messages", "-1"}, {"--variants", "v3"}, {"--variants", ","}, {"extra"}, {"--instances", "0"},
 	} {
 		var out, errb bytes.Buffer
 		if err := runLabLatency(context.Background(), args, &out, &errb); err == nil {
@@ -26,8 +26,11 @@ func TestLatencyCmdRejects(t *testing.T) {
 	}
 }
 
-// TestLatencyCmd runs `lab latency` end to end on one short run of v2:
-// structure and sane figures, never timing targets.
+// TestLatencyCmd runs `lab latency` end to end on one short run of v2
+// with two instances of each service (sends to both consumers instances,
+// the watcher on the second workers instance: nothing lost whichever
+// instance stores a message): structure and sane figures, never timing
+// targets.
 func TestLatencyCmd(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
@@ -35,7 +38,7 @@ func TestLatencyCmd(t *testing.T) {
 	plotPath := filepath.Join(t.TempDir(), "cdf.png")
 	var out, errb bytes.Buffer
 	err := runLabLatency(ctx, []string{"--variants", "v2", "--messages", "20", "--interval", "50ms", "--runs", "1",
-		"--json", "--plot", plotPath}, &out, &errb)
+		"--instances", "2", "--json", "--plot", plotPath}, &out, &errb)
 	if err != nil {
 		t.Fatalf("lab latency: %v\nstderr:\n%s", err, errb.String())
 	}
@@ -59,7 +62,7 @@ func TestLatencyCmd(t *testing.T) {
 	if !(s.P50Ms > 0 && s.P50Ms <= s.P95Ms && s.P95Ms <= s.P99Ms && s.P99Ms <= s.MaxMs) {
 		t.Errorf("percentiles not ordered and positive: %+v", s)
 	}
-	for _, want := range []string{"INSERT+COMMIT round trip", "v2 p50 / floors sum", "plot: " + plotPath, "servers: fast: postgres fsync=off"} {
+	for _, want := range []string{"starting 4 service processes", "INSERT+COMMIT round trip", "v2 p50 / floors sum", "plot: " + plotPath, "servers: fast: postgres fsync=off"} {
 		if !strings.Contains(errb.String(), want) {
 			t.Errorf("stderr lacks %q", want)
 		}

@@ -74,6 +74,13 @@ type LatencyOptions struct {
 	// Durable runs the servers flushing every commit (env.Options.Durable:
 	// Postgres fsync=on); default false, the fast mode (fsync=off).
 	Durable bool
+	// Instances is the number of API+worker processes per service
+	// (env.Options.APIs). Default 1. With more, a run's sends go to the
+	// consumers' instances in turn and its watcher is on the last workers
+	// instance, so that a message is stored by whichever workers instance
+	// read it and shown by the watcher's: the gateway of one instance is
+	// woken by another's inbox commit as often as by its own.
+	Instances int
 }
 
 // LatencyRun is one run of one variant.
@@ -142,6 +149,8 @@ type LatencyReport struct {
 	// Durable echoes LatencyOptions.Durable (fsync=on; false: the fast
 	// mode, fsync=off).
 	Durable bool
+	// Instances echoes LatencyOptions.Instances (1 or more).
+	Instances int
 }
 
 // LatencySummary is one variant's line of `lab latency --json` (DESIGN.md):
@@ -217,6 +226,7 @@ func Latency(ctx context.Context, opts LatencyOptions) (*LatencyReport, error) {
 	orDefault(&opts.Interval, DefaultLatencyInterval)
 	orDefault(&opts.Runs, DefaultLatencyRuns)
 	orDefault(&opts.Settle, DefaultLatencySettle)
+	orDefault(&opts.Instances, 1)
 	if opts.FloorSamples == 0 {
 		opts.FloorSamples = DefaultFloorSamples
 	}
@@ -228,7 +238,7 @@ func Latency(ctx context.Context, opts LatencyOptions) (*LatencyReport, error) {
 	if !slices.Contains(opts.Variants, env.VariantV2) {
 		floorsOn = opts.Variants[0]
 	}
-	rep := &LatencyReport{Messages: opts.Messages, Interval: opts.Interval, Runs: opts.Runs, Durable: opts.Durable}
+	rep := &LatencyReport{Messages: opts.Messages, Interval: opts.Interval, Runs: opts.Runs, Durable: opts.Durable, Instances: opts.Instances}
 	for _, v := range opts.Variants {
 		vl, floors, err := latencyVariant(ctx, v, opts, v == floorsOn && opts.FloorSamples > 0, progress)
 		if err != nil {
@@ -249,7 +259,7 @@ func latencyVariant(ctx context.Context, variant string, opts LatencyOptions, fl
 	// variant's way: in v2 the API wakes the relay in its process directly
 	// after commit (and NOTIFYs relays elsewhere); in v2-intx only the NOTIFY
 	// sent at commit wakes it (through its LISTEN); v2-poll has no wake-up.
-	e, err := env.Start(ctx, env.Options{Variant: variant, Progress: progress, Durable: opts.Durable})
+	e, err := env.Start(ctx, env.Options{Variant: variant, Progress: progress, Durable: opts.Durable, APIs: opts.Instances})
 	if err != nil {
 		return nil, nil, err
 	}
@@ -279,7 +289,16 @@ func latencyVariant(ctx context.Context, variant string, opts LatencyOptions, fl
 func latencyRun(ctx context.Context, e *env.Env, chatID int64, opts LatencyOptions) (*LatencyRun, error) {
 	var mu sync.Mutex
 	arrived := map[string]probe.Shown{}
-	w, err := probe.NewWatcher(e.WorkersURL, chatID, &probe.WatcherConfig{Token: e.Token, OnFrame: func(s probe.Shown) {
+	// One URL per instance; the watcher on the last workers instance.
+	sendTo := []string{e.ConsumersURL}
+	for _, p := range e.ConsumersAPIs {
+		sendTo = append(sendTo, p.URL())
+	}
+	watchAt := e.WorkersURL
+	if n := len(e.WorkersAPIs); n > 0 {
+		watchAt = e.WorkersAPIs[n-1].URL()
+	}
+	w, err := probe.NewWatcher(watchAt, chatID, &probe.WatcherConfig{Token: e.Token, OnFrame: func(s probe.Shown) {
 		if s.Message.From != chat.Consumers || s.Duplicate {
 			return
 		}
@@ -295,7 +314,7 @@ func latencyRun(ctx context.Context, e *env.Env, chatID int64, opts LatencyOptio
 	}
 	defer w.Stop(context.Background())
 	if err := probe.Connect(ctx, w); err != nil {
-		return nil, fmt.Errorf("watcher could not connect to %s: %w", e.WorkersURL, err)
+		return nil, fmt.Errorf("watcher could not connect to %s: %w", watchAt, err)
 	}
 	shown := func(id string) bool {
 		mu.Lock()
@@ -304,22 +323,26 @@ func latencyRun(ctx context.Context, e *env.Env, chatID int64, opts LatencyOptio
 		return ok
 	}
 
-	snd, err := probe.NewConnSender(e.ConsumersURL, e.Token, 5*time.Second)
-	if err != nil {
-		return nil, err
+	snds := make([]*probe.ConnSender, len(sendTo))
+	for i, u := range sendTo {
+		if snds[i], err = probe.NewConnSender(u, e.Token, 5*time.Second); err != nil {
+			return nil, err
+		}
+		defer snds[i].Close()
 	}
-	defer snd.Close()
 	// Warm-up: connections, prepared statements and the first wake-up are
-	// paid by a message that is not measured.
-	warmID, err := snd.Send(ctx, chatID, "warm-up")
-	if err != nil {
-		return nil, fmt.Errorf("warm-up send: %w", err)
-	}
-	wctx, cancel := context.WithTimeout(ctx, opts.Settle)
-	err = env.WaitFor(wctx, 5*time.Millisecond, func() bool { return shown(warmID) })
-	cancel()
-	if err != nil {
-		return nil, fmt.Errorf("warm-up message not shown within %v", opts.Settle)
+	// paid by a message per instance that is not measured.
+	for _, snd := range snds {
+		warmID, err := snd.Send(ctx, chatID, "warm-up")
+		if err != nil {
+			return nil, fmt.Errorf("warm-up send: %w", err)
+		}
+		wctx, cancel := context.WithTimeout(ctx, opts.Settle)
+		err = env.WaitFor(wctx, 5*time.Millisecond, func() bool { return shown(warmID) })
+		cancel()
+		if err != nil {
+			return nil, fmt.Errorf("warm-up message not shown within %v", opts.Settle)
+		}
 	}
 
 	type sent struct {
@@ -335,7 +358,7 @@ func latencyRun(ctx context.Context, e *env.Env, chatID int64, opts LatencyOptio
 		}
 		t0 := time.Now()
 		next = t0.Add(opts.Interval)
-		id, err := snd.Send(ctx, chatID, fmt.Sprintf("msg %d", i))
+		id, err := snds[i%len(snds)].Send(ctx, chatID, fmt.Sprintf("msg %d", i))
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil, ctx.Err()
@@ -385,8 +408,12 @@ func latencyRun(ctx context.Context, e *env.Env, chatID int64, opts LatencyOptio
 // over runs, the worst latency of all runs, runs; then losses and the
 // floors.
 func (r *LatencyReport) WriteTable(w io.Writer) {
-	fmt.Fprintf(w, "latency: %d messages per run, one every %v; send call → frame at a workers WebSocket client\nservers: %s\n\n",
-		r.Messages, r.Interval, env.ServerMode(r.Durable))
+	inst := ""
+	if r.Instances > 1 {
+		inst = fmt.Sprintf("; %d instances per service (sends to each in turn, the client on the last)", r.Instances)
+	}
+	fmt.Fprintf(w, "latency: %d messages per run, one every %v; send call → frame at a workers WebSocket client%s\nservers: %s\n\n",
+		r.Messages, r.Interval, inst, env.ServerMode(r.Durable))
 	rows := [][]string{{"variant", "p50", "p95", "p99", "max", "runs"}}
 	for _, v := range r.Variants {
 		col := func(f func(LatencyRun) time.Duration) []time.Duration {
