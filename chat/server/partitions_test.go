@@ -316,6 +316,8 @@ func TestPartitionLeaseHandOver(t *testing.T) {
 	}
 	owners := func(what string, d time.Duration, want map[string]int) {
 		t.Helper()
+		began := time.Now()
+		defer func() { t.Logf("%s: after %v", what, time.Since(began).Round(time.Millisecond)) }()
 		testenv.WaitFor(t, d, what, func() bool {
 			got := leaseOwners(t, h, chat.Consumers)
 			if len(got) != len(want) {
@@ -356,8 +358,10 @@ func TestPartitionLeaseHandOver(t *testing.T) {
 	// Sends while relay-b dies: the ones in its partitions wait in the
 	// outbox until relay-a takes them over.
 	once.Do(func() { close(kill) })
+	killed := time.Now()
 	sendRound()
 	owners("relay-a takes relay-b's expired partitions", ttl+time.Second, map[string]int{"relay-a": parts})
+	t.Logf("relay failover: all partitions held by relay-a %v after relay-b's kill (lease TTL %v)", time.Since(killed).Round(time.Millisecond), ttl)
 	sendRound()
 	shown("after the kill")
 	// A row relay-b published before it died, without deleting it, is
