@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"strconv"
 	"strings"
@@ -383,6 +384,76 @@ func (m *SlotMove) Finish(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("redisproc: hand slot %d over on %s: %w", m.Slot, s.Addr(), err)
 		}
+	}
+	return nil
+}
+
+// WaitSettled waits until the cluster has settled after a fault: every
+// running node reports cluster_state:ok (WaitState), every running node
+// sees the same master for every slot (CLUSTER SHARDS), and each of those
+// masters says it is a master (its own CLUSTER NODES). A node resumed
+// after a pause long enough to be failed over still claims its slots for
+// a moment before it learns it was replaced; an operator action (a slot
+// move, a failover) begun then may hand a slot to a node about to turn
+// replica and leave it unserved. It polls every 10 ms and returns ctx's
+// error, with the last disagreement, when ctx ends first.
+func (c *Cluster) WaitSettled(ctx context.Context) error {
+	err := poll(ctx, func() (string, bool) {
+		if note, ok := c.stateIs(ctx, "ok"); !ok {
+			return note, false
+		}
+		var first map[string]string // "start-end" → master's address
+		var firstAddr string
+		for _, s := range c.Nodes {
+			if !s.Running() {
+				continue
+			}
+			owners := map[string]string{}
+			err := withClient(ctx, s, func(rc *redis.Client) error {
+				shards, err := rc.ClusterShards(ctx).Result()
+				if err != nil {
+					return err
+				}
+				for _, sh := range shards {
+					for _, n := range sh.Nodes {
+						if n.Role != "master" {
+							continue
+						}
+						for _, r := range sh.Slots {
+							owners[fmt.Sprintf("%d-%d", r.Start, r.End)] = net.JoinHostPort(n.IP, strconv.FormatInt(n.Port, 10))
+						}
+					}
+				}
+				return nil
+			})
+			if err != nil {
+				return s.Addr() + ": " + err.Error(), false
+			}
+			if first == nil {
+				first, firstAddr = owners, s.Addr()
+				continue
+			}
+			if !maps.Equal(first, owners) {
+				return fmt.Sprintf("%s sees masters %v, %s sees %v", firstAddr, first, s.Addr(), owners), false
+			}
+		}
+		for _, addr := range first {
+			m := c.byAddr(addr)
+			if m == nil || !m.Running() {
+				return "slot master " + addr + " is not a running node", false
+			}
+			r, err := c.Role(ctx, m)
+			if err != nil {
+				return err.Error(), false
+			}
+			if !r.Master {
+				return addr + " is named master but says it is a replica", false
+			}
+		}
+		return "", true
+	})
+	if err != nil {
+		return fmt.Errorf("redisproc: cluster not settled: %w", err)
 	}
 	return nil
 }

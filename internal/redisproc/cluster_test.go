@@ -219,6 +219,42 @@ func TestClusterFailover(t *testing.T) {
 	if n, err := client(t, f.Master).Exists(ctx, "{q}synced").Result(); err != nil || n != 1 {
 		t.Fatalf("{q}synced on the node promoted after SyncReplica: %d, %v", n, err)
 	}
+
+	// A master paused past the node timeout is failed over; resumed, it
+	// claims its slots until it learns it was replaced: WaitSettled
+	// returns only once it says it is a replica.
+	ms, err := c.Masters(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var paused, promoted *Server
+	for _, m := range ms {
+		if reps, err := c.ReplicasOf(ctx, m); err == nil && len(reps) == 1 && m != f.Master {
+			paused, promoted = m, reps[0]
+			break
+		}
+	}
+	if paused == nil {
+		t.Fatalf("no other master with a running replica among %v", ms)
+	}
+	if err := paused.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	if err := poll(ctx, func() (string, bool) {
+		r, err := c.Role(ctx, promoted)
+		return fmt.Sprint(r, err), err == nil && r.Master
+	}); err != nil {
+		t.Fatalf("the paused master's replica not promoted: %v", err)
+	}
+	if err := paused.Resume(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.WaitSettled(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := c.Role(ctx, paused); err != nil || r.Master {
+		t.Fatalf("the resumed node is %+v (%v) once settled; want a replica", r, err)
+	}
 }
 
 // ephemeralLow is the first port of the kernel's ephemeral range.

@@ -73,6 +73,14 @@ func (e *Env) injectCluster(ctx context.Context, f fault.Fault) (Heal, error) {
 	if c == nil {
 		return none, fmt.Errorf("lab: inject %s: the environment has no Redis Cluster", f.Kind)
 	}
+	// An operator moves a slot or fails a master over on a settled
+	// cluster: begun while a resumed node still claims slots it lost, a
+	// move could hand its slot to a node about to turn replica.
+	if f.Kind != fault.ClusterPause {
+		if err := c.WaitSettled(ctx); err != nil {
+			return none, fmt.Errorf("lab: inject %s: %w", f.Kind, err)
+		}
+	}
 	node, slot, err := c.NodeFor(ctx, QueueKeys(f.Target).Stream)
 	if err != nil {
 		return none, fmt.Errorf("lab: inject %s: %w", f.Kind, err)
@@ -82,7 +90,14 @@ func (e *Env) injectCluster(ctx context.Context, f fault.Fault) (Heal, error) {
 		if err := node.Pause(); err != nil {
 			return none, fmt.Errorf("lab: pause cluster node %s: %w", node.Addr(), err)
 		}
-		return func(context.Context) error { return node.Resume() }, nil
+		// Healed once the cluster has settled: paused past the node
+		// timeout, the node was failed over and turns replica on resuming.
+		return func(ctx context.Context) error {
+			if err := node.Resume(); err != nil {
+				return err
+			}
+			return c.WaitSettled(ctx)
+		}, nil
 	case fault.ClusterFailover:
 		fo, err := c.StartFailover(ctx, node)
 		if err == nil {

@@ -218,7 +218,11 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 		if !r.OK {
 			res.Failed++
 			f := Failure{Seed: opts.Seed, Schedule: k, Problems: r.Problems}
-			fmt.Fprintf(opts.Progress, "torture: replay with: outboxchat lab torture --seed %d --schedule %d --duration %s\n", opts.Seed, k, opts.Duration)
+			cluster := ""
+			if opts.RedisCluster {
+				cluster = " --redis-cluster"
+			}
+			fmt.Fprintf(opts.Progress, "torture: replay with: outboxchat lab torture%s --seed %d --schedule %d --duration %s\n", cluster, opts.Seed, k, opts.Duration)
 			if opts.Shrink {
 				f.Shrunk = shrink(ctx, opts, s)
 			}
