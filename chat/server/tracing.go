@@ -60,6 +60,13 @@ func (p *process) traceSend(next http.Handler) http.Handler {
 		// Also when the sampler left the send out (flags 00): the caller
 		// learns its trace id either way.
 		w.Header().Set(telemetry.Traceparent, telemetry.FormatTraceparent(span.SpanContext()))
+		if !span.IsRecording() {
+			// Left out: nothing after this records a span or carries a
+			// header for it (Inject), so the request goes on untouched and
+			// the unsampled majority pays for the header alone.
+			next.ServeHTTP(w, r)
+			return
+		}
 		sw := &statusWriter{ResponseWriter: w, status: http.StatusOK}
 		next.ServeHTTP(sw, r.WithContext(ctx))
 		span.SetAttributes(attribute.Int("http.response.status_code", sw.status))
@@ -104,6 +111,9 @@ type tracedSender struct {
 func (s tracedSender) SendIdempotent(ctx context.Context, chatID int64, body, key, author string) (chat.Message, bool, error) {
 	m, replayed, err := s.next.SendIdempotent(ctx, chatID, body, key, author)
 	span := trace.SpanFromContext(ctx)
+	if !span.IsRecording() {
+		return m, replayed, err
+	}
 	if err != nil {
 		span.SetAttributes(attribute.Int64(telemetry.AttrChatID, chatID))
 		return m, replayed, err
@@ -233,7 +243,8 @@ func traceApplied(t *telemetry.Tracer, clock *fetchClock, applied []inbox.Applie
 
 // tracePush is the gateway's OnPush: a gateway push span, child of the
 // message's trace context, from the push's start to its frame being
-// queued.
+// queued. The gateway calls it only for a message that carries a trace
+// context (gateway.Config.OnPush).
 func tracePush(t *telemetry.Tracer) func(chat.Message, time.Time) {
 	return func(m chat.Message, began time.Time) {
 		ctx := t.ExtractTraceparent(context.Background(), m.TraceParent)

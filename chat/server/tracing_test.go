@@ -192,6 +192,40 @@ func TestTracingOffLeavesNoTrace(t *testing.T) {
 	}
 }
 
+// TestUnsampledSendLeavesNoSpan: a send the sampler leaves out records no
+// span anywhere, though the receiver samples everything it starts: the
+// message carries no trace context, so the workers' gateway push starts no
+// trace of its own for it, and the response still names the trace (flags
+// 00).
+func TestUnsampledSendLeavesNoSpan(t *testing.T) {
+	t.Parallel()
+	consExp, workExp := tracetest.NewInMemoryExporter(), tracetest.NewInMemoryExporter()
+	with := func(exp *tracetest.InMemoryExporter, s sdktrace.Sampler) func(*Config) {
+		return func(c *Config) {
+			tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp), sdktrace.WithSampler(s))
+			t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+			c.TracerProvider = tp
+		}
+	}
+	h := newHarness(t, "")
+	cons := h.start(chat.Consumers, with(consExp, sdktrace.ParentBased(sdktrace.NeverSample())))
+	work := h.start(chat.Workers, with(workExp, sdktrace.AlwaysSample()))
+	w := chattest.Watch(t, work.base, 11)
+	m, tp := postTraced(t, cons.base, 11, "left out")
+	if !strings.HasPrefix(tp, "00-") || !strings.HasSuffix(tp, "-00") {
+		t.Fatalf("response traceparent %q: want one with flags 00 (not sampled)", tp)
+	}
+	w.WaitSeqs(t, chat.Consumers, 1, 10*time.Second)
+	if n := h.Count(t, `SELECT count(*) FROM workers.inbox WHERE message_id = $1 AND traceparent IS NULL`, m.ID); n != 1 {
+		t.Fatalf("the unsampled message's inbox row carries a traceparent")
+	}
+	for _, sp := range append(consExp.GetSpans(), workExp.GetSpans()...) {
+		if sp.Name == telemetry.SpanGatewayPush || sp.Name == telemetry.SpanHTTPSend {
+			t.Errorf("span %s (trace %s) recorded for an unsampled send", sp.Name, sp.SpanContext.TraceID())
+		}
+	}
+}
+
 // otlpReceiver is a minimal OTLP/HTTP trace endpoint: it decodes each
 // export request (protobuf, possibly gzip) and keeps the spans' names by
 // trace id, their own and the ones they link to.
