@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxchat/outboxchat/chat"
+	"github.com/outboxchat/outboxchat/chat/store"
 	"github.com/outboxchat/outboxchat/lab/env"
 	"github.com/outboxchat/outboxchat/lab/probe"
 )
@@ -127,13 +128,13 @@ func (t *run) versionDiffs(ctx context.Context) ([]string, error) {
 // inboxed returns every inbox row of both services, with those a
 // prune took (t.keep): message id → row.
 func (t *run) inboxed(ctx context.Context) (map[string]sentMsg, error) {
-	return t.withKept(t.rowsByID(ctx, inboxQuery, chat.Peer))(t.keptInbox)
+	return t.withKept(t.rowsByID(ctx, t.e.Admin(), inboxQuery, chat.Peer))(t.keptInbox)
 }
 
 // stored returns every messages row of both services, with those a prune
 // took: message id → row.
 func (t *run) stored(ctx context.Context) (map[string]sentMsg, error) {
-	return t.withKept(t.rowsByID(ctx, messagesQuery, func(svc string) string { return svc }))(t.keptStored)
+	return t.withKept(t.rowsByID(ctx, t.e.Admin(), messagesQuery, func(svc string) string { return svc }))(t.keptStored)
 }
 
 const (
@@ -144,23 +145,57 @@ const (
 // tableRows reads the inbox and messages rows of both services as they are
 // now (without the kept ones): message id → row.
 func (t *run) tableRows(ctx context.Context) (inbox, messages map[string]sentMsg, err error) {
-	if inbox, err = t.rowsByID(ctx, inboxQuery, chat.Peer); err != nil {
+	return t.tableRowsOn(ctx, t.e.Admin())
+}
+
+// tableRowsOn is tableRows read through db (a transaction, for keepAndPrune).
+func (t *run) tableRowsOn(ctx context.Context, db querier) (inbox, messages map[string]sentMsg, err error) {
+	if inbox, err = t.rowsByID(ctx, db, inboxQuery, chat.Peer); err != nil {
 		return nil, nil, err
 	}
-	if messages, err = t.rowsByID(ctx, messagesQuery, func(svc string) string { return svc }); err != nil {
+	if messages, err = t.rowsByID(ctx, db, messagesQuery, func(svc string) string { return svc }); err != nil {
 		return nil, nil, err
 	}
 	return inbox, messages, nil
 }
 
-// keep adds the inbox and messages rows of both services to what the
-// checker keeps of them (keptInbox, keptStored), so that the rows a prune
-// is about to delete still count as stored and received.
-func (t *run) keep(ctx context.Context) error {
-	in, st, err := t.tableRows(ctx)
+// querier is what rowsByID reads through: the admin pool or a transaction.
+type querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+// keepAndPrune prunes cfg's history and keeps what it is about to delete:
+// the inbox and messages rows of both services are added to what the
+// checker keeps of them (keptInbox, keptStored), so that the rows the
+// prune deletes still count as stored and received. Both read one
+// snapshot (a REPEATABLE READ transaction): a row committed between a
+// separate read and the prune (an inbox transaction that began before the
+// prune's cutoff and committed after the read) would be deleted unseen
+// and counted lost. It returns the rows deleted.
+func (t *run) keepAndPrune(ctx context.Context, cfg store.PruneConfig) (int64, error) {
+	tx, err := t.e.Admin().BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
 	if err != nil {
-		return err
+		return 0, err
 	}
+	defer func() { _ = tx.Rollback(context.Background()) }()
+	in, st, err := t.tableRowsOn(ctx, tx)
+	if err != nil {
+		return 0, err
+	}
+	t.keep(in, st)
+	n, err := store.Prune(ctx, tx, cfg)
+	if err != nil {
+		return 0, err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return 0, err
+	}
+	return n.Total(), nil
+}
+
+// keep adds rows read from the inbox and messages tables to keptInbox and
+// keptStored.
+func (t *run) keep(in, st map[string]sentMsg) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.keptInbox == nil {
@@ -168,7 +203,6 @@ func (t *run) keep(ctx context.Context) error {
 	}
 	maps.Copy(t.keptInbox, in)
 	maps.Copy(t.keptStored, st)
-	return nil
 }
 
 // wasInbox reports whether message id was in a receiver's inbox when the
@@ -231,10 +265,10 @@ func (t *run) withKept(rows map[string]sentMsg, err error) func(kept map[string]
 
 // rowsByID runs query (%s = the service's schema; columns id, chat_id,
 // seq) on both services and returns id → row, From set to from(svc).
-func (t *run) rowsByID(ctx context.Context, query string, from func(svc string) string) (map[string]sentMsg, error) {
+func (t *run) rowsByID(ctx context.Context, db querier, query string, from func(svc string) string) (map[string]sentMsg, error) {
 	out := map[string]sentMsg{}
 	for _, svc := range []string{chat.Consumers, chat.Workers} {
-		rows, err := t.e.Admin().Query(ctx, fmt.Sprintf(query, svc))
+		rows, err := db.Query(ctx, fmt.Sprintf(query, svc))
 		if err != nil {
 			return nil, err
 		}
