@@ -175,5 +175,12 @@ func (c *cursor) advance(sent, recv []chat.Message, now time.Time, gapTimeout ti
 			notes = append(notes, cursorNote{gaveUp: true, newWatermark: c.recv})
 		}
 	}
+	// Usually one origin only (a push of received rows): no merge, no copy.
+	switch {
+	case len(outSent) == 0:
+		return outRecv, held, notes
+	case len(outRecv) == 0:
+		return outSent, held, notes
+	}
 	return chat.MergeBySentAt(outSent, outRecv), held, notes
 }
