@@ -11,6 +11,7 @@ import (
 	"github.com/outboxchat/outboxchat/chat/auth"
 	"github.com/outboxchat/outboxchat/chat/schema"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
@@ -235,10 +236,15 @@ func (h *InboxHandler) QueueBatch(b *pgx.Batch, ds []inbox.Delivery, rs []inbox.
 	// one): growing ten slices by appends cost more than the batch's
 	// decoding of a row.
 	n := len(ds)
-	ids, bodies, senders, authors := make([]string, 0, n), make([]string, 0, n), make([]string, 0, n), make([]string, 0, n)
+	// The ids go as 16-byte values: pgx has no binary encoding of a
+	// string as a uuid, and for a []string it first built an error (a
+	// formatted copy of every id), then fell back to a text array that
+	// Postgres parsed back.
+	ids := make([][16]byte, 0, n)
+	bodies, senders, authors := make([]string, 0, n), make([]string, 0, n), make([]string, 0, n)
 	tps, refs := make([]string, 0, n), make([]string, 0, n)
 	chats, seqs, sentAts := make([]int64, 0, n), make([]int64, 0, n), make([]time.Time, 0, n)
-	var repeats []string
+	var repeats [][16]byte
 	traced := "" // the first traceparent of the batch's messages: the receipt's
 	var rChats, rUpto []int64
 	var rAts []time.Time
@@ -293,13 +299,18 @@ func (h *InboxHandler) QueueBatch(b *pgx.Batch, ds []inbox.Delivery, rs []inbox.
 			rs[i].Err = err
 			continue
 		}
+		id, err := uuid.Parse(m.ID) // decode checked it is one
+		if err != nil {
+			rs[i].Err = fmt.Errorf("%w: id %q: %v", inbox.ErrMalformed, m.ID, err)
+			continue
+		}
 		if _, seen := first[m.ID]; seen {
-			repeats = append(repeats, m.ID) // a duplicate inside the batch
+			repeats = append(repeats, id) // a duplicate inside the batch
 			continue
 		}
 		first[m.ID] = i
 		msgs[i] = m
-		ids, chats, seqs = append(ids, m.ID), append(chats, m.ChatID), append(seqs, m.Seq)
+		ids, chats, seqs = append(ids, id), append(chats, m.ChatID), append(seqs, m.Seq)
 		bodies, senders, sentAts = append(bodies, m.Body), append(senders, m.From), append(sentAts, m.SentAt)
 		authors = append(authors, m.Author)
 		// The message's trace context (migration 011): kept in its row for
