@@ -1,8 +1,11 @@
 package gateway
 
 import (
+	"slices"
 	"strconv"
 	"testing"
+
+	"github.com/outboxchat/outboxchat/chat"
 )
 
 // A frameSet finds every frame put in it, below and past the count it
@@ -25,6 +28,42 @@ func TestFrameSet(t *testing.T) {
 		}
 		if b := fs.lookup(frameKey{"consumers", "none"}); b != nil {
 			t.Fatalf("n=%d: unknown id has frame %q", n, b)
+		}
+	}
+}
+
+// A rowRun gives back exactly the rows added, in order, whether they are
+// one run of the rows or not, and never lets an append write into rows.
+func TestRowRun(t *testing.T) {
+	t.Parallel()
+	rows := make([]chat.Message, 6)
+	for i := range rows {
+		rows[i].Seq = int64(i + 1)
+	}
+	for _, add := range [][]int{nil, {0}, {2, 3, 4}, {0, 1, 2, 3, 4, 5}, {1, 3}, {0, 1, 4, 5}, {5}} {
+		var r rowRun
+		for _, i := range add {
+			r.add(rows, i)
+		}
+		got := r.rows(rows)
+		var seqs, want []int64
+		for _, m := range got {
+			seqs = append(seqs, m.Seq)
+		}
+		for _, i := range add {
+			want = append(want, int64(i+1))
+		}
+		if !slices.Equal(seqs, want) {
+			t.Fatalf("added %v: rows %v, want %v", add, seqs, want)
+		}
+		if cap(got) != len(got) {
+			t.Fatalf("added %v: capacity %d past the %d rows", add, cap(got), len(got))
+		}
+		_ = append(got, chat.Message{Seq: 99})
+		for i := range rows {
+			if rows[i].Seq != int64(i+1) {
+				t.Fatalf("added %v: an append changed row %d", add, i)
+			}
 		}
 	}
 }

@@ -361,7 +361,7 @@ func (g *Gateway) Offer(received bool, ms []chat.Message) {
 			continue
 		}
 		if g.offered == nil {
-			g.offered = map[int64]*roomRows{}
+			g.offered = make(map[int64]*roomRows, len(ms)) // sized once: rooms ≤ rows
 		}
 		rr := g.offered[m.ChatID]
 		if rr == nil {
