@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -449,7 +450,7 @@ func (c *Consumer) apply(ctx context.Context, ds []Delivery) (results []result, 
 		return nil, err
 	}
 	if c.afterCommit != nil {
-		var applied []Applied
+		applied := make([]Applied, 0, len(results))
 		for _, r := range results {
 			if r.outcome == outcomeApplied {
 				applied = append(applied, Applied{Delivery: r.d, Value: r.value})
@@ -511,7 +512,7 @@ func (c *Consumer) applyPipelined(ctx context.Context, ph PipelineHandler, ds []
 		// (a non-malformed Err): the rows are in; report it, ack nothing.
 		return nil, err
 	}
-	return append(results, more...), nil
+	return appendResults(results, more), nil
 }
 
 // applyTx runs ds through the Handler in a pgx.Tx and commits it.
@@ -570,12 +571,17 @@ func (c *Consumer) applyBatch(ctx context.Context, tx pgx.Tx, bh BatchHandler, d
 	if err != nil {
 		return nil, err
 	}
-	return append(results, more...), nil
+	return appendResults(results, more), nil
 }
 
 // splitUnreadable sets aside the deliveries the Source could not read (to
-// be dead-lettered) and returns the rest, for the handler.
+// be dead-lettered) and returns the rest, for the handler. When every
+// delivery is readable (the usual batch) it returns ds itself and no
+// results: nothing is copied.
 func splitUnreadable(ds []Delivery) (results []result, todo []Delivery) {
+	if !slices.ContainsFunc(ds, func(d Delivery) bool { return d.Err != nil }) {
+		return nil, ds
+	}
 	results = make([]result, 0, len(ds))
 	todo = make([]Delivery, 0, len(ds))
 	for _, d := range ds {
@@ -586,6 +592,15 @@ func splitUnreadable(ds []Delivery) (results []result, todo []Delivery) {
 		todo = append(todo, d)
 	}
 	return results, todo
+}
+
+// appendResults is append(results, more...) without the copy when results
+// is empty (no unreadable delivery).
+func appendResults(results, more []result) []result {
+	if len(results) == 0 {
+		return more
+	}
+	return append(results, more...)
 }
 
 // classify turns a batch handler's results for todo into outcomes; an Err
@@ -620,7 +635,7 @@ func (c *Consumer) event(e Event) {
 // and duplicate deliveries, then dead-letters the rest. Ack and DeadLetter
 // failures are logged, not returned: the entries stay pending and come back.
 func (c *Consumer) finish(ctx context.Context, results []result) {
-	var refs []string
+	refs := make([]string, 0, len(results))
 	var applied, dups int
 	var dead []result
 	for _, r := range results {

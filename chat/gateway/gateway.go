@@ -9,7 +9,6 @@ import (
 	"log/slog"
 	"math"
 	"slices"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -362,7 +361,7 @@ func (g *Gateway) Offer(received bool, ms []chat.Message) {
 			continue
 		}
 		if g.offered == nil {
-			g.offered = map[int64]*roomRows{}
+			g.offered = make(map[int64]*roomRows, len(ms)) // sized once: rooms ≤ rows
 		}
 		rr := g.offered[m.ChatID]
 		if rr == nil {
@@ -576,7 +575,65 @@ type roomRows struct {
 	// sentFloor and recvFloor are each origin's floor, from a read (0 for
 	// offered rows: nothing is skipped for them).
 	sentFloor, recvFloor int64
-	frames               map[frameKey][]byte // encoded Messages
+	frames               frameSet // encoded Messages
+}
+
+// frameSet holds the encoded frames of a room's rows by message: a slice
+// searched in order while there are few (a live push has one or two rows
+// per room; a map per room and push was most of the push's allocations),
+// a map once there are more (a catch-up read of up to a page).
+type frameSet struct {
+	few  []keyedFrame
+	many map[frameKey][]byte
+}
+
+type keyedFrame struct {
+	k frameKey
+	b []byte
+}
+
+// frameSetFew is the most frames a frameSet searches in order.
+const frameSetFew = 16
+
+// get returns the frame of k, if any.
+func (fs *frameSet) get(k frameKey) ([]byte, bool) {
+	if fs.many != nil {
+		b, ok := fs.many[k]
+		return b, ok
+	}
+	for i := range fs.few {
+		if fs.few[i].k == k {
+			return fs.few[i].b, true
+		}
+	}
+	return nil, false
+}
+
+// lookup returns the frame of k, nil if none.
+func (fs *frameSet) lookup(k frameKey) []byte {
+	b, _ := fs.get(k)
+	return b
+}
+
+// put sets the frame of k, which get does not have yet; n is how many
+// frames the set may end up with (a capacity hint).
+func (fs *frameSet) put(k frameKey, b []byte, n int) {
+	switch {
+	case fs.many != nil:
+		fs.many[k] = b
+	case len(fs.few) < frameSetFew:
+		if fs.few == nil {
+			fs.few = make([]keyedFrame, 0, min(n, frameSetFew))
+		}
+		fs.few = append(fs.few, keyedFrame{k, b})
+	default:
+		fs.many = make(map[frameKey][]byte, max(n, 2*frameSetFew))
+		for _, f := range fs.few {
+			fs.many[f.k] = f.b
+		}
+		fs.few = nil
+		fs.many[k] = b
+	}
 }
 
 // frameKey names one message of a room: its origin and id (an id is unique
@@ -592,13 +649,11 @@ type frameKey struct {
 // gap to its subscribers (held, then pushed past, for received messages)
 // and stays in the history. enc is json.Marshal but for tests.
 func (rr *roomRows) encode(log *slog.Logger, enc func(chat.Message) ([]byte, error)) {
-	if rr.frames == nil {
-		rr.frames = make(map[frameKey][]byte, len(rr.sent)+len(rr.recv))
-	}
+	n := len(rr.sent) + len(rr.recv)
 	keep := func(ms []chat.Message) []chat.Message {
 		return slices.DeleteFunc(ms, func(m chat.Message) bool {
 			k := frameKey{m.From, m.ID}
-			if _, ok := rr.frames[k]; ok {
+			if _, ok := rr.frames.get(k); ok {
 				return false
 			}
 			b, err := enc(m)
@@ -606,7 +661,7 @@ func (rr *roomRows) encode(log *slog.Logger, enc func(chat.Message) ([]byte, err
 				log.Error("message cannot be encoded; not pushed live", "chat_id", m.ChatID, "seq", m.Seq, "from", m.From, "err", err)
 				return true
 			}
-			rr.frames[k] = b
+			rr.frames.put(k, b, n)
 			return false
 		})
 	}
@@ -802,7 +857,9 @@ func (g *Gateway) pushOffered(offered map[int64]*roomRows, subs map[int64][]*Sub
 // bySeq sorts ms by seq and drops repeated seqs (a room read from two
 // cursors returns the rows above the higher one twice).
 func bySeq(ms []chat.Message) []chat.Message {
-	sort.Slice(ms, func(i, j int) bool { return ms[i].Seq < ms[j].Seq })
+	// slices.SortFunc, unlike sort.Slice, allocates nothing (no swapper, no
+	// closure on the heap); rows come mostly sorted already.
+	slices.SortFunc(ms, func(a, b chat.Message) int { return cmp.Compare(a.Seq, b.Seq) })
 	return slices.CompactFunc(ms, func(a, b chat.Message) bool { return a.Seq == b.Seq })
 }
 
@@ -831,7 +888,7 @@ func (g *Gateway) deliver(s *Subscription, rr *roomRows, now time.Time) (held bo
 	}
 	for _, m := range out {
 		select {
-		case s.c <- rr.frames[frameKey{m.From, m.ID}]:
+		case s.c <- rr.frames.lookup(frameKey{m.From, m.ID}):
 		default:
 			s.evict()
 			return false
@@ -843,8 +900,10 @@ func (g *Gateway) deliver(s *Subscription, rr *roomRows, now time.Time) (held bo
 	return held
 }
 
-// encodeFrame is a frame's encoding: the Message as JSON.
-func encodeFrame(m chat.Message) ([]byte, error) { return json.Marshal(m) }
+// encodeFrame is a frame's encoding: the Message as JSON, exactly what
+// json.Marshal(m) gives. MarshalJSON is called directly: json.Marshal would
+// only scan its output again to validate and compact it, and copy it.
+func encodeFrame(m chat.Message) ([]byte, error) { return m.MarshalJSON() }
 
 // earliest returns the earlier of two times, a zero one meaning none.
 func earliest(a, b time.Time) time.Time {

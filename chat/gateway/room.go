@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"slices"
 	"time"
 
 	"github.com/outboxchat/outboxchat/chat"
@@ -120,19 +121,22 @@ func (c *cursor) skipDeleted(sent, recv []chat.Message, sentFloor, recvFloor int
 // origin in seq order), whether received rows are held back behind a gap,
 // and notes for the log. gapTimeout ≤ 0 means no hold.
 func (c *cursor) advance(sent, recv []chat.Message, now time.Time, gapTimeout time.Duration) (out []chat.Message, held bool, notes []cursorNote) {
-	var outSent, outRecv []chat.Message
-	for _, m := range sent {
+	// What is pushed of each origin is usually one run of its rows, in
+	// order: it is then a subslice of them (read-only, shared by the
+	// room's subscribers), not a copy per subscriber and push.
+	var outSent, outRecv rowRun
+	for i, m := range sent {
 		if m.Seq == c.sent+1 {
-			outSent = append(outSent, m)
+			outSent.add(sent, i)
 			c.sent = m.Seq
 		}
 	}
-	for _, m := range recv {
+	for i, m := range recv {
 		if m.Seq <= c.recv || c.above[m.Seq] {
 			continue // seen: at or below the watermark, or pushed past a gap
 		}
 		if m.Seq == c.recv+1 {
-			outRecv = append(outRecv, m)
+			outRecv.add(recv, i)
 			c.recv = m.Seq
 			// A late message may close a gap that was given up on: move the
 			// watermark over what was already pushed above it.
@@ -161,7 +165,7 @@ func (c *cursor) advance(sent, recv []chat.Message, now time.Time, gapTimeout ti
 		if c.above == nil {
 			c.above = map[int64]bool{}
 		}
-		outRecv = append(outRecv, m)
+		outRecv.add(recv, i)
 		c.above[m.Seq] = true
 		if len(c.above) >= maxAboveGap {
 			// Too far past the gap to keep re-reading: move the watermark
@@ -175,5 +179,44 @@ func (c *cursor) advance(sent, recv []chat.Message, now time.Time, gapTimeout ti
 			notes = append(notes, cursorNote{gaveUp: true, newWatermark: c.recv})
 		}
 	}
-	return chat.MergeBySentAt(outSent, outRecv), held, notes
+	// Usually one origin only (a push of received rows): no merge, no copy.
+	pushSent, pushRecv := outSent.rows(sent), outRecv.rows(recv)
+	switch {
+	case len(pushSent) == 0:
+		return pushRecv, held, notes
+	case len(pushRecv) == 0:
+		return pushSent, held, notes
+	}
+	return chat.MergeBySentAt(pushSent, pushRecv), held, notes
+}
+
+// rowRun collects rows of one origin that advance pushes, by index in
+// order: while they are consecutive rows it only keeps the bounds, and
+// copies them once one is skipped.
+type rowRun struct {
+	from, to int            // rows[from:to], while copied is nil
+	copied   []chat.Message // the rows, once they are not one run
+}
+
+// add adds rows[i]; i is above every index added before.
+func (r *rowRun) add(rows []chat.Message, i int) {
+	switch {
+	case r.copied != nil:
+		r.copied = append(r.copied, rows[i])
+	case r.from == r.to:
+		r.from, r.to = i, i+1
+	case r.to == i:
+		r.to++
+	default:
+		r.copied = append(slices.Clone(rows[r.from:r.to]), rows[i])
+	}
+}
+
+// rows returns the rows added, of rows; their capacity ends at their
+// length, so that an append copies instead of overwriting rows.
+func (r *rowRun) rows(rows []chat.Message) []chat.Message {
+	if r.copied != nil {
+		return r.copied
+	}
+	return rows[r.from:r.to:r.to]
 }

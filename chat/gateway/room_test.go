@@ -197,7 +197,7 @@ func TestRoomRowsEncodeDropsUnencodable(t *testing.T) {
 		t.Fatalf("rows after encode %v, want [1 3]", got)
 	}
 	for _, m := range rr.recv {
-		if len(rr.frames[frameKey{m.From, m.ID}]) == 0 {
+		if len(rr.frames.lookup(frameKey{m.From, m.ID})) == 0 {
 			t.Fatalf("no frame for seq %d", m.Seq)
 		}
 	}

@@ -130,11 +130,11 @@ func tokenExpiry(ctx context.Context) <-chan time.Time {
 	return t.C
 }
 
-// revocationWatch tells a WebSocket's loop when its token is revoked
-// (auth.Revocations; the server reads new revocations every second)
-// without a goroutine of its own: the loop selects on changed() and asks
-// revoked() when it fires. A nil watch (no principal) never fires. Not
-// safe for concurrent use: the socket's loop owns it.
+// revocationWatch tells a WebSocket's watcher (wsStopOn) when its token
+// is revoked (auth.Revocations; the server reads new revocations every
+// second) without a goroutine of its own: the watcher selects on
+// changed() and asks revoked() when it fires. A nil watch (no principal)
+// never fires. Not safe for concurrent use: the socket's watcher owns it.
 type revocationWatch struct {
 	rev *auth.Revocations
 	p   *auth.Principal
@@ -166,6 +166,37 @@ func (w *revocationWatch) changed() <-chan struct{} {
 		return nil
 	}
 	return w.c
+}
+
+// wsStopOn waits for the first event that ends a WebSocket and returns
+// what handleWS's loop is to do then (close the socket with the reason,
+// count a drop). It is the only user of revocation meanwhile.
+func (a *API) wsStopOn(ctx context.Context, r *http.Request, c *websocket.Conn, chatID int64, evicted <-chan struct{},
+	expired <-chan time.Time, revocation *revocationWatch, pingFailed <-chan struct{}) func() {
+	for {
+		select {
+		case <-ctx.Done():
+			return func() { c.Close(websocket.StatusNormalClosure, "") }
+		case <-a.closing:
+			return func() { c.Close(websocket.StatusGoingAway, "service stopping: reconnect with your cursors") }
+		case <-evicted:
+			return func() {
+				a.dropSocket(r, chatID, "slow", nil)
+				c.Close(websocket.StatusPolicyViolation, "too slow: reconnect with your cursors")
+			}
+		case <-expired:
+			return func() { c.Close(chat.CloseUnauthorized, "token expired: reconnect with a new token and your cursors") }
+		case <-revocation.changed():
+			if revocation.revoked() {
+				return func() { c.Close(chat.CloseUnauthorized, "token revoked") }
+			}
+		case <-pingFailed:
+			return func() {
+				a.dropSocket(r, chatID, "ping_timeout", nil)
+				c.CloseNow()
+			}
+		}
+	}
 }
 
 // revoked re-arms changed and reports whether the token is revoked now.

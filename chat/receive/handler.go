@@ -11,8 +11,10 @@ import (
 	"github.com/outboxchat/outboxchat/chat/auth"
 	"github.com/outboxchat/outboxchat/chat/schema"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/outboxchat/outboxchat/inbox"
 )
@@ -230,15 +232,25 @@ func (h *InboxHandler) ApplyBatch(ctx context.Context, tx pgx.Tx, ds []inbox.Del
 // receipt always (Value: the Receipt). It queues nothing when every
 // delivery is malformed.
 func (h *InboxHandler) QueueBatch(b *pgx.Batch, ds []inbox.Delivery, rs []inbox.BatchResult) error {
-	var ids, bodies, senders, authors, repeats, tps, refs []string
+	// The message columns, sized for a batch of messages only (the usual
+	// one): growing ten slices by appends cost more than the batch's
+	// decoding of a row.
+	n := len(ds)
+	// The ids go as 16-byte values: pgx has no binary encoding of a
+	// string as a uuid, and for a []string it first built an error (a
+	// formatted copy of every id), then fell back to a text array that
+	// Postgres parsed back.
+	ids := make([][16]byte, 0, n)
+	bodies, senders, authors := make([]string, 0, n), make([]string, 0, n), make([]string, 0, n)
+	tps, refs := make([]string, 0, n), make([]string, 0, n)
+	chats, seqs, sentAts := make([]int64, 0, n), make([]int64, 0, n), make([]time.Time, 0, n)
+	var repeats [][16]byte
 	traced := "" // the first traceparent of the batch's messages: the receipt's
-	var chats, seqs []int64
-	var sentAts []time.Time
 	var rChats, rUpto []int64
 	var rAts []time.Time
-	var fChats, fUpto []int64 // seq floors (floor.go)
-	first := map[string]int{} // message id → index of its first delivery in ds
-	msgs := make([]chat.Message, len(ds))
+	var fChats, fUpto []int64        // seq floors (floor.go)
+	first := make(map[string]int, n) // message id → index of its first delivery in ds
+	msgs := make([]chat.Message, n)
 	// Edits, deletes and read receipts (changes.go), queued after the
 	// messages' statements so that a change finds its message of the same
 	// batch.
@@ -287,13 +299,18 @@ func (h *InboxHandler) QueueBatch(b *pgx.Batch, ds []inbox.Delivery, rs []inbox.
 			rs[i].Err = err
 			continue
 		}
+		id, err := uuid.Parse(m.ID) // decode checked it is one
+		if err != nil {
+			rs[i].Err = fmt.Errorf("%w: id %q: %v", inbox.ErrMalformed, m.ID, err)
+			continue
+		}
 		if _, seen := first[m.ID]; seen {
-			repeats = append(repeats, m.ID) // a duplicate inside the batch
+			repeats = append(repeats, id) // a duplicate inside the batch
 			continue
 		}
 		first[m.ID] = i
 		msgs[i] = m
-		ids, chats, seqs = append(ids, m.ID), append(chats, m.ChatID), append(seqs, m.Seq)
+		ids, chats, seqs = append(ids, id), append(chats, m.ChatID), append(seqs, m.Seq)
 		bodies, senders, sentAts = append(bodies, m.Body), append(senders, m.From), append(sentAts, m.SentAt)
 		authors = append(authors, m.Author)
 		// The message's trace context (migration 011): kept in its row for
@@ -336,23 +353,29 @@ func (h *InboxHandler) QueueBatch(b *pgx.Batch, ds []inbox.Delivery, rs []inbox.
 		}
 	}
 	b.Queue(h.insertBatch, ids, chats, seqs, bodies, senders, sentAts, repeats, authors, tps, refs).Query(func(rows pgx.Rows) error {
+		// The ids are read as the driver's bytes (valid until the next
+		// row) and only looked up: no string per row. The received times
+		// share one array: no allocation per row either.
+		var id, taken pgtype.DriverBytes
+		ats := make([]time.Time, len(ds))
 		for rows.Next() {
-			var id, taken string
 			var at time.Time
 			if err := rows.Scan(&id, &at, &taken); err != nil {
 				return fmt.Errorf("insert inbox batch: %w", err)
 			}
-			if i, ok := first[id]; ok && taken != "" {
-				m := msgs[i]
+			i, ok := first[string(id)]
+			if !ok {
+				continue
+			}
+			m := msgs[i]
+			if len(taken) > 0 {
 				rs[i].Err = fmt.Errorf("%w: %w: chat %d seq %d is already stored under message %s, not %s",
 					inbox.ErrMalformed, ErrSeqConflict, m.ChatID, m.Seq, taken, m.ID)
 				continue
 			}
-			if i, ok := first[id]; ok {
-				m := msgs[i]
-				m.ReceivedAt, m.DeliveredAt = &at, &at
-				rs[i].Fresh, rs[i].Value = true, m
-			}
+			ats[i] = at
+			m.ReceivedAt, m.DeliveredAt = &ats[i], &ats[i]
+			rs[i].Fresh, rs[i].Value = true, m
 		}
 		if err := rows.Err(); err != nil {
 			var pgErr *pgconn.PgError
