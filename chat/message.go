@@ -69,28 +69,7 @@ type Message struct {
 // delivered_at and read_at are always present (null when not delivered or
 // read yet), version always (at least 1), edited_at only once edited.
 func (m Message) MarshalJSON() ([]byte, error) {
-	type wire struct {
-		ID          string  `json:"id"`
-		ChatID      int64   `json:"chat_id"`
-		Seq         int64   `json:"seq"`
-		Body        string  `json:"body"`
-		SentAt      string  `json:"sent_at"`
-		From        string  `json:"from"`
-		Author      string  `json:"author,omitempty"`
-		ReceivedAt  string  `json:"received_at,omitempty"`
-		DeliveredAt *string `json:"delivered_at"`
-		Version     int64   `json:"version"`
-		EditedAt    *string `json:"edited_at,omitempty"`
-		Deleted     bool    `json:"deleted"`
-		ReadAt      *string `json:"read_at"`
-	}
-	w := wire{ID: m.ID, ChatID: m.ChatID, Seq: m.Seq, Body: m.Body, SentAt: formatTime(m.SentAt), From: m.From, Author: m.Author,
-		Version: max(m.Version, 1), Deleted: m.Deleted, EditedAt: optTime(m.EditedAt), ReadAt: optTime(m.ReadAt)}
-	if m.ReceivedAt != nil {
-		w.ReceivedAt = formatTime(*m.ReceivedAt)
-	}
-	w.DeliveredAt = optTime(m.DeliveredAt)
-	return json.Marshal(w)
+	return m.AppendJSON(make([]byte, 0, m.jsonSize())), nil
 }
 
 // EventJSON encodes m as a message.created payload: the fields the event
@@ -100,18 +79,7 @@ func (m Message) MarshalJSON() ([]byte, error) {
 // reads. (The re-drive encodes the whole Message: a deleted message says
 // so.)
 func (m Message) EventJSON() ([]byte, error) {
-	type wire struct {
-		ID          string  `json:"id"`
-		ChatID      int64   `json:"chat_id"`
-		Seq         int64   `json:"seq"`
-		Body        string  `json:"body"`
-		SentAt      string  `json:"sent_at"`
-		From        string  `json:"from"`
-		Author      string  `json:"author,omitempty"`
-		DeliveredAt *string `json:"delivered_at"`
-	}
-	return json.Marshal(wire{ID: m.ID, ChatID: m.ChatID, Seq: m.Seq, Body: m.Body, SentAt: formatTime(m.SentAt), From: m.From, Author: m.Author,
-		DeliveredAt: optTime(m.DeliveredAt)})
+	return m.appendEventJSON(make([]byte, 0, m.jsonSize())), nil
 }
 
 // optTime formats t, or returns nil for a nil t.
