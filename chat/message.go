@@ -175,59 +175,12 @@ func DecodeSendRequest(data []byte, maxBodyBytes int) (SendRequest, error) {
 	if !utf8.Valid(data) {
 		return req, &FieldError{Field: "body", Msg: "request is not valid UTF-8"}
 	}
-	malformed := func(why string) error { return &FieldError{Field: "", Msg: "malformed JSON: " + why} }
-	dec := json.NewDecoder(bytes.NewReader(data))
-	if tok, err := dec.Token(); err != nil {
-		return req, malformed("expected an object")
-	} else if d, ok := tok.(json.Delim); !ok || d != '{' {
-		return req, malformed("expected an object")
-	}
-	var body, clientID *string
-	for dec.More() {
-		tok, err := dec.Token()
-		if err != nil {
-			return req, malformed("bad object key")
+	body, clientID, ok := scanSendRequest(data)
+	if !ok {
+		var err error
+		if body, clientID, err = decodeSendRequestSlow(data); err != nil {
+			return req, err
 		}
-		key, _ := tok.(string)
-		var dst **string
-		switch key {
-		case "body":
-			dst = &body
-		case "client_id":
-			dst = &clientID
-		default:
-			return req, &FieldError{Field: key, Msg: "unknown field (the fields are \"body\" and \"client_id\")"}
-		}
-		if *dst != nil {
-			return req, &FieldError{Field: key, Msg: "given twice"}
-		}
-		tok, err = dec.Token()
-		if err != nil {
-			return req, malformed(fmt.Sprintf("bad value of %q", key))
-		}
-		str, ok := tok.(string)
-		if !ok {
-			return req, &FieldError{Field: key, Msg: "must be a string"}
-		}
-		*dst = &str
-	}
-	if _, err := dec.Token(); err != nil { // the closing '}'
-		return req, malformed("unterminated object")
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		return req, malformed("trailing data after the object")
-	}
-	if body == nil {
-		return req, &FieldError{Field: "body", Msg: "is required"}
-	}
-	// encoding/json turns an unpaired surrogate escape ("\ud800") into
-	// U+FFFD; refuse rather than silently change the text.
-	if hasUnpairedSurrogate(data) {
-		field := "body"
-		if clientID != nil && strings.ContainsRune(*clientID, utf8.RuneError) {
-			field = "client_id"
-		}
-		return req, &FieldError{Field: field, Msg: "contains an unpaired UTF-16 surrogate escape"}
 	}
 	req.Body = *body
 	if err := ValidateBody(req.Body, maxBodyBytes); err != nil {
@@ -240,6 +193,143 @@ func DecodeSendRequest(data []byte, maxBodyBytes int) (SendRequest, error) {
 		req.ClientID = *clientID
 	}
 	return req, nil
+}
+
+// scanSendRequest is DecodeSendRequest's fast path, for the usual request:
+// one object of "body" and, optionally, "client_id" (each once, in either
+// order), both strings without escapes or control characters, white space
+// anywhere JSON allows it, nothing after the object. It returns ok false
+// for anything else (even valid JSON), which decodeSendRequestSlow then
+// decodes, or refuses, with its precise error. data is valid UTF-8, so a
+// string without escapes decodes to its bytes.
+func scanSendRequest(data []byte) (body, clientID *string, ok bool) {
+	i := skipJSONSpace(data, 0)
+	if i >= len(data) || data[i] != '{' {
+		return nil, nil, false
+	}
+	for {
+		key, j, ok := scanPlainString(data, skipJSONSpace(data, i+1))
+		if !ok {
+			return nil, nil, false
+		}
+		j = skipJSONSpace(data, j)
+		if j >= len(data) || data[j] != ':' {
+			return nil, nil, false
+		}
+		val, j, ok := scanPlainString(data, skipJSONSpace(data, j+1))
+		if !ok {
+			return nil, nil, false
+		}
+		switch {
+		case key == "body" && body == nil:
+			body = &val
+		case key == "client_id" && clientID == nil:
+			clientID = &val
+		default:
+			return nil, nil, false
+		}
+		i = skipJSONSpace(data, j)
+		if i >= len(data) {
+			return nil, nil, false
+		}
+		if data[i] == '}' {
+			break
+		}
+		if data[i] != ',' {
+			return nil, nil, false
+		}
+	}
+	if skipJSONSpace(data, i+1) != len(data) || body == nil {
+		return nil, nil, false
+	}
+	return body, clientID, true
+}
+
+// skipJSONSpace returns the index of the first byte of data at or after i
+// that is not JSON white space.
+func skipJSONSpace(data []byte, i int) int {
+	for i < len(data) && (data[i] == ' ' || data[i] == '\t' || data[i] == '\n' || data[i] == '\r') {
+		i++
+	}
+	return i
+}
+
+// scanPlainString reads the JSON string at data[i] when it has no escape
+// and no control character, and returns its text and the index after its
+// closing quote; ok false otherwise.
+func scanPlainString(data []byte, i int) (s string, next int, ok bool) {
+	if i >= len(data) || data[i] != '"' {
+		return "", 0, false
+	}
+	for j := i + 1; j < len(data); j++ {
+		switch c := data[j]; {
+		case c == '"':
+			return string(data[i+1 : j]), j + 1, true
+		case c == '\\' || c < 0x20:
+			return "", 0, false
+		}
+	}
+	return "", 0, false
+}
+
+// decodeSendRequestSlow decodes any send request with encoding/json's
+// tokenizer, and gives DecodeSendRequest's errors for malformed ones. data
+// is valid UTF-8.
+func decodeSendRequestSlow(data []byte) (body, clientID *string, err error) {
+	malformed := func(why string) error { return &FieldError{Field: "", Msg: "malformed JSON: " + why} }
+	dec := json.NewDecoder(bytes.NewReader(data))
+	if tok, err := dec.Token(); err != nil {
+		return nil, nil, malformed("expected an object")
+	} else if d, ok := tok.(json.Delim); !ok || d != '{' {
+		return nil, nil, malformed("expected an object")
+	}
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return nil, nil, malformed("bad object key")
+		}
+		key, _ := tok.(string)
+		var dst **string
+		switch key {
+		case "body":
+			dst = &body
+		case "client_id":
+			dst = &clientID
+		default:
+			return nil, nil, &FieldError{Field: key, Msg: "unknown field (the fields are \"body\" and \"client_id\")"}
+		}
+		if *dst != nil {
+			return nil, nil, &FieldError{Field: key, Msg: "given twice"}
+		}
+		tok, err = dec.Token()
+		if err != nil {
+			return nil, nil, malformed(fmt.Sprintf("bad value of %q", key))
+		}
+		str, ok := tok.(string)
+		if !ok {
+			return nil, nil, &FieldError{Field: key, Msg: "must be a string"}
+		}
+		*dst = &str
+	}
+	if _, err := dec.Token(); err != nil { // the closing '}'
+		return nil, nil, malformed("unterminated object")
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return nil, nil, malformed("trailing data after the object")
+	}
+	if body == nil {
+		return nil, nil, &FieldError{Field: "body", Msg: "is required"}
+	}
+	// encoding/json turns an unpaired surrogate escape ("\ud800") into
+	// U+FFFD; refuse rather than silently change the text.
+	if hasUnpairedSurrogate(data) {
+		field := "body"
+		if clientID != nil && strings.ContainsRune(*clientID, utf8.RuneError) {
+			field = "client_id"
+		}
+		return nil, nil, &FieldError{Field: field, Msg: "contains an unpaired UTF-16 surrogate escape"}
+	}
+	return body, clientID, nil
 }
 
 // hasUnpairedSurrogate reports whether JSON text data has a \uD800–\uDBFF
