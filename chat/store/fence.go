@@ -117,21 +117,7 @@ func (f *Fence) SetWriter(ws ...*outbox.Writer) {
 // (next refuses them).
 func (f *Fence) Publisher(next outbox.Publisher) outbox.Publisher {
 	return outbox.PublisherFunc(func(ctx context.Context, msgs []outbox.Message) error {
-		top := map[int64]int64{}
-		for _, m := range msgs {
-			if m.Event != chat.EventMessageCreated {
-				continue
-			}
-			var ev struct {
-				ChatID int64 `json:"chat_id"`
-				Seq    int64 `json:"seq"`
-			}
-			if json.Unmarshal(m.Payload, &ev) != nil || ev.ChatID <= 0 {
-				continue
-			}
-			top[ev.ChatID] = max(top[ev.ChatID], ev.Seq)
-		}
-		if len(top) > 0 {
+		if top := highWaterMarks(msgs); len(top) > 0 {
 			args := make([]any, 0, 2*len(top))
 			for c, s := range top {
 				args = append(args, c, s)
@@ -142,6 +128,30 @@ func (f *Fence) Publisher(next outbox.Publisher) outbox.Publisher {
 		}
 		return next.Publish(ctx, msgs)
 	})
+}
+
+// highWaterMarks returns the highest seq per chat of msgs' message.created
+// events (nil for none); payloads that do not decode, or whose chat_id is
+// not positive, are left out.
+func highWaterMarks(msgs []outbox.Message) map[int64]int64 {
+	var top map[int64]int64
+	for _, m := range msgs {
+		if m.Event != chat.EventMessageCreated {
+			continue
+		}
+		var ev struct {
+			ChatID int64 `json:"chat_id"`
+			Seq    int64 `json:"seq"`
+		}
+		if json.Unmarshal(m.Payload, &ev) != nil || ev.ChatID <= 0 {
+			continue
+		}
+		if top == nil {
+			top = map[int64]int64{}
+		}
+		top[ev.ChatID] = max(top[ev.ChatID], ev.Seq)
+	}
+	return top
 }
 
 // Check is a pgxpool AfterConnect hook: it reads conn's database
