@@ -79,10 +79,42 @@ func appendOptTime(dst []byte, t *time.Time) []byte {
 	return appendJSONTime(dst, *t)
 }
 
-// appendJSONTime appends formatTime(t) as a JSON string.
+// appendJSONTime appends formatTime(t) as a JSON string. Years 0 to 9999
+// are written digit by digit (time's layout interpreter was a visible part
+// of a message's encoding); others through AppendFormat.
 func appendJSONTime(dst []byte, t time.Time) []byte {
-	var buf [48]byte
-	return appendJSONString(dst, t.UTC().AppendFormat(buf[:0], timeLayout))
+	t = t.UTC()
+	year, month, day := t.Date()
+	if year < 0 || year > 9999 {
+		var buf [48]byte
+		return appendJSONString(dst, t.AppendFormat(buf[:0], timeLayout))
+	}
+	hour, minute, sec := t.Clock()
+	dst = append(dst, '"')
+	dst = appendDigits(dst, year, 4)
+	dst = append(dst, '-')
+	dst = appendDigits(dst, int(month), 2)
+	dst = append(dst, '-')
+	dst = appendDigits(dst, day, 2)
+	dst = append(dst, 'T')
+	dst = appendDigits(dst, hour, 2)
+	dst = append(dst, ':')
+	dst = appendDigits(dst, minute, 2)
+	dst = append(dst, ':')
+	dst = appendDigits(dst, sec, 2)
+	dst = append(dst, '.')
+	dst = appendDigits(dst, t.Nanosecond()/1000, 6) // truncated, as Format does
+	return append(dst, 'Z', '"')
+}
+
+// appendDigits appends n (0 ≤ n < 10^width) as width decimal digits.
+func appendDigits(dst []byte, n, width int) []byte {
+	var buf [8]byte
+	for i := width - 1; i >= 0; i-- {
+		buf[i] = byte('0' + n%10)
+		n /= 10
+	}
+	return append(dst, buf[:width]...)
 }
 
 const hexDigits = "0123456789abcdef"

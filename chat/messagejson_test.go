@@ -87,6 +87,10 @@ func TestMessageJSONMatchesEncodingJSON(t *testing.T) {
 		{Body: "bad \xff utf8 \xe2\x82 cut \xed\xa0\x80 surrogate", Author: "\xc3", Version: -2, DeliveredAt: &at},
 		{Body: "ends in a cut rune \xe2\x82", SentAt: time.Date(12345, 1, 1, 0, 0, 0, 0, time.UTC)},
 		{SentAt: time.Date(-3, 1, 1, 0, 0, 0, 0, time.UTC), EditedAt: &at},
+		{SentAt: time.Date(0, 1, 1, 0, 0, 0, 999, time.UTC), ReadAt: &later},
+		{SentAt: time.Date(9999, 12, 31, 23, 59, 59, 999999999, time.UTC)},
+		{SentAt: time.Date(10000, 1, 1, 0, 0, 0, 0, time.FixedZone("y", 7200))}, // 9999 in UTC
+		{SentAt: time.Date(2026, 12, 31, 23, 30, 0, 1000, time.FixedZone("z", -3600))},
 	} {
 		checkMessageJSON(t, m)
 	}
