@@ -74,77 +74,7 @@ type Message struct {
 // directly because the gateway encodes every pushed message, and the
 // reflection of a struct per frame was most of the frame's cost.
 func (m Message) MarshalJSON() ([]byte, error) {
-	// 384 bytes hold the keys, numbers and times; the strings come on top.
-	return m.appendJSON(make([]byte, 0, 384+len(m.ID)+len(m.From)+len(m.Body)+len(m.Author))), nil
-}
-
-// appendJSON appends m's JSON (see MarshalJSON) to dst.
-func (m Message) appendJSON(dst []byte) []byte {
-	dst = append(dst, `{"id":`...)
-	dst = appendJSONString(dst, m.ID)
-	dst = append(dst, `,"chat_id":`...)
-	dst = strconv.AppendInt(dst, m.ChatID, 10)
-	dst = append(dst, `,"seq":`...)
-	dst = strconv.AppendInt(dst, m.Seq, 10)
-	dst = append(dst, `,"body":`...)
-	dst = appendJSONString(dst, m.Body)
-	dst = append(dst, `,"sent_at":`...)
-	dst = appendJSONTime(dst, m.SentAt)
-	dst = append(dst, `,"from":`...)
-	dst = appendJSONString(dst, m.From)
-	if m.Author != "" {
-		dst = append(dst, `,"author":`...)
-		dst = appendJSONString(dst, m.Author)
-	}
-	if m.ReceivedAt != nil {
-		dst = append(dst, `,"received_at":`...)
-		dst = appendJSONTime(dst, *m.ReceivedAt)
-	}
-	dst = append(dst, `,"delivered_at":`...)
-	dst = appendJSONOptTime(dst, m.DeliveredAt)
-	dst = append(dst, `,"version":`...)
-	dst = strconv.AppendInt(dst, max(m.Version, 1), 10)
-	if m.EditedAt != nil {
-		dst = append(dst, `,"edited_at":`...)
-		dst = appendJSONTime(dst, *m.EditedAt)
-	}
-	dst = append(dst, `,"deleted":`...)
-	dst = strconv.AppendBool(dst, m.Deleted)
-	dst = append(dst, `,"read_at":`...)
-	dst = appendJSONOptTime(dst, m.ReadAt)
-	return append(dst, '}')
-}
-
-// appendJSONString appends s as encoding/json encodes a string. A string
-// of printable ASCII without '"', '\\' and the HTML-escaped '<', '>', '&'
-// (ids, service names, most bodies) is encoded by encoding/json as itself
-// in quotes, so it is copied; any other string is left to encoding/json.
-func appendJSONString(dst []byte, s string) []byte {
-	for i := 0; i < len(s); i++ {
-		if c := s[i]; c < 0x20 || c > 0x7e || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' {
-			b, _ := json.Marshal(s) // a string always encodes
-			return append(dst, b...)
-		}
-	}
-	dst = append(dst, '"')
-	dst = append(dst, s...)
-	return append(dst, '"')
-}
-
-// appendJSONTime appends t as a JSON string in timeLayout, UTC: digits and
-// "-:.TZ" only, nothing to escape.
-func appendJSONTime(dst []byte, t time.Time) []byte {
-	dst = append(dst, '"')
-	dst = t.UTC().AppendFormat(dst, timeLayout)
-	return append(dst, '"')
-}
-
-// appendJSONOptTime appends t as appendJSONTime does, or null for a nil t.
-func appendJSONOptTime(dst []byte, t *time.Time) []byte {
-	if t == nil {
-		return append(dst, "null"...)
-	}
-	return appendJSONTime(dst, *t)
+	return m.AppendJSON(make([]byte, 0, m.jsonSize())), nil
 }
 
 // EventJSON encodes m as a message.created payload: the fields the event
@@ -154,18 +84,7 @@ func appendJSONOptTime(dst []byte, t *time.Time) []byte {
 // reads. (The re-drive encodes the whole Message: a deleted message says
 // so.)
 func (m Message) EventJSON() ([]byte, error) {
-	type wire struct {
-		ID          string  `json:"id"`
-		ChatID      int64   `json:"chat_id"`
-		Seq         int64   `json:"seq"`
-		Body        string  `json:"body"`
-		SentAt      string  `json:"sent_at"`
-		From        string  `json:"from"`
-		Author      string  `json:"author,omitempty"`
-		DeliveredAt *string `json:"delivered_at"`
-	}
-	return json.Marshal(wire{ID: m.ID, ChatID: m.ChatID, Seq: m.Seq, Body: m.Body, SentAt: formatTime(m.SentAt), From: m.From, Author: m.Author,
-		DeliveredAt: optTime(m.DeliveredAt)})
+	return m.appendEventJSON(make([]byte, 0, m.jsonSize())), nil
 }
 
 // optTime formats t, or returns nil for a nil t.
@@ -261,59 +180,12 @@ func DecodeSendRequest(data []byte, maxBodyBytes int) (SendRequest, error) {
 	if !utf8.Valid(data) {
 		return req, &FieldError{Field: "body", Msg: "request is not valid UTF-8"}
 	}
-	malformed := func(why string) error { return &FieldError{Field: "", Msg: "malformed JSON: " + why} }
-	dec := json.NewDecoder(bytes.NewReader(data))
-	if tok, err := dec.Token(); err != nil {
-		return req, malformed("expected an object")
-	} else if d, ok := tok.(json.Delim); !ok || d != '{' {
-		return req, malformed("expected an object")
-	}
-	var body, clientID *string
-	for dec.More() {
-		tok, err := dec.Token()
-		if err != nil {
-			return req, malformed("bad object key")
+	body, clientID, ok := scanSendRequest(data)
+	if !ok {
+		var err error
+		if body, clientID, err = decodeSendRequestSlow(data); err != nil {
+			return req, err
 		}
-		key, _ := tok.(string)
-		var dst **string
-		switch key {
-		case "body":
-			dst = &body
-		case "client_id":
-			dst = &clientID
-		default:
-			return req, &FieldError{Field: key, Msg: "unknown field (the fields are \"body\" and \"client_id\")"}
-		}
-		if *dst != nil {
-			return req, &FieldError{Field: key, Msg: "given twice"}
-		}
-		tok, err = dec.Token()
-		if err != nil {
-			return req, malformed(fmt.Sprintf("bad value of %q", key))
-		}
-		str, ok := tok.(string)
-		if !ok {
-			return req, &FieldError{Field: key, Msg: "must be a string"}
-		}
-		*dst = &str
-	}
-	if _, err := dec.Token(); err != nil { // the closing '}'
-		return req, malformed("unterminated object")
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		return req, malformed("trailing data after the object")
-	}
-	if body == nil {
-		return req, &FieldError{Field: "body", Msg: "is required"}
-	}
-	// encoding/json turns an unpaired surrogate escape ("\ud800") into
-	// U+FFFD; refuse rather than silently change the text.
-	if hasUnpairedSurrogate(data) {
-		field := "body"
-		if clientID != nil && strings.ContainsRune(*clientID, utf8.RuneError) {
-			field = "client_id"
-		}
-		return req, &FieldError{Field: field, Msg: "contains an unpaired UTF-16 surrogate escape"}
 	}
 	req.Body = *body
 	if err := ValidateBody(req.Body, maxBodyBytes); err != nil {
@@ -326,6 +198,143 @@ func DecodeSendRequest(data []byte, maxBodyBytes int) (SendRequest, error) {
 		req.ClientID = *clientID
 	}
 	return req, nil
+}
+
+// scanSendRequest is DecodeSendRequest's fast path, for the usual request:
+// one object of "body" and, optionally, "client_id" (each once, in either
+// order), both strings without escapes or control characters, white space
+// anywhere JSON allows it, nothing after the object. It returns ok false
+// for anything else (even valid JSON), which decodeSendRequestSlow then
+// decodes, or refuses, with its precise error. data is valid UTF-8, so a
+// string without escapes decodes to its bytes.
+func scanSendRequest(data []byte) (body, clientID *string, ok bool) {
+	i := skipJSONSpace(data, 0)
+	if i >= len(data) || data[i] != '{' {
+		return nil, nil, false
+	}
+	for {
+		key, j, ok := scanPlainString(data, skipJSONSpace(data, i+1))
+		if !ok {
+			return nil, nil, false
+		}
+		j = skipJSONSpace(data, j)
+		if j >= len(data) || data[j] != ':' {
+			return nil, nil, false
+		}
+		val, j, ok := scanPlainString(data, skipJSONSpace(data, j+1))
+		if !ok {
+			return nil, nil, false
+		}
+		switch {
+		case key == "body" && body == nil:
+			body = &val
+		case key == "client_id" && clientID == nil:
+			clientID = &val
+		default:
+			return nil, nil, false
+		}
+		i = skipJSONSpace(data, j)
+		if i >= len(data) {
+			return nil, nil, false
+		}
+		if data[i] == '}' {
+			break
+		}
+		if data[i] != ',' {
+			return nil, nil, false
+		}
+	}
+	if skipJSONSpace(data, i+1) != len(data) || body == nil {
+		return nil, nil, false
+	}
+	return body, clientID, true
+}
+
+// skipJSONSpace returns the index of the first byte of data at or after i
+// that is not JSON white space.
+func skipJSONSpace(data []byte, i int) int {
+	for i < len(data) && (data[i] == ' ' || data[i] == '\t' || data[i] == '\n' || data[i] == '\r') {
+		i++
+	}
+	return i
+}
+
+// scanPlainString reads the JSON string at data[i] when it has no escape
+// and no control character, and returns its text and the index after its
+// closing quote; ok false otherwise.
+func scanPlainString(data []byte, i int) (s string, next int, ok bool) {
+	if i >= len(data) || data[i] != '"' {
+		return "", 0, false
+	}
+	for j := i + 1; j < len(data); j++ {
+		switch c := data[j]; {
+		case c == '"':
+			return string(data[i+1 : j]), j + 1, true
+		case c == '\\' || c < 0x20:
+			return "", 0, false
+		}
+	}
+	return "", 0, false
+}
+
+// decodeSendRequestSlow decodes any send request with encoding/json's
+// tokenizer, and gives DecodeSendRequest's errors for malformed ones. data
+// is valid UTF-8.
+func decodeSendRequestSlow(data []byte) (body, clientID *string, err error) {
+	malformed := func(why string) error { return &FieldError{Field: "", Msg: "malformed JSON: " + why} }
+	dec := json.NewDecoder(bytes.NewReader(data))
+	if tok, err := dec.Token(); err != nil {
+		return nil, nil, malformed("expected an object")
+	} else if d, ok := tok.(json.Delim); !ok || d != '{' {
+		return nil, nil, malformed("expected an object")
+	}
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return nil, nil, malformed("bad object key")
+		}
+		key, _ := tok.(string)
+		var dst **string
+		switch key {
+		case "body":
+			dst = &body
+		case "client_id":
+			dst = &clientID
+		default:
+			return nil, nil, &FieldError{Field: key, Msg: "unknown field (the fields are \"body\" and \"client_id\")"}
+		}
+		if *dst != nil {
+			return nil, nil, &FieldError{Field: key, Msg: "given twice"}
+		}
+		tok, err = dec.Token()
+		if err != nil {
+			return nil, nil, malformed(fmt.Sprintf("bad value of %q", key))
+		}
+		str, ok := tok.(string)
+		if !ok {
+			return nil, nil, &FieldError{Field: key, Msg: "must be a string"}
+		}
+		*dst = &str
+	}
+	if _, err := dec.Token(); err != nil { // the closing '}'
+		return nil, nil, malformed("unterminated object")
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return nil, nil, malformed("trailing data after the object")
+	}
+	if body == nil {
+		return nil, nil, &FieldError{Field: "body", Msg: "is required"}
+	}
+	// encoding/json turns an unpaired surrogate escape ("\ud800") into
+	// U+FFFD; refuse rather than silently change the text.
+	if hasUnpairedSurrogate(data) {
+		field := "body"
+		if clientID != nil && strings.ContainsRune(*clientID, utf8.RuneError) {
+			field = "client_id"
+		}
+		return nil, nil, &FieldError{Field: field, Msg: "contains an unpaired UTF-16 surrogate escape"}
+	}
+	return body, clientID, nil
 }
 
 // hasUnpairedSurrogate reports whether JSON text data has a \uD800–\uDBFF

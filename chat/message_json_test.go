@@ -1,7 +1,6 @@
 package chat
 
 import (
-	"bytes"
 	"encoding/json"
 	"math/rand/v2"
 	"strings"
@@ -9,54 +8,6 @@ import (
 	"time"
 	"unicode/utf8"
 )
-
-// reflectMessageJSON is Message's JSON as encoding/json makes it of the
-// fields (reflection over a struct), the reference MarshalJSON must match
-// byte for byte.
-func reflectMessageJSON(m Message) ([]byte, error) {
-	type wire struct {
-		ID          string  `json:"id"`
-		ChatID      int64   `json:"chat_id"`
-		Seq         int64   `json:"seq"`
-		Body        string  `json:"body"`
-		SentAt      string  `json:"sent_at"`
-		From        string  `json:"from"`
-		Author      string  `json:"author,omitempty"`
-		ReceivedAt  string  `json:"received_at,omitempty"`
-		DeliveredAt *string `json:"delivered_at"`
-		Version     int64   `json:"version"`
-		EditedAt    *string `json:"edited_at,omitempty"`
-		Deleted     bool    `json:"deleted"`
-		ReadAt      *string `json:"read_at"`
-	}
-	w := wire{ID: m.ID, ChatID: m.ChatID, Seq: m.Seq, Body: m.Body, SentAt: formatTime(m.SentAt), From: m.From, Author: m.Author,
-		Version: max(m.Version, 1), Deleted: m.Deleted, EditedAt: optTime(m.EditedAt), ReadAt: optTime(m.ReadAt)}
-	if m.ReceivedAt != nil {
-		w.ReceivedAt = formatTime(*m.ReceivedAt)
-	}
-	w.DeliveredAt = optTime(m.DeliveredAt)
-	return json.Marshal(w)
-}
-
-// checkMessageJSON fails t unless m.MarshalJSON, and json.Marshal(m), are
-// the reference encoding of m.
-func checkMessageJSON(t testing.TB, m Message) {
-	t.Helper()
-	want, err := reflectMessageJSON(m)
-	if err != nil {
-		t.Fatal(err)
-	}
-	got, err := m.MarshalJSON()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !bytes.Equal(got, want) {
-		t.Fatalf("MarshalJSON(%#v)\n got %s\nwant %s", m, got, want)
-	}
-	if got, err = json.Marshal(m); err != nil || !bytes.Equal(got, want) {
-		t.Fatalf("json.Marshal(%#v) = %s, %v\nwant %s", m, got, err, want)
-	}
-}
 
 // MarshalJSON writes the object itself; it must stay what encoding/json
 // made of the fields: every byte value and awkward rune in every string

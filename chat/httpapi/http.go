@@ -265,9 +265,27 @@ func WriteJSON(w http.ResponseWriter, code int, v any) {
 	writeJSON(w, code, v)
 }
 
+// answerBufs holds writeJSON's buffers for a chat.Message (*[]byte);
+// those grown past maxPooledAnswer (a long body) are left to the GC.
+var answerBufs = sync.Pool{New: func() any { b := make([]byte, 0, 512); return &b }}
+
+const maxPooledAnswer = 8 << 10
+
 func writeJSON(w http.ResponseWriter, code int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(code)
+	if m, ok := v.(chat.Message); ok {
+		// The send's answer: the bytes an Encoder gives, without its
+		// reflection and its re-scan of MarshalJSON's output. The
+		// ResponseWriter copies them, so the buffer goes back to the pool.
+		bp := answerBufs.Get().(*[]byte)
+		*bp = append(m.AppendJSON((*bp)[:0]), '\n')
+		_, _ = w.Write(*bp)
+		if cap(*bp) <= maxPooledAnswer {
+			answerBufs.Put(bp)
+		}
+		return
+	}
 	_ = json.NewEncoder(w).Encode(v)
 }
 
@@ -310,7 +328,7 @@ func (a *API) handleSend(w http.ResponseWriter, r *http.Request) {
 	}
 	// JSON only: a form or text/plain POST from another site's page (a
 	// "simple" cross-origin request, no preflight) is refused.
-	if mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err != nil || mt != "application/json" {
+	if ct := r.Header.Get("Content-Type"); ct != "application/json" && !isJSONMediaType(ct) {
 		writeJSON(w, http.StatusUnsupportedMediaType, ErrorBody{Error: "Content-Type must be application/json", Field: "Content-Type"})
 		return
 	}
@@ -345,6 +363,13 @@ func (a *API) handleSend(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusCreated, m)
+}
+
+// isJSONMediaType reports whether Content-Type value ct parses as a media
+// type and names application/json (parameters such as charset allowed).
+func isJSONMediaType(ct string) bool {
+	mt, _, err := mime.ParseMediaType(ct)
+	return err == nil && mt == "application/json"
 }
 
 // send stores a message through the Sender, as the request's principal.

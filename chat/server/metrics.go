@@ -183,6 +183,28 @@ func (m *metrics) instrument(next http.Handler) http.Handler {
 		Buckets: prometheus.ExponentialBuckets(0.0005, 2, 15),
 	}, []string{"route"})
 	reg.MustRegister(reqs, dur)
+	// The vectors' children by route (and code), looked up once: nothing
+	// deletes them, and WithLabelValues hashes its labels on every call.
+	type routeCode struct {
+		route string
+		code  int
+	}
+	var counters, timers sync.Map // routeCode → Counter; route → Observer
+	count := func(route string, code int) prometheus.Counter {
+		k := routeCode{route, code}
+		if c, ok := counters.Load(k); ok {
+			return c.(prometheus.Counter)
+		}
+		c, _ := counters.LoadOrStore(k, reqs.WithLabelValues(route, strconv.Itoa(code)))
+		return c.(prometheus.Counter)
+	}
+	timer := func(route string) prometheus.Observer {
+		if o, ok := timers.Load(route); ok {
+			return o.(prometheus.Observer)
+		}
+		o, _ := timers.LoadOrStore(route, dur.WithLabelValues(route))
+		return o.(prometheus.Observer)
+	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
 		rec := &statusRecorder{ResponseWriter: w}
@@ -198,9 +220,9 @@ func (m *metrics) instrument(next http.Handler) http.Handler {
 		case code == 0:
 			code = http.StatusOK
 		}
-		reqs.WithLabelValues(route, strconv.Itoa(code)).Inc()
+		count(route, code).Inc()
 		if !rec.hijacked {
-			dur.WithLabelValues(route).Observe(time.Since(start).Seconds())
+			timer(route).Observe(time.Since(start).Seconds())
 		}
 	})
 }
