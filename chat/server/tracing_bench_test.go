@@ -38,8 +38,9 @@ func (s *benchSender) SendIdempotent(_ context.Context, chatID int64, body, _, a
 // message) is what tracing adds to the services' CPU.
 //
 // Sub-benchmarks: every message sampled (always_on), and one message in
-// ten (parentbased_traceidratio 0.1, as docs/OPERATING.md advises for
-// production), where most messages take the unsampled path.
+// ten (parentbased_traceidratio 0.1), where most messages take the
+// unsampled path that sampling in production (docs/OPERATING.md) makes
+// the common one.
 func BenchmarkTracedMessage(b *testing.B) {
 	b.Run("always_on", func(b *testing.B) { benchTracedMessage(b, sdktrace.AlwaysSample()) })
 	b.Run("ratio_0.1", func(b *testing.B) {
