@@ -236,15 +236,17 @@ func (h *InboxHandler) QueueBatch(b *pgx.Batch, ds []inbox.Delivery, rs []inbox.
 	// one): growing ten slices by appends cost more than the batch's
 	// decoding of a row.
 	n := len(ds)
-	// The ids go as 16-byte values: pgx has no binary encoding of a
-	// string as a uuid, and for a []string it first built an error (a
-	// formatted copy of every id), then fell back to a text array that
-	// Postgres parsed back.
-	ids := make([][16]byte, 0, n)
+	// The ids go as pgtype.UUID: pgx has no binary encoding of a string
+	// as a uuid, and for a []string it first built an error (a formatted
+	// copy of every id), then fell back to a text array that Postgres
+	// parsed back. Not as [16]byte: pgx cannot write that as text, which
+	// the exec and simple protocol modes (behind a transaction-mode
+	// pooler) need.
+	ids := make([]pgtype.UUID, 0, n)
 	bodies, senders, authors := make([]string, 0, n), make([]string, 0, n), make([]string, 0, n)
 	tps, refs := make([]string, 0, n), make([]string, 0, n)
 	chats, seqs, sentAts := make([]int64, 0, n), make([]int64, 0, n), make([]time.Time, 0, n)
-	var repeats [][16]byte
+	var repeats []pgtype.UUID
 	traced := "" // the first traceparent of the batch's messages: the receipt's
 	var rChats, rUpto []int64
 	var rAts []time.Time
@@ -305,12 +307,12 @@ func (h *InboxHandler) QueueBatch(b *pgx.Batch, ds []inbox.Delivery, rs []inbox.
 			continue
 		}
 		if _, seen := first[m.ID]; seen {
-			repeats = append(repeats, id) // a duplicate inside the batch
+			repeats = append(repeats, pgtype.UUID{Bytes: id, Valid: true}) // a duplicate inside the batch
 			continue
 		}
 		first[m.ID] = i
 		msgs[i] = m
-		ids, chats, seqs = append(ids, id), append(chats, m.ChatID), append(seqs, m.Seq)
+		ids, chats, seqs = append(ids, pgtype.UUID{Bytes: id, Valid: true}), append(chats, m.ChatID), append(seqs, m.Seq)
 		bodies, senders, sentAts = append(bodies, m.Body), append(senders, m.From), append(sentAts, m.SentAt)
 		authors = append(authors, m.Author)
 		// The message's trace context (migration 011): kept in its row for

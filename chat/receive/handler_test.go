@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/url"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/outboxchat/outboxchat/chat"
@@ -43,12 +44,23 @@ func (s *recordingSource) DeadLetter(_ context.Context, d inbox.Delivery, _ stri
 
 // One batch mixing a new message, a malformed job, the same message again,
 // a message already in the inbox and another new one: the batch path has the
-// effect of Apply on each in order.
+// effect of Apply on each in order. In pgx's default query mode and in the
+// two a transaction-mode pooler needs (exec, simple_protocol), whose
+// parameters go as text with no type from the server.
 func TestInboxHandlerBatchMixedDeliveries(t *testing.T) {
 	t.Parallel()
+	for _, mode := range []string{"", "exec", "simple_protocol"} {
+		t.Run("mode="+mode, func(t *testing.T) {
+			t.Parallel()
+			testInboxHandlerBatchMixedDeliveries(t, mode)
+		})
+	}
+}
+
+func testInboxHandlerBatchMixedDeliveries(t *testing.T, mode string) {
 	h := chattest.New(t, "")
 	ctx := context.Background()
-	_, _, c, src := inboxConsumer(t, h, chat.Workers, nil)
+	_, _, c, src := inboxConsumerMode(t, h, chat.Workers, nil, mode)
 	mk := func(seq int64) inbox.Delivery {
 		id := uuid.NewString()
 		p, _ := json.Marshal(chat.Message{ID: id, ChatID: 2, Seq: seq, Body: "b", SentAt: time.Now(), From: chat.Consumers})
@@ -86,7 +98,28 @@ func TestInboxHandlerBatchMixedDeliveries(t *testing.T) {
 // role pool of h, fed by a recordingSource; cfg may be nil.
 func inboxConsumer(t testing.TB, h *chattest.Harness, service string, cfg *inbox.Config) (*pgxpool.Pool, *InboxHandler, *inbox.Consumer, *recordingSource) {
 	t.Helper()
+	return inboxConsumerMode(t, h, service, cfg, "")
+}
+
+// inboxConsumerMode is inboxConsumer on a pool in pgx query mode mode
+// (default_query_exec_mode; "": pgx's default).
+func inboxConsumerMode(t testing.TB, h *chattest.Harness, service string, cfg *inbox.Config, mode string) (*pgxpool.Pool, *InboxHandler, *inbox.Consumer, *recordingSource) {
+	t.Helper()
 	pool := h.RolePool(t, service)
+	if mode != "" {
+		u, err := url.Parse(h.RoleURL(service))
+		if err != nil {
+			t.Fatal(err)
+		}
+		q := u.Query()
+		q.Set("default_query_exec_mode", mode)
+		u.RawQuery = q.Encode()
+		pool, err = pgxpool.New(context.Background(), u.String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(pool.Close)
+	}
 	ih, err := NewInboxHandler(service, nil)
 	if err != nil {
 		t.Fatal(err)
