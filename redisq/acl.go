@@ -6,14 +6,15 @@ import "strings"
 // the user name, without a password rule) that let one service do exactly
 // what redisq needs and no more, under key prefix prefix:
 //
-//   - on its outbound queue out: add jobs (add.lua: SET NX, XADD, DEL of a
-//     dedupe key; in its re-add mode GET and SET of a dedupe key, XADD),
-//     nothing else;
+//   - on its outbound queue out: add jobs (add.lua: XADD, and the dedupe
+//     marks' hash and sorted set: HGET, HSET, HSETNX, HDEL, ZSCORE, ZADD,
+//     ZRANGE, ZREM; SET, GET and DEL of the key-per-job dedupe keys of
+//     earlier versions, for a rolling upgrade), nothing else;
 //   - on its inbound queue in, as a consumer-group member: read, claim,
 //     acknowledge and trim (XREADGROUP, XAUTOCLAIM, XACK, XPENDING, XINFO,
 //     XRANGE, XTRIM, XGROUP CREATE, XINFO GROUPS and CONSUMERS, trim.lua), keep its presence
 //     (presence.lua, prune.lua: the presence set, XGROUP DELCONSUMER of a consumer with nothing
-//     pending, TIME), delete the dedupe keys of
+//     pending, TIME), delete the dedupe marks of
 //     trimmed entries, and XADD to the dead-letter stream (XTRIM to cap it,
 //     XLEN for the gauges) — but never XADD
 //     to the inbound stream itself, so a service cannot forge messages to
@@ -40,19 +41,25 @@ func ACLRules(prefix, out, in string) []string {
 		// (even a replica) stalls every command.
 		"+cluster|slots", "+command", "+asking",
 		// Outbound: add jobs only (a re-add reads its token back: GET).
-		"(" + keyRule(o.Stream) + " " + keyRule(o.dedupe+"*") + " +evalsha +eval +set +get +xadd +del)",
+		// The dedupe keys by pattern, with SET, GET and DEL: a process of
+		// an earlier version, with a key per job, keeps adding during a
+		// rolling upgrade.
+		"(" + keyRule(o.Stream) + " " + keyRule(o.dedupeAll) +
+			" +evalsha +eval +xadd +hget +hset +hsetnx +hdel +zscore +zadd +zrange +zrem +set +get +del)",
 		// Inbound stream: consume, never add. The presence set is in the
 		// same selector because prune.lua touches both keys (a command
 		// must match one selector with all its keys).
 		"(" + keyRule(i.Stream) + " " + keyRule(i.Presence) + " +xreadgroup +xack +xautoclaim +xpending +xgroup|create +xinfo|groups +xinfo|consumers" +
 			" +xgroup|delconsumer +xrange +xtrim +xlen +exists +evalsha +eval" +
 			" +zadd +zrem +zrange +zrangebyscore +zremrangebyscore +pttl +pexpire)",
-		// Inbound dedupe keys: deleted with trimmed entries (trim.lua,
-		// which declares the stream and the keys it deletes: its EVALSHA
+		// Inbound dedupe marks: deleted with trimmed entries (trim.lua,
+		// which declares the stream and the marks' keys: its EVALSHA
 		// must match one selector with all of them; the commands inside
 		// are checked one by one against the selectors above).
-		"(" + keyRule(i.dedupe+"*") + " +del)",
-		"(" + keyRule(i.Stream) + " " + keyRule(i.dedupe+"*") + " +evalsha +eval)",
+		// (DEL and the pattern: the trim of a process of an earlier
+		// version, as above.)
+		"(" + keyRule(i.dedupeAll) + " +hdel +zrem +del)",
+		"(" + keyRule(i.Stream) + " " + keyRule(i.dedupeAll) + " +evalsha +eval)",
 		// Inbound dead letters: added, capped (DeadLetterMax) and counted
 		// (the gauges); reading, replaying and dropping them is the
 		// operator's (an admin user).

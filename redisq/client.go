@@ -238,7 +238,7 @@ var ErrNotDurable = errors.New("redisq: redis is not configured for durability")
 // DurabilityError reports server settings under which queued jobs can be
 // lost: appendonly other than "yes" (a restart loses everything since the
 // last RDB snapshot) or a maxmemory-policy other than "noeviction" (Redis
-// may evict stream or dedupe keys under memory pressure).
+// may evict stream or dedupe marks under memory pressure).
 type DurabilityError struct {
 	// AppendOnly is the server's "appendonly" setting ("yes" or "no").
 	AppendOnly string

@@ -30,7 +30,7 @@ const (
 )
 
 // trimBatch is the most entries one trim call deletes (with their dedupe
-// keys), so a call stays short even after a long pause.
+// marks), so a call stays short even after a long pause.
 const trimBatch = 10000
 
 // maxClaimRounds bounds the XAUTOCLAIM calls one Fetch makes while scanning
@@ -634,49 +634,15 @@ func (c *Consumer) trimIfDue(ctx context.Context) {
 }
 
 // Trim deletes the entries every consumer group of the stream has
-// acknowledged, with their dedupe keys (scripts/trim.lua: on a Redis
-// Cluster a plan call reads the job ids and a trim call with their dedupe
-// keys declared deletes; elsewhere one call does both),
+// acknowledged, with their dedupe marks (scripts/trim.lua, one call),
 // at most 10,000 per call, and returns how many it deleted. Ack and an
 // idle Fetch call it at most every TrimInterval; call it directly to force
 // a trim. During a cluster slot migration of the queue it retries TRYAGAIN
 // (TryAgainBudget, within ctx). Safe for concurrent use.
 func (c *Consumer) Trim(ctx context.Context) (int64, error) {
 	var n int64
-	err := retryTryAgain(ctx, func() error {
-		n = 0
-		if _, cluster := c.rdb.(*redis.ClusterClient); !cluster {
-			// One call: the trim runs in the Ack that is due, so its
-			// length is the consumer's (a second round trip with every
-			// job id twice showed in lab bench's p99).
-			var err error
-			n, err = trimScript.Run(ctx, c.rdb, []string{c.keys.Stream}, "direct", trimBatch, c.keys.dedupe).Int64()
-			return err
-		}
-		plan, err := trimScript.Run(ctx, c.rdb, []string{c.keys.Stream}, "plan", trimBatch).Slice()
-		if err != nil {
-			return err
-		}
-		if len(plan) == 0 || plan[0] == int64(0) {
-			return nil
-		}
-		ids := make([]string, 0, len(plan)-1)
-		for _, v := range plan[1:] {
-			id, ok := v.(string)
-			if !ok {
-				return fmt.Errorf("trim.lua plan: job id %v is a %T", v, v)
-			}
-			ids = append(ids, id)
-		}
-		keys := make([]string, 1, 1+len(ids))
-		keys[0] = c.keys.Stream
-		args := make([]any, 2, 2+len(ids))
-		args[0], args[1] = "trim", trimBatch
-		for _, id := range ids {
-			keys = append(keys, c.keys.Dedupe(id))
-			args = append(args, id)
-		}
-		n, err = trimScript.Run(ctx, c.rdb, keys, args...).Int64()
+	err := retryTryAgain(ctx, func() (err error) {
+		n, err = trimScript.Run(ctx, c.rdb, []string{c.keys.Stream, c.keys.Dedupe, c.keys.DedupeExpiry}, trimBatch).Int64()
 		return err
 	})
 	if err != nil {

@@ -42,7 +42,7 @@ type DeadLetters struct {
 
 // NewDeadLetters returns the dead-letter tools of queue under prefix (as in
 // PublisherConfig) through rdb; dedupeTTL is the publisher's DedupeTTL (0 =
-// DefaultDedupeTTL), which a replayed job's dedupe key gets. Replay and
+// DefaultDedupeTTL), which a replayed job's dedupe mark gets. Replay and
 // Drop log each entry they change at Info with component=redisq (logger
 // nil = slog.Default()). Errors wrap ErrInvalidConfig: nil rdb, empty or
 // bad queue name.
@@ -110,12 +110,12 @@ func (d *DeadLetters) Get(ctx context.Context, deadID string) (dl DeadLetter, ok
 }
 
 // Replay puts each entry back on the queue stream (scripts/replay.lua: XADD
-// with its id, name, payload, signature and headers, its dedupe key set, the
+// with its id, name, payload, signature and headers, its dedupe mark set, the
 // dead-letter entry deleted, atomically) and returns, per deadID in order,
 // the new stream entry id, or "" when the entry was not there (replayed or
 // dropped before: a repeated Replay changes nothing). The receiver's inbox
 // drops the job if it already has it. Each entry's job id is read first
-// (XRANGE), so that the script declares the job's dedupe key; during a
+// (XRANGE) and checked by the script; during a
 // cluster slot migration of the queue it retries TRYAGAIN (TryAgainBudget,
 // within ctx). Errors: a malformed entry (lacking id, name or payload;
 // drop it) or Redis errors, wrapped; the entries before it were replayed.
@@ -150,9 +150,9 @@ func (d *DeadLetters) replay(ctx context.Context, id string) (string, error) {
 			return redis.Nil
 		}
 		// An entry without an id fails in the script before it touches
-		// the (then meaningless) dedupe key.
+		// the dedupe marks.
 		job, _ := msgs[0].Values["id"].(string)
-		nid, err = replayScript.Run(ctx, d.rdb, []string{d.keys.Dead, d.keys.Stream, d.keys.Dedupe(job)},
+		nid, err = replayScript.Run(ctx, d.rdb, []string{d.keys.Dead, d.keys.Stream, d.keys.Dedupe, d.keys.DedupeExpiry},
 			id, job, d.ttlMS).Text()
 		return err
 	})

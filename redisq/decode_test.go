@@ -72,9 +72,10 @@ func TestKeys(t *testing.T) {
 	t.Parallel()
 	k := NewKeys("p:", "chat")
 	for got, want := range map[string]string{
-		k.Stream:      "p:q:{chat}:stream",
-		k.Dead:        "p:q:{chat}:dead",
-		k.Dedupe("x"): "p:q:{chat}:dedupe:x",
+		k.Stream:       "p:q:{chat}:stream",
+		k.Dead:         "p:q:{chat}:dead",
+		k.Dedupe:       "p:q:{chat}:dedupe:marks",
+		k.DedupeExpiry: "p:q:{chat}:dedupe:expiry",
 	} {
 		if got != want {
 			t.Errorf("key %q, want %q", got, want)

@@ -16,13 +16,17 @@
 // # Invariants
 //
 //   - Idempotent add. Add runs scripts/add.lua, one atomic call per
-//     batch, which per job does SET <dedupe key> NX PX <DedupeTTL>, then
-//     XADD. A job whose ID is still in the queue (not yet acknowledged by
+//     batch, which per job checks the job's dedupe mark (a field of the
+//     queue's Keys.Dedupe hash, live until its score in Keys.DedupeExpiry,
+//     a Unix time in ms), sets it for DedupeTTL when there is none, then
+//     XADDs. A job whose ID is still in the queue (not yet acknowledged by
 //     every group and trimmed) and was added within DedupeTTL is not added
 //     again and counts as success, so a caller that does not know whether
 //     an Add went through simply repeats it. If the XADD fails the dedupe
-//     key is deleted again, so the retry is not swallowed. Once every group
-//     has acknowledged a job, the trim deletes its dedupe key with the
+//     mark is deleted again, so the retry is not swallowed. The marks of a
+//     queue are two keys, not a key per job, so that on a Redis Cluster an
+//     add does not wait for a whole slot migration (see Keys). Once every group
+//     has acknowledged a job, the trim deletes its dedupe mark with the
 //     entry: a later re-add of that id is delivered again, and the
 //     receiver's inbox (which already holds it) drops it. This is what
 //     keeps Redis memory flat: remembering every id for DedupeTTL would grow
@@ -60,14 +64,14 @@
 //     nothing is buffered. A failed Add may have added a prefix of its jobs:
 //     the caller retries all of them.
 //   - Redis restarted with appendonly yes (AOF): the stream, the group's
-//     pending lists and the dedupe keys come back; nothing is lost (with
+//     pending lists and the dedupe marks come back; nothing is lost (with
 //     appendfsync everysec, at most the last second of writes can be lost
 //     on a host crash; with always, nothing). The Lua script cache is empty
 //     after a restart; Add reloads it (NOSCRIPT handling).
-//   - Redis restarted without AOF: queued jobs and dedupe keys are lost; the
+//   - Redis restarted without AOF: queued jobs and dedupe marks are lost; the
 //     group is recreated by the next Fetch. CheckDurability warns loudly at
 //     start when appendonly is not "yes" or maxmemory-policy is not
-//     "noeviction" (eviction could drop the stream or dedupe keys).
+//     "noeviction" (eviction could drop the stream or dedupe marks).
 //   - A consumer dies mid-batch: its entries stay pending; it finishes them
 //     first when it restarts under the same name, or another consumer
 //     reclaims them after LockDuration.
@@ -85,7 +89,7 @@
 //     the own pending list) is acknowledged away, logged with its stream
 //     id and counted (Consumer.DeletedPending, EventDeletedPending). The
 //     job itself is gone from Redis: only the sender can bring it back,
-//     with Readd, which gets past a dedupe key that outlived its entry (the
+//     with Readd, which gets past a dedupe mark that outlived its entry (the
 //     chat's re-drive does that when no receipt came back in time).
 //   - Sentinel failover: NewClient takes a redis+sentinel:// URL
 //     (ParseSentinelURL) and follows the primary; jobs the old primary had
@@ -97,7 +101,7 @@
 //     the call (go-redis's ClusterMaxRedirects, then TryAgainBudget);
 //     nothing is kept across calls. CLUSTERDOWN fails the call at once
 //     (ErrClusterDown). Readd adds a job once per call even when a command
-//     is sent twice (a token of the call in the dedupe key).
+//     is sent twice (a token of the call in the dedupe mark).
 //   - A malformed entry (fields missing, e.g. written by hand) is returned
 //     with Delivery.Err set, so the caller can DeadLetter it; it never
 //     crashes the consumer, is never skipped silently and does not block the
@@ -105,9 +109,11 @@
 //
 // # Memory
 //
-// A dedupe key (about 190 bytes of Redis memory with its expiry) lives while
-// its entry is in the stream, at most DedupeTTL. Entries are trimmed, with
-// their dedupe keys, once every group has acknowledged them (checked at most
+// A dedupe mark (about 240 bytes of Redis memory for a 36-character id, its
+// hash field and sorted-set member: MEMORY USAGE of both keys over 10,000
+// marks, Redis 7.0) lives while its entry is in the stream, at most
+// DedupeTTL. Entries are trimmed, with
+// their dedupe marks, once every group has acknowledged them (checked at most
 // every TrimInterval, by Ack and by a Fetch that finds nothing new), so the
 // stream holds only the backlog, not history, and memory returns to where it
 // started once the queue drains.
@@ -121,6 +127,6 @@
 // each consumer's idle time, and the dead letters; LiveConsumers the live
 // processes of each group; ReadDurability each node's durability settings. DeadLetters lists,
 // shows, replays (back on the stream with the entry's signature, its
-// dedupe key set, the dead entry deleted, in one script) and drops dead
+// dedupe mark set, the dead entry deleted, in one script) and drops dead
 // letters; a repeated Replay or Drop changes nothing.
 package redisq

@@ -4,10 +4,19 @@ package redisq
 // place. All keys of one queue share the hash tag "{<queue>}", so they live in
 // one Redis Cluster slot and the Lua scripts may touch them together.
 //
-//	stream:      <prefix>q:{<queue>}:stream
-//	dedupe key:  <prefix>q:{<queue>}:dedupe:<job id>
-//	dead letter: <prefix>q:{<queue>}:dead
-//	presence:    <prefix>q:{<queue>}:consumers   (sorted set, presence.lua)
+//	stream:        <prefix>q:{<queue>}:stream
+//	dedupe marks:  <prefix>q:{<queue>}:dedupe:marks   (hash, add.lua)
+//	dedupe expiry: <prefix>q:{<queue>}:dedupe:expiry  (sorted set, add.lua)
+//	dead letter:   <prefix>q:{<queue>}:dead
+//	presence:      <prefix>q:{<queue>}:consumers      (sorted set, presence.lua)
+//
+// The dedupe marks of all jobs live in two keys per queue, not one key per
+// job: a key per job is a new key on every add, and during a Redis Cluster
+// slot migration a script whose keys are not all on one node gets TRYAGAIN
+// (a new key is never on the source node), so every add waited for the
+// whole migration of the slot. The per-queue keys exist before a migration
+// starts (each holds a placeholder member, the empty id, that never
+// expires), so an add waits at most while they and the stream move.
 
 // Keys holds the key names of one queue. The zero value is not useful; build
 // it with NewKeys. Keys is a plain value, safe to copy and share.
@@ -19,8 +28,18 @@ type Keys struct {
 	// Presence is the sorted set of live consumer processes (Presence):
 	// member "<group>\x00<name>\x00<instance>", score its expiry (Unix ms).
 	Presence string
-	// dedupe is the prefix of the per-job dedupe keys; see Dedupe.
-	dedupe string
+	// Dedupe is the hash of the queue's dedupe marks: field a job id,
+	// value "1", or the token of the Readd call that set it; field ""
+	// (value "") is a placeholder that keeps the key in existence.
+	Dedupe string
+	// DedupeExpiry is the sorted set of the marks' expiry times: member a
+	// job id, score the Unix time in ms after which its mark no longer
+	// counts (add.lua deletes expired marks as it goes); member "" has
+	// score +inf.
+	DedupeExpiry string
+	// dedupeAll matches both keys above and the key-per-job layout of
+	// earlier versions (<prefix>q:{<queue>}:dedupe:<job id>): ACLRules.
+	dedupeAll string
 }
 
 // NewKeys returns the key names for queue under prefix (prefix may be "";
@@ -28,13 +47,11 @@ type Keys struct {
 func NewKeys(prefix, queue string) Keys {
 	base := prefix + "q:{" + queue + "}:"
 	return Keys{
-		Stream:   base + "stream",
-		Dead:     base + "dead",
-		Presence: base + "consumers",
-		dedupe:   base + "dedupe:",
+		Stream:       base + "stream",
+		Dead:         base + "dead",
+		Presence:     base + "consumers",
+		Dedupe:       base + "dedupe:marks",
+		DedupeExpiry: base + "dedupe:expiry",
+		dedupeAll:    base + "dedupe:*",
 	}
 }
-
-// Dedupe returns the dedupe key of job id: a string key set with SET NX PX
-// by the add script, living for the publisher's DedupeTTL.
-func (k Keys) Dedupe(id string) string { return k.dedupe + id }

@@ -113,6 +113,32 @@ func streamIDs(ds []redisq.Delivery) []string {
 	return out
 }
 
+// markTTL is how long job id's dedupe mark in k still counts: its score in
+// k.DedupeExpiry less the server's clock, with its field in k.Dedupe; 0
+// when there is none or it has expired.
+func markTTL(t testing.TB, rdb redis.Cmdable, k redisq.Keys, id string) time.Duration {
+	t.Helper()
+	ctx := context.Background()
+	if ok, err := rdb.HExists(ctx, k.Dedupe, id).Result(); err != nil || !ok {
+		if err != nil {
+			t.Fatal(err)
+		}
+		return 0
+	}
+	exp, err := rdb.ZScore(ctx, k.DedupeExpiry, id).Result()
+	if errors.Is(err, redis.Nil) {
+		return 0
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	now, err := rdb.Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return max(0, time.UnixMilli(int64(exp)).Sub(now))
+}
+
 func stats(t *testing.T, c *redisq.Consumer) redisq.Stats {
 	t.Helper()
 	s, err := c.Stats(context.Background())
@@ -199,9 +225,9 @@ func TestAddTwiceSameIDAddsOnce(t *testing.T) {
 	if got := ev.String(); got != "added=2 dupes=3 reclaimed=0 trimmed=0" {
 		t.Fatalf("events %s", got)
 	}
-	ttl := q.rdb.PTTL(ctx, q.keys.Dedupe("m-1")).Val()
+	ttl := markTTL(t, q.rdb, q.keys, "m-1")
 	if ttl <= 23*time.Hour || ttl > redisq.DefaultDedupeTTL {
-		t.Fatalf("dedupe key TTL %v, want about %v", ttl, redisq.DefaultDedupeTTL)
+		t.Fatalf("dedupe mark TTL %v, want about %v", ttl, redisq.DefaultDedupeTTL)
 	}
 }
 
@@ -274,12 +300,13 @@ func TestFetchAckTrims(t *testing.T) {
 	if ds, err := c.Fetch(ctx, 10); err != nil || len(ds) != 0 {
 		t.Fatalf("Fetch after ack = %v, %v", ds, err)
 	}
-	// The trim took the dedupe keys with the entries: nothing of the 20
-	// jobs is left in Redis.
-	for _, j := range jobs(20, 0) {
-		if n := q.rdb.Exists(ctx, q.keys.Dedupe(j.ID)).Val(); n != 0 {
-			t.Fatalf("dedupe key of %s survived the trim", j.ID)
-		}
+	// The trim took the dedupe marks with the entries: nothing of the 20
+	// jobs is left in Redis but the marks' placeholder.
+	if n := q.rdb.HLen(ctx, q.keys.Dedupe).Val(); n != 1 {
+		t.Fatalf("%d dedupe marks after the trim, want 1 (the placeholder)", n)
+	}
+	if n := q.rdb.ZCard(ctx, q.keys.DedupeExpiry).Val(); n != 1 {
+		t.Fatalf("%d dedupe expiry members after the trim, want 1 (the placeholder)", n)
 	}
 	// So a re-add after everyone acknowledged it is a new entry (the
 	// receiver's inbox drops it), while an id still queued stays deduped.
@@ -307,7 +334,7 @@ func TestIdleFetchTrims(t *testing.T) {
 		if _, err := c.Fetch(ctx, 10); err != nil {
 			t.Fatal(err)
 		}
-		return stats(t, c).StreamLen == 0 && q.rdb.Exists(ctx, q.keys.Dedupe("job-4")).Val() == 0
+		return stats(t, c).StreamLen == 0 && markTTL(t, q.rdb, q.keys, "job-4") == 0
 	})
 }
 
@@ -578,7 +605,7 @@ func TestGroupRecreatedAfterDataLoss(t *testing.T) {
 		t.Fatal(err)
 	}
 	// As after a restart without AOF: stream, group and dedupe keys gone.
-	q.rdb.Del(ctx, q.keys.Stream, q.keys.Dedupe("job-0"))
+	q.rdb.Del(ctx, q.keys.Stream, q.keys.Dedupe, q.keys.DedupeExpiry)
 	q.add(t, 1, 1)
 	if ds := fetchN(t, c, 1); ds[0].ID != "job-1" {
 		t.Fatalf("got %v", ids(ds))
@@ -749,8 +776,8 @@ func TestReaddGetsPastTheDedupeKey(t *testing.T) {
 	if n := q.rdb.XLen(ctx, q.keys.Stream).Val(); n != 1 {
 		t.Fatalf("stream length %d, want 1", n)
 	}
-	if ttl := q.rdb.PTTL(ctx, q.keys.Dedupe("job-0")).Val(); ttl <= 0 {
-		t.Fatalf("dedupe key TTL %v, want set", ttl)
+	if ttl := markTTL(t, q.rdb, q.keys, "job-0"); ttl <= 0 {
+		t.Fatalf("dedupe mark TTL %v, want set", ttl)
 	}
 	if _, err := q.pub.Readd(ctx, redisq.Job{}); err == nil {
 		t.Fatal("Readd of an empty id succeeded")

@@ -28,7 +28,7 @@ import (
 // AOF, FLUSHALL, XDEL or a trim during an incident, eviction). The sender
 // knows what arrived from the other side's receipts (receipt.go): a message
 // stored but without delivered_at after RedriveConfig.After is published
-// again by the Redriver, past its dedupe key (redisq.Publisher.Readd: the
+// again by the Redriver, past its dedupe mark (redisq.Publisher.Readd: the
 // key may outlive the entry), and the receiver's inbox drops it if it had it
 // after all — its receipt then marks it delivered.
 //
@@ -65,7 +65,7 @@ const (
 	redriveTimeout = 10 * time.Second
 )
 
-// Republisher adds jobs again past their dedupe keys
+// Republisher adds jobs again past their dedupe marks
 // (redisq.Publisher.Readd).
 type Republisher interface {
 	Readd(ctx context.Context, jobs ...redisq.Job) (int, error)

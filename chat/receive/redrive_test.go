@@ -75,12 +75,16 @@ func TestRedriverRunOnceSelectsDueMessages(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The dedupe key of seq 2 is still there (its entry was lost).
+	// The dedupe mark of seq 2 is still there (its entry was lost).
 	var id2 string
 	if err := pool.QueryRow(ctx, `SELECT id::text FROM consumers.messages WHERE chat_id = 5 AND seq = 2`).Scan(&id2); err != nil {
 		t.Fatal(err)
 	}
-	if err := rdb.Set(ctx, pub.Keys().Dedupe(id2), "1", time.Hour).Err(); err != nil {
+	k := pub.Keys()
+	if err := rdb.HSet(ctx, k.Dedupe, id2, "1").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.ZAdd(ctx, k.DedupeExpiry, redis.Z{Score: float64(time.Now().Add(time.Hour).UnixMilli()), Member: id2}).Err(); err != nil {
 		t.Fatal(err)
 	}
 	var counted int

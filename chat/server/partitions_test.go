@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/http"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -136,12 +137,16 @@ func TestPartitionedOrderProperty(t *testing.T) {
 	seed := uint64(time.Now().UnixNano())
 	t.Logf("seed %d", seed)
 	rng := rand.New(rand.NewPCG(seed, 0))
-	nChats := 16 + rng.IntN(9) // 16–24 chats, all partitions
+	nChats := 16 + rng.IntN(9) // 16–24 chats
 	var chats []int64
-	for picked := map[int64]bool{}; len(chats) < nChats; {
+	perPart := make([]int, parts)
+	// Random chats, and more until every partition has two: 16 chats miss
+	// a partition about one time in 25.
+	for picked := map[int64]bool{}; len(chats) < nChats || slices.Min(perPart) < 2; {
 		if c := int64(1000 + rng.IntN(1_000_000)); !picked[c] {
 			picked[c] = true
 			chats = append(chats, c)
+			perPart[chat.Partition(c, parts)]++
 		}
 	}
 	h := newHarness(t, "")
@@ -465,7 +470,7 @@ func TestPartitionsOnRedisCluster(t *testing.T) {
 				t.Fatal(err)
 			}
 			masters[node.Addr()] = true
-			for _, key := range []string{k.Dead, k.Dedupe("x")} {
+			for _, key := range []string{k.Dead, k.Dedupe, k.DedupeExpiry} {
 				if n, s, err := cl.NodeFor(ctx, key); err != nil || n != node || s != slot {
 					t.Fatalf("%s: slot %d on %v, the stream's %d on %s (%v)", key, s, n, slot, node.Addr(), err)
 				}

@@ -46,7 +46,7 @@ func (s *run) waitAllSent(ctx context.Context) error {
 }
 
 // redisFlush: workers stopped; 20 messages sent and marked sent; FLUSHALL
-// (stream, group and dedupe keys gone); workers started. The re-drive
+// (stream, group and dedupe marks gone); workers started. The re-drive
 // publishes the 20 again; workers shows each once, in seq order.
 func redisFlush(ctx context.Context, s *run) error {
 	startWorkers, err := s.stopWorkers(ctx)
@@ -62,7 +62,7 @@ func redisFlush(ctx context.Context, s *run) error {
 	if err := s.e.RedisClient().FlushAll(ctx).Err(); err != nil {
 		return fmt.Errorf("lab: flushall: %w", err)
 	}
-	s.log.Add("redis", "FLUSHALL: the 20 queued jobs, the group and the dedupe keys are gone")
+	s.log.Add("redis", "FLUSHALL: the 20 queued jobs, the group and the dedupe marks are gone")
 	return startWorkers(ctx)
 }
 

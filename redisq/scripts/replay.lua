@@ -2,20 +2,21 @@
 --
 -- KEYS[1]  dead-letter stream (<prefix>q:{<queue>}:dead)
 -- KEYS[2]  stream key         (<prefix>q:{<queue>}:stream)
--- KEYS[3]  dedupe key of the entry's job (<prefix>q:{<queue>}:dedupe:<id>),
---          as the caller read the entry's id field before
+-- KEYS[3]  dedupe marks, a hash   (<prefix>q:{<queue>}:dedupe:marks)
+-- KEYS[4]  dedupe expiry, a zset  (<prefix>q:{<queue>}:dedupe:expiry)
 -- ARGV[1]  the dead-letter entry's id ("ms-seq")
 -- ARGV[2]  the job id the caller read from the entry (its "id" field)
 -- ARGV[3]  dedupe TTL in milliseconds (integer > 0)
 --
 -- Every key is declared (a cluster node refuses undeclared keys during a
--- slot migration); an entry's fields never change, so the id read before
--- still names its dedupe key, and a mismatch is an error.
+-- slot migration). An entry's fields never change, so a job id other than
+-- the one the caller read is an error.
 --
 -- In one step: XADD <stream> * id .. name .. payload .. [sig ..]
 -- [headers ..] with the entry's fields (its signature and headers too, so a
--- receiver that checks signatures accepts it), SET <dedupe key> 1 PX ttl (as a re-add does: a later plain
--- add of the id is a no-op), XDEL the dead-letter entry.
+-- receiver that checks signatures accepts it), mark the job "1" until now +
+-- ttl (as a re-add does, see add.lua: a later plain add of the id is a
+-- no-op), XDEL the dead-letter entry.
 --
 -- Returns  the new stream entry id, or false (a nil reply) when the
 --          dead-letter entry does not exist (already replayed or dropped:
@@ -42,6 +43,11 @@ for _, k in ipairs({'sig', 'headers'}) do
   end
 end
 local id = redis.call('XADD', KEYS[2], '*', unpack(a))
-redis.call('SET', KEYS[3], '1', 'PX', ARGV[3])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('HSET', KEYS[3], v['id'], '1')
+redis.call('ZADD', KEYS[4], now + tonumber(ARGV[3]), v['id'])
+redis.call('HSETNX', KEYS[3], '', '')
+redis.call('ZADD', KEYS[4], 'NX', '+inf', '')
 redis.call('XDEL', KEYS[1], ARGV[1])
 return id

@@ -1,52 +1,29 @@
--- trim.lua: remove stream entries that every consumer group has acknowledged.
+-- trim.lua: remove stream entries that every consumer group has acknowledged,
+-- with their dedupe marks.
 --
--- On a Redis Cluster, two calls, so that every key the trim touches is
--- declared (a cluster node refuses undeclared keys during a slot
--- migration); elsewhere one call (direct) does both:
---
--- plan:
--- KEYS[1]  stream key (<prefix>q:{<queue>}:stream)
--- ARGV[1]  "plan"
--- ARGV[2]  most entries to delete in one call (integer > 0)
--- Returns  a list: the number of entries a trim would delete now (integer
---          >= 0; entries without an "id" field count too), then their job
---          ids (the "id" fields), in stream order, each once.
---
--- trim:
--- KEYS[1]  stream key
--- KEYS[2…] the dedupe keys of the job ids plan returned
---          (<prefix>q:{<queue>}:dedupe:<id>)
--- ARGV[1]  "trim"
--- ARGV[2]  most entries to delete in one call (integer > 0)
--- ARGV[3…] the job ids, in KEYS[2…]'s order
+-- KEYS[1]  stream key                      (<prefix>q:{<queue>}:stream)
+-- KEYS[2]  dedupe marks, a hash            (<prefix>q:{<queue>}:dedupe:marks)
+-- KEYS[3]  dedupe expiry, a sorted set     (<prefix>q:{<queue>}:dedupe:expiry)
+-- ARGV[1]  most entries to delete in one call (integer > 0)
 -- Returns  the number of entries deleted (integer >= 0).
 --
--- direct (not on a Redis Cluster: it touches keys it does not declare):
--- KEYS[1]  stream key
--- ARGV[1]  "direct"
--- ARGV[2]  most entries to delete in one call (integer > 0)
--- ARGV[3]  the dedupe key prefix (<prefix>q:{<queue>}:dedupe:)
--- Returns  the number of entries deleted (integer >= 0): plan and trim in
---          one call, half the work and no job ids sent back and forth, for
---          a single Redis or a Sentinel-managed one.
+-- Every key it touches is declared, so the same call runs on a single
+-- Redis, a Sentinel-managed one and a Redis Cluster (a cluster node refuses
+-- undeclared keys during a slot migration).
 --
 -- For every group of the stream (XINFO GROUPS) the lowest entry id it still
 -- needs is min(first pending id (XPENDING summary), last-delivered-id + 1):
 -- pending entries may be redelivered, undelivered ones are still to come.
 -- Entries below the lowest id over all groups, acknowledged by every group,
--- are deleted (XTRIM MINID, exact, not "~"), at most ARGV[2] per call
+-- are deleted (XTRIM MINID, exact, not "~"), at most ARGV[1] per call
 -- (XRANGE ... COUNT), so one call stays short. A stream without groups is
--- left alone (nobody has acknowledged anything). Both calls compute the
--- lowest id afresh, so a trim never deletes an entry a group needs, however
--- the stream changed since the plan.
+-- left alone (nobody has acknowledged anything).
 --
--- The dedupe key of every deleted entry (from its "id" field) is deleted
+-- The dedupe mark of every deleted entry (from its "id" field) is deleted
 -- with it: once every group has acknowledged a job, its receivers' inboxes
--- hold it, so a later re-add of the id is dropped there; keeping the key
--- until its TTL would make Redis memory grow with traffic. The trim stops
--- before the first entry whose job id was not declared (the stream grew
--- or changed since the plan), so no key is kept by mistake; entries without
--- an "id" field have no dedupe key and are deleted.
+-- hold it, so a later re-add of the id is dropped there; keeping the mark
+-- until it expires would make Redis memory grow with traffic. Entries
+-- without an "id" field have no mark and are deleted.
 
 -- cmp compares two decimal strings without leading zeros: -1, 0 or 1.
 local function cmp(a, b)
@@ -94,16 +71,10 @@ local function next_id(id)
   return ms .. '-' .. incr(seq)
 end
 
-local mode, batch = ARGV[1], tonumber(ARGV[2])
-if redis.call('EXISTS', KEYS[1]) == 0 then
-  if mode == 'plan' then return {0} end
-  return 0
-end
+local batch = tonumber(ARGV[1])
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
 local groups = redis.call('XINFO', 'GROUPS', KEYS[1])
-if #groups == 0 then
-  if mode == 'plan' then return {0} end
-  return 0
-end
+if #groups == 0 then return 0 end
 
 local lowest = nil
 for _, g in ipairs(groups) do
@@ -123,63 +94,25 @@ for _, g in ipairs(groups) do
 end
 
 local doomed = redis.call('XRANGE', KEYS[1], '-', '(' .. lowest, 'COUNT', batch)
+if #doomed == 0 then return 0 end
 
--- jobid returns the entry's "id" field, or nil.
-local function jobid(e)
+local ids = {}
+for _, e in ipairs(doomed) do
   local f = e[2]
   for i = 1, #f, 2 do
-    if f[i] == 'id' then return f[i + 1] end
-  end
-  return nil
-end
-
-if mode == 'direct' then
-  for _, e in ipairs(doomed) do
-    local id = jobid(e)
-    if id then redis.call('DEL', ARGV[3] .. id) end
-  end
-  if #doomed == 0 then return 0 end
-  local upto = next_id(doomed[#doomed][1])
-  if idcmp(upto, lowest) > 0 then upto = lowest end
-  return redis.call('XTRIM', KEYS[1], 'MINID', upto)
-end
-if mode == 'plan' then
-  local ids, seen = {#doomed}, {}
-  for _, e in ipairs(doomed) do
-    local id = jobid(e)
-    if id and not seen[id] then
-      seen[id] = true
-      ids[#ids + 1] = id
+    if f[i] == 'id' then
+      -- "" is the marks' placeholder, never a job's id.
+      if f[i + 1] ~= '' then ids[#ids + 1] = f[i + 1] end
+      break
     end
   end
-  return ids
 end
-if mode ~= 'trim' and mode ~= 'direct' then
-  return redis.error_reply('ERR trim.lua: mode ' .. tostring(mode) .. ' is not plan, trim or direct')
+-- In slices: unpack has a limit on the number of values.
+for i = 1, #ids, 1000 do
+  local part = {unpack(ids, i, math.min(i + 999, #ids))}
+  redis.call('HDEL', KEYS[2], unpack(part))
+  redis.call('ZREM', KEYS[3], unpack(part))
 end
-
--- keyof returns the dedupe key of job id: from its prefix (direct), or as
--- declared (trim; nil for an id the plan did not return).
-local keyof
-if mode == 'direct' then
-  keyof = function(id) return ARGV[3] .. id end
-else
-  local declared = {}
-  for i = 3, #ARGV do declared[ARGV[i]] = KEYS[i - 1] end
-  keyof = function(id) return declared[id] end
-end
-local last = nil
-for _, e in ipairs(doomed) do
-  local id = jobid(e)
-  if id then
-    local key = keyof(id)
-    if not key then break end
-    redis.call('DEL', key)
-  end
-  last = e[1]
-end
-if last == nil then return 0 end
--- Trim no further than the entries whose dedupe keys went above.
-local upto = next_id(last)
+local upto = next_id(doomed[#doomed][1])
 if idcmp(upto, lowest) > 0 then upto = lowest end
 return redis.call('XTRIM', KEYS[1], 'MINID', upto)
