@@ -6,16 +6,16 @@ import "strings"
 // the user name, without a password rule) that let one service do exactly
 // what redisq needs and no more, under key prefix prefix:
 //
-//   - on its outbound queue out: add jobs (add.lua: XADD, and the dedupe
-//     marks' hash and sorted set: HGET, HSET, HSETNX, HDEL, ZSCORE, ZADD,
-//     ZRANGE, ZREM; SET, GET and DEL of the key-per-job dedupe keys of
+//   - on its outbound queue out: add jobs (add.lua: XADD, the dedupe marks'
+//     sorted set: ZADD, ZSCORE, ZREM, the re-add tokens' hash: HGET, HSET,
+//     HSETNX, HDEL; SET, GET and DEL of the key-per-job dedupe keys of
 //     earlier versions, for a rolling upgrade), nothing else;
 //   - on its inbound queue in, as a consumer-group member: read, claim,
 //     acknowledge and trim (XREADGROUP, XAUTOCLAIM, XACK, XPENDING, XINFO,
 //     XRANGE, XTRIM, XGROUP CREATE, XINFO GROUPS and CONSUMERS, trim.lua), keep its presence
 //     (presence.lua, prune.lua: the presence set, XGROUP DELCONSUMER of a consumer with nothing
-//     pending, TIME), delete the dedupe marks of
-//     trimmed entries, and XADD to the dead-letter stream (XTRIM to cap it,
+//     pending, TIME), delete the dedupe marks and re-add tokens of
+//     trimmed entries and expired marks (ZRANGE, ZREM, HDEL), and XADD to the dead-letter stream (XTRIM to cap it,
 //     XLEN for the gauges) — but never XADD
 //     to the inbound stream itself, so a service cannot forge messages to
 //     itself;
@@ -40,12 +40,12 @@ func ACLRules(prefix, out, in string) []string {
 		// three random nodes: a round trip each, and a stalled node
 		// (even a replica) stalls every command.
 		"+cluster|slots", "+command", "+asking",
-		// Outbound: add jobs only (a re-add reads its token back: GET).
+		// Outbound: add jobs only (a re-add reads its token back: HGET).
 		// The dedupe keys by pattern, with SET, GET and DEL: a process of
 		// an earlier version, with a key per job, keeps adding during a
 		// rolling upgrade.
 		"(" + keyRule(o.Stream) + " " + keyRule(o.dedupeAll) +
-			" +evalsha +eval +xadd +hget +hset +hsetnx +hdel +zscore +zadd +zrange +zrem +set +get +del)",
+			" +evalsha +eval +xadd +zadd +zscore +zrem +hget +hset +hsetnx +hdel +set +get +del)",
 		// Inbound stream: consume, never add. The presence set is in the
 		// same selector because prune.lua touches both keys (a command
 		// must match one selector with all its keys).
@@ -58,7 +58,7 @@ func ACLRules(prefix, out, in string) []string {
 		// are checked one by one against the selectors above).
 		// (DEL and the pattern: the trim of a process of an earlier
 		// version, as above.)
-		"(" + keyRule(i.dedupeAll) + " +hdel +zrem +del)",
+		"(" + keyRule(i.dedupeAll) + " +zrange +zrem +hdel +del)",
 		"(" + keyRule(i.Stream) + " " + keyRule(i.dedupeAll) + " +evalsha +eval)",
 		// Inbound dead letters: added, capped (DeadLetterMax) and counted
 		// (the gauges); reading, replaying and dropping them is the

@@ -217,7 +217,7 @@ func TestClusterQueue(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, key := range []string{k.Stream, k.Dead, k.Presence, k.Dedupe, k.DedupeExpiry} {
+	for _, key := range []string{k.Stream, k.Dead, k.Presence, k.Dedupe, k.DedupeTokens} {
 		if s := rdb.ClusterKeySlot(ctx, key).Val(); int(s) != slot {
 			t.Fatalf("key %s in slot %d, the stream in %d", key, s, slot)
 		}
@@ -586,7 +586,7 @@ func TestReaddResendAddsOnce(t *testing.T) {
 	}
 	run := func(token string) {
 		t.Helper()
-		r, err := q.rdb.Eval(ctx, string(src), []string{q.keys.Stream, q.keys.Dedupe, q.keys.DedupeExpiry},
+		r, err := q.rdb.Eval(ctx, string(src), []string{q.keys.Stream, q.keys.Dedupe, q.keys.DedupeTokens},
 			60000, token, "job-1", "message.created", "{}", "", "").Slice()
 		if err != nil || fmt.Sprint(r) != "[1 0 ]" {
 			t.Fatalf("add.lua re-add = %v, %v; want [1 0 ] (one added, none failed)", r, err)
@@ -613,7 +613,7 @@ func TestReaddResendAddsOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	for range 2 {
-		r, err := q.rdb.Eval(ctx, string(src), []string{bad, q.keys.Dedupe, q.keys.DedupeExpiry},
+		r, err := q.rdb.Eval(ctx, string(src), []string{bad, q.keys.Dedupe, q.keys.DedupeTokens},
 			60000, "call-3", "job-2", "message.created", "{}", "", "").Slice()
 		if err != nil || len(r) != 3 || r[0] != int64(0) || r[1] != int64(1) {
 			t.Fatalf("add.lua re-add onto a string key = %v, %v; want job 1 failed, none added", r, err)

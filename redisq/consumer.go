@@ -634,15 +634,15 @@ func (c *Consumer) trimIfDue(ctx context.Context) {
 }
 
 // Trim deletes the entries every consumer group of the stream has
-// acknowledged, with their dedupe marks (scripts/trim.lua, one call),
-// at most 10,000 per call, and returns how many it deleted. Ack and an
+// acknowledged, with their dedupe marks, and the marks that expired
+// (scripts/trim.lua, one call), at most 10,000 of each per call, and returns how many it deleted. Ack and an
 // idle Fetch call it at most every TrimInterval; call it directly to force
 // a trim. During a cluster slot migration of the queue it retries TRYAGAIN
 // (TryAgainBudget, within ctx). Safe for concurrent use.
 func (c *Consumer) Trim(ctx context.Context) (int64, error) {
 	var n int64
 	err := retryTryAgain(ctx, func() (err error) {
-		n, err = trimScript.Run(ctx, c.rdb, []string{c.keys.Stream, c.keys.Dedupe, c.keys.DedupeExpiry}, trimBatch).Int64()
+		n, err = trimScript.Run(ctx, c.rdb, []string{c.keys.Stream, c.keys.Dedupe, c.keys.DedupeTokens}, trimBatch).Int64()
 		return err
 	})
 	if err != nil {

@@ -152,7 +152,7 @@ func (d *DeadLetters) replay(ctx context.Context, id string) (string, error) {
 		// An entry without an id fails in the script before it touches
 		// the dedupe marks.
 		job, _ := msgs[0].Values["id"].(string)
-		nid, err = replayScript.Run(ctx, d.rdb, []string{d.keys.Dead, d.keys.Stream, d.keys.Dedupe, d.keys.DedupeExpiry},
+		nid, err = replayScript.Run(ctx, d.rdb, []string{d.keys.Dead, d.keys.Stream, d.keys.Dedupe},
 			id, job, d.ttlMS).Text()
 		return err
 	})

@@ -75,7 +75,7 @@ func TestKeys(t *testing.T) {
 		k.Stream:       "p:q:{chat}:stream",
 		k.Dead:         "p:q:{chat}:dead",
 		k.Dedupe:       "p:q:{chat}:dedupe:marks",
-		k.DedupeExpiry: "p:q:{chat}:dedupe:expiry",
+		k.DedupeTokens: "p:q:{chat}:dedupe:tokens",
 	} {
 		if got != want {
 			t.Errorf("key %q, want %q", got, want)

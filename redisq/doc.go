@@ -16,15 +16,14 @@
 // # Invariants
 //
 //   - Idempotent add. Add runs scripts/add.lua, one atomic call per
-//     batch, which per job checks the job's dedupe mark (a field of the
-//     queue's Keys.Dedupe hash, live until its score in Keys.DedupeExpiry,
-//     a Unix time in ms), sets it for DedupeTTL when there is none, then
-//     XADDs. A job whose ID is still in the queue (not yet acknowledged by
+//     batch, which per job sets the job's dedupe mark (a member of the
+//     queue's Keys.Dedupe sorted set, scored with its expiry, a Unix time
+//     in ms) for DedupeTTL unless a live one is there, then XADDs. A job whose ID is still in the queue (not yet acknowledged by
 //     every group and trimmed) and was added within DedupeTTL is not added
 //     again and counts as success, so a caller that does not know whether
 //     an Add went through simply repeats it. If the XADD fails the dedupe
 //     mark is deleted again, so the retry is not swallowed. The marks of a
-//     queue are two keys, not a key per job, so that on a Redis Cluster an
+//     queue are one key, not a key per job, so that on a Redis Cluster an
 //     add does not wait for a whole slot migration (see Keys). Once every group
 //     has acknowledged a job, the trim deletes its dedupe mark with the
 //     entry: a later re-add of that id is delivered again, and the

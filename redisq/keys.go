@@ -5,18 +5,19 @@ package redisq
 // one Redis Cluster slot and the Lua scripts may touch them together.
 //
 //	stream:        <prefix>q:{<queue>}:stream
-//	dedupe marks:  <prefix>q:{<queue>}:dedupe:marks   (hash, add.lua)
-//	dedupe expiry: <prefix>q:{<queue>}:dedupe:expiry  (sorted set, add.lua)
+//	dedupe marks:  <prefix>q:{<queue>}:dedupe:marks   (sorted set, add.lua)
+//	re-add tokens: <prefix>q:{<queue>}:dedupe:tokens  (hash, add.lua)
 //	dead letter:   <prefix>q:{<queue>}:dead
 //	presence:      <prefix>q:{<queue>}:consumers      (sorted set, presence.lua)
 //
-// The dedupe marks of all jobs live in two keys per queue, not one key per
+// The dedupe marks of all jobs live in one key per queue, not one key per
 // job: a key per job is a new key on every add, and during a Redis Cluster
 // slot migration a script whose keys are not all on one node gets TRYAGAIN
 // (a new key is never on the source node), so every add waited for the
 // whole migration of the slot. The per-queue keys exist before a migration
 // starts (each holds a placeholder member, the empty id, that never
-// expires), so an add waits at most while they and the stream move.
+// expires), so an add waits at most while they and the stream are on two
+// nodes.
 
 // Keys holds the key names of one queue. The zero value is not useful; build
 // it with NewKeys. Keys is a plain value, safe to copy and share.
@@ -28,15 +29,14 @@ type Keys struct {
 	// Presence is the sorted set of live consumer processes (Presence):
 	// member "<group>\x00<name>\x00<instance>", score its expiry (Unix ms).
 	Presence string
-	// Dedupe is the hash of the queue's dedupe marks: field a job id,
-	// value "1", or the token of the Readd call that set it; field ""
-	// (value "") is a placeholder that keeps the key in existence.
+	// Dedupe is the sorted set of the queue's dedupe marks: member a job
+	// id, score the Unix time in ms after which its mark no longer counts
+	// (the trim deletes expired marks); member "" has score +inf.
 	Dedupe string
-	// DedupeExpiry is the sorted set of the marks' expiry times: member a
-	// job id, score the Unix time in ms after which its mark no longer
-	// counts (add.lua deletes expired marks as it goes); member "" has
-	// score +inf.
-	DedupeExpiry string
+	// DedupeTokens is the hash of re-add tokens: field a job id, value the
+	// token of the Readd call that last added it (see Publisher.Readd);
+	// field "" (value "") is a placeholder.
+	DedupeTokens string
 	// dedupeAll matches both keys above and the key-per-job layout of
 	// earlier versions (<prefix>q:{<queue>}:dedupe:<job id>): ACLRules.
 	dedupeAll string
@@ -51,7 +51,7 @@ func NewKeys(prefix, queue string) Keys {
 		Dead:         base + "dead",
 		Presence:     base + "consumers",
 		Dedupe:       base + "dedupe:marks",
-		DedupeExpiry: base + "dedupe:expiry",
+		DedupeTokens: base + "dedupe:tokens",
 		dedupeAll:    base + "dedupe:*",
 	}
 }

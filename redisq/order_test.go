@@ -35,7 +35,7 @@ func TestFailedAddAddsAPrefixAndItsRetryKeepsOrder(t *testing.T) {
 		}
 		return args
 	}
-	noExpiry := rule(q.keys.Stream, q.keys.Dedupe)
+	noTokens := rule(q.keys.Stream, q.keys.Dedupe)
 	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr(), Username: "orderpub", Password: "pw"})
 	t.Cleanup(func() { _ = rdb.Close() })
 	pub, err := redisq.NewPublisher(rdb, &redisq.PublisherConfig{Queue: "chat", Prefix: q.prefix})
@@ -66,7 +66,7 @@ func TestFailedAddAddsAPrefixAndItsRetryKeepsOrder(t *testing.T) {
 		name string
 		add  func(context.Context, ...redisq.Job) (int, error)
 	}{{"Add", pub.Add}, {"Readd", pub.Readd}} {
-		if err := admin.Do(ctx, noExpiry...).Err(); err != nil {
+		if err := admin.Do(ctx, noTokens...).Err(); err != nil {
 			t.Fatal(err)
 		}
 		if err := admin.Del(ctx, q.keys.Stream).Err(); err != nil {
@@ -78,16 +78,16 @@ func TestFailedAddAddsAPrefixAndItsRetryKeepsOrder(t *testing.T) {
 		if err := admin.XAdd(ctx, &redis.XAddArgs{Stream: q.keys.Stream, Values: []any{"id", "warm"}}).Err(); err != nil {
 			t.Fatal(err)
 		}
-		if err := admin.Del(ctx, q.keys.Dedupe, q.keys.DedupeExpiry).Err(); err != nil {
+		if err := admin.Del(ctx, q.keys.Dedupe, q.keys.DedupeTokens).Err(); err != nil {
 			t.Fatal(err)
 		}
 		if n, err := c.add(ctx, jobs(4, 0)...); err == nil {
-			t.Fatalf("%s with the expiry set forbidden = %d, nil; want an error", c.name, n)
+			t.Fatalf("%s with the re-add tokens forbidden = %d, nil; want an error", c.name, n)
 		}
 		if got := added(); !isPrefix(got) {
 			t.Fatalf("after the failed %s the stream holds %v: not a prefix of [job-0 job-1 job-2 job-3]", c.name, got)
 		}
-		if err := admin.Do(ctx, rule(q.keys.Stream, q.keys.Dedupe, q.keys.DedupeExpiry)...).Err(); err != nil {
+		if err := admin.Do(ctx, rule(q.keys.Stream, q.keys.Dedupe, q.keys.DedupeTokens)...).Err(); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := c.add(ctx, jobs(4, 0)...); err != nil {

@@ -175,9 +175,9 @@ func (p *Publisher) Keys() Keys { return p.keys }
 
 // Add adds jobs to the stream in slice order through scripts/add.lua, one
 // atomic script call per maxScriptJobs jobs (per job: unless its dedupe
-// mark is live, mark it for DedupeTTL in the queue's Keys.Dedupe hash and
-// Keys.DedupeExpiry sorted set, then XADD with fields id, name, payload,
-// and sig and headers when set). It returns how many jobs were new; the others were
+// mark is live, mark it for DedupeTTL in the queue's Keys.Dedupe sorted
+// set, then XADD with fields id, name, payload, and sig and headers when
+// set). It returns how many jobs were new; the others were
 // duplicates of ids still in the stream (at most DedupeTTL; a trim forgets
 // an id with its entry) or repeated within jobs, which count as success.
 // Add with no jobs returns (0, nil).
@@ -196,7 +196,7 @@ func (p *Publisher) Keys() Keys { return p.keys }
 //
 // On a Redis Cluster (NewClient with a redis+cluster:// URL) the queue's
 // keys share one slot. While that slot migrates, a call whose three keys
-// (the stream and the two of the dedupe marks) are not all on one node
+// (the stream, the dedupe marks and the re-add tokens) are not all on one node
 // gets TRYAGAIN, and nothing of it runs: Add retries the call, for at most TryAgainBudget and within ctx,
 // so the batch waits for the move and keeps its order. A CLUSTERDOWN reply
 // fails the call at once (ErrClusterDown). Safe for concurrent use.
@@ -213,13 +213,13 @@ func (p *Publisher) Add(ctx context.Context, jobs ...Job) (added int, err error)
 
 // Readd adds jobs to the stream again whatever their dedupe marks say,
 // through scripts/add.lua in its re-add mode (per job: its dedupe mark set
-// to the call's token for DedupeTTL, overwriting, then XADD), one atomic script call
+// for DedupeTTL and its re-add token to the call's, overwriting, then XADD), one atomic script call
 // per maxScriptJobs jobs. It is the re-drive's add: a job whose dedupe mark
 // survived while its stream entry was lost (FLUSHALL and a re-add, XDEL, a
 // failover to a replica that had the mark and not the entry) is not
 // mistaken for a duplicate. Every call adds a new entry per job, so the
 // receiver must drop duplicates (the inbox does); within one call a job is
-// added once, however often its command is sent (the dedupe mark holds a
+// added once, however often its command is sent (Keys.DedupeTokens holds a
 // token of the call, and a resend that finds it adds nothing). It returns
 // how many jobs were added (len(jobs) on success). Errors, order and
 // cluster behaviour as for Add: what a failed call added is a prefix of
@@ -261,7 +261,7 @@ func (p *Publisher) run(ctx context.Context, jobs []Job, token string) (added in
 // runOnce runs add.lua for jobs[from:to] in one call, retried while it
 // gets TRYAGAIN (retryTryAgain's bounds).
 func (p *Publisher) runOnce(ctx context.Context, jobs []Job, from, to int, token string) (int, error) {
-	keys := []string{p.keys.Stream, p.keys.Dedupe, p.keys.DedupeExpiry}
+	keys := []string{p.keys.Stream, p.keys.Dedupe, p.keys.DedupeTokens}
 	args := make([]any, 2, 2+5*(to-from))
 	args[0], args[1] = p.ttlMS, token
 	for _, j := range jobs[from:to] {

@@ -114,18 +114,11 @@ func streamIDs(ds []redisq.Delivery) []string {
 }
 
 // markTTL is how long job id's dedupe mark in k still counts: its score in
-// k.DedupeExpiry less the server's clock, with its field in k.Dedupe; 0
-// when there is none or it has expired.
+// k.Dedupe less the server's clock; 0 when there is none or it has expired.
 func markTTL(t testing.TB, rdb redis.Cmdable, k redisq.Keys, id string) time.Duration {
 	t.Helper()
 	ctx := context.Background()
-	if ok, err := rdb.HExists(ctx, k.Dedupe, id).Result(); err != nil || !ok {
-		if err != nil {
-			t.Fatal(err)
-		}
-		return 0
-	}
-	exp, err := rdb.ZScore(ctx, k.DedupeExpiry, id).Result()
+	exp, err := rdb.ZScore(ctx, k.Dedupe, id).Result()
 	if errors.Is(err, redis.Nil) {
 		return 0
 	}
@@ -231,6 +224,43 @@ func TestAddTwiceSameIDAddsOnce(t *testing.T) {
 	}
 }
 
+// A dedupe mark whose expiry has passed counts as absent: the job is added
+// again and its mark renewed for DedupeTTL. The trim deletes expired marks
+// whether or not their entries are in the stream, and keeps live ones and
+// the placeholder.
+func TestExpiredDedupeMarkCountsAsAbsentAndIsTrimmed(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	q := newQueue(t, nil)
+	q.add(t, 1, 0) // job-0: live mark, creates the keys
+	past := float64(time.Now().Add(-time.Minute).UnixMilli())
+	if err := q.rdb.ZAdd(ctx, q.keys.Dedupe, redis.Z{Score: past, Member: "job-0"}, redis.Z{Score: past, Member: "lost"}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := q.pub.Add(ctx, jobs(1, 0)...); err != nil || n != 1 {
+		t.Fatalf("Add over an expired mark = %d, %v; want 1 added", n, err)
+	}
+	if ttl := markTTL(t, q.rdb, q.keys, "job-0"); ttl <= 23*time.Hour {
+		t.Fatalf("renewed mark TTL %v, want about %v", ttl, redisq.DefaultDedupeTTL)
+	}
+	if n, err := q.pub.Add(ctx, jobs(1, 0)...); err != nil || n != 0 {
+		t.Fatalf("Add over the renewed mark = %d, %v; want 0 (a duplicate)", n, err)
+	}
+	c := q.consumer(t, "w1", nil)
+	if _, err := c.Trim(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := q.rdb.ZScore(ctx, q.keys.Dedupe, "lost").Err(); !errors.Is(err, redis.Nil) {
+		t.Fatalf("expired mark of a lost entry after the trim: %v, want gone", err)
+	}
+	if markTTL(t, q.rdb, q.keys, "job-0") <= 0 {
+		t.Fatal("the trim deleted a live mark of an entry still queued")
+	}
+	if n := q.rdb.ZCard(ctx, q.keys.Dedupe).Val(); n != 2 {
+		t.Fatalf("%d marks, want 2 (job-0 and the placeholder)", n)
+	}
+}
+
 func TestAddRejectsEmptyID(t *testing.T) {
 	t.Parallel()
 	q := newQueue(t, nil)
@@ -302,11 +332,11 @@ func TestFetchAckTrims(t *testing.T) {
 	}
 	// The trim took the dedupe marks with the entries: nothing of the 20
 	// jobs is left in Redis but the marks' placeholder.
-	if n := q.rdb.HLen(ctx, q.keys.Dedupe).Val(); n != 1 {
+	if n := q.rdb.ZCard(ctx, q.keys.Dedupe).Val(); n != 1 {
 		t.Fatalf("%d dedupe marks after the trim, want 1 (the placeholder)", n)
 	}
-	if n := q.rdb.ZCard(ctx, q.keys.DedupeExpiry).Val(); n != 1 {
-		t.Fatalf("%d dedupe expiry members after the trim, want 1 (the placeholder)", n)
+	if n := q.rdb.HLen(ctx, q.keys.DedupeTokens).Val(); n != 1 {
+		t.Fatalf("%d re-add tokens after the trim, want 1 (the placeholder)", n)
 	}
 	// So a re-add after everyone acknowledged it is a new entry (the
 	// receiver's inbox drops it), while an id still queued stays deduped.
@@ -605,7 +635,7 @@ func TestGroupRecreatedAfterDataLoss(t *testing.T) {
 		t.Fatal(err)
 	}
 	// As after a restart without AOF: stream, group and dedupe keys gone.
-	q.rdb.Del(ctx, q.keys.Stream, q.keys.Dedupe, q.keys.DedupeExpiry)
+	q.rdb.Del(ctx, q.keys.Stream, q.keys.Dedupe, q.keys.DedupeTokens)
 	q.add(t, 1, 1)
 	if ds := fetchN(t, c, 1); ds[0].ID != "job-1" {
 		t.Fatalf("got %v", ids(ds))

@@ -62,7 +62,7 @@ func TestRedisACLLeastPrivilege(t *testing.T) {
 	denied("XADD to the stream it reads", rdb.XAdd(ctx, &redis.XAddArgs{Stream: in.Stream, Values: []any{"id", "x", "name", chat.EventMessageCreated, "payload", "{}"}}).Err())
 	denied("add.lua on the stream it reads", rdb.Eval(ctx, `return redis.call('XADD', KEYS[1], '*', 'id', 'x')`, []string{in.Stream}).Err())
 	denied("a script adding to it without declaring it", rdb.Eval(ctx, `return redis.call('XADD', ARGV[1], '*', 'id', 'x')`, nil, in.Stream).Err())
-	denied("HSET on workers' dedupe marks", rdb.HSet(ctx, in.Dedupe, "x", "1").Err())
+	denied("ZADD to workers' dedupe marks", rdb.ZAdd(ctx, in.Dedupe, redis.Z{Score: 1, Member: "x"}).Err())
 	denied("DEL of workers' stream", rdb.Del(ctx, in.Stream).Err())
 	denied("FLUSHALL", rdb.FlushAll(ctx).Err())
 	denied("CONFIG GET", rdb.ConfigGet(ctx, "appendonly").Err())

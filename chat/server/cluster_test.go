@@ -61,7 +61,7 @@ func TestServeOnRedisCluster(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, key := range []string{k.Dead, k.Presence, k.Dedupe, k.DedupeExpiry} {
+		for _, key := range []string{k.Dead, k.Presence, k.Dedupe, k.DedupeTokens} {
 			if n, s, err := cl.NodeFor(ctx, key); err != nil || n != node || s != slot {
 				t.Fatalf("%s: slot %d on %v, the stream's %d on %s (%v)", key, s, n, slot, node.Addr(), err)
 			}

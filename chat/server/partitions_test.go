@@ -470,7 +470,7 @@ func TestPartitionsOnRedisCluster(t *testing.T) {
 				t.Fatal(err)
 			}
 			masters[node.Addr()] = true
-			for _, key := range []string{k.Dead, k.Dedupe, k.DedupeExpiry} {
+			for _, key := range []string{k.Dead, k.Dedupe, k.DedupeTokens} {
 				if n, s, err := cl.NodeFor(ctx, key); err != nil || n != node || s != slot {
 					t.Fatalf("%s: slot %d on %v, the stream's %d on %s (%v)", key, s, n, slot, node.Addr(), err)
 				}

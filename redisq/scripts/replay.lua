@@ -2,8 +2,7 @@
 --
 -- KEYS[1]  dead-letter stream (<prefix>q:{<queue>}:dead)
 -- KEYS[2]  stream key         (<prefix>q:{<queue>}:stream)
--- KEYS[3]  dedupe marks, a hash   (<prefix>q:{<queue>}:dedupe:marks)
--- KEYS[4]  dedupe expiry, a zset  (<prefix>q:{<queue>}:dedupe:expiry)
+-- KEYS[3]  dedupe marks, a sorted set  (<prefix>q:{<queue>}:dedupe:marks)
 -- ARGV[1]  the dead-letter entry's id ("ms-seq")
 -- ARGV[2]  the job id the caller read from the entry (its "id" field)
 -- ARGV[3]  dedupe TTL in milliseconds (integer > 0)
@@ -14,9 +13,9 @@
 --
 -- In one step: XADD <stream> * id .. name .. payload .. [sig ..]
 -- [headers ..] with the entry's fields (its signature and headers too, so a
--- receiver that checks signatures accepts it), mark the job "1" until now +
--- ttl (as a re-add does, see add.lua: a later plain add of the id is a
--- no-op), XDEL the dead-letter entry.
+-- receiver that checks signatures accepts it), mark the job until now + ttl
+-- (as a re-add does, see add.lua: a later plain add of the id is a no-op),
+-- XDEL the dead-letter entry.
 --
 -- Returns  the new stream entry id, or false (a nil reply) when the
 --          dead-letter entry does not exist (already replayed or dropped:
@@ -45,9 +44,7 @@ end
 local id = redis.call('XADD', KEYS[2], '*', unpack(a))
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('HSET', KEYS[3], v['id'], '1')
-redis.call('ZADD', KEYS[4], now + tonumber(ARGV[3]), v['id'])
-redis.call('HSETNX', KEYS[3], '', '')
-redis.call('ZADD', KEYS[4], 'NX', '+inf', '')
+redis.call('ZADD', KEYS[3], now + tonumber(ARGV[3]), v['id'])
+redis.call('ZADD', KEYS[3], 'NX', '+inf', '')
 redis.call('XDEL', KEYS[1], ARGV[1])
 return id

@@ -1,10 +1,11 @@
 -- trim.lua: remove stream entries that every consumer group has acknowledged,
--- with their dedupe marks.
+-- with their dedupe marks, and expired dedupe marks.
 --
--- KEYS[1]  stream key                      (<prefix>q:{<queue>}:stream)
--- KEYS[2]  dedupe marks, a hash            (<prefix>q:{<queue>}:dedupe:marks)
--- KEYS[3]  dedupe expiry, a sorted set     (<prefix>q:{<queue>}:dedupe:expiry)
--- ARGV[1]  most entries to delete in one call (integer > 0)
+-- KEYS[1]  stream key                  (<prefix>q:{<queue>}:stream)
+-- KEYS[2]  dedupe marks, a sorted set  (<prefix>q:{<queue>}:dedupe:marks)
+-- KEYS[3]  re-add tokens, a hash       (<prefix>q:{<queue>}:dedupe:tokens)
+-- ARGV[1]  most entries, and most expired marks, to delete in one call
+--          (integer > 0)
 -- Returns  the number of entries deleted (integer >= 0).
 --
 -- Every key it touches is declared, so the same call runs on a single
@@ -19,11 +20,14 @@
 -- (XRANGE ... COUNT), so one call stays short. A stream without groups is
 -- left alone (nobody has acknowledged anything).
 --
--- The dedupe mark of every deleted entry (from its "id" field) is deleted
--- with it: once every group has acknowledged a job, its receivers' inboxes
--- hold it, so a later re-add of the id is dropped there; keeping the mark
--- until it expires would make Redis memory grow with traffic. Entries
--- without an "id" field have no mark and are deleted.
+-- The dedupe mark and re-add token of every deleted entry (from its "id"
+-- field) are deleted with it: once every group has acknowledged a job, its
+-- receivers' inboxes hold it, so a later re-add of the id is dropped there;
+-- keeping the mark until it expires would make Redis memory grow with
+-- traffic. Entries without an "id" field have no mark and are deleted.
+-- Marks that expired (scored below the server's time) go too, with their
+-- tokens, stream or not: the marks of jobs whose entries were lost
+-- otherwise stay. The placeholder "" is never deleted.
 
 -- cmp compares two decimal strings without leading zeros: -1, 0 or 1.
 local function cmp(a, b)
@@ -72,6 +76,21 @@ local function next_id(id)
 end
 
 local batch = tonumber(ARGV[1])
+
+-- forget deletes the marks and tokens of ids, in slices (unpack has a
+-- limit on the number of values).
+local function forget(ids)
+  for i = 1, #ids, 1000 do
+    local part = {unpack(ids, i, math.min(i + 999, #ids))}
+    redis.call('ZREM', KEYS[2], unpack(part))
+    redis.call('HDEL', KEYS[3], unpack(part))
+  end
+end
+
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+forget(redis.call('ZRANGE', KEYS[2], '-inf', now, 'BYSCORE', 'LIMIT', 0, batch))
+
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
 local groups = redis.call('XINFO', 'GROUPS', KEYS[1])
 if #groups == 0 then return 0 end
@@ -107,12 +126,7 @@ for _, e in ipairs(doomed) do
     end
   end
 end
--- In slices: unpack has a limit on the number of values.
-for i = 1, #ids, 1000 do
-  local part = {unpack(ids, i, math.min(i + 999, #ids))}
-  redis.call('HDEL', KEYS[2], unpack(part))
-  redis.call('ZREM', KEYS[3], unpack(part))
-end
+forget(ids)
 local upto = next_id(doomed[#doomed][1])
 if idcmp(upto, lowest) > 0 then upto = lowest end
 return redis.call('XTRIM', KEYS[1], 'MINID', upto)
