@@ -108,10 +108,9 @@
 //
 // # Memory
 //
-// A dedupe mark (about 240 bytes of Redis memory for a 36-character id, its
-// hash field and sorted-set member: MEMORY USAGE of both keys over 10,000
-// marks, Redis 7.0) lives while its entry is in the stream, at most
-// DedupeTTL. Entries are trimmed, with
+// A dedupe mark (about 145 bytes of Redis memory for a 36-character id, a
+// sorted-set member: MEMORY USAGE of the set over 10,000 marks, Redis 7.0)
+// lives while its entry is in the stream, at most DedupeTTL. Entries are trimmed, with
 // their dedupe marks, once every group has acknowledged them (checked at most
 // every TrimInterval, by Ack and by a Fetch that finds nothing new), so the
 // stream holds only the backlog, not history, and memory returns to where it
