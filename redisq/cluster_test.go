@@ -142,7 +142,7 @@ func streamJobs(t *testing.T, rdb redis.UniversalClient, stream string) map[stri
 
 // Every queue operation works through the cluster client of a
 // redis+cluster:// URL: add (a duplicate too), fetch, ack, trim with the
-// dedupe keys, dead-letter, replay, re-add, presence and prune; the
+// dedupe marks, dead-letter, replay, re-add, presence and prune; the
 // queue's keys all live on the one node that serves their slot.
 func TestClusterQueue(t *testing.T) {
 	t.Parallel()

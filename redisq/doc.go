@@ -100,7 +100,7 @@
 //     the call (go-redis's ClusterMaxRedirects, then TryAgainBudget);
 //     nothing is kept across calls. CLUSTERDOWN fails the call at once
 //     (ErrClusterDown). Readd adds a job once per call even when a command
-//     is sent twice (a token of the call in the dedupe mark).
+//     is sent twice (a token of the call in Keys.DedupeTokens).
 //   - A malformed entry (fields missing, e.g. written by hand) is returned
 //     with Delivery.Err set, so the caller can DeadLetter it; it never
 //     crashes the consumer, is never skipped silently and does not block the

@@ -559,7 +559,7 @@ func TestMalformedEntryIsReturnedAndDeadLettered(t *testing.T) {
 	}
 }
 
-// Trim deletes acknowledged entries that have no job id (no dedupe key to
+// Trim deletes acknowledged entries that have no job id (no dedupe mark to
 // delete with them), also when they are all there is to trim.
 func TestTrimDeletesEntriesWithoutID(t *testing.T) {
 	t.Parallel()
@@ -634,7 +634,7 @@ func TestGroupRecreatedAfterDataLoss(t *testing.T) {
 	if err := c.Ack(ctx, streamIDs(fetchN(t, c, 1))...); err != nil {
 		t.Fatal(err)
 	}
-	// As after a restart without AOF: stream, group and dedupe keys gone.
+	// As after a restart without AOF: stream, group and dedupe marks gone.
 	q.rdb.Del(ctx, q.keys.Stream, q.keys.Dedupe, q.keys.DedupeTokens)
 	q.add(t, 1, 1)
 	if ds := fetchN(t, c, 1); ds[0].ID != "job-1" {
@@ -717,7 +717,7 @@ func TestKilledRedisKeepsEntriesWithAOF(t *testing.T) {
 		return err == nil
 	})
 	if n != 0 {
-		t.Fatalf("re-Add after restart added %d; dedupe keys were lost", n)
+		t.Fatalf("re-Add after restart added %d; dedupe marks were lost", n)
 	}
 	ds := fetchN(t, q.consumer(t, "w1", nil), 3)
 	if fmt.Sprint(ids(ds)) != "[job-0 job-1 job-2]" {
@@ -787,7 +787,7 @@ func TestAckNoGroupRecreatesGroupFromZero(t *testing.T) {
 	}
 }
 
-// Readd adds a job whose dedupe key is still there (its entry lost), where
+// Readd adds a job whose dedupe mark is still there (its entry lost), where
 // Add would see a duplicate.
 func TestReaddGetsPastTheDedupeKey(t *testing.T) {
 	t.Parallel()
@@ -798,7 +798,7 @@ func TestReaddGetsPastTheDedupeKey(t *testing.T) {
 		t.Fatal(err)
 	}
 	if n, err := q.pub.Add(ctx, jobs(1, 0)...); err != nil || n != 0 {
-		t.Fatalf("Add = %d, %v; want 0 (the dedupe key says duplicate)", n, err)
+		t.Fatalf("Add = %d, %v; want 0 (the dedupe mark says duplicate)", n, err)
 	}
 	if n, err := q.pub.Readd(ctx, jobs(1, 0)...); err != nil || n != 1 {
 		t.Fatalf("Readd = %d, %v; want 1", n, err)

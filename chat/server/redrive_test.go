@@ -15,7 +15,7 @@ import (
 )
 
 // End to end: the stream is lost (deleted with its group) after the relay
-// published, while the dedupe keys stay; the re-drive publishes the
+// published, while the dedupe marks stay; the re-drive publishes the
 // messages again, the receiver shows each once, and receipts stop it.
 func TestRedriveHealsALostStream(t *testing.T) {
 	t.Parallel()
