@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"math"
 	"os"
 	"slices"
 	"strconv"
@@ -618,6 +619,32 @@ func TestReaddResendAddsOnce(t *testing.T) {
 		if err != nil || len(r) != 3 || r[0] != int64(0) || r[1] != int64(1) {
 			t.Fatalf("add.lua re-add onto a string key = %v, %v; want job 1 failed, none added", r, err)
 		}
+	}
+}
+
+// add.lua refuses an empty job id itself (the Go side never sends one):
+// in either mode it is the failed job, nothing is added, and the marks'
+// placeholder keeps its score +inf.
+func TestAddScriptRefusesEmptyID(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	q := newQueue(t, nil)
+	src, err := os.ReadFile("scripts/add.lua")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, token := range []string{"", "call-1"} {
+		r, err := q.rdb.Eval(ctx, string(src), []string{q.keys.Stream, q.keys.Dedupe, q.keys.DedupeTokens},
+			60000, token, "", "message.created", "{}", "", "").Slice()
+		if err != nil || fmt.Sprint(r) != "[0 1 ERR empty job id]" {
+			t.Fatalf("add.lua (token %q) of an empty id = %v, %v; want [0 1 ERR empty job id]", token, r, err)
+		}
+	}
+	if n := q.rdb.XLen(ctx, q.keys.Stream).Val(); n != 0 {
+		t.Fatalf("stream length %d, want 0", n)
+	}
+	if s := q.rdb.ZScore(ctx, q.keys.Dedupe, "").Val(); !math.IsInf(s, 1) {
+		t.Fatalf("placeholder score %v, want +inf", s)
 	}
 }
 

@@ -74,8 +74,8 @@ func TestKeys(t *testing.T) {
 	for got, want := range map[string]string{
 		k.Stream:       "p:q:{chat}:stream",
 		k.Dead:         "p:q:{chat}:dead",
-		k.Dedupe:       "p:q:{chat}:dedupe:marks",
-		k.DedupeTokens: "p:q:{chat}:dedupe:tokens",
+		k.Dedupe:       "p:q:{chat}:dedupe",
+		k.DedupeTokens: "p:q:{chat}:dedupe-tokens",
 	} {
 		if got != want {
 			t.Errorf("key %q, want %q", got, want)

@@ -5,8 +5,8 @@ package redisq
 // one Redis Cluster slot and the Lua scripts may touch them together.
 //
 //	stream:        <prefix>q:{<queue>}:stream
-//	dedupe marks:  <prefix>q:{<queue>}:dedupe:marks   (sorted set, add.lua)
-//	re-add tokens: <prefix>q:{<queue>}:dedupe:tokens  (hash, add.lua)
+//	dedupe marks:  <prefix>q:{<queue>}:dedupe         (sorted set, add.lua)
+//	re-add tokens: <prefix>q:{<queue>}:dedupe-tokens  (hash, add.lua)
 //	dead letter:   <prefix>q:{<queue>}:dead
 //	presence:      <prefix>q:{<queue>}:consumers      (sorted set, presence.lua)
 //
@@ -14,10 +14,13 @@ package redisq
 // job: a key per job is a new key on every add, and during a Redis Cluster
 // slot migration a script whose keys are not all on one node gets TRYAGAIN
 // (a new key is never on the source node), so every add waited for the
-// whole migration of the slot. The per-queue keys exist before a migration
-// starts (each holds a placeholder member, the empty id, that never
-// expires), so an add waits at most while they and the stream are on two
-// nodes.
+// whole migration of the slot. Once the queue has had an add, the per-queue
+// keys exist before a migration starts (each holds a placeholder member, the
+// empty id, that never expires), so an add waits at most while they and the
+// stream are on two nodes. (A queue whose stream a consumer created and that
+// has had no add yet still waits for the whole move.) Their names have no
+// ":" after "dedupe", so no job id makes an earlier version's per-job key
+// (<prefix>q:{<queue>}:dedupe:<job id>) equal to one of them.
 
 // Keys holds the key names of one queue. The zero value is not useful; build
 // it with NewKeys. Keys is a plain value, safe to copy and share.
@@ -37,8 +40,8 @@ type Keys struct {
 	// token of the Readd call that last added it (see Publisher.Readd);
 	// field "" (value "") is a placeholder.
 	DedupeTokens string
-	// dedupeAll matches both keys above and the key-per-job layout of
-	// earlier versions (<prefix>q:{<queue>}:dedupe:<job id>): ACLRules.
+	// dedupeAll matches both keys above and the per-job keys of earlier
+	// versions (<prefix>q:{<queue>}:dedupe:<job id>): ACLRules.
 	dedupeAll string
 }
 
@@ -50,8 +53,8 @@ func NewKeys(prefix, queue string) Keys {
 		Stream:       base + "stream",
 		Dead:         base + "dead",
 		Presence:     base + "consumers",
-		Dedupe:       base + "dedupe:marks",
-		DedupeTokens: base + "dedupe:tokens",
-		dedupeAll:    base + "dedupe:*",
+		Dedupe:       base + "dedupe",
+		DedupeTokens: base + "dedupe-tokens",
+		dedupeAll:    base + "dedupe*",
 	}
 }

@@ -24,7 +24,7 @@ func TestRedisACLPartitions(t *testing.T) {
 	}
 	line := strings.Join(three, " ")
 	for _, k := range []string{"~p:q:{consumers-to-workers.p2}:stream", "~p:q:{workers-to-consumers.p2}:stream",
-		"~p:q:{consumers-to-workers.p1}:dedupe:*", "~p:q:{workers-to-consumers.p1}:dead"} {
+		"~p:q:{consumers-to-workers.p1}:dedupe*", "~p:q:{workers-to-consumers.p1}:dead"} {
 		if !strings.Contains(line, k) {
 			t.Errorf("ACL of 3 partitions lacks %s: %s", k, line)
 		}

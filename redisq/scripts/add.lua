@@ -16,11 +16,12 @@
 
 --
 -- KEYS[1]  stream key                  (<prefix>q:{<queue>}:stream)
--- KEYS[2]  dedupe marks, a sorted set  (<prefix>q:{<queue>}:dedupe:marks)
--- KEYS[3]  re-add tokens, a hash       (<prefix>q:{<queue>}:dedupe:tokens)
+-- KEYS[2]  dedupe marks, a sorted set  (<prefix>q:{<queue>}:dedupe)
+-- KEYS[3]  re-add tokens, a hash       (<prefix>q:{<queue>}:dedupe-tokens)
 -- ARGV[1]  dedupe TTL in milliseconds (integer > 0)
 -- ARGV[2]  "" to add (Add), or the re-add's token, unique per Readd call
--- ARGV[3 + 5(i-1) .. 7 + 5(i-1)]  job i's id (not ""), name, payload
+-- ARGV[3 + 5(i-1) .. 7 + 5(i-1)]  job i's id (not "": refused, as an XADD
+--          failure of that job), name, payload
 --          (bytes), signature ("" = none: no sig field) and headers (a JSON
 --          object of strings; "" = none: no headers field)
 --
@@ -57,6 +58,10 @@ for i = 1, (#ARGV - 2) / 5 do
   local a = 3 + 5 * (i - 1)
   local id = ARGV[a]
   local new = false
+  if id == '' then
+    -- "" is the placeholder: a job of that id would overwrite it.
+    return {added, i, 'ERR empty job id'}
+  end
   if token == '' then
     new = redis.call('ZADD', KEYS[2], 'NX', until_ms, id) == 1
     if not new and tonumber(redis.call('ZSCORE', KEYS[2], id)) <= now then

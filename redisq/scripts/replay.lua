@@ -2,7 +2,7 @@
 --
 -- KEYS[1]  dead-letter stream (<prefix>q:{<queue>}:dead)
 -- KEYS[2]  stream key         (<prefix>q:{<queue>}:stream)
--- KEYS[3]  dedupe marks, a sorted set  (<prefix>q:{<queue>}:dedupe:marks)
+-- KEYS[3]  dedupe marks, a sorted set  (<prefix>q:{<queue>}:dedupe)
 -- ARGV[1]  the dead-letter entry's id ("ms-seq")
 -- ARGV[2]  the job id the caller read from the entry (its "id" field)
 -- ARGV[3]  dedupe TTL in milliseconds (integer > 0)

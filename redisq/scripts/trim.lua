@@ -2,8 +2,8 @@
 -- with their dedupe marks, and expired dedupe marks.
 --
 -- KEYS[1]  stream key                  (<prefix>q:{<queue>}:stream)
--- KEYS[2]  dedupe marks, a sorted set  (<prefix>q:{<queue>}:dedupe:marks)
--- KEYS[3]  re-add tokens, a hash       (<prefix>q:{<queue>}:dedupe:tokens)
+-- KEYS[2]  dedupe marks, a sorted set  (<prefix>q:{<queue>}:dedupe)
+-- KEYS[3]  re-add tokens, a hash       (<prefix>q:{<queue>}:dedupe-tokens)
 -- ARGV[1]  most entries, and most expired marks, to delete in one call
 --          (integer > 0)
 -- Returns  the number of entries deleted (integer >= 0).
