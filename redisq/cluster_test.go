@@ -574,6 +574,22 @@ func TestClusterDownFailsFast(t *testing.T) {
 	})
 }
 
+// evalAdd runs scripts/add.lua by EVAL (not through a Publisher) on q's
+// keys, with stream in place of q's stream when not "", for one job id
+// with token ("" = add) and a TTL of a minute, and returns its reply.
+func evalAdd(t *testing.T, q *queue, stream, token, id string) ([]any, error) {
+	t.Helper()
+	src, err := os.ReadFile("scripts/add.lua")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if stream == "" {
+		stream = q.keys.Stream
+	}
+	return q.rdb.Eval(context.Background(), string(src), []string{stream, q.keys.Dedupe, q.keys.DedupeTokens},
+		60000, token, id, "message.created", "{}", "", "").Slice()
+}
+
 // add.lua in its re-add mode run twice with one token (what a client does
 // when it resends a command whose reply it lost) adds the job once and
 // counts it both times; a later call, with another token, adds it again.
@@ -581,14 +597,9 @@ func TestReaddResendAddsOnce(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	q := newQueue(t, nil)
-	src, err := os.ReadFile("scripts/add.lua")
-	if err != nil {
-		t.Fatal(err)
-	}
 	run := func(token string) {
 		t.Helper()
-		r, err := q.rdb.Eval(ctx, string(src), []string{q.keys.Stream, q.keys.Dedupe, q.keys.DedupeTokens},
-			60000, token, "job-1", "message.created", "{}", "", "").Slice()
+		r, err := evalAdd(t, q, "", token, "job-1")
 		if err != nil || fmt.Sprint(r) != "[1 0 ]" {
 			t.Fatalf("add.lua re-add = %v, %v; want [1 0 ] (one added, none failed)", r, err)
 		}
@@ -614,8 +625,7 @@ func TestReaddResendAddsOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	for range 2 {
-		r, err := q.rdb.Eval(ctx, string(src), []string{bad, q.keys.Dedupe, q.keys.DedupeTokens},
-			60000, "call-3", "job-2", "message.created", "{}", "", "").Slice()
+		r, err := evalAdd(t, q, bad, "call-3", "job-2")
 		if err != nil || len(r) != 3 || r[0] != int64(0) || r[1] != int64(1) {
 			t.Fatalf("add.lua re-add onto a string key = %v, %v; want job 1 failed, none added", r, err)
 		}
@@ -629,13 +639,8 @@ func TestAddScriptRefusesEmptyID(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	q := newQueue(t, nil)
-	src, err := os.ReadFile("scripts/add.lua")
-	if err != nil {
-		t.Fatal(err)
-	}
 	for _, token := range []string{"", "call-1"} {
-		r, err := q.rdb.Eval(ctx, string(src), []string{q.keys.Stream, q.keys.Dedupe, q.keys.DedupeTokens},
-			60000, token, "", "message.created", "{}", "", "").Slice()
+		r, err := evalAdd(t, q, "", token, "")
 		if err != nil || fmt.Sprint(r) != "[0 1 ERR empty job id]" {
 			t.Fatalf("add.lua (token %q) of an empty id = %v, %v; want [0 1 ERR empty job id]", token, r, err)
 		}
