@@ -491,7 +491,7 @@ func TestClusterScriptsDuringSlotMigration(t *testing.T) {
 		t.Fatalf("%d keys of slot %d left on the source", n, m.Slot)
 	}
 	if n := nodeClient(t, m.To).ClusterCountKeysInSlot(ctx, m.Slot).Val(); n != 5 {
-		t.Fatalf("%d keys of slot %d on the target, want the queue's 5 (stream, dead letters, presence, dedupe marks and expiry)", n, m.Slot)
+		t.Fatalf("%d keys of slot %d on the target, want the queue's 5 (stream, dead letters, presence, dedupe marks and re-add tokens)", n, m.Slot)
 	}
 }
 

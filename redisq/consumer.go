@@ -635,8 +635,8 @@ func (c *Consumer) trimIfDue(ctx context.Context) {
 
 // Trim deletes the entries every consumer group of the stream has
 // acknowledged, with their dedupe marks, and the marks that expired
-// (scripts/trim.lua, one call), at most 10,000 of each per call, and returns how many it deleted. Ack and an
-// idle Fetch call it at most every TrimInterval; call it directly to force
+// (scripts/trim.lua, one call), at most 10,000 of each per call, and
+// returns how many entries it deleted. Ack and an idle Fetch call it at most every TrimInterval; call it directly to force
 // a trim. During a cluster slot migration of the queue it retries TRYAGAIN
 // (TryAgainBudget, within ctx). Safe for concurrent use.
 func (c *Consumer) Trim(ctx context.Context) (int64, error) {

@@ -114,8 +114,7 @@ func (d *DeadLetters) Get(ctx context.Context, deadID string) (dl DeadLetter, ok
 // dead-letter entry deleted, atomically) and returns, per deadID in order,
 // the new stream entry id, or "" when the entry was not there (replayed or
 // dropped before: a repeated Replay changes nothing). The receiver's inbox
-// drops the job if it already has it. Each entry's job id is read first
-// (XRANGE) and checked by the script; during a
+// drops the job if it already has it. One script call per entry; during a
 // cluster slot migration of the queue it retries TRYAGAIN (TryAgainBudget,
 // within ctx). Errors: a malformed entry (lacking id, name or payload;
 // drop it) or Redis errors, wrapped; the entries before it were replayed.
@@ -141,19 +140,10 @@ func (d *DeadLetters) Replay(ctx context.Context, deadIDs ...string) ([]string, 
 // entry id, or redis.Nil when the entry is not there.
 func (d *DeadLetters) replay(ctx context.Context, id string) (string, error) {
 	var nid string
-	err := retryTryAgain(ctx, func() error {
-		msgs, err := d.rdb.XRange(ctx, d.keys.Dead, id, id).Result()
-		if err != nil {
-			return err
-		}
-		if len(msgs) == 0 {
-			return redis.Nil
-		}
-		// An entry without an id fails in the script before it touches
-		// the dedupe marks.
-		job, _ := msgs[0].Values["id"].(string)
+	err := retryTryAgain(ctx, func() (err error) {
+		// A missing entry is a nil reply: redis.Nil.
 		nid, err = replayScript.Run(ctx, d.rdb, []string{d.keys.Dead, d.keys.Stream, d.keys.Dedupe},
-			id, job, d.ttlMS).Text()
+			id, d.ttlMS).Text()
 		return err
 	})
 	return nid, err

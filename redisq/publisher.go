@@ -196,9 +196,9 @@ func (p *Publisher) Keys() Keys { return p.keys }
 //
 // On a Redis Cluster (NewClient with a redis+cluster:// URL) the queue's
 // keys share one slot. While that slot migrates, a call whose three keys
-// (the stream, the dedupe marks and the re-add tokens) are not all on one node
-// gets TRYAGAIN, and nothing of it runs: Add retries the call, for at most TryAgainBudget and within ctx,
-// so the batch waits for the move and keeps its order. A CLUSTERDOWN reply
+// (the stream, the dedupe marks and the re-add tokens) are not all on one
+// node gets TRYAGAIN, and nothing of it runs: Add retries the call, for at
+// most TryAgainBudget and within ctx, so the batch waits for the move and keeps its order. A CLUSTERDOWN reply
 // fails the call at once (ErrClusterDown). Safe for concurrent use.
 func (p *Publisher) Add(ctx context.Context, jobs ...Job) (added int, err error) {
 	added, err = p.run(ctx, jobs, "")
@@ -213,8 +213,8 @@ func (p *Publisher) Add(ctx context.Context, jobs ...Job) (added int, err error)
 
 // Readd adds jobs to the stream again whatever their dedupe marks say,
 // through scripts/add.lua in its re-add mode (per job: its dedupe mark set
-// for DedupeTTL and its re-add token to the call's, overwriting, then XADD), one atomic script call
-// per maxScriptJobs jobs. It is the re-drive's add: a job whose dedupe mark
+// for DedupeTTL and its re-add token to the call's, overwriting, then
+// XADD), one atomic script call per maxScriptJobs jobs. It is the re-drive's add: a job whose dedupe mark
 // survived while its stream entry was lost (FLUSHALL and a re-add, XDEL, a
 // failover to a replica that had the mark and not the entry) is not
 // mistaken for a duplicate. Every call adds a new entry per job, so the
