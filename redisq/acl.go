@@ -22,7 +22,8 @@ import "strings"
 //   - no other key, and no FLUSHALL, CONFIG, KEYS or other administrative
 //     command (INFO, PING, HELLO, SELECT, MULTI/EXEC, SCRIPT LOAD, TIME and
 //     CLIENT INFO are allowed: they touch no key; so are CLUSTER SLOTS and
-//     ASKING, which a Redis Cluster client needs).
+//     ASKING, which a Redis Cluster client needs, and WAIT, which
+//     PublisherConfig.ReplicaAcks needs).
 //
 // Key rules are in Redis 7.0 selectors ("(…)"), one per group of keys, so a
 // command allowed on one key is not thereby allowed on another. Commands
@@ -34,6 +35,8 @@ func ACLRules(prefix, out, in string) []string {
 		"on", "resetkeys", "resetchannels", "-@all",
 		// Connection and transaction commands: no keys.
 		"+ping", "+hello", "+select", "+info", "+multi", "+exec", "+discard", "+script|load", "+time", "+client|info",
+		// An add's wait for its replicas (PublisherConfig.ReplicaAcks).
+		"+wait",
 		// A cluster client's topology, command table and ASK
 		// redirections: no keys. Without COMMAND go-redis's cluster
 		// client asks for the table again before every command, of up to

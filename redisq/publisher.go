@@ -28,6 +28,19 @@ func checkQueueName(q string) error {
 // removes the acknowledged entry deletes its id sooner.
 const DefaultDedupeTTL = 24 * time.Hour
 
+// DefaultReplicaAckTimeout is PublisherConfig.ReplicaAckTimeout's default:
+// how long an add waits for replicas' acknowledgements when
+// PublisherConfig.ReplicaAcks asks for them. It is half NewClient's read
+// timeout (ClientReadTimeout), which bounds the wait's reply.
+const DefaultReplicaAckTimeout = 500 * time.Millisecond
+
+// ErrNotReplicated is returned (wrapped) by Publisher.Add and Readd when
+// fewer replicas than PublisherConfig.ReplicaAcks acknowledged the call
+// within ReplicaAckTimeout: the master has the jobs (or had them, when it
+// is an old master that was replaced) but a failover may lose them, so the
+// call counts as failed and the caller retries it (adds are idempotent).
+var ErrNotReplicated = errors.New("redisq: add not acknowledged by enough replicas")
+
 // ErrInvalidJob is returned (wrapped) by Publisher.Add for a job that cannot
 // be added at all (an empty ID). Nothing of that call is sent.
 var ErrInvalidJob = errors.New("redisq: invalid job")
@@ -59,6 +72,27 @@ type PublisherConfig struct {
 	// concurrent use and must not block. Default none: entries carry no
 	// signature.
 	Sign func(Job) string
+	// ReplicaAcks, when above 0, makes Add and Readd wait after each
+	// script call until that many replicas of the master acknowledged it
+	// (Redis WAIT on the call's own connection), for at most
+	// ReplicaAckTimeout: fewer acknowledgements fail the call with
+	// ErrNotReplicated. Redis replicates asynchronously, so without it a
+	// write the master acknowledged can be lost by a failover: the
+	// replica promoted had not got it yet, or the old master, frozen past
+	// the failover, resumed and ran the call before it learnt it was
+	// replaced (then resynced from the new master and dropped it). A
+	// relay would have marked those jobs sent. The price: a round trip
+	// from the master to its replicas per call, and no adds while the
+	// master has fewer live replicas than this (they wait in the caller's
+	// outbox). It needs rdb to be a *redis.Client (single server or
+	// Sentinel) or a *redis.ClusterClient. Default 0: no wait, as a plain
+	// Redis write. One replica is what Redis's own guarantee (WAIT) needs
+	// to survive the failover of one node.
+	ReplicaAcks int
+	// ReplicaAckTimeout bounds each wait of ReplicaAcks (millisecond
+	// resolution; default DefaultReplicaAckTimeout). It must stay below
+	// rdb's read timeout, which bounds the wait's reply.
+	ReplicaAckTimeout time.Duration
 }
 
 // EventKind names a typed event of the queue (Event.Kind). The values are
@@ -117,6 +151,9 @@ type Publisher struct {
 	logger *slog.Logger
 	on     func(Event)
 	sign   func(Job) string
+	// acks and ackTimeout are ReplicaAcks and ReplicaAckTimeout.
+	acks       int
+	ackTimeout time.Duration
 }
 
 // NewPublisher returns a Publisher adding to cfg.Queue through rdb (use
@@ -134,24 +171,31 @@ func NewPublisher(rdb redis.UniversalClient, cfg *PublisherConfig) (*Publisher, 
 	if err := cfg.validate(); err != nil {
 		return nil, fmt.Errorf("redisq: new publisher: %w", err)
 	}
+	if err := checkAckClient(rdb, cfg); err != nil {
+		return nil, fmt.Errorf("redisq: new publisher: %w", err)
+	}
 	return &Publisher{
-		sign:   cfg.Sign,
-		rdb:    rdb,
-		keys:   NewKeys(cfg.Prefix, cfg.Queue),
-		queue:  cfg.Queue,
-		ttlMS:  cfg.DedupeTTL.Milliseconds(),
-		logger: cfg.Logger.With("component", "redisq", "queue", cfg.Queue),
-		on:     cfg.OnEvent,
+		acks:       cfg.ReplicaAcks,
+		ackTimeout: cfg.ReplicaAckTimeout,
+		sign:       cfg.Sign,
+		rdb:        rdb,
+		keys:       NewKeys(cfg.Prefix, cfg.Queue),
+		queue:      cfg.Queue,
+		ttlMS:      cfg.DedupeTTL.Milliseconds(),
+		logger:     cfg.Logger.With("component", "redisq", "queue", cfg.Queue),
+		on:         cfg.OnEvent,
 	}, nil
 }
 
 // WithDefaults returns a copy of c in which every zero field holds its
-// default: DedupeTTL DefaultDedupeTTL, Logger slog.Default(). A nil c gives
+// default: DedupeTTL DefaultDedupeTTL, ReplicaAckTimeout
+// DefaultReplicaAckTimeout, Logger slog.Default(). A nil c gives
 // a config of defaults without Queue.
 func (c *PublisherConfig) WithDefaults() *PublisherConfig {
 	d := *cmp.Or(c, &PublisherConfig{})
 	d.DedupeTTL = cmp.Or(d.DedupeTTL, DefaultDedupeTTL)
 	d.Logger = cmp.Or(d.Logger, slog.Default())
+	d.ReplicaAckTimeout = cmp.Or(d.ReplicaAckTimeout, DefaultReplicaAckTimeout)
 	return &d
 }
 
@@ -166,6 +210,34 @@ func (c *PublisherConfig) validate() error {
 	}
 	if c.DedupeTTL < time.Millisecond {
 		return fmt.Errorf("DedupeTTL %v below 1ms: %w", c.DedupeTTL, ErrInvalidConfig)
+	}
+	if c.ReplicaAcks < 0 {
+		return fmt.Errorf("ReplicaAcks %d below 0: %w", c.ReplicaAcks, ErrInvalidConfig)
+	}
+	if c.ReplicaAckTimeout < time.Millisecond {
+		return fmt.Errorf("ReplicaAckTimeout %v below 1ms: %w", c.ReplicaAckTimeout, ErrInvalidConfig)
+	}
+	return nil
+}
+
+// checkAckClient checks that rdb can serve cfg.ReplicaAcks: a client whose
+// call can be followed by WAIT on its own connection, with a read timeout
+// (if any) above the wait's. Errors wrap ErrInvalidConfig.
+func checkAckClient(rdb redis.UniversalClient, cfg *PublisherConfig) error {
+	if cfg.ReplicaAcks == 0 {
+		return nil
+	}
+	var read time.Duration
+	switch c := rdb.(type) {
+	case *redis.Client:
+		read = c.Options().ReadTimeout
+	case *redis.ClusterClient:
+		read = c.Options().ReadTimeout
+	default:
+		return fmt.Errorf("ReplicaAcks needs a *redis.Client or *redis.ClusterClient, not %T: %w", rdb, ErrInvalidConfig)
+	}
+	if read > 0 && cfg.ReplicaAckTimeout >= read {
+		return fmt.Errorf("ReplicaAckTimeout %v not below the client's read timeout %v: %w", cfg.ReplicaAckTimeout, read, ErrInvalidConfig)
 	}
 	return nil
 }
@@ -272,6 +344,10 @@ func (p *Publisher) runOnce(ctx context.Context, jobs []Job, from, to int, token
 	}
 	var reply []any
 	err := retryTryAgain(ctx, func() (err error) {
+		if p.acks > 0 {
+			reply, err = p.runAcked(ctx, keys, args)
+			return err
+		}
 		reply, err = addScript.Run(ctx, p.rdb, keys, args...).Slice()
 		return err
 	})
@@ -287,6 +363,70 @@ func (p *Publisher) runOnce(ctx context.Context, jobs []Job, from, to int, token
 		return 0, &JobError{Index: i, ID: jobs[i].ID, Err: replyError(msg)}
 	}
 	return added, nil
+}
+
+// runAcked runs add.lua with keys and args and then WAIT for p.acks
+// replicas, on one connection to the master of the queue's slot (WAIT
+// counts the replicas that have this connection's last write), and returns
+// the script's reply. Between the two it rewrites the re-add tokens'
+// placeholder, a write that always reaches the replicas: a call whose jobs
+// were all duplicates writes nothing else, and its WAIT would otherwise
+// vouch only for the connection's earlier writes, not for the first add of
+// those jobs, which may be the one a failover loses. NOSCRIPT is answered
+// by sending the script itself. A cluster's MOVED or ASK (the slot moved
+// or is moving) asks the client to reload the slots' owners and is
+// returned for retryTryAgain to retry.
+func (p *Publisher) runAcked(ctx context.Context, keys []string, args []any) ([]any, error) {
+	var c *redis.Client
+	cluster, isCluster := p.rdb.(*redis.ClusterClient)
+	if isCluster {
+		var err error
+		if c, err = cluster.MasterForKey(ctx, p.keys.Stream); err != nil {
+			return nil, err
+		}
+	} else {
+		c = p.rdb.(*redis.Client) // checkAckClient
+	}
+	reply, n, err := p.addAndWait(ctx, c, keys, args, false)
+	if redis.HasErrorPrefix(err, "NOSCRIPT") {
+		reply, n, err = p.addAndWait(ctx, c, keys, args, true)
+	}
+	switch {
+	case isCluster && (redis.HasErrorPrefix(err, "MOVED ") || redis.HasErrorPrefix(err, "ASK ")):
+		cluster.ReloadState(ctx)
+		return nil, err
+	case err != nil:
+		return nil, err
+	case n < p.acks:
+		return nil, fmt.Errorf("%d of %d replicas acknowledged within %v: %w", n, p.acks, p.ackTimeout, ErrNotReplicated)
+	}
+	return reply, nil
+}
+
+// addAndWait sends add.lua (by EVALSHA, or by EVAL when load), the
+// placeholder's rewrite and WAIT in one pipeline on c, and returns the
+// script's reply and how many replicas acknowledged; err is the script's
+// error, else the WAIT's.
+func (p *Publisher) addAndWait(ctx context.Context, c *redis.Client, keys []string, args []any, load bool) ([]any, int, error) {
+	pipe := c.Pipeline()
+	var run *redis.Cmd
+	if load {
+		run = addScript.Eval(ctx, pipe, keys, args...)
+	} else {
+		run = addScript.EvalSha(ctx, pipe, keys, args...)
+	}
+	pipe.HSet(ctx, p.keys.DedupeTokens, "", "")
+	wait := pipe.Do(ctx, "wait", p.acks, p.ackTimeout.Milliseconds())
+	_, _ = pipe.Exec(ctx)
+	reply, err := run.Slice()
+	if err != nil {
+		return nil, 0, err
+	}
+	n, err := wait.Int()
+	if err != nil {
+		return nil, 0, fmt.Errorf("waiting for %d replicas: %w", p.acks, err)
+	}
+	return reply, n, nil
 }
 
 // scriptReply decodes add.lua's reply {added, failed, err}.

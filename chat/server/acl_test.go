@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"net/url"
 	"strings"
@@ -88,6 +89,16 @@ func TestRedisACLLeastPrivilege(t *testing.T) {
 	}
 	if _, err := pub.Readd(ctx, redisq.Job{ID: "acl-check", Name: "noop", Payload: []byte("{}")}); err != nil {
 		t.Errorf("re-add to its outbound queue: %v", err)
+	}
+	// The wait for replicas is allowed: this Redis has none, so the add
+	// fails for want of them, not of a permission.
+	acked, err := redisq.NewPublisher(rdb, &redisq.PublisherConfig{Queue: chat.QueueName(chat.Consumers), Prefix: h.Prefix,
+		ReplicaAcks: 1, ReplicaAckTimeout: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := acked.Add(ctx, redisq.Job{ID: "acl-check-acked", Name: "noop", Payload: []byte("{}")}); !errors.Is(err, redisq.ErrNotReplicated) {
+		t.Errorf("add waiting for a replica: %v; want ErrNotReplicated", err)
 	}
 	trimmer, err := redisq.NewConsumer(rdb, &redisq.ConsumerConfig{Queue: chat.QueueName(chat.Workers), Prefix: h.Prefix,
 		Group: "acl-check", Consumer: "acl-check"})

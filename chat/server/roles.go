@@ -151,7 +151,8 @@ func (p *process) buildWorker() error {
 // writer's).
 func (p *process) publisherConfig(part int) *redisq.PublisherConfig {
 	c := p.cfg
-	pc := &redisq.PublisherConfig{Queue: chat.PartitionQueue(c.Service, part), Prefix: c.RedisPrefix, Logger: p.log}
+	pc := &redisq.PublisherConfig{Queue: chat.PartitionQueue(c.Service, part), Prefix: c.RedisPrefix, Logger: p.log,
+		ReplicaAcks: c.RedisReplicaAcks}
 	if p.keys != nil {
 		// One key per direction, whatever the partition.
 		pc.Sign = p.keys.Signer(chat.QueueName(c.Service))

@@ -52,6 +52,7 @@ func runServe(ctx context.Context, args []string, _, stderr io.Writer) error {
 	consumer := fs.String("consumer-name", "", "this worker's name in the consumer group; two live processes must not share one (default: a unique <service>-<hostname>-<n>, claimed at start)")
 	maxBody := fs.Int("max-body-bytes", chat.DefaultMaxBodyBytes, "message body limit in bytes")
 	prefix := fs.String("redis-prefix", chat.DefaultRedisPrefix, "prefix of every Redis key")
+	replicaAcks := fs.Int("redis-replica-acks", 0, "relay: mark outbox rows sent only once this many replicas of the queue's Redis master have their entries (WAIT, at most 500ms per add; rows wait in the outbox while fewer replicas are live), so that a Redis failover cannot lose them; 1 on a Redis with replicas (Sentinel, Cluster) (default 0: the master's answer alone)")
 	faultSpec := fs.String("fault", os.Getenv("OUTBOXCHAT_FAULT"), "fault injection for the lab, KIND:SEQ (default $OUTBOXCHAT_FAULT; off)")
 	maxAttempts := fs.Int("relay-max-attempts", outbox.DefaultMaxAttempts, "relay: park an outbox row after this many failed publishes of its own (broker outages never count; negative = never park)")
 	deadMax := fs.Int64("dead-letter-max", redisq.DefaultDeadLetterMax, "worker: keep at most this many dead letters (the oldest are dropped, counted in outboxchat_deadletter_trimmed_total; negative = no cap)")
@@ -117,7 +118,7 @@ func runServe(ctx context.Context, args []string, _, stderr io.Writer) error {
 	}()
 	return server.Serve(ctx, server.Config{
 		Service: *service, Roles: r, Mode: *mode, DatabaseURL: *dbURL, ListenDatabaseURL: *listenURL,
-		RedisURL: *redisURL, RedisPrefix: *prefix, LockDuration: *lock, Partitions: *partitions, EventKeyFile: *auth.eventKeys,
+		RedisURL: *redisURL, RedisPrefix: *prefix, RedisReplicaAcks: *replicaAcks, LockDuration: *lock, Partitions: *partitions, EventKeyFile: *auth.eventKeys,
 		Hooks: hooks, Logger: log, TracerProvider: tracer,
 		API: server.APIConfig{
 			HTTPAddr: *httpAddr, Wake: wm, MaxBodyBytes: *maxBody, SendLockTimeout: *sendLock, ReadTimeout: *readTimeout,

@@ -89,6 +89,12 @@ func runSchedule(ctx context.Context, opts Options, s *schedule) (*ScheduleResul
 	if !s.Redrive {
 		args = append(args, "--redrive-after", "0")
 	}
+	if s.Cluster {
+		// A master frozen past its failover resumes and runs the adds it
+		// had queued before it learns it was replaced, then drops them:
+		// only the replicas' acknowledgement tells the relay so.
+		args = append(args, "--redis-replica-acks", "1")
+	}
 	dir := ""
 	if opts.Dir != "" {
 		dir = fmt.Sprintf("%s/s%d", opts.Dir, s.K)

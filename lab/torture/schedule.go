@@ -36,7 +36,7 @@ func (s *schedule) topology() string {
 		t += fmt.Sprintf(", %d malformed/stream", s.Malformed)
 	}
 	if s.Cluster {
-		t += ", redis cluster 3+3"
+		t += ", redis cluster 3+3, replica acks 1"
 	}
 	return t
 }
