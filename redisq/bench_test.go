@@ -2,9 +2,11 @@ package redisq_test
 
 import (
 	"context"
+	"errors"
 	"strconv"
 	"testing"
 
+	"github.com/outboxchat/outboxchat/internal/redisproc"
 	"github.com/outboxchat/outboxchat/internal/testenv"
 	"github.com/outboxchat/outboxchat/redisq"
 )
@@ -90,4 +92,52 @@ func BenchmarkFetchAck100(b *testing.B) {
 		}
 	}
 	b.ReportMetric(float64(b.N*100)/b.Elapsed().Seconds(), "jobs/s")
+}
+
+// BenchmarkAddReplicaAcks adds batches of 100 jobs to a master with one
+// replica (both private servers, AOF everysec), without and with waiting
+// for the replica's acknowledgement (PublisherConfig.ReplicaAcks 1): the
+// wait's cost per call.
+func BenchmarkAddReplicaAcks(b *testing.B) {
+	master := testenv.PrivateRedis(b)
+	ctx := context.Background()
+	replica, err := redisproc.Start(ctx, &redisproc.Options{ReplicaOf: master.Addr()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = replica.Close() })
+	rdb, err := redisq.NewClient(master.URL())
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = rdb.Close() })
+	for _, acks := range []int{0, 1} {
+		b.Run("acks="+strconv.Itoa(acks), func(b *testing.B) {
+			pub, err := redisq.NewPublisher(rdb, &redisq.PublisherConfig{Queue: "bench" + strconv.Itoa(acks), ReplicaAcks: acks})
+			if err != nil {
+				b.Fatal(err)
+			}
+			// The replica counts once it has acknowledged its sync.
+			for {
+				if _, err := pub.Add(ctx, redisq.Job{ID: "warm", Name: "warm"}); err == nil {
+					break
+				} else if !errors.Is(err, redisq.ErrNotReplicated) {
+					b.Fatal(err)
+				}
+			}
+			payload := make([]byte, 200)
+			js := make([]redisq.Job, 100)
+			i := 0
+			for b.Loop() {
+				for k := range js {
+					i++
+					js[k] = redisq.Job{ID: strconv.Itoa(i), Name: "message.created", Payload: payload}
+				}
+				if _, err := pub.Add(ctx, js...); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(b.N*100)/b.Elapsed().Seconds(), "jobs/s")
+		})
+	}
 }

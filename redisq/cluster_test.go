@@ -99,6 +99,16 @@ func nodeClient(t *testing.T, s *redisproc.Server) *redis.Client {
 	return c
 }
 
+// replicaClient is a client of cluster replica s that reads its own data
+// (READONLY on every connection) instead of redirecting to its master.
+func replicaClient(t *testing.T, s *redisproc.Server) *redis.Client {
+	t.Helper()
+	c := redis.NewClient(&redis.Options{Addr: s.Addr(), MaxRetries: -1,
+		OnConnect: func(ctx context.Context, cn *redis.Conn) error { return cn.ReadOnly(ctx).Err() }})
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
 // clusterCfg is the consumer config of the cluster tests: trims only when
 // asked (Trim), short blocking reads.
 func clusterCfg(name string) *redisq.ConsumerConfig {
@@ -724,11 +734,12 @@ func TestClusterClientFollowsFailover(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = cl.Close() })
 	rdb, _ := clusterClient(t, cl)
-	pub := newClusterPublisher(t, rdb, testenv.Prefix(t))
+	prefix := testenv.Prefix(t)
+	pub := newClusterPublisher(t, rdb, prefix)
 	if _, err := pub.Add(ctx, jobs(2, 0)...); err != nil {
 		t.Fatal(err)
 	}
-	owner, _, err := cl.NodeFor(ctx, pub.Keys().Stream)
+	owner, slot, err := cl.NodeFor(ctx, pub.Keys().Stream)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -748,5 +759,65 @@ func TestClusterClientFollowsFailover(t *testing.T) {
 	})
 	if n := nodeClient(t, f.Replica).XLen(ctx, pub.Keys().Stream).Val(); n != 3 {
 		t.Fatalf("stream on the promoted replica has %d entries, want 3", n)
+	}
+
+	// Waiting for a replica: the promoted master has none until the old
+	// one rejoins, so an add fails, and succeeds after; the rejoined
+	// replica has the entry when Add returns.
+	acked := ackPublisher(t, rdb, prefix)
+	if _, err := acked.Add(ctx, jobs(1, 3)...); !errors.Is(err, redisq.ErrNotReplicated) {
+		t.Fatalf("add waiting for a replica of a master without one: %v; want ErrNotReplicated", err)
+	}
+	if err := f.Rejoin(cctx); err != nil {
+		t.Fatal(err)
+	}
+	// The master counts a replica in sync from its first acknowledgement
+	// (sent every second) on: retried until then.
+	var added int
+	testenv.WaitFor(t, 10*time.Second, "the retry acknowledged by the rejoined replica", func() bool {
+		added, err = acked.Add(ctx, jobs(1, 3)...)
+		if err != nil && !errors.Is(err, redisq.ErrNotReplicated) {
+			t.Fatalf("retry once the old master rejoined: %v", err)
+		}
+		return err == nil
+	})
+	if added != 0 {
+		t.Fatalf("retry added %d; want 0 (a duplicate)", added)
+	}
+	if n, err := acked.Add(ctx, jobs(1, 4)...); err != nil || n != 1 {
+		t.Fatalf("add waiting for the rejoined replica: %d, %v", n, err)
+	}
+	if got := streamJobs(t, replicaClient(t, f.Master), pub.Keys().Stream); len(got) != 5 || got["job-4"] != 1 {
+		t.Fatalf("stream on the rejoined replica right after Add: %v; want job-0..job-4", got)
+	}
+
+	// The slot moved whole to another master: the add's node is the old
+	// one until MOVED has the client reload the slots' owners.
+	var to *redisproc.Server
+	masters, err := cl.Masters(cctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range masters {
+		if m != f.Replica {
+			to = m
+			break
+		}
+	}
+	mv, err := cl.StartSlotMove(cctx, slot, to)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := mv.MigrateRest(cctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := mv.Finish(cctx); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := acked.Add(ctx, jobs(1, 5)...); err != nil || n != 1 {
+		t.Fatalf("add after the slot moved: %d, %v", n, err)
+	}
+	if got := streamJobs(t, nodeClient(t, to), pub.Keys().Stream); len(got) != 6 {
+		t.Fatalf("stream on the slot's new master: %v; want job-0..job-5", got)
 	}
 }
