@@ -92,7 +92,11 @@
 //     chat's re-drive does that when no receipt came back in time).
 //   - Sentinel failover: NewClient takes a redis+sentinel:// URL
 //     (ParseSentinelURL) and follows the primary; jobs the old primary had
-//     not replicated are lost as above.
+//     not replicated are lost as above, unless the Publisher waited for
+//     them to be replicated (PublisherConfig.ReplicaAcks: an add a replica
+//     has not acknowledged fails with ErrNotReplicated, for the caller to
+//     retry). That holds on a Redis Cluster too, where a master frozen past
+//     its failover answers the adds it had queued and then drops them.
 //   - Redis Cluster: NewClient takes a redis+cluster:// URL
 //     (ParseClusterURL). A queue's keys share the hash tag "{<queue>}", so
 //     one slot, and every script declares every key it touches. While the
