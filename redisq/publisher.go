@@ -85,8 +85,12 @@ type PublisherConfig struct {
 	// from the master to its replicas per call, and no adds while the
 	// master has fewer live replicas than this (they wait in the caller's
 	// outbox). It needs rdb to be a *redis.Client (single server or
-	// Sentinel) or a *redis.ClusterClient. Default 0: no wait, as a plain
-	// Redis write. One replica is what Redis's own guarantee (WAIT) needs
+	// Sentinel) or a *redis.ClusterClient; on a cluster the call goes to
+	// the master of the queue's slot as the client knows it, and a MOVED
+	// or ASK reply (the slot moved, or its keys already have while its
+	// move is not finished) is retried like TRYAGAIN after the client
+	// reloads the slots' owners, not followed. Default 0: no wait, as a
+	// plain Redis write. One replica is what Redis's own guarantee (WAIT) needs
 	// to survive the failover of one node.
 	ReplicaAcks int
 	// ReplicaAckTimeout bounds each wait of ReplicaAcks (millisecond
