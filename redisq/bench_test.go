@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strconv"
 	"testing"
+	"time"
 
 	"github.com/outboxchat/outboxchat/internal/redisproc"
 	"github.com/outboxchat/outboxchat/internal/testenv"
@@ -117,8 +118,8 @@ func BenchmarkAddReplicaAcks(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			// The replica counts once it has acknowledged its sync.
-			for {
+			// The replica counts once its master has it online.
+			for start := time.Now(); time.Since(start) < 30*time.Second; {
 				if _, err := pub.Add(ctx, redisq.Job{ID: "warm", Name: "warm"}); err == nil {
 					break
 				} else if !errors.Is(err, redisq.ErrNotReplicated) {

@@ -552,23 +552,27 @@ func TestClusterDownFailsFast(t *testing.T) {
 		}
 		return 0
 	}
+	acked := ackPublisher(t, rdb, prefix)
 	for _, c := range []struct {
-		name string
-		call func() error
+		name  string
+		call  func() error
+		downs int64
 	}{
-		{"add", func() error { _, err := pub.Add(ctx, jobs(3, 2)...); return err }},
-		{"readd", func() error { _, err := pub.Readd(ctx, jobs(1, 0)...); return err }},
-		{"trim", func() error { _, err := cons.Trim(ctx); return err }},
-		{"xlen", func() error { return rdb.XLen(ctx, pub.Keys().Stream).Err() }},
+		{"add", func() error { _, err := pub.Add(ctx, jobs(3, 2)...); return err }, 1},
+		{"readd", func() error { _, err := pub.Readd(ctx, jobs(1, 0)...); return err }, 1},
+		{"trim", func() error { _, err := cons.Trim(ctx); return err }, 1},
+		{"xlen", func() error { return rdb.XLen(ctx, pub.Keys().Stream).Err() }, 1},
+		// The script and the placeholder's HSET, in one pipeline.
+		{"add waiting for replicas", func() error { _, err := acked.Add(ctx, jobs(3, 2)...); return err }, 2},
 	} {
 		before := downs()
 		err := c.call()
 		if !errors.Is(err, redisq.ErrClusterDown) {
 			t.Fatalf("%s: %v, want ErrClusterDown", c.name, err)
 		}
-		// Each call, Add's of three jobs too, is one command sent once.
-		if got := downs() - before; got != 1 {
-			t.Fatalf("%s: the node answered CLUSTERDOWN %d times, want 1 (no retry)", c.name, got)
+		// Each call, Add's of three jobs too, is sent once.
+		if got := downs() - before; got != c.downs {
+			t.Fatalf("%s: the node answered CLUSTERDOWN %d times, want %d (no retry)", c.name, got, c.downs)
 		}
 	}
 
@@ -771,8 +775,8 @@ func TestClusterClientFollowsFailover(t *testing.T) {
 	if err := f.Rejoin(cctx); err != nil {
 		t.Fatal(err)
 	}
-	// The master counts a replica in sync from its first acknowledgement
-	// (sent every second) on: retried until then.
+	// A rejoined replica counts for WAIT once its master has it online,
+	// after its full resync: retried until then.
 	var added int
 	testenv.WaitFor(t, 10*time.Second, "the retry acknowledged by the rejoined replica", func() bool {
 		added, err = acked.Add(ctx, jobs(1, 3)...)
@@ -791,8 +795,10 @@ func TestClusterClientFollowsFailover(t *testing.T) {
 		t.Fatalf("stream on the rejoined replica right after Add: %v; want job-0..job-4", got)
 	}
 
-	// The slot moved whole to another master: the add's node is the old
-	// one until MOVED has the client reload the slots' owners.
+	// The slot moves to another master: once its keys are there, before
+	// the move finishes, the source answers ASK, which the add follows;
+	// after it, the add's node is the old one until MOVED has the client
+	// reload the slots' owners.
 	var to *redisproc.Server
 	masters, err := cl.Masters(cctx)
 	if err != nil {
@@ -811,13 +817,19 @@ func TestClusterClientFollowsFailover(t *testing.T) {
 	if err := mv.MigrateRest(cctx); err != nil {
 		t.Fatal(err)
 	}
+	if n, err := acked.Add(ctx, jobs(1, 5)...); err != nil || n != 1 {
+		t.Fatalf("add while the slot's keys are on the importing node: %d, %v", n, err)
+	}
 	if err := mv.Finish(cctx); err != nil {
 		t.Fatal(err)
 	}
-	if n, err := acked.Add(ctx, jobs(1, 5)...); err != nil || n != 1 {
+	if c, err := rdb.MasterForKey(ctx, pub.Keys().Stream); err != nil || c.Options().Addr != f.Replica.Addr() {
+		t.Fatalf("before the next add the client has the slot on %v, %v; want the old owner %s", c.Options().Addr, err, f.Replica.Addr())
+	}
+	if n, err := acked.Add(ctx, jobs(1, 6)...); err != nil || n != 1 {
 		t.Fatalf("add after the slot moved: %d, %v", n, err)
 	}
-	if got := streamJobs(t, nodeClient(t, to), pub.Keys().Stream); len(got) != 6 {
-		t.Fatalf("stream on the slot's new master: %v; want job-0..job-5", got)
+	if got := streamJobs(t, nodeClient(t, to), pub.Keys().Stream); len(got) != 7 {
+		t.Fatalf("stream on the slot's new master: %v; want job-0..job-6", got)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -35,10 +36,12 @@ const DefaultDedupeTTL = 24 * time.Hour
 const DefaultReplicaAckTimeout = 500 * time.Millisecond
 
 // ErrNotReplicated is returned (wrapped) by Publisher.Add and Readd when
-// fewer replicas than PublisherConfig.ReplicaAcks acknowledged the call
-// within ReplicaAckTimeout: the master has the jobs (or had them, when it
-// is an old master that was replaced) but a failover may lose them, so the
-// call counts as failed and the caller retries it (adds are idempotent).
+// fewer replicas than PublisherConfig.ReplicaAcks acknowledged a call
+// within ReplicaAckTimeout, or the wait itself failed: the master has the
+// jobs (or had them, when it is an old master that was replaced) but a
+// failover may lose them, so the call counts as failed. Retrying an Add is
+// safe (adds are idempotent); retrying a Readd adds the jobs again, which
+// the receiver drops as duplicates.
 var ErrNotReplicated = errors.New("redisq: add not acknowledged by enough replicas")
 
 // ErrInvalidJob is returned (wrapped) by Publisher.Add for a job that cannot
@@ -73,29 +76,38 @@ type PublisherConfig struct {
 	// signature.
 	Sign func(Job) string
 	// ReplicaAcks, when above 0, makes Add and Readd wait after each
-	// script call until that many replicas of the master acknowledged it
-	// (Redis WAIT on the call's own connection), for at most
-	// ReplicaAckTimeout: fewer acknowledgements fail the call with
-	// ErrNotReplicated. Redis replicates asynchronously, so without it a
-	// write the master acknowledged can be lost by a failover: the
-	// replica promoted had not got it yet, or the old master, frozen past
-	// the failover, resumed and ran the call before it learnt it was
-	// replaced (then resynced from the new master and dropped it). A
-	// relay would have marked those jobs sent. The price: a round trip
-	// from the master to its replicas per call, and no adds while the
-	// master has fewer live replicas than this (they wait in the caller's
-	// outbox). It needs rdb to be a *redis.Client (single server or
-	// Sentinel) or a *redis.ClusterClient; on a cluster the call goes to
-	// the master of the queue's slot as the client knows it, and a MOVED
-	// or ASK reply (the slot moved, or its keys already have while its
-	// move is not finished) is retried like TRYAGAIN after the client
-	// reloads the slots' owners, not followed. Default 0: no wait, as a
-	// plain Redis write. One replica is what Redis's own guarantee (WAIT) needs
-	// to survive the failover of one node.
+	// script call (up to maxScriptJobs jobs) until that many replicas of
+	// the master acknowledged it (Redis WAIT on the call's own
+	// connection), for at most ReplicaAckTimeout: fewer acknowledgements
+	// fail the call with ErrNotReplicated. Redis replicates
+	// asynchronously, so without it a write the master acknowledged can
+	// be lost by a failover: the replica promoted had not got it yet, or
+	// the old master, frozen past the failover, resumed and ran the call
+	// before it learnt it was replaced (then resynced from the new master
+	// and dropped it). A relay would have marked those jobs sent. With
+	// ReplicaAcks equal to the replicas each master has (1 on a cluster of
+	// one replica per master) a failover keeps every acknowledged add,
+	// since whichever replica is promoted has it; with fewer, the promoted
+	// replica may be one that did not acknowledge (Redis documents WAIT as
+	// best effort for that reason).
+	//
+	// The price: per call one more write (an HSET of the re-add tokens'
+	// placeholder, so that a call of duplicates alone still waits for the
+	// first add's writes; the ACL needs +hset and +wait) and the round
+	// trip from the master to its replicas, holding the connection
+	// meanwhile; and no adds while the master has fewer replicas in sync
+	// (they wait in the caller's outbox). It needs rdb to be a
+	// *redis.Client (single server or Sentinel) or a *redis.ClusterClient;
+	// on a cluster the call goes to the master of the queue's slot as the
+	// client knows it, an ASK is followed once (ASKING) and a MOVED has the
+	// client reload the slots' owners, both then retried like TRYAGAIN.
+	// Default 0: no wait, as a plain Redis write.
 	ReplicaAcks int
 	// ReplicaAckTimeout bounds each wait of ReplicaAcks (millisecond
-	// resolution; default DefaultReplicaAckTimeout). It must stay below
-	// rdb's read timeout, which bounds the wait's reply.
+	// resolution; default DefaultReplicaAckTimeout), and is cut to end
+	// 50 ms before the call's ctx deadline. It may be at most half rdb's
+	// read timeout, which bounds the reply of the script and the wait
+	// (a NOSCRIPT reply, after a restart, costs a second wait).
 	ReplicaAckTimeout time.Duration
 }
 
@@ -163,7 +175,9 @@ type Publisher struct {
 // NewPublisher returns a Publisher adding to cfg.Queue through rdb (use
 // NewClient for a fail-fast client; the caller keeps owning rdb). Errors
 // wrap ErrInvalidConfig: nil rdb or cfg, empty Queue, negative DedupeTTL or
-// one below a millisecond.
+// one below a millisecond, negative ReplicaAcks, ReplicaAckTimeout below a
+// millisecond or above half rdb's read timeout, ReplicaAcks with an rdb
+// that is neither a *redis.Client nor a *redis.ClusterClient.
 func NewPublisher(rdb redis.UniversalClient, cfg *PublisherConfig) (*Publisher, error) {
 	if rdb == nil {
 		return nil, fmt.Errorf("redisq: new publisher: nil redis client: %w", ErrInvalidConfig)
@@ -226,7 +240,7 @@ func (c *PublisherConfig) validate() error {
 
 // checkAckClient checks that rdb can serve cfg.ReplicaAcks: a client whose
 // call can be followed by WAIT on its own connection, with a read timeout
-// (if any) above the wait's. Errors wrap ErrInvalidConfig.
+// (if any) at least twice the wait's. Errors wrap ErrInvalidConfig.
 func checkAckClient(rdb redis.UniversalClient, cfg *PublisherConfig) error {
 	if cfg.ReplicaAcks == 0 {
 		return nil
@@ -240,8 +254,9 @@ func checkAckClient(rdb redis.UniversalClient, cfg *PublisherConfig) error {
 	default:
 		return fmt.Errorf("ReplicaAcks needs a *redis.Client or *redis.ClusterClient, not %T: %w", rdb, ErrInvalidConfig)
 	}
-	if read > 0 && cfg.ReplicaAckTimeout >= read {
-		return fmt.Errorf("ReplicaAckTimeout %v not below the client's read timeout %v: %w", cfg.ReplicaAckTimeout, read, ErrInvalidConfig)
+	if read > 0 && cfg.ReplicaAckTimeout > read/2 {
+		// The read deadline covers the script's run and the round trip too.
+		return fmt.Errorf("ReplicaAckTimeout %v above half the client's read timeout %v: %w", cfg.ReplicaAckTimeout, read, ErrInvalidConfig)
 	}
 	return nil
 }
@@ -268,14 +283,16 @@ func (p *Publisher) Keys() Keys { return p.keys }
 // fails the whole call with ErrInvalidJob before anything is sent; a job
 // whose XADD the server refuses is a *JobError naming it (see JobFault).
 // NOSCRIPT (the server's script cache emptied by a restart) is answered by
-// sending the script itself (go-redis's Script.Run).
+// sending the script itself. With PublisherConfig.ReplicaAcks a call that
+// fewer replicas acknowledged fails with ErrNotReplicated.
 //
 // On a Redis Cluster (NewClient with a redis+cluster:// URL) the queue's
 // keys share one slot. While that slot migrates, a call whose three keys
 // (the stream, the dedupe marks and the re-add tokens) are not all on one
 // node gets TRYAGAIN, and nothing of it runs: Add retries the call, for at
-// most TryAgainBudget and within ctx, so the batch waits for the move and keeps its order. A CLUSTERDOWN reply
-// fails the call at once (ErrClusterDown). Safe for concurrent use.
+// most TryAgainBudget and within ctx, so the batch waits for the move and
+// keeps its order. A CLUSTERDOWN reply fails the call at once
+// (ErrClusterDown). Safe for concurrent use.
 func (p *Publisher) Add(ctx context.Context, jobs ...Job) (added int, err error) {
 	added, err = p.run(ctx, jobs, "")
 	if err != nil || len(jobs) == 0 {
@@ -381,24 +398,38 @@ func (p *Publisher) runOnce(ctx context.Context, jobs []Job, from, to int, token
 // or is moving) asks the client to reload the slots' owners and is
 // returned for retryTryAgain to retry.
 func (p *Publisher) runAcked(ctx context.Context, keys []string, args []any) ([]any, error) {
-	var c *redis.Client
 	cluster, isCluster := p.rdb.(*redis.ClusterClient)
-	if isCluster {
-		var err error
-		if c, err = cluster.MasterForKey(ctx, p.keys.Stream); err != nil {
-			return nil, err
-		}
-	} else {
-		c = p.rdb.(*redis.Client) // checkAckClient
+	if !isCluster {
+		reply, n, err := p.addAndWait(ctx, p.rdb.(*redis.Client), keys, args, false) // checkAckClient
+		return p.acked(reply, n, err)
+	}
+	c, err := cluster.MasterForKey(ctx, p.keys.Stream)
+	if err != nil {
+		return nil, err
 	}
 	reply, n, err := p.addAndWait(ctx, c, keys, args, false)
-	if redis.HasErrorPrefix(err, "NOSCRIPT") {
-		reply, n, err = p.addAndWait(ctx, c, keys, args, true)
+	if redis.HasErrorPrefix(err, "ASK ") {
+		// The queue's keys are on the node importing the slot: follow
+		// the redirection once, as a cluster client does.
+		if f := strings.Fields(err.Error()); len(f) == 3 {
+			if to := masterAt(ctx, cluster, f[2]); to != nil {
+				reply, n, err = p.addAndWait(ctx, to, keys, args, true)
+			}
+		}
 	}
 	switch {
-	case isCluster && (redis.HasErrorPrefix(err, "MOVED ") || redis.HasErrorPrefix(err, "ASK ")):
+	case redis.HasErrorPrefix(err, "MOVED "):
 		cluster.ReloadState(ctx)
-		return nil, err
+	case redis.HasErrorPrefix(err, "CLUSTERDOWN"):
+		return nil, &ClusterDownError{Err: err}
+	}
+	return p.acked(reply, n, err)
+}
+
+// acked is runAcked's result for addAndWait's: err, else ErrNotReplicated
+// when fewer than p.acks replicas acknowledged, else reply.
+func (p *Publisher) acked(reply []any, n int, err error) ([]any, error) {
+	switch {
 	case err != nil:
 		return nil, err
 	case n < p.acks:
@@ -407,28 +438,73 @@ func (p *Publisher) runAcked(ctx context.Context, keys []string, args []any) ([]
 	return reply, nil
 }
 
-// addAndWait sends add.lua (by EVALSHA, or by EVAL when load), the
-// placeholder's rewrite and WAIT in one pipeline on c, and returns the
-// script's reply and how many replicas acknowledged; err is the script's
-// error, else the WAIT's.
-func (p *Publisher) addAndWait(ctx context.Context, c *redis.Client, keys []string, args []any, load bool) ([]any, int, error) {
-	pipe := c.Pipeline()
-	var run *redis.Cmd
-	if load {
-		run = addScript.Eval(ctx, pipe, keys, args...)
-	} else {
-		run = addScript.EvalSha(ctx, pipe, keys, args...)
+// masterAt is the client of cluster's master at addr ("host:port"), nil
+// when the cluster (its slots reloaded first) has none there.
+func masterAt(ctx context.Context, cluster *redis.ClusterClient, addr string) *redis.Client {
+	var mu sync.Mutex
+	var found *redis.Client
+	_ = cluster.ForEachMaster(ctx, func(_ context.Context, c *redis.Client) error {
+		if c.Options().Addr == addr {
+			mu.Lock()
+			found = c
+			mu.Unlock()
+		}
+		return nil
+	})
+	return found
+}
+
+// ackMargin is kept between a wait for replicas and the call's ctx
+// deadline, so that the wait's own reply, not the deadline, ends it.
+const ackMargin = 50 * time.Millisecond
+
+// addAndWait sends add.lua (by EVALSHA; by EVAL after a NOSCRIPT), the
+// re-add tokens' placeholder rewritten (HSET) and WAIT in one pipeline on
+// c, each command after ASKING when asking (a cluster's ASK redirection),
+// and returns the script's reply and how many replicas acknowledged. err
+// is the script's error, else the HSET's, else the WAIT's (wrapping
+// ErrNotReplicated too: the jobs are added, but not known to be
+// replicated). The wait lasts p.ackTimeout, or less so that it ends
+// ackMargin before ctx's deadline.
+func (p *Publisher) addAndWait(ctx context.Context, c *redis.Client, keys []string, args []any, asking bool) ([]any, int, error) {
+	timeout := p.ackTimeout
+	if d, ok := ctx.Deadline(); ok {
+		// WAIT 0 would wait for ever: at least 1 ms.
+		timeout = max(min(timeout, time.Until(d)-ackMargin), time.Millisecond)
 	}
-	pipe.HSet(ctx, p.keys.DedupeTokens, "", "")
-	wait := pipe.Do(ctx, "wait", p.acks, p.ackTimeout.Milliseconds())
-	_, _ = pipe.Exec(ctx)
-	reply, err := run.Slice()
-	if err != nil {
-		return nil, 0, err
+	var reply []any
+	var set *redis.IntCmd
+	var wait *redis.Cmd
+	for _, load := range []bool{false, true} {
+		pipe := c.Pipeline()
+		if asking {
+			pipe.Do(ctx, "asking")
+		}
+		var run *redis.Cmd
+		if load {
+			run = addScript.Eval(ctx, pipe, keys, args...)
+		} else {
+			run = addScript.EvalSha(ctx, pipe, keys, args...)
+		}
+		if asking {
+			pipe.Do(ctx, "asking")
+		}
+		set = pipe.HSet(ctx, p.keys.DedupeTokens, "", "")
+		wait = pipe.Do(ctx, "wait", p.acks, timeout.Milliseconds())
+		_, _ = pipe.Exec(ctx)
+		var err error
+		if reply, err = run.Slice(); err == nil {
+			break
+		} else if load || !redis.HasErrorPrefix(err, "NOSCRIPT") {
+			return nil, 0, err
+		}
+	}
+	if err := set.Err(); err != nil {
+		return nil, 0, fmt.Errorf("rewriting the re-add tokens' placeholder before the wait for replicas: %w", err)
 	}
 	n, err := wait.Int()
 	if err != nil {
-		return nil, 0, fmt.Errorf("waiting for %d replicas: %w", p.acks, err)
+		return nil, 0, fmt.Errorf("waiting for %d replicas: %w: %w", p.acks, ErrNotReplicated, err)
 	}
 	return reply, n, nil
 }

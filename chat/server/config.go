@@ -64,13 +64,15 @@ type Config struct {
 	// Redis). Default chat.DefaultRedisPrefix.
 	RedisPrefix string
 	// RedisReplicaAcks, when above 0, makes the relay's adds (and the
-	// re-drive's) wait until that many replicas of the queue's master have
-	// them (redisq.PublisherConfig.ReplicaAcks, Redis WAIT, at most
-	// redisq.DefaultReplicaAckTimeout per add): an outbox row is marked
-	// sent only once a failover can no longer lose its entry. While the
-	// master has fewer live replicas, rows wait in the outbox. Default 0:
-	// the master's answer alone; a failover may then lose the last adds,
-	// which only the re-drive (Relay.RedriveAfter) brings back.
+	// re-drive's, and ModeDualWrite's) wait until that many replicas of
+	// the queue's master have them (redisq.PublisherConfig.ReplicaAcks,
+	// Redis WAIT, at most redisq.DefaultReplicaAckTimeout per script call
+	// of up to 500 jobs): an outbox row is marked sent only once its entry
+	// is on that many replicas, which, set to the replicas each master
+	// has, a failover cannot lose. While the master has fewer replicas in
+	// sync, rows wait in the outbox. Default 0: the master's answer alone;
+	// a failover may then lose the last adds, which only the re-drive
+	// (Relay.RedriveAfter) brings back.
 	RedisReplicaAcks int
 	// Partitions is the number of partitions per direction (chat.Partition):
 	// each has its own outbox table, relay, Redis stream and consumer.
