@@ -450,3 +450,44 @@ func ReadDurability(ctx context.Context, rdb redis.UniversalClient) []NodeDurabi
 	}
 	return []NodeDurability{n}
 }
+
+// ReplicasInSync returns, per master rdb adds to, how many of its replicas
+// are in sync (INFO replication: a connected replica whose state is
+// online), the number a WAIT can count (PublisherConfig.ReplicaAcks): every
+// master of a *redis.ClusterClient, keyed by its address, else the one
+// server (through Sentinel the current primary), keyed "redis". A master
+// that cannot be read is left out and its error joined into err. It needs
+// INFO (the ACL rules of ACLRules allow it). Safe for concurrent use.
+func ReplicasInSync(ctx context.Context, rdb redis.UniversalClient) (map[string]int, error) {
+	out := map[string]int{}
+	var mu sync.Mutex
+	var errs []error
+	read := func(ctx context.Context, c redis.Cmdable, addr string) {
+		info, err := c.Info(ctx, "replication").Result()
+		mu.Lock()
+		defer mu.Unlock()
+		if err != nil {
+			errs = append(errs, fmt.Errorf("redisq: replicas of %s: %w", addr, err))
+			return
+		}
+		n := 0
+		for _, line := range strings.Split(info, "\n") {
+			if strings.HasPrefix(line, "slave") && strings.Contains(line, ":ip=") && strings.Contains(line, ",state=online,") {
+				n++
+			}
+		}
+		out[addr] = n
+	}
+	if c, ok := rdb.(*redis.ClusterClient); ok {
+		err := c.ForEachMaster(ctx, func(ctx context.Context, n *redis.Client) error {
+			read(ctx, n, n.Options().Addr)
+			return nil
+		})
+		if err != nil {
+			errs = append(errs, err)
+		}
+	} else {
+		read(ctx, rdb, "redis")
+	}
+	return out, errors.Join(errs...)
+}

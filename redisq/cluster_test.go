@@ -769,6 +769,9 @@ func TestClusterClientFollowsFailover(t *testing.T) {
 	// one rejoins, so an add fails, and succeeds after; the rejoined
 	// replica has the entry when Add returns.
 	acked := ackPublisher(t, rdb, prefix)
+	if counts, err := redisq.ReplicasInSync(ctx, rdb); err != nil || len(counts) != 3 || counts[f.Replica.Addr()] != 0 {
+		t.Fatalf("replicas in sync per master after the failover: %v, %v; want 3 masters, %s with 0", counts, err, f.Replica.Addr())
+	}
 	if _, err := acked.Add(ctx, jobs(1, 3)...); !errors.Is(err, redisq.ErrNotReplicated) {
 		t.Fatalf("add waiting for a replica of a master without one: %v; want ErrNotReplicated", err)
 	}
@@ -787,6 +790,9 @@ func TestClusterClientFollowsFailover(t *testing.T) {
 	})
 	if added != 0 {
 		t.Fatalf("retry added %d; want 0 (a duplicate)", added)
+	}
+	if counts, err := redisq.ReplicasInSync(ctx, rdb); err != nil || counts[f.Replica.Addr()] != 1 {
+		t.Fatalf("replicas in sync per master after the rejoin: %v, %v; want %s with 1", counts, err, f.Replica.Addr())
 	}
 	if n, err := acked.Add(ctx, jobs(1, 4)...); err != nil || n != 1 {
 		t.Fatalf("add waiting for the rejoined replica: %d, %v", n, err)

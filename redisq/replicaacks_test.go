@@ -49,6 +49,10 @@ func TestReplicaAcksWaitForTheReplica(t *testing.T) {
 	})
 	prefix := testenv.Prefix(t)
 	pub := ackPublisher(t, rdb, prefix)
+	testenv.WaitFor(t, 20*time.Second, "the master counts its replica in sync", func() bool {
+		counts, err := redisq.ReplicasInSync(ctx, rdb)
+		return err == nil && counts["redis"] == 1 && len(counts) == 1
+	})
 	if n, err := pub.Add(ctx, jobs(3, 0)...); err != nil || n != 3 {
 		t.Fatalf("add with the replica up: %d, %v", n, err)
 	}
@@ -113,6 +117,9 @@ func TestReplicaAcksWithoutReplicaOrOnAWrongClient(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	rdb := testenv.Redis(t)
+	if counts, err := redisq.ReplicasInSync(ctx, rdb); err != nil || len(counts) != 1 || counts["redis"] != 0 {
+		t.Fatalf("replicas in sync of a server without any: %v, %v", counts, err)
+	}
 	pub := ackPublisher(t, rdb, testenv.Prefix(t))
 	start := time.Now()
 	if _, err := pub.Add(ctx, jobs(1, 0)...); !errors.Is(err, redisq.ErrNotReplicated) {

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/outboxchat/outboxchat/chat"
+	"github.com/outboxchat/outboxchat/chat/internal/chattest"
 	"github.com/outboxchat/outboxchat/internal/testenv"
 	"github.com/outboxchat/outboxchat/redisq"
 )
@@ -137,5 +138,29 @@ func TestConsumerNameOfDeadPredecessorIsNoClash(t *testing.T) {
 	}
 	if v := scrape(t, r.base, "outboxchat_consumer_name_shared"); v != 0 {
 		t.Fatalf("outboxchat_consumer_name_shared = %v, want 0", v)
+	}
+}
+
+// --redis-replica-acks on a Redis without replicas: serve warns at start,
+// naming the node, and a message sent waits in the outbox (nothing reaches
+// the stream) instead of being marked sent.
+func TestReplicaAcksWithoutReplicasWarnsAndHoldsRows(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, "")
+	var logs testenv.SyncBuffer
+	cons := h.start(chat.Consumers, func(c *Config) {
+		c.RedisReplicaAcks = 1
+		c.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+	})
+	if !strings.Contains(logs.String(), "TOO FEW REPLICAS") || !strings.Contains(logs.String(), "replicas_in_sync=0") {
+		t.Fatalf("no warning of the missing replica at start:\n%s", logs.String())
+	}
+	chattest.Send(t, cons.base, 1, "held")
+	testenv.WaitFor(t, 15*time.Second, "the relay's add refused for want of a replica", func() bool {
+		return strings.Contains(logs.String(), "add not acknowledged by enough replicas")
+	})
+	// The message's row is still in the outbox: a published row is deleted.
+	if n := h.Count(t, `SELECT count(*) FROM consumers.outbox WHERE event = 'message.created'`); n != 1 {
+		t.Fatalf("outbox rows of the message after the refused add: %d; want 1 (not marked sent)", n)
 	}
 }

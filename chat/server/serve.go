@@ -331,6 +331,20 @@ func (p *process) connectRedis(ctx context.Context) (redis.UniversalClient, erro
 	if err := redisq.CheckDurability(cctx, rdb, p.log); err != nil && !errors.Is(err, redisq.ErrNotDurable) {
 		p.log.Warn("could not check redis durability (redis down?); continuing", "err", err)
 	}
+	if acks := p.cfg.RedisReplicaAcks; acks > 0 {
+		// A master with fewer replicas in sync takes no add until it has
+		// them: its rows wait in the outbox. Say so at once.
+		counts, err := redisq.ReplicasInSync(cctx, rdb)
+		for addr, n := range counts {
+			if n < acks {
+				p.log.Warn("REDIS MASTER HAS TOO FEW REPLICAS IN SYNC for --redis-replica-acks: adds to it wait until it has them",
+					"node", addr, "replicas_in_sync", n, "replica_acks", acks)
+			}
+		}
+		if err != nil {
+			p.log.Warn("could not count redis replicas (redis down?); continuing", "err", err)
+		}
+	}
 	return rdb, nil
 }
 
