@@ -779,16 +779,8 @@ func TestClusterClientFollowsFailover(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A rejoined replica counts for WAIT once its master has it online,
-	// after its full resync: retried until then.
-	var added int
-	testenv.WaitFor(t, 10*time.Second, "the retry acknowledged by the rejoined replica", func() bool {
-		added, err = acked.Add(ctx, jobs(1, 3)...)
-		if err != nil && !errors.Is(err, redisq.ErrNotReplicated) {
-			t.Fatalf("retry once the old master rejoined: %v", err)
-		}
-		return err == nil
-	})
-	if added != 0 {
+	// after its full resync.
+	if added := addReplicated(t, acked, jobs(1, 3)); added != 0 {
 		t.Fatalf("retry added %d; want 0 (a duplicate)", added)
 	}
 	if counts, err := redisq.ReplicasInSync(ctx, rdb); err != nil || counts[f.Replica.Addr()] != 1 {

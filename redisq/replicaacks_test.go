@@ -93,16 +93,8 @@ func TestReplicaAcksWaitForTheReplica(t *testing.T) {
 	if err := replica.Resume(); err != nil {
 		t.Fatal(err)
 	}
-	// A replica just continued may need a moment to answer: retried.
-	var n int
-	testenv.WaitFor(t, 10*time.Second, "the retry acknowledged by the continued replica", func() bool {
-		n, err = pub.Add(ctx, jobs(1, 3)...)
-		if err != nil && !errors.Is(err, redisq.ErrNotReplicated) {
-			t.Fatalf("retry with the replica back: %v", err)
-		}
-		return err == nil
-	})
-	if n != 0 {
+	// A replica just continued may need a moment to answer.
+	if n := addReplicated(t, pub, jobs(1, 3)); n != 0 {
 		t.Fatalf("retry with the replica back added %d; want 0 (a duplicate)", n)
 	}
 	if got := streamJobs(t, rc, pub.Keys().Stream); len(got) != 5 || got["job-3"] != 1 {
@@ -142,6 +134,23 @@ func TestReplicaAcksWithoutReplicaOrOnAWrongClient(t *testing.T) {
 			t.Errorf("NewPublisher(%T, acks %d, timeout %v): %v; want ErrInvalidConfig", c.rdb, c.cfg.ReplicaAcks, c.cfg.ReplicaAckTimeout, err)
 		}
 	}
+}
+
+// addReplicated adds js through pub, again while the call fails with
+// ErrNotReplicated (a replica not counted yet), for at most 10 s, and
+// returns how many the successful call added. Any other error fails t.
+func addReplicated(t *testing.T, pub *redisq.Publisher, js []redisq.Job) int {
+	t.Helper()
+	var n int
+	testenv.WaitFor(t, 10*time.Second, "an add acknowledged by the replicas", func() bool {
+		var err error
+		n, err = pub.Add(context.Background(), js...)
+		if err != nil && !errors.Is(err, redisq.ErrNotReplicated) {
+			t.Fatalf("add waiting for replicas: %v", err)
+		}
+		return err == nil
+	})
+	return n
 }
 
 // containsLine reports whether INFO text info has the line line.
