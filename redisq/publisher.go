@@ -394,9 +394,11 @@ func (p *Publisher) runOnce(ctx context.Context, jobs []Job, from, to int, token
 // were all duplicates writes nothing else, and its WAIT would otherwise
 // vouch only for the connection's earlier writes, not for the first add of
 // those jobs, which may be the one a failover loses. NOSCRIPT is answered
-// by sending the script itself. A cluster's MOVED or ASK (the slot moved
-// or is moving) asks the client to reload the slots' owners and is
-// returned for retryTryAgain to retry.
+// by sending the script itself. On a cluster an ASK (the keys are on the
+// node importing the slot) is followed once; a MOVED (the slot moved) has
+// the client reload the slots' owners; either, if it is what the call
+// ends with, is returned for retryTryAgain to retry. CLUSTERDOWN becomes a
+// *ClusterDownError.
 func (p *Publisher) runAcked(ctx context.Context, keys []string, args []any) ([]any, error) {
 	cluster, isCluster := p.rdb.(*redis.ClusterClient)
 	if !isCluster {
