@@ -62,19 +62,7 @@ func TestReplicaAcksWaitForTheReplica(t *testing.T) {
 	}
 	// Through Sentinel (go-redis's failover client, a *redis.Client) the
 	// same: the wait runs on the primary's connection.
-	sn, err := redisproc.Start(sctx, &redisproc.Options{Sentinel: &redisproc.SentinelOptions{
-		MasterName: "m", MasterAddr: master.Addr(), Quorum: 1, DownAfter: 5 * time.Second, FailoverTimeout: 10 * time.Second,
-	}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = sn.Close() })
-	sc, err := redisq.NewClient(redisq.SentinelScheme + "://" + sn.Addr() + "/m/0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sc.Close()
-	sentinelPub := ackPublisher(t, sc, prefix+"sentinel:")
+	sentinelPub := ackPublisher(t, sentinelClient(t, master.Addr()), prefix+"sentinel:")
 	if n, err := sentinelPub.Add(ctx, jobs(2, 0)...); err != nil || n != 2 {
 		t.Fatalf("add through Sentinel with the replica up: %d, %v", n, err)
 	}
