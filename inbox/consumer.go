@@ -129,6 +129,14 @@ type Config struct {
 	// has its NOTIFY, poll and catch-up). It runs on the Consumer's
 	// goroutine and must not block. Default nil.
 	AfterCommit func(applied []Applied)
+
+	// Group, when set, shares this Consumer's inbox transactions with the
+	// Group's other members (see Group): batches that arrive while another
+	// member's transaction is in flight commit together in the next one.
+	// It must have been made with the Consumer's pool. It applies to a
+	// PipelineHandler only; another Handler commits its own transactions.
+	// Default nil: every batch is a transaction of its own.
+	Group *Group
 }
 
 // Stats are cumulative counters of a Consumer, counted after the commit
@@ -161,6 +169,7 @@ type Consumer struct {
 	log         *slog.Logger
 	onEvent     func(Event)
 	afterCommit func([]Applied)
+	group       *Group
 	applied     atomic.Int64
 	dups        atomic.Int64
 	deadLets    atomic.Int64
@@ -203,7 +212,8 @@ func (c *Config) validate() error {
 // NewConsumer returns a Consumer that reads from src and applies deliveries
 // with h in transactions on pool. It validates eagerly (after
 // Config.WithDefaults) and returns an error wrapping ErrInvalidConfig for a
-// nil pool, src or h, or an out-of-range Config field. It does not touch the
+// nil pool, src or h, an out-of-range Config field, or a Config.Group made
+// with another pool. It does not touch the
 // network. The Consumer does not close pool or src.
 func NewConsumer(pool *pgxpool.Pool, src Source, h Handler, cfg *Config) (*Consumer, error) {
 	switch {
@@ -213,6 +223,8 @@ func NewConsumer(pool *pgxpool.Pool, src Source, h Handler, cfg *Config) (*Consu
 		return nil, fmt.Errorf("creating inbox consumer: nil source: %w", ErrInvalidConfig)
 	case h == nil:
 		return nil, fmt.Errorf("creating inbox consumer: nil handler: %w", ErrInvalidConfig)
+	case cfg != nil && cfg.Group != nil && cfg.Group.pool != pool:
+		return nil, fmt.Errorf("creating inbox consumer: Group runs on another pool: %w", ErrInvalidConfig)
 	}
 	cfg = cfg.WithDefaults()
 	if err := cfg.validate(); err != nil {
@@ -229,6 +241,7 @@ func NewConsumer(pool *pgxpool.Pool, src Source, h Handler, cfg *Config) (*Consu
 		log:         cfg.Logger.With("component", "inbox"),
 		onEvent:     cfg.OnEvent,
 		afterCommit: cfg.AfterCommit,
+		group:       cfg.Group,
 		life:        service.Lifecycle{Name: "inbox: consumer"},
 	}, nil
 }
@@ -464,19 +477,61 @@ func (c *Consumer) apply(ctx context.Context, ds []Delivery) (results []result, 
 }
 
 // applyPipelined is apply for a PipelineHandler: BEGIN, the guard, the
-// handler's statements and COMMIT in one pipelined batch.
+// handler's statements and COMMIT in one pipelined batch, shared with other
+// members' batches when the Consumer is in a Group.
 func (c *Consumer) applyPipelined(ctx context.Context, ph PipelineHandler, ds []Delivery) ([]result, error) {
 	results, todo := splitUnreadable(ds)
 	if len(todo) == 0 {
 		return results, nil
 	}
 	rs := make([]BatchResult, len(todo))
+	var err error
+	if c.group != nil {
+		err = c.group.commit(ctx, &groupReq{ph: ph, ds: todo, rs: rs})
+		if errors.Is(err, errShared) {
+			// Another member's statement, or the connection, failed the
+			// shared transaction: this batch alone tells which.
+			c.log.Debug("shared inbox transaction failed; running the batch alone", "err", err)
+			clear(rs)
+			err = c.pipelineAlone(ctx, ph, todo, rs)
+		}
+	} else {
+		err = c.pipelineAlone(ctx, ph, todo, rs)
+	}
+	if err != nil {
+		return nil, err
+	}
+	more, err := classify(todo, rs)
+	if err != nil {
+		// Impossible after a commit unless the handler broke its contract
+		// (a non-malformed Err): the rows are in; report it, ack nothing.
+		return nil, err
+	}
+	return appendResults(results, more), nil
+}
+
+// pipelineAlone runs ds's statements in a pipelined transaction of their
+// own.
+func (c *Consumer) pipelineAlone(ctx context.Context, ph PipelineHandler, ds []Delivery, rs []BatchResult) error {
 	b := &pgx.Batch{}
+	if err := ph.QueueBatch(b, ds, rs); err != nil {
+		return fmt.Errorf("queueing batch of %d deliveries: %w", len(ds), err)
+	}
+	if err := commitPipelined(ctx, c.pool, b); err != nil {
+		return fmt.Errorf("applying batch of %d deliveries: %w", len(ds), err)
+	}
+	return nil
+}
+
+// commitPipelined sends BEGIN, the synchronous_commit guard, stmts's
+// statements and COMMIT as one pipelined batch on a connection of pool,
+// and reports whether the transaction committed (nil) or not. A connection
+// left inside a transaction is rolled back, or closed.
+func commitPipelined(ctx context.Context, pool *pgxpool.Pool, stmts *pgx.Batch) error {
+	b := &pgx.Batch{QueuedQueries: make([]*pgx.QueuedQuery, 0, len(stmts.QueuedQueries)+3)}
 	b.Queue("BEGIN")
 	b.Queue(guardSQL)
-	if err := ph.QueueBatch(b, todo, rs); err != nil {
-		return nil, fmt.Errorf("queueing batch of %d deliveries: %w", len(todo), err)
-	}
+	b.QueuedQueries = append(b.QueuedQueries, stmts.QueuedQueries...)
 	committed := false
 	b.Queue("COMMIT").Exec(func(ct pgconn.CommandTag) error {
 		if ct.String() != "COMMIT" {
@@ -486,33 +541,27 @@ func (c *Consumer) applyPipelined(ctx context.Context, ph PipelineHandler, ds []
 		committed = true
 		return nil
 	})
-	conn, err := c.pool.Acquire(ctx)
+	conn, err := pool.Acquire(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("beginning inbox transaction: %w", err)
+		return fmt.Errorf("beginning inbox transaction: %w", err)
 	}
 	// Release destroys a connection left inside a transaction.
 	defer conn.Release()
 	err = conn.SendBatch(ctx, b).Close()
-	if err != nil || !committed {
-		if conn.Conn().PgConn().TxStatus() != 'I' {
-			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
-			if _, rerr := conn.Exec(rctx, "ROLLBACK"); rerr != nil {
-				_ = conn.Conn().Close(rctx)
-			}
-			cancel()
-		}
-		if err == nil {
-			err = errors.New("inbox transaction not committed")
-		}
-		return nil, fmt.Errorf("applying batch of %d deliveries: %w", len(todo), err)
+	if err == nil && committed {
+		return nil
 	}
-	more, err := classify(todo, rs)
-	if err != nil {
-		// Impossible after a commit unless the handler broke its contract
-		// (a non-malformed Err): the rows are in; report it, ack nothing.
-		return nil, err
+	if conn.Conn().PgConn().TxStatus() != 'I' {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+		if _, rerr := conn.Exec(rctx, "ROLLBACK"); rerr != nil {
+			_ = conn.Conn().Close(rctx)
+		}
+		cancel()
 	}
-	return appendResults(results, more), nil
+	if err == nil {
+		err = errors.New("inbox transaction not committed")
+	}
+	return err
 }
 
 // applyTx runs ds through the Handler in a pgx.Tx and commits it.

@@ -125,6 +125,13 @@ type WriterConfig struct {
 	// under sustained load (the chat sets 5 ms; its README gives the lab
 	// bench figures).
 	NotifyInterval time.Duration
+	// Notifier, when set (WakeAfterCommit), sends this Writer's post-commit
+	// notifies together with those of the other Writers that share it, one
+	// statement for all of their channels (see Notifier); NotifyTimeout and
+	// NotifyInterval are then the Notifier's, and this Writer's Start and
+	// Stop leave it alone: its owner starts and stops it. Default nil: the
+	// Writer sends its own.
+	Notifier *Notifier
 	// Logger receives notify failures (at Warn) with component=outbox.writer.
 	// Default nil means slog.Default().
 	Logger *slog.Logger
@@ -135,19 +142,18 @@ type WriterConfig struct {
 // Committed are safe for concurrent use, and so are Start, Stop, Started
 // and Stopped.
 type Writer struct {
-	pool          *pgxpool.Pool
-	channel       string
-	mode          WakeMode
-	notifyTimeout time.Duration
-	interval      time.Duration
-	log           *slog.Logger
+	channel string
+	mode    WakeMode
 
 	insertOneSQL  string
 	insertManySQL string
 
-	wake chan struct{} // 1-buffered: a pending post-commit wake-up
-
-	life service.Lifecycle
+	// notifier sends the post-commit notifies (WakeAfterCommit): the
+	// Writer's own, or a shared one (shared true) that the Writer does
+	// not start or stop.
+	notifier *Notifier
+	shared   bool
+	idle     service.Lifecycle // Started and Stopped in the other modes: never started
 }
 
 // WithDefaults returns a copy of c in which every zero field holds its
@@ -199,15 +205,12 @@ func NewWriter(pool *pgxpool.Pool, cfg *WriterConfig) (*Writer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("outbox: new writer: %w", err)
 	}
-	w := &Writer{
-		pool:          pool,
-		channel:       cfg.Channel,
-		mode:          cfg.Mode,
-		notifyTimeout: cfg.NotifyTimeout,
-		interval:      cfg.NotifyInterval,
-		log:           cfg.Logger.With(slog.String("component", "outbox.writer")),
-		wake:          make(chan struct{}, 1),
-		life:          service.Lifecycle{Name: "outbox: writer"},
+	w := &Writer{channel: cfg.Channel, mode: cfg.Mode, idle: service.Lifecycle{Name: "outbox: writer"}}
+	if cfg.Mode == WakeAfterCommit {
+		w.notifier, w.shared = cfg.Notifier, cfg.Notifier != nil
+		if !w.shared {
+			w.notifier = newNotifier(pool, cfg.NotifyTimeout, cfg.NotifyInterval, cfg.Logger)
+		}
 	}
 	// Both INSERTs make sure the transaction has its xid before the row
 	// takes its id from the identity sequence (the subquery on
@@ -351,72 +354,52 @@ func encodeHeaders(h map[string]string) *string {
 // sent only delays publication until the relay's next poll.
 // Safe for concurrent use.
 func (w *Writer) Committed() {
-	if w.mode == WakeAfterCommit {
-		wakeUp(w.wake)
+	if w.notifier != nil {
+		w.notifier.Notify(w.channel)
 	}
 }
 
-// Start starts the background notifier of WakeAfterCommit (in other modes it
-// starts nothing and returns nil). It does not block and follows the
-// contract of internal/service: the notifier runs until Stop, or until ctx is
-// cancelled (a hard stop). Errors: ErrAlreadyStarted while a run is in
-// progress, or ctx.Err() (both wrapped).
+// Start starts the background notifier of WakeAfterCommit (in other modes,
+// and with a shared WriterConfig.Notifier, it starts nothing and returns
+// nil). It does not block and follows the contract of internal/service:
+// the notifier runs until Stop, or until ctx is cancelled (a hard stop).
+// Errors: ErrAlreadyStarted while a run is in progress, or ctx.Err() (both
+// wrapped).
 func (w *Writer) Start(ctx context.Context) error {
-	if w.mode != WakeAfterCommit {
+	if w.notifier == nil || w.shared {
 		return nil
 	}
-	return w.life.Start(ctx, func(run *service.Run) {
-		run.Go(func() { w.notifyLoop(run.DrainContext(), run.Context()) })
-	})
+	return w.notifier.Start(ctx)
 }
 
 // Stop stops the notifier: it sends no new notify, lets an in-flight one
 // finish (bounded by NotifyTimeout) and waits for the goroutine. If ctx ends
 // first the in-flight notify is cancelled (it is only a wake-up), Stop waits
 // for the goroutine and returns ctx's error (wrapped). Idempotent; nil if
-// not running. Start may be called again afterwards.
+// not running (and with a shared Notifier, which its owner stops). Start
+// may be called again afterwards.
 func (w *Writer) Stop(ctx context.Context) error {
-	return w.life.Stop(ctx)
+	if w.notifier == nil || w.shared {
+		return nil
+	}
+	return w.notifier.Stop(ctx)
 }
 
 // Started returns a channel closed once the latest Start started the
-// notifier (never closed in modes other than WakeAfterCommit).
-func (w *Writer) Started() <-chan struct{} { return w.life.Started() }
+// notifier (with a shared Notifier: once its owner started it; never closed
+// in modes other than WakeAfterCommit).
+func (w *Writer) Started() <-chan struct{} {
+	if w.notifier == nil {
+		return w.idle.Started()
+	}
+	return w.notifier.Started()
+}
 
 // Stopped returns a channel closed once the notifier of the latest run has
 // returned (closed before the first Start).
-func (w *Writer) Stopped() <-chan struct{} { return w.life.Stopped() }
-
-// notifyLoop sends the coalesced notifies until stopping ends; each notify
-// runs under ctx (the run's context), so a graceful stop lets it finish.
-func (w *Writer) notifyLoop(stopping, ctx context.Context) {
-	var last time.Time // start of the previous notify
-	for {
-		select {
-		case <-stopping.Done():
-			return
-		case <-w.wake:
-		}
-		if wait := time.Until(last.Add(w.interval)); w.interval > 0 && wait > 0 {
-			t := time.NewTimer(wait)
-			select {
-			case <-stopping.Done():
-				t.Stop()
-				return
-			case <-t.C:
-			}
-			select { // calls made while waiting are covered by this notify
-			case <-w.wake:
-			default:
-			}
-		}
-		last = time.Now()
-		nctx, cancel := context.WithTimeout(ctx, w.notifyTimeout)
-		_, err := w.pool.Exec(nctx, afterCommitNotifySQL, w.channel)
-		cancel()
-		if err != nil && ctx.Err() == nil {
-			w.log.Warn("notify failed; the relay's poll will pick the rows up",
-				slog.String("channel", w.channel), slog.Any("err", err))
-		}
+func (w *Writer) Stopped() <-chan struct{} {
+	if w.notifier == nil {
+		return w.idle.Stopped()
 	}
+	return w.notifier.Stopped()
 }

@@ -43,16 +43,27 @@ func (p *process) buildAPI() error {
 	// One writer per partition's outbox (chat.OutboxTable); a send goes
 	// to its chat's.
 	writers := make([]*outbox.Writer, c.Partitions)
+	var interval time.Duration
+	if c.directRelayWake() {
+		// The relay of this process is woken directly (below); the NOTIFY
+		// only wakes other processes' relays and gateways, which can wait a
+		// few milliseconds under load.
+		interval = notifyInterval
+	}
+	var notifier *outbox.Notifier
+	if c.Partitions > 1 && c.API.Wake == outbox.WakeAfterCommit {
+		// One statement wakes the channels of every partition a send
+		// group touched, instead of one per partition.
+		var err error
+		if notifier, err = outbox.NewNotifier(p.pool, &outbox.NotifierConfig{Interval: interval, Logger: p.log}); err != nil {
+			return err
+		}
+		p.add(notifier)
+	}
 	for part := range writers {
 		wcfg := &outbox.WriterConfig{
 			Table: chat.OutboxTable(c.Service, part), Channel: chat.PartitionOutboxChannel(c.Service, part),
-			Mode: c.API.Wake, Logger: p.log,
-		}
-		if c.directRelayWake() {
-			// The relay of this process is woken directly (below); the NOTIFY
-			// only wakes other processes' relays and gateways, which can wait a
-			// few milliseconds under load.
-			wcfg.NotifyInterval = notifyInterval
+			Mode: c.API.Wake, Logger: p.log, NotifyInterval: interval, Notifier: notifier,
 		}
 		var err error
 		if writers[part], err = outbox.NewWriter(p.pool, wcfg); err != nil {

@@ -77,6 +77,15 @@ func (p *process) buildWorker() error {
 	}
 	var deleted []func() int64
 	var consumers []service.Service
+	// With partitions, the consumers of all of them share their inbox
+	// transactions (inbox.Group): the batches of several partitions that
+	// arrive together commit in one, as one partition's would.
+	var group *inbox.Group
+	if c.Partitions > 1 {
+		if group, err = inbox.NewGroup(p.pool); err != nil {
+			return err
+		}
+	}
 	for part := range c.Partitions {
 		qc, err := redisq.NewConsumer(p.rdb, &redisq.ConsumerConfig{
 			Queue: chat.PartitionQueue(chat.Peer(c.Service), part), Prefix: c.RedisPrefix, Group: c.Service,
@@ -117,7 +126,7 @@ func (p *process) buildWorker() error {
 			}
 		}
 		ic, err := inbox.NewConsumer(p.pool, src, handler, &inbox.Config{
-			Logger: p.log, OnEvent: onInbox, AfterCommit: afterCommit,
+			Logger: p.log, OnEvent: onInbox, AfterCommit: afterCommit, Group: group,
 		})
 		if err != nil {
 			return err

@@ -1,0 +1,186 @@
+package inbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Group lets several Consumers share their inbox transactions, as a
+// database's group commit shares its WAL flushes: while one member's
+// transaction is in flight, the batches the other members bring wait, and
+// the next transaction carries all of them, each member's statements in
+// turn. A program that reads several queues (one per partition, say) then
+// pays one transaction, one round trip and one commit flush for the
+// batches that arrive together instead of one each. A member that finds no
+// transaction in flight commits at once: the Group adds no wait when idle.
+//
+// Only members whose Handler is a PipelineHandler share transactions; the
+// others commit their own. Each member keeps its own order and its own
+// batch: a batch is acknowledged, dead-lettered and handed to AfterCommit by
+// its own Consumer, after the shared commit. When a shared transaction
+// fails (one member's poison statement aborts it, Postgres went away), every
+// member of it runs its batch again in a transaction of its own, so that a
+// failure is classified and isolated for the batch that caused it, and the
+// others are applied (a statement that failed after the COMMIT ran leaves
+// duplicates for that retry, which the inbox skips: at least once holds).
+//
+// Create it with NewGroup and give it to each member in Config.Group. It
+// holds no goroutine of its own: the member that finds the Group idle runs
+// the transaction, and hands the lead to the first waiting member when
+// done. Safe for concurrent use.
+type Group struct {
+	pool *pgxpool.Pool
+
+	mu      sync.Mutex
+	busy    bool        // a member runs a shared transaction
+	waiting []*groupReq // batches for the next one, in arrival order
+
+	txs, batches atomic.Int64
+}
+
+// GroupStats are cumulative counters of a Group.
+type GroupStats struct {
+	// Transactions is the number of transactions the Group ran (committed
+	// or not).
+	Transactions int64
+	// Batches is the number of member batches those transactions carried;
+	// Batches / Transactions is how many batches shared one.
+	Batches int64
+}
+
+// NewGroup returns a Group whose transactions run on pool, which must be
+// the pool of every member Consumer (NewConsumer refuses another).
+// It does not touch the network. Error: a nil pool (wrapping
+// ErrInvalidConfig).
+func NewGroup(pool *pgxpool.Pool) (*Group, error) {
+	if pool == nil {
+		return nil, fmt.Errorf("creating inbox group: nil pool: %w", ErrInvalidConfig)
+	}
+	return &Group{pool: pool}, nil
+}
+
+// Stats returns the cumulative counters. Safe for concurrent use.
+func (g *Group) Stats() GroupStats {
+	return GroupStats{Transactions: g.txs.Load(), Batches: g.batches.Load()}
+}
+
+// groupReq is one member's batch in a Group: what to queue, where its
+// results go, and (through ch) either its outcome or the lead.
+type groupReq struct {
+	ph  PipelineHandler
+	ds  []Delivery
+	rs  []BatchResult
+	err error // the outcome, set by the round that carried it
+
+	ch chan groupMsg // buffered: the lead, then (or instead) the outcome
+}
+
+type groupMsg struct {
+	lead bool
+	err  error
+}
+
+// errShared marks the failure of a shared transaction: the member runs its
+// batch again alone (Consumer.applyPipelined).
+var errShared = errors.New("inbox: shared transaction failed")
+
+// commit runs r in the next shared transaction and returns its outcome:
+// nil once committed (r.rs filled), an error wrapping errShared when the
+// shared transaction failed, or r's own error (its QueueBatch's, or a
+// failure of a transaction that carried r alone). ctx bounds the wait and,
+// when r's member leads, the transaction.
+func (g *Group) commit(ctx context.Context, r *groupReq) error {
+	r.ch = make(chan groupMsg, 1)
+	g.mu.Lock()
+	g.waiting = append(g.waiting, r)
+	if g.busy {
+		g.mu.Unlock()
+		select {
+		case m := <-r.ch:
+			if !m.lead {
+				return m.err
+			}
+		case <-ctx.Done():
+			return g.abandon(r, ctx.Err())
+		}
+		g.mu.Lock()
+	}
+	g.busy = true
+	round := g.waiting
+	g.waiting = nil
+	g.mu.Unlock()
+
+	g.run(ctx, round)
+	for _, o := range round {
+		if o != r {
+			o.ch <- groupMsg{err: o.err}
+		}
+	}
+	g.mu.Lock()
+	g.handOff()
+	g.mu.Unlock()
+	return r.err
+}
+
+// handOff gives the lead to the first waiting member, or leaves the Group
+// idle. Called with mu held.
+func (g *Group) handOff() {
+	if len(g.waiting) == 0 {
+		g.busy = false
+		return
+	}
+	g.waiting[0].ch <- groupMsg{lead: true}
+}
+
+// abandon takes r out of the Group after its ctx ended while it waited:
+// out of the queue (passing on the lead if it had just been handed it), or,
+// when a round already carries it, after that round's outcome.
+func (g *Group) abandon(r *groupReq, cause error) error {
+	g.mu.Lock()
+	if i := slices.Index(g.waiting, r); i >= 0 {
+		g.waiting = slices.Delete(g.waiting, i, i+1)
+		select {
+		case <-r.ch: // the lead, sent while r was first in the queue
+			g.handOff()
+		default:
+		}
+		g.mu.Unlock()
+		return cause
+	}
+	g.mu.Unlock()
+	return (<-r.ch).err
+}
+
+// run runs one shared transaction for round and sets each member's err.
+func (g *Group) run(ctx context.Context, round []*groupReq) {
+	b := &pgx.Batch{}
+	queued := make([]*groupReq, 0, len(round))
+	for _, r := range round {
+		sub := &pgx.Batch{}
+		if err := r.ph.QueueBatch(sub, r.ds, r.rs); err != nil {
+			r.err = fmt.Errorf("queueing batch of %d deliveries: %w", len(r.ds), err)
+			continue
+		}
+		b.QueuedQueries = append(b.QueuedQueries, sub.QueuedQueries...)
+		queued = append(queued, r)
+	}
+	if len(queued) == 0 {
+		return
+	}
+	g.txs.Add(1)
+	g.batches.Add(int64(len(queued)))
+	err := commitPipelined(ctx, g.pool, b)
+	if err != nil && len(queued) > 1 {
+		err = fmt.Errorf("%w (%d batches): %w", errShared, len(queued), err)
+	}
+	for _, r := range queued {
+		r.err = err
+	}
+}

@@ -1,0 +1,296 @@
+package inbox_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxchat/outboxchat/inbox"
+	"github.com/outboxchat/outboxchat/internal/testenv"
+	"github.com/outboxchat/outboxchat/redisq"
+)
+
+// lockingHandler is pipeHandler whose batches first wait for an advisory
+// lock the test holds: the transaction that carries one stays in flight
+// until the test lets it go.
+type lockingHandler struct {
+	pipeHandler
+	key int64
+}
+
+func (h lockingHandler) QueueBatch(b *pgx.Batch, ds []inbox.Delivery, rs []inbox.BatchResult) error {
+	b.Queue(`SELECT pg_advisory_xact_lock($1)`, h.key)
+	return h.pipeHandler.QueueBatch(b, ds, rs)
+}
+
+// holdLock takes the session advisory lock key on a connection of its own
+// and returns its release.
+func holdLock(t *testing.T, pool *pgxpool.Pool, key int64) (release func()) {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatalf("acquiring a connection: %v", err)
+	}
+	if _, err := conn.Exec(ctx, `SELECT pg_advisory_lock($1)`, key); err != nil {
+		t.Fatalf("taking the advisory lock: %v", err)
+	}
+	var once sync.Once
+	release = func() {
+		once.Do(func() {
+			if _, err := conn.Exec(ctx, `SELECT pg_advisory_unlock($1)`, key); err != nil {
+				t.Errorf("releasing the advisory lock: %v", err)
+			}
+			conn.Release()
+		})
+	}
+	t.Cleanup(release)
+	return release
+}
+
+// groupMembers returns n Consumers in one Group, member i reading as
+// consumer "g<i>" with handler hs[i], and their sources.
+func groupMembers(t *testing.T, e *env, g *inbox.Group, hs ...inbox.Handler) ([]*inbox.Consumer, []inbox.Source) {
+	t.Helper()
+	cs := make([]*inbox.Consumer, len(hs))
+	srcs := make([]inbox.Source, len(hs))
+	for i, h := range hs {
+		srcs[i] = e.source(t, "g"+string(rune('0'+i)))
+		cs[i] = e.consumer(t, srcs[i], h, &inbox.Config{Group: g})
+	}
+	return cs, srcs
+}
+
+// deliveries adds jobs and has src fetch them.
+func deliveries(t *testing.T, e *env, src inbox.Source, jobs ...redisq.Job) []inbox.Delivery {
+	t.Helper()
+	e.add(t, jobs...)
+	return fetchAll(t, src, len(jobs))
+}
+
+// xmins returns the transaction id that wrote each job's inbox row.
+func xmins(t *testing.T, e *env, jobs ...redisq.Job) []string {
+	t.Helper()
+	out := make([]string, len(jobs))
+	for i, j := range jobs {
+		if err := e.pool.QueryRow(context.Background(),
+			`SELECT xmin::text FROM t.inbox WHERE message_id = $1`, uuid.MustParse(j.ID)).Scan(&out[i]); err != nil {
+			t.Fatalf("xmin of job %d: %v", i, err)
+		}
+	}
+	return out
+}
+
+// processAsync runs c.ProcessBatch(ds) on its own goroutine; the channel
+// gets its error.
+func processAsync(ctx context.Context, c *inbox.Consumer, ds []inbox.Delivery) <-chan error {
+	done := make(chan error, 1)
+	go func() { done <- c.ProcessBatch(ctx, ds) }()
+	return done
+}
+
+func wait(t *testing.T, what string, done <-chan error) error {
+	t.Helper()
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(30 * time.Second):
+		t.Fatalf("%s: no outcome after 30 s", what)
+		return nil
+	}
+}
+
+// Batches that arrive while a member's transaction is in flight commit
+// together in the next one: one transaction id for both, every delivery
+// applied once and acknowledged by its own member.
+func TestGroupSharesTheNextTransaction(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newEnv(t)
+	g, err := inbox.NewGroup(e.pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const key = 7101
+	release := holdLock(t, e.pool, key)
+	cs, srcs := groupMembers(t, e, g, lockingHandler{key: key}, pipeHandler{}, pipeHandler{})
+	a := []redisq.Job{job("a1"), job("a2")}
+	b := []redisq.Job{job("b1"), job("b2")}
+	c := []redisq.Job{job("c1")}
+	da, db, dc := deliveries(t, e, srcs[0], a...), deliveries(t, e, srcs[1], b...), deliveries(t, e, srcs[2], c...)
+
+	doneA := processAsync(ctx, cs[0], da)
+	testenv.WaitFor(t, 10*time.Second, "the first member's transaction to wait for the lock", func() bool {
+		var n int
+		_ = e.pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND objid = $1`, key).Scan(&n)
+		return n == 1
+	})
+	doneB, doneC := processAsync(ctx, cs[1], db), processAsync(ctx, cs[2], dc)
+	testenv.WaitFor(t, 10*time.Second, "two batches waiting in the group", func() bool { return g.Waiting() == 2 })
+	if n := e.rows(t); n != 0 {
+		t.Fatalf("inbox rows before the lock is released = %d, want 0", n)
+	}
+	release()
+	for name, done := range map[string]<-chan error{"a": doneA, "b": doneB, "c": doneC} {
+		if err := wait(t, "member "+name, done); err != nil {
+			t.Fatalf("ProcessBatch of member %s: %v", name, err)
+		}
+	}
+	if got, want := g.Stats(), (inbox.GroupStats{Transactions: 2, Batches: 3}); got != want {
+		t.Fatalf("group stats = %+v, want %+v", got, want)
+	}
+	xa, xbc := xmins(t, e, a...), xmins(t, e, append(b, c...)...)
+	if xa[0] != xa[1] || xbc[0] != xbc[1] || xbc[1] != xbc[2] || xa[0] == xbc[0] {
+		t.Fatalf("transaction ids: a %v, b and c %v; want a in one, b and c together in another", xa, xbc)
+	}
+	for i, jobs := range [][]redisq.Job{a, b, c} {
+		if got, want := cs[i].Stats().Applied, int64(len(jobs)); got != want {
+			t.Fatalf("member %d applied %d, want %d", i, got, want)
+		}
+	}
+	if n := e.pending(t); n != 0 {
+		t.Fatalf("pending entries = %d, want 0 (each member acknowledges its own)", n)
+	}
+	// Idle again: the next batch commits at once, alone.
+	dd := deliveries(t, e, srcs[1], job("d"))
+	if err := cs[1].ProcessBatch(ctx, dd); err != nil {
+		t.Fatalf("ProcessBatch after the shared transaction: %v", err)
+	}
+	if got := g.Stats().Transactions; got != 3 {
+		t.Fatalf("transactions = %d, want 3", got)
+	}
+}
+
+// A poison statement in a shared transaction aborts it: each member then
+// runs its batch alone, so the poison is isolated and dead-lettered in its
+// own member's batch and the other member's deliveries are applied.
+func TestGroupIsolatesPoisonInASharedTransaction(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newEnv(t)
+	g, err := inbox.NewGroup(e.pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const key = 7102
+	release := holdLock(t, e.pool, key)
+	cs, srcs := groupMembers(t, e, g, lockingHandler{key: key}, pipeHandler{}, pipeHandler{})
+	poison := rawJob(`{"id": "` + uuid.NewString() + `", "chat_id": "-7", "seq": 1, "body": "poison"}`)
+	da := deliveries(t, e, srcs[0], job("a"))
+	db := deliveries(t, e, srcs[1], job("b1"), poison, job("b2"))
+	dc := deliveries(t, e, srcs[2], job("c1"), job("c2"))
+
+	doneA := processAsync(ctx, cs[0], da)
+	testenv.WaitFor(t, 10*time.Second, "the first member's transaction to wait for the lock", func() bool {
+		var n int
+		_ = e.pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND objid = $1`, key).Scan(&n)
+		return n == 1
+	})
+	doneB, doneC := processAsync(ctx, cs[1], db), processAsync(ctx, cs[2], dc)
+	testenv.WaitFor(t, 10*time.Second, "two batches waiting in the group", func() bool { return g.Waiting() == 2 })
+	release()
+	for name, done := range map[string]<-chan error{"a": doneA, "b": doneB, "c": doneC} {
+		if err := wait(t, "member "+name, done); err != nil {
+			t.Fatalf("ProcessBatch of member %s: %v", name, err)
+		}
+	}
+	if n := e.rows(t); n != 5 {
+		t.Fatalf("inbox rows = %d, want 5 (every good delivery, not the poison)", n)
+	}
+	if got, want := cs[1].Stats(), (inbox.Stats{Applied: 2, DeadLettered: 1}); got != want {
+		t.Fatalf("member b stats = %+v, want %+v", got, want)
+	}
+	if got, want := cs[2].Stats(), (inbox.Stats{Applied: 2}); got != want {
+		t.Fatalf("member c stats = %+v, want %+v", got, want)
+	}
+	if n := e.deadLen(t); n != 1 {
+		t.Fatalf("dead letters = %d, want 1", n)
+	}
+	if n := e.pending(t); n != 0 {
+		t.Fatalf("pending entries = %d, want 0", n)
+	}
+	if recs := e.logs.records(t, "shared inbox transaction failed; running the batch alone"); len(recs) != 2 {
+		t.Fatalf("log records of a member running its batch alone = %d, want 2 (b and c)", len(recs))
+	}
+}
+
+// A member whose context ends while it waits leaves the Group without a
+// trace of its batch, and the Group goes on: the lead passes on, and the
+// member's next attempt commits.
+func TestGroupMemberGivesUpWhileWaiting(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newEnv(t)
+	g, err := inbox.NewGroup(e.pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const key = 7103
+	release := holdLock(t, e.pool, key)
+	cs, srcs := groupMembers(t, e, g, lockingHandler{key: key}, pipeHandler{}, pipeHandler{})
+	da := deliveries(t, e, srcs[0], job("a"))
+	db := deliveries(t, e, srcs[1], job("b"))
+	dc := deliveries(t, e, srcs[2], job("c"))
+
+	doneA := processAsync(ctx, cs[0], da)
+	testenv.WaitFor(t, 10*time.Second, "the first member's transaction to wait for the lock", func() bool {
+		var n int
+		_ = e.pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND objid = $1`, key).Scan(&n)
+		return n == 1
+	})
+	bctx, cancel := context.WithCancel(ctx)
+	doneB := processAsync(bctx, cs[1], db)
+	testenv.WaitFor(t, 10*time.Second, "b waiting in the group", func() bool { return g.Waiting() == 1 })
+	doneC := processAsync(ctx, cs[2], dc)
+	testenv.WaitFor(t, 10*time.Second, "c waiting in the group", func() bool { return g.Waiting() == 2 })
+	cancel()
+	if err := wait(t, "member b", doneB); !errors.Is(err, context.Canceled) {
+		t.Fatalf("ProcessBatch of member b after its context ended = %v, want context.Canceled", err)
+	}
+	if got := g.Waiting(); got != 1 {
+		t.Fatalf("batches waiting after b gave up = %d, want 1 (c's)", got)
+	}
+	release()
+	for name, done := range map[string]<-chan error{"a": doneA, "c": doneC} {
+		if err := wait(t, "member "+name, done); err != nil {
+			t.Fatalf("ProcessBatch of member %s: %v", name, err)
+		}
+	}
+	if n := e.rows(t); n != 2 {
+		t.Fatalf("inbox rows = %d, want 2 (a and c; b gave up)", n)
+	}
+	if err := cs[1].ProcessBatch(ctx, db); err != nil {
+		t.Fatalf("member b's next attempt: %v", err)
+	}
+	if n, p := e.rows(t), e.pending(t); n != 3 || p != 0 {
+		t.Fatalf("inbox rows = %d, pending = %d; want 3 and 0", n, p)
+	}
+}
+
+// A Group made with another pool is refused.
+func TestGroupOnAnotherPoolIsRefused(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	other, err := pgxpool.NewWithConfig(context.Background(), e.pool.Config())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	g, err := inbox.NewGroup(other)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = inbox.NewConsumer(e.pool, e.source(t, "x"), pipeHandler{}, &inbox.Config{Group: g})
+	if !errors.Is(err, inbox.ErrInvalidConfig) {
+		t.Fatalf("NewConsumer with a Group of another pool = %v, want ErrInvalidConfig", err)
+	}
+	if _, err := inbox.NewGroup(nil); !errors.Is(err, inbox.ErrInvalidConfig) {
+		t.Fatalf("NewGroup(nil) = %v, want ErrInvalidConfig", err)
+	}
+}
