@@ -2,8 +2,4 @@ package inbox
 
 // Waiting returns the number of member batches waiting for the Group's
 // next transaction.
-func (g *Group) Waiting() int {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return len(g.waiting)
-}
+func (g *Group) Waiting() int { return g.q.Waiting() }

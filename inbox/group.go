@@ -4,12 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
-	"sync"
 	"sync/atomic"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxchat/outboxchat/internal/groupcommit"
 )
 
 // Group lets several Consumers share their inbox transactions, as a
@@ -37,10 +37,7 @@ import (
 // done. Safe for concurrent use.
 type Group struct {
 	pool *pgxpool.Pool
-
-	mu      sync.Mutex
-	busy    bool        // a member runs a shared transaction
-	waiting []*groupReq // batches for the next one, in arrival order
+	q    groupcommit.Queue[*groupReq]
 
 	txs, batches atomic.Int64
 }
@@ -72,19 +69,12 @@ func (g *Group) Stats() GroupStats {
 }
 
 // groupReq is one member's batch in a Group: what to queue, where its
-// results go, and (through ch) either its outcome or the lead.
+// results go, and its outcome.
 type groupReq struct {
 	ph  PipelineHandler
 	ds  []Delivery
 	rs  []BatchResult
-	err error // the outcome, set by the round that carried it
-
-	ch chan groupMsg // buffered: the lead, then (or instead) the outcome
-}
-
-type groupMsg struct {
-	lead bool
-	err  error
+	err error // set by the transaction that carried it
 }
 
 // errShared marks the failure of a shared transaction: the member runs its
@@ -93,69 +83,15 @@ var errShared = errors.New("inbox: shared transaction failed")
 
 // commit runs r in the next shared transaction and returns its outcome:
 // nil once committed (r.rs filled), an error wrapping errShared when the
-// shared transaction failed, or r's own error (its QueueBatch's, or a
-// failure of a transaction that carried r alone). ctx bounds the wait and,
-// when r's member leads, the transaction.
+// shared transaction failed, r's own error (its QueueBatch's, or a failure
+// of a transaction that carried r alone), or ctx.Err() when ctx ended while
+// r waited. ctx bounds the wait and, when r's member leads, the
+// transaction.
 func (g *Group) commit(ctx context.Context, r *groupReq) error {
-	r.ch = make(chan groupMsg, 1)
-	g.mu.Lock()
-	g.waiting = append(g.waiting, r)
-	if g.busy {
-		g.mu.Unlock()
-		select {
-		case m := <-r.ch:
-			if !m.lead {
-				return m.err
-			}
-		case <-ctx.Done():
-			return g.abandon(r, ctx.Err())
-		}
-		g.mu.Lock()
+	if err := g.q.Do(ctx, r, g.run); err != nil {
+		return err
 	}
-	g.busy = true
-	round := g.waiting
-	g.waiting = nil
-	g.mu.Unlock()
-
-	g.run(ctx, round)
-	for _, o := range round {
-		if o != r {
-			o.ch <- groupMsg{err: o.err}
-		}
-	}
-	g.mu.Lock()
-	g.handOff()
-	g.mu.Unlock()
 	return r.err
-}
-
-// handOff gives the lead to the first waiting member, or leaves the Group
-// idle. Called with mu held.
-func (g *Group) handOff() {
-	if len(g.waiting) == 0 {
-		g.busy = false
-		return
-	}
-	g.waiting[0].ch <- groupMsg{lead: true}
-}
-
-// abandon takes r out of the Group after its ctx ended while it waited:
-// out of the queue (passing on the lead if it had just been handed it), or,
-// when a round already carries it, after that round's outcome.
-func (g *Group) abandon(r *groupReq, cause error) error {
-	g.mu.Lock()
-	if i := slices.Index(g.waiting, r); i >= 0 {
-		g.waiting = slices.Delete(g.waiting, i, i+1)
-		select {
-		case <-r.ch: // the lead, sent while r was first in the queue
-			g.handOff()
-		default:
-		}
-		g.mu.Unlock()
-		return cause
-	}
-	g.mu.Unlock()
-	return (<-r.ch).err
 }
 
 // run runs one shared transaction for round and sets each member's err.

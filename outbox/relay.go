@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxchat/outboxchat/internal/backoff"
@@ -193,6 +192,12 @@ type RelayConfig struct {
 	// goroutines (and RunOnce's caller); must be cheap, must not block,
 	// must be safe for concurrent use. Default nil.
 	OnEvent func(RelayEvent)
+	// Group, when set, shares this relay's passes with the Group's other
+	// relays (see RelayGroup): passes that start while another member's is
+	// in flight run together in the next one, one transaction for all.
+	// It must have been made with the relay's pool. Default nil: every
+	// pass is a transaction of its own.
+	Group *RelayGroup
 }
 
 // Relay moves unsent outbox rows to a Publisher: claim (FOR UPDATE) in id
@@ -225,6 +230,8 @@ type Relay struct {
 	wake       chan struct{} // 1-buffered pending wake-up
 	listening  atomic.Bool
 	subscribed atomic.Bool // the notifier subscription's callbacks act only while set
+
+	group *RelayGroup
 
 	life service.Lifecycle
 }
@@ -273,7 +280,7 @@ func (c *RelayConfig) validate() (table, error) {
 
 // NewRelay validates cfg (after WithDefaults) and returns a stopped Relay.
 // Errors wrap ErrInvalidConfig: a nil cfg or pool, no Publisher, a bad
-// Table or Channel, a negative field.
+// Table or Channel, a negative field, a Group made with another pool.
 func NewRelay(pool *pgxpool.Pool, cfg *RelayConfig) (*Relay, error) {
 	if cfg == nil {
 		return nil, fmt.Errorf("outbox: new relay: config with Table and Publisher is required: %w", ErrInvalidConfig)
@@ -285,6 +292,9 @@ func NewRelay(pool *pgxpool.Pool, cfg *RelayConfig) (*Relay, error) {
 	t, err := cfg.validate()
 	if err != nil {
 		return nil, fmt.Errorf("outbox: new relay: %w", err)
+	}
+	if cfg.Group != nil && cfg.Group.pool != pool {
+		return nil, fmt.Errorf("outbox: new relay: Group runs on another pool: %w", ErrInvalidConfig)
 	}
 	r := &Relay{
 		pool:        pool,
@@ -305,6 +315,7 @@ func NewRelay(pool *pgxpool.Pool, cfg *RelayConfig) (*Relay, error) {
 		life:        service.Lifecycle{Name: "outbox: relay"},
 		notifier:    cfg.Notifier,
 		skipOwn:     cfg.SkipOwnNotifications,
+		group:       cfg.Group,
 	}
 	if r.listen && r.notifier == nil {
 		n, err := notifier.New(&notifier.Config{
@@ -447,6 +458,9 @@ func (r *Relay) LastPass() time.Time {
 }
 
 func (r *Relay) runOnce(ctx context.Context) (p pass, err error) {
+	if r.group != nil {
+		return r.group.pass(ctx, r)
+	}
 	start := time.Now()
 	conn, err := r.pool.Acquire(ctx)
 	if err != nil {
@@ -480,67 +494,25 @@ func (r *Relay) runOnce(ctx context.Context) (p pass, err error) {
 	if err != nil {
 		return p, r.fail("claim", fmt.Errorf("outbox: relay: claim: %w", err))
 	}
-	// Publish only the rows before the first one still waiting after a
-	// failure of its own: nothing behind it overtakes it.
-	msgs := claimed
-	cut := false
-	for i, w := range waits {
-		if w > 0 {
-			msgs, cut, p.wait = claimed[:i], true, w
-			break
-		}
-	}
-	// The floor may move past the rows this pass accounts for: all it
-	// claimed (a full claim), or those before the waiting row.
-	full, lastID := len(claimed) == r.batchSize, int64(0)
-	if cut {
-		full, lastID = true, claimed[len(msgs)].RowID-1
-	} else if len(claimed) > 0 {
-		lastID = claimed[len(claimed)-1].RowID
-	}
-	if len(msgs) == 0 {
+	c := r.account(claimed, waits)
+	p.wait = c.wait
+	if len(c.msgs) == 0 {
 		if _, err := conn.Exec(ctx, "COMMIT"); err != nil {
 			return p, r.fail("claim", fmt.Errorf("outbox: relay: claim: commit empty pass: %w", err))
 		}
 		inTx = false
-		r.lastPass.Store(time.Now().UnixNano())
-		r.floor.advance(floor, h.v, h.xmin, 0, full, lastID)
+		r.emptyPassDone(floor, h, c)
 		return p, nil
 	}
-	ids := make([]int64, len(msgs))
-	for i, m := range msgs {
-		ids[i] = m.RowID
+	r.event(RelayEvent{Kind: EventClaimed, N: len(c.msgs)})
+	pub := r.publish(ctx, c.msgs)
+	if pub.err != nil {
+		r.rollbackAndRecord(ctx, conn, &inTx, c.ids, pub.err)
+		return pass{}, r.fail("publish", pub.err)
 	}
-	r.event(RelayEvent{Kind: EventClaimed, N: len(msgs)})
-
-	pctx, cancel := context.WithTimeout(ctx, r.pubTO)
-	err = r.pub.Publish(pctx, msgs)
-	cancel()
-	var poison *MessageError
-	k := -1
-	if err != nil && errors.As(err, &poison) {
-		k = slices.IndexFunc(msgs, func(m Message) bool { return m.RowID == poison.RowID })
-	}
-	if err != nil && k < 0 {
-		err = fmt.Errorf("outbox: relay: publish %d rows: %w", len(msgs), err)
-		r.rollbackAndRecord(ctx, conn, &inTx, ids, err)
-		return pass{}, r.fail("publish", err)
-	}
-
-	err = nil
+	c.blame(pub)
 	b = &pgx.Batch{}
-	var failures int
-	var parked bool
-	if k >= 0 {
-		// The rows before the blamed one were published; it fails alone.
-		ids = ids[:k]
-		full, lastID = true, poison.RowID-1
-	}
-	b.Queue(r.markSQL, ids)
-	if k >= 0 {
-		b.Queue(r.failSQL, poison.RowID, lastError(poison.Err), r.backoffMin.Milliseconds(),
-			r.backoffMax.Milliseconds(), r.maxAttempts)
-	}
+	r.queueMark(b, c, pub)
 	if wantXid {
 		// The xid the claim's row locks gave this transaction, after the
 		// sequence read: the floor's R (floor.go).
@@ -548,58 +520,165 @@ func (r *Relay) runOnce(ctx context.Context) (p pass, err error) {
 	}
 	b.Queue("COMMIT")
 	br = conn.SendBatch(ctx, b)
-	_, err = br.Exec()
-	if err == nil && k >= 0 {
-		err = br.QueryRow().Scan(&failures, &parked)
-	}
+	m, err := r.readMark(br, pub)
 	var xid int64
 	if err == nil && wantXid {
 		err = br.QueryRow().Scan(&xid)
 	}
-	var tag pgconn.CommandTag
 	if err == nil {
-		tag, err = br.Exec()
+		err = readCommit(br)
 	}
 	if cerr := br.Close(); err == nil && cerr != nil {
 		err = cerr
 	}
-	if err == nil && tag.String() != "COMMIT" {
-		err = fmt.Errorf("commit ended in %q", tag.String())
-	}
 	if err != nil {
-		err = fmt.Errorf("outbox: relay: mark %d rows sent: %w", len(ids), err)
-		r.rollbackAndRecord(ctx, conn, &inTx, ids, err)
+		err = fmt.Errorf("outbox: relay: mark %d rows sent: %w", len(c.ids), err)
+		r.rollbackAndRecord(ctx, conn, &inTx, c.ids, err)
 		return pass{}, r.fail("mark_sent", err)
 	}
 	inTx = false
-	r.lastPass.Store(time.Now().UnixNano())
-	if old := r.floor.advance(floor, h.v, h.xmin, xid, full, lastID); floor == 0 && msgs[0].RowID < old && k != 0 {
-		r.log.Warn("published a row below the claim floor; an outbox writer breaks the floor's assumptions (explicit ids, sequence CACHE > 1?): order across such rows is not guaranteed",
-			slog.Int64("row_id", msgs[0].RowID), slog.Int64("floor", old))
+	return r.passDone(start, floor, h, xid, c, pub, m), nil
+}
+
+// claim is what a pass does with the rows its claim returned: it publishes
+// msgs (the rows before the first one still waiting after a failure of its
+// own: nothing behind it overtakes it) and deletes ids. The floor may then
+// move past lastID, the last row the pass accounts for, and past the end of
+// the claim when full (a full claim, or one cut short).
+type claim struct {
+	msgs   []Message
+	ids    []int64
+	wait   time.Duration // > 0: the pass stopped at a row waiting this long
+	full   bool
+	lastID int64
+}
+
+// account turns a claim's rows and their waits into what the pass
+// publishes.
+func (r *Relay) account(claimed []Message, waits []time.Duration) claim {
+	c := claim{msgs: claimed, full: len(claimed) == r.batchSize}
+	for i, w := range waits {
+		if w > 0 {
+			c.msgs, c.wait = claimed[:i], w
+			c.full, c.lastID = true, claimed[i].RowID-1
+			break
+		}
 	}
-	p.n = len(ids)
-	if k >= 0 {
-		bad := msgs[k]
-		e := RelayEvent{Kind: EventMessageFailed, RowID: bad.RowID, MessageID: bad.ID, Attempts: failures, Err: poison.Err}
-		if parked {
+	if c.wait == 0 && len(claimed) > 0 {
+		c.lastID = claimed[len(claimed)-1].RowID
+	}
+	c.ids = make([]int64, len(c.msgs))
+	for i, m := range c.msgs {
+		c.ids[i] = m.RowID
+	}
+	return c
+}
+
+// published is the outcome of a pass's Publish: err for a failure of the
+// whole call (nothing counts as published), or the row the Publisher blamed
+// (k ≥ 0, poison): the rows before it were published.
+type published struct {
+	err    error
+	k      int
+	poison *MessageError
+}
+
+// publish hands msgs to the Publisher under PublishTimeout.
+func (r *Relay) publish(ctx context.Context, msgs []Message) published {
+	pctx, cancel := context.WithTimeout(ctx, r.pubTO)
+	err := r.pub.Publish(pctx, msgs)
+	cancel()
+	p := published{k: -1}
+	if err != nil && errors.As(err, &p.poison) {
+		p.k = slices.IndexFunc(msgs, func(m Message) bool { return m.RowID == p.poison.RowID })
+	}
+	if err != nil && p.k < 0 {
+		p.err = fmt.Errorf("outbox: relay: publish %d rows: %w", len(msgs), err)
+	}
+	return p
+}
+
+// blame narrows c to the rows published before a blamed row: only those
+// are deleted, and the floor stops before the blamed row.
+func (c *claim) blame(p published) {
+	if p.k >= 0 {
+		c.ids = c.ids[:p.k]
+		c.full, c.lastID = true, p.poison.RowID-1
+	}
+}
+
+// queueMark queues the deletion of c's published rows and, for a blamed
+// row, its failure (failSQL).
+func (r *Relay) queueMark(b *pgx.Batch, c claim, p published) {
+	b.Queue(r.markSQL, c.ids)
+	if p.k >= 0 {
+		b.Queue(r.failSQL, p.poison.RowID, lastError(p.poison.Err), r.backoffMin.Milliseconds(),
+			r.backoffMax.Milliseconds(), r.maxAttempts)
+	}
+}
+
+// marked is what failSQL returned for a blamed row.
+type marked struct {
+	failures int
+	parked   bool
+}
+
+// readMark reads the results of queueMark's statements.
+func (r *Relay) readMark(br pgx.BatchResults, p published) (m marked, err error) {
+	if _, err = br.Exec(); err == nil && p.k >= 0 {
+		err = br.QueryRow().Scan(&m.failures, &m.parked)
+	}
+	return m, err
+}
+
+// readCommit reads a COMMIT's result: a failed transaction answers it with
+// ROLLBACK.
+func readCommit(br pgx.BatchResults) error {
+	tag, err := br.Exec()
+	if err == nil && tag.String() != "COMMIT" {
+		err = fmt.Errorf("commit ended in %q", tag.String())
+	}
+	return err
+}
+
+// emptyPassDone records a committed pass that published nothing.
+func (r *Relay) emptyPassDone(floor int64, h horizon, c claim) {
+	r.lastPass.Store(time.Now().UnixNano())
+	r.floor.advance(floor, h.v, h.xmin, 0, c.full, c.lastID)
+}
+
+// passDone records a committed pass that published rows (its xid when it
+// read one, for the floor) and reports its events.
+func (r *Relay) passDone(start time.Time, floor int64, h horizon, xid int64, c claim, pub published, m marked) (p pass) {
+	p.wait = c.wait
+	r.lastPass.Store(time.Now().UnixNano())
+	if old := r.floor.advance(floor, h.v, h.xmin, xid, c.full, c.lastID); floor == 0 && c.msgs[0].RowID < old && pub.k != 0 {
+		r.log.Warn("published a row below the claim floor; an outbox writer breaks the floor's assumptions (explicit ids, sequence CACHE > 1?): order across such rows is not guaranteed",
+			slog.Int64("row_id", c.msgs[0].RowID), slog.Int64("floor", old))
+	}
+	p.n = len(c.ids)
+	if pub.k >= 0 {
+		bad := c.msgs[pub.k]
+		e := RelayEvent{Kind: EventMessageFailed, RowID: bad.RowID, MessageID: bad.ID, Attempts: m.failures, Err: pub.poison.Err}
+		if m.parked {
 			// The rows behind it can go at once.
 			e.Kind, p.more, p.wait = EventParked, true, 0
 			r.log.Error("parked an outbox row: its publish failed too often; the rows behind it go on, it waits for a retry",
-				slog.Int64("row_id", bad.RowID), slog.String("message_id", bad.ID), slog.Int("attempts", failures),
-				slog.Any("err", poison.Err))
+				slog.Int64("row_id", bad.RowID), slog.String("message_id", bad.ID), slog.Int("attempts", m.failures),
+				slog.Any("err", pub.poison.Err))
 		} else {
-			p.wait = backoff.Delay(r.backoffMin, r.backoffMax, failures-1)
+			p.wait = backoff.Delay(r.backoffMin, r.backoffMax, m.failures-1)
 			e.Duration = p.wait
 			r.log.Warn("publishing an outbox row failed; it holds back the rows behind it until it is published or parked",
-				slog.Int64("row_id", bad.RowID), slog.String("message_id", bad.ID), slog.Int("attempts", failures),
-				slog.Int("max_attempts", r.maxAttempts), slog.Duration("retry_in", p.wait), slog.Any("err", poison.Err))
+				slog.Int64("row_id", bad.RowID), slog.String("message_id", bad.ID), slog.Int("attempts", m.failures),
+				slog.Int("max_attempts", r.maxAttempts), slog.Duration("retry_in", p.wait), slog.Any("err", pub.poison.Err))
 		}
 		r.event(e)
 	}
 	if p.n > 0 {
 		r.event(RelayEvent{Kind: EventPublished, N: p.n, Duration: time.Since(start)})
 	}
-	return p, nil
+	return p
 }
 
 // snapshotSQL reads xmin of the statement's snapshot; xidSQL the xid of a
@@ -629,6 +708,11 @@ func (r *Relay) readClaim(br pgx.BatchResults, h *horizon) ([]Message, []time.Du
 	if _, err := br.Exec(); err != nil {
 		return nil, nil, fmt.Errorf("set timeouts: %w", err)
 	}
+	return readRows(br)
+}
+
+// readRows reads the rows of a claim query and how long each still waits.
+func readRows(br pgx.BatchResults) ([]Message, []time.Duration, error) {
 	rows, err := br.Query()
 	if err != nil {
 		return nil, nil, err

@@ -179,6 +179,17 @@ func (p *process) buildRelay() error {
 	relays := make([]*outbox.Relay, c.Partitions)
 	pubs := make([]receive.Republisher, c.Partitions)
 	var pub0 *redisq.Publisher
+	// With partitions, the passes of this process's relays share their
+	// transactions (outbox.RelayGroup): one send group wakes the relays
+	// of several partitions at once, and their passes then claim, publish
+	// and delete in one transaction, as one partition's would.
+	var group *outbox.RelayGroup
+	if c.Partitions > 1 {
+		var err error
+		if group, err = outbox.NewRelayGroup(p.pool); err != nil {
+			return err
+		}
+	}
 	for part := range c.Partitions {
 		pub, err := redisq.NewPublisher(p.rdb, p.publisherConfig(part))
 		if err != nil {
@@ -206,6 +217,7 @@ func (p *process) buildRelay() error {
 			// This process's sends wake the relay directly; their NOTIFYs (for
 			// other processes) would only cause a second pass here.
 			SkipOwnNotifications: c.directRelayWake(),
+			Group:                group,
 		})
 		if err != nil {
 			return err

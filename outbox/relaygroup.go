@@ -1,0 +1,276 @@
+package outbox
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxchat/outboxchat/internal/groupcommit"
+)
+
+// RelayGroup lets the relays of several outbox tables (one per partition,
+// say) share their passes, as a database's group commit shares its WAL
+// flushes: while one member's pass is in flight, the passes other members
+// start wait, and the next pass claims from all of their tables in one
+// transaction. A process that relays several tables then pays one
+// transaction and two round trips for the passes that start together
+// instead of that for each, and holds one connection in a transaction
+// instead of one per table. A member that finds no pass in flight starts
+// at once: the group adds no wait when idle.
+//
+// A shared pass keeps every member's guarantees, because it is the
+// members' passes run side by side: each table has its own claim (FOR
+// UPDATE, in id order, from its own claim floor; floor.go), its rows go to
+// its own Publisher (the members' Publish calls run concurrently), and its
+// own published rows are deleted. The members share the sequence reads'
+// order (all before the transaction), the snapshot and the xid, which is
+// what the claim floor needs of them. A Publish that fails fails only its
+// member's pass: its rows stay unsent and get attempts+1 and last_error in
+// the shared transaction, which commits the other members' rows; a failure
+// of the transaction itself (claim, delete, commit) fails every member's
+// pass. A row the Publisher blames (MessageError) is handled as in a pass
+// of its own. The transaction's lock, statement and idle timeouts are those
+// of the member that leads it; give the members the same.
+//
+// Create it with NewRelayGroup and give it to each member in
+// RelayConfig.Group. It holds no goroutine of its own: the member whose
+// pass finds the group idle runs the transaction, and hands the lead to the
+// first waiting member when done. Safe for concurrent use.
+type RelayGroup struct {
+	pool *pgxpool.Pool
+	q    groupcommit.Queue[*passReq]
+
+	txs, passes atomic.Int64
+}
+
+// RelayGroupStats are cumulative counters of a RelayGroup.
+type RelayGroupStats struct {
+	// Transactions is the number of pass transactions the group ran
+	// (committed or not).
+	Transactions int64
+	// Passes is the number of member passes those transactions carried;
+	// Passes / Transactions is how many passes shared one.
+	Passes int64
+}
+
+// NewRelayGroup returns a RelayGroup whose passes run on pool, which must
+// be the pool of every member Relay (NewRelay refuses another). It does not
+// touch the network. Error: a nil pool (wrapping ErrInvalidConfig).
+func NewRelayGroup(pool *pgxpool.Pool) (*RelayGroup, error) {
+	if pool == nil {
+		return nil, fmt.Errorf("outbox: new relay group: nil pool: %w", ErrInvalidConfig)
+	}
+	return &RelayGroup{pool: pool}, nil
+}
+
+// Stats returns the cumulative counters. Safe for concurrent use.
+func (g *RelayGroup) Stats() RelayGroupStats {
+	return RelayGroupStats{Transactions: g.txs.Load(), Passes: g.passes.Load()}
+}
+
+// passReq is one member's pass in a shared one, and its outcome.
+type passReq struct {
+	r   *Relay
+	p   pass
+	err error
+
+	floor   int64
+	wantXid bool
+	h       horizon
+	c       claim
+	pub     published
+	m       marked
+}
+
+// pass runs r's pass in the next shared pass and returns its outcome, or
+// ctx.Err() when ctx ended while it waited.
+func (g *RelayGroup) pass(ctx context.Context, r *Relay) (pass, error) {
+	req := &passReq{r: r}
+	if err := g.q.Do(ctx, req, g.run); err != nil {
+		return pass{}, r.fail("claim", fmt.Errorf("outbox: relay: claim: waiting for the group's pass: %w", err))
+	}
+	return req.p, req.err
+}
+
+// run runs one shared pass for reqs and sets each one's outcome.
+func (g *RelayGroup) run(ctx context.Context, reqs []*passReq) {
+	g.txs.Add(1)
+	g.passes.Add(int64(len(reqs)))
+	start := time.Now()
+	lead := reqs[0].r
+	failAll := func(stage string, err error) {
+		for _, q := range reqs {
+			q.p, q.err = pass{}, q.r.fail(stage, err)
+		}
+	}
+	conn, err := g.pool.Acquire(ctx)
+	if err != nil {
+		failAll("claim", fmt.Errorf("outbox: relay: claim: acquire connection: %w", err))
+		return
+	}
+	defer conn.Release() // destroys the connection if a transaction is left open
+	inTx := false
+	defer func() {
+		if inTx {
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recordMax)
+			rollback(rctx, conn)
+			cancel()
+		}
+	}()
+
+	// The sequence reads before BEGIN, so before the xid: floor.go.
+	b := &pgx.Batch{}
+	for _, q := range reqs {
+		q.floor, q.wantXid = q.r.floor.start(start)
+		b.Queue(q.r.seqSQL, q.r.table)
+	}
+	b.Queue("BEGIN")
+	b.Queue(snapshotSQL)
+	b.Queue(setTimeoutsSQL, lead.timeouts[0], lead.timeouts[1], lead.timeouts[2])
+	for _, q := range reqs {
+		b.Queue(q.r.claimSQL, q.r.batchSize, q.floor)
+	}
+	br := conn.SendBatch(ctx, b)
+	inTx = true
+	err = readSharedClaim(br, reqs)
+	if cerr := br.Close(); err == nil && cerr != nil {
+		err = cerr
+	}
+	if err != nil {
+		failAll("claim", fmt.Errorf("outbox: relay: claim: %w", err))
+		return
+	}
+
+	// Every member publishes its own rows, side by side.
+	var wg sync.WaitGroup
+	rows, wantXid := false, false
+	for _, q := range reqs {
+		q.pub.k = -1
+		if len(q.c.msgs) == 0 {
+			continue
+		}
+		rows = true
+		q.r.event(RelayEvent{Kind: EventClaimed, N: len(q.c.msgs)})
+		wg.Go(func() { q.pub = q.r.publish(ctx, q.c.msgs) })
+	}
+	wg.Wait()
+
+	b = &pgx.Batch{}
+	for _, q := range reqs {
+		switch {
+		case len(q.c.msgs) == 0:
+		case q.pub.err != nil:
+			// Its rows stay unsent; the failure is recorded on them here,
+			// where they are still locked.
+			b.Queue(q.r.recordSQL, q.c.ids, lastError(q.pub.err))
+		default:
+			q.c.blame(q.pub)
+			q.r.queueMark(b, q.c, q.pub)
+			wantXid = wantXid || q.wantXid
+		}
+	}
+	if wantXid {
+		// The xid the claims' row locks gave this transaction, after the
+		// sequence reads: the floors' R (floor.go).
+		b.Queue(xidSQL)
+	}
+	b.Queue("COMMIT")
+	br = conn.SendBatch(ctx, b)
+	var xid int64
+	err = readSharedMark(br, reqs, wantXid, &xid)
+	if err == nil {
+		err = readCommit(br)
+	}
+	if cerr := br.Close(); err == nil && cerr != nil {
+		err = cerr
+	}
+	if err != nil {
+		stage := "mark_sent"
+		if !rows {
+			stage = "claim"
+		}
+		failAll(stage, fmt.Errorf("outbox: relay: mark rows sent (shared pass of %d tables): %w", len(reqs), err))
+		inTx = false
+		for _, q := range reqs {
+			if len(q.c.ids) > 0 {
+				q.r.rollbackAndRecord(ctx, conn, &inTx, q.c.ids, err)
+			}
+		}
+		return
+	}
+	inTx = false
+	for _, q := range reqs {
+		switch {
+		case len(q.c.msgs) == 0:
+			q.p.wait = q.c.wait
+			q.r.emptyPassDone(q.floor, q.h, q.c)
+		case q.pub.err != nil:
+			q.p, q.err = pass{}, q.r.fail("publish", q.pub.err)
+		default:
+			x := int64(0)
+			if q.wantXid {
+				x = xid
+			}
+			q.p = q.r.passDone(start, q.floor, q.h, x, q.c, q.pub, q.m)
+		}
+	}
+}
+
+// readSharedClaim reads the results of a shared pass's first round trip:
+// each member's sequence read, BEGIN, the snapshot read, set_config and
+// each member's claim, into the members' horizons and claims.
+func readSharedClaim(br pgx.BatchResults, reqs []*passReq) error {
+	for _, q := range reqs {
+		if err := br.QueryRow().Scan(&q.h.v); err != nil {
+			return fmt.Errorf("read sequence: %w", err)
+		}
+	}
+	if _, err := br.Exec(); err != nil {
+		return fmt.Errorf("begin: %w", err)
+	}
+	var xmin int64
+	if err := br.QueryRow().Scan(&xmin); err != nil {
+		return fmt.Errorf("read snapshot: %w", err)
+	}
+	if _, err := br.Exec(); err != nil {
+		return fmt.Errorf("set timeouts: %w", err)
+	}
+	for _, q := range reqs {
+		q.h.xmin = xmin
+		claimed, waits, err := readRows(br)
+		if err != nil {
+			return err
+		}
+		q.c = q.r.account(claimed, waits)
+	}
+	return nil
+}
+
+// readSharedMark reads the results of the members' deletions, failures and
+// records, and the xid when it was read.
+func readSharedMark(br pgx.BatchResults, reqs []*passReq, wantXid bool, xid *int64) error {
+	for _, q := range reqs {
+		switch {
+		case len(q.c.msgs) == 0:
+		case q.pub.err != nil:
+			if _, err := br.Exec(); err != nil {
+				return err
+			}
+		default:
+			m, err := q.r.readMark(br, q.pub)
+			if err != nil {
+				return err
+			}
+			q.m = m
+		}
+	}
+	if wantXid {
+		return br.QueryRow().Scan(xid)
+	}
+	return nil
+}
