@@ -170,6 +170,7 @@ type Consumer struct {
 	onEvent     func(Event)
 	afterCommit func([]Applied)
 	group       *Group
+	rank        int64 // in group
 	applied     atomic.Int64
 	dups        atomic.Int64
 	deadLets    atomic.Int64
@@ -230,7 +231,12 @@ func NewConsumer(pool *pgxpool.Pool, src Source, h Handler, cfg *Config) (*Consu
 	if err := cfg.validate(); err != nil {
 		return nil, fmt.Errorf("creating inbox consumer: %w", err)
 	}
+	var rank int64
+	if cfg.Group != nil {
+		rank = cfg.Group.join()
+	}
 	return &Consumer{
+		rank:        rank,
 		pool:        pool,
 		src:         src,
 		h:           h,
@@ -487,7 +493,7 @@ func (c *Consumer) applyPipelined(ctx context.Context, ph PipelineHandler, ds []
 	rs := make([]BatchResult, len(todo))
 	var err error
 	if c.group != nil {
-		err = c.group.commit(ctx, &groupReq{ph: ph, ds: todo, rs: rs})
+		err = c.group.commit(ctx, &groupReq{rank: c.rank, ph: ph, ds: todo, rs: rs})
 		if errors.Is(err, errShared) {
 			// Another member's statement, or the connection, failed the
 			// shared transaction: this batch alone tells which.

@@ -36,6 +36,14 @@
 //     is fetched, so a later message of a chat is never applied before an
 //     earlier one that is merely delayed.
 //
+// Consumers of several queues in one process (one per partition, say) can
+// share their inbox transactions (Config.Group, a Group): batches that
+// arrive while another member's transaction is in flight commit together in
+// the next one. Every invariant above holds per member: each applies its
+// own deliveries in its own order, and acknowledges them after the shared
+// commit; a shared transaction that fails is run again one member batch
+// per transaction, so that a poison delivery is isolated in its own batch.
+//
 // # Failure modes
 //
 //   - Crash before commit: the transaction rolls back; the deliveries were

@@ -1,9 +1,11 @@
 package inbox
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync/atomic"
 
 	"github.com/jackc/pgx/v5"
@@ -31,6 +33,12 @@ import (
 // others are applied (a statement that failed after the COMMIT ran leaves
 // duplicates for that retry, which the inbox skips: at least once holds).
 //
+// A shared transaction runs its members' statements in the order the
+// members joined the Group (their NewConsumer calls), whatever order their
+// batches came in: processes that create their members in the same order
+// take their locks in the same order, and their shared transactions do not
+// deadlock one another.
+//
 // Create it with NewGroup and give it to each member in Config.Group. It
 // holds no goroutine of its own: the member that finds the Group idle runs
 // the transaction, and hands the lead to the first waiting member when
@@ -39,6 +47,7 @@ type Group struct {
 	pool *pgxpool.Pool
 	q    groupcommit.Queue[*groupReq]
 
+	members      atomic.Int64 // members joined: the next one's rank
 	txs, batches atomic.Int64
 }
 
@@ -68,13 +77,18 @@ func (g *Group) Stats() GroupStats {
 	return GroupStats{Transactions: g.txs.Load(), Batches: g.batches.Load()}
 }
 
+// join returns a new member's rank: members' batches are queued in rank
+// order (Group.run).
+func (g *Group) join() int64 { return g.members.Add(1) }
+
 // groupReq is one member's batch in a Group: what to queue, where its
 // results go, and its outcome.
 type groupReq struct {
-	ph  PipelineHandler
-	ds  []Delivery
-	rs  []BatchResult
-	err error // set by the transaction that carried it
+	rank int64
+	ph   PipelineHandler
+	ds   []Delivery
+	rs   []BatchResult
+	err  error // set by the transaction that carried it
 }
 
 // errShared marks the failure of a shared transaction: the member runs its
@@ -96,6 +110,12 @@ func (g *Group) commit(ctx context.Context, r *groupReq) error {
 
 // run runs one shared transaction for round and sets each member's err.
 func (g *Group) run(ctx context.Context, round []*groupReq) {
+	// In the order the members joined, not the order they came in: two
+	// processes whose members joined in the same order (the chat's, one
+	// per partition in partition order) then take their row and advisory
+	// locks in the same order, so that their shared transactions cannot
+	// deadlock each other.
+	slices.SortFunc(round, func(a, b *groupReq) int { return cmp.Compare(a.rank, b.rank) })
 	b := &pgx.Batch{}
 	queued := make([]*groupReq, 0, len(round))
 	for _, r := range round {

@@ -3,6 +3,7 @@ package inbox_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -52,6 +53,33 @@ func holdLock(t *testing.T, pool *pgxpool.Pool, key int64) (release func()) {
 	}
 	t.Cleanup(release)
 	return release
+}
+
+// orderLog records the order in which batches were queued.
+type orderLog struct {
+	mu    sync.Mutex
+	queue []string
+}
+
+func (l *orderLog) names() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.queue)
+}
+
+// orderHandler is pipeHandler that records its name in log when it queues
+// a batch.
+type orderHandler struct {
+	pipeHandler
+	log  *orderLog
+	name string
+}
+
+func (h orderHandler) QueueBatch(b *pgx.Batch, ds []inbox.Delivery, rs []inbox.BatchResult) error {
+	h.log.mu.Lock()
+	h.log.queue = append(h.log.queue, h.name)
+	h.log.mu.Unlock()
+	return h.pipeHandler.QueueBatch(b, ds, rs)
 }
 
 // groupMembers returns n Consumers in one Group, member i reading as
@@ -119,7 +147,8 @@ func TestGroupSharesTheNextTransaction(t *testing.T) {
 	}
 	const key = 7101
 	release := holdLock(t, e.pool, key)
-	cs, srcs := groupMembers(t, e, g, lockingHandler{key: key}, pipeHandler{}, pipeHandler{})
+	var order orderLog
+	cs, srcs := groupMembers(t, e, g, lockingHandler{key: key}, orderHandler{log: &order, name: "b"}, orderHandler{log: &order, name: "c"})
 	a := []redisq.Job{job("a1"), job("a2")}
 	b := []redisq.Job{job("b1"), job("b2")}
 	c := []redisq.Job{job("c1")}
@@ -131,7 +160,10 @@ func TestGroupSharesTheNextTransaction(t *testing.T) {
 		_ = e.pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND objid = $1`, key).Scan(&n)
 		return n == 1
 	})
-	doneB, doneC := processAsync(ctx, cs[1], db), processAsync(ctx, cs[2], dc)
+	// c comes in before b, which joined the group before c.
+	doneC := processAsync(ctx, cs[2], dc)
+	testenv.WaitFor(t, 10*time.Second, "c's batch waiting in the group", func() bool { return g.Waiting() == 1 })
+	doneB := processAsync(ctx, cs[1], db)
 	testenv.WaitFor(t, 10*time.Second, "two batches waiting in the group", func() bool { return g.Waiting() == 2 })
 	if n := e.rows(t); n != 0 {
 		t.Fatalf("inbox rows before the lock is released = %d, want 0", n)
@@ -144,6 +176,9 @@ func TestGroupSharesTheNextTransaction(t *testing.T) {
 	}
 	if got, want := g.Stats(), (inbox.GroupStats{Transactions: 2, Batches: 3}); got != want {
 		t.Fatalf("group stats = %+v, want %+v", got, want)
+	}
+	if got := order.names(); !slices.Equal(got, []string{"b", "c"}) {
+		t.Fatalf("statements queued for %v, want b's before c's (the order they joined the group)", got)
 	}
 	xa, xbc := xmins(t, e, a...), xmins(t, e, append(b, c...)...)
 	if xa[0] != xa[1] || xbc[0] != xbc[1] || xbc[1] != xbc[2] || xa[0] == xbc[0] {

@@ -19,6 +19,8 @@
 // (default: the caller calls Writer.Committed after commit, and one
 // coalesced pg_notify follows per burst), WakeInTx (pg_notify inside the
 // transaction; it serialises notifying commits) or WakeNone (poll only).
+// Writers of several tables can share a Notifier (WriterConfig.Notifier):
+// one statement then wakes all of their channels.
 //
 // # Relay
 //
@@ -38,6 +40,13 @@
 // shared RelayConfig.Notifier) and runs passes on each notification (but
 // those RelayConfig.IgnoreNotification drops), on Relay.Wake, and every
 // PollInterval without one, until a pass comes back less than full.
+//
+// Relays of several tables in one process (one table per partition, say)
+// can share their passes (RelayConfig.Group, a RelayGroup): the passes that
+// start while one is in flight run together in the next one, one
+// transaction that claims from each table, publishes each table's rows to
+// its own Publisher and deletes them. Each table keeps its claim, its
+// floor and its order; a failed Publish fails its own member's pass only.
 //
 // # Invariants
 //

@@ -232,6 +232,7 @@ type Relay struct {
 	subscribed atomic.Bool // the notifier subscription's callbacks act only while set
 
 	group *RelayGroup
+	rank  int64 // in group
 
 	life service.Lifecycle
 }
@@ -316,6 +317,9 @@ func NewRelay(pool *pgxpool.Pool, cfg *RelayConfig) (*Relay, error) {
 		notifier:    cfg.Notifier,
 		skipOwn:     cfg.SkipOwnNotifications,
 		group:       cfg.Group,
+	}
+	if r.group != nil {
+		r.rank = r.group.join()
 	}
 	if r.listen && r.notifier == nil {
 		n, err := notifier.New(&notifier.Config{

@@ -1,8 +1,10 @@
 package outbox
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -37,6 +39,12 @@ import (
 // of its own. The transaction's lock, statement and idle timeouts are those
 // of the member that leads it; give the members the same.
 //
+// A shared pass claims from its members' tables in the order the members
+// joined the group (their NewRelay calls), whatever order their passes
+// started in: processes that create their relays of the same tables in the
+// same order take their row locks in the same order, and their shared
+// passes do not deadlock one another.
+//
 // Create it with NewRelayGroup and give it to each member in
 // RelayConfig.Group. It holds no goroutine of its own: the member whose
 // pass finds the group idle runs the transaction, and hands the lead to the
@@ -45,6 +53,7 @@ type RelayGroup struct {
 	pool *pgxpool.Pool
 	q    groupcommit.Queue[*passReq]
 
+	members     atomic.Int64 // members joined: the next one's rank
 	txs, passes atomic.Int64
 }
 
@@ -73,6 +82,10 @@ func (g *RelayGroup) Stats() RelayGroupStats {
 	return RelayGroupStats{Transactions: g.txs.Load(), Passes: g.passes.Load()}
 }
 
+// join returns a new member's rank: members' claims are queued in rank
+// order (RelayGroup.run).
+func (g *RelayGroup) join() int64 { return g.members.Add(1) }
+
 // passReq is one member's pass in a shared one, and its outcome.
 type passReq struct {
 	r   *Relay
@@ -99,6 +112,11 @@ func (g *RelayGroup) pass(ctx context.Context, r *Relay) (pass, error) {
 
 // run runs one shared pass for reqs and sets each one's outcome.
 func (g *RelayGroup) run(ctx context.Context, reqs []*passReq) {
+	// In the order the members joined, not the order they came in: two
+	// processes whose relays of the same tables joined in the same order
+	// (the chat's: partition order) claim the tables in the same order,
+	// so that their shared passes cannot deadlock on the row locks.
+	slices.SortFunc(reqs, func(a, b *passReq) int { return cmp.Compare(a.r.rank, b.r.rank) })
 	g.txs.Add(1)
 	g.passes.Add(int64(len(reqs)))
 	start := time.Now()

@@ -109,8 +109,9 @@ func newBlocker() *blocker {
 }
 
 // sharedPass makes the passes of relays[1:] share one: relays[0]'s pass
-// (its Publisher a blocker) is held in flight until the others wait in the
-// group, then released. It returns every relay's outcome.
+// (its Publisher a blocker) is held in flight until the others, started
+// one after the other in the order given, wait in the group; then it is
+// released. It returns every relay's outcome.
 func sharedPass(t *testing.T, g *outbox.RelayGroup, block *blocker, relays ...*outbox.Relay) []passOutcome {
 	t.Helper()
 	ctx := context.Background()
@@ -120,12 +121,13 @@ func sharedPass(t *testing.T, g *outbox.RelayGroup, block *blocker, relays ...*o
 	case <-time.After(30 * time.Second):
 		t.Fatal("the first relay's pass never published")
 	}
-	for _, r := range relays[1:] {
+	for i, r := range relays[1:] {
+		// One at a time: they come into the group in the order given.
 		dones = append(dones, runOnceAsync(ctx, r))
+		testenv.WaitFor(t, 10*time.Second, "the pass waiting in the group", func() bool {
+			return g.Waiting() == i+1
+		})
 	}
-	testenv.WaitFor(t, 10*time.Second, "the other passes waiting in the group", func() bool {
-		return g.Waiting() == len(relays)-1
-	})
 	close(block.release)
 	out := make([]passOutcome, len(dones))
 	for i, d := range dones {
@@ -148,19 +150,36 @@ func TestRelayGroupSharesThePassesThatWait(t *testing.T) {
 	block := newBlocker()
 	pubs := []outbox.Publisher{block, &recorder{}, &recorder{}}
 	var relays []*outbox.Relay
+	var mu sync.Mutex
+	var claims []string // the order of the members' claims
 	for i, table := range tables {
-		relays = append(relays, newRelay(t, pool, outbox.RelayConfig{Table: table, Publisher: pubs[i], Group: g}))
+		onEvent := func(e outbox.RelayEvent) {
+			if e.Kind == outbox.EventClaimed {
+				mu.Lock()
+				claims = append(claims, table)
+				mu.Unlock()
+			}
+		}
+		relays = append(relays, newRelay(t, pool, outbox.RelayConfig{Table: table, Publisher: pubs[i], Group: g, OnEvent: onEvent}))
 		w := tableWriter(t, pool, table)
 		for j := range 3 {
 			enqueue(t, pool, w, ev(fmt.Sprintf("t%d-%d", i, j)))
 		}
 	}
-	out := sharedPass(t, g, block, relays...)
+	// The third relay's pass comes in before the second's, which joined
+	// the group first.
+	out := sharedPass(t, g, block, relays[0], relays[2], relays[1])
+	out[1], out[2] = out[2], out[1]
 	for i, o := range out {
 		if o.err != nil || o.n != 3 {
 			t.Fatalf("relay %d's pass = %d, %v; want 3 rows", i, o.n, o.err)
 		}
 	}
+	mu.Lock()
+	if !slices.Equal(claims, tables) {
+		t.Fatalf("claims in the order %v, want %v (the order the relays joined the group)", claims, tables)
+	}
+	mu.Unlock()
 	if got, want := g.Stats(), (outbox.RelayGroupStats{Transactions: 2, Passes: 3}); got != want {
 		t.Fatalf("group stats = %+v, want %+v", got, want)
 	}
