@@ -29,8 +29,8 @@ import (
 // members' passes run side by side: each table has its own claim (FOR
 // UPDATE, in id order, from its own claim floor; floor.go), its rows go to
 // its own Publisher (the members' Publish calls run concurrently), and its
-// own published rows are deleted. The members share the sequence reads'
-// order (all before the transaction), the snapshot and the xid, which is
+// own published rows are deleted. The members share the sequence read (one
+// statement, before the transaction), the snapshot and the xid, which is
 // what the claim floor needs of them. A Publish that fails fails only its
 // member's pass: its rows stay unsent and get attempts+1 and last_error in
 // the shared transaction, which commits the other members' rows; a failure
@@ -143,10 +143,12 @@ func (g *RelayGroup) run(ctx context.Context, reqs []*passReq) {
 
 	// The sequence reads before BEGIN, so before the xid: floor.go.
 	b := &pgx.Batch{}
-	for _, q := range reqs {
+	tables := make([]string, len(reqs))
+	for i, q := range reqs {
 		q.floor, q.wantXid = q.r.floor.start(start)
-		b.Queue(q.r.seqSQL, q.r.table)
+		tables[i] = q.r.table
 	}
+	b.Queue(seqsSQL, tables)
 	b.Queue("BEGIN")
 	b.Queue(snapshotSQL)
 	b.Queue(setTimeoutsSQL, lead.timeouts[0], lead.timeouts[1], lead.timeouts[2])
@@ -239,14 +241,38 @@ func (g *RelayGroup) run(ctx context.Context, reqs []*passReq) {
 	}
 }
 
+// seqsSQL is the relay's sequence read (Relay.seqSQL) for the tables $1
+// (quoted names), in one statement: their values in the order of $1.
+const seqsSQL = "SELECT coalesce(pg_sequence_last_value(pg_get_serial_sequence(t, 'id')::regclass), 0) " +
+	"FROM unnest($1::text[]) WITH ORDINALITY AS u(t, n) ORDER BY n"
+
 // readSharedClaim reads the results of a shared pass's first round trip:
-// each member's sequence read, BEGIN, the snapshot read, set_config and
+// the members' sequence reads, BEGIN, the snapshot read, set_config and
 // each member's claim, into the members' horizons and claims.
 func readSharedClaim(br pgx.BatchResults, reqs []*passReq) error {
-	for _, q := range reqs {
-		if err := br.QueryRow().Scan(&q.h.v); err != nil {
-			return fmt.Errorf("read sequence: %w", err)
+	rows, err := br.Query()
+	if err != nil {
+		return fmt.Errorf("read sequences: %w", err)
+	}
+	i := 0
+	for rows.Next() {
+		if i < len(reqs) {
+			err = rows.Scan(&reqs[i].h.v)
 		}
+		i++
+		if err != nil {
+			break
+		}
+	}
+	rows.Close()
+	if err == nil {
+		err = rows.Err()
+	}
+	if err == nil && i != len(reqs) {
+		err = fmt.Errorf("%d values for %d tables", i, len(reqs))
+	}
+	if err != nil {
+		return fmt.Errorf("read sequences: %w", err)
 	}
 	if _, err := br.Exec(); err != nil {
 		return fmt.Errorf("begin: %w", err)
