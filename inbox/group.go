@@ -33,6 +33,10 @@ import (
 // others are applied (a statement that failed after the COMMIT ran leaves
 // duplicates for that retry, which the inbox skips: at least once holds).
 //
+// When every member's handler is a MergeHandler, the Group has the first
+// one queue all of the members' batches at once (MergeHandler.QueueMerged),
+// so that they can share statements, not only the transaction.
+//
 // A shared transaction runs its members' statements in the order the
 // members joined the Group (their NewConsumer calls), whatever order their
 // batches came in: processes that create their members in the same order
@@ -117,15 +121,18 @@ func (g *Group) run(ctx context.Context, round []*groupReq) {
 	// deadlock each other.
 	slices.SortFunc(round, func(a, b *groupReq) int { return cmp.Compare(a.rank, b.rank) })
 	b := &pgx.Batch{}
-	queued := make([]*groupReq, 0, len(round))
-	for _, r := range round {
-		sub := &pgx.Batch{}
-		if err := r.ph.QueueBatch(sub, r.ds, r.rs); err != nil {
-			r.err = fmt.Errorf("queueing batch of %d deliveries: %w", len(r.ds), err)
-			continue
+	queued := g.queueMerged(b, round)
+	if queued == nil {
+		queued = make([]*groupReq, 0, len(round))
+		for _, r := range round {
+			sub := &pgx.Batch{}
+			if err := r.ph.QueueBatch(sub, r.ds, r.rs); err != nil {
+				r.err = fmt.Errorf("queueing batch of %d deliveries: %w", len(r.ds), err)
+				continue
+			}
+			b.QueuedQueries = append(b.QueuedQueries, sub.QueuedQueries...)
+			queued = append(queued, r)
 		}
-		b.QueuedQueries = append(b.QueuedQueries, sub.QueuedQueries...)
-		queued = append(queued, r)
 	}
 	if len(queued) == 0 {
 		return
@@ -139,4 +146,34 @@ func (g *Group) run(ctx context.Context, round []*groupReq) {
 	for _, r := range queued {
 		r.err = err
 	}
+}
+
+// queueMerged queues round on b through the first member's MergeHandler
+// when every member's handler is one, and returns round; nil when it did
+// not (b untouched). A QueueMerged error fails the round as a shared
+// transaction would, so that each member runs its batch alone.
+func (g *Group) queueMerged(b *pgx.Batch, round []*groupReq) []*groupReq {
+	if len(round) < 2 {
+		return nil
+	}
+	hs := make([]PipelineHandler, len(round))
+	ds := make([][]Delivery, len(round))
+	rs := make([][]BatchResult, len(round))
+	for i, r := range round {
+		if _, ok := r.ph.(MergeHandler); !ok {
+			return nil
+		}
+		hs[i], ds[i], rs[i] = r.ph, r.ds, r.rs
+	}
+	sub := &pgx.Batch{}
+	err := round[0].ph.(MergeHandler).QueueMerged(sub, hs, ds, rs)
+	if err != nil {
+		for _, r := range round {
+			clear(r.rs)
+			r.err = fmt.Errorf("%w: merging %d batches: %w", errShared, len(round), err)
+		}
+		return []*groupReq{}
+	}
+	b.QueuedQueries = append(b.QueuedQueries, sub.QueuedQueries...)
+	return round
 }

@@ -2,9 +2,13 @@ package inbox_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"slices"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -327,5 +331,112 @@ func TestGroupOnAnotherPoolIsRefused(t *testing.T) {
 	}
 	if _, err := inbox.NewGroup(nil); !errors.Is(err, inbox.ErrInvalidConfig) {
 		t.Fatalf("NewGroup(nil) = %v, want ErrInvalidConfig", err)
+	}
+}
+
+// mergeHandler is pipeHandler as an inbox.MergeHandler: the batches of a
+// shared transaction go in one INSERT (or, with fail, QueueMerged refuses).
+type mergeHandler struct {
+	pipeHandler
+	calls *atomic.Int64
+	fail  bool
+}
+
+func (h mergeHandler) QueueMerged(b *pgx.Batch, hs []inbox.PipelineHandler, ds [][]inbox.Delivery, rs [][]inbox.BatchResult) error {
+	h.calls.Add(1)
+	if h.fail {
+		return errors.New("cannot merge")
+	}
+	type at struct{ i, j int }
+	where := map[string]at{}
+	var ids, chats, bodies []string
+	var seqs []int64
+	for i := range hs {
+		for j, d := range ds[i] {
+			var p payload
+			if err := json.Unmarshal(d.Payload, &p); err != nil {
+				rs[i][j].Err = fmt.Errorf("decoding payload: %w: %w", inbox.ErrMalformed, err)
+				continue
+			}
+			where[p.ID] = at{i, j}
+			ids, chats, seqs, bodies = append(ids, p.ID), append(chats, strings.Trim(string(p.ChatID), `"`)), append(seqs, p.Seq), append(bodies, p.Body)
+		}
+	}
+	b.Queue(`INSERT INTO t.inbox (message_id, chat_id, seq, body)
+		SELECT u.i::uuid, u.c::bigint, u.s, u.b FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[]) AS u(i, c, s, b)
+		ON CONFLICT (message_id) DO NOTHING RETURNING message_id::text`, ids, chats, seqs, bodies).Query(func(rows pgx.Rows) error {
+		for rows.Next() {
+			var id string
+			if err := rows.Scan(&id); err != nil {
+				return err
+			}
+			w := where[id]
+			rs[w.i][w.j].Fresh, rs[w.i][w.j].Value = true, "v:"+id
+		}
+		return rows.Err()
+	})
+	return nil
+}
+
+// A shared transaction whose members' handlers are MergeHandlers queues all
+// of their batches through one QueueMerged call (here one INSERT for all);
+// when QueueMerged refuses, each member runs its batch alone.
+func TestGroupMergesTheBatchesOfMergeHandlers(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	for _, fail := range []bool{false, true} {
+		t.Run(fmt.Sprintf("refuses=%v", fail), func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t)
+			g, err := inbox.NewGroup(e.pool)
+			if err != nil {
+				t.Fatal(err)
+			}
+			key := int64(7104)
+			if fail {
+				key = 7105
+			}
+			release := holdLock(t, e.pool, key)
+			var calls atomic.Int64
+			mh := mergeHandler{calls: &calls, fail: fail}
+			cs, srcs := groupMembers(t, e, g, lockingHandler{key: key}, mh, mh)
+			da := deliveries(t, e, srcs[0], job("a"))
+			b := []redisq.Job{job("b1"), job("b2")}
+			c := []redisq.Job{job("c1")}
+			db, dc := deliveries(t, e, srcs[1], b...), deliveries(t, e, srcs[2], c...)
+			doneA := processAsync(ctx, cs[0], da)
+			testenv.WaitFor(t, 10*time.Second, "the first member's transaction to wait for the lock", func() bool {
+				var n int
+				_ = e.pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND objid = $1`, key).Scan(&n)
+				return n == 1
+			})
+			doneB := processAsync(ctx, cs[1], db)
+			testenv.WaitFor(t, 10*time.Second, "b waiting in the group", func() bool { return g.Waiting() == 1 })
+			doneC := processAsync(ctx, cs[2], dc)
+			testenv.WaitFor(t, 10*time.Second, "c waiting in the group", func() bool { return g.Waiting() == 2 })
+			release()
+			for name, done := range map[string]<-chan error{"a": doneA, "b": doneB, "c": doneC} {
+				if err := wait(t, "member "+name, done); err != nil {
+					t.Fatalf("ProcessBatch of member %s: %v", name, err)
+				}
+			}
+			if got := calls.Load(); got != 1 {
+				t.Fatalf("QueueMerged calls = %d, want 1", got)
+			}
+			if n, p := e.rows(t), e.pending(t); n != 4 || p != 0 {
+				t.Fatalf("inbox rows = %d, pending = %d; want 4 and 0", n, p)
+			}
+			if got := [2]int64{cs[1].Stats().Applied, cs[2].Stats().Applied}; got != [2]int64{2, 1} {
+				t.Fatalf("applied by b and c = %v, want [2 1]", got)
+			}
+			xbc := xmins(t, e, append(b, c...)...)
+			together := xbc[0] == xbc[1] && xbc[1] == xbc[2]
+			if together == fail {
+				t.Fatalf("b's and c's rows written by transactions %v; want one when merged, b's and c's own when refused", xbc)
+			}
+			if recs := e.logs.records(t, "shared inbox transaction failed; running the batch alone"); fail != (len(recs) == 2) {
+				t.Fatalf("members that ran alone: %d log records", len(recs))
+			}
+		})
 	}
 }

@@ -126,6 +126,23 @@ type PipelineHandler interface {
 	QueueBatch(b *pgx.Batch, ds []Delivery, rs []BatchResult) error
 }
 
+// MergeHandler is an optional interface of a PipelineHandler whose
+// batches a Group can merge: in a shared transaction whose members'
+// handlers are all MergeHandlers, the Group calls QueueMerged of the first
+// member's handler once, with every member's handler, deliveries and
+// results, instead of each member's QueueBatch, so that the members'
+// deliveries can share statements (one insert for all, say).
+//
+// QueueMerged must have the effect of calling hs[i].QueueBatch(b, ds[i],
+// rs[i]) for each member i in order, and fill each rs[i] as that would:
+// every delivery's outcome is its own member's. An error means nothing was
+// queued (a handler it cannot merge with, say): the members then run their
+// batches alone. Called by one goroutine at a time per Group.
+type MergeHandler interface {
+	PipelineHandler
+	QueueMerged(b *pgx.Batch, hs []PipelineHandler, ds [][]Delivery, rs [][]BatchResult) error
+}
+
 // BatchResult is the outcome of one delivery of BatchHandler.ApplyBatch:
 // Fresh reports a new inbox row; a non-nil Err (wrapping ErrMalformed)
 // dead-letters the delivery. Value is optional data of a fresh delivery

@@ -232,6 +232,58 @@ func (h *InboxHandler) ApplyBatch(ctx context.Context, tx pgx.Tx, ds []inbox.Del
 // receipt always (Value: the Receipt). It queues nothing when every
 // delivery is malformed.
 func (h *InboxHandler) QueueBatch(b *pgx.Batch, ds []inbox.Delivery, rs []inbox.BatchResult) error {
+	queueBatches(b, []*inboxBatch{h.decodeBatch(ds, rs)})
+	return nil
+}
+
+// QueueMerged implements inbox.MergeHandler: the batches of several
+// partitions' consumers in one shared inbox transaction (inbox.Group), with
+// the statements QueueBatch queues for each, except that their messages
+// share one lock statement (all their chats, in chat order) and one insert.
+// Each batch's receipt still goes to its own partition's outbox. hs must be
+// InboxHandlers of one service (ForPartition copies); error: another
+// handler, before anything is queued.
+func (h *InboxHandler) QueueMerged(b *pgx.Batch, hs []inbox.PipelineHandler, ds [][]inbox.Delivery, rs [][]inbox.BatchResult) error {
+	bts := make([]*inboxBatch, len(hs))
+	for i, ph := range hs {
+		m, ok := ph.(*InboxHandler)
+		if !ok || m.service != h.service {
+			return fmt.Errorf("chat: merging inbox batches: handler %d is a %T of another service or kind", i, ph)
+		}
+		bts[i] = m.decodeBatch(ds[i], rs[i])
+	}
+	queueBatches(b, bts)
+	return nil
+}
+
+// inboxBatch is one batch's deliveries, decoded, before its statements are
+// queued: the columns of its messages (idx: each one's delivery index),
+// the receipts and seq floors it carries, and its changes.
+type inboxBatch struct {
+	h  *InboxHandler
+	rs []inbox.BatchResult
+
+	ids                                 []pgtype.UUID
+	bodies, senders, authors, tps, refs []string
+	chats, seqs                         []int64
+	sentAts                             []time.Time
+	idx                                 []int
+	repeats                             []pgtype.UUID
+	traced                              string // the first traceparent of the batch's messages: the receipt's
+	msgs                                []chat.Message
+
+	rChats, rUpto []int64
+	rAts          []time.Time
+	fChats, fUpto []int64 // seq floors (floor.go)
+	// Edits, deletes and read receipts (changes.go), queued after the
+	// messages' statements so that a change finds its message of the same
+	// batch.
+	changes changeBatch
+}
+
+// decodeBatch decodes ds (a malformed delivery's result in rs gets its
+// error; a receipt's and a seq floor's their outcome).
+func (h *InboxHandler) decodeBatch(ds []inbox.Delivery, rs []inbox.BatchResult) *inboxBatch {
 	// The message columns, sized for a batch of messages only (the usual
 	// one): growing ten slices by appends cost more than the batch's
 	// decoding of a row.
@@ -242,22 +294,14 @@ func (h *InboxHandler) QueueBatch(b *pgx.Batch, ds []inbox.Delivery, rs []inbox.
 	// parsed back. Not as [16]byte: pgx cannot write that as text, which
 	// the exec and simple protocol modes (behind a transaction-mode
 	// pooler) need.
-	ids := make([]pgtype.UUID, 0, n)
-	bodies, senders, authors := make([]string, 0, n), make([]string, 0, n), make([]string, 0, n)
-	tps, refs := make([]string, 0, n), make([]string, 0, n)
-	chats, seqs, sentAts := make([]int64, 0, n), make([]int64, 0, n), make([]time.Time, 0, n)
-	var repeats []pgtype.UUID
-	traced := "" // the first traceparent of the batch's messages: the receipt's
-	var rChats, rUpto []int64
-	var rAts []time.Time
-	var fChats, fUpto []int64        // seq floors (floor.go)
-	first := make(map[string]int, n) // message id → index of its first delivery in ds
-	msgs := make([]chat.Message, n)
-	// Edits, deletes and read receipts (changes.go), queued after the
-	// messages' statements so that a change finds its message of the same
-	// batch.
-	var changes changeBatch
-	defer changes.queue(b)
+	bt := &inboxBatch{h: h, rs: rs,
+		ids:    make([]pgtype.UUID, 0, n),
+		bodies: make([]string, 0, n), senders: make([]string, 0, n), authors: make([]string, 0, n),
+		tps: make([]string, 0, n), refs: make([]string, 0, n),
+		chats: make([]int64, 0, n), seqs: make([]int64, 0, n), sentAts: make([]time.Time, 0, n),
+		idx: make([]int, 0, n), msgs: make([]chat.Message, n),
+	}
+	first := make(map[string]struct{}, n) // message ids met so far
 	for i, d := range ds {
 		// Every delivery, message or receipt, is checked against the event
 		// keys first: a forged receipt would otherwise mark messages
@@ -273,7 +317,7 @@ func (h *InboxHandler) QueueBatch(b *pgx.Batch, ds []inbox.Delivery, rs []inbox.
 				continue
 			}
 			for _, c := range r.Chats {
-				fChats, fUpto = append(fChats, c.ChatID), append(fUpto, c.UptoSeq)
+				bt.fChats, bt.fUpto = append(bt.fChats, c.ChatID), append(bt.fUpto, c.UptoSeq)
 			}
 			// No Value: a chat.Receipt would be pushed as a receipt
 			// (✓✓) by the gateway; without one it re-reads its rooms.
@@ -287,13 +331,13 @@ func (h *InboxHandler) QueueBatch(b *pgx.Batch, ds []inbox.Delivery, rs []inbox.
 				continue
 			}
 			for _, c := range r.Chats {
-				rChats, rUpto, rAts = append(rChats, c.ChatID), append(rUpto, c.UptoSeq), append(rAts, r.ReceivedAt)
+				bt.rChats, bt.rUpto, bt.rAts = append(bt.rChats, c.ChatID), append(bt.rUpto, c.UptoSeq), append(bt.rAts, r.ReceivedAt)
 			}
 			rs[i].Fresh, rs[i].Value = true, r
 			continue
 		}
 		if isChangeEvent(d.Name) {
-			changes.add(h, d, i, rs)
+			bt.changes.add(h, d, i, rs)
 			continue
 		}
 		m, err := h.decode(d)
@@ -307,14 +351,14 @@ func (h *InboxHandler) QueueBatch(b *pgx.Batch, ds []inbox.Delivery, rs []inbox.
 			continue
 		}
 		if _, seen := first[m.ID]; seen {
-			repeats = append(repeats, pgtype.UUID{Bytes: id, Valid: true}) // a duplicate inside the batch
+			bt.repeats = append(bt.repeats, pgtype.UUID{Bytes: id, Valid: true}) // a duplicate inside the batch
 			continue
 		}
-		first[m.ID] = i
-		msgs[i] = m
-		ids, chats, seqs = append(ids, pgtype.UUID{Bytes: id, Valid: true}), append(chats, m.ChatID), append(seqs, m.Seq)
-		bodies, senders, sentAts = append(bodies, m.Body), append(senders, m.From), append(sentAts, m.SentAt)
-		authors = append(authors, m.Author)
+		first[m.ID] = struct{}{}
+		bt.msgs[i] = m
+		bt.ids, bt.chats, bt.seqs = append(bt.ids, pgtype.UUID{Bytes: id, Valid: true}), append(bt.chats, m.ChatID), append(bt.seqs, m.Seq)
+		bt.bodies, bt.senders, bt.sentAts = append(bt.bodies, m.Body), append(bt.senders, m.From), append(bt.sentAts, m.SentAt)
+		bt.authors, bt.idx = append(bt.authors, m.Author), append(bt.idx, i)
 		// The message's trace context (migration 011): kept in its row for
 		// the gateway's push, and sent back on the batch's receipt (one
 		// receipt per batch, so it joins the trace of its first traced
@@ -323,80 +367,140 @@ func (h *InboxHandler) QueueBatch(b *pgx.Batch, ds []inbox.Delivery, rs []inbox.
 		if !validTraceparent(tp) {
 			tp = ""
 		}
-		tps, refs = append(tps, tp), append(refs, d.Ref)
-		if traced == "" {
-			traced = tp
+		bt.tps, bt.refs = append(bt.tps, tp), append(bt.refs, d.Ref)
+		if bt.traced == "" {
+			bt.traced = tp
 		}
-		msgs[i].TraceParent = tp
+		bt.msgs[i].TraceParent = tp
 	}
-	if len(rChats) > 0 {
-		b.Queue(h.rq.apply, rChats, rUpto, rAts).Query(func(rows pgx.Rows) error {
-			rows.Close()
+	return bt
+}
+
+// msgRef names a message of one of the batches queueBatches merges.
+type msgRef struct {
+	bt *inboxBatch
+	i  int // delivery index
+}
+
+// queueBatches queues the statements of bts, which share one transaction:
+// each one's receipts, then one lock statement for all their chats (the
+// messages' and the seq floors', in ascending order: two sets taken one
+// after the other could deadlock with another consumer's), each one's
+// floors, one insert of all their messages, each one's receipt emit (to
+// its own partition's outbox), each one's changes. It fills the results
+// from the statements' rows.
+func queueBatches(b *pgx.Batch, bts []*inboxBatch) {
+	h := bts[0].h
+	total, floors := 0, 0
+	for _, bt := range bts {
+		if len(bt.rChats) > 0 {
+			b.Queue(bt.h.rq.apply, bt.rChats, bt.rUpto, bt.rAts).Query(func(rows pgx.Rows) error {
+				rows.Close()
+				if err := rows.Err(); err != nil {
+					return fmt.Errorf("apply receipts: %w", err)
+				}
+				return nil
+			})
+		}
+		total, floors = total+len(bt.ids), floors+len(bt.fChats)
+	}
+	defer func() {
+		for _, bt := range bts {
+			bt.changes.queue(b)
+		}
+	}()
+	if total == 0 && floors == 0 {
+		return
+	}
+	// One batch (the usual case) goes as it is; several are merged into
+	// one set of columns, a message met in an earlier batch counting as a
+	// repeat.
+	m := bts[0]
+	refs := make(map[string]msgRef, total)
+	if len(bts) > 1 {
+		m = &inboxBatch{}
+		for _, bt := range bts {
+			m.repeats = append(m.repeats, bt.repeats...)
+			for j, i := range bt.idx {
+				if _, seen := refs[bt.msgs[i].ID]; seen {
+					m.repeats = append(m.repeats, bt.ids[j])
+					continue
+				}
+				refs[bt.msgs[i].ID] = msgRef{bt, i}
+				m.ids, m.chats, m.seqs = append(m.ids, bt.ids[j]), append(m.chats, bt.chats[j]), append(m.seqs, bt.seqs[j])
+				m.bodies, m.senders, m.sentAts = append(m.bodies, bt.bodies[j]), append(m.senders, bt.senders[j]), append(m.sentAts, bt.sentAts[j])
+				m.authors, m.tps, m.refs = append(m.authors, bt.authors[j]), append(m.tps, bt.tps[j]), append(m.refs, bt.refs[j])
+			}
+			m.fChats = append(m.fChats, bt.fChats...)
+		}
+	} else {
+		for _, i := range m.idx {
+			refs[m.msgs[i].ID] = msgRef{m, i}
+		}
+	}
+	locks := append(slices.Clone(m.chats), m.fChats...)
+	slices.Sort(locks)
+	b.Queue(h.lockChats, slices.Compact(locks))
+	for _, bt := range bts {
+		if len(bt.fChats) > 0 {
+			bt.h.queueFloors(b, bt.fChats, bt.fUpto)
+		}
+	}
+	if len(m.ids) > 0 {
+		b.Queue(h.insertBatch, m.ids, m.chats, m.seqs, m.bodies, m.senders, m.sentAts, m.repeats, m.authors, m.tps, m.refs).Query(func(rows pgx.Rows) error {
+			// The ids are read as the driver's bytes (valid until the next
+			// row) and only looked up: no string per row. The received
+			// times share one array: no allocation per row either.
+			var id, taken pgtype.DriverBytes
+			ats := make([]time.Time, len(m.ids))
+			k := 0
+			for rows.Next() {
+				var at time.Time
+				if err := rows.Scan(&id, &at, &taken); err != nil {
+					return fmt.Errorf("insert inbox batch: %w", err)
+				}
+				ref, ok := refs[string(id)]
+				if !ok {
+					continue
+				}
+				msg, rs := ref.bt.msgs[ref.i], ref.bt.rs
+				if len(taken) > 0 {
+					rs[ref.i].Err = fmt.Errorf("%w: %w: chat %d seq %d is already stored under message %s, not %s",
+						inbox.ErrMalformed, ErrSeqConflict, msg.ChatID, msg.Seq, taken, msg.ID)
+					continue
+				}
+				if k == len(ats) { // more new rows than messages: cannot be, but do not panic
+					ats = append(ats, time.Time{})
+				}
+				ats[k] = at
+				msg.ReceivedAt, msg.DeliveredAt = &ats[k], &ats[k]
+				k++
+				rs[ref.i].Fresh, rs[ref.i].Value = true, msg
+			}
 			if err := rows.Err(); err != nil {
-				return fmt.Errorf("apply receipts: %w", err)
+				var pgErr *pgconn.PgError
+				if errors.As(err, &pgErr) && pgErr.Code == "23505" && pgErr.ConstraintName == "inbox_chat_id_seq_key" {
+					return fmt.Errorf("%w: %w: (chat, seq) already stored under another message id: %s", inbox.ErrMalformed, ErrSeqConflict, pgErr.Detail)
+				}
+				return fmt.Errorf("insert inbox batch: %w", err)
 			}
 			return nil
 		})
 	}
-	if len(ids) == 0 && len(fChats) == 0 {
-		return nil
-	}
-	// One lock set for the floors' chats and the messages' together, in
-	// ascending order: two sets taken one after the other could deadlock
-	// with another consumer's.
-	locks := append(slices.Clone(chats), fChats...)
-	slices.Sort(locks)
-	b.Queue(h.lockChats, slices.Compact(locks))
-	if len(fChats) > 0 {
-		h.queueFloors(b, fChats, fUpto)
-		if len(ids) == 0 {
-			b.Queue(h.rq.emit, fChats, h.service, nil)
-			return nil
-		}
-	}
-	b.Queue(h.insertBatch, ids, chats, seqs, bodies, senders, sentAts, repeats, authors, tps, refs).Query(func(rows pgx.Rows) error {
-		// The ids are read as the driver's bytes (valid until the next
-		// row) and only looked up: no string per row. The received times
-		// share one array: no allocation per row either.
-		var id, taken pgtype.DriverBytes
-		ats := make([]time.Time, len(ds))
-		for rows.Next() {
-			var at time.Time
-			if err := rows.Scan(&id, &at, &taken); err != nil {
-				return fmt.Errorf("insert inbox batch: %w", err)
-			}
-			i, ok := first[string(id)]
-			if !ok {
-				continue
-			}
-			m := msgs[i]
-			if len(taken) > 0 {
-				rs[i].Err = fmt.Errorf("%w: %w: chat %d seq %d is already stored under message %s, not %s",
-					inbox.ErrMalformed, ErrSeqConflict, m.ChatID, m.Seq, taken, m.ID)
-				continue
-			}
-			ats[i] = at
-			m.ReceivedAt, m.DeliveredAt = &ats[i], &ats[i]
-			rs[i].Fresh, rs[i].Value = true, m
-		}
-		if err := rows.Err(); err != nil {
-			var pgErr *pgconn.PgError
-			if errors.As(err, &pgErr) && pgErr.Code == "23505" && pgErr.ConstraintName == "inbox_chat_id_seq_key" {
-				return fmt.Errorf("%w: %w: (chat, seq) already stored under another message id: %s", inbox.ErrMalformed, ErrSeqConflict, pgErr.Detail)
-			}
-			return fmt.Errorf("insert inbox batch: %w", err)
-		}
-		return nil
-	})
 	// After the insert, so it sees the new rows; for duplicates too (a
-	// message published again by the re-drive gets its receipt).
-	var receiptHeaders *string
-	if traced != "" {
-		j := `{"` + traceparentHeader + `":"` + traced + `"}` // a traceparent is hex and '-': nothing to escape
-		receiptHeaders = &j
+	// message published again by the re-drive gets its receipt). Each
+	// batch's to its own partition's outbox.
+	for _, bt := range bts {
+		if len(bt.ids) == 0 && len(bt.fChats) == 0 {
+			continue
+		}
+		var receiptHeaders *string
+		if bt.traced != "" {
+			j := `{"` + traceparentHeader + `":"` + bt.traced + `"}` // a traceparent is hex and '-': nothing to escape
+			receiptHeaders = &j
+		}
+		b.Queue(bt.h.rq.emit, append(slices.Clip(bt.chats), bt.fChats...), bt.h.service, receiptHeaders)
 	}
-	b.Queue(h.rq.emit, append(slices.Clip(chats), fChats...), h.service, receiptHeaders)
-	return nil
 }
 
 // traceparentHeader is the event header of the W3C trace context
