@@ -2,6 +2,9 @@ package inbox_test
 
 import (
 	"context"
+	"strconv"
+	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/outboxchat/outboxchat/inbox"
@@ -40,4 +43,70 @@ func BenchmarkProcessBatch100(b *testing.B) {
 		b.Fatalf("Applied = %d, want %d", got, n*b.N)
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(n*b.N), "ns/delivery")
+}
+
+// BenchmarkGroup applies the batches of 4 consumers (25 fresh deliveries
+// each) started together: "alone" each batch a pipelined transaction of its
+// own, "group" in a Group whose handlers merge (one INSERT for the batches
+// that share a transaction). It reports the transactions per op. Enqueueing
+// and fetching are not timed.
+func BenchmarkGroup(b *testing.B) {
+	const members, n = 4, 25
+	for _, grouped := range []bool{false, true} {
+		name := "alone"
+		if grouped {
+			name = "group"
+		}
+		b.Run(name, func(b *testing.B) {
+			e := newEnv(b)
+			var g *inbox.Group
+			var h inbox.Handler = pipeHandler{}
+			if grouped {
+				var err error
+				if g, err = inbox.NewGroup(e.pool); err != nil {
+					b.Fatal(err)
+				}
+				h = mergeHandler{calls: new(atomic.Int64)}
+			}
+			srcs := make([]inbox.Source, members)
+			cs := make([]*inbox.Consumer, members)
+			for i := range members {
+				srcs[i] = e.source(b, "bench"+strconv.Itoa(i))
+				var err error
+				if cs[i], err = inbox.NewConsumer(e.pool, srcs[i], h, &inbox.Config{Logger: e.log, Group: g}); err != nil {
+					b.Fatal(err)
+				}
+			}
+			ctx := context.Background()
+			jobs := make([]redisq.Job, n)
+			ds := make([][]inbox.Delivery, members)
+			b.ResetTimer()
+			for range b.N {
+				b.StopTimer()
+				for i := range members {
+					for j := range jobs {
+						jobs[j] = job("bench")
+					}
+					e.add(b, jobs...)
+					ds[i] = fetchAll(b, srcs[i], n)
+				}
+				b.StartTimer()
+				var wg sync.WaitGroup
+				for i, c := range cs {
+					wg.Go(func() {
+						if err := c.ProcessBatch(ctx, ds[i]); err != nil {
+							b.Error(err)
+						}
+					})
+				}
+				wg.Wait()
+			}
+			b.StopTimer()
+			txs := float64(members)
+			if g != nil {
+				txs = float64(g.Stats().Transactions) / float64(b.N)
+			}
+			b.ReportMetric(txs, "tx/op")
+		})
+	}
 }

@@ -119,6 +119,58 @@ func xmins(t *testing.T, e *env, jobs ...redisq.Job) []string {
 	return out
 }
 
+// memberRun is one member's ProcessBatch of a shared round.
+type memberRun struct {
+	c  *inbox.Consumer
+	ds []inbox.Delivery
+}
+
+// sharedRound runs runs[0] (its handler a lockingHandler on key, whose lock
+// the test holds) until its transaction waits for the lock, has the other
+// runs come into g one at a time in the order given, then calls release
+// and returns each run's ProcessBatch error, in the order of runs.
+func sharedRound(t *testing.T, e *env, g *inbox.Group, key int64, release func(), runs ...memberRun) []error {
+	t.Helper()
+	ctx := context.Background()
+	dones := []<-chan error{processAsync(ctx, runs[0].c, runs[0].ds)}
+	waitForLockWaiter(t, e, key)
+	for i, r := range runs[1:] {
+		dones = append(dones, processAsync(ctx, r.c, r.ds))
+		testenv.WaitFor(t, 10*time.Second, "the batch waiting in the group", func() bool { return g.Waiting() == i+1 })
+	}
+	if n := e.rows(t); n != 0 {
+		t.Fatalf("inbox rows before the lock is released = %d, want 0", n)
+	}
+	release()
+	errs := make([]error, len(dones))
+	for i, d := range dones {
+		errs[i] = wait(t, fmt.Sprint("member ", i), d)
+	}
+	return errs
+}
+
+// waitForLockWaiter waits until a transaction waits for the advisory lock
+// key.
+func waitForLockWaiter(t *testing.T, e *env, key int64) {
+	t.Helper()
+	testenv.WaitFor(t, 10*time.Second, "a transaction to wait for the lock", func() bool {
+		var n int
+		_ = e.pool.QueryRow(context.Background(),
+			`SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND objid = $1`, key).Scan(&n)
+		return n == 1
+	})
+}
+
+// noErrors fails t for the first non-nil error of errs.
+func noErrors(t *testing.T, errs []error) {
+	t.Helper()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("ProcessBatch of member %d: %v", i, err)
+		}
+	}
+}
+
 // processAsync runs c.ProcessBatch(ds) on its own goroutine; the channel
 // gets its error.
 func processAsync(ctx context.Context, c *inbox.Consumer, ds []inbox.Delivery) <-chan error {
@@ -158,26 +210,8 @@ func TestGroupSharesTheNextTransaction(t *testing.T) {
 	c := []redisq.Job{job("c1")}
 	da, db, dc := deliveries(t, e, srcs[0], a...), deliveries(t, e, srcs[1], b...), deliveries(t, e, srcs[2], c...)
 
-	doneA := processAsync(ctx, cs[0], da)
-	testenv.WaitFor(t, 10*time.Second, "the first member's transaction to wait for the lock", func() bool {
-		var n int
-		_ = e.pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND objid = $1`, key).Scan(&n)
-		return n == 1
-	})
 	// c comes in before b, which joined the group before c.
-	doneC := processAsync(ctx, cs[2], dc)
-	testenv.WaitFor(t, 10*time.Second, "c's batch waiting in the group", func() bool { return g.Waiting() == 1 })
-	doneB := processAsync(ctx, cs[1], db)
-	testenv.WaitFor(t, 10*time.Second, "two batches waiting in the group", func() bool { return g.Waiting() == 2 })
-	if n := e.rows(t); n != 0 {
-		t.Fatalf("inbox rows before the lock is released = %d, want 0", n)
-	}
-	release()
-	for name, done := range map[string]<-chan error{"a": doneA, "b": doneB, "c": doneC} {
-		if err := wait(t, "member "+name, done); err != nil {
-			t.Fatalf("ProcessBatch of member %s: %v", name, err)
-		}
-	}
+	noErrors(t, sharedRound(t, e, g, key, release, memberRun{cs[0], da}, memberRun{cs[2], dc}, memberRun{cs[1], db}))
 	if got, want := g.Stats(), (inbox.GroupStats{Transactions: 2, Batches: 3}); got != want {
 		t.Fatalf("group stats = %+v, want %+v", got, want)
 	}
@@ -211,7 +245,6 @@ func TestGroupSharesTheNextTransaction(t *testing.T) {
 // own member's batch and the other member's deliveries are applied.
 func TestGroupIsolatesPoisonInASharedTransaction(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
 	e := newEnv(t)
 	g, err := inbox.NewGroup(e.pool)
 	if err != nil {
@@ -225,20 +258,7 @@ func TestGroupIsolatesPoisonInASharedTransaction(t *testing.T) {
 	db := deliveries(t, e, srcs[1], job("b1"), poison, job("b2"))
 	dc := deliveries(t, e, srcs[2], job("c1"), job("c2"))
 
-	doneA := processAsync(ctx, cs[0], da)
-	testenv.WaitFor(t, 10*time.Second, "the first member's transaction to wait for the lock", func() bool {
-		var n int
-		_ = e.pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND objid = $1`, key).Scan(&n)
-		return n == 1
-	})
-	doneB, doneC := processAsync(ctx, cs[1], db), processAsync(ctx, cs[2], dc)
-	testenv.WaitFor(t, 10*time.Second, "two batches waiting in the group", func() bool { return g.Waiting() == 2 })
-	release()
-	for name, done := range map[string]<-chan error{"a": doneA, "b": doneB, "c": doneC} {
-		if err := wait(t, "member "+name, done); err != nil {
-			t.Fatalf("ProcessBatch of member %s: %v", name, err)
-		}
-	}
+	noErrors(t, sharedRound(t, e, g, key, release, memberRun{cs[0], da}, memberRun{cs[1], db}, memberRun{cs[2], dc}))
 	if n := e.rows(t); n != 5 {
 		t.Fatalf("inbox rows = %d, want 5 (every good delivery, not the poison)", n)
 	}
@@ -278,11 +298,7 @@ func TestGroupMemberGivesUpWhileWaiting(t *testing.T) {
 	dc := deliveries(t, e, srcs[2], job("c"))
 
 	doneA := processAsync(ctx, cs[0], da)
-	testenv.WaitFor(t, 10*time.Second, "the first member's transaction to wait for the lock", func() bool {
-		var n int
-		_ = e.pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND objid = $1`, key).Scan(&n)
-		return n == 1
-	})
+	waitForLockWaiter(t, e, key)
 	bctx, cancel := context.WithCancel(ctx)
 	doneB := processAsync(bctx, cs[1], db)
 	testenv.WaitFor(t, 10*time.Second, "b waiting in the group", func() bool { return g.Waiting() == 1 })
@@ -383,7 +399,6 @@ func (h mergeHandler) QueueMerged(b *pgx.Batch, hs []inbox.PipelineHandler, ds [
 // when QueueMerged refuses, each member runs its batch alone.
 func TestGroupMergesTheBatchesOfMergeHandlers(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
 	for _, fail := range []bool{false, true} {
 		t.Run(fmt.Sprintf("refuses=%v", fail), func(t *testing.T) {
 			t.Parallel()
@@ -404,22 +419,7 @@ func TestGroupMergesTheBatchesOfMergeHandlers(t *testing.T) {
 			b := []redisq.Job{job("b1"), job("b2")}
 			c := []redisq.Job{job("c1")}
 			db, dc := deliveries(t, e, srcs[1], b...), deliveries(t, e, srcs[2], c...)
-			doneA := processAsync(ctx, cs[0], da)
-			testenv.WaitFor(t, 10*time.Second, "the first member's transaction to wait for the lock", func() bool {
-				var n int
-				_ = e.pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND objid = $1`, key).Scan(&n)
-				return n == 1
-			})
-			doneB := processAsync(ctx, cs[1], db)
-			testenv.WaitFor(t, 10*time.Second, "b waiting in the group", func() bool { return g.Waiting() == 1 })
-			doneC := processAsync(ctx, cs[2], dc)
-			testenv.WaitFor(t, 10*time.Second, "c waiting in the group", func() bool { return g.Waiting() == 2 })
-			release()
-			for name, done := range map[string]<-chan error{"a": doneA, "b": doneB, "c": doneC} {
-				if err := wait(t, "member "+name, done); err != nil {
-					t.Fatalf("ProcessBatch of member %s: %v", name, err)
-				}
-			}
+			noErrors(t, sharedRound(t, e, g, key, release, memberRun{cs[0], da}, memberRun{cs[1], db}, memberRun{cs[2], dc}))
 			if got := calls.Load(); got != 1 {
 				t.Fatalf("QueueMerged calls = %d, want 1", got)
 			}

@@ -473,13 +473,7 @@ func (r *Relay) runOnce(ctx context.Context) (p pass, err error) {
 	defer conn.Release() // destroys the connection if a transaction is left open
 
 	inTx := false
-	defer func() {
-		if inTx {
-			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recordMax)
-			rollback(rctx, conn)
-			cancel()
-		}
-	}()
+	defer rollbackOpen(ctx, conn, &inTx)
 
 	floor, wantXid := r.floor.start(start)
 	b := &pgx.Batch{}
@@ -764,6 +758,16 @@ func (r *Relay) rollbackAndRecord(ctx context.Context, conn *pgxpool.Conn, inTx 
 	if err := conn.SendBatch(rctx, b).Close(); err != nil {
 		r.log.Debug("recording a failed pass failed", slog.Int("rows", len(ids)), slog.Any("err", err))
 		_, _ = conn.Exec(rctx, "ROLLBACK")
+	}
+}
+
+// rollbackOpen rolls back conn's transaction when *inTx says one is still
+// open (a pass that returned early), within recordMax.
+func rollbackOpen(ctx context.Context, conn *pgxpool.Conn, inTx *bool) {
+	if *inTx {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recordMax)
+		rollback(rctx, conn)
+		cancel()
 	}
 }
 

@@ -316,13 +316,8 @@ func TestPollOnly(t *testing.T) {
 // publications must come in seq order.
 func TestTwoRelaysOrder(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
 	const writers, perWriter, chats = 20, 50, 5
 	pool := setup(t)
-	if _, err := pool.Exec(ctx, `CREATE TABLE ob.chats (chat_id int PRIMARY KEY, last_seq int NOT NULL);
-		INSERT INTO ob.chats SELECT g, 0 FROM generate_series(0, 4) g`); err != nil {
-		t.Fatal(err)
-	}
 	wpool := newPool(t, pool, 8)
 	w := newWriter(t, wpool, outbox.WakeAfterCommit)
 	rec := &recorder{}
@@ -331,14 +326,34 @@ func TestTwoRelaysOrder(t *testing.T) {
 		r := newRelay(t, newPool(t, pool, 2), outbox.RelayConfig{Publisher: rec, BatchSize: 7 + i})
 		startRelay(t, r)
 	}
+	writeChats(t, wpool, writers, perWriter, chats, func(int) *outbox.Writer { return w })
+	checkChatOrder(t, rec, writers*perWriter, chats)
+	if n := unsent(t, pool); n != 0 {
+		t.Fatalf("%d rows unsent", n)
+	}
+	t.Logf("%d publications for %d IDs", len(rec.ids()), writers*perWriter)
+}
 
+// writeChats has writers goroutines each commit perWriter events on pool,
+// one per transaction, over chats chats (table ob.chats, created here,
+// hands out each chat's seq under its row lock, so that transactions
+// commit out of id order), each event through writerOf(chat) and its id
+// "<chat>/<seq>"; it calls Committed after each commit.
+func writeChats(t *testing.T, pool *pgxpool.Pool, writers, perWriter, chats int, writerOf func(chat int) *outbox.Writer) {
+	t.Helper()
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, fmt.Sprintf(`CREATE TABLE ob.chats (chat_id int PRIMARY KEY, last_seq int NOT NULL);
+		INSERT INTO ob.chats SELECT g, 0 FROM generate_series(0, %d) g`, chats-1)); err != nil {
+		t.Fatal(err)
+	}
 	var wg sync.WaitGroup
 	errs := make(chan error, writers)
 	for g := range writers {
 		wg.Go(func() {
 			for i := range perWriter {
 				chat := (g + i) % chats
-				err := pgx.BeginFunc(ctx, wpool, func(tx pgx.Tx) error {
+				w := writerOf(chat)
+				err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 					var seq int
 					if err := tx.QueryRow(ctx, "UPDATE ob.chats SET last_seq = last_seq + 1 WHERE chat_id = $1 RETURNING last_seq",
 						chat).Scan(&seq); err != nil {
@@ -360,8 +375,15 @@ func TestTwoRelaysOrder(t *testing.T) {
 	for err := range errs {
 		t.Fatalf("writer: %v", err)
 	}
-	testenv.WaitFor(t, 20*time.Second, "all events published", func() bool {
-		return len(rec.distinct()) == writers*perWriter
+}
+
+// checkChatOrder waits until rec has published n distinct events of
+// writeChats, then checks that each chat's first publications came in seq
+// order.
+func checkChatOrder(t *testing.T, rec *recorder, n, chats int) {
+	t.Helper()
+	testenv.WaitFor(t, 30*time.Second, "all events published", func() bool {
+		return len(rec.distinct()) == n
 	})
 	next := make([]int, chats)
 	for _, id := range rec.distinct() {
@@ -374,10 +396,6 @@ func TestTwoRelaysOrder(t *testing.T) {
 			t.Fatalf("chat %d: first publication of seq %d came where seq %d was due", chat, seq, next[chat])
 		}
 	}
-	if n := unsent(t, pool); n != 0 {
-		t.Fatalf("%d rows unsent", n)
-	}
-	t.Logf("%d publications for %d IDs", len(rec.ids()), writers*perWriter)
 }
 
 func TestLockTimeoutBoundsClaim(t *testing.T) {

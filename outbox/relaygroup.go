@@ -133,13 +133,7 @@ func (g *RelayGroup) run(ctx context.Context, reqs []*passReq) {
 	}
 	defer conn.Release() // destroys the connection if a transaction is left open
 	inTx := false
-	defer func() {
-		if inTx {
-			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recordMax)
-			rollback(rctx, conn)
-			cancel()
-		}
-	}()
+	defer rollbackOpen(ctx, conn, &inTx)
 
 	// The sequence reads before BEGIN, so before the xid: floor.go.
 	b := &pgx.Batch{}

@@ -273,14 +273,9 @@ func TestRelayGroupFailuresStayWithTheirMember(t *testing.T) {
 // is left — the claim floors hold across shared passes.
 func TestRelayGroupOrderUnderConcurrentWriters(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
 	const writers, perWriter, chats = 12, 40, 6
 	pool := setup(t)
 	tables := groupTables(t, pool, 3)
-	if _, err := pool.Exec(ctx, `CREATE TABLE ob.chats (chat_id int PRIMARY KEY, last_seq int NOT NULL);
-		INSERT INTO ob.chats SELECT g, 0 FROM generate_series(0, 5) g`); err != nil {
-		t.Fatal(err)
-	}
 	wpool := newPool(t, pool, 8)
 	ws := make([]*outbox.Writer, len(tables))
 	for i, table := range tables {
@@ -303,47 +298,8 @@ func TestRelayGroupOrderUnderConcurrentWriters(t *testing.T) {
 			startRelay(t, r)
 		}
 	}
-	var wg sync.WaitGroup
-	errs := make(chan error, writers)
-	for g := range writers {
-		wg.Go(func() {
-			for i := range perWriter {
-				chat := (g + i) % chats
-				err := pgx.BeginFunc(ctx, wpool, func(tx pgx.Tx) error {
-					var seq int
-					if err := tx.QueryRow(ctx, "UPDATE ob.chats SET last_seq = last_seq + 1 WHERE chat_id = $1 RETURNING last_seq",
-						chat).Scan(&seq); err != nil {
-						return err
-					}
-					id := fmt.Sprintf("%d/%d", chat, seq)
-					return ws[chat%len(ws)].Enqueue(ctx, tx, outbox.Event{ID: id, Name: "msg", Payload: []byte(fmt.Sprintf(`{"chat":%d,"seq":%d}`, chat, seq))})
-				})
-				if err != nil {
-					errs <- err
-					return
-				}
-			}
-		})
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Fatalf("writer: %v", err)
-	}
-	testenv.WaitFor(t, 30*time.Second, "all events published", func() bool {
-		return len(rec.distinct()) == writers*perWriter
-	})
-	next := make([]int, chats)
-	for _, id := range rec.distinct() {
-		var chat, seq int
-		if _, err := fmt.Sscanf(id, "%d/%d", &chat, &seq); err != nil {
-			t.Fatalf("bad id %q", id)
-		}
-		next[chat]++
-		if seq != next[chat] {
-			t.Fatalf("chat %d: first publication of seq %d came where seq %d was due", chat, seq, next[chat])
-		}
-	}
+	writeChats(t, wpool, writers, perWriter, chats, func(chat int) *outbox.Writer { return ws[chat%len(ws)] })
+	checkChatOrder(t, rec, writers*perWriter, chats)
 	for _, table := range tables {
 		if left := unsentIn(t, pool, table); len(left) != 0 {
 			t.Fatalf("%s: %d rows left", table, len(left))

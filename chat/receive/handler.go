@@ -271,6 +271,7 @@ type inboxBatch struct {
 	repeats                             []pgtype.UUID
 	traced                              string // the first traceparent of the batch's messages: the receipt's
 	msgs                                []chat.Message
+	first                               map[string]int // message id → index of its first delivery
 
 	rChats, rUpto []int64
 	rAts          []time.Time
@@ -301,7 +302,7 @@ func (h *InboxHandler) decodeBatch(ds []inbox.Delivery, rs []inbox.BatchResult) 
 		chats: make([]int64, 0, n), seqs: make([]int64, 0, n), sentAts: make([]time.Time, 0, n),
 		idx: make([]int, 0, n), msgs: make([]chat.Message, n),
 	}
-	first := make(map[string]struct{}, n) // message ids met so far
+	bt.first = make(map[string]int, n)
 	for i, d := range ds {
 		// Every delivery, message or receipt, is checked against the event
 		// keys first: a forged receipt would otherwise mark messages
@@ -350,11 +351,11 @@ func (h *InboxHandler) decodeBatch(ds []inbox.Delivery, rs []inbox.BatchResult) 
 			rs[i].Err = fmt.Errorf("%w: id %q: %v", inbox.ErrMalformed, m.ID, err)
 			continue
 		}
-		if _, seen := first[m.ID]; seen {
+		if _, seen := bt.first[m.ID]; seen {
 			bt.repeats = append(bt.repeats, pgtype.UUID{Bytes: id, Valid: true}) // a duplicate inside the batch
 			continue
 		}
-		first[m.ID] = struct{}{}
+		bt.first[m.ID] = i
 		bt.msgs[i] = m
 		bt.ids, bt.chats, bt.seqs = append(bt.ids, pgtype.UUID{Bytes: id, Valid: true}), append(bt.chats, m.ChatID), append(bt.seqs, m.Seq)
 		bt.bodies, bt.senders, bt.sentAts = append(bt.bodies, m.Body), append(bt.senders, m.From), append(bt.sentAts, m.SentAt)
@@ -416,8 +417,9 @@ func queueBatches(b *pgx.Batch, bts []*inboxBatch) {
 	// one set of columns, a message met in an earlier batch counting as a
 	// repeat.
 	m := bts[0]
-	refs := make(map[string]msgRef, total)
+	var refs map[string]msgRef // merged: message id → its batch and delivery
 	if len(bts) > 1 {
+		refs = make(map[string]msgRef, total)
 		m = &inboxBatch{}
 		for _, bt := range bts {
 			m.repeats = append(m.repeats, bt.repeats...)
@@ -433,10 +435,14 @@ func queueBatches(b *pgx.Batch, bts []*inboxBatch) {
 			}
 			m.fChats = append(m.fChats, bt.fChats...)
 		}
-	} else {
-		for _, i := range m.idx {
-			refs[m.msgs[i].ID] = msgRef{m, i}
+	}
+	lookup := func(id []byte) (msgRef, bool) {
+		if refs == nil {
+			i, ok := m.first[string(id)]
+			return msgRef{m, i}, ok
 		}
+		ref, ok := refs[string(id)]
+		return ref, ok
 	}
 	locks := append(slices.Clone(m.chats), m.fChats...)
 	slices.Sort(locks)
@@ -459,7 +465,7 @@ func queueBatches(b *pgx.Batch, bts []*inboxBatch) {
 				if err := rows.Scan(&id, &at, &taken); err != nil {
 					return fmt.Errorf("insert inbox batch: %w", err)
 				}
-				ref, ok := refs[string(id)]
+				ref, ok := lookup(id)
 				if !ok {
 					continue
 				}
