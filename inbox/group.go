@@ -33,6 +33,10 @@ import (
 // others are applied (a statement that failed after the COMMIT ran leaves
 // duplicates for that retry, which the inbox skips: at least once holds).
 //
+// The price is that a batch waits for the transaction in flight: a slow
+// one (a lock wait, a slow commit) holds back the batches of the other
+// members as long, where without the Group only its own would wait.
+//
 // When every member's handler is a MergeHandler, the Group has the first
 // one queue all of the members' batches at once (MergeHandler.QueueMerged),
 // so that they can share statements, not only the transaction.

@@ -39,6 +39,12 @@ import (
 // of its own. The transaction's lock, statement and idle timeouts are those
 // of the member that leads it; give the members the same.
 //
+// The price is that a member's pass waits for the pass in flight, and a
+// shared pass lasts as long as its slowest Publish: group relays whose
+// Publishers share their fate (one broker), not relays whose brokers fail
+// apart (the masters of a Redis Cluster, say), where one broker's failover
+// would then hold back all of them.
+//
 // A shared pass claims from its members' tables in the order the members
 // joined the group (their NewRelay calls), whatever order their passes
 // started in: processes that create their relays of the same tables in the
@@ -209,7 +215,8 @@ func (g *RelayGroup) run(ctx context.Context, reqs []*passReq) {
 			stage = "claim"
 		}
 		failAll(stage, fmt.Errorf("outbox: relay: mark rows sent (shared pass of %d tables): %w", len(reqs), err))
-		inTx = false
+		// The first record rolls the transaction back (the deferred
+		// rollback does when no member claimed rows).
 		for _, q := range reqs {
 			if len(q.c.ids) > 0 {
 				q.r.rollbackAndRecord(ctx, conn, &inTx, q.c.ids, err)

@@ -408,6 +408,20 @@ func (m *metrics) deletedPending(n func() int64) {
 	}, func() float64 { return float64(n()) }))
 }
 
+// sharedWork registers the counters of a group that shares transactions
+// across partitions (outbox.RelayGroup, inbox.Group), read from stats at
+// each scrape: name_transactions_total and name_<what>_total.
+func (m *metrics) sharedWork(name, what, help string, stats func() (txs, items int64)) {
+	m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: name + "_transactions_total",
+		Help: "Transactions " + help + " ran.",
+	}, func() float64 { n, _ := stats(); return float64(n) }))
+	m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: name + "_" + what + "_total",
+		Help: "Partitions' " + what + " those transactions carried (more than the transactions: they were shared).",
+	}, func() float64 { _, n := stats(); return float64(n) }))
+}
+
 // consumerNameShared registers outboxchat_consumer_name_shared, read from n
 // at each scrape (the presence's Shared).
 func (m *metrics) consumerNameShared(n func() int64) {

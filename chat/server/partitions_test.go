@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -214,6 +215,13 @@ func TestPartitionedOrderProperty(t *testing.T) {
 		}
 	}
 	for _, svc := range []string{chat.Consumers, chat.Workers} {
+		// The partitions' relay passes and inbox batches went through the
+		// process's groups.
+		for _, name := range []string{"outboxchat_relay_shared_transactions_total", "outboxchat_inbox_shared_transactions_total"} {
+			if v := scrape(t, run[svc].base, name); v < 1 {
+				t.Fatalf("%s: %s = %v, want at least 1", svc, name, v)
+			}
+		}
 		lanes[svc].check(t, parts)
 		if n := h.Count(t, `SELECT count(*) FROM `+svc+`.inbox_gap_fills`); n != 0 {
 			t.Fatalf("%s: %d gaps filled: a message overtook an earlier one of its chat", svc, n)
@@ -479,5 +487,14 @@ func TestPartitionsOnRedisCluster(t *testing.T) {
 	}
 	if len(masters) < 2 {
 		t.Fatalf("the %d partition streams all sit on one master", 2*parts)
+	}
+	// On a cluster the relays keep their own passes (one master's trouble
+	// holds back only its lanes); the inbox batches are still shared.
+	m, err := chattest.Get(run[chat.Consumers].base + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(m, "outboxchat_relay_shared_transactions_total") || !strings.Contains(m, "outboxchat_inbox_shared_transactions_total") {
+		t.Fatal("on a Redis Cluster: want no shared relay passes and shared inbox transactions")
 	}
 }

@@ -5,6 +5,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/outboxchat/outboxchat/chat"
 	"github.com/outboxchat/outboxchat/chat/gateway"
 	"github.com/outboxchat/outboxchat/chat/receive"
@@ -85,6 +87,10 @@ func (p *process) buildWorker() error {
 		if group, err = inbox.NewGroup(p.pool); err != nil {
 			return err
 		}
+		p.m.sharedWork("outboxchat_inbox_shared", "batches", "the inbox's shared transactions (partitions)", func() (int64, int64) {
+			s := group.Stats()
+			return s.Transactions, s.Batches
+		})
 	}
 	for part := range c.Partitions {
 		qc, err := redisq.NewConsumer(p.rdb, &redisq.ConsumerConfig{
@@ -182,13 +188,20 @@ func (p *process) buildRelay() error {
 	// With partitions, the passes of this process's relays share their
 	// transactions (outbox.RelayGroup): one send group wakes the relays
 	// of several partitions at once, and their passes then claim, publish
-	// and delete in one transaction, as one partition's would.
+	// and delete in one transaction, as one partition's would. Not on a
+	// Redis Cluster: there the partitions are spread over masters so that
+	// one master's trouble (a failover, a slot move) holds back only its
+	// own lanes, and a shared pass would wait for its slowest add.
 	var group *outbox.RelayGroup
-	if c.Partitions > 1 {
+	if _, cluster := p.rdb.(*redis.ClusterClient); c.Partitions > 1 && !cluster {
 		var err error
 		if group, err = outbox.NewRelayGroup(p.pool); err != nil {
 			return err
 		}
+		p.m.sharedWork("outboxchat_relay_shared", "passes", "the relays' shared passes (partitions)", func() (int64, int64) {
+			s := group.Stats()
+			return s.Transactions, s.Passes
+		})
 	}
 	for part := range c.Partitions {
 		pub, err := redisq.NewPublisher(p.rdb, p.publisherConfig(part))
