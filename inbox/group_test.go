@@ -440,3 +440,56 @@ func TestGroupMergesTheBatchesOfMergeHandlers(t *testing.T) {
 		})
 	}
 }
+
+// The connection of a shared transaction dies before its commit: nothing
+// of it stays, each member runs its batch again alone, and every delivery
+// is applied once and acknowledged.
+func TestGroupConnectionLostMidTransaction(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newEnv(t)
+	g, err := inbox.NewGroup(e.pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const k1, k2 = 7106, 7107
+	release1, release2 := holdLock(t, e.pool, k1), holdLock(t, e.pool, k2)
+	cs, srcs := groupMembers(t, e, g, lockingHandler{key: k1}, lockingHandler{key: k2}, pipeHandler{})
+	da := deliveries(t, e, srcs[0], job("a"))
+	db := deliveries(t, e, srcs[1], job("b1"), job("b2"))
+	dc := deliveries(t, e, srcs[2], job("c1"), job("c2"))
+	doneA := processAsync(ctx, cs[0], da)
+	waitForLockWaiter(t, e, k1)
+	doneB := processAsync(ctx, cs[1], db)
+	testenv.WaitFor(t, 10*time.Second, "b waiting in the group", func() bool { return g.Waiting() == 1 })
+	doneC := processAsync(ctx, cs[2], dc)
+	testenv.WaitFor(t, 10*time.Second, "c waiting in the group", func() bool { return g.Waiting() == 2 })
+	release1()
+	if err := wait(t, "member a", doneA); err != nil {
+		t.Fatal(err)
+	}
+	// b's and c's shared transaction now waits for k2: kill its backend.
+	waitForLockWaiter(t, e, k2)
+	if _, err := e.pool.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_locks
+		WHERE locktype = 'advisory' AND NOT granted AND objid = $1`, k2); err != nil {
+		t.Fatal(err)
+	}
+	// c alone commits; b alone waits for k2 again.
+	if err := wait(t, "member c", doneC); err != nil {
+		t.Fatal(err)
+	}
+	waitForLockWaiter(t, e, k2)
+	release2()
+	if err := wait(t, "member b", doneB); err != nil {
+		t.Fatal(err)
+	}
+	if n, p := e.rows(t), e.pending(t); n != 5 || p != 0 {
+		t.Fatalf("inbox rows = %d, pending = %d; want 5 and 0", n, p)
+	}
+	if got := [3]int64{cs[0].Stats().Applied, cs[1].Stats().Applied, cs[2].Stats().Applied}; got != [3]int64{1, 2, 2} {
+		t.Fatalf("applied per member = %v, want [1 2 2]", got)
+	}
+	if recs := e.logs.records(t, "shared inbox transaction failed; running the batch alone"); len(recs) != 2 {
+		t.Fatalf("members that ran alone: %d log records, want 2", len(recs))
+	}
+}

@@ -331,3 +331,66 @@ func TestRelayGroupOnAnotherPoolIsRefused(t *testing.T) {
 		t.Fatalf("NewRelayGroup(nil) = %v, want ErrInvalidConfig", err)
 	}
 }
+
+// The connection of a shared pass dies after its members published (the
+// database restarted, say): every member's pass fails, their rows stay
+// unsent with one more attempt, and the next passes publish them again
+// (at least once) and delete them.
+func TestRelayGroupConnectionLostMidPass(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := setup(t)
+	tables := groupTables(t, pool, 3)
+	g, err := outbox.NewRelayGroup(pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	block := newBlocker()
+	killer := &recorder{}
+	killer.hook = func(ctx context.Context, call int, _ []outbox.Message) error {
+		if call == 1 {
+			// The shared pass's backend is the one idle in its transaction
+			// (holding the claims' locks) while the members publish.
+			_, err := pool.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+				WHERE datname = current_database() AND state = 'idle in transaction' AND pid <> pg_backend_pid()`)
+			return err
+		}
+		return nil
+	}
+	other := &recorder{}
+	pubs := []outbox.Publisher{block, killer, other}
+	var relays []*outbox.Relay
+	for i, table := range tables {
+		relays = append(relays, newRelay(t, pool, outbox.RelayConfig{Table: table, Publisher: pubs[i], Group: g}))
+		w := tableWriter(t, pool, table)
+		for j := range 2 {
+			enqueue(t, pool, w, ev(fmt.Sprintf("t%d-%d", i, j)))
+		}
+	}
+	out := sharedPass(t, g, block, relays...)
+	if out[0].err != nil || out[0].n != 2 {
+		t.Fatalf("the first pass = %d, %v; want 2 rows", out[0].n, out[0].err)
+	}
+	for i := 1; i < 3; i++ {
+		if out[i].err == nil {
+			t.Fatalf("relay %d's pass on the lost connection = %d, nil; want an error", i, out[i].n)
+		}
+		left := unsentIn(t, pool, tables[i])
+		if len(left) != 2 || left[0].attempts != 1 || left[1].attempts != 1 {
+			t.Fatalf("relay %d's rows after the lost pass = %+v, want both unsent with one attempt", i, left)
+		}
+	}
+	for i := 1; i < 3; i++ {
+		if n, err := relays[i].RunOnce(ctx); err != nil || n != 2 {
+			t.Fatalf("relay %d's next pass = %d, %v; want its 2 rows", i, n, err)
+		}
+		if left := unsentIn(t, pool, tables[i]); len(left) != 0 {
+			t.Fatalf("relay %d's rows left: %+v", i, left)
+		}
+	}
+	for i, rec := range []*recorder{killer, other} {
+		if got, want := rec.distinct(), []string{fmt.Sprintf("t%d-0", i+1), fmt.Sprintf("t%d-1", i+1)}; !slices.Equal(got, want) {
+			t.Fatalf("relay %d published %v, want %v at least once, in order", i+1, got, want)
+		}
+	}
+}
