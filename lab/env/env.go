@@ -194,6 +194,9 @@ type Env struct {
 	Token string
 	// Durable echoes Options.Durable: the servers flush every commit.
 	Durable bool
+	// Partitions is the services' --partitions (Options.Partitions, at
+	// least 1).
+	Partitions int
 	// DebugAddrs maps each service process's name to its pprof address
 	// ("127.0.0.1:PORT", /debug/pprof/) with Options.Debug; nil without.
 	DebugAddrs map[string]string
@@ -262,7 +265,7 @@ func Start(ctx context.Context, opts Options) (_ *Env, err error) {
 	if progress == nil {
 		progress = io.Discard
 	}
-	e := &Env{Dir: opts.Dir, Variant: opts.Variant, LockDuration: opts.LockDuration, Durable: opts.Durable}
+	e := &Env{Dir: opts.Dir, Variant: opts.Variant, LockDuration: opts.LockDuration, Durable: opts.Durable, Partitions: max(opts.Partitions, 1)}
 	if e.Dir == "" {
 		// A lab killed with SIGKILL leaves its log dir behind: remove those
 		// whose owner is gone, and mark ours the same way.

@@ -18,6 +18,12 @@ func QueueKeys(from string) redisq.Keys {
 	return redisq.NewKeys(RedisPrefix, chat.QueueName(from))
 }
 
+// PartitionQueueKeys returns the Redis keys of partition p's queue from
+// service from (chat.PartitionQueue; partition 0's are QueueKeys).
+func PartitionQueueKeys(from string, p int) redisq.Keys {
+	return redisq.NewKeys(RedisPrefix, chat.PartitionQueue(from, p))
+}
+
 // WaitFor polls cond every interval until it holds (nil) or ctx ends
 // (ctx's error).
 func WaitFor(ctx context.Context, interval time.Duration, cond func() bool) error {

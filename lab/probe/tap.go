@@ -19,10 +19,28 @@ import (
 // groups (the trim waits for it too, so it misses none).
 const tapGroup = "lab-torture-tap"
 
-// streamOf returns the stream key of the queue from service from.
+// streamOf returns the stream key of the queue from service from
+// (partition 0's, with partitions).
 func streamOf(from string) string { return env.QueueKeys(from).Stream }
 
-// Tap reads both queue streams through a consumer group of its own
+// lane is one stream the tap reads: partition p's queue from service from.
+type lane struct {
+	from, stream string
+}
+
+// lanes returns the streams of e's queues, every partition's.
+func lanes(e *env.Env) []lane {
+	var ls []lane
+	for _, from := range []string{chat.Consumers, chat.Workers} {
+		for p := range max(e.Partitions, 1) {
+			ls = append(ls, lane{from, env.PartitionQueueKeys(from, p).Stream})
+		}
+	}
+	return ls
+}
+
+// Tap reads the queue streams (every partition's) through a consumer
+// group of its own
 // and checks, independently of the services, that a chat's entries are
 // added in seq order: an entry whose seq was not seen before and is below
 // the highest seq seen of its chat is an order violation (an entry of a
@@ -38,10 +56,12 @@ type Tap struct {
 	top      map[string]map[int64]int64
 	order    []string
 	inserted map[string]int
-	// entries maps each message entry read to its message id, per stream
-	// (from); confirmed holds the entries found acknowledged with their
-	// message in the inbox; early the messages found acknowledged and not
-	// in the inbox (id → what was seen).
+	// lanes are the streams read; entries maps each message entry read to
+	// its message id, per stream key; confirmed holds the entries (stream
+	// key + " " + entry id) found acknowledged with their message in the
+	// inbox; early the messages found acknowledged and not in the inbox
+	// (id → what was seen).
+	lanes     []lane
 	entries   map[string]map[string]string
 	confirmed map[string]bool
 	early     map[string]string
@@ -51,26 +71,29 @@ type Tap struct {
 // and starts reading them. Stop ends it.
 func StartTap(ctx context.Context, e *env.Env) (*Tap, error) {
 	t := &Tap{rdb: e.RedisClient(), seen: map[string]map[int64]map[int64]bool{}, top: map[string]map[int64]int64{}, inserted: map[string]int{},
-		entries: map[string]map[string]string{}, confirmed: map[string]bool{}, early: map[string]string{}}
+		lanes: lanes(e), entries: map[string]map[string]string{}, confirmed: map[string]bool{}, early: map[string]string{}}
 	for _, from := range []string{chat.Consumers, chat.Workers} {
-		err := t.rdb.XGroupCreateMkStream(ctx, streamOf(from), tapGroup, "0").Err()
+		t.seen[from], t.top[from] = map[int64]map[int64]bool{}, map[int64]int64{}
+	}
+	for _, l := range t.lanes {
+		err := t.rdb.XGroupCreateMkStream(ctx, l.stream, tapGroup, "0").Err()
 		if err != nil && !strings.Contains(err.Error(), "BUSYGROUP") {
 			return nil, fmt.Errorf("lab: torture: stream tap: %w", err)
 		}
-		t.seen[from], t.top[from], t.entries[from] = map[int64]map[int64]bool{}, map[int64]int64{}, map[string]string{}
+		t.entries[l.stream] = map[string]string{}
 	}
 	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	t.cancel = cancel
-	for _, from := range []string{chat.Consumers, chat.Workers} {
+	for _, l := range t.lanes {
 		t.wg.Add(1)
-		go func() { defer t.wg.Done(); t.read(rctx, from) }()
+		go func() { defer t.wg.Done(); t.read(rctx, l) }()
 	}
 	return t, nil
 }
 
-// read reads the stream of from until ctx ends, riding out Redis restarts.
-func (t *Tap) read(ctx context.Context, from string) {
-	stream := streamOf(from)
+// read reads the stream of l until ctx ends, riding out Redis restarts.
+func (t *Tap) read(ctx context.Context, l lane) {
+	stream := l.stream
 	for ctx.Err() == nil {
 		res, err := t.rdb.XReadGroup(ctx, &redis.XReadGroupArgs{Group: tapGroup, Consumer: "tap",
 			Streams: []string{stream, ">"}, Count: 500, Block: 300 * time.Millisecond}).Result()
@@ -88,7 +111,7 @@ func (t *Tap) read(ctx context.Context, from string) {
 			ids := make([]string, 0, len(s.Messages))
 			for _, m := range s.Messages {
 				ids = append(ids, m.ID)
-				t.entry(from, m)
+				t.entry(l, m)
 			}
 			if len(ids) > 0 {
 				_ = t.rdb.XAck(ctx, stream, tapGroup, ids...).Err()
@@ -98,7 +121,8 @@ func (t *Tap) read(ctx context.Context, from string) {
 }
 
 // entry records one stream entry of a message event.
-func (t *Tap) entry(from string, m redis.XMessage) {
+func (t *Tap) entry(l lane, m redis.XMessage) {
+	from := l.from
 	if name, _ := m.Values["name"].(string); name != chat.EventMessageCreated {
 		return // a receipt, or something else
 	}
@@ -113,8 +137,8 @@ func (t *Tap) entry(from string, m redis.XMessage) {
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.entries != nil && t.entries[from] != nil {
-		t.entries[from][m.ID] = ev.ID
+	if t.entries != nil && t.entries[l.stream] != nil {
+		t.entries[l.stream][m.ID] = ev.ID
 	}
 	seen := t.seen[from][ev.ChatID]
 	if seen == nil {
@@ -123,7 +147,7 @@ func (t *Tap) entry(from string, m redis.XMessage) {
 	}
 	if !seen[ev.Seq] && ev.Seq < t.top[from][ev.ChatID] {
 		t.order = append(t.order, fmt.Sprintf("%s: chat %d seq %d added after seq %d (entry %s)",
-			chat.QueueName(from), ev.ChatID, ev.Seq, t.top[from][ev.ChatID], m.ID))
+			l.stream, ev.ChatID, ev.Seq, t.top[from][ev.ChatID], m.ID))
 	}
 	seen[ev.Seq] = true
 	t.top[from][ev.ChatID] = max(t.top[from][ev.ChatID], ev.Seq)
@@ -161,12 +185,13 @@ func (t *Tap) Violations() []string {
 // set, says a message was in the inbox earlier (a row since deleted by
 // retention counts as there). Errors (a server down) skip the sample.
 func (t *Tap) SampleAcks(ctx context.Context, e *env.Env, known func(messageID string) bool) {
-	for _, from := range []string{chat.Consumers, chat.Workers} {
+	for _, l := range t.lanes {
+		from, stream := l.from, l.stream
 		receiver := chat.Peer(from)
 		t.mu.Lock()
 		cand := map[string]string{}
-		for ref, id := range t.entries[from] {
-			if !t.confirmed[ref] {
+		for ref, id := range t.entries[stream] {
+			if !t.confirmed[stream+" "+ref] {
 				cand[ref] = id
 			}
 		}
@@ -174,7 +199,6 @@ func (t *Tap) SampleAcks(ctx context.Context, e *env.Env, known func(messageID s
 		if len(cand) == 0 {
 			continue
 		}
-		stream := streamOf(from)
 		groups, err := t.rdb.XInfoGroups(ctx, stream).Result()
 		if err != nil {
 			continue
@@ -225,11 +249,11 @@ func (t *Tap) SampleAcks(ctx context.Context, e *env.Env, known func(messageID s
 		t.mu.Lock()
 		for ref, id := range acked {
 			if in[id] || (known != nil && known(id)) {
-				t.confirmed[ref] = true
+				t.confirmed[stream+" "+ref] = true
 				continue
 			}
 			if _, ok := t.early[id]; !ok {
-				t.early[id] = fmt.Sprintf("%s entry %s (message %s) acknowledged by %s before it was in its inbox", chat.QueueName(from), ref, id, receiver)
+				t.early[id] = fmt.Sprintf("%s entry %s (message %s) acknowledged by %s before it was in its inbox", stream, ref, id, receiver)
 			}
 		}
 		t.mu.Unlock()
@@ -274,11 +298,21 @@ func (t *Tap) Stop() {
 	t.wg.Wait()
 }
 
-// StreamDrained returns "" when the receiving service's group of the stream
-// from service from has nothing pending and has been handed every entry
-// (its last-delivered id is the stream's last id), else what is left.
+// StreamDrained returns "" when the receiving service's group of every
+// stream (every partition's) from service from has nothing pending and has
+// been handed every entry (its last-delivered id is the stream's last id),
+// else what is left.
 func StreamDrained(ctx context.Context, e *env.Env, from string) string {
-	stream := streamOf(from)
+	for p := range max(e.Partitions, 1) {
+		if s := streamDrained(ctx, e, env.PartitionQueueKeys(from, p).Stream); s != "" {
+			return s
+		}
+	}
+	return ""
+}
+
+// streamDrained is StreamDrained for one stream.
+func streamDrained(ctx context.Context, e *env.Env, stream string) string {
 	info, err := e.RedisClient().XInfoStream(ctx, stream).Result()
 	if err != nil {
 		if strings.Contains(err.Error(), "no such key") {
@@ -295,7 +329,7 @@ func StreamDrained(ctx context.Context, e *env.Env, from string) string {
 			continue
 		}
 		if g.Pending > 0 || g.LastDeliveredID != info.LastGeneratedID {
-			return fmt.Sprintf("%s group %s: %d pending, last delivered %s of %s", chat.QueueName(from), g.Name, g.Pending, g.LastDeliveredID, info.LastGeneratedID)
+			return fmt.Sprintf("%s group %s: %d pending, last delivered %s of %s", stream, g.Name, g.Pending, g.LastDeliveredID, info.LastGeneratedID)
 		}
 	}
 	return ""

@@ -36,12 +36,15 @@ func (t *run) drainState(ctx context.Context) string {
 	defer cancel()
 	var missing []string
 	for _, svc := range []string{chat.Consumers, chat.Workers} {
-		var unsent int
-		if err := t.e.Admin().QueryRow(qctx, `SELECT count(*) FROM `+svc+`.outbox WHERE sent_at IS NULL`).Scan(&unsent); err != nil {
-			return "database: " + err.Error()
-		}
-		if unsent > 0 {
-			missing = append(missing, fmt.Sprintf("%s outbox: %d unsent", svc, unsent))
+		for p := range max(t.e.Partitions, 1) {
+			table := chat.OutboxTable(svc, p)
+			var unsent int
+			if err := t.e.Admin().QueryRow(qctx, `SELECT count(*) FROM `+table+` WHERE sent_at IS NULL`).Scan(&unsent); err != nil {
+				return "database: " + err.Error()
+			}
+			if unsent > 0 {
+				missing = append(missing, fmt.Sprintf("%s: %d unsent", table, unsent))
+			}
 		}
 		if s := probe.StreamDrained(qctx, t.e, svc); s != "" {
 			missing = append(missing, s)

@@ -100,7 +100,7 @@ func runSchedule(ctx context.Context, opts Options, s *schedule) (*ScheduleResul
 		dir = fmt.Sprintf("%s/s%d", opts.Dir, s.K)
 	}
 	e, err := env.Start(ctx, env.Options{APIs: s.APIs, ConsumersRelays: s.ConsumersRelays, WorkersRelays: s.WorkersRelays,
-		LockDuration: lockDuration, ExtraArgs: args, Links: links, Dir: dir, RedisCluster: s.Cluster})
+		LockDuration: lockDuration, ExtraArgs: args, Links: links, Dir: dir, RedisCluster: s.Cluster, Partitions: s.Partitions})
 	if err != nil {
 		return nil, err
 	}

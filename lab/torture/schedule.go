@@ -23,6 +23,7 @@ type schedule struct {
 	Redrive                        bool
 	Malformed                      int  // malformed entries added to each stream
 	Cluster                        bool // Redis is a cluster (Options.RedisCluster)
+	Partitions                     int  // --partitions of every service process (Options.Partitions)
 	Faults                         []fault.Fault
 }
 
@@ -37,6 +38,9 @@ func (s *schedule) topology() string {
 	}
 	if s.Cluster {
 		t += ", redis cluster 3+3, replica acks 1"
+	}
+	if s.Partitions > 1 {
+		t += fmt.Sprintf(", %d partitions", s.Partitions)
 	}
 	return t
 }

@@ -76,6 +76,11 @@ type Options struct {
 	// single-server Redis faults and the toxics on Redis links are not
 	// drawn then. Default false: one Redis server.
 	RedisCluster bool
+	// Partitions runs every service process with --partitions Partitions
+	// (env.Options.Partitions); the checker then reads every partition's
+	// stream and outbox. It is not part of the draw: schedule K of a seed
+	// is the same topology and faults whatever it is. Default 0: one.
+	Partitions int
 }
 
 // Result is the `lab torture --json` object (DESIGN.md: schedules,
@@ -187,6 +192,7 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 	}
 	for _, k := range ks {
 		s := draw(opts.Seed, k, opts.Duration, opts.RedisCluster)
+		s.Partitions = max(opts.Partitions, 1)
 		s.Faults = dropFaults(s.Faults, opts.Drop)
 		for _, f := range s.Faults {
 			res.Faults[f.Family()]++
@@ -221,6 +227,9 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 			cluster := ""
 			if opts.RedisCluster {
 				cluster = " --redis-cluster"
+			}
+			if opts.Partitions > 1 {
+				cluster += fmt.Sprintf(" --partitions %d", opts.Partitions)
 			}
 			fmt.Fprintf(opts.Progress, "torture: replay with: outboxchat lab torture%s --seed %d --schedule %d --duration %s\n", cluster, opts.Seed, k, opts.Duration)
 			if opts.Shrink {
