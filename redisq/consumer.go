@@ -671,17 +671,38 @@ func (c *Consumer) settled(ids ...string) {
 // inspect, replay and drop them with DeadLetters. The sig field keeps the
 // entry's signature, so a replay is accepted by a receiver that checks
 // signatures. During a cluster slot migration of the queue it retries
-// TRYAGAIN (TryAgainBudget, within ctx). Errors: empty d.StreamID, Redis
-// errors (wrapped; then none of the steps happened). Safe for concurrent
-// use.
+// TRYAGAIN (TryAgainBudget, within ctx).
+//
+// An entry no longer pending in the group is left alone (nil, logged at
+// Info): another consumer settled it, after taking it over at the end of
+// the lock duration while this one still held a copy (a batch retried
+// while Postgres was down, say). Without that check both would
+// dead-letter it, and the dead-letter stream would hold it twice. The check
+// is a read before the MULTI: a takeover between the two can still
+// dead-letter an entry twice (both copies say the same).
+//
+// Errors: empty d.StreamID, Redis errors (wrapped; then none of the steps
+// happened). Safe for concurrent use.
 func (c *Consumer) DeadLetter(ctx context.Context, d Delivery, reason string) error {
 	if d.StreamID == "" {
 		return fmt.Errorf("redisq: dead-lettering: empty stream id")
 	}
+	pend, err := c.rdb.XPendingExt(ctx, &redis.XPendingExtArgs{
+		Stream: c.keys.Stream, Group: c.group, Start: d.StreamID, End: d.StreamID, Count: 1}).Result()
+	if err != nil {
+		c.noteNoGroup(ctx, err)
+		return fmt.Errorf("redisq: dead-lettering %s: %w", d.StreamID, err)
+	}
+	if len(pend) == 0 {
+		c.settled(d.StreamID)
+		c.logger.InfoContext(ctx, "entry to dead-letter already settled by another consumer; left alone",
+			"stream_id", d.StreamID, "message_id", d.ID)
+		return nil
+	}
 	var trim *redis.IntCmd
 	// A MULTI whose keys are split between two nodes during a slot
 	// migration gets TRYAGAIN and runs none of its commands.
-	err := retryTryAgain(ctx, func() error {
+	err = retryTryAgain(ctx, func() error {
 		_, err := c.rdb.TxPipelined(ctx, c.deadLetterTx(ctx, d, reason, &trim))
 		return err
 	})

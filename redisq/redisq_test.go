@@ -813,3 +813,35 @@ func TestReaddGetsPastTheDedupeKey(t *testing.T) {
 		t.Fatal("Readd of an empty id succeeded")
 	}
 }
+
+// A consumer whose entry was taken over after the lock duration and
+// settled by the other one (dead-lettered) leaves its stale copy alone:
+// the dead-letter stream holds the entry once.
+func TestStaleCopyIsNotDeadLetteredTwice(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	q := newQueue(t, nil)
+	cfg := &redisq.ConsumerConfig{LockDuration: 100 * time.Millisecond}
+	slow := q.consumer(t, "slow", cfg)
+	other := q.consumer(t, "other", cfg)
+	q.rdb.XAdd(ctx, &redis.XAddArgs{Stream: q.keys.Stream, Values: []any{"garbage", "x"}})
+	stale := fetchN(t, slow, 1)[0] // held while, say, Postgres is down
+	var got []redisq.Delivery
+	testenv.WaitFor(t, 10*time.Second, "entry taken over by the other consumer", func() bool {
+		ds, err := other.Fetch(ctx, 10)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, ds...)
+		return len(got) > 0
+	})
+	if err := other.DeadLetter(ctx, got[0], "malformed"); err != nil {
+		t.Fatal(err)
+	}
+	if err := slow.DeadLetter(ctx, stale, "malformed"); err != nil {
+		t.Fatalf("DeadLetter of the stale copy: %v", err)
+	}
+	if s := stats(t, slow); s.DeadLetters != 1 || s.Pending != 0 {
+		t.Fatalf("stats %+v, want 1 dead letter and nothing pending", s)
+	}
+}
