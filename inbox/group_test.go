@@ -86,6 +86,17 @@ func (h orderHandler) QueueBatch(b *pgx.Batch, ds []inbox.Delivery, rs []inbox.B
 	return h.pipeHandler.QueueBatch(b, ds, rs)
 }
 
+// groupEnv is newEnv with a Group on its pool.
+func groupEnv(t *testing.T) (*env, *inbox.Group) {
+	t.Helper()
+	e := newEnv(t)
+	g, err := inbox.NewGroup(e.pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e, g
+}
+
 // groupMembers returns n Consumers in one Group, member i reading as
 // consumer "g<i>" with handler hs[i], and their sources.
 func groupMembers(t *testing.T, e *env, g *inbox.Group, hs ...inbox.Handler) ([]*inbox.Consumer, []inbox.Source) {
@@ -196,11 +207,7 @@ func wait(t *testing.T, what string, done <-chan error) error {
 func TestGroupSharesTheNextTransaction(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	e := newEnv(t)
-	g, err := inbox.NewGroup(e.pool)
-	if err != nil {
-		t.Fatal(err)
-	}
+	e, g := groupEnv(t)
 	const key = 7101
 	release := holdLock(t, e.pool, key)
 	var order orderLog
@@ -245,11 +252,7 @@ func TestGroupSharesTheNextTransaction(t *testing.T) {
 // own member's batch and the other member's deliveries are applied.
 func TestGroupIsolatesPoisonInASharedTransaction(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	g, err := inbox.NewGroup(e.pool)
-	if err != nil {
-		t.Fatal(err)
-	}
+	e, g := groupEnv(t)
 	const key = 7102
 	release := holdLock(t, e.pool, key)
 	cs, srcs := groupMembers(t, e, g, lockingHandler{key: key}, pipeHandler{}, pipeHandler{})
@@ -285,11 +288,7 @@ func TestGroupIsolatesPoisonInASharedTransaction(t *testing.T) {
 func TestGroupMemberGivesUpWhileWaiting(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	e := newEnv(t)
-	g, err := inbox.NewGroup(e.pool)
-	if err != nil {
-		t.Fatal(err)
-	}
+	e, g := groupEnv(t)
 	const key = 7103
 	release := holdLock(t, e.pool, key)
 	cs, srcs := groupMembers(t, e, g, lockingHandler{key: key}, pipeHandler{}, pipeHandler{})
@@ -402,11 +401,7 @@ func TestGroupMergesTheBatchesOfMergeHandlers(t *testing.T) {
 	for _, fail := range []bool{false, true} {
 		t.Run(fmt.Sprintf("refuses=%v", fail), func(t *testing.T) {
 			t.Parallel()
-			e := newEnv(t)
-			g, err := inbox.NewGroup(e.pool)
-			if err != nil {
-				t.Fatal(err)
-			}
+			e, g := groupEnv(t)
 			key := int64(7104)
 			if fail {
 				key = 7105
@@ -447,11 +442,7 @@ func TestGroupMergesTheBatchesOfMergeHandlers(t *testing.T) {
 func TestGroupConnectionLostMidTransaction(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	e := newEnv(t)
-	g, err := inbox.NewGroup(e.pool)
-	if err != nil {
-		t.Fatal(err)
-	}
+	e, g := groupEnv(t)
 	const k1, k2 = 7106, 7107
 	release1, release2 := holdLock(t, e.pool, k1), holdLock(t, e.pool, k2)
 	cs, srcs := groupMembers(t, e, g, lockingHandler{key: k1}, lockingHandler{key: k2}, pipeHandler{})

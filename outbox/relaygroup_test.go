@@ -32,6 +32,19 @@ func groupTables(t *testing.T, pool *pgxpool.Pool, n int) []string {
 	return tables
 }
 
+// groupSetup is setup with n outbox tables (groupTables) and a RelayGroup
+// on the pool.
+func groupSetup(t *testing.T, n int) (*pgxpool.Pool, []string, *outbox.RelayGroup) {
+	t.Helper()
+	pool := setup(t)
+	tables := groupTables(t, pool, n)
+	g, err := outbox.NewRelayGroup(pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pool, tables, g
+}
+
 // tableWriter is a WakeNone Writer of table.
 func tableWriter(t *testing.T, pool *pgxpool.Pool, table string) *outbox.Writer {
 	t.Helper()
@@ -141,12 +154,7 @@ func sharedPass(t *testing.T, g *outbox.RelayGroup, block *blocker, relays ...*o
 // are deleted; the group idles again afterwards.
 func TestRelayGroupSharesThePassesThatWait(t *testing.T) {
 	t.Parallel()
-	pool := setup(t)
-	tables := groupTables(t, pool, 3)
-	g, err := outbox.NewRelayGroup(pool)
-	if err != nil {
-		t.Fatal(err)
-	}
+	pool, tables, g := groupSetup(t, 3)
 	block := newBlocker()
 	pubs := []outbox.Publisher{block, &recorder{}, &recorder{}}
 	var relays []*outbox.Relay
@@ -211,12 +219,7 @@ func TestRelayGroupSharesThePassesThatWait(t *testing.T) {
 // pass of its own.
 func TestRelayGroupFailuresStayWithTheirMember(t *testing.T) {
 	t.Parallel()
-	pool := setup(t)
-	tables := groupTables(t, pool, 4)
-	g, err := outbox.NewRelayGroup(pool)
-	if err != nil {
-		t.Fatal(err)
-	}
+	pool, tables, g := groupSetup(t, 4)
 	block := newBlocker()
 	down := errors.New("broker down")
 	failing := outbox.PublisherFunc(func(context.Context, []outbox.Message) error { return down })
@@ -339,12 +342,7 @@ func TestRelayGroupOnAnotherPoolIsRefused(t *testing.T) {
 func TestRelayGroupConnectionLostMidPass(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool := setup(t)
-	tables := groupTables(t, pool, 3)
-	g, err := outbox.NewRelayGroup(pool)
-	if err != nil {
-		t.Fatal(err)
-	}
+	pool, tables, g := groupSetup(t, 3)
 	block := newBlocker()
 	killer := &recorder{}
 	killer.hook = func(ctx context.Context, call int, _ []outbox.Message) error {
