@@ -233,7 +233,7 @@ func NewConsumer(pool *pgxpool.Pool, src Source, h Handler, cfg *Config) (*Consu
 	}
 	var rank int64
 	if cfg.Group != nil {
-		rank = cfg.Group.join()
+		rank = cfg.Group.q.Join()
 	}
 	return &Consumer{
 		rank:        rank,
@@ -493,7 +493,7 @@ func (c *Consumer) applyPipelined(ctx context.Context, ph PipelineHandler, ds []
 	rs := make([]BatchResult, len(todo))
 	var err error
 	if c.group != nil {
-		err = c.group.commit(ctx, &groupReq{rank: c.rank, ph: ph, ds: todo, rs: rs})
+		err = c.group.commit(ctx, c.rank, &groupReq{ph: ph, ds: todo, rs: rs})
 		if errors.Is(err, errShared) {
 			// Another member's statement, or the connection, failed the
 			// shared transaction: this batch alone tells which.

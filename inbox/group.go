@@ -1,11 +1,9 @@
 package inbox
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"sync/atomic"
 
 	"github.com/jackc/pgx/v5"
@@ -55,7 +53,6 @@ type Group struct {
 	pool *pgxpool.Pool
 	q    groupcommit.Queue[*groupReq]
 
-	members      atomic.Int64 // members joined: the next one's rank
 	txs, batches atomic.Int64
 }
 
@@ -85,18 +82,13 @@ func (g *Group) Stats() GroupStats {
 	return GroupStats{Transactions: g.txs.Load(), Batches: g.batches.Load()}
 }
 
-// join returns a new member's rank: members' batches are queued in rank
-// order (Group.run).
-func (g *Group) join() int64 { return g.members.Add(1) }
-
 // groupReq is one member's batch in a Group: what to queue, where its
 // results go, and its outcome.
 type groupReq struct {
-	rank int64
-	ph   PipelineHandler
-	ds   []Delivery
-	rs   []BatchResult
-	err  error // set by the transaction that carried it
+	ph  PipelineHandler
+	ds  []Delivery
+	rs  []BatchResult
+	err error // set by the transaction that carried it
 }
 
 // errShared marks the failure of a shared transaction: the member runs its
@@ -109,21 +101,16 @@ var errShared = errors.New("inbox: shared transaction failed")
 // of a transaction that carried r alone), or ctx.Err() when ctx ended while
 // r waited. ctx bounds the wait and, when r's member leads, the
 // transaction.
-func (g *Group) commit(ctx context.Context, r *groupReq) error {
-	if err := g.q.Do(ctx, r, g.run); err != nil {
+func (g *Group) commit(ctx context.Context, rank int64, r *groupReq) error {
+	if err := g.q.Do(ctx, rank, r, g.run); err != nil {
 		return err
 	}
 	return r.err
 }
 
-// run runs one shared transaction for round and sets each member's err.
+// run runs one shared transaction for round (in the order the members
+// joined: groupcommit) and sets each member's err.
 func (g *Group) run(ctx context.Context, round []*groupReq) {
-	// In the order the members joined, not the order they came in: two
-	// processes whose members joined in the same order (the chat's, one
-	// per partition in partition order) then take their row and advisory
-	// locks in the same order, so that their shared transactions cannot
-	// deadlock each other.
-	slices.SortFunc(round, func(a, b *groupReq) int { return cmp.Compare(a.rank, b.rank) })
 	b := &pgx.Batch{}
 	queued := g.queueMerged(b, round)
 	if queued == nil {

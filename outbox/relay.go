@@ -319,7 +319,7 @@ func NewRelay(pool *pgxpool.Pool, cfg *RelayConfig) (*Relay, error) {
 		group:       cfg.Group,
 	}
 	if r.group != nil {
-		r.rank = r.group.join()
+		r.rank = r.group.q.Join()
 	}
 	if r.listen && r.notifier == nil {
 		n, err := notifier.New(&notifier.Config{
@@ -697,16 +697,25 @@ func (r *Relay) readClaim(br pgx.BatchResults, h *horizon) ([]Message, []time.Du
 	if err := br.QueryRow().Scan(&h.v); err != nil {
 		return nil, nil, fmt.Errorf("read sequence: %w", err)
 	}
-	if _, err := br.Exec(); err != nil {
-		return nil, nil, fmt.Errorf("begin: %w", err)
-	}
-	if err := br.QueryRow().Scan(&h.xmin); err != nil {
-		return nil, nil, fmt.Errorf("read snapshot: %w", err)
-	}
-	if _, err := br.Exec(); err != nil {
-		return nil, nil, fmt.Errorf("set timeouts: %w", err)
+	if err := readTxStart(br, &h.xmin); err != nil {
+		return nil, nil, err
 	}
 	return readRows(br)
+}
+
+// readTxStart reads the results of a pass's BEGIN, snapshot read (into
+// xmin) and set_config.
+func readTxStart(br pgx.BatchResults, xmin *int64) error {
+	if _, err := br.Exec(); err != nil {
+		return fmt.Errorf("begin: %w", err)
+	}
+	if err := br.QueryRow().Scan(xmin); err != nil {
+		return fmt.Errorf("read snapshot: %w", err)
+	}
+	if _, err := br.Exec(); err != nil {
+		return fmt.Errorf("set timeouts: %w", err)
+	}
+	return nil
 }
 
 // readRows reads the rows of a claim query and how long each still waits.

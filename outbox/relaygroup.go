@@ -1,10 +1,8 @@
 package outbox
 
 import (
-	"cmp"
 	"context"
 	"fmt"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -59,7 +57,6 @@ type RelayGroup struct {
 	pool *pgxpool.Pool
 	q    groupcommit.Queue[*passReq]
 
-	members     atomic.Int64 // members joined: the next one's rank
 	txs, passes atomic.Int64
 }
 
@@ -88,10 +85,6 @@ func (g *RelayGroup) Stats() RelayGroupStats {
 	return RelayGroupStats{Transactions: g.txs.Load(), Passes: g.passes.Load()}
 }
 
-// join returns a new member's rank: members' claims are queued in rank
-// order (RelayGroup.run).
-func (g *RelayGroup) join() int64 { return g.members.Add(1) }
-
 // passReq is one member's pass in a shared one, and its outcome.
 type passReq struct {
 	r   *Relay
@@ -110,19 +103,15 @@ type passReq struct {
 // ctx.Err() when ctx ended while it waited.
 func (g *RelayGroup) pass(ctx context.Context, r *Relay) (pass, error) {
 	req := &passReq{r: r}
-	if err := g.q.Do(ctx, req, g.run); err != nil {
+	if err := g.q.Do(ctx, r.rank, req, g.run); err != nil {
 		return pass{}, r.fail("claim", fmt.Errorf("outbox: relay: claim: waiting for the group's pass: %w", err))
 	}
 	return req.p, req.err
 }
 
-// run runs one shared pass for reqs and sets each one's outcome.
+// run runs one shared pass for reqs (in the order the members joined:
+// groupcommit) and sets each one's outcome.
 func (g *RelayGroup) run(ctx context.Context, reqs []*passReq) {
-	// In the order the members joined, not the order they came in: two
-	// processes whose relays of the same tables joined in the same order
-	// (the chat's: partition order) claim the tables in the same order,
-	// so that their shared passes cannot deadlock on the row locks.
-	slices.SortFunc(reqs, func(a, b *passReq) int { return cmp.Compare(a.r.rank, b.r.rank) })
 	g.txs.Add(1)
 	g.passes.Add(int64(len(reqs)))
 	start := time.Now()
@@ -275,15 +264,9 @@ func readSharedClaim(br pgx.BatchResults, reqs []*passReq) error {
 	if err != nil {
 		return fmt.Errorf("read sequences: %w", err)
 	}
-	if _, err := br.Exec(); err != nil {
-		return fmt.Errorf("begin: %w", err)
-	}
 	var xmin int64
-	if err := br.QueryRow().Scan(&xmin); err != nil {
-		return fmt.Errorf("read snapshot: %w", err)
-	}
-	if _, err := br.Exec(); err != nil {
-		return fmt.Errorf("set timeouts: %w", err)
+	if err := readTxStart(br, &xmin); err != nil {
+		return err
 	}
 	for _, q := range reqs {
 		q.h.xmin = xmin

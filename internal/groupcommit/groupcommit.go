@@ -8,12 +8,19 @@
 // flight, later callers wait; when it ends, the first of them leads the
 // next run, which carries every item waiting by then. There is no
 // goroutine of the Queue's own: the lead passes from caller to caller.
+//
+// A run gets its items in the order of their ranks (Join), not of their
+// arrival: two processes whose members joined in the same order (one per
+// partition, in partition order) then take their locks in the same order,
+// and their runs cannot deadlock one another.
 package groupcommit
 
 import (
+	"cmp"
 	"context"
 	"slices"
 	"sync"
+	"sync/atomic"
 )
 
 // Queue coalesces items of type T (typically a pointer to a request that
@@ -23,21 +30,28 @@ type Queue[T any] struct {
 	mu      sync.Mutex
 	busy    bool        // a caller is running a run
 	waiting []*entry[T] // items for the next run, in arrival order
+	members atomic.Int64
 }
 
 type entry[T any] struct {
+	rank int64
 	item T
 	ch   chan bool // buffered: true hands the lead, false says the item ran
 }
 
-// Do runs item in the next run and returns once that run is over: nil, and
-// the run has done with item what run does (run gets the items of a run in
-// arrival order, item among them, and ctx of the caller that leads it).
+// Join returns a new member's rank, 1, 2, …: what it passes to Do. Safe
+// for concurrent use.
+func (q *Queue[T]) Join() int64 { return q.members.Add(1) }
+
+// Do runs item, of the member of rank rank (Join), in the next run and
+// returns once that run is over: nil, and the run has done with item what
+// run does (run gets the items of a run in rank order, arrival order among
+// equal ranks, item among them, and ctx of the caller that leads it).
 // When ctx ends while item still waits, Do takes it out of the Queue and
 // returns ctx.Err() without running it; once a run has taken it, Do waits
 // for that run (whose own ctx bounds it) and returns nil.
-func (q *Queue[T]) Do(ctx context.Context, item T, run func(ctx context.Context, items []T)) error {
-	e := &entry[T]{item: item, ch: make(chan bool, 1)}
+func (q *Queue[T]) Do(ctx context.Context, rank int64, item T, run func(ctx context.Context, items []T)) error {
+	e := &entry[T]{rank: rank, item: item, ch: make(chan bool, 1)}
 	q.mu.Lock()
 	q.waiting = append(q.waiting, e)
 	if q.busy {
@@ -57,8 +71,9 @@ func (q *Queue[T]) Do(ctx context.Context, item T, run func(ctx context.Context,
 	q.waiting = nil
 	q.mu.Unlock()
 
-	items := make([]T, len(round))
-	for i, o := range round {
+	sorted := slices.SortedStableFunc(slices.Values(round), func(a, b *entry[T]) int { return cmp.Compare(a.rank, b.rank) })
+	items := make([]T, len(sorted))
+	for i, o := range sorted {
 		items[i] = o.item
 	}
 	run(ctx, items)

@@ -36,7 +36,7 @@ func TestQueueCoalescesAndLetsWaitersLeave(t *testing.T) {
 	var wg sync.WaitGroup
 	do := func(ctx context.Context, id int) <-chan error {
 		done := make(chan error, 1)
-		wg.Go(func() { done <- q.Do(ctx, &id, run) })
+		wg.Go(func() { done <- q.Do(ctx, 0, &id, run) })
 		return done
 	}
 	d0 := do(ctx, 0)
@@ -73,7 +73,7 @@ func TestQueueCoalescesAndLetsWaitersLeave(t *testing.T) {
 	}
 	// Idle again: the next item runs at once, alone.
 	one := 7
-	if err := q.Do(ctx, &one, run); err != nil || len(runs) != 3 || len(runs[2]) != 1 {
+	if err := q.Do(ctx, 0, &one, run); err != nil || len(runs) != 3 || len(runs[2]) != 1 {
 		t.Fatalf("Do on an idle queue = %v, runs %v", err, runs)
 	}
 }
