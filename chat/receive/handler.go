@@ -1,10 +1,12 @@
 package receive
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/outboxchat/outboxchat/chat"
@@ -35,18 +37,33 @@ type InboxHandler struct {
 	// keys, when set, check every delivery's signature before anything
 	// else (EventKeys.Verify on the inbound queue).
 	keys *auth.EventKeys
+	// receipted is set when a transaction's statements put a receipt in
+	// this handler's partition's outbox (TakeReceiptQueued); each
+	// ForPartition copy has its own.
+	receipted *atomic.Bool
 }
 
 // ForPartition returns a copy of h for the stream of partition p
 // (chat.PartitionQueue): the receipts of its batches are enqueued in the
 // outbox of the same partition (chat.OutboxTable(service, p)), so that
-// they travel back in the lane of their chats. ForPartition(0) is h's
-// behaviour. The copy shares nothing mutable with h.
+// they travel back in the lane of their chats (QueueMerged sends the
+// receipt of several partitions' batches through the first one's lane).
+// ForPartition(0) is h's behaviour. The copy shares nothing mutable with h.
 func (h *InboxHandler) ForPartition(p int) *InboxHandler {
 	c := *h
 	c.rq = newReceiptQueries(h.service, p)
+	c.receipted = new(atomic.Bool)
 	return &c
 }
+
+// TakeReceiptQueued reports whether a transaction queued by QueueBatch or
+// QueueMerged since the last call put a receipt in this handler's
+// partition's outbox, and clears the mark. It is set when the statements
+// are queued, so after a transaction that failed it may report a receipt
+// that was rolled back: its use is to wake that partition's relay after
+// the commit (a wake-up too many costs an empty pass; one too few, the
+// wait for the relay's next poll). Safe for concurrent use.
+func (h *InboxHandler) TakeReceiptQueued() bool { return h.receipted.Swap(false) }
 
 // ErrSeqConflict is wrapped (with inbox.ErrMalformed, so it is
 // dead-lettered at once) by the result of a message whose (chat, seq) the
@@ -69,10 +86,11 @@ func NewInboxHandler(service string, keys *auth.EventKeys) (*InboxHandler, error
 	}
 	s := pgx.Identifier{service}.Sanitize()
 	return &InboxHandler{
-		service: service,
-		keys:    keys,
-		rq:      newReceiptQueries(service, 0),
-		cq:      newChangeQueries(service),
+		service:   service,
+		keys:      keys,
+		receipted: new(atomic.Bool),
+		rq:        newReceiptQueries(service, 0),
+		cq:        newChangeQueries(service),
 		// lockChats takes, in the order given (ascending, so two inbox
 		// transactions cannot deadlock), a transaction advisory lock per
 		// chat of the batch's messages: hashtextextended('<service>.inbox.'
@@ -239,8 +257,11 @@ func (h *InboxHandler) QueueBatch(b *pgx.Batch, ds []inbox.Delivery, rs []inbox.
 // QueueMerged implements inbox.MergeHandler: the batches of several
 // partitions' consumers in one shared inbox transaction (inbox.Group), with
 // the statements QueueBatch queues for each, except that their messages
-// share one lock statement (all their chats, in chat order) and one insert.
-// Each batch's receipt still goes to its own partition's outbox. hs must be
+// share one lock statement (all their chats, in chat order) and one insert,
+// the receipts they carry one statement, and the receipt they send back
+// one event (up to chat.MaxReceiptChats chats), enqueued in the outbox of
+// the first batch's partition (hs[0]'s; TakeReceiptQueued says which
+// handler's got one). hs must be
 // InboxHandlers of one service (ForPartition copies); error: another
 // handler, before anything is queued.
 func (h *InboxHandler) QueueMerged(b *pgx.Batch, hs []inbox.PipelineHandler, ds [][]inbox.Delivery, rs [][]inbox.BatchResult) error {
@@ -384,26 +405,32 @@ type msgRef struct {
 }
 
 // queueBatches queues the statements of bts, which share one transaction:
-// each one's receipts, then one lock statement for all their chats (the
-// messages' and the seq floors', in ascending order: two sets taken one
-// after the other could deadlock with another consumer's), each one's
-// floors, one insert of all their messages, each one's receipt emit (to
-// its own partition's outbox), each one's changes. It fills the results
-// from the statements' rows.
+// one statement applying the receipts of all, then one lock statement for
+// all their chats (the messages' and the seq floors', in ascending order:
+// two sets taken one after the other could deadlock with another
+// consumer's), each one's floors, one insert of all their messages, one
+// receipt emit for all (queueReceipts), each one's changes. It fills the
+// results from the statements' rows.
 func queueBatches(b *pgx.Batch, bts []*inboxBatch) {
 	h := bts[0].h
 	total, floors := 0, 0
-	for _, bt := range bts {
-		if len(bt.rChats) > 0 {
-			b.Queue(bt.h.rq.apply, bt.rChats, bt.rUpto, bt.rAts).Query(func(rows pgx.Rows) error {
-				rows.Close()
-				if err := rows.Err(); err != nil {
-					return fmt.Errorf("apply receipts: %w", err)
-				}
-				return nil
-			})
+	rChats, rUpto, rAts := bts[0].rChats, bts[0].rUpto, bts[0].rAts
+	for i, bt := range bts {
+		if i > 0 && len(bt.rChats) > 0 {
+			// The receipts table is the service's, whatever the
+			// partition: one statement records the receipts of all.
+			rChats, rUpto, rAts = append(slices.Clip(rChats), bt.rChats...), append(slices.Clip(rUpto), bt.rUpto...), append(slices.Clip(rAts), bt.rAts...)
 		}
 		total, floors = total+len(bt.ids), floors+len(bt.fChats)
+	}
+	if len(rChats) > 0 {
+		b.Queue(h.rq.apply, rChats, rUpto, rAts).Query(func(rows pgx.Rows) error {
+			rows.Close()
+			if err := rows.Err(); err != nil {
+				return fmt.Errorf("apply receipts: %w", err)
+			}
+			return nil
+		})
 	}
 	defer func() {
 		for _, bt := range bts {
@@ -494,19 +521,52 @@ func queueBatches(b *pgx.Batch, bts []*inboxBatch) {
 		})
 	}
 	// After the insert, so it sees the new rows; for duplicates too (a
-	// message published again by the re-drive gets its receipt). Each
-	// batch's to its own partition's outbox.
+	// message published again by the re-drive gets its receipt).
+	queueReceipts(b, bts, chat.MaxReceiptChats)
+}
+
+// queueReceipts queues the receipt emits of bts, which share one
+// transaction: one receipt for as many batches in a row as fit in max
+// chats (chat.MaxReceiptChats), in the outbox of the first one's partition.
+// Receipts are cumulative per chat and apply in any order, so a chat's
+// receipt need not travel in its own partition's lane; one receipt per
+// transaction instead of one per partition saves, for each batch merged,
+// an outbox row, its Redis entry and the other side's inbox delivery. Its
+// trace context is that of the first traced message.
+func queueReceipts(b *pgx.Batch, bts []*inboxBatch, max int) {
+	var chats []int64
+	var first *inboxBatch
+	traced := ""
+	flush := func() {
+		if first == nil {
+			return
+		}
+		var headers *string
+		if traced != "" {
+			j := `{"` + traceparentHeader + `":"` + traced + `"}` // a traceparent is hex and '-': nothing to escape
+			headers = &j
+		}
+		b.Queue(first.h.rq.emit, chats, first.h.service, headers)
+		first.h.receipted.Store(true)
+		chats, first, traced = nil, nil, ""
+	}
 	for _, bt := range bts {
-		if len(bt.ids) == 0 && len(bt.fChats) == 0 {
+		n := len(bt.chats) + len(bt.fChats)
+		if n == 0 {
 			continue
 		}
-		var receiptHeaders *string
-		if bt.traced != "" {
-			j := `{"` + traceparentHeader + `":"` + bt.traced + `"}` // a traceparent is hex and '-': nothing to escape
-			receiptHeaders = &j
+		if first != nil && len(chats)+n > max {
+			flush()
 		}
-		b.Queue(bt.h.rq.emit, append(slices.Clip(bt.chats), bt.fChats...), bt.h.service, receiptHeaders)
+		if first == nil {
+			first = bt
+			chats = append(slices.Clip(bt.chats), bt.fChats...)
+		} else {
+			chats = append(append(chats, bt.chats...), bt.fChats...)
+		}
+		traced = cmp.Or(traced, bt.traced)
 	}
+	flush()
 }
 
 // traceparentHeader is the event header of the W3C trace context

@@ -63,7 +63,9 @@ type receiptQueries struct {
 // newReceiptQueries builds service's receipt statements; the receipt is
 // enqueued in the outbox of partition p (chat.OutboxTable): an inbox batch
 // holds the chats of one partition (it comes from that partition's
-// stream), and its receipt goes back through the same partition.
+// stream), and its receipt goes back through the same partition, except
+// that the batches of a shared inbox transaction send one receipt through
+// the first one's (queueReceipts).
 func newReceiptQueries(service string, p int) receiptQueries {
 	s := pgx.Identifier{service}.Sanitize()
 	ob := pgx.Identifier(strings.Split(chat.OutboxTable(service, p), ".")).Sanitize()

@@ -23,7 +23,7 @@ import (
 )
 
 // laneLog records, per inbox source (one per partition stream of a worker
-// role), the chats of the deliveries it fetched and, per chat, the seqs of
+// role), the chats of the deliveries other than receipts it fetched and, per chat, the seqs of
 // the messages in fetch order (first copies only).
 type laneLog struct {
 	mu    sync.Mutex
@@ -64,8 +64,13 @@ func (s *laneSource) Fetch(ctx context.Context, n int) ([]inbox.Delivery, error)
 		if ev.ChatID != 0 {
 			s.chats[ev.ChatID] = true
 		}
-		for _, c := range ev.Chats {
-			s.chats[c.ChatID] = true
+		// A receipt is cumulative per chat and applies in any order: the
+		// receipt of a shared inbox transaction covers the chats of every
+		// partition it merged and travels in the first one's lane.
+		if d.Name != chat.EventReceipt {
+			for _, c := range ev.Chats {
+				s.chats[c.ChatID] = true
+			}
 		}
 		if d.Name == chat.EventMessageCreated && !s.seen[d.ID] {
 			s.seen[d.ID] = true

@@ -103,7 +103,8 @@ func (p *process) buildWorker() error {
 		}
 		deleted = append(deleted, qc.DeletedPending)
 		var src inbox.Source = redisq.InboxSource(qc)
-		var handler inbox.Handler = h.ForPartition(part)
+		ph := h.ForPartition(part)
+		var handler inbox.Handler = ph
 		if c.Hooks != nil {
 			src, handler = c.Hooks.Source(src), c.Hooks.Handler(handler)
 		}
@@ -112,9 +113,10 @@ func (p *process) buildWorker() error {
 			clock = &fetchClock{Source: src}
 			src = clock
 		}
-		// The inbox transaction enqueued a receipt in this service's
-		// outbox of the partition: wake this process's relay of it, at most
-		// once per receiptWakeDelay, so that under load one relay pass
+		// When the inbox transaction enqueued a receipt in this service's
+		// outbox of the partition (a shared transaction enqueues one, in
+		// its first batch's partition), wake this process's relay of it, at
+		// most once per receiptWakeDelay, so that under load one relay pass
 		// carries the receipts of many inbox batches (another process's
 		// relay finds them at its next wake-up or poll).
 		var wakePending atomic.Bool
@@ -127,7 +129,7 @@ func (p *process) buildWorker() error {
 				gw.OfferApplied(applied)
 			}
 			waker.Committed(applied)
-			if wake := p.relayWake; wake != nil && wakePending.CompareAndSwap(false, true) {
+			if wake := p.relayWake; wake != nil && ph.TakeReceiptQueued() && wakePending.CompareAndSwap(false, true) {
 				time.AfterFunc(receiptWakeDelay, func() { wakePending.Store(false); wake(part) })
 			}
 		}
