@@ -9,9 +9,11 @@ import (
 // Partitions split each direction into N lanes (Serve's --partitions N,
 // the same N on both services). Each partition has its own outbox table,
 // relay, Redis stream and consumer; a chat belongs to exactly one
-// partition, so all of its events (messages, edits, deletes, read
-// receipts, delivery receipts, seq floors) take one lane and keep their
-// order. N = 1 is the single lane: partition 0 uses the names of a
+// partition, so its events (messages, edits, deletes, read receipts, seq
+// floors) take one lane and keep their order. Delivery receipts are the
+// exception: cumulative per chat and applied in any order, those of the
+// batches that share an inbox transaction go back as one receipt, in the
+// first batch's lane. N = 1 is the single lane: partition 0 uses the names of a
 // deployment without partitions ("<service>.outbox", QueueName(service),
 // OutboxChannel(service)).
 

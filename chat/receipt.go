@@ -18,7 +18,9 @@ import (
 // missing (the highest inbox row of the chat that was not stored behind a
 // gap: see migration 007). One receipt per batch rather than per chat: under load a batch
 // spans many chats, and the receipts' round trip (outbox row, relay, Redis,
-// the other side's inbox) is paid once per batch. The receipt travels back exactly as
+// the other side's inbox) is paid once per batch; the batches of several
+// partitions that share an inbox transaction send one receipt for all
+// (up to MaxReceiptChats chats), through the first batch's partition. The receipt travels back exactly as
 // a message does — relay, Redis stream, the other side's inbox consumer —
 // and the sender applies it in its inbox transaction: a row (chat, N, the
 // receiver's commit time) goes into <service>.receipts when N is above the
