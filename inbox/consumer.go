@@ -37,6 +37,13 @@ var (
 	// Consumer dead-letters the delivery. See Handler.
 	ErrMalformed = errors.New("inbox: malformed delivery")
 
+	// ErrSettled is wrapped by a Source's DeadLetter when the delivery was
+	// no longer this consumer's to settle: another consumer of the queue
+	// took it over (after the lock duration) and settled it, so nothing was
+	// moved and nothing comes back. The Consumer then neither counts it in
+	// Stats.DeadLettered nor reports EventDeadLettered, and logs it at Info.
+	ErrSettled = errors.New("inbox: delivery already settled by another consumer")
+
 	// ErrInvalidConfig is returned (wrapped) by NewConsumer for a nil
 	// dependency or an out-of-range Config field.
 	ErrInvalidConfig = errors.New("inbox: invalid config")
@@ -719,7 +726,10 @@ func (c *Consumer) finish(ctx context.Context, results []result) {
 		}
 	}
 	for _, r := range dead {
-		if err := c.src.DeadLetter(ctx, r.d, r.reason); err != nil {
+		if err := c.src.DeadLetter(ctx, r.d, r.reason); errors.Is(err, ErrSettled) {
+			c.log.Info("delivery to dead-letter already settled by another consumer", "message_id", r.d.ID, "ref", r.d.Ref)
+			continue
+		} else if err != nil {
 			c.log.Warn("dead letter failed; the delivery comes back", "err", err,
 				"message_id", r.d.ID, "ref", r.d.Ref)
 			continue

@@ -37,7 +37,9 @@ type Delivery struct {
 // It returns at most max deliveries, the caller's own pending (unacknowledged)
 // deliveries first. Ack acknowledges deliveries by Ref after the inbox
 // transaction committed. DeadLetter moves a delivery that can never succeed
-// (malformed) out of the way, with the reason, and acknowledges it.
+// (malformed) out of the way, with the reason, and acknowledges it; it
+// returns an error wrapping ErrSettled when another consumer had settled
+// the delivery already (then it did nothing).
 type Source interface {
 	Fetch(ctx context.Context, max int) ([]Delivery, error)
 	Ack(ctx context.Context, refs ...string) error

@@ -3,6 +3,7 @@ package redisq
 import (
 	"context"
 	"errors"
+	"fmt"
 
 	"github.com/outboxchat/outboxchat/inbox"
 	"github.com/outboxchat/outboxchat/outbox"
@@ -11,7 +12,9 @@ import (
 // InboxSource adapts a Consumer to inbox.Source, so that an inbox.Consumer
 // reads a redisq consumer group: Fetch, Ack and DeadLetter call the
 // Consumer's, with inbox.Delivery.Ref = Delivery.StreamID and ID, Name,
-// Payload, Sig, Headers and Err copied from the entry. It adds no state; it is safe for
+// Payload, Sig, Headers and Err copied from the entry; DeadLetter of an
+// entry another consumer had settled already returns an error wrapping
+// inbox.ErrSettled (Consumer.DeadLetterPending). It adds no state; it is safe for
 // concurrent use as the Consumer is.
 func InboxSource(c *Consumer) inbox.Source { return inboxSource{c} }
 
@@ -32,7 +35,11 @@ func (s inboxSource) Fetch(ctx context.Context, max int) ([]inbox.Delivery, erro
 func (s inboxSource) Ack(ctx context.Context, refs ...string) error { return s.c.Ack(ctx, refs...) }
 
 func (s inboxSource) DeadLetter(ctx context.Context, d inbox.Delivery, reason string) error {
-	return s.c.DeadLetter(ctx, Delivery{Job: Job{ID: d.ID, Name: d.Name, Payload: d.Payload, Sig: d.Sig, Headers: d.Headers}, StreamID: d.Ref}, reason)
+	moved, err := s.c.DeadLetterPending(ctx, Delivery{Job: Job{ID: d.ID, Name: d.Name, Payload: d.Payload, Sig: d.Sig, Headers: d.Headers}, StreamID: d.Ref}, reason)
+	if err == nil && !moved {
+		return fmt.Errorf("redisq: dead-lettering %s: %w", d.Ref, inbox.ErrSettled)
+	}
+	return err
 }
 
 // OutboxPublisher adapts a Publisher to outbox.Publisher, so that an

@@ -682,22 +682,34 @@ func (c *Consumer) settled(ids ...string) {
 // dead-letter an entry twice (both copies say the same).
 //
 // Errors: empty d.StreamID, Redis errors (wrapped; then none of the steps
-// happened). Safe for concurrent use.
+// happened). Safe for concurrent use. DeadLetterPending also says whether
+// the entry was moved.
 func (c *Consumer) DeadLetter(ctx context.Context, d Delivery, reason string) error {
+	_, err := c.DeadLetterPending(ctx, d, reason)
+	return err
+}
+
+// DeadLetterPending is DeadLetter, and reports whether it moved the entry:
+// false with a nil error when the entry was no longer pending in the group
+// (another consumer settled it; nothing was done). The inbox adapter
+// (InboxSource) turns that false into inbox.ErrSettled, so the inbox does
+// not count a dead letter it did not make. Errors and concurrency as
+// DeadLetter.
+func (c *Consumer) DeadLetterPending(ctx context.Context, d Delivery, reason string) (moved bool, err error) {
 	if d.StreamID == "" {
-		return fmt.Errorf("redisq: dead-lettering: empty stream id")
+		return false, fmt.Errorf("redisq: dead-lettering: empty stream id")
 	}
 	pend, err := c.rdb.XPendingExt(ctx, &redis.XPendingExtArgs{
 		Stream: c.keys.Stream, Group: c.group, Start: d.StreamID, End: d.StreamID, Count: 1}).Result()
 	if err != nil {
 		c.noteNoGroup(ctx, err)
-		return fmt.Errorf("redisq: dead-lettering %s: %w", d.StreamID, err)
+		return false, fmt.Errorf("redisq: dead-lettering %s: %w", d.StreamID, err)
 	}
 	if len(pend) == 0 {
 		c.settled(d.StreamID)
 		c.logger.InfoContext(ctx, "entry to dead-letter already settled by another consumer; left alone",
 			"stream_id", d.StreamID, "message_id", d.ID)
-		return nil
+		return false, nil
 	}
 	var trim *redis.IntCmd
 	// A MULTI whose keys are split between two nodes during a slot
@@ -708,7 +720,7 @@ func (c *Consumer) DeadLetter(ctx context.Context, d Delivery, reason string) er
 	})
 	if err != nil {
 		c.noteNoGroup(ctx, err)
-		return fmt.Errorf("redisq: dead-lettering %s: %w", d.StreamID, err)
+		return false, fmt.Errorf("redisq: dead-lettering %s: %w", d.StreamID, err)
 	}
 	c.settled(d.StreamID)
 	c.logger.WarnContext(ctx, "dead-lettered entry", "stream_id", d.StreamID, "message_id", d.ID, "reason", reason)
@@ -720,7 +732,7 @@ func (c *Consumer) DeadLetter(ctx context.Context, d Delivery, reason string) er
 			c.logger.WarnContext(ctx, "dead-letter stream full: oldest entries dropped", "dropped", n, "max", c.dlMax)
 		}
 	}
-	return nil
+	return true, nil
 }
 
 // Stats is a snapshot of a queue's size.

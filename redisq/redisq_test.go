@@ -838,6 +838,9 @@ func TestStaleCopyIsNotDeadLetteredTwice(t *testing.T) {
 	if err := other.DeadLetter(ctx, got[0], "malformed"); err != nil {
 		t.Fatal(err)
 	}
+	if moved, err := slow.DeadLetterPending(ctx, stale, "malformed"); err != nil || moved {
+		t.Fatalf("DeadLetterPending of the stale copy: moved %v, %v; want false, nil", moved, err)
+	}
 	if err := slow.DeadLetter(ctx, stale, "malformed"); err != nil {
 		t.Fatalf("DeadLetter of the stale copy: %v", err)
 	}

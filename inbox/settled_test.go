@@ -1,0 +1,81 @@
+package inbox_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/outboxchat/outboxchat/inbox"
+	"github.com/outboxchat/outboxchat/internal/testenv"
+	"github.com/outboxchat/outboxchat/redisq"
+)
+
+// A malformed delivery held by a slow consumer while another one took it
+// over (after the lock duration) and dead-lettered it: the slow one's
+// dead letter of its stale copy is refused by the source with ErrSettled,
+// and the slow consumer counts no dead letter and reports no
+// EventDeadLettered. The dead-letter stream holds the entry once.
+func TestStaleDeadLetterIsNotCounted(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newEnv(t)
+	src := func(name string) inbox.Source {
+		q, err := redisq.NewConsumer(e.rdb, &redisq.ConsumerConfig{
+			Queue: testQueue, Prefix: e.prefix, Group: testGroup, Consumer: name,
+			LockDuration: 100 * time.Millisecond, Block: 100 * time.Millisecond,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return redisq.InboxSource(q)
+	}
+	slow, other := src("slow"), src("other")
+	e.add(t, rawJob(`{"id": "not json`))
+	stale := fetchAll(t, slow, 1) // held while, say, Postgres is down
+	var got []inbox.Delivery
+	testenv.WaitFor(t, 10*time.Second, "entry taken over by the other consumer", func() bool {
+		ds, err := other.Fetch(ctx, 10)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, ds...)
+		return len(got) > 0
+	})
+	if err := e.consumer(t, other, testHandler, nil).ProcessBatch(ctx, got); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var kinds []inbox.EventKind
+	slowC := e.consumer(t, slow, testHandler, &inbox.Config{OnEvent: func(ev inbox.Event) {
+		mu.Lock()
+		defer mu.Unlock()
+		kinds = append(kinds, ev.Kind)
+	}})
+	if err := slowC.ProcessBatch(ctx, stale); err != nil {
+		t.Fatal(err)
+	}
+	if err := slow.DeadLetter(ctx, stale[0], "malformed"); !errors.Is(err, inbox.ErrSettled) {
+		t.Fatalf("DeadLetter of the stale copy: %v, want ErrSettled", err)
+	}
+	if s := slowC.Stats(); s.DeadLettered != 0 {
+		t.Fatalf("the slow consumer's stats %+v, want no dead letter", s)
+	}
+	mu.Lock()
+	for _, k := range kinds {
+		if k == inbox.EventDeadLettered {
+			t.Fatalf("the slow consumer reported %s for a dead letter it did not make (events %v)", k, kinds)
+		}
+	}
+	mu.Unlock()
+	if n := e.deadLen(t); n != 1 {
+		t.Fatalf("dead-letter stream holds %d entries, want 1", n)
+	}
+	if n := e.pending(t); n != 0 {
+		t.Fatalf("%d entries pending, want 0", n)
+	}
+	if recs := e.logs.records(t, "delivery to dead-letter already settled by another consumer"); len(recs) != 1 {
+		t.Fatalf("settled log records = %v, want one", recs)
+	}
+}
