@@ -71,21 +71,10 @@ func BenchmarkPartitionLayout(b *testing.B) {
 			},
 		},
 		"column": {
-			ddl: `CREATE TABLE ob.lc (
-  id              bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-  part            smallint    NOT NULL,
-  event           text        NOT NULL,
-  idempotency_key text        NOT NULL,
-  payload         jsonb       NOT NULL,
-  created_at      timestamptz NOT NULL DEFAULT now(),
-  sent_at         timestamptz,
-  attempts        integer     NOT NULL DEFAULT 0,
-  last_error      text,
-  failures        integer     NOT NULL DEFAULT 0,
-  retry_at        timestamptz,
-  parked_at       timestamptz,
-  headers         jsonb
-);
+			// The outbox table with a partition column, and its unsent
+			// index keyed by partition first.
+			ddl: outbox.TableDDL("ob.lc") + `ALTER TABLE ob.lc ADD COLUMN part smallint NOT NULL;
+DROP INDEX ob.ob_lc_unsent;
 CREATE INDEX lc_unsent ON ob.lc (part, id) WHERE sent_at IS NULL;`,
 			send: func(bt *pgx.Batch, ev []int) {
 				es, ks, ps := keys(len(ev))
