@@ -79,8 +79,14 @@ func writeStatus(w io.Writer, st *status.Status) {
 		if s.LastRelayPassSeconds != nil {
 			pass = secs(*s.LastRelayPassSeconds) + " ago"
 		}
+		// With partitions the figures are the sums over every partition's
+		// stream; the name is partition 0's, and says there are more.
+		stream := s.Stream
+		if n := len(s.Partitions); n > 1 {
+			stream = fmt.Sprintf("%s (+%d partitions)", stream, n-1)
+		}
 		fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%s\t%s\t%d\t%d\t%d\t%d\n", s.Service, s.Unsent, secs(s.OldestUnsentSeconds), s.Parked,
-			pass, s.Stream, s.StreamLength, s.StreamPending, s.StreamLag, s.DeadLetters)
+			pass, stream, s.StreamLength, s.StreamPending, s.StreamLag, s.DeadLetters)
 	}
 	tw.Flush()
 	for _, s := range st.Services {

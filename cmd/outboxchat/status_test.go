@@ -135,3 +135,27 @@ func TestStatusOnRedisCluster(t *testing.T) {
 		t.Fatalf("status %s", out)
 	}
 }
+
+// The summary row of a service with partitions names partition 0's stream
+// and says how many more its sums cover; without partitions it names the
+// stream alone.
+func TestStatusSummaryRowNamesThePartitions(t *testing.T) {
+	t.Parallel()
+	st := &status.Status{Services: []status.ServiceStatus{
+		{Service: chat.Consumers, Stream: "oc:w:stream", StreamLength: 7,
+			Partitions: []status.PartitionStatus{{Partition: 0, Stream: "oc:w:stream"}, {Partition: 1, Stream: "oc:w:p1:stream"}, {Partition: 2, Stream: "oc:w:p2:stream"}}},
+		{Service: chat.Workers, Stream: "oc:c:stream", Partitions: []status.PartitionStatus{{Partition: 0, Stream: "oc:c:stream"}}},
+	}}
+	var b strings.Builder
+	writeStatus(&b, st)
+	out := b.String()
+	if !strings.Contains(out, "oc:w:stream (+2 partitions)") {
+		t.Fatalf("consumers' summary row does not say its sums cover 2 more partitions:\n%s", out)
+	}
+	if strings.Contains(out, "oc:c:stream (+") {
+		t.Fatalf("workers' summary row names partitions it does not have:\n%s", out)
+	}
+	if !strings.Contains(out, "consumers partition 2: ") {
+		t.Fatalf("no line for consumers' partition 2:\n%s", out)
+	}
+}
