@@ -103,3 +103,38 @@ func TestPartitionRelayKilled(t *testing.T) {
 		}
 	}
 }
+
+// The lab's Redis client has room for the torture's stream tap, which
+// blocks in a read on every partition's stream of both directions, and
+// for the drain check's reads of those streams beside it: at 16
+// partitions no command waits for a free connection (with the default
+// pool each XINFO waited for a blocked read to return, and the drain check
+// ran out of its bound).
+func TestLabClientHasRoomForTheTapAt16Partitions(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	e, err := env.Start(ctx, env.Options{Partitions: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	tap, err := probe.StartTap(ctx, e)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tap.Stop()
+	before := e.RedisClient().PoolStats()
+	for range 3 {
+		for _, svc := range []string{chat.Consumers, chat.Workers} {
+			if s := probe.StreamDrained(ctx, e, svc); s != "" {
+				t.Fatalf("%s's streams: %s", svc, s)
+			}
+		}
+	}
+	after := e.RedisClient().PoolStats()
+	if after.WaitCount != before.WaitCount || after.Timeouts != before.Timeouts {
+		t.Fatalf("commands waited for a pooled connection %d times (%d timeouts) beside the tap's %d blocking reads",
+			after.WaitCount-before.WaitCount, after.Timeouts-before.Timeouts, 2*16)
+	}
+}

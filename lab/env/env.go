@@ -351,7 +351,11 @@ func Start(ctx context.Context, opts Options) (_ *Env, err error) {
 	if e.admin, err = pgxpool.New(ctx, e.DatabaseURL); err != nil {
 		return nil, fmt.Errorf("lab: connect postgres: %w", err)
 	}
-	if e.rdb, err = redisq.NewClient(e.RedisURL); err != nil {
+	// Room for a blocking read per partition stream of each direction (the
+	// torture's stream tap holds one each) besides the lab's own commands:
+	// with the default pool (10 per core) 16 partitions' reads left the
+	// drain check's XINFO calls waiting for a connection, 300 ms each.
+	if e.rdb, err = redisq.NewClientPool(e.RedisURL, 2*max(opts.Partitions, 1)+10); err != nil {
 		return nil, fmt.Errorf("lab: %w", err)
 	}
 	if err := e.redisUsers(ctx, max(opts.Partitions, 1)); err != nil {
