@@ -260,8 +260,8 @@ func (h *InboxHandler) QueueBatch(b *pgx.Batch, ds []inbox.Delivery, rs []inbox.
 // share one lock statement (all their chats, in chat order) and one insert,
 // the receipts they carry one statement, and the receipt they send back
 // one event (up to chat.MaxReceiptChats chats), enqueued in the outbox of
-// the first batch's partition (hs[0]'s; TakeReceiptQueued says which
-// handler's got one). hs must be
+// the partition of the first batch that stored messages or seq floors
+// (TakeReceiptQueued says which handler's got one). hs must be
 // InboxHandlers of one service (ForPartition copies); error: another
 // handler, before anything is queued.
 func (h *InboxHandler) QueueMerged(b *pgx.Batch, hs []inbox.PipelineHandler, ds [][]inbox.Delivery, rs [][]inbox.BatchResult) error {
@@ -526,14 +526,16 @@ func queueBatches(b *pgx.Batch, bts []*inboxBatch) {
 }
 
 // queueReceipts queues the receipt emits of bts, which share one
-// transaction: one receipt for as many batches in a row as fit in max
-// chats (chat.MaxReceiptChats), in the outbox of the first one's partition.
+// transaction: one receipt for as many batches in a row (those that
+// stored messages or seq floors) as fit in limit chat entries (one per
+// message and per floor, so at most limit distinct chats:
+// chat.MaxReceiptChats), in the outbox of the first one's partition.
 // Receipts are cumulative per chat and apply in any order, so a chat's
 // receipt need not travel in its own partition's lane; one receipt per
 // transaction instead of one per partition saves, for each batch merged,
 // an outbox row, its Redis entry and the other side's inbox delivery. Its
 // trace context is that of the first traced message.
-func queueReceipts(b *pgx.Batch, bts []*inboxBatch, max int) {
+func queueReceipts(b *pgx.Batch, bts []*inboxBatch, limit int) {
 	var chats []int64
 	var first *inboxBatch
 	traced := ""
@@ -555,7 +557,7 @@ func queueReceipts(b *pgx.Batch, bts []*inboxBatch, max int) {
 		if n == 0 {
 			continue
 		}
-		if first != nil && len(chats)+n > max {
+		if first != nil && len(chats)+n > limit {
 			flush()
 		}
 		if first == nil {
