@@ -171,10 +171,6 @@ func (g *Gateway) pushChanges(ctx context.Context) {
 // full.
 func (g *Gateway) fanOut(subs []*Subscription, b []byte) {
 	for _, s := range subs {
-		select {
-		case s.c <- b:
-		default:
-			s.evict()
-		}
+		s.offer(b)
 	}
 }

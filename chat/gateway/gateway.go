@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/outboxchat/outboxchat/chat"
@@ -29,7 +30,12 @@ const (
 	DefaultGatewayPoll  = time.Second
 	DefaultGapTimeout   = 60 * time.Second
 	DefaultClientBuffer = 1024
-	gatewayPageSize     = 500
+	// subscriberChan bounds a subscription's channel (C): the frames a
+	// subscriber may be behind beyond it wait in a backlog that exists only
+	// while it is behind (Subscription.offer), so an idle subscriber holds
+	// 64 slots (1.5 KiB), not ClientBuffer (24 KiB at the default).
+	subscriberChan  = 64
+	gatewayPageSize = 500
 	// maxAboveGap bounds the seqs a subscriber has pushed past missing
 	// ones (all its gaps together) before the gateway stops waiting for
 	// the missing messages (must stay under the page size, or a page could
@@ -62,7 +68,9 @@ type Config struct {
 	// ClientBuffer is the number of frames queued per subscriber; a
 	// subscriber that falls further behind is evicted (it reconnects and
 	// catches up by seq). Default DefaultClientBuffer (1024); must not be
-	// negative.
+	// negative. Up to 64 of them wait in the subscription's channel, the
+	// rest in a backlog that is allocated only while the subscriber is
+	// behind, and freed once it has caught up.
 	ClientBuffer int
 	// Notifier is the process's shared LISTEN connection; the gateway
 	// subscribes to Channels on it while started (the caller starts and
@@ -138,6 +146,16 @@ type Subscription struct {
 	c       chan []byte
 	evicted chan struct{}
 	once    sync.Once
+	// closed is closed by Close: it ends a pump.
+	closed chan struct{}
+	// limit is Config.ClientBuffer. pumping is true while a pump goroutine
+	// moves backlog into c (set by the gateway goroutine, cleared by the
+	// pump once backlog is empty); mu guards backlog and the change of
+	// pumping.
+	limit   int
+	mu      sync.Mutex
+	pumping atomic.Bool
+	backlog [][]byte
 	// cur is the subscriber's position in the room (room.go), owned by the
 	// gateway goroutine after Subscribe returns.
 	cur cursor
@@ -450,11 +468,7 @@ func (g *Gateway) pushReceipts() {
 			continue
 		}
 		for _, s := range subs[id] {
-			select {
-			case s.c <- b:
-			default:
-				s.evict()
-			}
+			s.offer(b)
 		}
 	}
 }
@@ -479,9 +493,10 @@ func (g *Gateway) signal() {
 // other service's; everything after them is pushed first (catch-up), then
 // live messages.
 func (g *Gateway) Subscribe(chatID, afterSent, afterReceived int64) *Subscription {
-	c := make(chan []byte, g.cfg.ClientBuffer)
+	c := make(chan []byte, min(g.cfg.ClientBuffer, subscriberChan))
 	ev := make(chan struct{})
-	s := &Subscription{C: c, Evicted: ev, g: g, chatID: chatID, c: c, evicted: ev, cur: cursor{sent: afterSent, recv: afterReceived}}
+	s := &Subscription{C: c, Evicted: ev, g: g, chatID: chatID, c: c, evicted: ev, closed: make(chan struct{}),
+		limit: g.cfg.ClientBuffer, cur: cursor{sent: afterSent, recv: afterReceived}}
 	g.mu.Lock()
 	room := g.rooms[chatID]
 	if room == nil {
@@ -508,7 +523,70 @@ func (s *Subscription) Close() {
 			}
 		}
 		g.mu.Unlock()
+		close(s.closed)
 	})
+}
+
+// offer queues frame b for the subscriber, in order after the frames
+// queued before; it evicts the subscriber and returns false when that
+// would put it more than ClientBuffer frames behind. Called by the gateway
+// goroutine only (the one producer, which is what lets the fast path skip
+// the lock: only this goroutine sets pumping).
+func (s *Subscription) offer(b []byte) bool {
+	if !s.pumping.Load() {
+		select {
+		case s.c <- b:
+			return true
+		default:
+		}
+	}
+	s.mu.Lock()
+	if !s.pumping.Load() {
+		// The pump may have emptied the backlog and the channel drained
+		// since the fast path looked.
+		select {
+		case s.c <- b:
+			s.mu.Unlock()
+			return true
+		default:
+		}
+	}
+	if cap(s.c)+len(s.backlog) >= s.limit {
+		s.mu.Unlock()
+		s.evict()
+		return false
+	}
+	s.backlog = append(s.backlog, b)
+	if !s.pumping.Load() {
+		s.pumping.Store(true)
+		go s.pump()
+	}
+	s.mu.Unlock()
+	return true
+}
+
+// pump moves the backlog into the channel, oldest first, as the subscriber
+// reads, and ends when the backlog is empty (releasing its memory) or the
+// subscription is closed.
+func (s *Subscription) pump() {
+	for {
+		s.mu.Lock()
+		if len(s.backlog) == 0 {
+			s.backlog = nil
+			s.pumping.Store(false)
+			s.mu.Unlock()
+			return
+		}
+		b := s.backlog[0]
+		s.backlog[0] = nil
+		s.backlog = s.backlog[1:]
+		s.mu.Unlock()
+		select {
+		case s.c <- b:
+		case <-s.closed:
+			return
+		}
+	}
 }
 
 // Subscribers returns the number of live subscriptions (for metrics).
@@ -887,10 +965,7 @@ func (g *Gateway) deliver(s *Subscription, rr *roomRows, now time.Time) (held bo
 		}
 	}
 	for _, m := range out {
-		select {
-		case s.c <- rr.frames.lookup(frameKey{m.From, m.ID}):
-		default:
-			s.evict()
+		if !s.offer(rr.frames.lookup(frameKey{m.From, m.ID})) {
 			return false
 		}
 		if m.TraceParent != "" && g.cfg.OnPush != nil {

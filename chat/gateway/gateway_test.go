@@ -14,6 +14,7 @@ import (
 	"github.com/outboxchat/outboxchat/chat"
 	"github.com/outboxchat/outboxchat/chat/internal/chattest"
 	"github.com/outboxchat/outboxchat/inbox"
+	"github.com/outboxchat/outboxchat/internal/testenv"
 )
 
 // offerGateway is a started gateway on h's workers schema that hears no
@@ -289,4 +290,66 @@ func TestGatewayNewGapDoesNotHoldBackOthers(t *testing.T) {
 	g.Wake(43)
 	wantSeqs(t, nextFrames(t, high, 300), 701)
 	noFrame(t, low, 100*time.Millisecond)
+}
+
+// A subscriber that falls behind past its channel (subscriberChan frames)
+// but not past ClientBuffer keeps its place: once it reads, it gets every
+// frame once and in order, and the backlog is released. One that falls
+// more than ClientBuffer frames behind is evicted.
+func TestGatewaySlowSubscriberBacklog(t *testing.T) {
+	t.Parallel()
+	const rows = 300
+	h := chattest.New(t, "")
+	for seq := int64(1); seq <= rows; seq++ {
+		storeReceived(t, h, 1, seq)
+	}
+	gateway := func(buffer int) *Gateway {
+		g, err := New(h.Admin, chat.Workers, &Config{Channels: []string{"nobody_notifies_this"}, PollInterval: time.Hour, ClientBuffer: buffer})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := g.Start(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = g.Stop(context.Background()) })
+		return g
+	}
+	s := gateway(rows+50).Subscribe(1, 0, 0)
+	defer s.Close()
+	// Nothing reads until every frame is queued: the channel holds
+	// subscriberChan, the backlog the rest (the pump may hold one).
+	testenv.WaitFor(t, 10*time.Second, "all frames queued", func() bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return len(s.c)+len(s.backlog) >= rows-1
+	})
+	if cap(s.c) != subscriberChan {
+		t.Fatalf("channel of %d slots, want %d", cap(s.c), subscriberChan)
+	}
+	want := make([]string, rows)
+	for i := range want {
+		want[i] = chat.Consumers + ":" + strconv.Itoa(i+1)
+	}
+	if got := nextFrames(t, s, rows); !slices.Equal(got, want) {
+		t.Fatalf("frames %v, want consumers:1 … consumers:%d in order", got, rows)
+	}
+	select {
+	case <-s.Evicted:
+		t.Fatal("a subscriber within ClientBuffer was evicted")
+	default:
+	}
+	testenv.WaitFor(t, 10*time.Second, "backlog released", func() bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return !s.pumping.Load() && s.backlog == nil
+	})
+	noFrame(t, s, 100*time.Millisecond)
+
+	slow := gateway(rows/3).Subscribe(1, 0, 0)
+	defer slow.Close()
+	select {
+	case <-slow.Evicted:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("a subscriber %d frames behind with ClientBuffer %d was not evicted", rows, rows/3)
+	}
 }
