@@ -133,10 +133,12 @@ type Gateway struct {
 }
 
 // Subscription is one live subscriber of a room. Frames (JSON-encoded
-// Message values) arrive on C in order. Evicted is closed when the
-// subscriber fell ClientBuffer frames behind; the caller should then close
-// the connection so the client reconnects with its cursors. Close
-// unsubscribes; it is idempotent.
+// Message values) arrive on C in order. C holds up to 64 frames; while the
+// subscriber is further behind, the rest wait in a backlog that a goroutine
+// of the subscription feeds into C (both freed once it caught up). Evicted
+// is closed when the subscriber fell ClientBuffer frames behind; the caller
+// should then close the connection so the client reconnects with its
+// cursors. Close unsubscribes (and ends that goroutine); it is idempotent.
 type Subscription struct {
 	C       <-chan []byte
 	Evicted <-chan struct{}
