@@ -22,7 +22,14 @@ import (
 // makes it read can push anything.
 func offerGateway(t *testing.T, h *chattest.Harness) *Gateway {
 	t.Helper()
-	g, err := New(h.Admin, chat.Workers, &Config{Channels: []string{"nobody_notifies_this"}, PollInterval: time.Hour})
+	return offerGatewayBuffer(t, h, 0)
+}
+
+// offerGatewayBuffer is offerGateway with Config.ClientBuffer buffer (0:
+// the default).
+func offerGatewayBuffer(t *testing.T, h *chattest.Harness, buffer int) *Gateway {
+	t.Helper()
+	g, err := New(h.Admin, chat.Workers, &Config{Channels: []string{"nobody_notifies_this"}, PollInterval: time.Hour, ClientBuffer: buffer})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -303,18 +310,7 @@ func TestGatewaySlowSubscriberBacklog(t *testing.T) {
 	for seq := int64(1); seq <= rows; seq++ {
 		storeReceived(t, h, 1, seq)
 	}
-	gateway := func(buffer int) *Gateway {
-		g, err := New(h.Admin, chat.Workers, &Config{Channels: []string{"nobody_notifies_this"}, PollInterval: time.Hour, ClientBuffer: buffer})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := g.Start(context.Background()); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = g.Stop(context.Background()) })
-		return g
-	}
-	s := gateway(rows+50).Subscribe(1, 0, 0)
+	s := offerGatewayBuffer(t, h, rows+50).Subscribe(1, 0, 0)
 	defer s.Close()
 	// Nothing reads until every frame is queued: the channel holds
 	// subscriberChan, the backlog the rest (the pump may hold one).
@@ -345,7 +341,7 @@ func TestGatewaySlowSubscriberBacklog(t *testing.T) {
 	})
 	noFrame(t, s, 100*time.Millisecond)
 
-	slow := gateway(rows/3).Subscribe(1, 0, 0)
+	slow := offerGatewayBuffer(t, h, rows/3).Subscribe(1, 0, 0)
 	defer slow.Close()
 	select {
 	case <-slow.Evicted:
