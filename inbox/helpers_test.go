@@ -105,10 +105,16 @@ func newEnvWithPool(t testing.TB, pool *pgxpool.Pool) *env {
 // source returns a redisq consumer-group member named name.
 func (e *env) source(t testing.TB, name string) inbox.Source {
 	t.Helper()
+	return e.sourceLocked(t, name, time.Minute) // reclaiming is not under test here
+}
+
+// sourceLocked is source with a lock duration of lock: another member
+// takes over an entry this one holds that long.
+func (e *env) sourceLocked(t testing.TB, name string, lock time.Duration) inbox.Source {
+	t.Helper()
 	q, err := redisq.NewConsumer(e.rdb, &redisq.ConsumerConfig{
 		Queue: testQueue, Prefix: e.prefix, Group: testGroup, Consumer: name,
-		LockDuration: time.Minute, // reclaiming is not under test here
-		Block:        100 * time.Millisecond,
+		LockDuration: lock, Block: 100 * time.Millisecond,
 	})
 	if err != nil {
 		t.Fatalf("creating redisq consumer: %v", err)

@@ -9,7 +9,6 @@ import (
 
 	"github.com/outboxchat/outboxchat/inbox"
 	"github.com/outboxchat/outboxchat/internal/testenv"
-	"github.com/outboxchat/outboxchat/redisq"
 )
 
 // A malformed delivery held by a slow consumer while another one took it
@@ -21,17 +20,7 @@ func TestStaleDeadLetterIsNotCounted(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	e := newEnv(t)
-	src := func(name string) inbox.Source {
-		q, err := redisq.NewConsumer(e.rdb, &redisq.ConsumerConfig{
-			Queue: testQueue, Prefix: e.prefix, Group: testGroup, Consumer: name,
-			LockDuration: 100 * time.Millisecond, Block: 100 * time.Millisecond,
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return redisq.InboxSource(q)
-	}
-	slow, other := src("slow"), src("other")
+	slow, other := e.sourceLocked(t, "slow", 100*time.Millisecond), e.sourceLocked(t, "other", 100*time.Millisecond)
 	e.add(t, rawJob(`{"id": "not json`))
 	stale := fetchAll(t, slow, 1) // held while, say, Postgres is down
 	var got []inbox.Delivery

@@ -543,16 +543,6 @@ func (s *Subscription) offer(b []byte) bool {
 		}
 	}
 	s.mu.Lock()
-	if !s.pumping.Load() {
-		// The pump may have emptied the backlog and the channel drained
-		// since the fast path looked.
-		select {
-		case s.c <- b:
-			s.mu.Unlock()
-			return true
-		default:
-		}
-	}
 	if cap(s.c)+len(s.backlog) >= s.limit {
 		s.mu.Unlock()
 		s.evict()

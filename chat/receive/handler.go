@@ -414,13 +414,12 @@ type msgRef struct {
 func queueBatches(b *pgx.Batch, bts []*inboxBatch) {
 	h := bts[0].h
 	total, floors := 0, 0
-	rChats, rUpto, rAts := bts[0].rChats, bts[0].rUpto, bts[0].rAts
-	for i, bt := range bts {
-		if i > 0 && len(bt.rChats) > 0 {
-			// The receipts table is the service's, whatever the
-			// partition: one statement records the receipts of all.
-			rChats, rUpto, rAts = append(slices.Clip(rChats), bt.rChats...), append(slices.Clip(rUpto), bt.rUpto...), append(slices.Clip(rAts), bt.rAts...)
-		}
+	// The receipts table is the service's, whatever the partition: one
+	// statement records the receipts of all.
+	var rChats, rUpto []int64
+	var rAts []time.Time
+	for _, bt := range bts {
+		rChats, rUpto, rAts = append(rChats, bt.rChats...), append(rUpto, bt.rUpto...), append(rAts, bt.rAts...)
 		total, floors = total+len(bt.ids), floors+len(bt.fChats)
 	}
 	if len(rChats) > 0 {
@@ -562,10 +561,8 @@ func queueReceipts(b *pgx.Batch, bts []*inboxBatch, limit int) {
 		}
 		if first == nil {
 			first = bt
-			chats = append(slices.Clip(bt.chats), bt.fChats...)
-		} else {
-			chats = append(append(chats, bt.chats...), bt.fChats...)
 		}
+		chats = append(append(chats, bt.chats...), bt.fChats...)
 		traced = cmp.Or(traced, bt.traced)
 	}
 	flush()
