@@ -3,9 +3,12 @@ package chat
 import (
 	"encoding/json"
 	"errors"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/outboxchat/outboxchat/chat/internal/jsonscan"
 )
 
 func TestDecodeSendRequest(t *testing.T) {
@@ -120,4 +123,77 @@ func TestHasUnpairedSurrogate(t *testing.T) {
 			t.Errorf("hasUnpairedSurrogate(%s) = %v, want %v", in, got, want)
 		}
 	}
+}
+
+// checkScanEvent fails t when scanEvent takes data and fills its fields
+// otherwise than json.Unmarshal does, or takes what json.Unmarshal
+// refuses; it reports whether scanEvent took data.
+func checkScanEvent(t *testing.T, data []byte) bool {
+	t.Helper()
+	var got eventFields
+	if !scanEvent(data, &got) {
+		return false
+	}
+	var want eventFields
+	if err := json.Unmarshal(data, &want); err != nil || !reflect.DeepEqual(got, want) {
+		t.Fatalf("scanEvent(%q) = %+v; json.Unmarshal: %+v, %v", data, got, want, err)
+	}
+	return true
+}
+
+func TestScanEventMatchesUnmarshal(t *testing.T) {
+	t.Parallel()
+	at := time.Date(2026, 12, 4, 18, 0, 0, 123456000, time.UTC)
+	sent, err := Message{ID: "0193a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5b", ChatID: 42, Seq: 7, Body: "héllo 😀 <b>", SentAt: at,
+		From: Consumers, Author: "alice"}.EventJSON()
+	if err != nil {
+		t.Fatal(err)
+	}
+	escaped, err := Message{ID: "0193a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5b", ChatID: 42, Seq: 7, Body: "two\nlines \"q\"", SentAt: at,
+		From: Consumers}.EventJSON()
+	if err != nil {
+		t.Fatal(err)
+	}
+	deep := strings.Repeat(`[`, jsonscan.MaxDepth+2) + strings.Repeat(`]`, jsonscan.MaxDepth+2)
+	for _, c := range []struct {
+		in   string
+		fast bool // scanEvent takes it (else json.Unmarshal decides)
+	}{
+		{string(sent), true}, // what the sender writes, non-ASCII body and all
+		{string(escaped), true},
+		{`{"body":"\u00e9\u2028\/\\\b\f\r\t\u0041x"}`, true},
+		{`{"body":"\ud83d\ude00"}`, false}, {`{"body":"\ud800"}`, false}, {`{"body":"\u12"}`, false}, {`{"body":"\x"}`, false},
+		{` { } `, true},
+		{`{"body":"a","body":"b","seq":1,"seq":2}`, true}, // the last wins
+		{`{"x":{"y":[1,-2.5e3,{"z":null}],"w":"\u00e9"},"deleted":true}`, true},
+		{`{"delivered_at":null,"version":3,"seqx":1}`, true},
+		{`{"deleted":false,"author":""}`, true},
+		{`{"ID":"x"}`, false}, {`{"Seq":1}`, false}, {`{"chat_ID":1}`, false}, // case-insensitive matches
+		{`{"s\u0065q":1}`, false}, // an escaped key
+		{`{"body":null}`, false}, {`{"seq":null}`, false},
+		{`{"chat_id":1.5}`, false}, {`{"chat_id":1e2}`, false}, {`{"chat_id":"1"}`, false}, {`{"chat_id":01}`, false},
+		{`{"seq":9223372036854775808}`, false}, {`{"seq":-9223372036854775808}`, true},
+		{`{"deleted":1}`, false}, {`{"deleted":"true"}`, false}, {`{"body":1}`, false},
+		{"{\"body\":\"bad \xff\"}", false}, {"{\"body\":\"tab\there\"}", false},
+		{`{} x`, false}, {`{}}`, false}, {`{"a":1,}`, false}, {`{"a" 1}`, false}, {`{"a":1`, false},
+		{`null`, false}, {`[]`, false}, {``, false}, {`{"x":` + deep + `}`, false},
+	} {
+		if got := checkScanEvent(t, []byte(c.in)); got != c.fast {
+			t.Errorf("scanEvent(%s) took it: %v, want %v", c.in, got, c.fast)
+		}
+	}
+	// The fast path gives DecodeEvent the message the sender encoded.
+	m, err := DecodeEvent(sent)
+	if err != nil || m.Body != "héllo 😀 <b>" || m.ChatID != 42 || m.Seq != 7 || m.Author != "alice" || !m.SentAt.Equal(at) {
+		t.Fatalf("DecodeEvent(%s) = %+v, %v", sent, m, err)
+	}
+}
+
+func FuzzScanEvent(f *testing.F) {
+	f.Add([]byte(`{"id":"0b5c6f5e-5d2e-4b8a-9f53-1d2e3f4a5b6c","chat_id":3,"seq":2,"body":"hi","sent_at":"2026-11-30T07:00:00.123456Z","from":"consumers","delivered_at":null}`))
+	f.Add([]byte(`{"body":"é","x":[{"y":true}],"deleted":false}`))
+	f.Add([]byte(`{"Body":"x","seq":1e1}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		checkScanEvent(t, data)
+	})
 }

@@ -9,7 +9,10 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf16"
 	"unicode/utf8"
+
+	"github.com/outboxchat/outboxchat/chat/internal/jsonscan"
 )
 
 // EventMessageCreated is the outbox event name of a sent message.
@@ -392,18 +395,12 @@ const maxAuthorBytes = 256
 // ignored. Every error wraps ErrMalformedEvent.
 func DecodeEvent(data []byte) (Message, error) {
 	var m Message
-	var raw struct {
-		ID      string  `json:"id"`
-		ChatID  int64   `json:"chat_id"`
-		Seq     int64   `json:"seq"`
-		Body    *string `json:"body"`
-		SentAt  string  `json:"sent_at"`
-		From    string  `json:"from"`
-		Author  string  `json:"author"`
-		Deleted bool    `json:"deleted"`
-	}
-	if err := json.Unmarshal(data, &raw); err != nil {
-		return m, fmt.Errorf("%w: %v", ErrMalformedEvent, err)
+	var raw eventFields
+	if !scanEvent(data, &raw) {
+		raw = eventFields{}
+		if err := json.Unmarshal(data, &raw); err != nil {
+			return m, fmt.Errorf("%w: %v", ErrMalformedEvent, err)
+		}
 	}
 	if !isUUID(raw.ID) {
 		return m, fmt.Errorf("%w: id %q is not a UUID", ErrMalformedEvent, raw.ID)
@@ -433,6 +430,154 @@ func DecodeEvent(data []byte) (Message, error) {
 		return m, fmt.Errorf("%w: author is not valid UTF-8 of at most %d bytes without NUL", ErrMalformedEvent, maxAuthorBytes)
 	}
 	return Message{ID: strings.ToLower(raw.ID), ChatID: raw.ChatID, Seq: raw.Seq, Body: *raw.Body, SentAt: t, From: raw.From, Author: raw.Author}, nil
+}
+
+// eventFields is a message.created event as DecodeEvent reads it, before
+// its checks.
+type eventFields struct {
+	ID      string  `json:"id"`
+	ChatID  int64   `json:"chat_id"`
+	Seq     int64   `json:"seq"`
+	Body    *string `json:"body"`
+	SentAt  string  `json:"sent_at"`
+	From    string  `json:"from"`
+	Author  string  `json:"author"`
+	Deleted bool    `json:"deleted"`
+}
+
+// eventKeys are eventFields' JSON names: a key that equals one of them
+// only case-insensitively is json.Unmarshal's to match.
+var eventKeys = [...]string{"id", "chat_id", "seq", "body", "sent_at", "from", "author", "deleted"}
+
+// scanEvent is DecodeEvent's fast path, for the events the sender writes
+// (Message.EventJSON): it fills f as json.Unmarshal would when data is one
+// object whose keys are plain ASCII, whose fields of eventFields hold
+// values of their own type (strings of valid UTF-8 without a surrogate
+// escape;
+// integers that fit int64; true or false) and whose other fields hold any
+// valid JSON (within jsonscan.MaxDepth). For anything else (a string of
+// invalid UTF-8 or with a surrogate escape, a null or mistyped field, a key json.Unmarshal would
+// match case-insensitively, trailing data) it returns false, with f partly
+// filled, and json.Unmarshal decodes or refuses the event. Repeated keys:
+// the last wins, as in json.Unmarshal.
+func scanEvent(data []byte, f *eventFields) bool {
+	s := jsonscan.Scanner{P: data}
+	s.Space()
+	if !s.Byte('{') {
+		return false
+	}
+	s.Space()
+	if s.Byte('}') {
+		s.Space()
+		return s.I == len(data)
+	}
+	for {
+		from, to, plain, _ := s.Str()
+		if !plain {
+			return false
+		}
+		s.Space()
+		if !s.Byte(':') {
+			return false
+		}
+		s.Space()
+		var str *string
+		ok := true
+		switch key := string(data[from:to]); key {
+		case "id":
+			str = &f.ID
+		case "chat_id":
+			f.ChatID, ok = s.Int64()
+		case "seq":
+			f.Seq, ok = s.Int64()
+		case "body":
+			f.Body = new(string)
+			str = f.Body
+		case "sent_at":
+			str = &f.SentAt
+		case "from":
+			str = &f.From
+		case "author":
+			str = &f.Author
+		case "deleted":
+			f.Deleted, ok = s.Bool()
+		default:
+			for _, k := range eventKeys {
+				if strings.EqualFold(key, k) {
+					return false
+				}
+			}
+			ok = s.Value(0)
+		}
+		if str != nil {
+			*str, ok = scanEventText(&s)
+		}
+		if !ok {
+			return false
+		}
+		s.Space()
+		if s.Byte('}') {
+			break
+		}
+		if !s.Byte(',') {
+			return false
+		}
+		s.Space()
+	}
+	s.Space()
+	return s.I == len(data)
+}
+
+// scanEventText consumes a string whose bytes are valid UTF-8 and whose
+// escapes, if any, stand for no UTF-16 surrogate (the sender's encoder
+// writes \n, \" and \u003c, never a surrogate), and returns its text as
+// json.Unmarshal would; false for any other string.
+func scanEventText(s *jsonscan.Scanner) (string, bool) {
+	from, to, plain, valid := s.Str()
+	if !valid {
+		return "", false
+	}
+	b := s.P[from:to]
+	if plain {
+		return string(b), true
+	}
+	if !utf8.Valid(b) {
+		return "", false // json.Unmarshal replaces the bad bytes
+	}
+	i := bytes.IndexByte(b, '\\')
+	if i < 0 {
+		return string(b), true
+	}
+	// Str checked every escape's form.
+	out := make([]byte, 0, len(b))
+	for i >= 0 {
+		out = append(out, b[:i]...)
+		c := b[i+1]
+		b = b[i+2:]
+		switch c {
+		case 'b':
+			out = append(out, '\b')
+		case 'f':
+			out = append(out, '\f')
+		case 'n':
+			out = append(out, '\n')
+		case 'r':
+			out = append(out, '\r')
+		case 't':
+			out = append(out, '\t')
+		case 'u':
+			r, err := strconv.ParseUint(string(b[:4]), 16, 32)
+			if err != nil || utf16.IsSurrogate(rune(r)) {
+				return "", false
+			}
+			out = utf8.AppendRune(out, rune(r))
+			b = b[4:]
+		default: // '"', '\\', '/'
+			out = append(out, c)
+		}
+		i = bytes.IndexByte(b, '\\')
+	}
+	return string(append(out, b...)), true
 }
 
 // MaxClientIDBytes is the longest idempotency key, in bytes.

@@ -11,13 +11,13 @@ import (
 	"strings"
 	"sync"
 	"time"
-	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/outboxchat/outboxchat/chat"
+	"github.com/outboxchat/outboxchat/chat/internal/jsonscan"
 	"github.com/outboxchat/outboxchat/chat/schema"
 	"github.com/outboxchat/outboxchat/outbox"
 )
@@ -172,23 +172,23 @@ func highWaterMarks(msgs []outbox.Message) map[int64]int64 {
 // key, a null, string, fractional, exponent or overflowing chat_id or seq,
 // deep nesting) it returns ok false, and the caller asks json.Unmarshal.
 func scanChatSeq(p []byte) (chatID, seq int64, ok bool) {
-	s := jsonScan{p: p}
-	s.space()
-	if !s.byte('{') {
+	s := jsonscan.Scanner{P: p}
+	s.Space()
+	if !s.Byte('{') {
 		return 0, 0, false
 	}
-	s.space()
-	if !s.byte('}') {
+	s.Space()
+	if !s.Byte('}') {
 		for {
-			from, to, plain, _ := s.str()
+			from, to, plain, _ := s.Str()
 			if !plain {
 				return 0, 0, false
 			}
-			s.space()
-			if !s.byte(':') {
+			s.Space()
+			if !s.Byte(':') {
 				return 0, 0, false
 			}
-			s.space()
+			s.Space()
 			var dst *int64
 			switch key := string(p[from:to]); {
 			case key == "chat_id":
@@ -199,221 +199,26 @@ func scanChatSeq(p []byte) (chatID, seq int64, ok bool) {
 				return 0, 0, false
 			}
 			if dst != nil {
-				from := s.i
-				if !s.integer() {
-					return 0, 0, false
-				}
-				n, err := strconv.ParseInt(string(p[from:s.i]), 10, 64)
-				if err != nil {
+				n, ok := s.Int64()
+				if !ok {
 					return 0, 0, false
 				}
 				*dst = n
-			} else if !s.value(0) {
+			} else if !s.Value(0) {
 				return 0, 0, false
 			}
-			s.space()
-			if s.byte('}') {
+			s.Space()
+			if s.Byte('}') {
 				break
 			}
-			if !s.byte(',') {
+			if !s.Byte(',') {
 				return 0, 0, false
 			}
-			s.space()
+			s.Space()
 		}
 	}
-	s.space()
-	return chatID, seq, s.i == len(p)
-}
-
-// jsonScan checks JSON text p from index i on, strictly as encoding/json
-// does (any bytes of 0x80 and above are allowed in strings).
-type jsonScan struct {
-	p []byte
-	i int
-}
-
-// maxScanDepth bounds the nesting scanChatSeq follows; deeper documents go
-// to json.Unmarshal (whose own limit is 10000).
-const maxScanDepth = 100
-
-// space skips JSON white space.
-func (s *jsonScan) space() {
-	for s.i < len(s.p) && (s.p[s.i] == ' ' || s.p[s.i] == '\t' || s.p[s.i] == '\n' || s.p[s.i] == '\r') {
-		s.i++
-	}
-}
-
-// byte consumes c if it is next.
-func (s *jsonScan) byte(c byte) bool {
-	if s.i < len(s.p) && s.p[s.i] == c {
-		s.i++
-		return true
-	}
-	return false
-}
-
-// str consumes a string and returns its text's bounds; valid is false
-// when it is not a valid JSON string, plain is false too when it has an
-// escape or a byte of 0x80 or above.
-func (s *jsonScan) str() (from, to int, plain, valid bool) {
-	if !s.byte('"') {
-		return 0, 0, false, false
-	}
-	from, plain = s.i, true
-	for s.i < len(s.p) {
-		switch c := s.p[s.i]; {
-		case c == '"':
-			s.i++
-			return from, s.i - 1, plain, true
-		case c < 0x20:
-			return 0, 0, false, false
-		case c == '\\':
-			plain = false
-			if s.i+1 >= len(s.p) {
-				return 0, 0, false, false
-			}
-			switch s.p[s.i+1] {
-			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
-				s.i += 2
-			case 'u':
-				if s.i+6 > len(s.p) {
-					return 0, 0, false, false
-				}
-				for _, h := range s.p[s.i+2 : s.i+6] {
-					if !('0' <= h && h <= '9' || 'a' <= h && h <= 'f' || 'A' <= h && h <= 'F') {
-						return 0, 0, false, false
-					}
-				}
-				s.i += 6
-			default:
-				return 0, 0, false, false
-			}
-		default:
-			if c >= utf8.RuneSelf {
-				plain = false
-			}
-			s.i++
-		}
-	}
-	return 0, 0, false, false
-}
-
-// validStr consumes a valid string.
-func (s *jsonScan) validStr() bool {
-	_, _, _, valid := s.str()
-	return valid
-}
-
-// digits consumes one or more decimal digits.
-func (s *jsonScan) digits() bool {
-	from := s.i
-	for s.i < len(s.p) && '0' <= s.p[s.i] && s.p[s.i] <= '9' {
-		s.i++
-	}
-	return s.i > from
-}
-
-// integer consumes a JSON number without fraction or exponent, and fails
-// (for json.Unmarshal to judge) on any other number.
-func (s *jsonScan) integer() bool {
-	s.byte('-')
-	if s.byte('0') {
-		// A leading zero stands alone.
-	} else if !s.digits() {
-		return false
-	}
-	return s.i == len(s.p) || (s.p[s.i] != '.' && s.p[s.i] != 'e' && s.p[s.i] != 'E' && !('0' <= s.p[s.i] && s.p[s.i] <= '9'))
-}
-
-// number consumes a JSON number.
-func (s *jsonScan) number() bool {
-	s.byte('-')
-	if !s.byte('0') && !s.digits() {
-		return false
-	}
-	if s.byte('.') && !s.digits() {
-		return false
-	}
-	if s.byte('e') || s.byte('E') {
-		if !s.byte('+') {
-			s.byte('-')
-		}
-		return s.digits()
-	}
-	return true
-}
-
-// literal consumes word.
-func (s *jsonScan) literal(word string) bool {
-	if len(s.p)-s.i >= len(word) && string(s.p[s.i:s.i+len(word)]) == word {
-		s.i += len(word)
-		return true
-	}
-	return false
-}
-
-// value consumes a valid JSON value nested depth levels deep.
-func (s *jsonScan) value(depth int) bool {
-	if s.i >= len(s.p) || depth > maxScanDepth {
-		return false
-	}
-	switch s.p[s.i] {
-	case '"':
-		return s.validStr()
-	case '{':
-		s.i++
-		s.space()
-		if s.byte('}') {
-			return true
-		}
-		for {
-			if !s.validStr() {
-				return false
-			}
-			s.space()
-			if !s.byte(':') {
-				return false
-			}
-			s.space()
-			if !s.value(depth + 1) {
-				return false
-			}
-			s.space()
-			if s.byte('}') {
-				return true
-			}
-			if !s.byte(',') {
-				return false
-			}
-			s.space()
-		}
-	case '[':
-		s.i++
-		s.space()
-		if s.byte(']') {
-			return true
-		}
-		for {
-			if !s.value(depth + 1) {
-				return false
-			}
-			s.space()
-			if s.byte(']') {
-				return true
-			}
-			if !s.byte(',') {
-				return false
-			}
-			s.space()
-		}
-	case 't':
-		return s.literal("true")
-	case 'f':
-		return s.literal("false")
-	case 'n':
-		return s.literal("null")
-	}
-	return s.number()
+	s.Space()
+	return chatID, seq, s.I == len(p)
 }
 
 // Check is a pgxpool AfterConnect hook: it reads conn's database
