@@ -11,13 +11,14 @@ import (
 	"github.com/outboxchat/outboxchat/lab/scenario"
 )
 
-// runLabScenario runs `lab scenario NAME [--json] [--redrive-after D]`, or
-// --list.
+// runLabScenario runs `lab scenario NAME [--json] [--redrive-after D]
+// [--partitions N]`, or --list.
 func runLabScenario(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("lab scenario", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	asJSON := fs.Bool("json", false, "print one JSON object (scenario, sent, received, lost, duplicates_shown, order_violations, redriven, ok, …); the event log goes to stderr")
 	redrive := fs.String("redrive-after", "", "pass --redrive-after to the services (0 = re-drive off: shows what Redis lost)")
+	partitions := fs.Int("partitions", 1, "both services' --partitions: the scenario's chat travels in its partition's queue, which the faults aim at")
 	list := fs.Bool("list", false, "list the named scenarios")
 	// NAME may come before or after the flags.
 	var name string
@@ -39,7 +40,10 @@ func runLabScenario(ctx context.Context, args []string, stdout, stderr io.Writer
 	if name == "" {
 		return fmt.Errorf("lab scenario: name a scenario (one of %s)", strings.Join(scenario.Names(), ", "))
 	}
-	var so scenario.Options
+	if *partitions < 1 {
+		return fmt.Errorf("lab scenario: --partitions must be at least 1")
+	}
+	so := scenario.Options{Partitions: *partitions}
 	if *redrive != "" {
 		so.ExtraArgs = []string{"--redrive-after", *redrive}
 	}

@@ -172,8 +172,8 @@ func ReadFigures(ctx context.Context, e *env.Env, w *Watcher) (*Figures, error) 
 }
 
 // Settled reports whether every consumers' message is shown by w, nothing is
-// unsent, and no job of the consumers→workers queue is pending (delivered,
-// not acknowledged). Errors (a server down) count as not settled.
+// unsent in any partition's outbox, and no job of any partition's
+// consumers→workers queue is pending (delivered, not acknowledged). Errors (a server down) count as not settled.
 func Settled(ctx context.Context, e *env.Env, w *Watcher) bool {
 	qctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
@@ -202,17 +202,24 @@ func Settled(ctx context.Context, e *env.Env, w *Watcher) bool {
 			return false
 		}
 	}
-	var unsent int
-	if e.Admin().QueryRow(qctx, `SELECT count(*) FROM consumers.outbox WHERE sent_at IS NULL`).Scan(&unsent) != nil || unsent > 0 {
-		return false
+	for p := range max(e.Partitions, 1) {
+		var unsent int
+		// The table name is chat.OutboxTable's: a schema and a table name, no quoting needed.
+		if e.Admin().QueryRow(qctx, `SELECT count(*) FROM `+chat.OutboxTable(chat.Consumers, p)+` WHERE sent_at IS NULL`).Scan(&unsent) != nil || unsent > 0 {
+			return false
+		}
+		if pendingJobs(qctx, e, p) != 0 {
+			return false
+		}
 	}
-	return pendingJobs(qctx, e) == 0
+	return true
 }
 
-// pendingJobs returns the number of delivered, unacknowledged entries of the
-// consumers→workers queue (-1 on error; 0 when the group does not exist).
-func pendingJobs(ctx context.Context, e *env.Env) int64 {
-	p, err := e.RedisClient().XPending(ctx, env.QueueKeys(chat.Consumers).Stream, chat.Workers).Result()
+// pendingJobs returns the number of delivered, unacknowledged entries of
+// partition p's consumers→workers queue (-1 on error; 0 when the group
+// does not exist).
+func pendingJobs(ctx context.Context, e *env.Env, p int) int64 {
+	pe, err := e.RedisClient().XPending(ctx, env.PartitionQueueKeys(chat.Consumers, p).Stream, chat.Workers).Result()
 	if err == redis.Nil {
 		return 0
 	}
@@ -222,7 +229,7 @@ func pendingJobs(ctx context.Context, e *env.Env) int64 {
 		}
 		return -1
 	}
-	return p.Count
+	return pe.Count
 }
 
 // WaitSettled waits until Settled holds, asking every interval, or until

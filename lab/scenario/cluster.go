@@ -33,7 +33,7 @@ func clusterFailover(ctx context.Context, s *run) error {
 	if err != nil {
 		return err
 	}
-	stream := env.QueueKeys(chat.Consumers).Stream
+	stream := s.queueKeys(chat.Consumers).Stream
 	master, slot, err := c.NodeFor(ctx, stream)
 	if err != nil {
 		return err
@@ -108,7 +108,7 @@ func clusterReshard(ctx context.Context, s *run) error {
 	moveStart := time.Now()
 	moved := map[int]bool{}
 	for _, svc := range []string{chat.Consumers, chat.Workers} {
-		stream := env.QueueKeys(svc).Stream
+		stream := s.queueKeys(svc).Stream
 		from, slot, err := c.NodeFor(ctx, stream)
 		if err != nil {
 			return err
@@ -124,7 +124,7 @@ func clusterReshard(ctx context.Context, s *run) error {
 		if err := s.moveSlot(ctx, c, slot, to, interval); err != nil {
 			return err
 		}
-		s.log.Add("redis", "slot %d (queue %s) moved from %s to %s, key by key, under load", slot, chat.QueueName(svc), from.Addr(), to.Addr())
+		s.log.Add("redis", "slot %d (queue %s) moved from %s to %s, key by key, under load", slot, s.queue(svc), from.Addr(), to.Addr())
 	}
 	moveEnd := time.Now()
 	if err := env.SleepUntil(ctx, moveEnd.Add(time.Second)); err != nil {

@@ -82,7 +82,7 @@ func streamEntryDeleted(ctx context.Context, s *run) error {
 	if err := s.waitAllSent(ctx); err != nil {
 		return err
 	}
-	keys := env.QueueKeys(chat.Consumers)
+	keys := s.queueKeys(chat.Consumers)
 	res, err := s.e.RedisClient().XReadGroup(ctx, &redis.XReadGroupArgs{
 		Group: chat.Workers, Consumer: "ghost", Streams: []string{keys.Stream, ">"}, Count: 1, Block: -1,
 	}).Result()

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxchat/outboxchat/chat"
+	"github.com/outboxchat/outboxchat/chat/lease"
 	"github.com/outboxchat/outboxchat/lab/chaos"
 	"github.com/outboxchat/outboxchat/lab/env"
 	"github.com/outboxchat/outboxchat/lab/fault"
@@ -101,6 +102,17 @@ type Measures struct {
 	MoveMs         int64 `json:"move_ms,omitempty"`
 }
 
+// queue returns the name of the queue from service from that chaos.Chat's
+// events travel in: its partition's (chat.PartitionQueue).
+func (s *run) queue(from string) string {
+	return chat.PartitionQueue(from, chat.Partition(chaos.Chat, s.e.Partitions))
+}
+
+// queueKeys returns the Redis keys of s.queue(from).
+func (s *run) queueKeys(from string) redisq.Keys {
+	return redisq.NewKeys(env.RedisPrefix, s.queue(from))
+}
+
 // send sends "msg N" (N counting up) to chaos.Chat on consumers and logs it.
 func (s *run) send(ctx context.Context) {
 	s.sent++
@@ -161,6 +173,11 @@ type Options struct {
 	// ExtraArgs are appended to every serve command line (e.g.
 	// "--redrive-after", "0" to show what the re-drive heals).
 	ExtraArgs []string
+	// Partitions is the services' --partitions (env.Options.Partitions):
+	// the scenario's chat (chaos.Chat) then travels in its partition's
+	// queue (chat.Partition), which is the queue the scenario's faults
+	// aim at. Default 0 means 1.
+	Partitions int
 	// Log receives the event log; Progress the progress lines. nil
 	// discards them.
 	Log, Progress io.Writer
@@ -197,6 +214,7 @@ func runScenario(ctx context.Context, name string, so Options) (_ *run, _ *probe
 	opts := sc.opts
 	opts.Progress = progress
 	opts.ExtraArgs = append(append([]string(nil), opts.ExtraArgs...), so.ExtraArgs...)
+	opts.Partitions = so.Partitions
 	e, err := env.Start(ctx, opts)
 	if err != nil {
 		return nil, nil, err
@@ -378,8 +396,14 @@ func relayFreeze(ctx context.Context, s *run) error {
 	// timeouts: the frozen session is ended by the server after
 	// idle_in_transaction_session_timeout (outbox.DefaultIdleInTxTimeout,
 	// 5 s), the other relay's claim gives up after lock_timeout (2 s) and
-	// tries again.
-	const bound = 10 * time.Second
+	// tries again. With partitions, the frozen relay also holds its
+	// partitions' leases (chaos.Chat's among them, since it claimed its
+	// row): the other relay runs them only once they run out, within 4/3
+	// of the lease TTL (chat/lease), and then claims as above.
+	bound := 10 * time.Second
+	if s.e.Partitions > 1 {
+		bound += lease.DefaultTTL * 4 / 3
+	}
 	wctx, cancel := context.WithDeadline(ctx, frozeAt.Add(bound))
 	err := env.WaitFor(wctx, 50*time.Millisecond, func() bool { return probe.Settled(wctx, s.e, s.w) })
 	cancel()
@@ -490,14 +514,16 @@ func workerCrashBeforeCommit(ctx context.Context, s *run) error {
 	return nil
 }
 
-// lockedOutboxRows returns how many unsent consumers' outbox rows some
+// lockedOutboxRows returns how many unsent rows of the outbox chaos.Chat's events go to (its partition's) some
 // session holds locked (unsent rows minus those FOR UPDATE SKIP LOCKED can
 // take), or 0 on error.
 func lockedOutboxRows(ctx context.Context, e *env.Env) int {
+	// chat.OutboxTable's name is a schema and a table name: nothing to quote.
+	t := chat.OutboxTable(chat.Consumers, chat.Partition(chaos.Chat, e.Partitions))
 	var locked int
 	_ = pgx.BeginFunc(ctx, e.Admin(), func(tx pgx.Tx) error {
-		return tx.QueryRow(ctx, `SELECT (SELECT count(*) FROM consumers.outbox WHERE sent_at IS NULL) -
-			(SELECT count(*) FROM (SELECT 1 FROM consumers.outbox WHERE sent_at IS NULL FOR UPDATE SKIP LOCKED) t)`).Scan(&locked)
+		return tx.QueryRow(ctx, `SELECT (SELECT count(*) FROM `+t+` WHERE sent_at IS NULL) -
+			(SELECT count(*) FROM (SELECT 1 FROM `+t+` WHERE sent_at IS NULL FOR UPDATE SKIP LOCKED) t)`).Scan(&locked)
 	})
 	return locked
 }

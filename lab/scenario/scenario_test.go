@@ -16,35 +16,58 @@ import (
 func TestScenarios(t *testing.T) {
 	for _, name := range Names() {
 		t.Run(name, func(t *testing.T) {
-			ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-			defer cancel()
-			var log bytes.Buffer
-			f, m, err := RunMeasured(ctx, name, Options{Log: &log})
-			t.Logf("log:\n%s", log.String())
-			if err != nil {
-				t.Fatal(err)
-			}
+			m := runChecked(t, name, Options{})
 			if name == "cluster-reshard" && (m.MoveMs == 0 || m.MaxGapBeforeMs == 0 || m.MaxGapDuringMs == 0) {
 				t.Errorf("measures %+v: want the move's length and the gaps before and during it", m)
 			}
-			if f.Saved == 0 || f.Received != f.Saved {
-				t.Errorf("figures %+v: want every saved message received", *f)
-			}
-			// Lines the event log writes from the services' typed events
-			// (chat.EventRedriven, redisq.EventDeletedPending), not log text.
-			for _, want := range scenarioLogWants[name] {
-				if !bytes.Contains(log.Bytes(), []byte(want)) {
-					t.Errorf("event log lacks %q", want)
-				}
-			}
 		})
 	}
+}
+
+// TestScenariosPartitioned runs, at four partitions, the scenarios whose
+// faults aim at the chat's own queue or outbox table (chaos.Chat is in
+// partition 1, not 0): the ghost consumer must find the entry in that
+// partition's stream, and the frozen relay must be caught holding that
+// partition's row and its partitions taken over once their leases run out.
+func TestScenariosPartitioned(t *testing.T) {
+	for _, name := range []string{"stream-entry-deleted", "relay-freeze"} {
+		t.Run(name, func(t *testing.T) { runChecked(t, name, Options{Partitions: 4}) })
+	}
+}
+
+// runChecked runs scenario name with so and fails t unless the invariants
+// held, every saved message was received and the event log shows
+// scenarioLogWants[name]; it returns the scenario's measures.
+func runChecked(t *testing.T, name string, so Options) Measures {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	var log bytes.Buffer
+	so.Log = &log
+	f, m, err := RunMeasured(ctx, name, so)
+	t.Logf("log:\n%s", log.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f.Saved == 0 || f.Received != f.Saved {
+		t.Errorf("figures %+v: want every saved message received", *f)
+	}
+	// Lines the event log writes from the services' typed events
+	// (chat.EventRedriven, redisq.EventDeletedPending) and from the
+	// scenario's own steps, not the services' log text.
+	for _, want := range scenarioLogWants[name] {
+		if !bytes.Contains(log.Bytes(), []byte(want)) {
+			t.Errorf("event log lacks %q", want)
+		}
+	}
+	return m
 }
 
 // scenarioLogWants lists, per scenario, event-log text each run must show.
 var scenarioLogWants = map[string][]string{
 	"redis-flush":          {"had no receipt: re-driven"},
 	"stream-entry-deleted": {"found deleted from the stream", "had no receipt: re-driven"},
+	"relay-freeze":         {"frozen (SIGSTOP) holding a batch", "everything delivered by the other relay"},
 	"cluster-failover":     {"promoted to master", "had no receipt: re-driven"},
 	"cluster-reshard":      {"moved from", "keys migrated one by one", "longest gap"},
 }
