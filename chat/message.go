@@ -453,13 +453,13 @@ var eventKeys = [...]string{"id", "chat_id", "seq", "body", "sent_at", "from", "
 // (Message.EventJSON): it fills f as json.Unmarshal would when data is one
 // object whose keys are plain ASCII, whose fields of eventFields hold
 // values of their own type (strings of valid UTF-8 without a surrogate
-// escape;
-// integers that fit int64; true or false) and whose other fields hold any
-// valid JSON (within jsonscan.MaxDepth). For anything else (a string of
-// invalid UTF-8 or with a surrogate escape, a null or mistyped field, a key json.Unmarshal would
-// match case-insensitively, trailing data) it returns false, with f partly
-// filled, and json.Unmarshal decodes or refuses the event. Repeated keys:
-// the last wins, as in json.Unmarshal.
+// escape; integers that fit int64; true or false) and whose other fields
+// hold any valid JSON (within jsonscan.MaxDepth). For anything else (a
+// string of invalid UTF-8 or with a surrogate escape, a null or mistyped
+// field, a key json.Unmarshal would match case-insensitively, trailing
+// data) it returns false, with f partly filled, and json.Unmarshal decodes
+// or refuses the event. Repeated keys: the last wins, as in json.Unmarshal.
+// The cases below and eventKeys must name eventFields' tags.
 func scanEvent(data []byte, f *eventFields) bool {
 	s := jsonscan.Scanner{P: data}
 	s.Space()
