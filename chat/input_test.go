@@ -197,3 +197,18 @@ func FuzzScanEvent(f *testing.F) {
 		checkScanEvent(t, data)
 	})
 }
+
+// TestEventKeysFollowEventFields: the scanner's list of eventFields' JSON
+// names is the struct's tags, in field order.
+func TestEventKeysFollowEventFields(t *testing.T) {
+	t.Parallel()
+	typ := reflect.TypeFor[eventFields]()
+	if typ.NumField() != len(eventKeys) {
+		t.Fatalf("eventFields has %d fields, eventKeys %d names", typ.NumField(), len(eventKeys))
+	}
+	for i := range typ.NumField() {
+		if tag := typ.Field(i).Tag.Get("json"); tag != eventKeys[i] {
+			t.Errorf("field %s has tag %q, eventKeys[%d] is %q", typ.Field(i).Name, tag, i, eventKeys[i])
+		}
+	}
+}
