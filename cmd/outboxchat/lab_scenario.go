@@ -16,8 +16,12 @@ import (
 func runLabScenario(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("lab scenario", flag.ContinueOnError)
 	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, "usage: outboxchat lab scenario NAME [--json] [--redrive-after D] [--partitions N]  |  --list")
+		fs.PrintDefaults()
+	}
 	asJSON := fs.Bool("json", false, "print one JSON object (scenario, sent, received, lost, duplicates_shown, order_violations, redriven, ok, …); the event log goes to stderr")
-	redrive := fs.String("redrive-after", "", "pass --redrive-after to the services (0 = re-drive off: shows what Redis lost)")
+	redrive := fs.String("redrive-after", "", "pass --redrive-after to the services (0 = re-drive off: shows what Redis lost; default: the services' own, twice the lab's 5 s lock duration)")
 	partitions := fs.Int("partitions", 1, "both services' --partitions: the scenario's chat travels in its partition's queue, which the faults aim at")
 	list := fs.Bool("list", false, "list the named scenarios")
 	// NAME may come before or after the flags.

@@ -90,7 +90,7 @@ func streamEntryDeleted(ctx context.Context, s *run) error {
 		return fmt.Errorf("lab: read one entry as the ghost consumer: %v", err)
 	}
 	e := res[0].Messages[0]
-	s.log.Add("redis", "ghost consumer read %s (message %s)", e.ID, e.Values["id"])
+	s.log.Add("redis", "ghost consumer read %s (message %s) from %s", e.ID, e.Values["id"], keys.Stream)
 	if err := s.e.RedisClient().XDel(ctx, keys.Stream, e.ID).Err(); err != nil {
 		return fmt.Errorf("lab: xdel: %w", err)
 	}

@@ -262,7 +262,12 @@ func runScenario(ctx context.Context, name string, so Options) (_ *run, _ *probe
 	if err := probe.Connect(ctx, s.w); err != nil {
 		return fail(fmt.Errorf("lab: watcher could not connect: %w", err))
 	}
-	fmt.Fprintf(progress, "lab: scenario %s\n", name)
+	if e.Partitions > 1 {
+		fmt.Fprintf(progress, "lab: scenario %s, %d partitions (chat %d in partition %d: queue %s)\n", name, e.Partitions,
+			chaos.Chat, chat.Partition(chaos.Chat, e.Partitions), s.queue(chat.Consumers))
+	} else {
+		fmt.Fprintf(progress, "lab: scenario %s\n", name)
+	}
 	s.log.Start()
 	s.lastSend = time.Now().Add(-time.Hour)
 	if err := sc.run(ctx, s); err != nil {
