@@ -260,6 +260,20 @@ func attackSettledDeleting(t *testing.T, h *harness, w *chattest.Watcher, chatID
 	t.Logf("socket showed %d of %d seqs; skipped (deleted before it read them) %v", n-len(skipped), n, skipped)
 }
 
+// waitUpTo returns once cond holds or after d, whichever comes first.
+func waitUpTo(d time.Duration, cond func() bool) {
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	end := time.After(d)
+	for !cond() {
+		select {
+		case <-tick.C:
+		case <-end:
+			return
+		}
+	}
+}
+
 // attackRecordInboxDeletes adds triggers that record every inbox row
 // deleted from now on, by DELETE or TRUNCATE, in public.attack_deleted
 // (chat_id, seq). SECURITY DEFINER: whoever deletes, the admin writes the
@@ -356,13 +370,19 @@ func TestAttackPruneAndDeletesWhileSending(t *testing.T) {
 			t.Fatalf("message %d got seq %d", i, m.Seq)
 		}
 	}
-	// The deletes stop with the sends. While they go on, a row deleted
-	// while held behind a gap proves nothing, so its message waits for a
-	// re-drive, whose backoff doubles each time a copy is deleted again:
-	// waiting for the last send with the deletes still running has no
-	// bound. Once they stop, each message is published again at most once
-	// more, within the re-drive's longest backoff (16 × RedriveAfter, 4 s
-	// here) and a pass.
+	// The deletes go on while the messages are delivered, until the last
+	// send is on the socket or for 30 s at most, and then stop: while they
+	// go on, an inbox row deleted while held behind a gap proves nothing,
+	// so its message waits for a re-drive, whose backoff doubles each time
+	// a copy is deleted again, and the last send may wait without bound.
+	// Once they stop, every message missing from the inbox is published
+	// again within the re-drive's longest backoff (RedriveConfig.MaxBackoff,
+	// 16 × RedriveAfter) and a pass.
+	lastShown := func() bool {
+		ms := w.From(chat.Consumers)
+		return len(ms) > 0 && ms[len(ms)-1].Seq >= n
+	}
+	waitUpTo(30*time.Second, lastShown)
 	cancel()
 	wg.Wait()
 	select {
@@ -370,10 +390,8 @@ func TestAttackPruneAndDeletesWhileSending(t *testing.T) {
 		t.Fatal(err)
 	default:
 	}
-	testenv.WaitFor(t, 16*4*time.Second+5*time.Second, "the last send on the socket", func() bool {
-		ms := w.From(chat.Consumers)
-		return len(ms) > 0 && ms[len(ms)-1].Seq >= n
-	})
+	redriveAfter := (&Config{LockDuration: 2 * time.Second}).WithDefaults().Relay.RedriveAfter // the harness's
+	testenv.WaitFor(t, 16*redriveAfter+5*time.Second, "the last send on the socket", lastShown)
 	attackSettledDeleting(t, h, w, chatID, n)
 	// The chat goes on after all that.
 	if m := chattest.Send(t, cons.base, chatID, "after"); m.Seq != n+1 {

@@ -8,6 +8,7 @@ import (
 	"io"
 	"strings"
 
+	"github.com/outboxchat/outboxchat/chat"
 	"github.com/outboxchat/outboxchat/lab/scenario"
 )
 
@@ -44,8 +45,8 @@ func runLabScenario(ctx context.Context, args []string, stdout, stderr io.Writer
 	if name == "" {
 		return fmt.Errorf("lab scenario: name a scenario (one of %s)", strings.Join(scenario.Names(), ", "))
 	}
-	if *partitions < 1 {
-		return fmt.Errorf("lab scenario: --partitions must be at least 1")
+	if err := chat.CheckPartitions(*partitions); err != nil {
+		return fmt.Errorf("lab scenario: --partitions: %w", err)
 	}
 	so := scenario.Options{Partitions: *partitions}
 	if *redrive != "" {

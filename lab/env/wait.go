@@ -2,6 +2,7 @@ package env
 
 import (
 	"context"
+	"strings"
 	"time"
 
 	"github.com/outboxchat/outboxchat/chat"
@@ -68,4 +69,16 @@ func WithoutFlag(args []string, name string) []string {
 		out = append(out, args[i])
 	}
 	return out
+}
+
+// ConsumersOutbox returns a FROM item holding the rows of every partition's
+// consumers outbox table (chat.OutboxTable, e.Partitions of them: one at
+// one partition), for the lab's checks of what is unsent; alias it.
+func (e *Env) ConsumersOutbox() string {
+	parts := make([]string, 0, e.Partitions)
+	for p := range max(e.Partitions, 1) {
+		// chat.OutboxTable is a schema and a table name: nothing to quote.
+		parts = append(parts, "SELECT * FROM "+chat.OutboxTable(chat.Consumers, p))
+	}
+	return "(" + strings.Join(parts, " UNION ALL ") + ")"
 }

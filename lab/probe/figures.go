@@ -29,7 +29,7 @@ type Figures struct {
 	// Lost lists the message numbers ("msg N" → N; the seq when the body
 	// has no number) saved but never seen, in seq order.
 	Lost []int `json:"lost"`
-	// Unsent is count(consumers.outbox where sent_at is null).
+	// Unsent is the consumers' outbox rows with sent_at null, in every partition.
 	Unsent int `json:"unsent"`
 	// DuplicatesShown is the number of frames that showed a message again
 	// (the scenarios' invariant; in the JSON only when not zero, so the
@@ -160,7 +160,7 @@ func ReadFigures(ctx context.Context, e *env.Env, w *Watcher) (*Figures, error) 
 	if err := e.Admin().QueryRow(ctx, `SELECT count(*) FROM workers.inbox_duplicates`).Scan(&f.DuplicatesSkipped); err != nil {
 		return nil, fmt.Errorf("lab: count duplicates: %w", err)
 	}
-	if err := e.Admin().QueryRow(ctx, `SELECT count(*) FROM consumers.outbox WHERE sent_at IS NULL`).Scan(&f.Unsent); err != nil {
+	if err := e.Admin().QueryRow(ctx, `SELECT count(*) FROM `+e.ConsumersOutbox()+` o WHERE sent_at IS NULL`).Scan(&f.Unsent); err != nil {
 		return nil, fmt.Errorf("lab: count unsent: %w", err)
 	}
 	if err := e.Admin().QueryRow(ctx, `SELECT coalesce(sum(redrives), 0) FROM consumers.messages`).Scan(&f.Redriven); err != nil {
@@ -171,9 +171,10 @@ func ReadFigures(ctx context.Context, e *env.Env, w *Watcher) (*Figures, error) 
 	return f, nil
 }
 
-// Settled reports whether every consumers' message is shown by w, nothing is
-// unsent in any partition's outbox, and no job of any partition's
-// consumers→workers queue is pending (delivered, not acknowledged). Errors (a server down) count as not settled.
+// Settled reports whether every consumers' message is shown by w, nothing
+// is unsent in any partition's outbox, and no job of any partition's
+// consumers→workers queue is pending (delivered, not acknowledged). Errors
+// (a server down) count as not settled.
 func Settled(ctx context.Context, e *env.Env, w *Watcher) bool {
 	qctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
@@ -202,12 +203,11 @@ func Settled(ctx context.Context, e *env.Env, w *Watcher) bool {
 			return false
 		}
 	}
+	var unsent int
+	if e.Admin().QueryRow(qctx, `SELECT count(*) FROM `+e.ConsumersOutbox()+` o WHERE sent_at IS NULL`).Scan(&unsent) != nil || unsent > 0 {
+		return false
+	}
 	for p := range max(e.Partitions, 1) {
-		var unsent int
-		// The table name is chat.OutboxTable's: a schema and a table name, no quoting needed.
-		if e.Admin().QueryRow(qctx, `SELECT count(*) FROM `+chat.OutboxTable(chat.Consumers, p)+` WHERE sent_at IS NULL`).Scan(&unsent) != nil || unsent > 0 {
-			return false
-		}
 		if pendingJobs(qctx, e, p) != 0 {
 			return false
 		}

@@ -25,14 +25,15 @@ func (s *run) stopWorkers(ctx context.Context) (start func(context.Context) erro
 	return func(ctx context.Context) error { return s.heal(ctx, heal, "deploy", "workers started") }, err
 }
 
-// allSent waits up to d until every consumers' outbox row is marked sent
-// (the relay handed everything to Redis); ctx's error when it did not.
+// allSent waits up to d until every consumers' outbox row, in every
+// partition, is marked sent (the relay handed everything to Redis); ctx's
+// error when it did not.
 func (s *run) allSent(ctx context.Context, d time.Duration) error {
 	wctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
 	return env.WaitFor(wctx, 50*time.Millisecond, func() bool {
 		var n int
-		return s.e.Admin().QueryRow(wctx, `SELECT count(*) FROM consumers.outbox WHERE sent_at IS NULL`).Scan(&n) == nil && n == 0
+		return s.e.Admin().QueryRow(wctx, `SELECT count(*) FROM `+s.e.ConsumersOutbox()+` o WHERE sent_at IS NULL`).Scan(&n) == nil && n == 0
 	})
 }
 

@@ -348,23 +348,33 @@ func relayCrash(ctx context.Context, s *run) error {
 	return nil
 }
 
-// relayFreeze: two relays; relay 1 is SIGSTOPped, ideally while it holds a
-// batch (an open transaction on the outbox: up to 20 tries), and messages
-// keep coming; relay 2 must deliver everything, bounded by the frozen
-// session's idle_in_transaction_session_timeout and the lock timeouts.
+// relayFreeze: two relays; one is SIGSTOPped while it holds a batch (an
+// open transaction on the chat's outbox table: up to 20 tries, the relays
+// in turn), and messages keep coming; the other must deliver everything,
+// bounded by the frozen session's idle_in_transaction_session_timeout and
+// the lock timeouts (and, with partitions, the frozen relay's leases).
 func relayFreeze(ctx context.Context, s *run) error {
-	frozen := s.e.ConsumersRelays[0]
-	defer func() { _ = frozen.Signal(syscall.SIGCONT) }()
+	relays := s.e.ConsumersRelays
+	var frozen *env.Proc
+	defer func() {
+		if frozen != nil {
+			_ = frozen.Signal(syscall.SIGCONT)
+		}
+	}()
 	// To catch a relay holding a batch, Redis is paused: the relay that
 	// claims the next message then waits in its publish with the rows
-	// locked. Relay 1 is frozen in that moment and Redis resumed; if the
-	// rows stay locked, relay 1 was the one holding them (relay 2 would
-	// have finished once Redis answered). Otherwise relay 1 is thawed and
-	// the lab tries again; each relay claims first about half the time.
+	// locked. One relay is frozen in that moment and Redis resumed; if the
+	// rows stay locked, the frozen one was holding them (the other would
+	// have finished once Redis answered). Otherwise it is thawed and the
+	// lab tries again, freezing the relays in turn: at one partition each
+	// claims first about half the time; with partitions only the holder of
+	// the chat's partition's lease claims its row, and taking turns finds
+	// it by the second try.
 	holding := false
 	var frozeAt time.Time
 	const tries = 20
 	for try := 0; try < tries && !holding; try++ {
+		frozen = relays[try%len(relays)]
 		if err := s.e.Redis.Pause(); err != nil {
 			return err
 		}
@@ -381,7 +391,7 @@ func relayFreeze(ctx context.Context, s *run) error {
 			return ferr
 		}
 		if claimed {
-			time.Sleep(300 * time.Millisecond) // let relay 2 finish, if it was the one
+			time.Sleep(300 * time.Millisecond) // let the other relay finish, if it was the one
 			holding = lockedOutboxRows(ctx, s.e) > 0
 		}
 		if !holding {
@@ -391,7 +401,7 @@ func relayFreeze(ctx context.Context, s *run) error {
 		}
 	}
 	if !holding {
-		return fmt.Errorf("lab: relay-freeze: %s never held a batch in %d tries; the scenario did not run", frozen.Name(), tries)
+		return fmt.Errorf("lab: relay-freeze: no relay held a batch in %d tries; the scenario did not run", tries)
 	}
 	s.log.Add("lab", "%s frozen (SIGSTOP) holding a batch", frozen.Name())
 	if err := s.sendEvery(ctx, 3, 300*time.Millisecond); err != nil {
@@ -452,9 +462,9 @@ func postgresRestart(ctx context.Context, s *run) error {
 	_ = env.WaitFor(wctx, 100*time.Millisecond, func() bool {
 		err = s.e.Admin().QueryRow(wctx, `SELECT
 		(SELECT count(*) FROM consumers.messages m WHERE NOT EXISTS
-			(SELECT 1 FROM consumers.outbox o WHERE o.payload->>'id' = m.id::text)
+			(SELECT 1 FROM `+s.e.ConsumersOutbox()+` o WHERE o.payload->>'id' = m.id::text)
 			AND NOT EXISTS (SELECT 1 FROM workers.inbox i WHERE i.message_id = m.id)) +
-		(SELECT count(*) FROM consumers.outbox o WHERE o.event = 'message.created' AND NOT EXISTS
+		(SELECT count(*) FROM `+s.e.ConsumersOutbox()+` o WHERE o.event = 'message.created' AND NOT EXISTS
 			(SELECT 1 FROM consumers.messages m WHERE o.payload->>'id' = m.id::text))`).Scan(&orphans)
 		return err == nil && orphans == 0
 	})
@@ -519,9 +529,9 @@ func workerCrashBeforeCommit(ctx context.Context, s *run) error {
 	return nil
 }
 
-// lockedOutboxRows returns how many unsent rows of the outbox chaos.Chat's events go to (its partition's) some
-// session holds locked (unsent rows minus those FOR UPDATE SKIP LOCKED can
-// take), or 0 on error.
+// lockedOutboxRows returns how many unsent rows of the outbox chaos.Chat's
+// events go to (its partition's) some session holds locked (unsent rows
+// minus those FOR UPDATE SKIP LOCKED can take), or 0 on error.
 func lockedOutboxRows(ctx context.Context, e *env.Env) int {
 	// chat.OutboxTable's name is a schema and a table name: nothing to quote.
 	t := chat.OutboxTable(chat.Consumers, chat.Partition(chaos.Chat, e.Partitions))

@@ -1,8 +1,8 @@
 // Package jsonscan reads JSON text strictly as encoding/json does, without
-// reflection or allocation: the fast paths that decode the few shapes the
-// services write themselves (an outbox payload's chat_id and seq, a
-// message.created event) and leave anything else to encoding/json, whose
-// answer they must equal. See Scanner.
+// reflection, and its Scanner allocates nothing: it serves the fast paths
+// that decode the few shapes the services write themselves (an outbox
+// payload's chat_id and seq, a message.created event) and leave anything
+// else to encoding/json, whose answer they must equal. See Scanner.
 package jsonscan
 
 import (
