@@ -128,6 +128,8 @@ var Places = []Place{
 	{"chat/web/...", http},
 	{"chat/server/...", server},
 	{"chat/internal/...", chattest},
+	// A JSON scanner of the standard library alone, for chat and chat/store.
+	{"chat/internal/jsonscan", library},
 
 	{"lab/...", lab},
 	{"lab/labtest/...", labtest},

@@ -185,8 +185,9 @@ type BenchResult struct {
 	// the run (after the drain, before the held snapshot is released).
 	Tables []TableStat `json:"tables"`
 	// OutboxBytesBefore and OutboxBytesAfter are pg_total_relation_size
-	// (heap, indexes, TOAST) of each service's outbox before the first
-	// send and after the drain and Redis trim.
+	// (heap, indexes, TOAST) of each service's outbox tables, every
+	// partition's (chat.OutboxTable), before the first send and after the
+	// drain and Redis trim.
 	OutboxBytesBefore map[string]int64 `json:"outbox_bytes_before"`
 	OutboxBytesAfter  map[string]int64 `json:"outbox_bytes_after"`
 	// Counts are the statements and Redis commands of the run
@@ -194,11 +195,23 @@ type BenchResult struct {
 	Counts []WorkCount `json:"counts,omitempty"`
 }
 
-// outboxBytes reads pg_total_relation_size of both outbox tables (nil if
-// it cannot).
+// outboxTables returns both services' outbox tables at n partitions
+// (chat.OutboxTable), consumers' first, each in partition order.
+func outboxTables(n int) []string {
+	var ts []string
+	for _, svc := range []string{chat.Consumers, chat.Workers} {
+		for p := range max(n, 1) {
+			ts = append(ts, chat.OutboxTable(svc, p))
+		}
+	}
+	return ts
+}
+
+// outboxBytes reads pg_total_relation_size of both services' outbox tables,
+// every partition's (nil if it cannot).
 func outboxBytes(ctx context.Context, e *env.Env) map[string]int64 {
 	out := map[string]int64{}
-	for _, t := range []string{"consumers.outbox", "workers.outbox"} {
+	for _, t := range outboxTables(e.Partitions) {
 		var n int64
 		if err := e.Admin().QueryRow(ctx, "SELECT pg_total_relation_size($1::regclass)", t).Scan(&n); err != nil {
 			return nil
@@ -751,7 +764,8 @@ func (r *BenchResult) WriteText(w io.Writer) {
 	}
 	fmt.Fprintf(w, "\nredis used_memory: %.2f MB before, %.2f MB after (stream entries left %d, keys %d)\n",
 		r.RedisUsedMBBefore, r.RedisUsedMBAfter, r.StreamLenAfter, r.RedisKeysAfter)
-	for _, t := range []string{"consumers.outbox", "workers.outbox"} {
+	// The map holds both services' tables, every partition's.
+	for _, t := range outboxTables(len(r.OutboxBytesBefore) / 2) {
 		if b, ok := r.OutboxBytesBefore[t]; ok {
 			fmt.Fprintf(w, "%s total size: %.2f MB before, %.2f MB after\n", t, float64(b)/(1<<20), float64(r.OutboxBytesAfter[t])/(1<<20))
 		}
