@@ -634,19 +634,14 @@ func benchDefaults(o BenchOptions) BenchOptions {
 	return o
 }
 
-// backlog returns the number of unsent consumers.outbox rows and of
-// consumers→workers queue entries not yet acknowledged (undelivered lag
-// plus pending); -1 for a figure that could not be read.
+// backlog returns the number of unsent consumers' outbox rows (every
+// partition's) and of consumers→workers queue entries not yet acknowledged
+// (undelivered lag plus pending); -1 for a figure that could not be read.
 func backlog(ctx context.Context, e *env.Env, partitions int) (unsent, queued int64) {
 	ctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
 	defer cancel()
-	for p := range partitions {
-		var n int64
-		if e.Admin().QueryRow(ctx, `SELECT count(*) FROM `+chat.OutboxTable(chat.Consumers, p)+` WHERE sent_at IS NULL`).Scan(&n) != nil {
-			unsent = -1
-			break
-		}
-		unsent += n
+	if e.Admin().QueryRow(ctx, `SELECT count(*) FROM `+e.ConsumersOutbox()+` o WHERE sent_at IS NULL`).Scan(&unsent) != nil {
+		unsent = -1
 	}
 	for p := range partitions {
 		stream := redisq.NewKeys(env.RedisPrefix, chat.PartitionQueue(chat.Consumers, p)).Stream

@@ -102,11 +102,12 @@ type Measures struct {
 	MoveMs         int64 `json:"move_ms,omitempty"`
 }
 
+// partition returns chaos.Chat's partition (chat.Partition).
+func (s *run) partition() int { return chat.Partition(chaos.Chat, s.e.Partitions) }
+
 // queue returns the name of the queue from service from that chaos.Chat's
 // events travel in: its partition's (chat.PartitionQueue).
-func (s *run) queue(from string) string {
-	return chat.PartitionQueue(from, chat.Partition(chaos.Chat, s.e.Partitions))
-}
+func (s *run) queue(from string) string { return chat.PartitionQueue(from, s.partition()) }
 
 // queueKeys returns the Redis keys of s.queue(from).
 func (s *run) queueKeys(from string) redisq.Keys {
@@ -264,7 +265,7 @@ func runScenario(ctx context.Context, name string, so Options) (_ *run, _ *probe
 	}
 	if e.Partitions > 1 {
 		fmt.Fprintf(progress, "lab: scenario %s, %d partitions (chat %d in partition %d: queue %s)\n", name, e.Partitions,
-			chaos.Chat, chat.Partition(chaos.Chat, e.Partitions), s.queue(chat.Consumers))
+			chaos.Chat, s.partition(), s.queue(chat.Consumers))
 	} else {
 		fmt.Fprintf(progress, "lab: scenario %s\n", name)
 	}
@@ -380,7 +381,7 @@ func relayFreeze(ctx context.Context, s *run) error {
 		}
 		s.send(ctx)
 		cctx, cancel := context.WithTimeout(ctx, 3*time.Second)
-		claimed := env.WaitFor(cctx, 5*time.Millisecond, func() bool { return lockedOutboxRows(cctx, s.e) > 0 }) == nil
+		claimed := env.WaitFor(cctx, 5*time.Millisecond, func() bool { return s.lockedOutboxRows(cctx) > 0 }) == nil
 		cancel()
 		ferr := frozen.Signal(syscall.SIGSTOP)
 		frozeAt = time.Now()
@@ -392,7 +393,7 @@ func relayFreeze(ctx context.Context, s *run) error {
 		}
 		if claimed {
 			time.Sleep(300 * time.Millisecond) // let the other relay finish, if it was the one
-			holding = lockedOutboxRows(ctx, s.e) > 0
+			holding = s.lockedOutboxRows(ctx) > 0
 		}
 		if !holding {
 			if err := frozen.Signal(syscall.SIGCONT); err != nil {
@@ -532,11 +533,11 @@ func workerCrashBeforeCommit(ctx context.Context, s *run) error {
 // lockedOutboxRows returns how many unsent rows of the outbox chaos.Chat's
 // events go to (its partition's) some session holds locked (unsent rows
 // minus those FOR UPDATE SKIP LOCKED can take), or 0 on error.
-func lockedOutboxRows(ctx context.Context, e *env.Env) int {
+func (s *run) lockedOutboxRows(ctx context.Context) int {
 	// chat.OutboxTable's name is a schema and a table name: nothing to quote.
-	t := chat.OutboxTable(chat.Consumers, chat.Partition(chaos.Chat, e.Partitions))
+	t := chat.OutboxTable(chat.Consumers, s.partition())
 	var locked int
-	_ = pgx.BeginFunc(ctx, e.Admin(), func(tx pgx.Tx) error {
+	_ = pgx.BeginFunc(ctx, s.e.Admin(), func(tx pgx.Tx) error {
 		return tx.QueryRow(ctx, `SELECT (SELECT count(*) FROM `+t+` WHERE sent_at IS NULL) -
 			(SELECT count(*) FROM (SELECT 1 FROM `+t+` WHERE sent_at IS NULL FOR UPDATE SKIP LOCKED) t)`).Scan(&locked)
 	})
