@@ -85,9 +85,10 @@
 //     back (or its commit's outcome is unknown: then the rows are published
 //     again, idempotently).
 //   - LISTEN connection lost: passes still run every PollInterval; the relay
-//     reconnects with capped backoff (50 ms doubling to 5 s) and runs a
-//     catch-up pass after each reconnect, since notifications sent meanwhile
-//     are gone.
+//     reconnects at once, then with capped backoff while connects fail (50
+//     ms doubling to 1 s, at most PollInterval), and runs a catch-up pass
+//     after each reconnect, since notifications sent meanwhile are gone.
+//     RelayEvent.Trigger tells which passes were woken and which polled.
 //   - Lost wake-up (WakeAfterCommit process crash after commit, failed
 //     notify): caught by the next poll.
 //   - A row that can never be published (poison): the Publisher blames it

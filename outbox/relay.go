@@ -58,7 +58,7 @@ const (
 	errBackoffMin    = 50 * time.Millisecond // first pause after a failed pass
 	errBackoffMax    = time.Second           // cap of the doubling pause
 	listenBackoffMin = 50 * time.Millisecond // first pause before a LISTEN reconnect
-	listenBackoffMax = 5 * time.Second       // cap of the reconnect pause
+	listenBackoffMax = time.Second           // cap of the reconnect pause, at most the poll interval (NewRelay)
 	listenConnectMax = 5 * time.Second       // bound on connect + LISTEN
 	listenPingEvery  = 30 * time.Second      // health check of an idle LISTEN connection
 	listenPingMax    = 5 * time.Second       // bound on that health check
@@ -115,6 +115,55 @@ type RelayEvent struct {
 	RowID     int64
 	MessageID string
 	Attempts  int
+	// Trigger is what started the pass (EventClaimed, EventPublished): a
+	// NOTIFY, a Relay.Wake, the LISTEN connection's (re)connect, the poll,
+	// or the end of a row's retry backoff; "" for a pass run by RunOnce.
+	// Passes that follow a full batch carry the trigger of the first.
+	Trigger WakeTrigger
+}
+
+// WakeTrigger names what started a relay pass (RelayEvent.Trigger). A relay
+// whose deliveries are mostly TriggerPoll is not being woken: its LISTEN
+// connection is down or its writers do not notify.
+type WakeTrigger string
+
+// Wake triggers.
+const (
+	// TriggerNotify: a NOTIFY on the relay's channel (a Writer's commit in
+	// some process).
+	TriggerNotify WakeTrigger = "notify"
+	// TriggerWake: Relay.Wake (the caller's own commit, woken directly),
+	// or Start's first pass.
+	TriggerWake WakeTrigger = "wake"
+	// TriggerCatchUp: the LISTEN connection came (back) up; the pass
+	// catches up on what was committed while nobody listened.
+	TriggerCatchUp WakeTrigger = "catch_up"
+	// TriggerPoll: PollInterval passed without a wake-up.
+	TriggerPoll WakeTrigger = "poll"
+	// TriggerRetry: a row's retry backoff (RetryBackoff) ran out.
+	TriggerRetry WakeTrigger = "retry"
+)
+
+// Wake-up causes pending for the next pass (Relay.wakeBy), most specific
+// first: a pass woken by several carries the first one's trigger.
+const (
+	wakeByWake uint32 = 1 << iota
+	wakeByNotify
+	wakeByCatchUp
+)
+
+// triggerOf names a pending set of wake-up causes; last when it is empty
+// (its cause was taken by the pass before, which ran after the wake-up).
+func triggerOf(bits uint32, last WakeTrigger) WakeTrigger {
+	switch {
+	case bits&wakeByWake != 0:
+		return TriggerWake
+	case bits&wakeByNotify != 0:
+		return TriggerNotify
+	case bits&wakeByCatchUp != 0:
+		return TriggerCatchUp
+	}
+	return cmp.Or(last, TriggerWake)
 }
 
 // RelayConfig configures NewRelay. Publisher and Table are required, so a nil
@@ -228,6 +277,7 @@ type Relay struct {
 	floor                                         claimFloor
 
 	wake       chan struct{} // 1-buffered pending wake-up
+	wakeBy     atomic.Uint32 // what asked for it: wakeBy* bits
 	listening  atomic.Bool
 	subscribed atomic.Bool // the notifier subscription's callbacks act only while set
 
@@ -324,7 +374,9 @@ func NewRelay(pool *pgxpool.Pool, cfg *RelayConfig) (*Relay, error) {
 	if r.listen && r.notifier == nil {
 		n, err := notifier.New(&notifier.Config{
 			ConnConfig: pool.Config().ConnConfig, ApplicationName: DefaultListenApplicationName,
-			ReconnectMin: listenBackoffMin, ReconnectMax: listenBackoffMax, ConnectTimeout: listenConnectMax,
+			// Tried at least once per poll: past that, waiting only keeps
+			// the relay on its poll after Postgres is back.
+			ReconnectMin: listenBackoffMin, ReconnectMax: max(listenBackoffMin, min(listenBackoffMax, r.poll)), ConnectTimeout: listenConnectMax,
 			PingEvery: listenPingEvery, PingTimeout: listenPingMax, Logger: cfg.Logger,
 		})
 		if err != nil {
@@ -384,7 +436,14 @@ func (r *Relay) Channel() string { return r.channel }
 // coalesce (one pending at most), and one that arrives during a pass causes
 // another pass. A wake-up given while stopped is kept for the next Start.
 // Safe for concurrent use.
-func (r *Relay) Wake() { wakeUp(r.wake) }
+func (r *Relay) Wake() { r.wakeFor(wakeByWake) }
+
+// wakeFor records why (a wakeBy* bit) and wakes the relay: the bit is set
+// before the wake-up is left, so the pass that takes one finds its cause.
+func (r *Relay) wakeFor(cause uint32) {
+	r.wakeBy.Or(cause)
+	wakeUp(r.wake)
+}
 
 // wakeUp leaves one wake-up pending on ch (1-buffered) unless one is.
 func wakeUp(ch chan struct{}) {
@@ -439,7 +498,7 @@ const setTimeoutsSQL = "SELECT set_config('lock_timeout', $1, true), " +
 // use, also while the relay is started (passes then serialise on the row
 // locks).
 func (r *Relay) RunOnce(ctx context.Context) (n int, err error) {
-	p, err := r.runOnce(ctx)
+	p, err := r.runOnce(ctx, "")
 	return p.n, err
 }
 
@@ -461,9 +520,10 @@ func (r *Relay) LastPass() time.Time {
 	return time.Time{}
 }
 
-func (r *Relay) runOnce(ctx context.Context) (p pass, err error) {
+// runOnce runs one pass started by t (RelayEvent.Trigger).
+func (r *Relay) runOnce(ctx context.Context, t WakeTrigger) (p pass, err error) {
 	if r.group != nil {
-		return r.group.pass(ctx, r)
+		return r.group.pass(ctx, r, t)
 	}
 	start := time.Now()
 	conn, err := r.pool.Acquire(ctx)
@@ -502,7 +562,7 @@ func (r *Relay) runOnce(ctx context.Context) (p pass, err error) {
 		r.emptyPassDone(floor, h, c)
 		return p, nil
 	}
-	r.event(RelayEvent{Kind: EventClaimed, N: len(c.msgs)})
+	r.event(RelayEvent{Kind: EventClaimed, N: len(c.msgs), Trigger: t})
 	pub := r.publish(ctx, c.msgs)
 	if pub.err != nil {
 		r.rollbackAndRecord(ctx, conn, &inTx, c.ids, pub.err)
@@ -535,7 +595,7 @@ func (r *Relay) runOnce(ctx context.Context) (p pass, err error) {
 		return pass{}, r.fail("mark_sent", err)
 	}
 	inTx = false
-	return r.passDone(start, floor, h, xid, c, pub, m), nil
+	return r.passDone(start, t, floor, h, xid, c, pub, m), nil
 }
 
 // claim is what a pass does with the rows its claim returned: it publishes
@@ -647,7 +707,7 @@ func (r *Relay) emptyPassDone(floor int64, h horizon, c claim) {
 
 // passDone records a committed pass that published rows (its xid when it
 // read one, for the floor) and reports its events.
-func (r *Relay) passDone(start time.Time, floor int64, h horizon, xid int64, c claim, pub published, m marked) (p pass) {
+func (r *Relay) passDone(start time.Time, t WakeTrigger, floor int64, h horizon, xid int64, c claim, pub published, m marked) (p pass) {
 	p.wait = c.wait
 	r.lastPass.Store(time.Now().UnixNano())
 	if old := r.floor.advance(floor, h.v, h.xmin, xid, c.full, c.lastID); floor == 0 && c.msgs[0].RowID < old && pub.k != 0 {
@@ -674,7 +734,7 @@ func (r *Relay) passDone(start time.Time, floor int64, h horizon, xid int64, c c
 		r.event(e)
 	}
 	if p.n > 0 {
-		r.event(RelayEvent{Kind: EventPublished, N: p.n, Duration: time.Since(start)})
+		r.event(RelayEvent{Kind: EventPublished, N: p.n, Duration: time.Since(start), Trigger: t})
 	}
 	return p
 }
@@ -871,6 +931,8 @@ func (r *Relay) loop(ctx context.Context, stopping <-chan struct{}) {
 	poll := time.NewTimer(r.poll)
 	defer poll.Stop()
 	failed := 0 // passes failed in a row
+	var trigger WakeTrigger
+	timer := TriggerPoll // what the poll timer's firing means
 	for {
 		select {
 		case <-stopping:
@@ -878,7 +940,9 @@ func (r *Relay) loop(ctx context.Context, stopping <-chan struct{}) {
 		case <-ctx.Done():
 			return
 		case <-r.wake:
+			trigger = triggerOf(r.wakeBy.Swap(0), trigger)
 		case <-poll.C:
+			trigger = timer
 		}
 		// Drain: keep passing while passes come back full (or parked a
 		// row). A wake-up that arrives meanwhile sits in r.wake and causes
@@ -891,7 +955,7 @@ func (r *Relay) loop(ctx context.Context, stopping <-chan struct{}) {
 				return
 			default:
 			}
-			p, err := r.runOnce(ctx)
+			p, err := r.runOnce(ctx, trigger)
 			if err != nil {
 				if ctx.Err() != nil {
 					return
@@ -913,6 +977,10 @@ func (r *Relay) loop(ctx context.Context, stopping <-chan struct{}) {
 				break
 			}
 		}
+		timer = TriggerPoll
+		if next < r.poll {
+			timer = TriggerRetry
+		}
 		poll.Reset(next)
 	}
 }
@@ -923,7 +991,7 @@ func (r *Relay) onNotify(_ string, pid uint32) {
 	if !r.subscribed.Load() || (r.ignore != nil && r.ignore(pid)) {
 		return
 	}
-	r.Wake()
+	r.wakeFor(wakeByNotify)
 }
 
 // onListenUp runs after every (re)connect of the LISTEN connection: wake
@@ -935,7 +1003,7 @@ func (r *Relay) onListenUp() {
 	}
 	r.listening.Store(true)
 	r.event(RelayEvent{Kind: EventListenUp})
-	r.Wake()
+	r.wakeFor(wakeByCatchUp)
 }
 
 // onListenDown runs when the LISTEN connection failed or was lost (err),

@@ -88,6 +88,7 @@ func (g *RelayGroup) Stats() RelayGroupStats {
 // passReq is one member's pass in a shared one, and its outcome.
 type passReq struct {
 	r   *Relay
+	t   WakeTrigger
 	p   pass
 	err error
 
@@ -101,8 +102,8 @@ type passReq struct {
 
 // pass runs r's pass in the next shared pass and returns its outcome, or
 // ctx.Err() when ctx ended while it waited.
-func (g *RelayGroup) pass(ctx context.Context, r *Relay) (pass, error) {
-	req := &passReq{r: r}
+func (g *RelayGroup) pass(ctx context.Context, r *Relay, t WakeTrigger) (pass, error) {
+	req := &passReq{r: r, t: t}
 	if err := g.q.Do(ctx, r.rank, req, g.run); err != nil {
 		return pass{}, r.fail("claim", fmt.Errorf("outbox: relay: claim: waiting for the group's pass: %w", err))
 	}
@@ -164,7 +165,7 @@ func (g *RelayGroup) run(ctx context.Context, reqs []*passReq) {
 			continue
 		}
 		rows = true
-		q.r.event(RelayEvent{Kind: EventClaimed, N: len(q.c.msgs)})
+		q.r.event(RelayEvent{Kind: EventClaimed, N: len(q.c.msgs), Trigger: q.t})
 		wg.Go(func() { q.pub = q.r.publish(ctx, q.c.msgs) })
 	}
 	wg.Wait()
@@ -226,7 +227,7 @@ func (g *RelayGroup) run(ctx context.Context, reqs []*passReq) {
 			if q.wantXid {
 				x = xid
 			}
-			q.p = q.r.passDone(start, q.floor, q.h, x, q.c, q.pub, q.m)
+			q.p = q.r.passDone(start, q.t, q.floor, q.h, x, q.c, q.pub, q.m)
 		}
 	}
 }

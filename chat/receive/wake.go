@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"strconv"
 	"sync"
@@ -72,6 +73,7 @@ type Waker struct {
 	chats    map[int64]struct{}
 	anyChat  bool
 	receipts map[int64]receiptWake
+	relays   map[string]struct{}
 
 	wake chan struct{} // 1-buffered: something is pending
 	life service.Lifecycle
@@ -155,6 +157,24 @@ func (w *Waker) Committed(applied []inbox.Applied) {
 	}
 }
 
+// WakeRelay asks for a wake-up of the outbox relays that LISTEN on channel
+// (an empty payload, as outbox.Writer.Committed sends), in the next
+// statement: for an inbox commit that enqueued an outbox event (a receipt)
+// whose relay runs in another process. It never blocks; a channel pending
+// twice is notified once. Safe for concurrent use.
+func (w *Waker) WakeRelay(channel string) {
+	w.mu.Lock()
+	if w.relays == nil {
+		w.relays = map[string]struct{}{}
+	}
+	w.relays[channel] = struct{}{}
+	w.mu.Unlock()
+	select {
+	case w.wake <- struct{}{}:
+	default:
+	}
+}
+
 func (w *Waker) addChat(id int64) {
 	if w.chats == nil {
 		w.chats = map[int64]struct{}{}
@@ -177,9 +197,12 @@ func (w *Waker) addReceipt(r chat.Receipt) {
 // and payloads, each payload under maxNotePayload bytes.
 func (w *Waker) take() (channels, payloads []string) {
 	w.mu.Lock()
-	chats, anyChat, receipts := w.chats, w.anyChat, w.receipts
-	w.chats, w.anyChat, w.receipts = nil, false, nil
+	chats, anyChat, receipts, relays := w.chats, w.anyChat, w.receipts, w.relays
+	w.chats, w.anyChat, w.receipts, w.relays = nil, false, nil, nil
 	w.mu.Unlock()
+	for _, ch := range slices.Sorted(maps.Keys(relays)) {
+		channels, payloads = append(channels, ch), append(payloads, "")
+	}
 	// add appends one item (appendItem's bytes) to channel's current
 	// payload in buf, first sending buf off as a payload of its own when
 	// the item would take it past maxNotePayload. One buffer per

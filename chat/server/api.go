@@ -79,9 +79,15 @@ func (p *process) buildAPI() error {
 		// measure what they are (in-tx NOTIFY, poll only).
 		afterCommit = func(ms []chat.Message) { wake(ms); gw.Offer(false, ms) }
 	}
+	var afterEvent func(int64)
+	if wake := p.relayWake; wake != nil && c.directRelayWake() {
+		// Edits, deletes and read marks too: this process's relay skips
+		// the NOTIFY they send, as it does a send's.
+		afterEvent = func(chatID int64) { wake(chat.Partition(chatID, c.Partitions)) }
+	}
 	scfg := &store.Config{
 		Service: c.Service, Writers: writers, LockTimeout: c.API.SendLockTimeout, ReadTimeout: c.API.ReadTimeout,
-		Metrics: p.m.sends(), AfterCommit: afterCommit,
+		Metrics: p.m.sends(), AfterCommit: afterCommit, AfterEvent: afterEvent,
 	}
 	if p.tracer.Enabled() {
 		scfg.Headers, scfg.OnBatch = p.tracer.Inject, traceSendTx(p.tracer)

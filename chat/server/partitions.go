@@ -61,12 +61,16 @@ func relayRunning(r *outbox.Relay) bool {
 	}
 }
 
-// wake wakes the relay of partition part (a no-op for a relay that does
-// not run here: its next start runs a pass at once).
-func (pr *partitionRelays) wake(part int) {
-	if part >= 0 && part < len(pr.relays) {
-		pr.relays[part].Wake()
+// wake wakes the relay of partition part and reports whether it runs here
+// (a relay that does not is woken all the same: its next start runs a pass
+// at once; the caller NOTIFYs the one that runs elsewhere).
+func (pr *partitionRelays) wake(part int) bool {
+	if part < 0 || part >= len(pr.relays) {
+		return false
 	}
+	r := pr.relays[part]
+	r.Wake()
+	return relayRunning(r)
 }
 
 // wakeChats wakes the relays of the partitions of ms's chats, once each.

@@ -16,8 +16,8 @@ import (
 	"github.com/outboxchat/outboxchat/redisq"
 )
 
-// receiptWakeDelay is how long after an inbox commit this process's relay
-// is woken for the receipt it enqueued: receipts of the batches committed
+// receiptWakeDelay is how long after an inbox commit the relay is woken
+// for the receipt it enqueued: receipts of the batches committed
 // meanwhile ride on the same relay pass. It delays "✓✓ delivered" by at
 // most this much.
 const receiptWakeDelay = 50 * time.Millisecond
@@ -115,10 +115,10 @@ func (p *process) buildWorker() error {
 		}
 		// When the inbox transaction enqueued a receipt in this service's
 		// outbox of the partition (a shared transaction enqueues one, in
-		// its first batch's partition), wake this process's relay of it, at
-		// most once per receiptWakeDelay, so that under load one relay pass
-		// carries the receipts of many inbox batches (another process's
-		// relay finds them at its next wake-up or poll).
+		// its first batch's partition), wake the partition's relay at most
+		// once per receiptWakeDelay, so that under load one relay pass
+		// carries the receipts of many inbox batches: directly when it runs
+		// in this process, else by a NOTIFY on its channel.
 		var wakePending atomic.Bool
 		afterCommit := func(applied []inbox.Applied) {
 			observeE2E(applied)
@@ -129,8 +129,16 @@ func (p *process) buildWorker() error {
 				gw.OfferApplied(applied)
 			}
 			waker.Committed(applied)
-			if wake := p.relayWake; wake != nil && ph.TakeReceiptQueued() && wakePending.CompareAndSwap(false, true) {
-				time.AfterFunc(receiptWakeDelay, func() { wakePending.Store(false); wake(part) })
+			if ph.TakeReceiptQueued() && wakePending.CompareAndSwap(false, true) {
+				time.AfterFunc(receiptWakeDelay, func() {
+					wakePending.Store(false)
+					if wake := p.relayWake; wake != nil && wake(part) {
+						return
+					}
+					// The partition's relay runs in another process (no relay
+					// role here, or its lease is elsewhere): NOTIFY it.
+					waker.WakeRelay(chat.PartitionOutboxChannel(c.Service, part))
+				})
 			}
 		}
 		ic, err := inbox.NewConsumer(p.pool, src, handler, &inbox.Config{

@@ -148,7 +148,7 @@ type process struct {
 	// relayWake wakes this process's relay of a partition (nil without
 	// the relay role or when it polls only); relayWakeChats those of the
 	// chats of a send batch. Set while building, read after the start.
-	relayWake      func(partition int)
+	relayWake      func(partition int) (running bool)
 	relayWakeChats func(ms []chat.Message)
 	// leases runs the relays of the partitions this process holds (nil
 	// with one partition or without the relay role).

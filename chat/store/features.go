@@ -287,7 +287,7 @@ func (s *Store) Change(ctx context.Context, chatID int64, messageID, body string
 	if err != nil {
 		return chat.Message{}, fmt.Errorf("change message: %w", err)
 	}
-	s.writerFor(chatID).Committed()
+	s.eventCommitted(chatID)
 	return m, nil
 }
 
@@ -298,7 +298,9 @@ func (s *Store) Change(ctx context.Context, chatID int64, messageID, body string
 // move forward: an older upto changes nothing and returns the current one.
 func (s *Store) MarkRead(ctx context.Context, chatID int64, reader string, upto int64) (chat.ReadResult, error) {
 	res := chat.ReadResult{ChatID: chatID}
+	enqueued := false
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		enqueued = false
 		err := tx.QueryRow(ctx, s.fq.markRead, chatID, reader, upto).Scan(&res.UptoSeq, &res.ReadAt)
 		if errors.Is(err, pgx.ErrNoRows) {
 			// Not forward: the current mark.
@@ -319,14 +321,28 @@ func (s *Store) MarkRead(ctx context.Context, chatID int64, reader string, upto 
 			if err := s.writerFor(chatID).Enqueue(ctx, tx, outbox.Event{ID: r.ID, Name: chat.EventMessageRead, Payload: payload}); err != nil {
 				return err
 			}
+			enqueued = true
 		}
 		return tx.QueryRow(ctx, s.fq.unread, chatID, reader).Scan(&res.Unread)
 	})
 	if err != nil {
 		return res, fmt.Errorf("mark read: %w", err)
 	}
-	s.writerFor(chatID).Committed()
+	if enqueued {
+		s.eventCommitted(chatID)
+	}
 	return res, nil
+}
+
+// eventCommitted wakes the relays after a committed transaction that
+// enqueued an event of chat chatID: the NOTIFY for other processes'
+// (outbox.Writer.Committed), and this process's directly (AfterEvent),
+// since a relay woken by this process's sends skips their NOTIFYs.
+func (s *Store) eventCommitted(chatID int64) {
+	s.writerFor(chatID).Committed()
+	if s.afterEvent != nil {
+		s.afterEvent(chatID)
+	}
 }
 
 // ReadUpTo returns the highest seq of this service's messages in chat

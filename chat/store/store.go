@@ -43,6 +43,7 @@ type Store struct {
 	// afterCommit, headers, lockTimeout, readTimeout, metrics: Config's, defaults
 	// applied.
 	afterCommit              func(ms []chat.Message)
+	afterEvent               func(chatID int64)
 	headers                  func(ctx context.Context) map[string]string
 	onBatch                  func(ctxs []context.Context, began time.Time, err error)
 	lockTimeout, readTimeout time.Duration
@@ -180,6 +181,11 @@ type Config struct {
 	// with its messages, in seq order per chat (the in-process gateway's
 	// Offer and the relay's wake-up). It must not block.
 	AfterCommit func(ms []chat.Message)
+	// AfterEvent, when set, is called with the chat after every committed
+	// Change and MarkRead that enqueued an outbox event (an edit, a delete,
+	// a read mark), after the writer's Committed: the in-process relay's
+	// direct wake-up, as AfterCommit is for sends. It must not block.
+	AfterEvent func(chatID int64)
 	// Headers, when set, gives the headers of each message's outbox event
 	// from its send's context (the server's trace context: a traceparent);
 	// nil results and a nil Headers mean none. It must be fast and safe for
@@ -213,7 +219,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Store, error) {
 	}
 	s := &Store{pool: pool, service: cfg.Service, writer: writers[0], writers: writers, q: newQueries(cfg.Service), fq: newFeatureQueries(cfg.Service),
 		lockTimeout: cmp.Or(cfg.LockTimeout, DefaultSendLockTimeout), readTimeout: cmp.Or(cfg.ReadTimeout, DefaultReadTimeout),
-		metrics: cfg.Metrics, afterCommit: cfg.AfterCommit, headers: cfg.Headers, onBatch: cfg.OnBatch,
+		metrics: cfg.Metrics, afterCommit: cfg.AfterCommit, afterEvent: cfg.AfterEvent, headers: cfg.Headers, onBatch: cfg.OnBatch,
 		slowSem: make(chan struct{}, slowLanesFor(pool.Config().MaxConns))}
 	s.life.Name = "chat: store"
 	s.cond = sync.NewCond(&s.mu)

@@ -55,10 +55,15 @@ const (
 	// when ConnConfig sets none.
 	DefaultApplicationName = "outboxchat_listen"
 	// DefaultReconnectMin is the first pause before a reconnect; it doubles
-	// after each further failure up to DefaultReconnectMax.
+	// after each further failure up to DefaultReconnectMax. A lost
+	// connection is reconnected at once; the pause is for failed connects.
 	DefaultReconnectMin = 50 * time.Millisecond
-	// DefaultReconnectMax caps the doubling reconnect pause.
-	DefaultReconnectMax = 5 * time.Second
+	// DefaultReconnectMax caps the doubling reconnect pause. It is the
+	// subscribers' default poll interval (1 s, outbox.DefaultPollInterval):
+	// while Postgres is back but the notifier still waits, every wake-up
+	// falls back to the poll, so waiting longer than one poll between tries
+	// would only stretch the time spent on the poll after an outage.
+	DefaultReconnectMax = time.Second
 	// DefaultConnectTimeout bounds one connect + LISTEN.
 	DefaultConnectTimeout = 5 * time.Second
 	// DefaultPingEvery is how long the connection may stay idle before it is
@@ -97,7 +102,7 @@ type Config struct {
 	Own func(pid uint32) bool
 	// ReconnectMin and ReconnectMax bound the doubling pause between
 	// reconnect attempts. Defaults DefaultReconnectMin (50 ms) and
-	// DefaultReconnectMax (5 s).
+	// DefaultReconnectMax (1 s).
 	ReconnectMin, ReconnectMax time.Duration
 	// ConnectTimeout bounds one connect + LISTEN. Default
 	// DefaultConnectTimeout (5 s).
@@ -195,11 +200,14 @@ type Notifier struct {
 	cfg  Config
 	life service.Lifecycle
 
-	mu        sync.Mutex
-	subs      []*sub
-	dirty     bool               // subscriptions changed since the loop last looked
-	interrupt context.CancelFunc // ends the loop's current wait, nil when not waiting
-	listening atomic.Bool
+	mu         sync.Mutex
+	subs       []*sub
+	dirty      bool               // subscriptions changed since the loop last looked
+	interrupt  context.CancelFunc // ends the loop's current wait, nil when not waiting
+	listening  atomic.Bool
+	reconnects atomic.Int64
+	downSince  time.Time // when the latest lost connection went; loop goroutine only
+	everUp     bool      // a connection has LISTENed before; loop goroutine only
 
 	checkOK atomic.Bool
 }
@@ -221,6 +229,12 @@ func (n *Notifier) Own(pid uint32) bool { return n.cfg.Own != nil && n.cfg.Own(p
 
 // Listening reports whether the LISTEN connection is up.
 func (n *Notifier) Listening() bool { return n.listening.Load() }
+
+// Reconnects returns how many times the LISTEN connection came back after
+// it was lost or failed (its first connect does not count): each one
+// LISTENed on every channel again and told every subscriber to catch up.
+// Safe for concurrent use.
+func (n *Notifier) Reconnects() int64 { return n.reconnects.Load() }
 
 // SelfCheckOK reports whether the latest self-check's NOTIFY arrived:
 // false before the first check has passed, after a failed one, and while
@@ -298,9 +312,8 @@ func (n *Notifier) run(ctx context.Context) {
 			}
 			continue
 		}
-		failed = 0
 		n.listening.Store(true)
-		err = n.serve(ctx, conn)
+		listened, err := n.serve(ctx, conn)
 		n.listening.Store(false)
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), n.cfg.PingTimeout)
 		_ = conn.Close(cctx)
@@ -310,7 +323,27 @@ func (n *Notifier) run(ctx context.Context) {
 			return
 		}
 		n.down(err)
-		n.cfg.Logger.Warn("listen connection lost; reconnecting", slog.Any("err", err))
+		if n.everUp && n.downSince.IsZero() {
+			n.downSince = time.Now()
+		}
+		if listened {
+			// A connection that was serving is reconnected at once: a
+			// backend terminated or a pooler restarted is back in one
+			// round trip, and the poll covers the moment between.
+			failed = 0
+			n.cfg.Logger.Warn("listen connection lost; reconnecting, subscribers poll meanwhile", slog.Any("err", err))
+			continue
+		}
+		// It failed before it LISTENed: back off as after a failed connect,
+		// so that a server that accepts connections and then fails them is
+		// not retried in a tight loop.
+		pause := backoff.Delay(n.cfg.ReconnectMin, n.cfg.ReconnectMax, failed)
+		failed++
+		n.cfg.Logger.Warn("listen connection failed before it listened; subscribers poll meanwhile",
+			slog.Any("err", err), slog.Duration("retry_in", pause))
+		if !backoff.Sleep(ctx, nil, pause) {
+			return
+		}
 	}
 }
 
@@ -347,20 +380,30 @@ func (n *Notifier) down(err error) {
 }
 
 // serve LISTENs for the subscriptions and dispatches notifications until
-// the connection fails (returned) or ctx ends (nil).
-func (n *Notifier) serve(ctx context.Context, conn *pgx.Conn) error {
+// the connection fails (returned) or ctx ends (nil); up reports whether it
+// got as far as LISTENing on every channel.
+func (n *Notifier) serve(ctx context.Context, conn *pgx.Conn) (up bool, err error) {
 	listened := map[string]bool{}
 	if err := n.sync(ctx, conn, listened); err != nil {
-		return err
+		return false, err
 	}
+	if n.everUp {
+		n.reconnects.Add(1)
+		args := []any{slog.Int("channels", len(listened))}
+		if !n.downSince.IsZero() {
+			args = append(args, slog.Duration("down_for", time.Since(n.downSince).Round(time.Millisecond)))
+		}
+		n.cfg.Logger.Info("listen connection back; wake-ups by NOTIFY again", args...)
+	}
+	n.everUp, n.downSince = true, time.Time{}
 	if n.cfg.SelfCheckTimeout > 0 {
 		if err := n.selfCheck(ctx, conn, listened); err != nil || ctx.Err() != nil {
-			return err
+			return true, err
 		}
 	}
 	for {
 		if err := n.sync(ctx, conn, listened); err != nil {
-			return err
+			return true, err
 		}
 		wctx, cancel := context.WithTimeout(ctx, n.cfg.PingEvery)
 		n.mu.Lock()
@@ -376,14 +419,14 @@ func (n *Notifier) serve(ctx context.Context, conn *pgx.Conn) error {
 		n.mu.Unlock()
 		cancel()
 		if ctx.Err() != nil {
-			return nil
+			return true, nil
 		}
 		if err == nil {
 			n.dispatch(note.Channel, note.Payload, note.PID)
 			continue
 		}
 		if conn.IsClosed() || !(errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)) {
-			return fmt.Errorf("notifier: wait: %w", err)
+			return true, fmt.Errorf("notifier: wait: %w", err)
 		}
 		if interrupted {
 			continue // subscriptions changed
@@ -393,9 +436,9 @@ func (n *Notifier) serve(ctx context.Context, conn *pgx.Conn) error {
 		cancel()
 		if err != nil {
 			if ctx.Err() != nil {
-				return nil
+				return true, nil
 			}
-			return fmt.Errorf("notifier: ping: %w", err)
+			return true, fmt.Errorf("notifier: ping: %w", err)
 		}
 	}
 }
