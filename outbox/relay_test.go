@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -253,6 +254,7 @@ func TestListenConnectionKilled(t *testing.T) {
 	pool, w := setupWriter(t, outbox.WakeAfterCommit)
 	rec := &recorder{}
 	var ups, downs int
+	byTrigger := map[outbox.WakeTrigger]int{} // rows published
 	var mu sync.Mutex
 	r := newRelay(t, pool, outbox.RelayConfig{Publisher: rec, PollInterval: time.Hour, OnEvent: func(e outbox.RelayEvent) {
 		mu.Lock()
@@ -262,6 +264,8 @@ func TestListenConnectionKilled(t *testing.T) {
 			ups++
 		case outbox.EventListenDown:
 			downs++
+		case outbox.EventPublished:
+			byTrigger[e.Trigger] += e.N
 		}
 	}})
 	startRelay(t, r)
@@ -279,7 +283,12 @@ func TestListenConnectionKilled(t *testing.T) {
 		p := listenPID(t, pool)
 		return p != 0 && p != pid && r.Listening()
 	})
-	// Back at NOTIFY speed (see TestNotifyWakeUp for the counting argument).
+	// Back on NOTIFY: every row enqueued from now on is published by a pass
+	// a notification started (the poll is an hour; the catch-up's pass has
+	// run, since it published "during" or found it gone).
+	mu.Lock()
+	before := maps.Clone(byTrigger)
+	mu.Unlock()
 	for i := range 3 {
 		id := "after" + strconv.Itoa(i)
 		enqueue(t, pool, w, ev(id))
@@ -289,6 +298,9 @@ func TestListenConnectionKilled(t *testing.T) {
 	defer mu.Unlock()
 	if ups < 2 || downs < 1 {
 		t.Errorf("listen events: %d ups, %d downs; want ≥2 and ≥1", ups, downs)
+	}
+	if got := byTrigger[outbox.TriggerNotify] - before[outbox.TriggerNotify]; got != 3 {
+		t.Errorf("rows published by a NOTIFY after the reconnect = %d, want 3 (by trigger before %v, after %v)", got, before, byTrigger)
 	}
 }
 

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/trace"
 
 	"cmp"
@@ -119,6 +120,9 @@ type Config struct {
 	onSelfCheck func(ok bool)
 	// gatewayPoll is the gateway's PollInterval (0: its default).
 	gatewayPoll time.Duration
+	// gatherer receives the process's metrics registry (a process without
+	// the api role serves no /metrics).
+	gatherer func(prometheus.Gatherer)
 	// kill, when closed, hard-stops every service of the process (their
 	// Start contexts are cancelled, as if the process died): nothing is
 	// released, leases expire. Serve still returns only when its ctx

@@ -131,6 +131,15 @@ func (c *durabilityCollector) Collect(ch chan<- prometheus.Metric) {
 // handler serves the registry (GET /metrics).
 func (m *metrics) handler() http.Handler { return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{}) }
 
+// listenReconnects exports the LISTEN connection's reconnects
+// (notifier.Notifier.Reconnects).
+func (m *metrics) listenReconnects(n func() int64) {
+	m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "outboxchat_listen_reconnects_total",
+		Help: "Times the process's LISTEN connection came back after it was lost or failed; each re-LISTENs every channel and runs a catch-up pass.",
+	}, func() float64 { return float64(n()) }))
+}
+
 // selfCheck records a LISTEN self-check's outcome.
 func (m *metrics) selfCheck(ok bool) {
 	if ok {
@@ -564,11 +573,21 @@ func (m *metrics) relayEvents(log *slog.Logger) func(outbox.RelayEvent) {
 	parked := prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "outboxchat_relay_parked_total", Help: "Outbox rows parked after --relay-max-attempts failed publishes of their own.",
 	})
-	reg.MustRegister(published, passes, failed, listening, parked)
+	byTrigger := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "outboxchat_relay_published_by_trigger_total",
+		Help: "Outbox rows published, by what started their pass: notify (a NOTIFY), wake (this process's own commit), catch_up (the LISTEN connection came back), poll (no wake-up for the poll interval), retry (a row's backoff ran out). Rows published on poll mean wake-ups are being missed.",
+	}, []string{"trigger"})
+	for _, t := range []outbox.WakeTrigger{outbox.TriggerNotify, outbox.TriggerWake, outbox.TriggerCatchUp, outbox.TriggerPoll, outbox.TriggerRetry} {
+		byTrigger.WithLabelValues(string(t))
+	}
+	reg.MustRegister(published, passes, failed, listening, parked, byTrigger)
 	return func(e outbox.RelayEvent) {
 		switch e.Kind {
 		case outbox.EventPublished:
 			published.Add(float64(e.N))
+			if e.Trigger != "" {
+				byTrigger.WithLabelValues(string(e.Trigger)).Add(float64(e.N))
+			}
 			passes.Observe(e.Duration.Seconds())
 		case outbox.EventPassFailed:
 			failed.WithLabelValues(e.Stage).Inc()

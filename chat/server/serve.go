@@ -58,6 +58,9 @@ func Serve(ctx context.Context, cfg Config) error {
 	}
 	log := c.Logger.With("service", c.Service)
 	p := &process{cfg: c, log: log, reg: prometheus.NewRegistry(), tracer: telemetry.New(c.TracerProvider)}
+	if c.gatherer != nil {
+		c.gatherer(p.reg)
+	}
 	if err := p.loadKeys(); err != nil {
 		return err
 	}
@@ -393,6 +396,7 @@ func (p *process) buildListener() error {
 	if err != nil {
 		return err
 	}
+	p.m.listenReconnects(p.listener.Reconnects)
 	p.add(p.listener)
 	return nil
 }

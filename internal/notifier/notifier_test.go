@@ -200,6 +200,9 @@ func TestReconnectCatchUp(t *testing.T) {
 	testenv.WaitFor(t, wait, "first Up", func() bool { _, ups, _ := e.snapshot(); return ups == 1 })
 	notify(t, pool, "c", "before")
 	testenv.WaitFor(t, wait, "before", func() bool { return e.has("before") })
+	if got := n.Reconnects(); got != 0 {
+		t.Fatalf("Reconnects() = %d before any loss, want 0", got)
+	}
 
 	var killed int
 	if err := pool.QueryRow(context.Background(), `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
@@ -215,6 +218,9 @@ func TestReconnectCatchUp(t *testing.T) {
 	})
 	if _, _, downs := e.snapshot(); downs[0] == nil {
 		t.Fatal("Down after a lost connection carried no error")
+	}
+	if got := n.Reconnects(); got != 1 {
+		t.Fatalf("Reconnects() = %d after one lost connection, want 1", got)
 	}
 	notify(t, pool, "c", "after")
 	testenv.WaitFor(t, wait, "after the reconnect", func() bool { return e.has("after") })
