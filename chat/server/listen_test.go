@@ -246,3 +246,116 @@ func TestPostgresRestartWokenByNotifyAgain(t *testing.T) {
 		}
 	})
 }
+
+// deployment starts both services for wakeEveryKind and returns their API
+// bases and the registries of the processes that run their relays.
+type deployment func(t *testing.T, h *harness) (cons, work string, consRelay, workRelay prometheus.Gatherer)
+
+// allInOne runs every role of a service in one process: its own sends,
+// edits, deletes, read marks and receipts wake its relay directly.
+func allInOne(parts int) deployment {
+	return func(t *testing.T, h *harness) (string, string, prometheus.Gatherer, prometheus.Gatherer) {
+		start := func(service string) (*running, prometheus.Gatherer) {
+			reg := make(chan prometheus.Gatherer, 1)
+			r := h.start(service, func(c *Config) {
+				c.Partitions, c.Relay.PollInterval = parts, 2*time.Second
+				c.gatherer = func(g prometheus.Gatherer) { reg <- g }
+			})
+			return r, <-reg
+		}
+		cons, cr := start(chat.Consumers)
+		work, wr := start(chat.Workers)
+		return cons.base, work.base, cr, wr
+	}
+}
+
+// split runs each service's relay in a process of its own, beside one
+// with the api and worker roles: every wake-up is a NOTIFY.
+func split(parts int) deployment {
+	return func(t *testing.T, h *harness) (string, string, prometheus.Gatherer, prometheus.Gatherer) {
+		start := func(service string) (*running, prometheus.Gatherer) {
+			reg := make(chan prometheus.Gatherer, 1)
+			h.start(service, func(c *Config) {
+				c.Roles, c.Partitions, c.Relay.PollInterval = []string{RoleRelay}, parts, 2*time.Second
+				c.gatherer = func(g prometheus.Gatherer) { reg <- g }
+			})
+			return h.start(service, func(c *Config) { c.Roles, c.Partitions = []string{RoleAPI, RoleWorker}, parts }), <-reg
+		}
+		cons, cr := start(chat.Consumers)
+		work, wr := start(chat.Workers)
+		return cons.base, work.base, cr, wr
+	}
+}
+
+// wakeEveryKind checks that every kind of change reaches the other side
+// woken, not polled: in each chat (one per partition) a message each way,
+// its receipt, an edit, a delete and a read mark each way, every one
+// awaited at the other side before the next; then no relay published a row
+// on its poll (2 s: a change left to it would wait for it, nothing else
+// would publish it first), and the rows went by want.
+func wakeEveryKind(t *testing.T, deploy deployment, chats []int64, want outbox.WakeTrigger) {
+	h := newHarness(t, "")
+	consBase, workBase, consRelay, workRelay := deploy(t, h)
+	wait := 20 * time.Second
+	for _, g := range []prometheus.Gatherer{consRelay, workRelay} {
+		testenv.WaitFor(t, wait, "the relay listening", func() bool { return gathered(t, g, "outboxchat_relay_listening") == 1 })
+	}
+	consBefore, workBefore := triggers(t, consRelay), triggers(t, workRelay)
+	tok := chattest.Token()
+	for _, chatID := range chats {
+		atCons, atWork := chattest.Watch(t, consBase, chatID), chattest.Watch(t, workBase, chatID)
+		m := chattest.Send(t, consBase, chatID, "from consumers")
+		atWork.WaitSeqs(t, chat.Consumers, 1, wait)
+		testenv.WaitFor(t, wait, "✓✓ of the consumers' message", func() bool { return atCons.LastReceipt(chat.Consumers).UptoSeq == 1 })
+		chattest.Send(t, workBase, chatID, "from workers")
+		atCons.WaitSeqs(t, chat.Workers, 1, wait)
+		testenv.WaitFor(t, wait, "✓✓ of the workers' message", func() bool { return atWork.LastReceipt(chat.Workers).UptoSeq == 1 })
+
+		msgURL := fmt.Sprintf("%s/api/chats/%d/messages/%s", consBase, chatID, m.ID)
+		if code, b := call(t, "PATCH", msgURL, tok, `{"body":"edited"}`); code != http.StatusOK {
+			t.Fatalf("edit: %d %s", code, b)
+		}
+		testenv.WaitFor(t, wait, "the edit at the workers' client", func() bool { return len(atWork.Typed("edit")) == 1 })
+		if code, b := call(t, "DELETE", msgURL, tok, ""); code != http.StatusOK {
+			t.Fatalf("delete: %d %s", code, b)
+		}
+		testenv.WaitFor(t, wait, "the delete at the workers' client", func() bool { return len(atWork.Typed("delete")) == 1 })
+		for _, r := range []struct {
+			reader, base string
+			at           *chattest.Watcher
+		}{{chat.Workers, workBase, atCons}, {chat.Consumers, consBase, atWork}} {
+			if code, b := call(t, "POST", fmt.Sprintf("%s/api/chats/%d/read", r.base, chatID), tok, `{"upto_seq":1}`); code != http.StatusOK {
+				t.Fatalf("%s read: %d %s", r.reader, code, b)
+			}
+			testenv.WaitFor(t, wait, "the "+r.reader+" read mark at the other side", func() bool { return len(r.at.Typed("read")) == 1 })
+		}
+	}
+	for _, r := range []struct {
+		name          string
+		before, after map[outbox.WakeTrigger]float64
+	}{{"consumers", consBefore, triggers(t, consRelay)}, {"workers", workBefore, triggers(t, workRelay)}} {
+		d := map[outbox.WakeTrigger]float64{}
+		for k, v := range r.after {
+			d[k] = v - r.before[k]
+		}
+		// Each service's outbox got, per chat: a message, a receipt, a read
+		// mark, and the consumers' an edit and a delete.
+		rows := float64(3 * len(chats))
+		if r.name == "consumers" {
+			rows += float64(2 * len(chats))
+		}
+		if d[outbox.TriggerPoll] != 0 || d[outbox.TriggerRetry] != 0 || d[want] != rows {
+			t.Errorf("%s relay: rows published by trigger %v, want all %v of them by %s", r.name, d, rows, want)
+		}
+	}
+}
+
+func TestEveryKindOfChangeWokenInOneProcess(t *testing.T) {
+	t.Parallel()
+	wakeEveryKind(t, allInOne(1), []int64{71}, outbox.TriggerWake)
+}
+
+func TestEveryKindOfChangeWokenAcrossProcesses(t *testing.T) {
+	t.Parallel()
+	wakeEveryKind(t, split(2), []int64{72, 73}, outbox.TriggerNotify)
+}
