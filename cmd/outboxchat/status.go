@@ -104,9 +104,14 @@ func writeStatus(w io.Writer, st *status.Status) {
 	}
 	for _, s := range st.Services {
 		for _, r := range s.Relays {
-			listening := "poll only"
+			// Say how the relay learns of new rows: a relay on its poll
+			// alone delivers up to one poll interval late.
+			listening := "poll only (--poll-only)"
 			if r.Listening != nil {
-				listening = map[bool]string{true: "listening", false: "NOT LISTENING"}[*r.Listening]
+				listening = map[bool]string{
+					true:  "listening (woken by NOTIFY)",
+					false: "NOT LISTENING: on the poll alone until its LISTEN connection is back",
+				}[*r.Listening]
 			}
 			fmt.Fprintf(w, "%s relay %s: last pass %s ago, %s\n", s.Service, r.Name, secs(r.LastPassSeconds), listening)
 		}
