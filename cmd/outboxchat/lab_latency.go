@@ -16,7 +16,7 @@ import (
 func runLabLatency(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("lab latency", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	variants := fs.String("variants", strings.Join(perf.DefaultLatencyVariants, ","), "comma-separated variants: v1, v2, v2-intx, v2-poll")
+	variants := fs.String("variants", strings.Join(perf.DefaultLatencyVariants, ","), "comma-separated variants: v1, v2, v2-intx, v2-poll; edit and read time an edit and a read mark on v2")
 	messages := fs.Int("messages", perf.DefaultLatencyMessages, "messages per run")
 	interval := fs.Duration("interval", perf.DefaultLatencyInterval, "pause between two sends")
 	runs := fs.Int("runs", perf.DefaultLatencyRuns, "runs per variant")

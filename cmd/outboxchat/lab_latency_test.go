@@ -101,3 +101,45 @@ func TestLatencyPollOnlyWaitsForThePoll(t *testing.T) {
 		t.Errorf("v2-poll p50 = %.1f ms; want >= 150 ms (something woke the poll-only relay)", s.P50Ms)
 	}
 }
+
+// TestLatencyEditAndRead runs the edit and read variants on one short run:
+// every edit and every read mark is shown once at the other side's client
+// (n counts them); the table names both. Whether they are woken, not
+// polled, is chat/server's listen_test.go (by counters, not timings).
+func TestLatencyEditAndRead(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	var out, errb bytes.Buffer
+	err := runLabLatency(ctx, []string{"--variants", "edit,read", "--messages", "10", "--interval", "20ms", "--runs", "1",
+		"--json", "--plot", "none"}, &out, &errb)
+	if err != nil {
+		t.Fatalf("lab latency: %v\nstderr:\n%s", err, errb.String())
+	}
+	var got []perf.LatencySummary
+	for line := range strings.Lines(strings.TrimSpace(out.String())) {
+		var s perf.LatencySummary
+		if err := json.Unmarshal([]byte(line), &s); err != nil {
+			t.Fatalf("line %q: %v", line, err)
+		}
+		got = append(got, s)
+	}
+	if len(got) != 2 || got[0].Variant != perf.VariantEdit || got[1].Variant != perf.VariantRead {
+		t.Fatalf("summaries = %+v; want edit then read", got)
+	}
+	for _, s := range got {
+		if s.Runs != 1 || s.N != 10 || s.P50Ms <= 0 {
+			t.Errorf("%s summary = %+v; want 1 run, n 10 (every change shown), a positive p50", s.Variant, s)
+		}
+	}
+	out.Reset()
+	errb.Reset()
+	if err := runLabLatency(ctx, []string{"--variants", "read", "--messages", "3", "--runs", "1", "--plot", "none"}, &out, &errb); err != nil {
+		t.Fatalf("lab latency (table): %v\nstderr:\n%s", err, errb.String())
+	}
+	for _, want := range []string{"read: v2, a read mark → its read frame", "read call (a workers reader)", "lost: none"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("table lacks %q:\n%s", want, out.String())
+		}
+	}
+}

@@ -49,6 +49,10 @@ func variantLabel(v string) string {
 		return "v2-intx: outbox, NOTIFY in send tx"
 	case env.VariantV2Poll:
 		return "v2-poll: polling only, 1 s"
+	case VariantEdit:
+		return "edit: v2, an edit → its edit frame"
+	case VariantRead:
+		return "read: v2, a read mark → its read frame"
 	}
 	return v
 }
@@ -206,19 +210,21 @@ func (v *VariantLatency) Samples() []time.Duration {
 }
 
 // Latency runs the write-up's latency experiment: per variant a fresh
-// environment (private servers, both services as processes, the consumers
-// relay as a separate process) reused by its runs; per run a new chat, a WebSocket watcher on workers for it, one
-// unmeasured warm-up message, then Messages sends from consumers' HTTP API
-// one every Interval, each message's latency running from the start of its
-// send call to the arrival of its frame at the watcher. The floors are
-// measured on the v2 environment after its runs. An error means the
-// experiment could not run; lost messages are reported, not errors.
+// environment (private servers, both services as processes, every role in
+// each) reused by its runs; per run a new chat, a WebSocket watcher on
+// workers for it, one unmeasured warm-up message, then Messages sends from
+// consumers' HTTP API one every Interval, each message's latency running
+// from the start of its send call to the arrival of its frame at the
+// watcher. VariantEdit and VariantRead time edits and read marks the same
+// way on v2's environment (changeRun). The floors are measured on the v2
+// environment after its runs. An error means the experiment could not run;
+// lost messages are reported, not errors.
 func Latency(ctx context.Context, opts LatencyOptions) (*LatencyReport, error) {
 	if len(opts.Variants) == 0 {
 		opts.Variants = DefaultLatencyVariants
 	}
 	for _, v := range opts.Variants {
-		if err := env.CheckVariant(v); err != nil {
+		if err := checkLatencyVariant(v); err != nil {
 			return nil, err
 		}
 	}
@@ -259,7 +265,7 @@ func latencyVariant(ctx context.Context, variant string, opts LatencyOptions, fl
 	// variant's way: in v2 the API wakes the relay in its process directly
 	// after commit (and NOTIFYs relays elsewhere); in v2-intx only the NOTIFY
 	// sent at commit wakes it (through its LISTEN); v2-poll has no wake-up.
-	e, err := env.Start(ctx, env.Options{Variant: variant, Progress: progress, Durable: opts.Durable, APIs: opts.Instances})
+	e, err := env.Start(ctx, env.Options{Variant: envVariant(variant), Progress: progress, Durable: opts.Durable, APIs: opts.Instances})
 	if err != nil {
 		return nil, nil, err
 	}
@@ -267,7 +273,12 @@ func latencyVariant(ctx context.Context, variant string, opts LatencyOptions, fl
 	vl := &VariantLatency{Variant: variant}
 	for run := 1; run <= opts.Runs; run++ {
 		fmt.Fprintf(progress, "lab: latency %s run %d/%d: %d messages, one every %v\n", variant, run, opts.Runs, opts.Messages, opts.Interval)
-		r, err := latencyRun(ctx, e, int64(run), opts)
+		var r *LatencyRun
+		if isChangeVariant(variant) {
+			r, err = changeRun(ctx, e, variant, int64(run), opts)
+		} else {
+			r, err = latencyRun(ctx, e, int64(run), opts)
+		}
 		if err != nil {
 			return nil, nil, fmt.Errorf("lab: latency %s run %d: %w", variant, run, err)
 		}
@@ -412,8 +423,12 @@ func (r *LatencyReport) WriteTable(w io.Writer) {
 	if r.Instances > 1 {
 		inst = fmt.Sprintf("; %d instances per service (sends to each in turn, the client on the last)", r.Instances)
 	}
-	fmt.Fprintf(w, "latency: %d messages per run, one every %v; send call → frame at a workers WebSocket client%s\nservers: %s\n\n",
-		r.Messages, r.Interval, inst, env.ServerMode(r.Durable))
+	fmt.Fprintf(w, "latency: %d messages per run, one every %v; send call → frame at a workers WebSocket client%s\n",
+		r.Messages, r.Interval, inst)
+	if slices.ContainsFunc(r.Variants, func(v VariantLatency) bool { return isChangeVariant(v.Variant) }) {
+		fmt.Fprintf(w, "edit, read: as many changes, as paced: edit call → edit frame at the workers' client; read call (a workers reader) → read frame at the consumers' client\n")
+	}
+	fmt.Fprintf(w, "servers: %s\n\n", env.ServerMode(r.Durable))
 	rows := [][]string{{"variant", "p50", "p95", "p99", "max", "runs"}}
 	for _, v := range r.Variants {
 		col := func(f func(LatencyRun) time.Duration) []time.Duration {
@@ -449,6 +464,9 @@ func (r *LatencyReport) WriteTable(w io.Writer) {
 	fmt.Fprintln(w, "\nwhere the time goes (p50 per leg, median over runs; sent_at and received_at are the send and inbox transactions' start):")
 	rows = [][]string{{"variant", "call → send tx", "send tx → inbox tx", "inbox tx → shown"}}
 	for _, v := range r.Variants {
+		if isChangeVariant(v.Variant) {
+			continue // no send or inbox transaction of a message to split at
+		}
 		var a, b, c []time.Duration
 		for _, run := range v.Runs {
 			a, b, c = append(a, run.Stages.ToSendTx), append(b, run.Stages.SendToInboxTx), append(c, run.Stages.InboxTxToShown)

@@ -25,6 +25,11 @@ type WatcherConfig struct {
 	// OnFrame, when set, is called for every message frame from the
 	// watcher's goroutine, in arrival order. It must not block for long.
 	OnFrame func(Shown)
+	// OnOther, when set, is called for every other frame with a "type"
+	// (receipt, edit, delete, read, typing, presence, error): its type, the
+	// raw frame (valid only during the call) and when it arrived, from the
+	// watcher's goroutine, in arrival order. It must not block for long.
+	OnOther func(typ string, frame []byte, at time.Time)
 	// ReconnectWait is the pause between two connection attempts. Default
 	// DefaultReconnectWait (100 ms).
 	ReconnectWait time.Duration
@@ -196,11 +201,21 @@ func (w *Watcher) session(ctx context.Context) {
 		if err != nil {
 			return
 		}
+		at := time.Now()
 		var m chat.Message
 		if json.Unmarshal(data, &m) != nil || m.ID == "" || m.Seq <= 0 {
-			continue // an error frame or something else: not a message
+			// Not a message: a receipt, a change, an error frame...
+			if on := w.cfg.OnOther; on != nil {
+				var f struct {
+					Type string `json:"type"`
+				}
+				if json.Unmarshal(data, &f) == nil && f.Type != "" {
+					on(f.Type, data, at)
+				}
+			}
+			continue
 		}
-		w.record(m, time.Now(), conn)
+		w.record(m, at, conn)
 	}
 }
 
