@@ -97,7 +97,7 @@ func changeRun(ctx context.Context, e *env.Env, variant string, chatID int64, op
 	}
 	var mu sync.Mutex
 	arrived := map[int64]time.Time{} // version or upto_seq → first frame
-	var delivered int64 // the consumers' receipt at the watcher (read)
+	var delivered int64              // the consumers' receipt at the watcher (read)
 	dups := 0
 	w, err := probe.NewWatcher(watchAt, chatID, &probe.WatcherConfig{Token: e.Token,
 		OnOther: func(typ string, frame []byte, at time.Time) {
