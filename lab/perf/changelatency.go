@@ -166,6 +166,9 @@ func changeRun(ctx context.Context, e *env.Env, variant string, chatID int64, op
 	}
 	changes := make([]change, 0, opts.Messages)
 	method := http.MethodPatch
+	// before runs ahead of a change's timed call, after behind it
+	// (untimed both); nil: nothing.
+	var before, after func(change) error
 	switch variant {
 	case VariantEdit:
 		id, err := snd.Send(ctx, chatID, "to be edited")
@@ -184,17 +187,19 @@ func changeRun(ctx context.Context, e *env.Env, variant string, chatID int64, op
 			changes = append(changes, change{u, fmt.Sprintf(`{"body":"edit %d"}`, i), int64(i + 2)})
 		}
 	case VariantRead:
-		// The messages to read, and a warm-up read mark of the first.
-		for i := 0; i <= opts.Messages; i++ {
+		// A read mark moves up to the reader's newest received message
+		// only, so each one needs a message of its own: the message a
+		// mark reads is sent one interval before it (after the previous
+		// mark, untimed) and is in the workers' inbox (its ✓✓ receipt at
+		// the consumers' client) before the mark's call starts. The
+		// message sends are as paced as the marks, and go to the other
+		// service's API: neither meets the per-user rate limit.
+		for i := 1; i <= 2; i++ {
 			if _, err := snd.Send(ctx, chatID, fmt.Sprintf("to be read %d", i)); err != nil {
 				return nil, fmt.Errorf("send the messages to read: %w", err)
 			}
 		}
-		// A read mark moves up to the reader's newest received message
-		// only: wait until the workers' inbox holds them all (their ✓✓
-		// receipt at the consumers' client).
-		last := int64(opts.Messages + 1)
-		if err := waitFor("the receipt of the messages to read", func() bool { return delivered >= last }); err != nil {
+		if err := waitFor("the receipt of the first message", func() bool { return delivered >= 1 }); err != nil {
 			return nil, err
 		}
 		method = http.MethodPost
@@ -206,7 +211,15 @@ func changeRun(ctx context.Context, e *env.Env, variant string, chatID int64, op
 			return nil, err
 		}
 		for i := 1; i <= opts.Messages; i++ {
-			changes = append(changes, change{u, fmt.Sprintf(`{"upto_seq":%d}`, i+1), int64(i + 1)})
+			seq := int64(i + 1)
+			changes = append(changes, change{u, fmt.Sprintf(`{"upto_seq":%d}`, seq), seq})
+		}
+		before = func(c change) error {
+			return waitFor(fmt.Sprintf("the receipt of message %d", c.key), func() bool { return delivered >= c.key })
+		}
+		after = func(c change) error {
+			_, err := snd.Send(ctx, chatID, fmt.Sprintf("to be read %d", c.key+1))
+			return err
 		}
 	}
 
@@ -221,16 +234,26 @@ func changeRun(ctx context.Context, e *env.Env, variant string, chatID int64, op
 		if err := env.SleepUntil(ctx, next); err != nil {
 			return nil, err
 		}
+		if before != nil {
+			if err := before(c); err != nil {
+				return nil, err
+			}
+		}
 		t0 := time.Now()
 		next = t0.Add(opts.Interval)
-		if err := expect(api.call(ctx, method, c.u, c.body)); err != nil {
-			if ctx.Err() != nil {
-				return nil, ctx.Err()
-			}
+		err := expect(api.call(ctx, method, c.u, c.body))
+		if err == nil {
+			done = append(done, made{c.key, t0})
+		} else if ctx.Err() != nil {
+			return nil, ctx.Err()
+		} else {
 			r.SendErrors++
-			continue
 		}
-		done = append(done, made{c.key, t0})
+		if after != nil {
+			if err := after(c); err != nil {
+				return nil, fmt.Errorf("send the next message to read: %w", err)
+			}
+		}
 	}
 	r.Sent = len(done)
 	_ = waitFor("every change", func() bool {
