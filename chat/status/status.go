@@ -33,6 +33,24 @@ type StatusThresholds struct {
 	TransactionAge time.Duration
 }
 
+// CommandFlags are the connection flags ReadStatus appends to the commands
+// its problems suggest, so that each runs as printed: Database (e.g.
+// `--database-url 'postgres://…'`) to those that read the database, Redis
+// (e.g. `--redis-url 'redis://…' --redis-prefix p`) to those that read
+// Redis. "" adds nothing: right when the command finds the connection
+// where status found it (DATABASE_URL, REDIS_URL).
+type CommandFlags struct {
+	Database, Redis string
+}
+
+// with appends flags (when set) to a suggested command line.
+func with(cmd, flags string) string {
+	if flags == "" {
+		return cmd
+	}
+	return cmd + " " + flags
+}
+
 // Status thresholds' defaults.
 const (
 	DefaultMaxBacklogAge     = time.Minute
@@ -336,10 +354,11 @@ func QueueStatus(ctx context.Context, rdb redis.UniversalClient, prefix, service
 // both schemas and pg_stat_activity: the database owner or a superuser;
 // with a service's own role the other service reports an error) and rdb
 // (nil: the Redis figures are left out, with an error), keys under prefix
-// ("" = DefaultRedisPrefix), and judges it by th. It returns an error only
+// ("" = DefaultRedisPrefix), and judges it by th; the commands its
+// problems suggest carry cf's flags. It returns an error only
 // when ctx ends; what it cannot read is in the ServiceStatus's Errors and
 // counts as a problem.
-func ReadStatus(ctx context.Context, db outbox.DB, rdb redis.UniversalClient, prefix string, th StatusThresholds) (*Status, error) {
+func ReadStatus(ctx context.Context, db outbox.DB, rdb redis.UniversalClient, prefix string, th StatusThresholds, cf CommandFlags) (*Status, error) {
 	if prefix == "" {
 		prefix = chat.DefaultRedisPrefix
 	}
@@ -388,8 +407,8 @@ func ReadStatus(ctx context.Context, db outbox.DB, rdb redis.UniversalClient, pr
 		}
 		for _, p := range s.Partitions {
 			if p.Parked > 0 {
-				st.Problems = append(st.Problems, fmt.Sprintf("%s: %d parked outbox row(s) in %s: see `outboxchat outbox parked --service %s%s`",
-					svc, p.Parked, p.Outbox, svc, partitionFlag(p.Partition)))
+				st.Problems = append(st.Problems, fmt.Sprintf("%s: %d parked outbox row(s) in %s: see `%s`",
+					svc, p.Parked, p.Outbox, with("outboxchat outbox parked --service "+svc+partitionFlag(p.Partition), cf.Database)))
 			}
 		}
 		for _, name := range s.SharedConsumerNames {
@@ -415,8 +434,9 @@ func ReadStatus(ctx context.Context, db outbox.DB, rdb redis.UniversalClient, pr
 		if s.DeadLetters > 0 {
 			for _, p := range s.Partitions {
 				if p.DeadLetters > 0 {
-					st.Problems = append(st.Problems, fmt.Sprintf("%s: %d dead letter(s) on %s: see `outboxchat deadletters list --service %s%s`",
-						svc, p.DeadLetters, chat.PartitionQueue(chat.Peer(svc), p.Partition), svc, partitionFlag(p.Partition)))
+					st.Problems = append(st.Problems, fmt.Sprintf("%s: %d dead letter(s) on %s: see `%s`",
+						svc, p.DeadLetters, chat.PartitionQueue(chat.Peer(svc), p.Partition),
+						with("outboxchat deadletters list --service "+svc+partitionFlag(p.Partition), cf.Redis)))
 				}
 			}
 		}

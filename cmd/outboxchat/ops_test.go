@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -100,6 +101,22 @@ func TestOperatorCommands(t *testing.T) {
 	if text, err := runCmd(t, append([]string{"status"}, conn...)...); !errors.Is(err, errNeedsPerson) ||
 		!strings.Contains(text, "NEEDS A PERSON (2)") || !strings.Contains(text, "parked outbox row") {
 		t.Fatalf("status text = %v:\n%s", err, text)
+	}
+	// Every command status suggests runs as printed, and shows what the
+	// problem names (the row's key, the entry's id).
+	suggested := suggestedCommands(st.Problems)
+	if len(suggested) != 2 {
+		t.Fatalf("status suggested %q; want the outbox parked and deadletters list commands", suggested)
+	}
+	for _, line := range suggested {
+		args, err := shellSplit(strings.TrimPrefix(line, "outboxchat "))
+		if err != nil {
+			t.Fatalf("%s: %v", line, err)
+		}
+		out, err := runCmd(t, args...)
+		if err != nil || !(strings.Contains(out, "m-1") || strings.Contains(out, "m-2")) {
+			t.Errorf("the suggested `%s` = %v:\n%s", line, err, out)
+		}
 	}
 
 	// outbox parked | retry.
@@ -207,4 +224,51 @@ func migratedDatabase(t *testing.T) (string, *pgxpool.Pool) {
 		}
 	}
 	return dbURL, admin
+}
+
+// suggestedCommands returns the `outboxchat …` commands quoted in problems.
+func suggestedCommands(problems []string) []string {
+	var out []string
+	for _, p := range problems {
+		for i, part := range strings.Split(p, "`") {
+			if i%2 == 1 && strings.HasPrefix(part, "outboxchat ") {
+				out = append(out, part)
+			}
+		}
+	}
+	return out
+}
+
+// shellSplit splits a command line as a POSIX shell would for words of
+// plain characters and single-quoted strings ('\” for a quote), the
+// forms status prints; anything else is an error.
+func shellSplit(line string) ([]string, error) {
+	var args []string
+	var cur strings.Builder
+	in, word := false, false
+	for _, r := range line {
+		switch {
+		case r == '\'':
+			in, word = !in, true
+		case in:
+			cur.WriteRune(r)
+		case r == ' ':
+			if word {
+				args, word = append(args, cur.String()), false
+				cur.Reset()
+			}
+		case strings.ContainsRune("\"$`\\;&|<>()*?!#~", r):
+			return nil, fmt.Errorf("unquoted %q in %q", r, line)
+		default:
+			cur.WriteRune(r)
+			word = true
+		}
+	}
+	if in {
+		return nil, fmt.Errorf("unterminated quote in %q", line)
+	}
+	if word {
+		args = append(args, cur.String())
+	}
+	return args, nil
 }

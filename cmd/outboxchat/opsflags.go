@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/outboxchat/outboxchat/chat"
+	"github.com/outboxchat/outboxchat/chat/status"
 	"github.com/outboxchat/outboxchat/redisq"
 )
 
@@ -34,6 +35,34 @@ func newOpsFlags(fs *flag.FlagSet, db, rds bool) opsFlags {
 	}
 	f.asJSON = fs.Bool("json", false, "print JSON instead of text")
 	return f
+}
+
+// commandFlags are the connection flags given on fs's command line, for
+// the commands a report suggests: a flag left to its environment variable
+// is left out, since the suggested command finds it there too.
+func (f opsFlags) commandFlags(fs *flag.FlagSet) status.CommandFlags {
+	var cf status.CommandFlags
+	fs.Visit(func(fl *flag.Flag) {
+		arg := "--" + fl.Name + " " + shellQuote(fl.Value.String())
+		switch fl.Name {
+		case "database-url":
+			cf.Database = arg
+		case "redis-url", "redis-prefix":
+			cf.Redis = strings.TrimSpace(cf.Redis + " " + arg)
+		}
+	})
+	return cf
+}
+
+// shellQuote quotes s for a POSIX shell (single quotes; a quote inside as
+// '\”) unless it is made of characters no shell treats specially.
+func shellQuote(s string) string {
+	if s != "" && strings.IndexFunc(s, func(r rune) bool {
+		return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("-_./:@%+=,", r))
+	}) < 0 {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
 
 func (f opsFlags) pool(ctx context.Context, cmd string) (*pgxpool.Pool, error) {

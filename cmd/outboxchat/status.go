@@ -44,7 +44,8 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	st, err := status.ReadStatus(qctx, pool, rdb, *f.prefix, status.StatusThresholds{BacklogAge: *backlog, TransactionAge: *xact})
+	st, err := status.ReadStatus(qctx, pool, rdb, *f.prefix, status.StatusThresholds{BacklogAge: *backlog, TransactionAge: *xact},
+		f.commandFlags(fs))
 	if err != nil {
 		return fmt.Errorf("status: %w", err)
 	}
