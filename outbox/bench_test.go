@@ -36,7 +36,7 @@ func BenchmarkEnqueue(b *testing.B) {
 }
 
 // BenchmarkRunOnce100 measures one relay pass over 100 rows with a no-op
-// Publisher (claim, publish, mark sent, commit); refilling is not timed.
+// Publisher (claim, publish, delete the published rows, commit); refilling is not timed.
 func BenchmarkRunOnce100(b *testing.B) {
 	ctx := context.Background()
 	pool := setup(b)

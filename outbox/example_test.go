@@ -53,7 +53,9 @@ func Example() {
 	}
 	defer relay.Stop(context.Background())
 
-	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+	// InTx commits and then wakes the relay (Writer.Committed); with a
+	// transaction of your own, call w.Committed() after its commit.
+	err = w.InTx(ctx, pool, func(tx pgx.Tx) error {
 		// ... the business write, e.g. INSERT INTO app.messages ...
 		return w.Enqueue(ctx, tx, outbox.Event{
 			ID:      "0b5f6c1e-9d1c-4c8e-9a51-3f0f7f8f2a10",
@@ -64,6 +66,5 @@ func Example() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	w.Committed() // after commit: wake the relay
 	<-ctx.Done()
 }

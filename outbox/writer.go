@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -154,6 +155,36 @@ type Writer struct {
 	notifier *Notifier
 	shared   bool
 	idle     service.Lifecycle // Started and Stopped in the other modes: never started
+
+	// uncommitted is when (unix ns) the oldest Enqueue since the last
+	// Committed ran, 0 when none did (WakeAfterCommit); warned is set once
+	// the forgotten-Committed warning was logged.
+	uncommitted atomic.Int64
+	warned      atomic.Bool
+	log         *slog.Logger
+	forgetAfter time.Duration // forgetCommittedAfter (tests shorten it)
+}
+
+// forgetCommittedAfter is how long Enqueue calls may go without a
+// Committed before the Writer warns (once) that the caller seems to forget
+// it: longer than the relay's default poll, which such events then wait for.
+const forgetCommittedAfter = 2 * time.Second
+
+// enqueued notes an Enqueue in WakeAfterCommit mode, and warns once when
+// none of the Enqueues of the last forgetCommittedAfter was followed by a
+// Committed.
+func (w *Writer) enqueued() {
+	if w.notifier == nil {
+		return
+	}
+	now := time.Now().UnixNano()
+	if w.uncommitted.CompareAndSwap(0, now) {
+		return
+	}
+	if old := w.uncommitted.Load(); old != 0 && now-old > int64(w.forgetAfter) && w.warned.CompareAndSwap(false, true) {
+		w.log.Warn("outbox: events enqueued for 2 s without a Committed call: with WakeAfterCommit call Writer.Committed after each commit (or use Writer.InTx), or every event waits for the relay's poll; a rolled-back transaction needs none (logged once)",
+			slog.String("channel", w.channel))
+	}
 }
 
 // WithDefaults returns a copy of c in which every zero field holds its
@@ -205,7 +236,8 @@ func NewWriter(pool *pgxpool.Pool, cfg *WriterConfig) (*Writer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("outbox: new writer: %w", err)
 	}
-	w := &Writer{channel: cfg.Channel, mode: cfg.Mode, idle: service.Lifecycle{Name: "outbox: writer"}}
+	w := &Writer{channel: cfg.Channel, mode: cfg.Mode, idle: service.Lifecycle{Name: "outbox: writer"}, log: cfg.Logger,
+		forgetAfter: forgetCommittedAfter}
 	if cfg.Mode == WakeAfterCommit {
 		w.notifier, w.shared = cfg.Notifier, cfg.Notifier != nil
 		if !w.shared {
@@ -248,7 +280,8 @@ const afterCommitNotifySQL = "SELECT pg_notify($1, ''), set_config('synchronous_
 // round trip; two statements pipelined in one round trip with WakeInTx, the
 // second being pg_notify). It never commits or rolls back tx: the events
 // become visible to the relay when the caller commits, and vanish if it rolls
-// back. With WakeAfterCommit call Committed after the commit. Zero events is
+// back. With WakeAfterCommit call Committed after the commit (InTx does;
+// a Writer whose Enqueues go 2 s without one logs a warning, once). Zero events is
 // a no-op. Events are published in the order given.
 //
 // Errors are wrapped "outbox: enqueue: ...". An invalid Event wraps
@@ -267,6 +300,7 @@ func (w *Writer) Enqueue(ctx context.Context, tx pgx.Tx, events ...Event) error 
 		if _, err := tx.Exec(ctx, sql, args...); err != nil {
 			return fmt.Errorf("outbox: enqueue: insert: %w", err)
 		}
+		w.enqueued()
 		return nil
 	}
 	b := &pgx.Batch{}
@@ -296,6 +330,7 @@ func (w *Writer) QueueEnqueue(b *pgx.Batch, events ...Event) (int, error) {
 		return 0, err
 	}
 	b.Queue(sql, args...)
+	w.enqueued()
 	if w.mode != WakeInTx {
 		return 1, nil
 	}
@@ -355,8 +390,27 @@ func encodeHeaders(h map[string]string) *string {
 // Safe for concurrent use.
 func (w *Writer) Committed() {
 	if w.notifier != nil {
+		w.uncommitted.Store(0)
 		w.notifier.Notify(w.channel)
 	}
+}
+
+// InTx runs fn in a transaction begun on db (a pool, a connection, or a
+// transaction for a savepoint: pgx.BeginFunc), commits it when fn returns
+// nil (rolls back otherwise) and then calls Committed, so that the relay
+// is woken without the caller having to remember it. fn enqueues with
+// Enqueue(ctx, tx, …) beside its own writes. It returns fn's error, or the
+// begin's or commit's (then Committed is not called: nothing was
+// committed, or the outcome is unknown and the relay's poll covers it).
+// Safe for concurrent use.
+func (w *Writer) InTx(ctx context.Context, db interface {
+	Begin(context.Context) (pgx.Tx, error)
+}, fn func(tx pgx.Tx) error) error {
+	if err := pgx.BeginFunc(ctx, db, fn); err != nil {
+		return err
+	}
+	w.Committed()
+	return nil
 }
 
 // Start starts the background notifier of WakeAfterCommit (in other modes,

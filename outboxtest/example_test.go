@@ -124,7 +124,8 @@ func Example() {
 	// or not at all.
 	for i, total := range []int{42, 7} {
 		id := fmt.Sprintf("order-%d", i+1)
-		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		// InTx commits, then wakes the relay (Writer.Committed).
+		err := w.InTx(ctx, pool, func(tx pgx.Tx) error {
 			if _, err := tx.Exec(ctx, `INSERT INTO sender.orders (id, total) VALUES ($1, $2)`, id, total); err != nil {
 				return err
 			}
@@ -135,7 +136,6 @@ func Example() {
 		if err != nil {
 			log.Fatal(err)
 		}
-		w.Committed() // after the commit: wake the relay
 	}
 
 	// Wait (with a deadline) until the receiver has recorded both.
