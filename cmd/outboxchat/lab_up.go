@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -77,8 +78,10 @@ func runLabUp(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	// A development token for every chat on both services; the pages take
 	// it from the URL fragment, which browsers never send to a server.
 	fmt.Fprintf(stdout, "token: %s\n", e.Token)
-	fmt.Fprintf(stdout, "consumers page: %s/?chat_id=1#token=%s\n", e.ConsumersURL, e.Token)
-	fmt.Fprintf(stdout, "workers page: %s/?chat_id=1#token=%s\n", e.WorkersURL, e.Token)
+	// Each page as a user of its own (env.PageUsers), so that it shows
+	// who wrote what.
+	fmt.Fprintf(stdout, "consumers page: %s/?chat_id=1#token=%s\n", e.ConsumersURL, cmp.Or(e.PageTokens[chat.Consumers], e.Token))
+	fmt.Fprintf(stdout, "workers page: %s/?chat_id=1#token=%s\n", e.WorkersURL, cmp.Or(e.PageTokens[chat.Workers], e.Token))
 	if e.CAFile != "" {
 		fmt.Fprintf(stdout, "ca: %s\n", e.CAFile)
 		fmt.Fprintf(stderr, "lab: TLS with a private CA: trust %s to connect (curl --cacert %s …; a browser: import it as an authority, or accept the warning); it lives as long as the lab\n", e.CAFile, e.CAFile)

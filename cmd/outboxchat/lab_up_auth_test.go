@@ -4,6 +4,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/outboxchat/outboxchat/lab/env"
 	"github.com/outboxchat/outboxchat/lab/probe"
 )
 
@@ -17,9 +18,18 @@ func TestUpPrintsTokenAndAuthIsOn(t *testing.T) {
 	if strings.Count(tok, ".") != 2 {
 		t.Fatalf("no token line: %q", lines)
 	}
+	// Each page's token is of a user of its own (env.PageUsers), good on
+	// both services, so the two pages show who wrote what.
 	for _, k := range []string{"consumers", "workers"} {
-		if want := lines[k] + "/?chat_id=1#token=" + tok; lines[k+" page"] != want {
-			t.Errorf("%s page: %q, want %q", k, lines[k+" page"], want)
+		page, ok := strings.CutPrefix(lines[k+" page"], lines[k]+"/?chat_id=1#token=")
+		if !ok || page == tok {
+			t.Fatalf("%s page: %q, want %s/?chat_id=1#token=<its user's token>", k, lines[k+" page"], lines[k])
+		}
+		for _, base := range []string{lines["consumers"], lines["workers"]} {
+			m, err := probe.NewSender(page).Send(t.Context(), base, 1, "from the "+k+" page")
+			if err != nil || m.Author != env.PageUsers[k] {
+				t.Errorf("send with the %s page's token to %s: author %q, %v; want %q", k, base, m.Author, err, env.PageUsers[k])
+			}
 		}
 	}
 	ctx := t.Context()

@@ -192,6 +192,11 @@ type Env struct {
 	// Token is a development bearer token of user "lab" for every chat on
 	// both services, valid for 30 days ("" when Insecure).
 	Token string
+	// PageTokens are the tokens `lab up` puts in each service's page URL,
+	// by service: user PageUsers[service], every chat, both services, 30
+	// days; nil when Insecure. Two named users, so that the pages show who
+	// wrote what.
+	PageTokens map[string]string
 	// Durable echoes Options.Durable: the servers flush every commit.
 	Durable bool
 	// Partitions is the services' --partitions (Options.Partitions, at
@@ -378,7 +383,7 @@ func Start(ctx context.Context, opts Options) (_ *Env, err error) {
 
 	authArgs := []string{"--insecure-no-auth"}
 	if !opts.Insecure {
-		if authArgs, e.Token, err = labSecrets(e.Dir); err != nil {
+		if authArgs, e.Token, e.PageTokens, err = labSecrets(e.Dir); err != nil {
 			return nil, err
 		}
 	}
@@ -399,11 +404,14 @@ func Start(ctx context.Context, opts Options) (_ *Env, err error) {
 // labTokenTTL is how long the lab's development token is valid.
 const labTokenTTL = 30 * 24 * time.Hour
 
+// PageUsers are the users of the pages `lab up` prints, by service.
+var PageUsers = map[string]string{chat.Consumers: "alice", chat.Workers: "bob"}
+
 // labSecrets writes fresh random secrets to dir (mode 0600): the HS256
 // secret of bearer tokens (jwt.secret) and one event key per direction
-// (event.keys). It returns the serve flags that use them and a token of
-// user "lab" for every chat on both services.
-func labSecrets(dir string) (args []string, token string, err error) {
+// (event.keys). It returns the serve flags that use them, a token of user
+// "lab" for every chat on both services, and one of each PageUsers user.
+func labSecrets(dir string) (args []string, token string, pages map[string]string, err error) {
 	random := func() (string, error) {
 		b := make([]byte, 32)
 		if _, err := rand.Read(b); err != nil {
@@ -413,25 +421,31 @@ func labSecrets(dir string) (args []string, token string, err error) {
 	}
 	secret, err := random()
 	if err != nil {
-		return nil, "", err
+		return nil, "", nil, err
 	}
 	keys := ""
 	for _, s := range []string{chat.Consumers, chat.Workers} {
 		k, err := random()
 		if err != nil {
-			return nil, "", err
+			return nil, "", nil, err
 		}
 		keys += chat.QueueName(s) + " " + k + "\n"
 	}
 	secretPath, keysPath := filepath.Join(dir, "jwt.secret"), filepath.Join(dir, "event.keys")
 	if err := errors.Join(os.WriteFile(secretPath, []byte(secret), 0o600), os.WriteFile(keysPath, []byte(keys), 0o600)); err != nil {
-		return nil, "", fmt.Errorf("lab: secrets: %w", err)
+		return nil, "", nil, fmt.Errorf("lab: secrets: %w", err)
 	}
 	token, err = auth.MintToken([]byte(secret), "lab", []string{chat.Consumers, chat.Workers}, auth.ChatScope{All: true}, labTokenTTL)
 	if err != nil {
-		return nil, "", fmt.Errorf("lab: %w", err)
+		return nil, "", nil, fmt.Errorf("lab: %w", err)
 	}
-	return []string{"--jwt-secret-file", secretPath, "--event-key-file", keysPath}, token, nil
+	pages = map[string]string{}
+	for svc, user := range PageUsers {
+		if pages[svc], err = auth.MintToken([]byte(secret), user, []string{chat.Consumers, chat.Workers}, auth.ChatScope{All: true}, labTokenTTL); err != nil {
+			return nil, "", nil, fmt.Errorf("lab: %w", err)
+		}
+	}
+	return []string{"--jwt-secret-file", secretPath, "--event-key-file", keysPath}, token, pages, nil
 }
 
 // Procs returns every service process: consumers, its further API
