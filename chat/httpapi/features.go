@@ -1,9 +1,7 @@
 package httpapi
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"io"
 	"mime"
@@ -226,20 +224,31 @@ func (a *API) change(w http.ResponseWriter, r *http.Request, chatID int64, id, b
 		return
 	}
 	m, err := a.deps.Changer.Change(r.Context(), chatID, id, body, deleted, auth.AuthorOf(r.Context()))
+	if err != nil {
+		code, eb := a.changeError(chatID, id, err)
+		if code == http.StatusServiceUnavailable {
+			w.Header().Set("Retry-After", "1")
+		}
+		writeJSON(w, code, eb)
+		return
+	}
+	writeJSON(w, http.StatusOK, m)
+}
+
+// changeError maps a failed edit or delete of message id to its status and
+// body (404, 403, 409, or 503 with the cause logged), for the HTTP route
+// and the WebSocket frame alike.
+func (a *API) changeError(chatID int64, id string, err error) (int, ErrorBody) {
 	switch {
 	case errors.Is(err, chat.ErrNoMessage):
-		writeJSON(w, http.StatusNotFound, ErrorBody{Error: "no message " + id + " of " + a.service + " in chat " + strconv.FormatInt(chatID, 10), Field: "message_id"})
+		return http.StatusNotFound, ErrorBody{Error: "no message " + id + " of " + a.service + " in chat " + strconv.FormatInt(chatID, 10), Field: "message_id"}
 	case errors.Is(err, chat.ErrNotAuthor):
-		writeJSON(w, http.StatusForbidden, ErrorBody{Error: chat.ErrNotAuthor.Error(), Field: "message_id"})
+		return http.StatusForbidden, ErrorBody{Error: chat.ErrNotAuthor.Error(), Field: "message_id"}
 	case errors.Is(err, chat.ErrDeletedMessage):
-		writeJSON(w, http.StatusConflict, ErrorBody{Error: chat.ErrDeletedMessage.Error(), Field: "message_id"})
-	case err != nil:
-		a.log.Warn("change failed", "chat_id", chatID, "message_id", id, "err", err)
-		w.Header().Set("Retry-After", "1")
-		writeJSON(w, http.StatusServiceUnavailable, ErrorBody{Error: "could not change the message; retry"})
-	default:
-		writeJSON(w, http.StatusOK, m)
+		return http.StatusConflict, ErrorBody{Error: chat.ErrDeletedMessage.Error(), Field: "message_id"}
 	}
+	a.log.Warn("change failed", "chat_id", chatID, "message_id", id, "err", err)
+	return http.StatusServiceUnavailable, ErrorBody{Error: "could not change the message; retry"}
 }
 
 // handleRead answers POST /api/chats/{chat_id}/read {"upto_seq": N}:
@@ -306,18 +315,4 @@ func wsLast(r *http.Request) (int, error) {
 		return -1, nil // cursors win: a reconnect catches up exactly
 	}
 	return n, nil
-}
-
-// frameType returns the "type" of a client frame, "" for a send frame.
-func frameType(data []byte) string {
-	if !bytes.Contains(data, []byte(`"type"`)) {
-		return "" // a send frame: no decode more
-	}
-	var t struct {
-		Type string `json:"type"`
-	}
-	if json.Unmarshal(data, &t) != nil {
-		return ""
-	}
-	return t.Type
 }

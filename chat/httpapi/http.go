@@ -522,7 +522,6 @@ func (a *API) handleWS(w http.ResponseWriter, r *http.Request) {
 		defer release()
 		r = r.WithContext(auth.WithPrincipal(r.Context(), p))
 	}
-	user := userOf(r)
 	if last > 0 || (last == 0 && r.URL.Query().Has("last")) {
 		if a.deps.Browser == nil {
 			c.Close(websocket.StatusInternalError, "last is not served here")
@@ -569,10 +568,11 @@ func (a *API) handleWS(w http.ResponseWriter, r *http.Request) {
 			a.ws.frameOut()
 		}
 	}
-	// Reader: a client may send {"body": "..."} frames; each is a send, and
-	// errors come back as {"error": ..., "field": ...} frames. A
-	// {"type": "typing"} frame is a typing signal (Live), nothing stored.
-	replies := make(chan []byte, 8)
+	// Reader: client frames (wsframes.go). Sends, edits, deletes and reads
+	// run concurrently, answered through replies; typing goes to Live.
+	replies := make(chan *[]byte, maxInFlight)
+	sess := a.newWSSession(ctx, r, chatID, typing, replies)
+	defer func() { cancel(); sess.wait() }()
 	go func() {
 		defer cancel()
 		for {
@@ -581,39 +581,7 @@ func (a *API) handleWS(w http.ResponseWriter, r *http.Request) {
 				return
 			}
 			a.ws.frameIn()
-			if t := frameType(data); t == "typing" && typ == websocket.MessageText {
-				typing()
-				continue
-			} else if t != "" {
-				b, _ := json.Marshal(ErrorBody{Error: "unknown frame type (send {\"body\": \"...\"} or {\"type\": \"typing\"})", Field: "type"})
-				select {
-				case replies <- b:
-				case <-ctx.Done():
-					return
-				}
-				continue
-			}
-			var req chat.SendRequest
-			if typ != websocket.MessageText {
-				err = &chat.FieldError{Field: "", Msg: "send text frames holding {\"body\": \"...\"}"}
-			} else if err = a.sendAllowed(user); err == nil {
-				req, err = chat.DecodeSendRequest(data, a.maxBody)
-			}
-			if err == nil {
-				_, _, err = a.send(ctx, chatID, req.Body, req.ClientID)
-			}
-			if err != nil {
-				_, eb := sendError(err, "client_id")
-				if ctx.Err() == nil && !errors.As(err, new(*chat.FieldError)) && !errors.Is(err, chat.ErrIdempotencyConflict) {
-					a.log.Warn("websocket send failed", "chat_id", chatID, "err", err)
-				}
-				b, _ := json.Marshal(eb)
-				select {
-				case replies <- b:
-				case <-ctx.Done():
-					return
-				}
-			}
+			sess.handle(typ, data)
 		}
 	}()
 	// The rare events — the socket's end, an eviction, the token's expiry
@@ -626,15 +594,21 @@ func (a *API) handleWS(w http.ResponseWriter, r *http.Request) {
 	go func() { stop <- a.wsStopOn(ctx, r, c, chatID, evicted, expired, revocation, pingFailed) }()
 	for {
 		var frame []byte
+		var reply *[]byte
 		select {
 		case act := <-stop:
 			act()
 			return
 		case frame = <-frames:
 		case frame = <-liveFrames:
-		case frame = <-replies:
+		case reply = <-replies:
+			frame = *reply
 		}
-		if err := fw.write(frame); err != nil {
+		err := fw.write(frame)
+		if reply != nil {
+			putFrameBuf(reply)
+		}
+		if err != nil {
 			if ctx.Err() == nil && fw.timedOut() {
 				a.dropSocket(r, chatID, "write_timeout", err)
 			}

@@ -32,6 +32,7 @@ func runLabBench(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	redisLatency := fs.Duration("redis-latency", 0, "delay every reply from Redis to the services by this much (toxiproxy links in the lab's process), as across a network; whole milliseconds (default 0: direct)")
 	partitions := fs.Int("partitions", 1, "both services' --partitions (an outbox table, relay, stream and consumer per partition)")
 	counts := fs.Bool("counts", false, "count the services' Postgres statements (pg_stat_statements, preloaded) and all Redis commands (INFO commandstats) during the run, and print them per message")
+	transport := fs.String("transport", perf.TransportHTTP, "how the senders send: http (a POST per message on a kept-alive connection) or ws (a WebSocket per sender, a send frame per message, waiting for its ack)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -44,12 +45,15 @@ func runLabBench(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	if err := env.CheckVariant(*variant); err != nil {
 		return err
 	}
+	if *transport != perf.TransportHTTP && *transport != perf.TransportWS {
+		return fmt.Errorf("lab bench: --transport %q: want http or ws", *transport)
+	}
 	if *partitions < 1 || *partitions > 256 {
 		return fmt.Errorf("lab bench: --partitions %d: want 1 to 256", *partitions)
 	}
 	res, err := perf.Bench(ctx, perf.BenchOptions{Senders: *senders, Chats: *chats, Messages: *messages,
 		Variant: *variant, SendTimeout: *timeout, Progress: stderr, HoldSnapshot: *hold, Insecure: *insecure, PgBouncer: *pgbouncer, Durable: *durable, Retention: *retention,
-		ProfileDir: *profileDir, ProfileSeconds: *profileSeconds, Counts: *counts, Partitions: *partitions, RedisLatency: *redisLatency})
+		ProfileDir: *profileDir, ProfileSeconds: *profileSeconds, Counts: *counts, Partitions: *partitions, RedisLatency: *redisLatency, Transport: *transport})
 	if err != nil {
 		return err
 	}

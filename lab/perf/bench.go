@@ -107,6 +107,10 @@ type BenchOptions struct {
 	// drain, the services' statements and every Redis command
 	// (BenchResult.Counts). Default false.
 	Counts bool
+	// Transport is how the senders send: TransportHTTP (a POST per
+	// message; the default for "") or TransportWS (a socket per sender,
+	// a send frame per message, acked).
+	Transport string
 }
 
 // BenchResult is what Bench measured. The JSON fields are DESIGN.md's
@@ -193,6 +197,8 @@ type BenchResult struct {
 	// Counts are the statements and Redis commands of the run
 	// (BenchOptions.Counts; nil without it), by who, most frequent first.
 	Counts []WorkCount `json:"counts,omitempty"`
+	// Transport echoes BenchOptions.Transport ("http" or "ws").
+	Transport string `json:"transport"`
 }
 
 // outboxTables returns both services' outbox tables at n partitions
@@ -262,6 +268,9 @@ type WaitCount struct {
 // ProgressEvery. An error means the bench could not run.
 func Bench(ctx context.Context, opts BenchOptions) (*BenchResult, error) {
 	opts = benchDefaults(opts)
+	if opts.Transport != TransportHTTP && opts.Transport != TransportWS {
+		return nil, fmt.Errorf("lab bench: transport %q: want %s or %s", opts.Transport, TransportHTTP, TransportWS)
+	}
 	progress := opts.Progress
 	if progress == nil {
 		progress = io.Discard
@@ -292,7 +301,7 @@ func Bench(ctx context.Context, opts BenchOptions) (*BenchResult, error) {
 		}
 	}
 	res := &BenchResult{Senders: opts.Senders, Chats: opts.Chats, Messages: opts.Messages,
-		RSSMB: map[string]float64{}, CPUS: map[string]float64{}, Durable: opts.Durable}
+		RSSMB: map[string]float64{}, CPUS: map[string]float64{}, Durable: opts.Durable, Transport: opts.Transport}
 
 	// Watchers: one per chat; arrivals by message id.
 	var got arrivals
@@ -307,7 +316,6 @@ func Bench(ctx context.Context, opts BenchOptions) (*BenchResult, error) {
 		return nil, err
 	}
 
-	rdb := e.RedisClient()
 	if res.RedisUsedMBBefore, err = e.RedisUsedMB(ctx); err != nil {
 		return nil, err
 	}
@@ -348,36 +356,10 @@ func Bench(ctx context.Context, opts BenchOptions) (*BenchResult, error) {
 	sendCtx, cancelSend := context.WithTimeout(ctx, opts.SendTimeout)
 	defer cancelSend()
 	start := time.Now()
-	var wg sync.WaitGroup
-	for range opts.Senders {
-		snd, err := probe.NewConnSender(e.ConsumersURL, e.Token, 10*time.Second)
-		if err != nil {
-			return nil, err
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			defer snd.Close()
-			for sendCtx.Err() == nil {
-				i := next.Add(1) - 1
-				if i >= int64(opts.Messages) {
-					return
-				}
-				chatID := i%int64(opts.Chats) + 1
-				t0 := time.Now()
-				id, err := snd.Send(sendCtx, chatID, "bench "+strconv.FormatInt(i, 10))
-				r := sendRec{id: id, t0: t0, t1: time.Now(), ok: err == nil}
-				if err != nil {
-					r.errText = err.Error()
-					failed.Add(1)
-				}
-				recs[i] = r
-				done.Add(1)
-			}
-		}()
+	sendersDone, err := startSenders(sendCtx, e, opts, recs, &next, &done, &failed)
+	if err != nil {
+		return nil, err
 	}
-	sendersDone := make(chan struct{})
-	go func() { wg.Wait(); close(sendersDone) }()
 	profDone := make(chan error, 1)
 	if opts.ProfileDir != "" {
 		go func() {
@@ -476,6 +458,63 @@ func Bench(ctx context.Context, opts BenchOptions) (*BenchResult, error) {
 		res.DuplicatesShown += w.Duplicates()
 	}
 
+	if err := res.after(ctx, e, parts, waits); err != nil {
+		return nil, err
+	}
+	return res, nil
+}
+
+// startSenders starts opts.Senders senders over opts.Transport, each in a
+// closed loop taking the next message index until opts.Messages are taken
+// or ctx ends, recording each send in recs; the returned channel is closed
+// when all have stopped.
+func startSenders(ctx context.Context, e *env.Env, opts BenchOptions, recs []sendRec, next, done, failed *atomic.Int64) (<-chan struct{}, error) {
+	var wg sync.WaitGroup
+	sendersDone := make(chan struct{})
+	for k := range opts.Senders {
+		var snd benchSender
+		var err error
+		if opts.Transport == TransportWS {
+			snd, err = newWSSender(e.ConsumersURL, e.Token, int64(k%opts.Chats)+1, "b"+strconv.Itoa(k)+"-", 10*time.Second)
+		} else {
+			snd, err = probe.NewConnSender(e.ConsumersURL, e.Token, 10*time.Second)
+		}
+		if err != nil {
+			go func() { wg.Wait(); close(sendersDone) }()
+			return sendersDone, err
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer snd.Close()
+			for ctx.Err() == nil {
+				i := next.Add(1) - 1
+				if i >= int64(opts.Messages) {
+					return
+				}
+				chatID := i%int64(opts.Chats) + 1
+				t0 := time.Now()
+				id, err := snd.Send(ctx, chatID, "bench "+strconv.FormatInt(i, 10))
+				r := sendRec{id: id, t0: t0, t1: time.Now(), ok: err == nil}
+				if err != nil {
+					r.errText = err.Error()
+					failed.Add(1)
+				}
+				recs[i] = r
+				done.Add(1)
+			}
+		}()
+	}
+	go func() { wg.Wait(); close(sendersDone) }()
+	return sendersDone, nil
+}
+
+// after reads the figures of the run's end: it waits (bounded) for the
+// acknowledged stream entries to be trimmed, then reads Redis's memory
+// and keys, the outbox tables' sizes, and the top Postgres waits.
+func (res *BenchResult) after(ctx context.Context, e *env.Env, parts int, waits map[string]int) error {
+	rdb := e.RedisClient()
+	var err error
 	// Redis after: wait (bounded) for the acknowledged entries to be
 	// trimmed, then read used_memory.
 	tctx, cancelTrim := context.WithTimeout(ctx, DefaultBenchTrimWait)
@@ -497,7 +536,7 @@ func Bench(ctx context.Context, opts BenchOptions) (*BenchResult, error) {
 	res.StreamLenAfter, _ = streamLen(ctx)
 	res.RedisKeysAfter, _ = rdb.DBSize(ctx).Result()
 	if res.RedisUsedMBAfter, err = e.RedisUsedMB(ctx); err != nil {
-		return nil, err
+		return err
 	}
 	res.OutboxBytesAfter = outboxBytes(ctx, e)
 
@@ -511,7 +550,7 @@ func Bench(ctx context.Context, opts BenchOptions) (*BenchResult, error) {
 	if len(res.PGWaits) > 12 {
 		res.PGWaits = res.PGWaits[:12]
 	}
-	return res, nil
+	return nil
 }
 
 // pgSettings are the extra Postgres settings of a bench: those of the
@@ -631,6 +670,9 @@ func benchDefaults(o BenchOptions) BenchOptions {
 	orDefault(&o.Drain, DefaultBenchDrain)
 	orDefault(&o.ProgressEvery, time.Second)
 	orDefault(&o.ProfileSeconds, DefaultProfileSeconds)
+	if o.Transport == "" {
+		o.Transport = TransportHTTP
+	}
 	return o
 }
 
@@ -696,8 +738,12 @@ func samplePGWaits(ctx context.Context, e *env.Env, into map[string]int) int {
 
 // WriteText prints the result for people.
 func (r *BenchResult) WriteText(w io.Writer) {
-	fmt.Fprintf(w, "bench: %d senders, %d chats, %d messages (v2: HTTP POST to consumers → WebSocket frame at workers)\nservers: %s\n\n",
-		r.Senders, r.Chats, r.Messages, env.ServerMode(r.Durable))
+	how := "HTTP POST"
+	if r.Transport == TransportWS {
+		how = "WebSocket send frame"
+	}
+	fmt.Fprintf(w, "bench: %d senders, %d chats, %d messages (v2: %s to consumers → WebSocket frame at workers)\nservers: %s\n\n",
+		r.Senders, r.Chats, r.Messages, how, env.ServerMode(r.Durable))
 	fmt.Fprintf(w, "sent (201): %d   send errors: %d   lost: %d   shown twice: %d\n", r.Sent, r.SendErrors, r.Lost, r.DuplicatesShown)
 	if r.FirstSendError != "" {
 		fmt.Fprintf(w, "first send error: %s\n", r.FirstSendError)
