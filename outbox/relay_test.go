@@ -286,6 +286,18 @@ func TestListenConnectionKilled(t *testing.T) {
 	// Back on NOTIFY: every row enqueued from now on is published by a pass
 	// a notification started (the poll is an hour; the catch-up's pass has
 	// run, since it published "during" or found it gone).
+	// The publisher sees a row before the relay reports its pass, so the
+	// counts are read once they add up to the rows the recorder saw.
+	published := func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		n := 0
+		for _, c := range byTrigger {
+			n += c
+		}
+		return n
+	}
+	testenv.WaitFor(t, 2*time.Second, "the outage row's pass reported", func() bool { return published() >= 1 })
 	mu.Lock()
 	before := maps.Clone(byTrigger)
 	mu.Unlock()
@@ -294,6 +306,7 @@ func TestListenConnectionKilled(t *testing.T) {
 		enqueue(t, pool, w, ev(id))
 		testenv.WaitFor(t, 2*time.Second, "published "+id, func() bool { return rec.has(id) })
 	}
+	testenv.WaitFor(t, 2*time.Second, "the three rows' passes reported", func() bool { return published() >= 4 })
 	mu.Lock()
 	defer mu.Unlock()
 	if ups < 2 || downs < 1 {

@@ -86,6 +86,11 @@ func TestChatPageInBrowser(t *testing.T) {
 	}
 	open(consTab, cons.base, "alice")
 	open(workTab, "http://"+workersAddr, "bob")
+	// While its socket is up the page sends on it, not by HTTP: every
+	// send below is made with the tab's socket live, so none may POST.
+	for _, tab := range []context.Context{consTab, workTab} {
+		countPosts(t, tab)
+	}
 
 	// One message from each tab; each waits to be in both tabs before the
 	// next is sent, so both tabs must show them in that order.
@@ -112,6 +117,11 @@ func TestChatPageInBrowser(t *testing.T) {
 	want := []string{"consumers#1", "workers#1", "consumers#2", "consumers#3", "workers#2"}
 	waitMessages(t, workTab, want...)
 	waitMessages(t, consTab, want...)
+	for name, tab := range map[string]context.Context{"consumers tab": consTab, "workers tab": workTab} {
+		if n := eval[int](t, tab, `window.testPosts`); n != 0 {
+			t.Errorf("%s: %d sends went by HTTP POST with its socket live; want every one on the socket", name, n)
+		}
+	}
 
 	// Own messages turn from "✓ stored" to "✓✓ delivered <time>" when the
 	// other side's receipt comes back (live, over the WebSocket), and to
@@ -271,6 +281,21 @@ func sendFromPage(t *testing.T, tab context.Context, text string) {
 	if e := eval[string](t, tab, `document.getElementById("error").textContent`); e != "" {
 		t.Fatalf("send %q from the page: error %q", text, e)
 	}
+}
+
+// countPosts makes the page count its HTTP sends (window.testPosts: POSTs
+// to a chat's messages), the way a send goes when not on the socket. A reload resets it.
+func countPosts(t *testing.T, tab context.Context) {
+	t.Helper()
+	eval[bool](t, tab, `(() => {
+		window.testPosts = 0;
+		const f = window.fetch;
+		window.fetch = (url, init) => {
+			if (init && init.method === "POST" && String(url).endsWith("/messages")) window.testPosts++;
+			return f(url, init);
+		};
+		return true;
+	})()`)
 }
 
 // pageState describes the page for failure messages.

@@ -326,6 +326,22 @@ func TestEditAndDeleteReachTheOtherSide(t *testing.T) {
 	testenv.WaitFor(t, 20*time.Second, "the edit on workers", func() bool {
 		return h.Count(t, `SELECT count(*) FROM workers.inbox WHERE message_id = $1 AND version = 2 AND body = 'second words'`, m.ID) == 1
 	})
+	type changeFrame struct {
+		ID      string `json:"message_id"`
+		Version int64  `json:"version"`
+		Body    string `json:"body"`
+		Deleted bool   `json:"deleted"`
+	}
+	// A room is pushed a changed message as it is at the push, so the
+	// edit's frames are awaited before the delete can overtake them.
+	for _, w := range []*chattest.Watcher{wc, ww} {
+		testenv.WaitFor(t, 20*time.Second, "edit frames", func() bool { return len(w.Typed("edit")) >= 1 })
+		var f changeFrame
+		_ = json.Unmarshal(w.Typed("edit")[0], &f)
+		if f.ID != m.ID || f.Version != 2 || f.Body != "second words" || f.Deleted {
+			t.Fatalf("edit frame %s", w.Typed("edit")[0])
+		}
+	}
 	code, b = call(t, "DELETE", u, tok, "")
 	if code != http.StatusOK || !bytes.Contains(b, []byte(`"deleted":true`)) || !bytes.Contains(b, []byte(`"body":""`)) {
 		t.Fatalf("delete: %d %s", code, b)
@@ -337,19 +353,8 @@ func TestEditAndDeleteReachTheOtherSide(t *testing.T) {
 		return h.Count(t, `SELECT count(*) FROM workers.inbox WHERE message_id = $1 AND version = 3 AND deleted AND body = ''`, m.ID) == 1
 	})
 	for _, w := range []*chattest.Watcher{wc, ww} {
-		testenv.WaitFor(t, 20*time.Second, "edit and delete frames", func() bool {
-			return len(w.Typed("edit")) >= 1 && len(w.Typed("delete")) >= 1
-		})
-		var f struct {
-			ID      string `json:"message_id"`
-			Version int64  `json:"version"`
-			Body    string `json:"body"`
-			Deleted bool   `json:"deleted"`
-		}
-		_ = json.Unmarshal(w.Typed("edit")[0], &f)
-		if f.ID != m.ID || f.Version != 2 || f.Body != "second words" {
-			t.Fatalf("edit frame %s", w.Typed("edit")[0])
-		}
+		testenv.WaitFor(t, 20*time.Second, "delete frames", func() bool { return len(w.Typed("delete")) >= 1 })
+		var f changeFrame
 		_ = json.Unmarshal(w.Typed("delete")[0], &f)
 		if f.ID != m.ID || f.Version != 3 || f.Body != "" || !f.Deleted {
 			t.Fatalf("delete frame %s", w.Typed("delete")[0])
