@@ -5,7 +5,8 @@
 # connection-pooler tests) and promtool (from Debian's prometheus package:
 # the deploy/ rules test runs `promtool check rules` and `promtool test
 # rules`) and libfaketime (the clock-step test preloads it into a private
-# Postgres to step that server's wall clock); with --browser Chromium for the browser test. `make test` and
+# Postgres to step that server's wall clock) and nats-server (the NATS
+# JetStream broker's tests, natsq); with --browser Chromium for the browser test. `make test` and
 # `make deps` pass both flags. Debian/Ubuntu only (apt-get); elsewhere it
 # says what to install. It never starts or touches a system server: the
 # tests and the lab run private servers on free ports.
@@ -28,6 +29,7 @@ have_pg() {
 have_redis() { command -v redis-server >/dev/null 2>&1; }
 have_pgbouncer() { command -v pgbouncer >/dev/null 2>&1 || [ -x /usr/sbin/pgbouncer ]; }
 have_promtool() { command -v promtool >/dev/null 2>&1; }
+have_nats() { command -v nats-server >/dev/null 2>&1 || [ -x /usr/sbin/nats-server ]; }
 have_faketime() { ls /usr/lib/*/faketime/libfaketime.so.1 >/dev/null 2>&1; }
 have_chromium() { command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || command -v google-chrome >/dev/null 2>&1; }
 
@@ -38,6 +40,7 @@ if [ "$want_test" = 1 ]; then
   have_pgbouncer || pkgs+=(pgbouncer)
   have_promtool || pkgs+=(prometheus)
   have_faketime || pkgs+=(libfaketime)
+  have_nats || pkgs+=(nats-server)
 fi
 if [ "$want_browser" = 1 ] && ! have_chromium; then pkgs+=(chromium); fi
 [ ${#pkgs[@]} -eq 0 ] && exit 0

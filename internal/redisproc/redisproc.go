@@ -390,6 +390,10 @@ func (s *Server) Pause() error { return s.life.Signal(syscall.SIGSTOP) }
 // not running.
 func (s *Server) Resume() error { return s.life.Signal(syscall.SIGCONT) }
 
+// Start starts a stopped or killed server again on the same port and
+// directory (its AOF), and waits until it answers PING.
+func (s *Server) Start(ctx context.Context) error { return s.life.Start(ctx) }
+
 // Restart starts the server again on the same port and directory, so the AOF
 // is reloaded, and waits until it answers PING. A running server is stopped
 // first. Restart after Close fails.
