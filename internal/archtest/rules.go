@@ -37,6 +37,7 @@ type Interim struct {
 // Layer names.
 const (
 	library  = "library"
+	natsq    = "natsq"     // natsq: the NATS JetStream broker, a module of its own
 	testenv  = "testenv"   // internal/testenv: private servers for tests
 	vocab    = "chat"      // the app's vocabulary
 	tele     = "telemetry" // chat/telemetry: OpenTelemetry tracing, trace context in event headers
@@ -75,6 +76,9 @@ var app = []string{vocab, tele, schema, lease, auth, store, receive, gateway, st
 var Layers = map[string]Layer{
 	library: {May: []string{library}, TestMay: []string{testenv}, External: libraryModules},
 	testenv: {May: []string{library}, External: libraryModules},
+	// The second broker: the library's interfaces, and nats.go, which no
+	// other layer may import (the lean-module test checks the module graph).
+	natsq: {May: []string{library}, TestMay: []string{testenv}, External: append([]string{"github.com/nats-io/nats.go"}, libraryModules...)},
 
 	vocab: {May: []string{library}, TestMay: []string{testenv, chattest}},
 	// The library carries headers as a plain map; OpenTelemetry stays here.
@@ -109,6 +113,8 @@ var Places = []Place{
 	{"redisq/...", library},
 	{"inbox/...", library},
 	{"outboxtest/...", library},
+	{"brokertest/...", library},
+	{"natsq/...", natsq},
 	{"internal/...", library}, // service, notifier, pgproc, redisproc, pgbouncerproc, spawn, devca, …
 	{"internal/testenv/...", testenv},
 	{"internal/archtest", archtest},

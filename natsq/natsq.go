@@ -1,0 +1,306 @@
+// Package natsq is the outbox's second broker: a queue on NATS JetStream,
+// beside redisq's Redis Streams, with the same two adapters — OutboxPublisher
+// for the relay (outbox.Publisher) and InboxSource for the inbox
+// (inbox.Source) — and the same conformance suite (brokertest).
+//
+// The shape, per queue:
+//   - one stream, "<prefix><queue>", on subject "<prefix><queue>.events"
+//     (file storage, limits retention: every consumer group reads every
+//     event; Config.MaxAge and MaxBytes bound it);
+//   - a dead-letter stream, "<prefix><queue>_dead", on subject
+//     "<prefix><queue>.dead";
+//   - a durable pull consumer per group, named after the group, with
+//     explicit acks. Its AckWait is the lock duration: an event a consumer
+//     fetched and did not acknowledge within it is delivered again, to any
+//     consumer of the group (a crashed process's events go to the others).
+//
+// Publishes are deduplicated by the stream: each event carries its id (the
+// outbox's idempotency key) as Nats-Msg-Id, and the stream drops a second
+// publish of an id within its duplicate window (Config.Duplicates, default
+// 2 minutes, the NATS default). Past the window a re-publish is stored
+// again; the relay only re-publishes a row whose publish had an unknown
+// outcome, on its next pass (milliseconds to seconds later, or after a
+// relay restart), and the inbox drops a duplicate by its id in any case, so
+// a window shorter than a relay outage costs a duplicate delivery, never a
+// duplicate effect.
+//
+// Headers: the event name is carried as header Outbox-Event, and each of
+// outbox.Message.Headers as "Outbox-Header-<key>". Signatures (redisq's
+// Sign) are not carried: NATS has its own account and subject permissions
+// for who may publish into a stream.
+//
+// The module holds nats.go; the library module (outbox, inbox, redisq)
+// does not, so a Redis user never compiles NATS in.
+package natsq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Defaults of Config.
+const (
+	// DefaultDuplicates is the stream's duplicate window (NATS's own
+	// default): a publish of an id seen within it is dropped.
+	DefaultDuplicates = 2 * time.Minute
+	// DefaultLockDuration is a group consumer's AckWait, as redisq's
+	// DefaultLockDuration.
+	DefaultLockDuration = 30 * time.Second
+	// DefaultFetchWait is the longest Fetch waits for new events.
+	DefaultFetchWait = time.Second
+)
+
+// Header names natsq sets on every event.
+const (
+	HeaderEvent  = "Outbox-Event"
+	headerPrefix = "Outbox-Header-"
+	// HeaderReason and HeaderOrigin are set on a dead letter: why it was
+	// dead-lettered, and its sequence in the queue's stream.
+	HeaderReason = "Outbox-Dead-Reason"
+	HeaderOrigin = "Outbox-Dead-Stream-Seq"
+)
+
+// ErrInvalidConfig is wrapped by New's errors for a bad Config.
+var ErrInvalidConfig = errors.New("natsq: invalid config")
+
+// Config names a queue and tunes its streams. The zero values of the
+// durations and limits mean their defaults.
+type Config struct {
+	// Queue names the queue (required): letters, digits, '-' and '_'.
+	Queue string
+	// Prefix is prepended to the stream and subject names (default "";
+	// same character set as Queue).
+	Prefix string
+	// Duplicates is the duplicate window (default DefaultDuplicates).
+	Duplicates time.Duration
+	// MaxAge bounds how long the stream keeps an event, acknowledged or
+	// not (default 0: for ever, until MaxBytes).
+	MaxAge time.Duration
+	// MaxBytes bounds the stream's size; the oldest events go first
+	// (default 0: no bound).
+	MaxBytes int64
+	// Replicas is the streams' replica count (default 1; 3 on a
+	// three-node JetStream cluster).
+	Replicas int
+}
+
+// Queue is one queue's streams on a JetStream: what New made sure exists.
+// It is safe for concurrent use.
+type Queue struct {
+	nc                *nats.Conn
+	js                jetstream.JetStream
+	cfg               Config
+	stream, dead      string
+	subject, deadSubj string
+	stre, deadStream  jetstream.Stream
+}
+
+// Connect dials url for natsq: reconnecting for ever every 100 ms, and with
+// the reconnect buffer off, so that a publish while the server is away
+// fails at once (the relay keeps its rows and tries again) instead of
+// waiting in the client's memory. The caller closes the connection.
+func Connect(url string, opts ...nats.Option) (*nats.Conn, error) {
+	base := []nats.Option{nats.MaxReconnects(-1), nats.ReconnectWait(100 * time.Millisecond), nats.ReconnectBufSize(-1),
+		nats.Timeout(2 * time.Second)}
+	nc, err := nats.Connect(url, append(base, opts...)...)
+	if err != nil {
+		return nil, fmt.Errorf("natsq: connect: %w", err)
+	}
+	return nc, nil
+}
+
+// New makes sure the queue's stream and dead-letter stream exist (creating
+// or updating them to cfg) and returns the Queue. Errors wrap
+// ErrInvalidConfig, or are the server's.
+func New(ctx context.Context, nc *nats.Conn, cfg Config) (*Queue, error) {
+	if nc == nil || !validName(cfg.Queue) || (cfg.Prefix != "" && !validName(cfg.Prefix)) {
+		return nil, fmt.Errorf("natsq: need a connection and a queue name of letters, digits, - and _ (queue %q, prefix %q): %w", cfg.Queue, cfg.Prefix, ErrInvalidConfig)
+	}
+	if cfg.Duplicates <= 0 {
+		cfg.Duplicates = DefaultDuplicates
+	}
+	if cfg.Replicas <= 0 {
+		cfg.Replicas = 1
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, fmt.Errorf("natsq: %w", err)
+	}
+	name := cfg.Prefix + cfg.Queue
+	q := &Queue{nc: nc, js: js, cfg: cfg, stream: name, dead: name + "_dead", subject: name + ".events", deadSubj: name + ".dead"}
+	q.stre, err = js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{Name: q.stream, Subjects: []string{q.subject},
+		Storage: jetstream.FileStorage, Retention: jetstream.LimitsPolicy, Duplicates: cfg.Duplicates,
+		MaxAge: cfg.MaxAge, MaxBytes: orNoLimit(cfg.MaxBytes), Replicas: cfg.Replicas})
+	if err != nil {
+		return nil, fmt.Errorf("natsq: stream %s: %w", q.stream, err)
+	}
+	q.deadStream, err = js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{Name: q.dead, Subjects: []string{q.deadSubj},
+		Storage: jetstream.FileStorage, Retention: jetstream.LimitsPolicy, Duplicates: cfg.Duplicates, Replicas: cfg.Replicas})
+	if err != nil {
+		return nil, fmt.Errorf("natsq: stream %s: %w", q.dead, err)
+	}
+	return q, nil
+}
+
+func orNoLimit(n int64) int64 {
+	if n <= 0 {
+		return -1
+	}
+	return n
+}
+
+func validName(s string) bool {
+	if s == "" {
+		return false
+	}
+	for _, r := range s {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_') {
+			return false
+		}
+	}
+	return true
+}
+
+// Stream returns the queue's stream name; DeadStream its dead letters'.
+func (q *Queue) Stream() string     { return q.stream }
+func (q *Queue) DeadStream() string { return q.dead }
+
+// Event is one event to publish: ID is the idempotency key (Nats-Msg-Id).
+type Event struct {
+	ID, Name string
+	Payload  []byte
+	Headers  map[string]string
+}
+
+// ErrInvalidEvent is wrapped by the *EventError of an event that can never
+// be published: an empty id, or a message over the server's max payload.
+var ErrInvalidEvent = errors.New("natsq: invalid event")
+
+// EventError names the event of a batch that failed through its own fault;
+// every event before it was published, none after it was sent.
+type EventError struct {
+	Index int
+	Err   error
+}
+
+func (e *EventError) Error() string { return fmt.Sprintf("natsq: event %d: %v", e.Index, e.Err) }
+func (e *EventError) Unwrap() error { return e.Err }
+
+// Publish publishes evs in order and waits for the stream's acks (one
+// round trip for the batch: the publishes are pipelined). A duplicate
+// within the window is acked without being stored again. An event that can
+// never be published (EventError) is found before anything is sent. Any
+// other error (server away, no ack before ctx's deadline) leaves the batch
+// in an unknown state: publish it again, the ids keep it once.
+func (q *Queue) Publish(ctx context.Context, evs ...Event) error {
+	msgs := make([]*nats.Msg, len(evs))
+	max := q.nc.MaxPayload()
+	for i, e := range evs {
+		if e.ID == "" {
+			return &EventError{Index: i, Err: fmt.Errorf("empty id: %w", ErrInvalidEvent)}
+		}
+		m := nats.NewMsg(q.subject)
+		m.Data = e.Payload
+		m.Header.Set(HeaderEvent, e.Name)
+		for k, v := range e.Headers {
+			m.Header.Set(headerPrefix+k, v)
+		}
+		if size := int64(len(m.Data) + headerSize(m.Header) + len(e.ID) + 64); size > max {
+			return &EventError{Index: i, Err: fmt.Errorf("%d bytes over the server's max payload %d: %w", size, max, ErrInvalidEvent)}
+		}
+		msgs[i] = m
+	}
+	if !q.nc.IsConnected() {
+		// The reconnect buffer is off: a publish now would fail with
+		// "outbound buffer limit exceeded"; say what it is.
+		return fmt.Errorf("natsq: publish: not connected to the server (%v)", q.nc.Status())
+	}
+	futs := make([]jetstream.PubAckFuture, 0, len(msgs))
+	for i, m := range msgs {
+		f, err := q.js.PublishMsgAsync(m, jetstream.WithMsgID(evs[i].ID))
+		if err != nil {
+			return fmt.Errorf("natsq: publish: %w", err)
+		}
+		futs = append(futs, f)
+	}
+	for _, f := range futs {
+		select {
+		case <-f.Ok():
+		case err := <-f.Err():
+			return fmt.Errorf("natsq: publish: %w", err)
+		case <-ctx.Done():
+			return fmt.Errorf("natsq: publish: waiting for acks: %w", ctx.Err())
+		}
+	}
+	return nil
+}
+
+func headerSize(h nats.Header) int {
+	n := 0
+	for k, vs := range h {
+		for _, v := range vs {
+			n += len(k) + len(v) + 4
+		}
+	}
+	return n
+}
+
+// DeadLetter is an event in the dead-letter stream.
+type DeadLetter struct {
+	Event
+	// Reason is why it was dead-lettered; StreamSeq its sequence in the
+	// queue's stream; Seq its sequence in the dead-letter stream.
+	Reason         string
+	StreamSeq, Seq uint64
+	At             time.Time
+}
+
+// DeadLetters lists up to max dead letters from sequence after+1 on,
+// oldest first.
+func (q *Queue) DeadLetters(ctx context.Context, after uint64, max int) ([]DeadLetter, error) {
+	info, err := q.deadStream.Info(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("natsq: dead letters: %w", err)
+	}
+	var out []DeadLetter
+	for seq := max64(after+1, info.State.FirstSeq); seq <= info.State.LastSeq && len(out) < max; seq++ {
+		m, err := q.deadStream.GetMsg(ctx, seq)
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("natsq: dead letter %d: %w", seq, err)
+		}
+		dl := DeadLetter{Event: eventOf(m.Header, m.Data), Reason: m.Header.Get(HeaderReason), Seq: seq, At: m.Time}
+		fmt.Sscan(m.Header.Get(HeaderOrigin), &dl.StreamSeq)
+		out = append(out, dl)
+	}
+	return out, nil
+}
+
+func max64(a, b uint64) uint64 {
+	if a > b {
+		return a
+	}
+	return b
+}
+
+// eventOf reads an event back from a message's headers and data.
+func eventOf(h nats.Header, data []byte) Event {
+	e := Event{ID: h.Get(jetstream.MsgIDHeader), Name: h.Get(HeaderEvent), Payload: data}
+	for k, vs := range h {
+		if name, ok := strings.CutPrefix(k, headerPrefix); ok && len(vs) > 0 {
+			if e.Headers == nil {
+				e.Headers = map[string]string{}
+			}
+			e.Headers[name] = vs[0]
+		}
+	}
+	return e
+}
