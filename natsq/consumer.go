@@ -26,9 +26,12 @@ type ConsumerConfig struct {
 	// to any consumer of the group. Keep it above the longest time a batch
 	// takes to process.
 	LockDuration time.Duration
-	// MaxDeliver bounds the deliveries of one event (default 0: no bound).
-	// Past it JetStream stops delivering the event and publishes a
-	// MAX_DELIVERIES advisory; it stays in the stream, unacknowledged.
+	// MaxDeliver bounds the deliveries of one event (default 0: no
+	// bound): Fetch moves an event delivered more often than this (its
+	// consumers crashed or timed out on it each time) to the dead-letter
+	// stream, reason "delivered N times without an ack", instead of
+	// returning it. Fetch enforces it, not the server's own MaxDeliver,
+	// whose only signal is an advisory that nobody may be listening for.
 	MaxDeliver int
 	// FetchWait is the longest Fetch waits for a first event (default
 	// DefaultFetchWait).
@@ -57,13 +60,9 @@ func (q *Queue) NewConsumer(ctx context.Context, cfg ConsumerConfig) (*Consumer,
 	if cfg.FetchWait <= 0 {
 		cfg.FetchWait = DefaultFetchWait
 	}
-	maxDeliver := cfg.MaxDeliver
-	if maxDeliver <= 0 {
-		maxDeliver = -1
-	}
 	cons, err := q.js.CreateOrUpdateConsumer(ctx, q.stream, jetstream.ConsumerConfig{
 		Durable: cfg.Group, AckPolicy: jetstream.AckExplicitPolicy, AckWait: cfg.LockDuration,
-		MaxDeliver: maxDeliver, FilterSubject: q.subject, DeliverPolicy: jetstream.DeliverAllPolicy,
+		MaxDeliver: -1, FilterSubject: q.subject, DeliverPolicy: jetstream.DeliverAllPolicy,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("natsq: consumer %s on %s: %w", cfg.Group, q.stream, err)
@@ -120,6 +119,13 @@ func (c *Consumer) take(n int, wait time.Duration) ([]Delivery, error) {
 		d := Delivery{Event: eventOf(m.Headers(), m.Data()), Ref: m.Reply()}
 		if meta, err := m.Metadata(); err == nil {
 			d.StreamSeq, d.Delivered = meta.Sequence.Stream, meta.NumDelivered
+		}
+		if c.cfg.MaxDeliver > 0 && d.Delivered > uint64(c.cfg.MaxDeliver) {
+			reason := fmt.Sprintf("delivered %d times without an ack", d.Delivered-1)
+			if err := c.DeadLetter(context.Background(), d, reason); err != nil {
+				return out, err // it is delivered again after the lock duration
+			}
+			continue
 		}
 		out = append(out, d)
 	}

@@ -72,3 +72,45 @@ func TestConfigErrors(t *testing.T) {
 		}
 	}
 }
+
+// An event whose consumers never acknowledge it (a crash loop) is moved to
+// the dead-letter stream once it was delivered MaxDeliver times, and the
+// group goes on without it.
+func TestMaxDeliverDeadLetters(t *testing.T) {
+	_, nc := startNATS(t)
+	ctx := context.Background()
+	q, err := natsq.New(ctx, nc, natsq.Config{Queue: "loop"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := q.Publish(ctx, natsq.Event{ID: "crashes", Name: "e", Payload: []byte(`1`)}); err != nil {
+		t.Fatal(err)
+	}
+	const lock = 300 * time.Millisecond
+	c, err := q.NewConsumer(ctx, natsq.ConsumerConfig{Group: "g", LockDuration: lock, MaxDeliver: 2, FetchWait: 2 * lock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var delivered int
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
+		ds, err := c.Fetch(ctx, 10) // never acked: each is a crashed attempt
+		if err != nil {
+			t.Fatal(err)
+		}
+		delivered += len(ds)
+		if dls, err := q.DeadLetters(ctx, 0, 10); err != nil {
+			t.Fatal(err)
+		} else if len(dls) > 0 {
+			if len(dls) != 1 || dls[0].ID != "crashes" || dls[0].Reason != "delivered 2 times without an ack" || dls[0].StreamSeq != 1 {
+				t.Fatalf("dead letters %+v", dls)
+			}
+			break
+		}
+	}
+	if delivered != 2 {
+		t.Fatalf("handed out %d times before the dead letter, want MaxDeliver = 2", delivered)
+	}
+	if ds, err := c.Fetch(ctx, 10); err != nil || len(ds) != 0 {
+		t.Fatalf("after the dead letter: %+v, %v; want nothing", ds, err)
+	}
+}
