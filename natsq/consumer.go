@@ -173,11 +173,9 @@ func (c *Consumer) flush(ctx context.Context) error {
 // that another consumer settled d already (after its lock duration): then
 // the dead letter is a copy of an event that was also handled.
 func (c *Consumer) DeadLetter(ctx context.Context, d Delivery, reason string) error {
-	m := nats.NewMsg(c.q.deadSubj)
-	m.Data = d.Payload
-	m.Header.Set(HeaderEvent, d.Name)
-	for k, v := range d.Headers {
-		m.Header.Set(headerPrefix+k, v)
+	m := c.q.message(c.q.deadSubj, d.Event)
+	if d.ID != "" {
+		m.Header.Set(HeaderID, d.ID)
 	}
 	m.Header.Set(HeaderReason, reason)
 	m.Header.Set(HeaderOrigin, strconv.FormatUint(d.StreamSeq, 10))
@@ -198,7 +196,7 @@ func (c *Consumer) DeadLetter(ctx context.Context, d Delivery, reason string) er
 }
 
 // InboxSource adapts a Consumer to inbox.Source: inbox.Delivery.Ref is
-// Delivery.Ref, and ID, Name, Payload and Headers are the event's. A
+// Delivery.Ref, and ID, Name, Payload, Headers and Sig are the event's. A
 // delivery without a Nats-Msg-Id (not published by natsq) carries an Err
 // wrapping inbox.ErrMalformed, which the inbox dead-letters. DeadLetter
 // never returns inbox.ErrSettled (see Consumer.DeadLetter). It adds no
@@ -211,7 +209,7 @@ func (s inboxSource) Fetch(ctx context.Context, max int) ([]inbox.Delivery, erro
 	ds, err := s.c.Fetch(ctx, max)
 	out := make([]inbox.Delivery, len(ds))
 	for i, d := range ds {
-		out[i] = inbox.Delivery{Ref: d.Ref, ID: d.ID, Name: d.Name, Payload: d.Payload, Headers: d.Headers}
+		out[i] = inbox.Delivery{Ref: d.Ref, ID: d.ID, Name: d.Name, Payload: d.Payload, Headers: d.Headers, Sig: d.Sig}
 		if d.ID == "" {
 			out[i].Err = fmt.Errorf("natsq: event at stream seq %d has no %s: %w", d.StreamSeq, jetstream.MsgIDHeader, inbox.ErrMalformed)
 		}
@@ -222,7 +220,7 @@ func (s inboxSource) Fetch(ctx context.Context, max int) ([]inbox.Delivery, erro
 func (s inboxSource) Ack(ctx context.Context, refs ...string) error { return s.c.Ack(ctx, refs...) }
 
 func (s inboxSource) DeadLetter(ctx context.Context, d inbox.Delivery, reason string) error {
-	return s.c.DeadLetter(ctx, Delivery{Event: Event{ID: d.ID, Name: d.Name, Payload: d.Payload, Headers: d.Headers}, Ref: d.Ref}, reason)
+	return s.c.DeadLetter(ctx, Delivery{Event: Event{ID: d.ID, Name: d.Name, Payload: d.Payload, Headers: d.Headers, Sig: d.Sig}, Ref: d.Ref}, reason)
 }
 
 // OutboxPublisher adapts a Queue to outbox.Publisher, so that an

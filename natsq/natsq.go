@@ -24,19 +24,26 @@
 // a window shorter than a relay outage costs a duplicate delivery, never a
 // duplicate effect.
 //
-// Headers: the event name is carried as header Outbox-Event, and each of
-// outbox.Message.Headers as "Outbox-Header-<key>". Signatures (redisq's
-// Sign) are not carried: NATS has its own account and subject permissions
-// for who may publish into a stream.
+// Headers: the event name is carried as header Outbox-Event, each of
+// outbox.Message.Headers as "Outbox-Header-<key>", and a signature
+// (Config.Sign) as Outbox-Sig, which InboxSource hands the inbox as
+// inbox.Delivery.Sig (NATS's own account and subject permissions say who
+// may publish into a stream; a signature says who wrote the event).
+//
+// Republish is the re-drive's publish: it stores the events again whatever
+// the duplicate window says (each under a fresh Nats-Msg-Id, the event id
+// in header Outbox-Id, which a consumer reads as the id).
 //
 // The module holds nats.go; the library module (outbox, inbox, redisq)
 // does not, so a Redis user never compiles NATS in.
 package natsq
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -60,6 +67,11 @@ const (
 const (
 	HeaderEvent  = "Outbox-Event"
 	headerPrefix = "Outbox-Header-"
+	// HeaderSig carries the event's signature (Config.Sign).
+	HeaderSig = "Outbox-Sig"
+	// HeaderID carries the event id of a Republish, whose Nats-Msg-Id is
+	// a fresh one; a consumer takes it over Nats-Msg-Id.
+	HeaderID = "Outbox-Id"
 	// HeaderReason and HeaderOrigin are set on a dead letter: why it was
 	// dead-lettered, and its sequence in the queue's stream.
 	HeaderReason = "Outbox-Dead-Reason"
@@ -88,6 +100,10 @@ type Config struct {
 	// Replicas is the streams' replica count (default 1; 3 on a
 	// three-node JetStream cluster).
 	Replicas int
+	// Sign, when set, signs every published event whose Sig is empty: its
+	// result goes in header HeaderSig. It must be safe for concurrent use.
+	// Default nil: events carry the Sig they were given, if any.
+	Sign func(Event) string
 }
 
 // Queue is one queue's streams on a JetStream: what New made sure exists.
@@ -171,11 +187,13 @@ func validName(s string) bool {
 func (q *Queue) Stream() string     { return q.stream }
 func (q *Queue) DeadStream() string { return q.dead }
 
-// Event is one event to publish: ID is the idempotency key (Nats-Msg-Id).
+// Event is one event to publish: ID is the idempotency key (Nats-Msg-Id);
+// Sig its signature, "" for none (Config.Sign fills it).
 type Event struct {
 	ID, Name string
 	Payload  []byte
 	Headers  map[string]string
+	Sig      string
 }
 
 // ErrInvalidEvent is wrapped by the *EventError of an event that can never
@@ -197,21 +215,45 @@ func (e *EventError) Unwrap() error { return e.Err }
 // within the window is acked without being stored again. An event that can
 // never be published (EventError) is found before anything is sent. Any
 // other error (server away, no ack before ctx's deadline) leaves the batch
-// in an unknown state: publish it again, the ids keep it once.
+// in an unknown state: publish it again, the ids keep it once. Safe for
+// concurrent use.
 func (q *Queue) Publish(ctx context.Context, evs ...Event) error {
+	return q.publish(ctx, evs, "")
+}
+
+// Republish publishes evs again whatever the duplicate window says: the
+// re-drive's publish, for events whose first copy may be gone from the
+// stream (its MaxAge or MaxBytes took it, the stream was purged, a
+// consumer's ack was recorded for a copy the inbox never committed). Each
+// event gets a fresh Nats-Msg-Id, "<id>.r<unix nanos>-<index>", so within
+// one call a resend of the batch adds nothing again, and its id in header
+// HeaderID, which consumers read as the event's id: every call stores a
+// new copy, and the inbox drops the ones it has. Errors as Publish's. Safe
+// for concurrent use.
+func (q *Queue) Republish(ctx context.Context, evs ...Event) error {
+	return q.publish(ctx, evs, ".r"+strconv.FormatInt(time.Now().UnixNano(), 10)+"-")
+}
+
+// publish is Publish, or Republish when redo (the fresh ids' suffix
+// before the index) is set.
+func (q *Queue) publish(ctx context.Context, evs []Event, redo string) error {
 	msgs := make([]*nats.Msg, len(evs))
+	ids := make([]string, len(evs))
 	max := q.nc.MaxPayload()
 	for i, e := range evs {
 		if e.ID == "" {
 			return &EventError{Index: i, Err: fmt.Errorf("empty id: %w", ErrInvalidEvent)}
 		}
-		m := nats.NewMsg(q.subject)
-		m.Data = e.Payload
-		m.Header.Set(HeaderEvent, e.Name)
-		for k, v := range e.Headers {
-			m.Header.Set(headerPrefix+k, v)
+		if e.Sig == "" && q.cfg.Sign != nil {
+			e.Sig = q.cfg.Sign(e)
 		}
-		if size := int64(len(m.Data) + headerSize(m.Header) + len(e.ID) + 64); size > max {
+		m := q.message(q.subject, e)
+		ids[i] = e.ID
+		if redo != "" {
+			m.Header.Set(HeaderID, e.ID)
+			ids[i] = e.ID + redo + strconv.Itoa(i)
+		}
+		if size := int64(len(m.Data) + headerSize(m.Header) + len(ids[i]) + 64); size > max {
 			return &EventError{Index: i, Err: fmt.Errorf("%d bytes over the server's max payload %d: %w", size, max, ErrInvalidEvent)}
 		}
 		msgs[i] = m
@@ -223,7 +265,7 @@ func (q *Queue) Publish(ctx context.Context, evs ...Event) error {
 	}
 	futs := make([]jetstream.PubAckFuture, 0, len(msgs))
 	for i, m := range msgs {
-		f, err := q.js.PublishMsgAsync(m, jetstream.WithMsgID(evs[i].ID))
+		f, err := q.js.PublishMsgAsync(m, jetstream.WithMsgID(ids[i]))
 		if err != nil {
 			return fmt.Errorf("natsq: publish: %w", err)
 		}
@@ -239,6 +281,21 @@ func (q *Queue) Publish(ctx context.Context, evs ...Event) error {
 		}
 	}
 	return nil
+}
+
+// message is e as a message on subject, its name, headers and signature
+// in headers (not its id: the caller sets Nats-Msg-Id).
+func (q *Queue) message(subject string, e Event) *nats.Msg {
+	m := nats.NewMsg(subject)
+	m.Data = e.Payload
+	m.Header.Set(HeaderEvent, e.Name)
+	for k, v := range e.Headers {
+		m.Header.Set(headerPrefix+k, v)
+	}
+	if e.Sig != "" {
+		m.Header.Set(HeaderSig, e.Sig)
+	}
+	return m
 }
 
 func headerSize(h nats.Header) int {
@@ -292,8 +349,10 @@ func max64(a, b uint64) uint64 {
 }
 
 // eventOf reads an event back from a message's headers and data.
+// The id is HeaderID's when set (a Republish), else Nats-Msg-Id.
 func eventOf(h nats.Header, data []byte) Event {
-	e := Event{ID: h.Get(jetstream.MsgIDHeader), Name: h.Get(HeaderEvent), Payload: data}
+	e := Event{ID: cmp.Or(h.Get(HeaderID), h.Get(jetstream.MsgIDHeader)), Name: h.Get(HeaderEvent), Payload: data,
+		Sig: h.Get(HeaderSig)}
 	for k, vs := range h {
 		if name, ok := strings.CutPrefix(k, headerPrefix); ok && len(vs) > 0 {
 			if e.Headers == nil {

@@ -114,3 +114,76 @@ func TestMaxDeliverDeadLetters(t *testing.T) {
 		t.Fatalf("after the dead letter: %+v, %v; want nothing", ds, err)
 	}
 }
+
+// Republish stores events again inside the duplicate window, where a
+// Publish of the same ids adds nothing; consumers see the event's own id
+// on every copy, so the inbox drops the copies it has.
+func TestRepublishPastTheDuplicateWindow(t *testing.T) {
+	_, nc := startNATS(t)
+	ctx := context.Background()
+	q, err := natsq.New(ctx, nc, natsq.Config{Queue: "redo"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev := natsq.Event{ID: "m1", Name: "e", Payload: []byte(`1`)}
+	for range 2 {
+		if err := q.Publish(ctx, ev); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := q.Republish(ctx, ev); err != nil {
+		t.Fatal(err)
+	}
+	c, err := q.NewConsumer(ctx, natsq.ConsumerConfig{Group: "g", FetchWait: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ds, err := c.Fetch(ctx, 10)
+	if err != nil || len(ds) != 2 {
+		t.Fatalf("fetched %+v, %v; want the first publish and the republish", ds, err)
+	}
+	for _, d := range ds {
+		if d.ID != "m1" {
+			t.Errorf("copy at stream seq %d has id %q, want m1", d.StreamSeq, d.ID)
+		}
+	}
+}
+
+// Config.Sign's signature travels with the event to the inbox's
+// Delivery.Sig, on a publish, a republish and a dead letter alike.
+func TestSignatureCarried(t *testing.T) {
+	_, nc := startNATS(t)
+	ctx := context.Background()
+	sign := func(e natsq.Event) string { return "sig:" + e.ID + ":" + string(e.Payload) }
+	q, err := natsq.New(ctx, nc, natsq.Config{Queue: "signed", Sign: sign})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := q.Publish(ctx, natsq.Event{ID: "a", Name: "e", Payload: []byte(`1`)}); err != nil {
+		t.Fatal(err)
+	}
+	if err := q.Republish(ctx, natsq.Event{ID: "b", Name: "e", Payload: []byte(`2`)}); err != nil {
+		t.Fatal(err)
+	}
+	c, err := q.NewConsumer(ctx, natsq.ConsumerConfig{Group: "g", FetchWait: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := natsq.InboxSource(c)
+	ds, err := src.Fetch(ctx, 10)
+	if err != nil || len(ds) != 2 {
+		t.Fatalf("fetched %+v, %v", ds, err)
+	}
+	for _, d := range ds {
+		if want := "sig:" + d.ID + ":" + string(d.Payload); d.Sig != want {
+			t.Errorf("%s: sig %q, want %q", d.ID, d.Sig, want)
+		}
+	}
+	if err := src.DeadLetter(ctx, ds[1], "test"); err != nil {
+		t.Fatal(err)
+	}
+	dls, err := q.DeadLetters(ctx, 0, 10)
+	if err != nil || len(dls) != 1 || dls[0].ID != "b" || dls[0].Sig != "sig:b:2" {
+		t.Fatalf("dead letters %+v, %v; want b with its signature", dls, err)
+	}
+}
