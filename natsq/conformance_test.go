@@ -12,6 +12,7 @@ import (
 	"github.com/outboxchat/outboxchat/brokertest"
 	"github.com/outboxchat/outboxchat/inbox"
 	"github.com/outboxchat/outboxchat/internal/natsproc"
+	"github.com/outboxchat/outboxchat/internal/testenv"
 	"github.com/outboxchat/outboxchat/natsq"
 )
 
@@ -19,16 +20,7 @@ import (
 // natsq connection to it.
 func startNATS(t *testing.T) (*natsproc.Server, *nats.Conn) {
 	t.Helper()
-	if err := natsproc.Available(); err != nil {
-		t.Fatalf("%v (scripts/install-deps.sh --test installs nats-server)", err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	srv, err := natsproc.Start(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = srv.Close() })
+	srv := testenv.PrivateNATS(t)
 	nc, err := natsq.Connect(srv.URL())
 	if err != nil {
 		t.Fatal(err)

@@ -171,9 +171,9 @@ func (p *process) buildHTTP(api *httpapi.API) error {
 	return nil
 }
 
-// readyz answers GET /readyz: 503 while stopping, or when the database or
-// (for the roles that need it) Redis cannot be reached, saying which and
-// why; 200 {"status": "ready"} otherwise. A Redis that is up but not
+// readyz answers GET /readyz: 503 while stopping, or when the database,
+// (for the roles that need it) Redis, or the NATS server of a queue on
+// JetStream (Config.BrokerURL) cannot be reached, saying which and why; 200 {"status": "ready"} otherwise. A Redis that is up but not
 // durable keeps the process ready (it works; restarting it would not
 // help) and is named: "redis_durable": false and a "warnings" list.
 func (p *process) readyz(stopping *atomic.Bool) http.HandlerFunc {
@@ -198,6 +198,13 @@ func (p *process) readyz(stopping *atomic.Bool) http.HandlerFunc {
 				})
 				return
 			}
+		}
+		// The queue on NATS: the relay and the worker wait for it.
+		if p.nc != nil && !p.nc.IsConnected() {
+			httpapi.WriteJSON(w, http.StatusServiceUnavailable, map[string]string{
+				"status": "broker unavailable", "roles": strings.Join(p.cfg.brokerRoles(), ","), "error": "nats: " + p.nc.Status().String(),
+			})
+			return
 		}
 		body := map[string]any{"status": "ready"}
 		if p.m.durability != nil {

@@ -61,6 +61,21 @@ type Config struct {
 	// RedisURL is the Redis URL. Required for the relay and worker roles
 	// and for ModeDualWrite.
 	RedisURL string
+	// BrokerURL, when set, puts the queue between the services on NATS
+	// JetStream (natsq) instead of Redis Streams: "nats://host:4222" (or
+	// "tls://…"; a comma-separated list for a cluster's seeds). The relay
+	// publishes into the stream "<prefix>_<service>-to-<peer>[_p<n>]" (the
+	// prefix is RedisPrefix with ':' as '_') and the worker consumes its
+	// peer's in a durable consumer named after the service. Redis stays
+	// for what is not the queue: the seq fence's high-water marks, worker
+	// presence, the live hub (typing, revoked tokens, rate limits); so
+	// RedisURL is required all the same. Default "": Redis Streams on
+	// RedisURL. Not with ModeDualWrite, whose adds are Redis's.
+	BrokerURL string
+	// BrokerReplicas is the replica count of the JetStream streams
+	// (natsq.Config.Replicas): 3 on a three-node cluster. Default 0
+	// means 1. Ignored without BrokerURL.
+	BrokerReplicas int
 	// RedisPrefix prefixes every Redis key (several deployments on one
 	// Redis). Default chat.DefaultRedisPrefix.
 	RedisPrefix string
@@ -310,6 +325,12 @@ func (c *Config) validate() error {
 	}
 	if c.Mode == ModeDualWrite && c.Partitions > 1 {
 		return errors.New("serve: the v1 dual write has one lane: --partitions must be 1")
+	}
+	if c.BrokerURL != "" && !isNATS(c.BrokerURL) {
+		return fmt.Errorf("serve: --broker-url %q: want nats://host:port or tls://host:port (\"\" for Redis Streams)", redactURL(c.BrokerURL))
+	}
+	if c.BrokerURL != "" && c.Mode == ModeDualWrite {
+		return errors.New("serve: the v1 dual write adds to Redis Streams: --broker-url needs --mode v2")
 	}
 	return nil
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/outboxchat/outboxchat/chat/receive"
 	"github.com/outboxchat/outboxchat/inbox"
 	"github.com/outboxchat/outboxchat/internal/service"
+	"github.com/outboxchat/outboxchat/natsq"
 	"github.com/outboxchat/outboxchat/outbox"
 	"github.com/outboxchat/outboxchat/redisq"
 )
@@ -93,16 +94,23 @@ func (p *process) buildWorker() error {
 		})
 	}
 	for part := range c.Partitions {
-		qc, err := redisq.NewConsumer(p.rdb, &redisq.ConsumerConfig{
-			Queue: chat.PartitionQueue(chat.Peer(c.Service), part), Prefix: c.RedisPrefix, Group: c.Service,
-			Consumer: c.Worker.ConsumerName, LockDuration: c.LockDuration, Logger: p.log, DeadLetterMax: c.Worker.DeadLetterMax,
-			OnEvent: onQueue,
-		})
-		if err != nil {
-			return err
+		var src inbox.Source
+		if p.nc != nil {
+			if src, err = p.natsSource(part); err != nil {
+				return err
+			}
+		} else {
+			qc, err := redisq.NewConsumer(p.rdb, &redisq.ConsumerConfig{
+				Queue: chat.PartitionQueue(chat.Peer(c.Service), part), Prefix: c.RedisPrefix, Group: c.Service,
+				Consumer: c.Worker.ConsumerName, LockDuration: c.LockDuration, Logger: p.log, DeadLetterMax: c.Worker.DeadLetterMax,
+				OnEvent: onQueue,
+			})
+			if err != nil {
+				return err
+			}
+			deleted = append(deleted, qc.DeletedPending)
+			src = redisq.InboxSource(qc)
 		}
-		deleted = append(deleted, qc.DeletedPending)
-		var src inbox.Source = redisq.InboxSource(qc)
 		ph := h.ForPartition(part)
 		var handler inbox.Handler = ph
 		if c.Hooks != nil {
@@ -176,13 +184,17 @@ func (p *process) buildWorker() error {
 // writer's).
 func (p *process) publisherConfig(part int) *redisq.PublisherConfig {
 	c := p.cfg
-	pc := &redisq.PublisherConfig{Queue: chat.PartitionQueue(c.Service, part), Prefix: c.RedisPrefix, Logger: p.log,
-		ReplicaAcks: c.RedisReplicaAcks}
-	if p.keys != nil {
-		// One key per direction, whatever the partition.
-		pc.Sign = p.keys.Signer(chat.QueueName(c.Service))
+	return &redisq.PublisherConfig{Queue: chat.PartitionQueue(c.Service, part), Prefix: c.RedisPrefix, Logger: p.log,
+		ReplicaAcks: c.RedisReplicaAcks, Sign: p.signer()}
+}
+
+// signer signs this service's outbound events (nil without event keys):
+// one key per direction, whatever the partition or the broker.
+func (p *process) signer() func(redisq.Job) string {
+	if p.keys == nil {
+		return nil
 	}
-	return pc
+	return p.keys.Signer(chat.QueueName(p.cfg.Service))
 }
 
 // buildRelay builds the relay role: the outbox relay of each partition,
@@ -194,7 +206,6 @@ func (p *process) buildRelay() error {
 	onRelay := p.m.relayEvents(p.log)
 	relays := make([]*outbox.Relay, c.Partitions)
 	pubs := make([]receive.Republisher, c.Partitions)
-	var pub0 *redisq.Publisher
 	// With partitions, the passes of this process's relays share their
 	// transactions (outbox.RelayGroup): one send group wakes the relays
 	// of several partitions at once, and their passes then claim, publish
@@ -214,15 +225,21 @@ func (p *process) buildRelay() error {
 		})
 	}
 	for part := range c.Partitions {
-		pub, err := redisq.NewPublisher(p.rdb, p.publisherConfig(part))
-		if err != nil {
-			return err
+		var op outbox.Publisher
+		if p.nc != nil {
+			q, err := p.natsQueue(c.Service, part, p.signer())
+			if err != nil {
+				return err
+			}
+			op, pubs[part] = natsq.OutboxPublisher(q), natsRepublisher{q}
+		} else {
+			pub, err := redisq.NewPublisher(p.rdb, p.publisherConfig(part))
+			if err != nil {
+				return err
+			}
+			op, pubs[part] = redisq.OutboxPublisher(pub), pub
 		}
-		if part == 0 {
-			pub0 = pub
-		}
-		pubs[part] = pub
-		op := p.fence.Publisher(redisq.OutboxPublisher(pub))
+		op = p.fence.Publisher(op)
 		if c.Hooks != nil {
 			op = c.Hooks.Publisher(op)
 		}
@@ -233,6 +250,7 @@ func (p *process) buildRelay() error {
 		if c.Partitions > 1 {
 			rlog = rlog.With("partition", part)
 		}
+		var err error
 		relays[part], err = outbox.NewRelay(p.pool, &outbox.RelayConfig{
 			Table: chat.OutboxTable(c.Service, part), Channel: chat.PartitionOutboxChannel(c.Service, part), Publisher: op,
 			PollInterval: c.Relay.PollInterval, DisableListen: c.Relay.PollOnly, Logger: rlog,
@@ -280,7 +298,7 @@ func (p *process) buildRelay() error {
 		if c.Partitions > 1 {
 			rcfg.Partitions = pubs
 		}
-		rd, err := receive.NewRedriver(p.pool, c.Service, pub0, rcfg)
+		rd, err := receive.NewRedriver(p.pool, c.Service, pubs[0], rcfg)
 		if err != nil {
 			return err
 		}

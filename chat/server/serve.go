@@ -14,6 +14,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
@@ -74,6 +75,12 @@ func Serve(ctx context.Context, cfg Config) error {
 		}
 		defer p.rdb.Close()
 	}
+	if c.BrokerURL != "" && (c.has(RoleRelay) || c.has(RoleWorker)) {
+		if err := p.connectNATS(); err != nil {
+			return err
+		}
+		defer p.nc.Close()
+	}
 	pool, err := p.connectPostgres(ctx)
 	if err != nil {
 		return err
@@ -128,6 +135,9 @@ type process struct {
 	log  *slog.Logger
 	pool *pgxpool.Pool
 	rdb  redis.UniversalClient
+	// nc is the NATS connection when the queue is on JetStream
+	// (Config.BrokerURL; nil otherwise).
+	nc   *nats.Conn
 	reg  *prometheus.Registry
 	m    *metrics
 	keys *auth.EventKeys

@@ -37,6 +37,8 @@ func runServe(ctx context.Context, args []string, _, stderr io.Writer) error {
 	dbURL := fs.String("database-url", os.Getenv("DATABASE_URL"), fmt.Sprintf("Postgres URL of the service's role (default $DATABASE_URL); pgxpool parameters in it are honoured: pool_max_conns=N sets the pool size (default %d: group committer 1 + slow lanes up to 4 + history and gateway reads for the api role, 1 per relay pass, 1 per inbox batch; LISTEN connections are extra)", schema.DefaultPoolMaxConns))
 	listenURL := fs.String("listen-database-url", os.Getenv("LISTEN_DATABASE_URL"), "Postgres URL of the process's one LISTEN connection (relay and gateway wake-ups), direct or through a session-mode pooler, for when --database-url goes through a transaction-mode pooler such as PgBouncer (default $LISTEN_DATABASE_URL, else --database-url)")
 	redisURL := fs.String("redis-url", os.Getenv("REDIS_URL"), "Redis URL (default $REDIS_URL)")
+	brokerURL := fs.String("broker-url", os.Getenv("BROKER_URL"), "the queue between the services on NATS JetStream: nats://host:4222 (a comma-separated list for a cluster); Redis (--redis-url) stays for the seq fence, presence, typing and token revocation (default $BROKER_URL, else \"\": Redis Streams on --redis-url)")
+	brokerReplicas := fs.Int("broker-replicas", 1, "with --broker-url: replicas of each JetStream stream (3 on a three-node cluster)")
 	sendLock := fs.Duration("send-lock-timeout", store.DefaultSendLockTimeout, "how long a send waits for its chat's lock (held by another session) before it answers 503, storing nothing")
 	readTimeout := fs.Duration("read-timeout", store.DefaultReadTimeout, "bound on each history read (then 503)")
 	httpAddr := fs.String("http", "", "HTTP listen address (default 127.0.0.1:8080 consumers, 127.0.0.1:8081 workers)")
@@ -118,7 +120,7 @@ func runServe(ctx context.Context, args []string, _, stderr io.Writer) error {
 	}()
 	return server.Serve(ctx, server.Config{
 		Service: *service, Roles: r, Mode: *mode, DatabaseURL: *dbURL, ListenDatabaseURL: *listenURL,
-		RedisURL: *redisURL, RedisPrefix: *prefix, RedisReplicaAcks: *replicaAcks, LockDuration: *lock, Partitions: *partitions, EventKeyFile: *auth.eventKeys,
+		RedisURL: *redisURL, BrokerURL: *brokerURL, BrokerReplicas: *brokerReplicas, RedisPrefix: *prefix, RedisReplicaAcks: *replicaAcks, LockDuration: *lock, Partitions: *partitions, EventKeyFile: *auth.eventKeys,
 		Hooks: hooks, Logger: log, TracerProvider: tracer,
 		API: server.APIConfig{
 			HTTPAddr: *httpAddr, Wake: wm, MaxBodyBytes: *maxBody, SendLockTimeout: *sendLock, ReadTimeout: *readTimeout,

@@ -29,6 +29,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
 
+	"github.com/outboxchat/outboxchat/internal/natsproc"
 	"github.com/outboxchat/outboxchat/internal/pgproc"
 	"github.com/outboxchat/outboxchat/internal/redisproc"
 	"github.com/outboxchat/outboxchat/outboxtest"
@@ -154,6 +155,30 @@ func PrivateRedis(t testing.TB) *redisproc.Server {
 	t.Cleanup(func() {
 		if err := s.Close(); err != nil {
 			t.Errorf("testenv: close private redis: %v", err)
+		}
+	})
+	return s
+}
+
+// PrivateNATS starts a dedicated nats-server with JetStream (natsproc
+// defaults: temp dir, free port) for this test alone, closed and its dir
+// removed at t.Cleanup. The test fails (t.Fatal) when no nats-server is
+// installed (scripts/install-deps.sh --test installs it) or it cannot
+// start. It does not need Main.
+func PrivateNATS(t testing.TB) *natsproc.Server {
+	t.Helper()
+	if err := natsproc.Available(); err != nil {
+		t.Fatalf("testenv: %v (scripts/install-deps.sh --test installs nats-server)", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
+	defer cancel()
+	s, err := natsproc.Start(ctx, &natsproc.Options{Logger: logger})
+	if err != nil {
+		t.Fatalf("testenv: start private nats-server: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := s.Close(); err != nil {
+			t.Errorf("testenv: close private nats-server: %v", err)
 		}
 	})
 	return s

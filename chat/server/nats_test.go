@@ -1,0 +1,167 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/outboxchat/outboxchat/chat"
+	"github.com/outboxchat/outboxchat/chat/internal/chattest"
+	"github.com/outboxchat/outboxchat/internal/testenv"
+	"github.com/outboxchat/outboxchat/natsq"
+)
+
+// onNATS puts the queue of a service started with it on url's JetStream,
+// its events signed with keysFile's keys.
+func onNATS(url, keysFile string, more ...func(*Config)) func(*Config) {
+	return func(c *Config) {
+		c.BrokerURL, c.EventKeyFile = url, keysFile
+		for _, f := range more {
+			f(c)
+		}
+	}
+}
+
+// The chat with its queue on NATS JetStream: each side's messages reach
+// the other's sockets once each, in seq order, signed and checked, and the
+// receipts come back through it. The NATS server stopped: sends still
+// answer 201 and wait in the outbox, /readyz names the broker; when it is
+// back, every message is delivered, none twice, in order.
+func TestChatOnNATS(t *testing.T) {
+	t.Parallel()
+	ns := testenv.PrivateNATS(t)
+	keys := writeEventKeys(t, "consumers-to-workers "+hexKey(1), "workers-to-consumers "+hexKey(2))
+	h := newHarness(t, "")
+	cons, work := h.start(chat.Consumers, onNATS(ns.URL(), keys)), h.start(chat.Workers, onNATS(ns.URL(), keys))
+	wWork := chattest.Watch(t, work.base, 7)
+	wCons := chattest.Watch(t, cons.base, 7)
+	for i := 1; i <= 5; i++ {
+		chattest.Send(t, cons.base, 7, fmt.Sprintf("from consumers %d", i))
+		chattest.Send(t, work.base, 7, fmt.Sprintf("from workers %d", i))
+	}
+	wWork.WaitSeqs(t, chat.Consumers, 5, 10*time.Second)
+	wCons.WaitSeqs(t, chat.Workers, 5, 10*time.Second)
+	testenv.WaitFor(t, 15*time.Second, "a receipt up to seq 5 on the sender's socket", func() bool {
+		return wCons.LastReceipt(chat.Consumers).UptoSeq == 5
+	})
+	// The events went through JetStream, not Redis: the streams hold them.
+	js, err := jetstream.New(natsConn(t, ns.URL()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := js.Stream(context.Background(), natsName(h.Prefix)+"consumers-to-workers")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := info.CachedInfo().State.Msgs; n < 5 {
+		t.Fatalf("the consumers-to-workers stream holds %d events, want the 5 messages at least", n)
+	}
+
+	if err := ns.Stop(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, 10*time.Second, "/readyz to name the broker", func() bool {
+		code, body := getStatus(t, cons.base+"/readyz")
+		return code == http.StatusServiceUnavailable && strings.Contains(body, "broker unavailable") && strings.Contains(body, "relay,worker")
+	})
+	for i := 6; i <= 10; i++ {
+		chattest.Send(t, cons.base, 7, fmt.Sprint("during outage ", i))
+	}
+	if n := h.Count(t, `SELECT count(*) FROM consumers.outbox`); n < 5 {
+		t.Fatalf("%d outbox rows while NATS is down, want the 5 sends waiting", n)
+	}
+	if err := ns.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	got := wWork.WaitSeqs(t, chat.Consumers, 10, 30*time.Second)
+	for i, m := range got {
+		if m.Seq != int64(i+1) {
+			t.Fatalf("frame %d has seq %d: out of order or twice", i, m.Seq)
+		}
+	}
+	testenv.WaitFor(t, 10*time.Second, "outbox drained and /readyz ready", func() bool {
+		code, _ := getStatus(t, cons.base+"/readyz")
+		return code == http.StatusOK && h.Count(t, `SELECT count(*) FROM consumers.outbox`) == 0
+	})
+	if n := h.Count(t, `SELECT count(*) FROM workers.inbox WHERE chat_id = 7`); n != 10 {
+		t.Fatalf("workers.inbox has %d rows, want 10", n)
+	}
+}
+
+// The stream on NATS is purged after the relay published (its events lost
+// before the worker read them): the re-drive publishes them again inside
+// the duplicate window, and the receiver shows each once.
+func TestRedriveHealsAPurgedNATSStream(t *testing.T) {
+	t.Parallel()
+	ns := testenv.PrivateNATS(t)
+	h := newHarness(t, "")
+	fast := func(c *Config) { c.LockDuration = time.Second } // re-drive after 2 s
+	cons := h.start(chat.Consumers, onNATS(ns.URL(), "", fast))
+	work := h.start(chat.Workers, onNATS(ns.URL(), "", fast))
+	w := chattest.Watch(t, work.base, 9)
+	chattest.Send(t, cons.base, 9, "before")
+	w.WaitSeqs(t, chat.Consumers, 1, 10*time.Second)
+	work.stop()
+	for i := 1; i <= 3; i++ {
+		chattest.Send(t, cons.base, 9, fmt.Sprintf("lost %d", i))
+	}
+	testenv.WaitFor(t, 10*time.Second, "the relay to publish", func() bool {
+		return h.Count(t, `SELECT count(*) FROM consumers.outbox`) == 0
+	})
+	js, err := jetstream.New(natsConn(t, ns.URL()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := js.Stream(context.Background(), natsName(h.Prefix)+"consumers-to-workers")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Purge(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	work = h.start(chat.Workers, onNATS(ns.URL(), "", fast))
+	w2 := chattest.Watch(t, work.base, 9)
+	w2.WaitSeqs(t, chat.Consumers, 4, 20*time.Second)
+	testenv.WaitFor(t, 10*time.Second, "every message delivered", func() bool {
+		return h.Count(t, `SELECT count(*) FROM consumers.messages_with_receipts WHERE chat_id = 9 AND delivered_at IS NULL`) == 0
+	})
+	if n := h.Count(t, `SELECT count(*) FROM workers.inbox WHERE chat_id = 9`); n != 4 {
+		t.Fatalf("workers.inbox has %d rows, want 4", n)
+	}
+	redrivenAtLeast(t, cons.base, 3)
+}
+
+// A broker URL that is not a NATS one is refused before anything starts,
+// and so is the v1 dual write on NATS.
+func TestBrokerURLErrors(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		cfg  Config
+		want string
+	}{
+		{Config{Service: chat.Consumers, BrokerURL: "redis://u:secret@localhost:6379"}, "want nats://"},
+		{Config{Service: chat.Consumers, BrokerURL: "nats://localhost:4222", Mode: ModeDualWrite}, "needs --mode v2"},
+	} {
+		err := c.cfg.WithDefaults().validate()
+		if err == nil || !strings.Contains(err.Error(), c.want) || strings.Contains(err.Error(), "secret") {
+			t.Errorf("validate(%q, mode %q) = %v, want an error with %q and no password", c.cfg.BrokerURL, c.cfg.Mode, err, c.want)
+		}
+	}
+}
+
+// natsConn is a connection of the test's own to url, closed at cleanup.
+func natsConn(t *testing.T, url string) *nats.Conn {
+	t.Helper()
+	nc, err := natsq.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	return nc
+}
