@@ -33,6 +33,7 @@ func runLabBench(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	partitions := fs.Int("partitions", 1, "both services' --partitions (an outbox table, relay, stream and consumer per partition)")
 	counts := fs.Bool("counts", false, "count the services' Postgres statements (pg_stat_statements, preloaded) and all Redis commands (INFO commandstats) during the run, and print them per message")
 	transport := fs.String("transport", perf.TransportHTTP, "how the senders send: http (a POST per message on a kept-alive connection) or ws (a WebSocket per sender, a send frame per message, waiting for its ack)")
+	broker := brokerFlag(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -53,7 +54,7 @@ func runLabBench(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	}
 	res, err := perf.Bench(ctx, perf.BenchOptions{Senders: *senders, Chats: *chats, Messages: *messages,
 		Variant: *variant, SendTimeout: *timeout, Progress: stderr, HoldSnapshot: *hold, Insecure: *insecure, PgBouncer: *pgbouncer, Durable: *durable, Retention: *retention,
-		ProfileDir: *profileDir, ProfileSeconds: *profileSeconds, Counts: *counts, Partitions: *partitions, RedisLatency: *redisLatency, Transport: *transport})
+		ProfileDir: *profileDir, ProfileSeconds: *profileSeconds, Counts: *counts, Partitions: *partitions, RedisLatency: *redisLatency, Transport: *transport, Broker: *broker})
 	if err != nil {
 		return err
 	}

@@ -28,6 +28,7 @@ func runLabUp(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	cluster := fs.Bool("redis-cluster", false, "Redis as a private Redis Cluster of 3 masters and 3 replicas (the services get its redis+cluster:// URL; \"redis:\" then prints a node's URL, \"redis cluster:\" the cluster's)")
 	durable := fs.Bool("durable", false, "servers as production runs them: Postgres fsync=on and synchronous_commit=on, Redis appendonly yes with appendfsync everysec (default: the fast mode, Postgres fsync=off)")
 	partitions := fs.Int("partitions", 1, "partitions per direction of both services (serve --partitions): an outbox table, relay, stream and consumer each")
+	broker := brokerFlag(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -37,7 +38,7 @@ func runLabUp(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if *instances < 1 {
 		return fmt.Errorf("lab up: --instances %d: want 1 or more", *instances)
 	}
-	opts := env.Options{Variant: *variant, Progress: stderr, TLS: *useTLS, Durable: *durable, APIs: *instances, Partitions: *partitions, RedisCluster: *cluster}
+	opts := env.Options{Variant: *variant, Progress: stderr, TLS: *useTLS, Durable: *durable, APIs: *instances, Partitions: *partitions, RedisCluster: *cluster, Broker: *broker}
 	var err error
 	if opts.ConsumersAddr, err = loopbackAddr("--consumers-addr", *consAddr); err != nil {
 		return err
@@ -74,6 +75,9 @@ func runLabUp(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		fmt.Fprintf(stdout, "redis cluster: %s\n", e.RedisURL)
 	} else {
 		fmt.Fprintf(stdout, "redis: %s\n", e.RedisURL)
+	}
+	if e.NATS != nil {
+		fmt.Fprintf(stdout, "nats: %s\n", e.NATS.URL())
 	}
 	// A development token for every chat on both services; the pages take
 	// it from the URL fragment, which browsers never send to a server.
@@ -142,4 +146,9 @@ func parseLoopbackAddr(flagName, v string) (string, error) {
 		}
 	}
 	return net.JoinHostPort(host, port), nil
+}
+
+// brokerFlag is the lab commands' --broker: the queue between the services.
+func brokerFlag(fs *flag.FlagSet) *string {
+	return fs.String("broker", env.BrokerRedis, "the queue between the services: redis (Redis Streams on the lab's Redis) or nats (JetStream on a private nats-server, serve --broker-url; Redis stays for the seq fence, presence and the live hub)")
 }

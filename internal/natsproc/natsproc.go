@@ -194,6 +194,10 @@ func (s *Server) LogPath() string { return s.logPath }
 func (s *Server) Running() bool { return s.life.Running() }
 
 // Stop shuts the server down gracefully (SIGTERM) and waits until it is
+// PID is the running nats-server's pid, 0 when it is not running (for the
+// lab's CPU figures).
+func (s *Server) PID() int { return s.life.PID() }
+
 // gone; its store stays for Start. Stopping a stopped server is a no-op.
 func (s *Server) Stop(ctx context.Context) error { return s.life.Stop(ctx, syscall.SIGTERM) }
 

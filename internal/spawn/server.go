@@ -70,6 +70,16 @@ func (s *Server) Running() bool {
 	return s.run.Alive()
 }
 
+// PID is the running process's pid, 0 when none runs.
+func (s *Server) PID() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.run.Alive() || s.run.Cmd.Process == nil {
+		return 0
+	}
+	return s.run.Cmd.Process.Pid
+}
+
 // Stop sends sig to the process and waits until it and its process group
 // are gone. If ctx ends first the process is killed and the error wraps
 // ctx's. Stopping a stopped server is a no-op.

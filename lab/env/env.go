@@ -12,6 +12,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -24,6 +25,7 @@ import (
 	"github.com/outboxchat/outboxchat/chat/auth"
 	"github.com/outboxchat/outboxchat/chat/schema"
 	"github.com/outboxchat/outboxchat/internal/devca"
+	"github.com/outboxchat/outboxchat/internal/natsproc"
 	"github.com/outboxchat/outboxchat/internal/pgbouncerproc"
 	"github.com/outboxchat/outboxchat/internal/pgproc"
 	"github.com/outboxchat/outboxchat/internal/redisproc"
@@ -132,7 +134,20 @@ type Options struct {
 	// (a cluster client follows the nodes' own addresses). Not with
 	// Sentinel or TLS. Default false.
 	RedisCluster bool
+	// Broker is the queue between the services: BrokerRedis (default
+	// ""), Redis Streams on the lab's Redis, or BrokerNATS, JetStream on
+	// a private nats-server (Env.NATS; serve --broker-url), with Redis
+	// kept for what is not the queue (the seq fence, presence, the live
+	// hub). Links route Postgres and Redis only. Not with VariantV1,
+	// whose dual write adds to Redis Streams.
+	Broker string
 }
+
+// Brokers the lab can run (Options.Broker).
+const (
+	BrokerRedis = "redis"
+	BrokerNATS  = "nats"
+)
 
 // ServerMode names the servers' durability settings for output and logs:
 // "durable: postgres fsync=on synchronous_commit=on, redis appendfsync
@@ -197,6 +212,11 @@ type Env struct {
 	// days; nil when Insecure. Two named users, so that the pages show who
 	// wrote what.
 	PageTokens map[string]string
+	// NATS is the private nats-server of Options.Broker BrokerNATS (its
+	// JetStream store in Dir/nats), nil with Redis Streams.
+	NATS *natsproc.Server
+	// Broker echoes Options.Broker (BrokerRedis when it was "").
+	Broker string
 	// Durable echoes Options.Durable: the servers flush every commit.
 	Durable bool
 	// Partitions is the services' --partitions (Options.Partitions, at
@@ -266,11 +286,25 @@ func Start(ctx context.Context, opts Options) (_ *Env, err error) {
 	if opts.APIs == 0 {
 		opts.APIs = 1
 	}
+	switch opts.Broker {
+	case "", BrokerRedis:
+		opts.Broker = BrokerRedis
+	case BrokerNATS:
+		if opts.Variant == VariantV1 {
+			return nil, errors.New("lab: the v1 dual write adds to Redis Streams: --broker nats needs v2")
+		}
+		if err := natsproc.Available(); err != nil {
+			return nil, fmt.Errorf("lab: --broker nats: %w (scripts/install-deps.sh installs nats-server)", err)
+		}
+	default:
+		return nil, fmt.Errorf("lab: unknown broker %q (want redis or nats)", opts.Broker)
+	}
 	progress := opts.Progress
 	if progress == nil {
 		progress = io.Discard
 	}
-	e := &Env{Dir: opts.Dir, Variant: opts.Variant, LockDuration: opts.LockDuration, Durable: opts.Durable, Partitions: max(opts.Partitions, 1)}
+	e := &Env{Dir: opts.Dir, Variant: opts.Variant, LockDuration: opts.LockDuration, Durable: opts.Durable, Partitions: max(opts.Partitions, 1),
+		Broker: opts.Broker}
 	if e.Dir == "" {
 		// A lab killed with SIGKILL leaves its log dir behind: remove those
 		// whose owner is gone, and mark ours the same way.
@@ -381,6 +415,13 @@ func Start(ctx context.Context, opts Options) (_ *Env, err error) {
 		}
 	}
 
+	if opts.Broker == BrokerNATS {
+		fmt.Fprintln(progress, "lab: starting private nats-server (JetStream)")
+		if e.NATS, err = natsproc.Start(ctx, &natsproc.Options{Dir: filepath.Join(e.Dir, "nats")}); err != nil {
+			return nil, fmt.Errorf("lab: %w", err)
+		}
+		vargs = append(slices.Clip(vargs), "--broker-url", e.NATS.URL())
+	}
 	authArgs := []string{"--insecure-no-auth"}
 	if !opts.Insecure {
 		if authArgs, e.Token, e.PageTokens, err = labSecrets(e.Dir); err != nil {
@@ -601,6 +642,9 @@ func (e *Env) Close() error {
 	}
 	if e.RedisCluster != nil {
 		errs = append(errs, e.RedisCluster.Close())
+	}
+	if e.NATS != nil {
+		errs = append(errs, e.NATS.Close())
 	}
 	if e.Redis != nil {
 		errs = append(errs, e.Redis.Close())

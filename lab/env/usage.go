@@ -41,7 +41,8 @@ func infoField(info, key string) (string, bool) {
 // CPU returns the CPU seconds used so far by each service process (by
 // name),
 // by Postgres (postmaster, live children, and reaped children through the
-// postmaster's cutime/cstime) and by redis-server.
+// postmaster's cutime/cstime), by redis-server and by the nats-server of
+// Options.Broker BrokerNATS ("nats").
 func (env *Env) CPU(ctx context.Context) (map[string]float64, error) {
 	out := map[string]float64{}
 	for _, p := range env.Procs() {
@@ -59,6 +60,11 @@ func (env *Env) CPU(ctx context.Context) (map[string]float64, error) {
 			if pid, err := strconv.Atoi(v); err == nil {
 				out["redis"] = treeCPU(pid)
 			}
+		}
+	}
+	if env.NATS != nil {
+		if pid := env.NATS.PID(); pid > 0 {
+			out["nats"] = treeCPU(pid)
 		}
 	}
 	return out, nil

@@ -111,6 +111,9 @@ type BenchOptions struct {
 	// message; the default for "") or TransportWS (a socket per sender,
 	// a send frame per message, acked).
 	Transport string
+	// Broker is the queue between the services (env.Options.Broker):
+	// env.BrokerRedis (the default for "") or env.BrokerNATS.
+	Broker string
 }
 
 // BenchResult is what Bench measured. The JSON fields are DESIGN.md's
@@ -199,6 +202,8 @@ type BenchResult struct {
 	Counts []WorkCount `json:"counts,omitempty"`
 	// Transport echoes BenchOptions.Transport ("http" or "ws").
 	Transport string `json:"transport"`
+	// Broker echoes BenchOptions.Broker ("redis" or "nats").
+	Broker string `json:"broker"`
 }
 
 // outboxTables returns both services' outbox tables at n partitions
@@ -288,7 +293,7 @@ func Bench(ctx context.Context, opts BenchOptions) (*BenchResult, error) {
 		defer links.Close()
 	}
 	e, err := env.Start(ctx, env.Options{Variant: opts.Variant, Progress: progress, ExtraArgs: args, Insecure: opts.Insecure, PgBouncer: opts.PgBouncer, Durable: opts.Durable,
-		Partitions: opts.Partitions, Debug: opts.ProfileDir != "", PGSettings: pgSettings(opts.Counts), Links: links})
+		Partitions: opts.Partitions, Debug: opts.ProfileDir != "", PGSettings: pgSettings(opts.Counts), Links: links, Broker: opts.Broker})
 	if err != nil {
 		return nil, err
 	}
@@ -301,7 +306,7 @@ func Bench(ctx context.Context, opts BenchOptions) (*BenchResult, error) {
 		}
 	}
 	res := &BenchResult{Senders: opts.Senders, Chats: opts.Chats, Messages: opts.Messages,
-		RSSMB: map[string]float64{}, CPUS: map[string]float64{}, Durable: opts.Durable, Transport: opts.Transport}
+		RSSMB: map[string]float64{}, CPUS: map[string]float64{}, Durable: opts.Durable, Transport: opts.Transport, Broker: e.Broker}
 
 	// Watchers: one per chat; arrivals by message id.
 	var got arrivals
@@ -742,8 +747,12 @@ func (r *BenchResult) WriteText(w io.Writer) {
 	if r.Transport == TransportWS {
 		how = "WebSocket send frame"
 	}
-	fmt.Fprintf(w, "bench: %d senders, %d chats, %d messages (v2: %s to consumers → WebSocket frame at workers)\nservers: %s\n\n",
-		r.Senders, r.Chats, r.Messages, how, env.ServerMode(r.Durable))
+	queue := "Redis Streams"
+	if r.Broker == env.BrokerNATS {
+		queue = "NATS JetStream"
+	}
+	fmt.Fprintf(w, "bench: %d senders, %d chats, %d messages (v2: %s to consumers → %s → WebSocket frame at workers)\nservers: %s\n\n",
+		r.Senders, r.Chats, r.Messages, how, queue, env.ServerMode(r.Durable))
 	fmt.Fprintf(w, "sent (201): %d   send errors: %d   lost: %d   shown twice: %d\n", r.Sent, r.SendErrors, r.Lost, r.DuplicatesShown)
 	if r.FirstSendError != "" {
 		fmt.Fprintf(w, "first send error: %s\n", r.FirstSendError)
