@@ -294,7 +294,7 @@ func Start(ctx context.Context, opts Options) (_ *Env, err error) {
 			return nil, errors.New("lab: the v1 dual write adds to Redis Streams: --broker nats needs v2")
 		}
 		if err := natsproc.Available(); err != nil {
-			return nil, fmt.Errorf("lab: --broker nats: %w (scripts/install-deps.sh installs nats-server)", err)
+			return nil, fmt.Errorf("lab: --broker nats: %w (scripts/install-deps.sh --test installs nats-server)", err)
 		}
 	default:
 		return nil, fmt.Errorf("lab: unknown broker %q (want redis or nats)", opts.Broker)
