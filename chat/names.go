@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 )
 
 // Service names. Each is also the name of the service's Postgres schema and
@@ -103,3 +104,17 @@ const (
 	CloseForbidden    = 4403 // the token does not cover the chat
 	CloseTooMany      = 4429 // the user's socket cap
 )
+
+// NATSName is s with every character a JetStream stream or consumer name
+// may not hold (anything but letters, digits, '-' and '_', e.g. the '.'
+// of a partition's queue and the ':' of DefaultRedisPrefix) as '_'. The
+// chat's stream of partition p's queue from service from is
+// NATSName(prefix) + NATSName(PartitionQueue(from, p)).
+func NATSName(s string) string {
+	return strings.Map(func(r rune) rune {
+		if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_' {
+			return r
+		}
+		return '_'
+	}, s)
+}

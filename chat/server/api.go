@@ -102,8 +102,14 @@ func (p *process) buildAPI() error {
 	p.add(gw, st)
 	var sender httpapi.Sender = st
 	if c.Mode == ModeDualWrite {
-		pub, err := redisq.NewPublisher(p.rdb, p.publisherConfig(0))
-		if err != nil {
+		var pub store.Adder
+		if p.nc != nil {
+			q, err := p.natsQueue(c.Service, 0, p.signer())
+			if err != nil {
+				return err
+			}
+			pub = natsAdder{q}
+		} else if pub, err = redisq.NewPublisher(p.rdb, p.publisherConfig(0)); err != nil {
 			return err
 		}
 		dw := store.NewDualWriter(st, pub, p.log)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/outboxchat/outboxchat/chat"
 	"github.com/outboxchat/outboxchat/chat/receive"
+	"github.com/outboxchat/outboxchat/chat/store"
 	"github.com/outboxchat/outboxchat/inbox"
 	"github.com/outboxchat/outboxchat/natsq"
 	"github.com/outboxchat/outboxchat/redisq"
@@ -36,16 +37,9 @@ func isNATS(url string) bool {
 	return url != ""
 }
 
-// brokerRoles lists the roles of this process that use the NATS queue.
-func (c *Config) brokerRoles() []string {
-	var out []string
-	for _, r := range []string{RoleRelay, RoleWorker} {
-		if c.has(r) {
-			out = append(out, r)
-		}
-	}
-	return out
-}
+// brokerRoles lists the roles of this process that use the NATS queue
+// (those that use Redis's otherwise).
+func (c *Config) brokerRoles() []string { return c.redisRoles() }
 
 // redactURL is a broker URL fit for an error message: each part's
 // password as "xxxxx", and a part that does not parse as "<unparsable>".
@@ -60,17 +54,6 @@ func redactURL(s string) string {
 		parts[i] = u.Redacted()
 	}
 	return strings.Join(parts, ",")
-}
-
-// natsName is s with what a JetStream stream name may not hold ('.', ':',
-// and the rest outside letters, digits, - and _) as '_'.
-func natsName(s string) string {
-	return strings.Map(func(r rune) rune {
-		if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_' {
-			return r
-		}
-		return '_'
-	}, s)
 }
 
 // connectNATS dials Config.BrokerURL when the queue is on NATS (the relay
@@ -93,7 +76,7 @@ func (p *process) connectNATS() error {
 // service from (chat.PartitionQueue) and returns it; sign, when set, signs
 // its events.
 func (p *process) natsQueue(from string, part int, sign func(redisq.Job) string) (*natsq.Queue, error) {
-	cfg := natsq.Config{Queue: natsName(chat.PartitionQueue(from, part)), Prefix: natsName(p.cfg.RedisPrefix),
+	cfg := natsq.Config{Queue: chat.NATSName(chat.PartitionQueue(from, part)), Prefix: chat.NATSName(p.cfg.RedisPrefix),
 		MaxAge: NATSMaxAge, Replicas: p.cfg.BrokerReplicas}
 	if sign != nil {
 		cfg.Sign = func(e natsq.Event) string {
@@ -125,7 +108,7 @@ func (p *process) natsSource(part int) (inbox.Source, error) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), natsSetupTimeout)
 	defer cancel()
-	c, err := q.NewConsumer(ctx, natsq.ConsumerConfig{Group: natsName(p.cfg.Service), LockDuration: p.cfg.LockDuration})
+	c, err := q.NewConsumer(ctx, natsq.ConsumerConfig{Group: chat.NATSName(p.cfg.Service), LockDuration: p.cfg.LockDuration})
 	if err != nil {
 		return nil, fmt.Errorf("serve: %w", err)
 	}
@@ -139,12 +122,29 @@ type natsRepublisher struct{ q *natsq.Queue }
 
 var _ receive.Republisher = natsRepublisher{}
 
-func (r natsRepublisher) Readd(ctx context.Context, jobs ...redisq.Job) (int, error) {
+// natsAdder is the v1 dual write's add on NATS (natsq.Queue.Publish).
+type natsAdder struct{ q *natsq.Queue }
+
+var _ store.Adder = natsAdder{}
+
+func (a natsAdder) Add(ctx context.Context, jobs ...redisq.Job) (int, error) {
+	if err := a.q.Publish(ctx, natsEvents(jobs)...); err != nil {
+		return 0, err
+	}
+	return len(jobs), nil
+}
+
+// natsEvents are jobs as natsq events.
+func natsEvents(jobs []redisq.Job) []natsq.Event {
 	evs := make([]natsq.Event, len(jobs))
 	for i, j := range jobs {
 		evs[i] = natsq.Event{ID: j.ID, Name: j.Name, Payload: j.Payload, Headers: j.Headers, Sig: j.Sig}
 	}
-	if err := r.q.Republish(ctx, evs...); err != nil {
+	return evs
+}
+
+func (r natsRepublisher) Readd(ctx context.Context, jobs ...redisq.Job) (int, error) {
+	if err := r.q.Republish(ctx, natsEvents(jobs)...); err != nil {
 		var ee *natsq.EventError
 		if errors.As(err, &ee) {
 			return ee.Index, err

@@ -70,7 +70,7 @@ type Config struct {
 	// for what is not the queue: the seq fence's high-water marks, worker
 	// presence, the live hub (typing, revoked tokens, rate limits); so
 	// RedisURL is required all the same. Default "": Redis Streams on
-	// RedisURL. Not with ModeDualWrite, whose adds are Redis's.
+	// RedisURL.
 	BrokerURL string
 	// BrokerReplicas is the replica count of the JetStream streams
 	// (natsq.Config.Replicas): 3 on a three-node cluster. Default 0
@@ -328,9 +328,6 @@ func (c *Config) validate() error {
 	}
 	if c.BrokerURL != "" && !isNATS(c.BrokerURL) {
 		return fmt.Errorf("serve: --broker-url %q: want nats://host:port or tls://host:port (\"\" for Redis Streams)", redactURL(c.BrokerURL))
-	}
-	if c.BrokerURL != "" && c.Mode == ModeDualWrite {
-		return errors.New("serve: the v1 dual write adds to Redis Streams: --broker-url needs --mode v2")
 	}
 	return nil
 }

@@ -55,7 +55,7 @@ func TestChatOnNATS(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	info, err := js.Stream(context.Background(), natsName(h.Prefix)+"consumers-to-workers")
+	info, err := js.Stream(context.Background(), chat.NATSName(h.Prefix)+"consumers-to-workers")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -118,7 +118,7 @@ func TestRedriveHealsAPurgedNATSStream(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := js.Stream(context.Background(), natsName(h.Prefix)+"consumers-to-workers")
+	s, err := js.Stream(context.Background(), chat.NATSName(h.Prefix)+"consumers-to-workers")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -138,7 +138,7 @@ func TestRedriveHealsAPurgedNATSStream(t *testing.T) {
 }
 
 // A broker URL that is not a NATS one is refused before anything starts,
-// and so is the v1 dual write on NATS.
+// without its password in the error.
 func TestBrokerURLErrors(t *testing.T) {
 	t.Parallel()
 	for _, c := range []struct {
@@ -146,7 +146,6 @@ func TestBrokerURLErrors(t *testing.T) {
 		want string
 	}{
 		{Config{Service: chat.Consumers, BrokerURL: "redis://u:secret@localhost:6379"}, "want nats://"},
-		{Config{Service: chat.Consumers, BrokerURL: "nats://localhost:4222", Mode: ModeDualWrite}, "needs --mode v2"},
 	} {
 		err := c.cfg.WithDefaults().validate()
 		if err == nil || !strings.Contains(err.Error(), c.want) || strings.Contains(err.Error(), "secret") {

@@ -75,7 +75,7 @@ func Serve(ctx context.Context, cfg Config) error {
 		}
 		defer p.rdb.Close()
 	}
-	if c.BrokerURL != "" && (c.has(RoleRelay) || c.has(RoleWorker)) {
+	if c.BrokerURL != "" && len(c.brokerRoles()) > 0 {
 		if err := p.connectNATS(); err != nil {
 			return err
 		}

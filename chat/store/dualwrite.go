@@ -17,22 +17,32 @@ import (
 )
 
 // DualWriter is the write-up's v1, kept for the lab to show what the outbox
-// fixes: commit the message, then add the job to Redis from the API process.
+// fixes: commit the message, then add the job to the queue (Redis, or NATS)
+// from the API process.
 // An add that fails is kept in this process's memory and retried, as
 // ioredis's offline queue did; a redeploy loses whatever is waiting. Never
 // use this outside the lab.
 type DualWriter struct {
 	store   *Store
-	pub     *redisq.Publisher
+	pub     Adder
 	log     *slog.Logger
 	mu      sync.Mutex
 	pending []redisq.Job
 	life    service.Lifecycle
 }
 
+// Adder adds jobs to the queue: redisq.Publisher.Add, or the chat
+// server's adapter of a NATS JetStream queue. It returns how many were
+// added; on an error the caller retries all of them.
+type Adder interface {
+	Add(ctx context.Context, jobs ...redisq.Job) (int, error)
+}
+
+var _ Adder = (*redisq.Publisher)(nil)
+
 // NewDualWriter returns a DualWriter that stores through store and adds
 // the jobs through pub, logging to log (not nil). Start runs its retry loop.
-func NewDualWriter(store *Store, pub *redisq.Publisher, log *slog.Logger) *DualWriter {
+func NewDualWriter(store *Store, pub Adder, log *slog.Logger) *DualWriter {
 	return &DualWriter{store: store, pub: pub, log: log.With("component", "chat.v1")}
 }
 

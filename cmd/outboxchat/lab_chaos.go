@@ -21,6 +21,7 @@ func runLabChaos(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	asJSON := fs.Bool("json", false, "print one JSON object (saved, received, duplicates_skipped, lost, unsent); the event log goes to stderr")
 	name := fs.String("scenario", "", "run a named scenario instead (see --list)")
 	list := fs.Bool("list", false, "list the named scenarios")
+	broker := brokerFlag(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -34,7 +35,7 @@ func runLabChaos(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	if *name != "" {
 		return runScenario(ctx, *name, scenario.Options{}, *asJSON, stdout, stderr)
 	}
-	f, err := chaos.Run(ctx, chaos.Options{Variant: *variant, Log: eventLogTo(*asJSON, stdout, stderr), Progress: stderr})
+	f, err := chaos.Run(ctx, chaos.Options{Variant: *variant, Broker: *broker, Log: eventLogTo(*asJSON, stdout, stderr), Progress: stderr})
 	if err != nil {
 		return err
 	}

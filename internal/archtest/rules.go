@@ -78,7 +78,8 @@ var Layers = map[string]Layer{
 	testenv: {May: []string{library}, External: libraryModules},
 	// The second broker: the library's interfaces, and nats.go, which no
 	// other layer of the library module may import (the lean-module test
-	// checks the module graph); the chat's server dials it for natsq.
+	// checks the module graph); the chat's server and the lab dial it for
+	// natsq.
 	natsq: {May: []string{library}, TestMay: []string{testenv}, External: append([]string{"github.com/nats-io/nats.go"}, libraryModules...)},
 
 	vocab: {May: []string{library}, TestMay: []string{testenv, chattest}},
@@ -100,7 +101,7 @@ var Layers = map[string]Layer{
 	server:   {May: join([]string{library, natsq}, app), TestMay: []string{testenv, chattest}},
 	chattest: {May: join([]string{library, testenv}, app)},
 
-	lab:     {May: join([]string{library, lab}, app), TestMay: []string{testenv, labtest}},
+	lab:     {May: join([]string{library, natsq, lab}, app), TestMay: []string{testenv, labtest}},
 	labtest: {May: join([]string{library, testenv, lab}, app)},
 	deploy:  {May: join([]string{library, lab}, app), TestMay: []string{testenv, labtest}},
 	cmd:     {May: join([]string{library, lab, cmd}, app), TestMay: []string{testenv, labtest}},

@@ -44,6 +44,10 @@ type Options struct {
 	Settle time.Duration
 	// Dir keeps the process logs there ("" = temp dir, removed).
 	Dir string
+	// Broker is the queue between the services (env.Options.Broker):
+	// env.BrokerRedis (default) or env.BrokerNATS. The outage before msg
+	// 7 is the broker's: Redis, or the nats-server.
+	Broker string
 }
 
 // Run runs the write-up's "Result" experiment on real processes and
@@ -86,7 +90,7 @@ func Run(ctx context.Context, opts Options) (*probe.Figures, error) {
 		opts.Settle = DefaultChaosSettle
 	}
 	v2 := opts.Variant == env.VariantV2
-	eo := env.Options{Variant: opts.Variant, Progress: progress, Dir: opts.Dir, LockDuration: env.DefaultLockDuration}
+	eo := env.Options{Variant: opts.Variant, Progress: progress, Dir: opts.Dir, LockDuration: env.DefaultLockDuration, Broker: opts.Broker}
 	if v2 {
 		// "The relay is a process of its own."
 		eo.ConsumersRelays = 1
@@ -218,10 +222,10 @@ func Run(ctx context.Context, opts Options) (*probe.Figures, error) {
 			// machine Redis went down before the acks and 4–6 came
 			// again as duplicates.
 			_ = probe.WaitSettled(ctx, e, w, time.Now().Add(5*time.Second), 20*time.Millisecond)
-			if healRedis, err = e.Inject(ctx, fault.Fault{Kind: fault.RedisStop}); err != nil {
+			if healRedis, err = stopBroker(ctx, e); err != nil {
 				return nil, err
 			}
-			log.Add("redis", "down")
+			log.Add(e.Broker, "down")
 		case 9: // consumers (API and relay) redeployed while Redis is down
 			if err := env.StopAll(ctx, consumers...); err != nil {
 				return nil, err
@@ -230,7 +234,7 @@ func Run(ctx context.Context, opts Options) (*probe.Figures, error) {
 			if err := healRedis(ctx); err != nil {
 				return nil, err
 			}
-			log.Add("redis", "up")
+			log.Add(e.Broker, "up")
 			relayMu.Lock()
 			relayErrLogged = false
 			relayMu.Unlock()
@@ -264,6 +268,18 @@ func Run(ctx context.Context, opts Options) (*probe.Figures, error) {
 	}
 	<-crashDone
 	return probe.ReadFigures(ctx, e, w)
+}
+
+// stopBroker stops the queue's server gracefully (Redis, or the
+// nats-server of env.BrokerNATS) and returns what starts it again.
+func stopBroker(ctx context.Context, e *env.Env) (env.Heal, error) {
+	if e.NATS == nil {
+		return e.Inject(ctx, fault.Fault{Kind: fault.RedisStop})
+	}
+	if err := e.NATS.Stop(ctx); err != nil {
+		return nil, fmt.Errorf("lab: chaos: stop nats-server: %w", err)
+	}
+	return e.NATS.Start, nil
 }
 
 // Expected checks a run of variant against the write-up's results: v1

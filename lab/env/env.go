@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/outboxchat/outboxchat/chat"
@@ -26,6 +27,7 @@ import (
 	"github.com/outboxchat/outboxchat/chat/schema"
 	"github.com/outboxchat/outboxchat/internal/devca"
 	"github.com/outboxchat/outboxchat/internal/natsproc"
+	"github.com/outboxchat/outboxchat/natsq"
 	"github.com/outboxchat/outboxchat/internal/pgbouncerproc"
 	"github.com/outboxchat/outboxchat/internal/pgproc"
 	"github.com/outboxchat/outboxchat/internal/redisproc"
@@ -138,8 +140,7 @@ type Options struct {
 	// ""), Redis Streams on the lab's Redis, or BrokerNATS, JetStream on
 	// a private nats-server (Env.NATS; serve --broker-url), with Redis
 	// kept for what is not the queue (the seq fence, presence, the live
-	// hub). Links route Postgres and Redis only. Not with VariantV1,
-	// whose dual write adds to Redis Streams.
+	// hub). Links route Postgres and Redis only.
 	Broker string
 }
 
@@ -217,6 +218,10 @@ type Env struct {
 	NATS *natsproc.Server
 	// Broker echoes Options.Broker (BrokerRedis when it was "").
 	Broker string
+	// nc is the lab's own NATS connection (natsConn), made at first use.
+	ncOnce sync.Once
+	nc     *nats.Conn
+	ncErr  error
 	// Durable echoes Options.Durable: the servers flush every commit.
 	Durable bool
 	// Partitions is the services' --partitions (Options.Partitions, at
@@ -290,9 +295,6 @@ func Start(ctx context.Context, opts Options) (_ *Env, err error) {
 	case "", BrokerRedis:
 		opts.Broker = BrokerRedis
 	case BrokerNATS:
-		if opts.Variant == VariantV1 {
-			return nil, errors.New("lab: the v1 dual write adds to Redis Streams: --broker nats needs v2")
-		}
 		if err := natsproc.Available(); err != nil {
 			return nil, fmt.Errorf("lab: --broker nats: %w (scripts/install-deps.sh --test installs nats-server)", err)
 		}
@@ -440,6 +442,14 @@ func Start(ctx context.Context, opts Options) (_ *Env, err error) {
 	}
 	e.ConsumersURL, e.WorkersURL = e.Consumers.URL(), e.Workers.URL()
 	return e, nil
+}
+
+// natsConn is the lab's own connection to its nats-server, made at the
+// first call (natsq.Connect: it reconnects across the experiments'
+// restarts of the server); Close closes it.
+func (e *Env) natsConn() (*nats.Conn, error) {
+	e.ncOnce.Do(func() { e.nc, e.ncErr = natsq.Connect(e.NATS.URL(), nats.Name("outboxchat-lab"), nats.RetryOnFailedConnect(true)) })
+	return e.nc, e.ncErr
 }
 
 // labTokenTTL is how long the lab's development token is valid.
@@ -642,6 +652,9 @@ func (e *Env) Close() error {
 	}
 	if e.RedisCluster != nil {
 		errs = append(errs, e.RedisCluster.Close())
+	}
+	if e.nc != nil {
+		e.nc.Close()
 	}
 	if e.NATS != nil {
 		errs = append(errs, e.NATS.Close())

@@ -9,6 +9,10 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/outboxchat/outboxchat/chat"
 )
 
 // RedisUsedMB returns the lab Redis's used_memory in MB (2^20 bytes).
@@ -108,4 +112,33 @@ func treeCPU(pid int) float64 {
 		}
 	}
 	return total
+}
+
+// NATSPending returns how many events of partition p's queue from service
+// from the consumer group of service group has not acknowledged, delivered
+// or not yet (JetStream's NumAckPending + NumPending), with
+// Options.Broker BrokerNATS: 0 when the stream or the consumer does not
+// exist yet. Without NATS it is an error.
+func (env *Env) NATSPending(ctx context.Context, from, group string, p int) (int64, error) {
+	if env.NATS == nil {
+		return 0, errors.New("lab: no nats-server in this lab")
+	}
+	nc, err := env.natsConn()
+	if err != nil {
+		return 0, err
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return 0, fmt.Errorf("lab: %w", err)
+	}
+	stream := chat.NATSName(RedisPrefix) + chat.NATSName(chat.PartitionQueue(from, p))
+	c, err := js.Consumer(ctx, stream, chat.NATSName(group))
+	if errors.Is(err, jetstream.ErrStreamNotFound) || errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("lab: nats consumer %s on %s: %w", group, stream, err)
+	}
+	info := c.CachedInfo()
+	return int64(info.NumAckPending) + int64(info.NumPending), nil
 }

@@ -691,6 +691,14 @@ func backlog(ctx context.Context, e *env.Env, partitions int) (unsent, queued in
 		unsent = -1
 	}
 	for p := range partitions {
+		if e.NATS != nil {
+			n, err := e.NATSPending(ctx, chat.Consumers, chat.Workers, p)
+			if err != nil {
+				return unsent, -1
+			}
+			queued += n
+			continue
+		}
 		stream := redisq.NewKeys(env.RedisPrefix, chat.PartitionQueue(chat.Consumers, p)).Stream
 		groups, err := e.RedisClient().XInfoGroups(ctx, stream).Result()
 		if err != nil {

@@ -217,8 +217,15 @@ func Settled(ctx context.Context, e *env.Env, w *Watcher) bool {
 
 // pendingJobs returns the number of delivered, unacknowledged entries of
 // partition p's consumers→workers queue (-1 on error; 0 when the group
-// does not exist).
+// does not exist); on NATS, those not yet delivered too (Env.NATSPending).
 func pendingJobs(ctx context.Context, e *env.Env, p int) int64 {
+	if e.NATS != nil {
+		n, err := e.NATSPending(ctx, chat.Consumers, chat.Workers, p)
+		if err != nil {
+			return -1
+		}
+		return n
+	}
 	pe, err := e.RedisClient().XPending(ctx, env.PartitionQueueKeys(chat.Consumers, p).Stream, chat.Workers).Result()
 	if err == redis.Nil {
 		return 0
