@@ -27,11 +27,11 @@ import (
 	"github.com/outboxchat/outboxchat/chat/schema"
 	"github.com/outboxchat/outboxchat/internal/devca"
 	"github.com/outboxchat/outboxchat/internal/natsproc"
-	"github.com/outboxchat/outboxchat/natsq"
 	"github.com/outboxchat/outboxchat/internal/pgbouncerproc"
 	"github.com/outboxchat/outboxchat/internal/pgproc"
 	"github.com/outboxchat/outboxchat/internal/redisproc"
 	"github.com/outboxchat/outboxchat/internal/spawn"
+	"github.com/outboxchat/outboxchat/natsq"
 	"github.com/outboxchat/outboxchat/redisq"
 )
 
@@ -448,7 +448,9 @@ func Start(ctx context.Context, opts Options) (_ *Env, err error) {
 // first call (natsq.Connect: it reconnects across the experiments'
 // restarts of the server); Close closes it.
 func (e *Env) natsConn() (*nats.Conn, error) {
-	e.ncOnce.Do(func() { e.nc, e.ncErr = natsq.Connect(e.NATS.URL(), nats.Name("outboxchat-lab"), nats.RetryOnFailedConnect(true)) })
+	e.ncOnce.Do(func() {
+		e.nc, e.ncErr = natsq.Connect(e.NATS.URL(), nats.Name("outboxchat-lab"), nats.RetryOnFailedConnect(true))
+	})
 	return e.nc, e.ncErr
 }
 
