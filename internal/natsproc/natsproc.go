@@ -59,8 +59,17 @@ type Server struct {
 	name         string
 	startTimeout time.Duration
 	log          *slog.Logger
+	// route is the server's place in a Cluster (StartCluster), nil alone.
+	route *route
 
 	life spawn.Server
+}
+
+// route is a cluster member's clustering settings.
+type route struct {
+	cluster      string // the cluster's name
+	port, mon    int    // cluster (route) port and monitoring port
+	routes       []string
 }
 
 // defaultBinary is nats-server on PATH, else /usr/sbin/nats-server.
@@ -86,7 +95,25 @@ func Start(ctx context.Context, opts *Options) (*Server, error) {
 	}
 	var rnd [4]byte
 	_, _ = rand.Read(rnd[:])
-	s := &Server{log: opts.Logger, binary: opts.Binary, startTimeout: opts.StartTimeout, name: "natsproc-" + hex.EncodeToString(rnd[:])}
+	s, err := newServer(opts, "natsproc-"+hex.EncodeToString(rnd[:]))
+	if err != nil {
+		return nil, err
+	}
+	if _, err := spawn.OnFreePort(ctx, opts.Port, "natsproc", s.log, func(port int) error {
+		s.port, s.life.Port = port, port
+		return s.life.Start(ctx)
+	}); err != nil {
+		_ = s.Close()
+		return nil, err
+	}
+	s.log.Info("natsproc: started", "port", s.port, "dir", s.dir)
+	return s, nil
+}
+
+// newServer is a Server named name with opts's settings and dir (made
+// here), not started.
+func newServer(opts *Options, name string) (*Server, error) {
+	s := &Server{log: opts.Logger, binary: opts.Binary, startTimeout: opts.StartTimeout, name: name}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
@@ -102,14 +129,6 @@ func Start(ctx context.Context, opts *Options) (*Server, error) {
 		return nil, err
 	}
 	s.logPath = filepath.Join(s.dir, "nats.log")
-	if _, err := spawn.OnFreePort(ctx, opts.Port, "natsproc", s.log, func(port int) error {
-		s.port, s.life.Port = port, port
-		return s.life.Start(ctx)
-	}); err != nil {
-		_ = s.Close()
-		return nil, err
-	}
-	s.log.Info("natsproc: started", "port", s.port, "dir", s.dir)
 	return s, nil
 }
 
@@ -127,6 +146,11 @@ func (s *Server) launch(ctx context.Context) (*spawn.Proc, error) {
 		"-js",
 		"-sd", filepath.Join(s.dir, "jetstream"),
 		"-l", s.logPath)
+	if r := s.route; r != nil {
+		cmd.Args = append(cmd.Args, "--cluster_name", r.cluster,
+			"--cluster", "nats://127.0.0.1:"+strconv.Itoa(r.port), "--routes", strings.Join(r.routes, ","),
+			"-m", strconv.Itoa(r.mon))
+	}
 	cmd.Dir = s.dir
 	cmd.Env = []string{"PATH=" + os.Getenv("PATH")}
 	if err := spawn.Start(cmd); err != nil {
@@ -175,6 +199,10 @@ func (s *Server) ping(ctx context.Context) error {
 	return nil
 }
 
+// Name returns the server's name (its server_name, which JetStream's
+// cluster info names a stream's leader by).
+func (s *Server) Name() string { return s.name }
+
 // URL returns "nats://127.0.0.1:PORT".
 func (s *Server) URL() string { return "nats://" + s.Addr() }
 
@@ -193,11 +221,11 @@ func (s *Server) LogPath() string { return s.logPath }
 // Running reports whether the server's process is alive.
 func (s *Server) Running() bool { return s.life.Running() }
 
-// Stop shuts the server down gracefully (SIGTERM) and waits until it is
 // PID is the running nats-server's pid, 0 when it is not running (for the
 // lab's CPU figures).
 func (s *Server) PID() int { return s.life.PID() }
 
+// Stop shuts the server down gracefully (SIGTERM) and waits until it is
 // gone; its store stays for Start. Stopping a stopped server is a no-op.
 func (s *Server) Stop(ctx context.Context) error { return s.life.Stop(ctx, syscall.SIGTERM) }
 
