@@ -67,9 +67,9 @@ type Server struct {
 
 // route is a cluster member's clustering settings.
 type route struct {
-	cluster      string // the cluster's name
-	port, mon    int    // cluster (route) port and monitoring port
-	routes       []string
+	cluster   string // the cluster's name
+	port, mon int    // cluster (route) port and monitoring port
+	routes    []string
 }
 
 // defaultBinary is nats-server on PATH, else /usr/sbin/nats-server.
