@@ -49,7 +49,8 @@ type Consumer struct {
 
 // NewConsumer creates or updates the group's durable pull consumer
 // (explicit acks, from the stream's first event) and returns a Consumer on
-// it. Errors wrap ErrInvalidConfig, or are the server's.
+// it, asking again as New does. Errors wrap ErrInvalidConfig, or are the
+// server's, or ctx's.
 func (q *Queue) NewConsumer(ctx context.Context, cfg ConsumerConfig) (*Consumer, error) {
 	if !validName(cfg.Group) {
 		return nil, fmt.Errorf("natsq: group %q: letters, digits, - and _: %w", cfg.Group, ErrInvalidConfig)
@@ -60,9 +61,11 @@ func (q *Queue) NewConsumer(ctx context.Context, cfg ConsumerConfig) (*Consumer,
 	if cfg.FetchWait <= 0 {
 		cfg.FetchWait = DefaultFetchWait
 	}
-	cons, err := q.js.CreateOrUpdateConsumer(ctx, q.stream, jetstream.ConsumerConfig{
-		Durable: cfg.Group, AckPolicy: jetstream.AckExplicitPolicy, AckWait: cfg.LockDuration,
-		MaxDeliver: -1, FilterSubject: q.subject, DeliverPolicy: jetstream.DeliverAllPolicy,
+	cons, err := ensure(ctx, func(ctx context.Context) (jetstream.Consumer, error) {
+		return q.js.CreateOrUpdateConsumer(ctx, q.stream, jetstream.ConsumerConfig{
+			Durable: cfg.Group, AckPolicy: jetstream.AckExplicitPolicy, AckWait: cfg.LockDuration,
+			MaxDeliver: -1, FilterSubject: q.subject, DeliverPolicy: jetstream.DeliverAllPolicy,
+		})
 	})
 	if err != nil {
 		return nil, fmt.Errorf("natsq: consumer %s on %s: %w", cfg.Group, q.stream, err)

@@ -132,8 +132,9 @@ func Connect(url string, opts ...nats.Option) (*nats.Conn, error) {
 }
 
 // New makes sure the queue's stream and dead-letter stream exist (creating
-// or updating them to cfg) and returns the Queue. Errors wrap
-// ErrInvalidConfig, or are the server's.
+// or updating them to cfg) and returns the Queue; a request the server
+// leaves unanswered for 2 s is asked again until ctx ends. Errors wrap
+// ErrInvalidConfig, or are the server's, or ctx's.
 func New(ctx context.Context, nc *nats.Conn, cfg Config) (*Queue, error) {
 	if nc == nil || !validName(cfg.Queue) || (cfg.Prefix != "" && !validName(cfg.Prefix)) {
 		return nil, fmt.Errorf("natsq: need a connection and a queue name of letters, digits, - and _ (queue %q, prefix %q): %w", cfg.Queue, cfg.Prefix, ErrInvalidConfig)
@@ -150,18 +151,42 @@ func New(ctx context.Context, nc *nats.Conn, cfg Config) (*Queue, error) {
 	}
 	name := cfg.Prefix + cfg.Queue
 	q := &Queue{nc: nc, js: js, cfg: cfg, stream: name, dead: name + "_dead", subject: name + ".events", deadSubj: name + ".dead"}
-	q.stre, err = js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{Name: q.stream, Subjects: []string{q.subject},
+	q.stre, err = ensure(ctx, func(ctx context.Context) (jetstream.Stream, error) {
+		return js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{Name: q.stream, Subjects: []string{q.subject},
 		Storage: jetstream.FileStorage, Retention: jetstream.LimitsPolicy, Duplicates: cfg.Duplicates,
-		MaxAge: cfg.MaxAge, MaxBytes: orNoLimit(cfg.MaxBytes), Replicas: cfg.Replicas})
+			MaxAge: cfg.MaxAge, MaxBytes: orNoLimit(cfg.MaxBytes), Replicas: cfg.Replicas})
+	})
 	if err != nil {
 		return nil, fmt.Errorf("natsq: stream %s: %w", q.stream, err)
 	}
-	q.deadStream, err = js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{Name: q.dead, Subjects: []string{q.deadSubj},
-		Storage: jetstream.FileStorage, Retention: jetstream.LimitsPolicy, Duplicates: cfg.Duplicates, Replicas: cfg.Replicas})
+	q.deadStream, err = ensure(ctx, func(ctx context.Context) (jetstream.Stream, error) {
+		return js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{Name: q.dead, Subjects: []string{q.deadSubj},
+			Storage: jetstream.FileStorage, Retention: jetstream.LimitsPolicy, Duplicates: cfg.Duplicates, Replicas: cfg.Replicas})
+	})
 	if err != nil {
 		return nil, fmt.Errorf("natsq: stream %s: %w", q.dead, err)
 	}
 	return q, nil
+}
+
+// ensureAttempt bounds one attempt of ensure.
+const ensureAttempt = 2 * time.Second
+
+// ensure runs a JetStream API call that makes sure of a stream or a
+// consumer, asking again each time one goes ensureAttempt unanswered,
+// until ctx ends: a clustered nats-server (2.9) may leave one of two
+// concurrent creates of the same stream unanswered, and two services, or
+// two processes of one, make sure of the same streams at their starts.
+// Other errors are returned at once.
+func ensure[T any](ctx context.Context, call func(context.Context) (T, error)) (T, error) {
+	for {
+		actx, cancel := context.WithTimeout(ctx, ensureAttempt)
+		v, err := call(actx)
+		cancel()
+		if err == nil || ctx.Err() != nil || !errors.Is(err, context.DeadlineExceeded) {
+			return v, err
+		}
+	}
 }
 
 func orNoLimit(n int64) int64 {

@@ -76,8 +76,8 @@ func runLabUp(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	} else {
 		fmt.Fprintf(stdout, "redis: %s\n", e.RedisURL)
 	}
-	if e.NATS != nil {
-		fmt.Fprintf(stdout, "nats: %s\n", e.NATS.URL())
+	if e.Broker == env.BrokerNATS {
+		fmt.Fprintf(stdout, "nats: %s\n", e.NATSURL())
 	}
 	// A development token for every chat on both services; the pages take
 	// it from the URL fragment, which browsers never send to a server.

@@ -20,8 +20,8 @@ import (
 )
 
 // Cluster is a private JetStream cluster of nats-servers on 127.0.0.1,
-// routed to each other, each with its own store (Dir()/node-<i>) and a
-// monitoring port. Its methods are safe for concurrent use; each Server's
+// routed to each other, each with its own store (a dir of its own in the
+// cluster's) and a monitoring port. Its methods are safe for concurrent use; each Server's
 // lifecycle methods kill, stop and start that node alone.
 type Cluster struct {
 	// Servers are the nodes, in start order.
@@ -46,23 +46,46 @@ func StartCluster(ctx context.Context, n int, opts *Options) (*Cluster, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	c := &Cluster{}
-	var err error
-	var own string
-	if c.dir, own, err = spawn.Dir("natsproc-cluster", opts.Dir, log); err != nil {
+	dir, own, err := spawn.Dir("natsproc-cluster", opts.Dir, log)
+	if err != nil {
 		return nil, err
 	}
-	c.own = own != ""
+	// A port picked free may be taken by another process before the node
+	// binds it: pick them all again.
+	for attempt := 1; ; attempt++ {
+		c, err := startCluster(ctx, n, opts, log, dir)
+		if err == nil {
+			c.own = own != ""
+			return c, nil
+		}
+		if !errors.Is(err, spawn.ErrBind) || attempt == 5 {
+			if own != "" {
+				_ = os.RemoveAll(dir)
+			}
+			return nil, err
+		}
+		log.Info("natsproc: a cluster port was taken; trying other ports", "err", err)
+	}
+}
+
+// startCluster is one attempt of StartCluster, in dir. On error nothing
+// is left running (dir stays).
+func startCluster(ctx context.Context, n int, opts *Options, log *slog.Logger, dir string) (*Cluster, error) {
+	c := &Cluster{dir: dir}
+	var err error
 	var rnd [4]byte
 	_, _ = rand.Read(rnd[:])
 	name := "natsproc-" + hex.EncodeToString(rnd[:])
 	ports := make([][3]int, n) // client, cluster, monitoring
+	picked := map[int]bool{}
 	for i := range ports {
 		for j := range ports[i] {
-			if ports[i][j], err = spawn.FreePort(); err != nil {
-				_ = c.Close()
-				return nil, err
+			for ports[i][j] == 0 || picked[ports[i][j]] {
+				if ports[i][j], err = spawn.FreePort(); err != nil {
+					return nil, err
+				}
 			}
+			picked[ports[i][j]] = true
 		}
 	}
 	for i := range n {
@@ -73,7 +96,7 @@ func StartCluster(ctx context.Context, n int, opts *Options) (*Cluster, error) {
 			}
 		}
 		nodeOpts := *opts
-		nodeOpts.Dir = filepath.Join(c.dir, "node-"+strconv.Itoa(i))
+		nodeOpts.Dir = filepath.Join(c.dir, name+"-"+strconv.Itoa(i))
 		s, err := newServer(&nodeOpts, name+"-"+strconv.Itoa(i))
 		if err != nil {
 			_ = c.Close()

@@ -273,7 +273,7 @@ func Run(ctx context.Context, opts Options) (*probe.Figures, error) {
 // stopBroker stops the queue's server gracefully (Redis, or the
 // nats-server of env.BrokerNATS) and returns what starts it again.
 func stopBroker(ctx context.Context, e *env.Env) (env.Heal, error) {
-	if e.NATS == nil {
+	if e.NATS == nil { // Redis Streams
 		return e.Inject(ctx, fault.Fault{Kind: fault.RedisStop})
 	}
 	if err := e.NATS.Stop(ctx); err != nil {

@@ -142,6 +142,11 @@ type Options struct {
 	// kept for what is not the queue (the seq fence, presence, the live
 	// hub). Links route Postgres and Redis only.
 	Broker string
+	// NATSCluster, with Broker BrokerNATS, runs a three-node JetStream
+	// cluster (Env.NATSCluster, natsproc.StartCluster) instead of one
+	// server, the streams with three replicas (serve --broker-replicas
+	// 3). Default false: one server.
+	NATSCluster bool
 }
 
 // Brokers the lab can run (Options.Broker).
@@ -214,8 +219,11 @@ type Env struct {
 	// wrote what.
 	PageTokens map[string]string
 	// NATS is the private nats-server of Options.Broker BrokerNATS (its
-	// JetStream store in Dir/nats), nil with Redis Streams.
+	// JetStream store in Dir/nats), nil with Redis Streams or a cluster.
 	NATS *natsproc.Server
+	// NATSCluster is the three-node JetStream cluster of
+	// Options.NATSCluster (stores in Dir/nats-cluster), nil without.
+	NATSCluster *natsproc.Cluster
 	// Broker echoes Options.Broker (BrokerRedis when it was "").
 	Broker string
 	// nc is the lab's own NATS connection (natsConn), made at first use.
@@ -417,12 +425,21 @@ func Start(ctx context.Context, opts Options) (_ *Env, err error) {
 		}
 	}
 
-	if opts.Broker == BrokerNATS {
+	switch {
+	case opts.Broker == BrokerNATS && opts.NATSCluster:
+		fmt.Fprintln(progress, "lab: starting a private JetStream cluster (3 nats-servers)")
+		if e.NATSCluster, err = natsproc.StartCluster(ctx, 3, &natsproc.Options{Dir: filepath.Join(e.Dir, "nats-cluster")}); err != nil {
+			return nil, fmt.Errorf("lab: %w", err)
+		}
+		vargs = append(slices.Clip(vargs), "--broker-url", e.NATSURL(), "--broker-replicas", "3")
+	case opts.Broker == BrokerNATS:
 		fmt.Fprintln(progress, "lab: starting private nats-server (JetStream)")
 		if e.NATS, err = natsproc.Start(ctx, &natsproc.Options{Dir: filepath.Join(e.Dir, "nats")}); err != nil {
 			return nil, fmt.Errorf("lab: %w", err)
 		}
-		vargs = append(slices.Clip(vargs), "--broker-url", e.NATS.URL())
+		vargs = append(slices.Clip(vargs), "--broker-url", e.NATSURL())
+	case opts.NATSCluster:
+		return nil, errors.New("lab: --nats-cluster needs --broker nats")
 	}
 	authArgs := []string{"--insecure-no-auth"}
 	if !opts.Insecure {
@@ -444,12 +461,39 @@ func Start(ctx context.Context, opts Options) (_ *Env, err error) {
 	return e, nil
 }
 
+// NATSURL is the services' --broker-url with Options.Broker BrokerNATS:
+// the server's URL, or the cluster's seed list; "" with Redis Streams.
+func (e *Env) NATSURL() string {
+	switch {
+	case e.NATSCluster != nil:
+		return e.NATSCluster.URL()
+	case e.NATS != nil:
+		return e.NATS.URL()
+	}
+	return ""
+}
+
+// NATSConn is the lab's own connection to its NATS server or cluster
+// (natsConn), for scenarios that look at the streams; closed by Close.
+func (e *Env) NATSConn() (*nats.Conn, error) { return e.natsConn() }
+
+// natsServers are the lab's nats-servers: the one, or the cluster's nodes.
+func (e *Env) natsServers() []*natsproc.Server {
+	switch {
+	case e.NATSCluster != nil:
+		return e.NATSCluster.Servers
+	case e.NATS != nil:
+		return []*natsproc.Server{e.NATS}
+	}
+	return nil
+}
+
 // natsConn is the lab's own connection to its nats-server, made at the
 // first call (natsq.Connect: it reconnects across the experiments'
 // restarts of the server); Close closes it.
 func (e *Env) natsConn() (*nats.Conn, error) {
 	e.ncOnce.Do(func() {
-		e.nc, e.ncErr = natsq.Connect(e.NATS.URL(), nats.Name("outboxchat-lab"), nats.RetryOnFailedConnect(true))
+		e.nc, e.ncErr = natsq.Connect(e.NATSURL(), nats.Name("outboxchat-lab"), nats.RetryOnFailedConnect(true))
 	})
 	return e.nc, e.ncErr
 }
@@ -660,6 +704,9 @@ func (e *Env) Close() error {
 	}
 	if e.NATS != nil {
 		errs = append(errs, e.NATS.Close())
+	}
+	if e.NATSCluster != nil {
+		errs = append(errs, e.NATSCluster.Close())
 	}
 	if e.Redis != nil {
 		errs = append(errs, e.Redis.Close())

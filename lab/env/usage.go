@@ -46,7 +46,7 @@ func infoField(info, key string) (string, bool) {
 // name),
 // by Postgres (postmaster, live children, and reaped children through the
 // postmaster's cutime/cstime), by redis-server and by the nats-server of
-// Options.Broker BrokerNATS ("nats").
+// Options.Broker BrokerNATS ("nats", every node's with NATSCluster).
 func (env *Env) CPU(ctx context.Context) (map[string]float64, error) {
 	out := map[string]float64{}
 	for _, p := range env.Procs() {
@@ -66,9 +66,9 @@ func (env *Env) CPU(ctx context.Context) (map[string]float64, error) {
 			}
 		}
 	}
-	if env.NATS != nil {
-		if pid := env.NATS.PID(); pid > 0 {
-			out["nats"] = treeCPU(pid)
+	for _, s := range env.natsServers() {
+		if pid := s.PID(); pid > 0 {
+			out["nats"] += treeCPU(pid)
 		}
 	}
 	return out, nil
@@ -120,7 +120,7 @@ func treeCPU(pid int) float64 {
 // Options.Broker BrokerNATS: 0 when the stream or the consumer does not
 // exist yet. Without NATS it is an error.
 func (env *Env) NATSPending(ctx context.Context, from, group string, p int) (int64, error) {
-	if env.NATS == nil {
+	if env.Broker != BrokerNATS {
 		return 0, errors.New("lab: no nats-server in this lab")
 	}
 	nc, err := env.natsConn()

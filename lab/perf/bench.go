@@ -691,7 +691,7 @@ func backlog(ctx context.Context, e *env.Env, partitions int) (unsent, queued in
 		unsent = -1
 	}
 	for p := range partitions {
-		if e.NATS != nil {
+		if e.Broker == env.BrokerNATS {
 			n, err := e.NATSPending(ctx, chat.Consumers, chat.Workers, p)
 			if err != nil {
 				return unsent, -1

@@ -219,7 +219,7 @@ func Settled(ctx context.Context, e *env.Env, w *Watcher) bool {
 // partition p's consumers→workers queue (-1 on error; 0 when the group
 // does not exist); on NATS, those not yet delivered too (Env.NATSPending).
 func pendingJobs(ctx context.Context, e *env.Env, p int) int64 {
-	if e.NATS != nil {
+	if e.Broker == env.BrokerNATS {
 		n, err := e.NATSPending(ctx, chat.Consumers, chat.Workers, p)
 		if err != nil {
 			return -1

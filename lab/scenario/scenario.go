@@ -49,6 +49,10 @@ var scenarios = []scenario{
 		opts: env.Options{RedisCluster: true}, run: clusterFailover},
 	{name: "cluster-reshard", doc: "Redis Cluster (3 masters + 3 replicas); both queues' slots moved to another master key by key while a sender sends every 50 ms: each shown once, in order; reports the longest delivery gap during the move",
 		opts: env.Options{RedisCluster: true}, run: clusterReshard},
+	{name: "nats-leader-kill", doc: "the queue on a 3-node JetStream cluster (streams of 3 replicas); the stream's leader killed (SIGKILL) while a sender sends every 50 ms: a new leader elected, each message shown once, in order",
+		opts: env.Options{Broker: env.BrokerNATS, NATSCluster: true}, run: natsLeaderKill},
+	{name: "nats-cluster-restart", doc: "the queue on a 3-node JetStream cluster; every node killed with 5 messages queued for stopped workers, 5 more sent while it is down, all nodes started again: each shown once, in order",
+		opts: env.Options{Broker: env.BrokerNATS, NATSCluster: true}, run: natsClusterRestart},
 }
 
 // Names returns the names of the scenarios, in their listing order.

@@ -70,6 +70,8 @@ var scenarioLogWants = map[string][]string{
 	"relay-freeze":         {"frozen (SIGSTOP) holding a batch", "everything delivered by the other relay"},
 	"cluster-failover":     {"promoted to master", "had no receipt: re-driven"},
 	"cluster-reshard":      {"moved from", "keys migrated one by one", "longest gap"},
+	"nats-leader-kill":     {"killed (SIGKILL) mid-load", "leads the stream", "back in the cluster"},
+	"nats-cluster-restart": {"all 3 nodes killed", "all 3 nodes started again"},
 }
 
 // With the re-drive off, the Redis-loss scenarios really lose messages:
