@@ -153,7 +153,7 @@ func New(ctx context.Context, nc *nats.Conn, cfg Config) (*Queue, error) {
 	q := &Queue{nc: nc, js: js, cfg: cfg, stream: name, dead: name + "_dead", subject: name + ".events", deadSubj: name + ".dead"}
 	q.stre, err = ensure(ctx, func(ctx context.Context) (jetstream.Stream, error) {
 		return js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{Name: q.stream, Subjects: []string{q.subject},
-		Storage: jetstream.FileStorage, Retention: jetstream.LimitsPolicy, Duplicates: cfg.Duplicates,
+			Storage: jetstream.FileStorage, Retention: jetstream.LimitsPolicy, Duplicates: cfg.Duplicates,
 			MaxAge: cfg.MaxAge, MaxBytes: orNoLimit(cfg.MaxBytes), Replicas: cfg.Replicas})
 	})
 	if err != nil {
