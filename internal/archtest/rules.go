@@ -40,6 +40,7 @@ const (
 	natsq    = "natsq"     // natsq: the NATS JetStream broker, a module of its own
 	testenv  = "testenv"   // internal/testenv: private servers for tests
 	vocab    = "chat"      // the app's vocabulary
+	presence = "presence"  // chat/presence: the live processes of a consumer group, their consumer names
 	tele     = "telemetry" // chat/telemetry: OpenTelemetry tracing, trace context in event headers
 	tracecmd = "trace"     // chat/trace: a message's path across both services, for `outboxchat trace`
 	schema   = "schema"    // chat/schema
@@ -70,7 +71,7 @@ var libraryModules = []string{
 }
 
 // app is every layer of the app, bottom to top.
-var app = []string{vocab, tele, schema, lease, auth, store, receive, gateway, status, tracecmd, http, server}
+var app = []string{vocab, presence, tele, schema, lease, auth, store, receive, gateway, status, tracecmd, http, server}
 
 // Layers is the architecture: which layer may import which.
 var Layers = map[string]Layer{
@@ -81,6 +82,9 @@ var Layers = map[string]Layer{
 	natsq: {May: []string{library}, TestMay: []string{testenv}, External: append([]string{"github.com/nats-io/nats.go"}, libraryModules...)},
 
 	vocab: {May: []string{library}, TestMay: []string{testenv, chattest}},
+	// Presence keeps the queue's presence set (redisq.Keys.Presence) and
+	// deletes idle consumers through redisq; it knows nothing of the chat.
+	presence: {May: []string{library}, TestMay: []string{testenv}},
 	// The library carries headers as a plain map; OpenTelemetry stays here.
 	tele:   {May: []string{}, TestMay: []string{library, testenv, chattest}},
 	schema: {May: []string{library, vocab}, TestMay: []string{testenv, chattest}},
@@ -90,7 +94,7 @@ var Layers = map[string]Layer{
 	store:   {May: []string{library, vocab, schema, auth}, TestMay: []string{testenv, chattest}},
 	receive: {May: []string{library, vocab, schema, auth, store}, TestMay: []string{testenv, chattest}},
 	gateway: {May: []string{library, vocab, schema, auth}, TestMay: []string{testenv, chattest}},
-	status:  {May: []string{library, vocab, schema, auth}, TestMay: []string{testenv, chattest}},
+	status:  {May: []string{library, vocab, schema, auth, presence}, TestMay: []string{testenv, chattest}},
 	// The trace command's queries read what status reads, per message.
 	tracecmd: {May: []string{library, vocab, schema, auth}, TestMay: []string{testenv, chattest}},
 	// The HTTP surface depends on small interfaces that the server fills
@@ -120,6 +124,7 @@ var Places = []Place{
 	{"internal/archtest", archtest},
 
 	{"chat", vocab},
+	{"chat/presence/...", presence},
 	{"chat/schema/...", schema},
 	{"chat/lease/...", lease},
 	{"chat/auth/...", auth},
