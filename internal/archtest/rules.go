@@ -34,6 +34,18 @@ type Interim struct {
 	Why string
 }
 
+// A Confinement keeps a concept in the packages that own it: no non-test
+// file of a package placed in one of the Outside layers may declare a
+// top-level identifier (type, func, method, const or var) whose name
+// contains Word, in any case, nor embed a file whose name does. (Fields
+// are not declarations of the package: a key name in a struct may stay.)
+type Confinement struct {
+	Word    string
+	Outside []string
+	// Why says whose the concept is.
+	Why string
+}
+
 // Layer names.
 const (
 	library  = "library"
@@ -147,6 +159,13 @@ var Places = []Place{
 	{"deploy/...", deploy},
 	{"cmd/...", cmd},
 }
+
+// Confinements are the concepts kept out of layers that are not theirs.
+var Confinements = []Confinement{{
+	Word:    "presence",
+	Outside: []string{library, natsq, testenv},
+	Why:     "which processes are live under which consumer name is the app's (chat/presence); the queue library only names the key (redisq.Keys.Presence) and grants it (redisq.ACLRules)",
+}}
 
 // Interims are the arrows of a restructuring in progress (none now).
 var Interims []Interim
