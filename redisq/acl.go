@@ -12,9 +12,12 @@ import "strings"
 //     earlier versions, for a rolling upgrade), nothing else;
 //   - on its inbound queue in, as a consumer-group member: read, claim,
 //     acknowledge and trim (XREADGROUP, XAUTOCLAIM, XACK, XPENDING, XINFO,
-//     XRANGE, XTRIM, XGROUP CREATE, XINFO GROUPS and CONSUMERS, trim.lua), keep its presence
-//     (presence.lua, prune.lua: the presence set, XGROUP DELCONSUMER of a consumer with nothing
-//     pending, TIME), delete the dedupe marks and re-add tokens of
+//     XRANGE, XTRIM, XGROUP CREATE, XINFO GROUPS and CONSUMERS, trim.lua), delete
+//     its idle consumers (delete_idle.lua: XGROUP DELCONSUMER of a consumer with
+//     nothing pending), keep its processes' presence in the presence set
+//     (Keys.Presence: ZADD, ZREM, ZRANGE, ZRANGEBYSCORE, ZREMRANGEBYSCORE,
+//     PTTL, PEXPIRE and scripts declaring it, TIME; for the application
+//     that keeps it, such as chat/presence), delete the dedupe marks and re-add tokens of
 //     trimmed entries and expired marks (ZRANGE, ZREM, HDEL), and XADD to the dead-letter stream (XTRIM to cap it,
 //     XLEN for the gauges) — but never XADD
 //     to the inbound stream itself, so a service cannot forge messages to
@@ -50,8 +53,9 @@ func ACLRules(prefix, out, in string) []string {
 		"(" + keyRule(o.Stream) + " " + keyRule(o.dedupeAll) +
 			" +evalsha +eval +xadd +zadd +zscore +zrem +hget +hset +hsetnx +hdel +set +get +del)",
 		// Inbound stream: consume, never add. The presence set is in the
-		// same selector because prune.lua touches both keys (a command
-		// must match one selector with all its keys).
+		// same selector because the prune script of earlier versions
+		// declares both keys (a command must match one selector with all
+		// its keys): their processes keep pruning during a rolling upgrade.
 		"(" + keyRule(i.Stream) + " " + keyRule(i.Presence) + " +xreadgroup +xack +xautoclaim +xpending +xgroup|create +xinfo|groups +xinfo|consumers" +
 			" +xgroup|delconsumer +xrange +xtrim +xlen +exists +evalsha +eval" +
 			" +zadd +zrem +zrange +zrangebyscore +zremrangebyscore +pttl +pexpire)",

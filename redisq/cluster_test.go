@@ -153,7 +153,7 @@ func streamJobs(t *testing.T, rdb redis.UniversalClient, stream string) map[stri
 
 // Every queue operation works through the cluster client of a
 // redis+cluster:// URL: add (a duplicate too), fetch, ack, trim with the
-// dedupe marks, dead-letter, replay, re-add, presence and prune; the
+// dedupe marks, dead-letter, replay, re-add and the delete of idle consumers; the
 // queue's keys all live on the one node that serves their slot.
 func TestClusterQueue(t *testing.T) {
 	t.Parallel()
@@ -210,18 +210,8 @@ func TestClusterQueue(t *testing.T) {
 		t.Fatalf("stream jobs %v, want %v", got, want)
 	}
 
-	pres, err := redisq.NewPresence(rdb, prefix, "chat", "workers", time.Minute)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if others, err := pres.Beat(ctx, "w1"); err != nil || len(others) != 0 {
-		t.Fatalf("Beat = %v, %v", others, err)
-	}
-	if name, err := pres.Claim(ctx, "w"); err != nil || name != "w-0" {
-		t.Fatalf("Claim = %q, %v", name, err)
-	}
-	if gone, err := pres.PruneGone(ctx, 0); err != nil || len(gone) != 0 {
-		t.Fatalf("PruneGone = %v, %v; want none (w1 is live)", gone, err)
+	if gone, err := redisq.DeleteIdleConsumers(ctx, rdb, prefix, "chat", "workers", 0, []string{"w1"}); err != nil || len(gone) != 0 {
+		t.Fatalf("DeleteIdleConsumers = %v, %v; want none (w1 is kept)", gone, err)
 	}
 
 	owner, slot, err := cl.NodeFor(ctx, k.Stream)
@@ -389,23 +379,14 @@ func TestClusterScriptsDuringSlotMigration(t *testing.T) {
 	if err := w1.DeadLetter(ctx, ds[2], "poison"); err != nil {
 		t.Fatal(err)
 	}
-	pres, err := redisq.NewPresence(rdb, prefix, "chat", "workers", time.Minute)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := pres.Beat(ctx, "w1"); err != nil {
+	// The presence set, kept by the application (chat/presence), is one
+	// of the queue's keys: it moves with the slot.
+	if err := rdb.ZAdd(ctx, k.Presence, redis.Z{Score: math.MaxInt32, Member: "workers\x00w1\x00i"}).Err(); err != nil {
 		t.Fatal(err)
 	}
 	dead, err := rdb.XRange(ctx, k.Dead, "-", "+").Result()
 	if err != nil || len(dead) != 1 {
 		t.Fatalf("dead letters %v, %v", dead, err)
-	}
-	beat := func(r redis.UniversalClient) error {
-		p, err := redisq.NewPresence(r, prefix, "chat", "workers", time.Minute)
-		if err == nil {
-			_, err = p.Beat(ctx, "w1")
-		}
-		return err
 	}
 
 	m := startSlotMove(t, cl, k.Stream)
@@ -425,7 +406,6 @@ func TestClusterScriptsDuringSlotMigration(t *testing.T) {
 	m.during("add j3 (duplicate)", added(0, func(p *redisq.Publisher) (int, error) { return p.Add(ctx, jobs(1, 3)...) })).wait(t, false)
 	m.during("readd j4", added(1, func(p *redisq.Publisher) (int, error) { return p.Readd(ctx, jobs(1, 4)...) })).wait(t, false)
 	m.during("trim j0-j2", trims(3)).wait(t, false)
-	m.during("presence beat", beat).wait(t, false)
 
 	// Step 2: only the stream moved.
 	m.migrate(k.Stream)
@@ -446,25 +426,21 @@ func TestClusterScriptsDuringSlotMigration(t *testing.T) {
 	deadJ3 := m.during("dead-letter j3", func(r redis.UniversalClient) error {
 		return newClusterConsumer(t, r, prefix, "w1").DeadLetter(ctx, ds[3], "poison")
 	})
-	prune := m.during("prune", func(r redis.UniversalClient) error {
-		p, err := redisq.NewPresence(r, prefix, "chat", "workers", time.Minute)
-		if err != nil {
-			return err
-		}
-		gone, err := p.PruneGone(ctx, 0)
+	// The delete of idle consumers declares the stream alone: it runs at
+	// once, through ASK.
+	m.during("delete idle consumers", func(r redis.UniversalClient) error {
+		gone, err := redisq.DeleteIdleConsumers(ctx, r, prefix, "chat", "workers", 0, nil)
 		if err == nil && len(gone) != 0 {
-			err = fmt.Errorf("pruned %v, want none", gone)
+			err = fmt.Errorf("deleted %v, want none (w1 has pending entries)", gone)
 		}
 		return err
-	})
+	}).wait(t, false)
 	readdJ4 := m.during("readd j4 again", added(1, func(p *redisq.Publisher) (int, error) { return p.Readd(ctx, jobs(1, 4)...) }))
-	m.during("presence beat", beat).wait(t, false)
 
 	// Step 3: every key moved, the slot not handed over. The operations
 	// whose keys are all on the target now run there.
 	m.migrateRest()
 	deadJ3.wait(t, true)
-	prune.wait(t, true)
 	readdJ4.wait(t, true)
 	replay.wait(t, true)
 	m.during("add j7 (new)", added(1, func(p *redisq.Publisher) (int, error) { return p.Add(ctx, jobs(1, 7)...) })).wait(t, false)
@@ -480,7 +456,6 @@ func TestClusterScriptsDuringSlotMigration(t *testing.T) {
 		}
 		return err
 	}).wait(t, false)
-	m.during("presence beat", beat).wait(t, false)
 
 	// Step 4: the slot is handed over.
 	m.finish()

@@ -55,10 +55,11 @@ type ConsumerConfig struct {
 	// the consumers of one group share them.
 	Group string
 	// Consumer is this consumer's name within Group (required). Two live
-	// processes must not share one (they would share its pending list):
-	// Presence.Claim picks one no live process holds and that a
-	// replacement of a stopped process gets again, so it finds and
-	// finishes the pending entries left under it first.
+	// processes must not share one (they would share its pending list).
+	// The application picks it: the chat's package chat/presence claims
+	// one no live process holds and that a replacement of a stopped
+	// process gets again, so it finds and finishes the pending entries
+	// left under it first.
 	Consumer string
 	// Block is how long Fetch waits for new entries (XREADGROUP BLOCK,
 	// millisecond resolution; default DefaultBlock). It is also the longest

@@ -75,11 +75,11 @@
 //     first when it restarts under the same name, or another consumer
 //     reclaims them after LockDuration.
 //   - Two live processes under one consumer name share its pending list:
-//     each hands out the other's in-flight entries as its own. Presence
-//     prevents and reveals it: Claim picks a name no live process holds,
-//     Beat reports the other live holders of a name, LiveConsumers lists
-//     them, and PruneGone deletes consumers that are gone with nothing
-//     pending (so unique names do not pile up in the group).
+//     each hands out the other's in-flight entries as its own. Keeping
+//     names unique is the application's (the chat's package chat/presence
+//     claims them in the queue's presence set, Keys.Presence);
+//     DeleteIdleConsumers deletes the consumers it names gone, with
+//     nothing pending, so unique names do not pile up in the group.
 //   - Redis loses entries it had (FLUSHALL, XDEL or a trim by hand, a
 //     failover to a replica that had not received them): NOGROUP on any
 //     path makes the next Fetch create the group again from "0" (never
@@ -126,8 +126,7 @@
 // # Operating it
 //
 // Inspect reads a queue's length, each group's pending entries and lag and
-// each consumer's idle time, and the dead letters; LiveConsumers the live
-// processes of each group; ReadDurability each node's durability settings. DeadLetters lists,
+// each consumer's idle time, and the dead letters; ReadDurability each node's durability settings. DeadLetters lists,
 // shows, replays (back on the stream with the entry's signature, its
 // dedupe mark set, the dead entry deleted, in one script) and drops dead
 // letters; a repeated Replay or Drop changes nothing.

@@ -8,7 +8,7 @@ package redisq
 //	dedupe marks:  <prefix>q:{<queue>}:dedupe         (sorted set, add.lua)
 //	re-add tokens: <prefix>q:{<queue>}:dedupe-tokens  (hash, add.lua)
 //	dead letter:   <prefix>q:{<queue>}:dead
-//	presence:      <prefix>q:{<queue>}:consumers      (sorted set, presence.lua)
+//	presence:      <prefix>q:{<queue>}:consumers      (sorted set, the application's)
 //
 // The dedupe marks of all jobs live in one key per queue, not one key per
 // job: a key per job is a new key on every add, and during a Redis Cluster
@@ -29,8 +29,11 @@ type Keys struct {
 	Stream string
 	// Dead is the dead-letter stream (entries moved out by DeadLetter).
 	Dead string
-	// Presence is the sorted set of live consumer processes (Presence):
+	// Presence is the sorted set of the queue's live consumer processes:
 	// member "<group>\x00<name>\x00<instance>", score its expiry (Unix ms).
+	// This package never reads or writes it; it names it, in the queue's
+	// hash tag, and ACLRules grants it, for the application that keeps it
+	// (the chat's is package chat/presence).
 	Presence string
 	// Dedupe is the sorted set of the queue's dedupe marks: member a job
 	// id, score the Unix time in ms after which its mark no longer counts

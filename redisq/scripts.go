@@ -17,14 +17,11 @@ var (
 	trimSource string
 	//go:embed scripts/replay.lua
 	replaySource string
-	//go:embed scripts/presence.lua
-	presenceSource string
-	//go:embed scripts/prune.lua
-	pruneSource string
+	//go:embed scripts/delete_idle.lua
+	deleteIdleSource string
 
-	addScript      = redis.NewScript(addSource)
-	trimScript     = redis.NewScript(trimSource)
-	replayScript   = redis.NewScript(replaySource)
-	presenceScript = redis.NewScript(presenceSource)
-	pruneScript    = redis.NewScript(pruneSource)
+	addScript        = redis.NewScript(addSource)
+	trimScript       = redis.NewScript(trimSource)
+	replayScript     = redis.NewScript(replaySource)
+	deleteIdleScript = redis.NewScript(deleteIdleSource)
 )

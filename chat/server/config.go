@@ -239,7 +239,7 @@ type WorkerConfig struct {
 	// share one pending list (each is warned, and `outboxchat status` and
 	// outboxchat_consumer_name_shared show it). Default "": at start the
 	// process claims "<service>-<hostname>-<n>", the lowest n that no live
-	// process of the group holds (redisq.Presence.Claim), so a process
+	// process of the group holds (chat/presence: Process.Claim), so a process
 	// replacing one that stopped gets its name and finishes its pending
 	// entries first; with Redis down at start, "<service>-<hostname>-p<pid>".
 	// Without the worker role it only names the relay's heartbeat row:

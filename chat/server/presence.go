@@ -10,28 +10,28 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/outboxchat/outboxchat/chat/presence"
 	"github.com/outboxchat/outboxchat/internal/service"
-	"github.com/outboxchat/outboxchat/redisq"
 )
 
 // pruneEvery is how often the worker role deletes the consumers of its
-// group that are gone (redisq.Presence.PruneGone); pruneIdleMin the least
+// group that are gone (presence.Process.PruneGone); pruneIdleMin the least
 // idle time of a consumer it deletes (at least 10 × the lock duration).
 const (
 	pruneEvery   = time.Minute
 	pruneIdleMin = 10 * time.Minute
 )
 
-// presence keeps this process's consumer name live in the presence set of
-// the stream it reads (redisq.Presence): refreshed every ttl/3, left on a
-// graceful stop (so the next process may claim the name at once). Each
+// consumerPresence keeps this process's consumer name live in the
+// presence set of the stream it reads (package presence): refreshed every
+// ttl/3, left on a graceful stop (so the next process may claim the name at once). Each
 // refresh learns which other live processes use the same name: a change
 // is logged (a warning while any does) and Shared counts them
 // (outboxchat_consumer_name_shared). It also deletes, every pruneEvery,
 // the group's consumers that are gone with nothing pending. A service (Start/Stop) with a runOnce a test can call; it
 // starts before the worker and stops after it.
-type presence struct {
-	p         *redisq.Presence
+type consumerPresence struct {
+	p         *presence.Process
 	name      string
 	pruneIdle time.Duration // least idle time of a pruned consumer
 	log       *slog.Logger
@@ -53,7 +53,7 @@ type presence struct {
 // "<service>-<hostname>-p<pid>" (unique on the host; pending entries a
 // process leaves under it are taken over by the others after the lock
 // duration, and the prune deletes it later).
-func consumerName(ctx context.Context, pr *redisq.Presence, service, explicit string, log *slog.Logger) string {
+func consumerName(ctx context.Context, pr *presence.Process, service, explicit string, log *slog.Logger) string {
 	if explicit != "" {
 		return explicit
 	}
@@ -69,22 +69,22 @@ func consumerName(ctx context.Context, pr *redisq.Presence, service, explicit st
 	return name
 }
 
-func newPresence(pr *redisq.Presence, name string, lock time.Duration, log *slog.Logger) *presence {
-	return &presence{p: pr, name: name, pruneIdle: max(pruneIdleMin, 10*lock),
+func newConsumerPresence(pr *presence.Process, name string, lock time.Duration, log *slog.Logger) *consumerPresence {
+	return &consumerPresence{p: pr, name: name, pruneIdle: max(pruneIdleMin, 10*lock),
 		log:  log.With("component", "chat.presence", "consumer", name, "instance", pr.Instance()),
 		life: service.Lifecycle{Name: "chat: consumer presence"}}
 }
 
 // Shared returns how many other live processes used this process's
 // consumer name at the last refresh. Safe for concurrent use.
-func (s *presence) Shared() int64 { return s.shared.Load() }
+func (s *consumerPresence) Shared() int64 { return s.shared.Load() }
 
 // runOnce refreshes the presence, reports a change in who else shares the
 // name, and prunes when due. Another holder counts as sharing once it has
 // refreshed since this process first saw it: the entry of a predecessor
 // that died (kill -9, then a restart under the same --consumer-name) stays
 // until its ttl without ever being refreshed, and is no clash.
-func (s *presence) runOnce(ctx context.Context) error {
+func (s *consumerPresence) runOnce(ctx context.Context) error {
 	holders, err := s.p.Beat(ctx, s.name)
 	if err != nil {
 		return err
@@ -126,7 +126,7 @@ func (s *presence) runOnce(ctx context.Context) error {
 	return nil
 }
 
-func (s *presence) Start(ctx context.Context) error {
+func (s *consumerPresence) Start(ctx context.Context) error {
 	return s.life.Start(ctx, func(run *service.Run) {
 		run.Every(0, func(ctx context.Context) time.Duration {
 			if err := s.runOnce(ctx); err != nil && ctx.Err() == nil {
@@ -139,7 +139,7 @@ func (s *presence) Start(ctx context.Context) error {
 
 // Stop stops the refreshes and leaves the presence set (best effort: a
 // process that cannot reach Redis is gone from it after the ttl).
-func (s *presence) Stop(ctx context.Context) error {
+func (s *consumerPresence) Stop(ctx context.Context) error {
 	err := s.life.Stop(ctx)
 	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 	defer cancel()

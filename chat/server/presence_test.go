@@ -13,6 +13,7 @@ import (
 
 	"github.com/outboxchat/outboxchat/chat"
 	"github.com/outboxchat/outboxchat/chat/internal/chattest"
+	"github.com/outboxchat/outboxchat/chat/presence"
 	"github.com/outboxchat/outboxchat/internal/testenv"
 	"github.com/outboxchat/outboxchat/redisq"
 )
@@ -36,7 +37,7 @@ func TestConsumerNamesUniqueByDefaultSharedWarned(t *testing.T) {
 	a, b := h.start(chat.Workers, worker("", nil)), h.start(chat.Workers, worker("", nil))
 	ctx := context.Background()
 	rdb := testenv.Redis(t)
-	live, err := redisq.LiveConsumers(ctx, rdb, h.Prefix, chat.QueueName(chat.Consumers))
+	live, err := presence.Live(ctx, rdb, h.Prefix, chat.QueueName(chat.Consumers))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -114,7 +115,7 @@ func TestConsumerNameOfDeadPredecessorIsNoClash(t *testing.T) {
 	ctx := context.Background()
 	rdb := testenv.Redis(t)
 	queue := chat.QueueName(chat.Consumers)
-	dead, err := redisq.NewPresence(rdb, h.Prefix, queue, chat.Workers, 8*time.Second)
+	dead, err := presence.New(rdb, h.Prefix, queue, chat.Workers, 8*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -130,7 +131,7 @@ func TestConsumerNameOfDeadPredecessorIsNoClash(t *testing.T) {
 	// The dead entry expires 8 s after its beat: the process refreshed at
 	// start and 5 s later meanwhile, seeing it both times.
 	testenv.WaitFor(t, 20*time.Second, "the dead entry to expire", func() bool {
-		live, err := redisq.LiveConsumers(ctx, rdb, h.Prefix, queue)
+		live, err := presence.Live(ctx, rdb, h.Prefix, queue)
 		return err == nil && len(live) == 1 && live[0].Instance != dead.Instance()
 	})
 	if strings.Contains(logs.String(), "CONSUMER NAME SHARED") {

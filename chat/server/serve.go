@@ -22,6 +22,7 @@ import (
 	"github.com/outboxchat/outboxchat/chat/auth"
 	"github.com/outboxchat/outboxchat/chat/gateway"
 	"github.com/outboxchat/outboxchat/chat/lease"
+	"github.com/outboxchat/outboxchat/chat/presence"
 	"github.com/outboxchat/outboxchat/chat/schema"
 	"github.com/outboxchat/outboxchat/chat/store"
 	"github.com/outboxchat/outboxchat/internal/notifier"
@@ -156,7 +157,7 @@ type process struct {
 	listener *notifier.Notifier
 	// presence keeps the consumer name live (the worker role; nil
 	// without it).
-	presence *presence
+	presence *consumerPresence
 	gw       *gateway.Gateway
 	// relayWake wakes this process's relay of a partition (nil without
 	// the relay role or when it polls only); relayWakeChats those of the
@@ -374,12 +375,12 @@ func (p *process) claimConsumerName(ctx context.Context) error {
 		}
 		return nil
 	}
-	pr, err := redisq.NewPresence(p.rdb, c.RedisPrefix, chat.QueueName(chat.Peer(c.Service)), c.Service, 0)
+	pr, err := presence.New(p.rdb, c.RedisPrefix, chat.QueueName(chat.Peer(c.Service)), c.Service, 0)
 	if err != nil {
 		return fmt.Errorf("serve: %w", err)
 	}
 	c.Worker.ConsumerName = consumerName(ctx, pr, c.Service, c.Worker.ConsumerName, p.log)
-	p.presence = newPresence(pr, c.Worker.ConsumerName, c.LockDuration, p.log)
+	p.presence = newConsumerPresence(pr, c.Worker.ConsumerName, c.LockDuration, p.log)
 	p.log.Info("consumer name", "consumer", c.Worker.ConsumerName, "instance", pr.Instance())
 	return nil
 }

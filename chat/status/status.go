@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/outboxchat/outboxchat/chat"
+	"github.com/outboxchat/outboxchat/chat/presence"
 	"github.com/outboxchat/outboxchat/chat/schema"
 
 	"github.com/jackc/pgx/v5"
@@ -98,7 +99,7 @@ type ServiceStatus struct {
 	// RelayLiveWindow (their heartbeat rows), newest first.
 	Relays []RelayStatus `json:"relays"`
 	// LiveConsumers are the processes live in the group's presence set
-	// (redisq.LiveConsumers): consumer name and instance id each.
+	// (presence.Live): consumer name and instance id each.
 	LiveConsumers []LiveConsumerStatus `json:"live_consumers"`
 	// SharedConsumerNames are the consumer names more than one live
 	// process uses (each a problem).
@@ -326,7 +327,7 @@ func QueueStatus(ctx context.Context, rdb redis.UniversalClient, prefix, service
 		s.DeadLetters += ps.DeadLetters
 	}
 	// The presence set is partition 0's queue's (one per process).
-	live, err := redisq.LiveConsumers(ctx, rdb, prefix, chat.QueueName(chat.Peer(service)))
+	live, err := presence.Live(ctx, rdb, prefix, chat.QueueName(chat.Peer(service)))
 	if err != nil {
 		return err
 	}
@@ -336,7 +337,7 @@ func QueueStatus(ctx context.Context, rdb redis.UniversalClient, prefix, service
 		// A process refreshes its entry every third of its ttl: one with
 		// less than half left has missed a refresh (it died, e.g. before
 		// its replacement took the name), and is not counted.
-		if l.Group != service || l.Remaining < redisq.DefaultPresenceTTL/2 {
+		if l.Group != service || l.Remaining < presence.DefaultTTL/2 {
 			continue
 		}
 		s.LiveConsumers = append(s.LiveConsumers, LiveConsumerStatus{Name: l.Name, Instance: l.Instance})

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/outboxchat/outboxchat/chat"
+	"github.com/outboxchat/outboxchat/chat/presence"
 	"github.com/outboxchat/outboxchat/chat/status"
 	"github.com/outboxchat/outboxchat/internal/testenv"
 	"github.com/outboxchat/outboxchat/redisq"
@@ -33,9 +34,9 @@ func TestStatusNamesDurabilitySharedNameAndListening(t *testing.T) {
 		t.Fatal(err)
 	}
 	queue := chat.QueueName(chat.Consumers) // the stream workers read
-	var ps []*redisq.Presence
+	var ps []*presence.Process
 	for range 2 {
-		p, err := redisq.NewPresence(rdb, prefix, queue, chat.Workers, 0)
+		p, err := presence.New(rdb, prefix, queue, chat.Workers, 0)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -103,7 +104,7 @@ func TestStatusOnRedisCluster(t *testing.T) {
 	}
 	defer rdb.Close()
 	prefix := testenv.Prefix(t)
-	p, err := redisq.NewPresence(rdb, prefix, chat.QueueName(chat.Consumers), chat.Workers, 0)
+	p, err := presence.New(rdb, prefix, chat.QueueName(chat.Consumers), chat.Workers, 0)
 	if err != nil {
 		t.Fatal(err)
 	}

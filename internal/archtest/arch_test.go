@@ -4,6 +4,9 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"go/ast"
+	"go/parser"
+	"go/token"
 	"io"
 	"os"
 	"os/exec"
@@ -69,16 +72,18 @@ func within(dir, base string) bool {
 }
 
 // load returns the packages of the modules in dirs (each package once),
-// from go list -json: their imports, and their test files' imports.
+// from go list -json: their imports, their test files' imports, their
+// embedded files, and the top-level names their non-test files declare.
 func load(t *testing.T, dirs []string) []Package {
 	t.Helper()
 	var pkgs []Package
 	seen := map[string]bool{}
 	for _, dir := range dirs {
-		dec := json.NewDecoder(bytes.NewReader(goCmd(t, dir, "list", "-e", "-deps=false", "-json=ImportPath,Imports,TestImports,XTestImports,Error", "./...")))
+		dec := json.NewDecoder(bytes.NewReader(goCmd(t, dir, "list", "-e", "-deps=false", "-json=ImportPath,Dir,GoFiles,EmbedFiles,Imports,TestImports,XTestImports,Error", "./...")))
 		for {
 			var p struct {
-				ImportPath                         string
+				ImportPath, Dir                    string
+				GoFiles, EmbedFiles                []string
 				Imports, TestImports, XTestImports []string
 				Error                              *struct{ Err string }
 			}
@@ -96,10 +101,65 @@ func load(t *testing.T, dirs []string) []Package {
 				continue
 			}
 			seen[p.ImportPath] = true
-			pkgs = append(pkgs, Package{ImportPath: p.ImportPath, Imports: p.Imports, TestImports: append(p.TestImports, p.XTestImports...)})
+			pkgs = append(pkgs, Package{ImportPath: p.ImportPath, Imports: p.Imports, TestImports: append(p.TestImports, p.XTestImports...),
+				Decls: decls(t, p.Dir, p.GoFiles), Embeds: p.EmbedFiles})
 		}
 	}
 	return pkgs
+}
+
+// decls returns the top-level identifiers the files (in dir) declare, a
+// method as "Recv.Name".
+func decls(t *testing.T, dir string, files []string) []string {
+	t.Helper()
+	var out []string
+	fset := token.NewFileSet()
+	for _, name := range files {
+		f, err := parser.ParseFile(fset, filepath.Join(dir, name), nil, parser.SkipObjectResolution)
+		if err != nil {
+			t.Fatalf("parsing %s: %v", filepath.Join(dir, name), err)
+		}
+		for _, d := range f.Decls {
+			switch d := d.(type) {
+			case *ast.FuncDecl:
+				out = append(out, recvName(d)+d.Name.Name)
+			case *ast.GenDecl:
+				for _, s := range d.Specs {
+					switch s := s.(type) {
+					case *ast.TypeSpec:
+						out = append(out, s.Name.Name)
+					case *ast.ValueSpec:
+						for _, n := range s.Names {
+							out = append(out, n.Name)
+						}
+					}
+				}
+			}
+		}
+	}
+	return out
+}
+
+// recvName is "Recv." for a method (its receiver's type name, without
+// pointer or type parameters), "" for a func.
+func recvName(d *ast.FuncDecl) string {
+	if d.Recv == nil || len(d.Recv.List) == 0 {
+		return ""
+	}
+	e := d.Recv.List[0].Type
+	if s, ok := e.(*ast.StarExpr); ok {
+		e = s.X
+	}
+	switch x := e.(type) {
+	case *ast.IndexExpr:
+		e = x.X
+	case *ast.IndexListExpr:
+		e = x.X
+	}
+	if id, ok := e.(*ast.Ident); ok {
+		return id.Name + "."
+	}
+	return ""
 }
 
 // goCmd runs the go command in dir and returns its standard output.

@@ -15,17 +15,27 @@ type Package struct {
 	// TestImports are those its test files import (in-package and external
 	// test package together).
 	TestImports []string
+	// Decls are the top-level identifiers its non-test files declare
+	// (types, funcs, consts, vars; a method as "Recv.Name").
+	Decls []string
+	// Embeds are the files its non-test files embed (go:embed), relative
+	// to its directory.
+	Embeds []string
 }
 
 // Rules are the tables a graph is checked against.
 type Rules struct {
-	Layers   map[string]Layer
-	Places   []Place
-	Interims []Interim
+	Layers       map[string]Layer
+	Places       []Place
+	Interims     []Interim
+	Confinements []Confinement
 }
 
-// Project returns the project's rules: Layers, Places and Interims.
-func Project() Rules { return Rules{Layers: Layers, Places: Places, Interims: Interims} }
+// Project returns the project's rules: Layers, Places, Interims and
+// Confinements.
+func Project() Rules {
+	return Rules{Layers: Layers, Places: Places, Interims: Interims, Confinements: Confinements}
+}
 
 // Validate reports what is wrong with the tables themselves: a layer
 // named but not defined, or an Interim whose ends are placed nowhere. nil
@@ -48,6 +58,11 @@ func (r Rules) Validate() []string {
 			known("layer "+name+" (TestMay)", m)
 		}
 	}
+	for _, c := range r.Confinements {
+		for _, l := range c.Outside {
+			known("confinement of "+c.Word, l)
+		}
+	}
 	for _, in := range r.Interims {
 		for _, p := range []string{in.From, in.To, in.Until} {
 			if _, ok := r.place(p); !ok {
@@ -64,8 +79,9 @@ func (r Rules) Validate() []string {
 // packages and imports outside it are not the project's. Violations: a
 // package placed in no layer, an import the importer's layer does not
 // allow (named as "from → to", "(test)" when only a test file imports it),
-// and an Interim that has ended (its Until package exists) but is still in
-// the table.
+// an Interim that has ended (its Until package exists) but is still in
+// the table, and a declaration or embedded file a Confinement keeps out of
+// the package's layer.
 func (r Rules) Check(root string, pkgs []Package) []string {
 	exists := map[string]bool{}
 	for _, p := range pkgs {
@@ -84,6 +100,7 @@ func (r Rules) Check(root string, pkgs []Package) []string {
 			out = append(out, fmt.Sprintf("package %s is placed in no layer: give it one in Places (internal/archtest/rules.go)", from))
 			continue
 		}
+		out = append(out, r.unconfined(from, layer, p)...)
 		l := r.Layers[layer]
 		seen := map[string]bool{}
 		for _, imp := range p.Imports {
@@ -109,6 +126,29 @@ func (r Rules) Check(root string, pkgs []Package) []string {
 	}
 	slices.Sort(out)
 	return slices.Compact(out)
+}
+
+// unconfined returns one line per declaration or embedded file of p (at
+// rel, in layer) that a Confinement keeps out of layer.
+func (r Rules) unconfined(rel, layer string, p Package) []string {
+	var out []string
+	for _, c := range r.Confinements {
+		if !slices.Contains(c.Outside, layer) {
+			continue
+		}
+		word := strings.ToLower(c.Word)
+		for _, d := range p.Decls {
+			if strings.Contains(strings.ToLower(d), word) {
+				out = append(out, fmt.Sprintf("%s declares %s: layer %s may have no %s (%s)", rel, d, layer, c.Word, c.Why))
+			}
+		}
+		for _, e := range p.Embeds {
+			if strings.Contains(strings.ToLower(e), word) {
+				out = append(out, fmt.Sprintf("%s embeds %s: layer %s may have no %s (%s)", rel, e, layer, c.Word, c.Why))
+			}
+		}
+	}
+	return out
 }
 
 // forbidden returns why from (in layer, allowed the layers may and the

@@ -91,6 +91,19 @@ func TestCheck(t *testing.T) {
 		pkgs:    []Package{pkg("chat", []string{"~chat/web"}), pkg("chat/web", nil), pkg("chat/server", []string{"~chat/web"})},
 		want:    []string{"chat → chat/web: layer chat may not import layer http", "interim chat → chat/web has ended"},
 	}, {
+		name: "presence is the app's: the library declares none",
+		pkgs: []Package{
+			{ImportPath: root + "/redisq", Decls: []string{"Keys", "NewKeys", "DeleteIdleConsumers"}, Embeds: []string{"scripts/add.lua"}},
+			{ImportPath: root + "/redisq/x", Decls: []string{"Presence.Claim", "livePresence"}, Embeds: []string{"scripts/presence.lua"}},
+			{ImportPath: root + "/chat/presence", Decls: []string{"Process", "presenceMember"}, Embeds: []string{"scripts/presence.lua"}},
+		},
+		want: []string{"redisq/x declares Presence.Claim: layer library may have no presence",
+			"redisq/x declares livePresence", "redisq/x embeds scripts/presence.lua"},
+	}, {
+		name: "the library may not import chat/presence",
+		pkgs: []Package{pkg("redisq", []string{"~chat/presence"}), pkg("chat/presence", []string{"~redisq"})},
+		want: []string{"redisq → chat/presence: layer library may not import layer presence"},
+	}, {
 		name: "packages outside the root module are not the project's",
 		pkgs: []Package{{ImportPath: "example.com/other", Imports: []string{root + "/cmd/x"}}},
 	}} {

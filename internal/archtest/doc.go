@@ -12,12 +12,15 @@
 //
 // The test fails, naming the arrow, on an import a layer does not allow,
 // and on a package that no pattern places: a new package has to be given a
-// layer before it can land. The rules are data; a change of the
+// layer before it can land. It also fails on a top-level declaration or an
+// embedded file named for a concept that Confinements keeps out of the
+// package's layer (presence, which is the app's chat/presence, out of the
+// library). The rules are data; a change of the
 // architecture is a change of the tables in rules.go.
 //
 // The direction, bottom to top: the library (outbox, redisq, inbox,
 // outboxtest and internal/...) imports only the library; the app's
-// vocabulary chat, then chat/schema and chat/auth, then the parts
+// vocabulary chat and chat/presence, then chat/schema and chat/auth, then the parts
 // chat/store, chat/receive, chat/gateway and chat/status, then the HTTP
 // surface chat/httpapi and chat/web (which talk to the parts through small
 // interfaces, not by importing them), then chat/server, which wires

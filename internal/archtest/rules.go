@@ -34,12 +34,25 @@ type Interim struct {
 	Why string
 }
 
+// A Confinement keeps a concept in the packages that own it: no non-test
+// file of a package placed in one of the Outside layers may declare a
+// top-level identifier (type, func, method, const or var) whose name
+// contains Word, in any case, nor embed a file whose name does. (Fields
+// are not declarations of the package: a key name in a struct may stay.)
+type Confinement struct {
+	Word    string
+	Outside []string
+	// Why says whose the concept is.
+	Why string
+}
+
 // Layer names.
 const (
 	library  = "library"
 	natsq    = "natsq"     // natsq: the NATS JetStream broker, a module of its own
 	testenv  = "testenv"   // internal/testenv: private servers for tests
 	vocab    = "chat"      // the app's vocabulary
+	presence = "presence"  // chat/presence: the live processes of a consumer group, their consumer names
 	tele     = "telemetry" // chat/telemetry: OpenTelemetry tracing, trace context in event headers
 	tracecmd = "trace"     // chat/trace: a message's path across both services, for `outboxchat trace`
 	schema   = "schema"    // chat/schema
@@ -70,7 +83,7 @@ var libraryModules = []string{
 }
 
 // app is every layer of the app, bottom to top.
-var app = []string{vocab, tele, schema, lease, auth, store, receive, gateway, status, tracecmd, http, server}
+var app = []string{vocab, presence, tele, schema, lease, auth, store, receive, gateway, status, tracecmd, http, server}
 
 // Layers is the architecture: which layer may import which.
 var Layers = map[string]Layer{
@@ -83,6 +96,9 @@ var Layers = map[string]Layer{
 	natsq: {May: []string{library}, TestMay: []string{testenv}, External: append([]string{"github.com/nats-io/nats.go"}, libraryModules...)},
 
 	vocab: {May: []string{library}, TestMay: []string{testenv, chattest}},
+	// Presence keeps the queue's presence set (redisq.Keys.Presence) and
+	// deletes idle consumers through redisq; it knows nothing of the chat.
+	presence: {May: []string{library}, TestMay: []string{testenv}},
 	// The library carries headers as a plain map; OpenTelemetry stays here.
 	tele:   {May: []string{}, TestMay: []string{library, testenv, chattest}},
 	schema: {May: []string{library, vocab}, TestMay: []string{testenv, chattest}},
@@ -92,7 +108,7 @@ var Layers = map[string]Layer{
 	store:   {May: []string{library, vocab, schema, auth}, TestMay: []string{testenv, chattest}},
 	receive: {May: []string{library, vocab, schema, auth, store}, TestMay: []string{testenv, chattest}},
 	gateway: {May: []string{library, vocab, schema, auth}, TestMay: []string{testenv, chattest}},
-	status:  {May: []string{library, vocab, schema, auth}, TestMay: []string{testenv, chattest}},
+	status:  {May: []string{library, vocab, schema, auth, presence}, TestMay: []string{testenv, chattest}},
 	// The trace command's queries read what status reads, per message.
 	tracecmd: {May: []string{library, vocab, schema, auth}, TestMay: []string{testenv, chattest}},
 	// The HTTP surface depends on small interfaces that the server fills
@@ -122,6 +138,7 @@ var Places = []Place{
 	{"internal/archtest", archtest},
 
 	{"chat", vocab},
+	{"chat/presence/...", presence},
 	{"chat/schema/...", schema},
 	{"chat/lease/...", lease},
 	{"chat/auth/...", auth},
@@ -144,6 +161,13 @@ var Places = []Place{
 	{"deploy/...", deploy},
 	{"cmd/...", cmd},
 }
+
+// Confinements are the concepts kept out of layers that are not theirs.
+var Confinements = []Confinement{{
+	Word:    "presence",
+	Outside: []string{library, natsq, testenv},
+	Why:     "which processes are live under which consumer name is the app's (chat/presence); the queue library only names the key (redisq.Keys.Presence) and grants it (redisq.ACLRules)",
+}}
 
 // Interims are the arrows of a restructuring in progress (none now).
 var Interims []Interim
