@@ -2,19 +2,23 @@ package server
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/outboxchat/outboxchat/chat"
+	"github.com/outboxchat/outboxchat/chat/auth"
 	"github.com/outboxchat/outboxchat/chat/internal/chattest"
 	"github.com/outboxchat/outboxchat/internal/testenv"
 	"github.com/outboxchat/outboxchat/natsq"
+	"github.com/outboxchat/outboxchat/redisq"
 )
 
 // onNATS puts the queue of a service started with it on url's JetStream,
@@ -163,4 +167,57 @@ func natsConn(t *testing.T, url string) *nats.Conn {
 	}
 	t.Cleanup(nc.Close)
 	return nc
+}
+
+// Someone who can publish into the NATS stream forges events for chat 7
+// seq 1 before the real message 1 is sent, one unsigned and one signed
+// with a key the services do not have: both are dead-lettered in the
+// stream's dead letters with their reason, and the real message takes
+// its slot and reaches the room.
+func TestForgedNATSEventDoesNotTakeSlot(t *testing.T) {
+	t.Parallel()
+	ns := testenv.PrivateNATS(t)
+	keysFile := writeEventKeys(t, "consumers-to-workers "+hexKey(1), "workers-to-consumers "+hexKey(2))
+	h := newHarness(t, "")
+	work := h.start(chat.Workers, onNATS(ns.URL(), keysFile))
+	w := chattest.Watch(t, work.base, 7)
+	attacker, err := auth.ReadEventKeys(writeEventKeys(t, "consumers-to-workers "+hexKey(9), "workers-to-consumers "+hexKey(9)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The worker made sure of the stream at its start.
+	q, err := natsq.New(context.Background(), natsConn(t, ns.URL()), natsq.Config{Queue: "consumers-to-workers",
+		Prefix: chat.NATSName(h.Prefix), MaxAge: NATSMaxAge})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, signer := range []*auth.EventKeys{nil, attacker} {
+		id := uuid.NewString()
+		payload, _ := json.Marshal(chat.Message{ID: id, ChatID: 7, Seq: 1, Body: "forged", SentAt: time.Now(), From: chat.Consumers})
+		ev := natsq.Event{ID: id, Name: chat.EventMessageCreated, Payload: payload}
+		if signer != nil {
+			ev.Sig = signer.Signer(chat.QueueName(chat.Consumers))(redisq.Job{ID: ev.ID, Name: ev.Name, Payload: ev.Payload})
+		}
+		if err := q.Publish(context.Background(), ev); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var dls []natsq.DeadLetter
+	testenv.WaitFor(t, 20*time.Second, "both forged events dead-lettered", func() bool {
+		dls, _ = q.DeadLetters(context.Background(), 0, 10)
+		return len(dls) == 2
+	})
+	reasons := dls[0].Reason + " | " + dls[1].Reason
+	if !strings.Contains(reasons, auth.ErrUnsigned.Error()) || !strings.Contains(reasons, auth.ErrForged.Error()) {
+		t.Fatalf("dead-letter reasons %q: want one unsigned, one forged", reasons)
+	}
+	if n := h.Count(t, `SELECT count(*) FROM workers.inbox`); n != 0 {
+		t.Fatalf("a forged event reached the inbox (%d rows)", n)
+	}
+	cons := h.start(chat.Consumers, onNATS(ns.URL(), keysFile))
+	chattest.Send(t, cons.base, 7, "real")
+	got := w.WaitSeqs(t, chat.Consumers, 1, 10*time.Second)
+	if got[0].Body != "real" {
+		t.Fatalf("seq 1 shown as %q, want the real message", got[0].Body)
+	}
 }
