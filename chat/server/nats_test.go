@@ -130,15 +130,7 @@ func TestRedriveHealsAPurgedNATSStream(t *testing.T) {
 		t.Fatal(err)
 	}
 	work = h.start(chat.Workers, onNATS(ns.URL(), "", fast))
-	w2 := chattest.Watch(t, work.base, 9)
-	w2.WaitSeqs(t, chat.Consumers, 4, 20*time.Second)
-	testenv.WaitFor(t, 10*time.Second, "every message delivered", func() bool {
-		return h.Count(t, `SELECT count(*) FROM consumers.messages_with_receipts WHERE chat_id = 9 AND delivered_at IS NULL`) == 0
-	})
-	if n := h.Count(t, `SELECT count(*) FROM workers.inbox WHERE chat_id = 9`); n != 4 {
-		t.Fatalf("workers.inbox has %d rows, want 4", n)
-	}
-	redrivenAtLeast(t, cons.base, 3)
+	redriveHealed(t, h, cons, work)
 }
 
 // A broker URL that is not a NATS one is refused before anything starts,

@@ -39,8 +39,17 @@ func TestRedriveHealsALostStream(t *testing.T) {
 		t.Fatal(err)
 	}
 	work = h.start(chat.Workers, fast)
-	w2 := chattest.Watch(t, work.base, 9)
-	w2.WaitSeqs(t, chat.Consumers, 4, 20*time.Second)
+	redriveHealed(t, h, cons, work)
+}
+
+// redriveHealed waits until workers' client of chat 9 shows consumers'
+// seqs 1–4 and each of them has its receipt, and fails t unless the inbox
+// holds each once and consumers counts at least 3 re-driven: the end of a
+// scenario whose last 3 messages were lost from the queue.
+func redriveHealed(t *testing.T, h *harness, cons, work *running) {
+	t.Helper()
+	w := chattest.Watch(t, work.base, 9)
+	w.WaitSeqs(t, chat.Consumers, 4, 20*time.Second)
 	testenv.WaitFor(t, 10*time.Second, "every message delivered", func() bool {
 		return h.Count(t, `SELECT count(*) FROM consumers.messages_with_receipts WHERE chat_id = 9 AND delivered_at IS NULL`) == 0
 	})
