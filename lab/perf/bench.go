@@ -280,31 +280,11 @@ func Bench(ctx context.Context, opts BenchOptions) (*BenchResult, error) {
 	if progress == nil {
 		progress = io.Discard
 	}
-	// The bench is one client IP and one user pushing thousands of
-	// messages a second over a socket per chat: the per-IP and per-user
-	// limits and the socket cap, meant for people, are off.
-	args := env.UnlimitedArgs
-	if opts.Retention > 0 {
-		args = append(slices.Clip(args), "--history-retention", opts.Retention.String())
-	}
-	var links *env.Links
-	if opts.RedisLatency > 0 {
-		links = env.NewLinks()
-		defer links.Close()
-	}
-	e, err := env.Start(ctx, env.Options{Variant: opts.Variant, Progress: progress, ExtraArgs: args, Insecure: opts.Insecure, PgBouncer: opts.PgBouncer, Durable: opts.Durable,
-		Partitions: opts.Partitions, Debug: opts.ProfileDir != "", PGSettings: pgSettings(opts.Counts), Links: links, Broker: opts.Broker})
+	e, closeEnv, err := benchEnv(ctx, opts, progress)
 	if err != nil {
 		return nil, err
 	}
-	defer e.Close()
-	if links != nil {
-		for _, s := range []string{chat.Consumers, chat.Workers} {
-			if _, err := links.Add(s+">redis", fault.NetLatency, "downstream", map[string]int{"latency": int(opts.RedisLatency.Milliseconds())}); err != nil {
-				return nil, err
-			}
-		}
-	}
+	defer closeEnv()
 	res := &BenchResult{Senders: opts.Senders, Chats: opts.Chats, Messages: opts.Messages,
 		RSSMB: map[string]float64{}, CPUS: map[string]float64{}, Durable: opts.Durable, Transport: opts.Transport, Broker: e.Broker}
 
@@ -365,21 +345,7 @@ func Bench(ctx context.Context, opts BenchOptions) (*BenchResult, error) {
 	if err != nil {
 		return nil, err
 	}
-	profDone := make(chan error, 1)
-	if opts.ProfileDir != "" {
-		go func() {
-			select {
-			case <-time.After(DefaultProfileDelay):
-			case <-ctx.Done():
-				profDone <- ctx.Err()
-				return
-			}
-			fmt.Fprintf(progress, "lab: bench: profiling every service process for %d s into %s\n", opts.ProfileSeconds, opts.ProfileDir)
-			profDone <- profileWindow(ctx, e, opts.ProfileDir, opts.ProfileSeconds, got.n.Load)
-		}()
-	} else {
-		profDone <- nil
-	}
+	profDone := startProfile(ctx, e, opts, progress, got.n.Load)
 
 	tick := time.NewTicker(opts.ProgressEvery)
 	defer tick.Stop()
@@ -443,18 +409,8 @@ func Bench(ctx context.Context, opts BenchOptions) (*BenchResult, error) {
 		}
 	}
 	res.Tables = tableStats(ctx, e)
-
-	cpu1, err := e.CPU(ctx)
-	if err != nil {
+	if err := res.usage(ctx, e, cpu0); err != nil {
 		return nil, err
-	}
-	for k, v := range cpu1 {
-		res.CPUS[k] = math.Round((v-cpu0[k])*100) / 100
-	}
-	for _, p := range e.Procs() {
-		if u, err := p.Usage(); err == nil {
-			res.RSSMB[p.Name()] = math.Round(float64(u.PeakRSSBytes)/(1<<20)*10) / 10
-		}
 	}
 
 	// Figures.
@@ -679,6 +635,80 @@ func benchDefaults(o BenchOptions) BenchOptions {
 		o.Transport = TransportHTTP
 	}
 	return o
+}
+
+// benchEnv starts the bench's lab environment (and, with RedisLatency,
+// the links that delay Redis's replies); the func closes both.
+func benchEnv(ctx context.Context, opts BenchOptions, progress io.Writer) (*env.Env, func(), error) {
+	// The bench is one client IP and one user pushing thousands of
+	// messages a second over a socket per chat: the per-IP and per-user
+	// limits and the socket cap, meant for people, are off.
+	args := env.UnlimitedArgs
+	if opts.Retention > 0 {
+		args = append(slices.Clip(args), "--history-retention", opts.Retention.String())
+	}
+	var links *env.Links
+	closeLinks := func() {}
+	if opts.RedisLatency > 0 {
+		links = env.NewLinks()
+		closeLinks = links.Close
+	}
+	e, err := env.Start(ctx, env.Options{Variant: opts.Variant, Progress: progress, ExtraArgs: args, Insecure: opts.Insecure, PgBouncer: opts.PgBouncer, Durable: opts.Durable,
+		Partitions: opts.Partitions, Debug: opts.ProfileDir != "", PGSettings: pgSettings(opts.Counts), Links: links, Broker: opts.Broker})
+	if err != nil {
+		closeLinks()
+		return nil, nil, err
+	}
+	closeAll := func() { _ = e.Close(); closeLinks() }
+	if links != nil {
+		for _, s := range []string{chat.Consumers, chat.Workers} {
+			if _, err := links.Add(s+">redis", fault.NetLatency, "downstream", map[string]int{"latency": int(opts.RedisLatency.Milliseconds())}); err != nil {
+				closeAll()
+				return nil, nil, err
+			}
+		}
+	}
+	return e, closeAll, nil
+}
+
+// startProfile profiles the services (profileWindow) from
+// DefaultProfileDelay on when opts.ProfileDir is set; the channel gets
+// its outcome (nil at once without ProfileDir).
+func startProfile(ctx context.Context, e *env.Env, opts BenchOptions, progress io.Writer, shown func() int64) <-chan error {
+	done := make(chan error, 1)
+	if opts.ProfileDir == "" {
+		done <- nil
+		return done
+	}
+	go func() {
+		select {
+		case <-time.After(DefaultProfileDelay):
+		case <-ctx.Done():
+			done <- ctx.Err()
+			return
+		}
+		fmt.Fprintf(progress, "lab: bench: profiling every service process for %d s into %s\n", opts.ProfileSeconds, opts.ProfileDir)
+		done <- profileWindow(ctx, e, opts.ProfileDir, opts.ProfileSeconds, shown)
+	}()
+	return done
+}
+
+// usage fills CPUS (each process's CPU seconds since cpu0, e.CPU's
+// reading at the first send) and RSSMB (each service process's peak).
+func (r *BenchResult) usage(ctx context.Context, e *env.Env, cpu0 map[string]float64) error {
+	cpu1, err := e.CPU(ctx)
+	if err != nil {
+		return err
+	}
+	for k, v := range cpu1 {
+		r.CPUS[k] = math.Round((v-cpu0[k])*100) / 100
+	}
+	for _, p := range e.Procs() {
+		if u, err := p.Usage(); err == nil {
+			r.RSSMB[p.Name()] = math.Round(float64(u.PeakRSSBytes)/(1<<20)*10) / 10
+		}
+	}
+	return nil
 }
 
 // backlog returns the number of unsent consumers' outbox rows (every
