@@ -208,7 +208,7 @@ func (p *process) readyz(stopping *atomic.Bool) http.HandlerFunc {
 		// The queue on NATS: the relay and the worker wait for it.
 		if p.nc != nil && !p.nc.IsConnected() {
 			httpapi.WriteJSON(w, http.StatusServiceUnavailable, map[string]string{
-				"status": "broker unavailable", "roles": strings.Join(p.cfg.brokerRoles(), ","), "error": "nats: " + p.nc.Status().String(),
+				"status": "broker unavailable", "roles": strings.Join(p.cfg.redisRoles(), ","), "error": "nats: " + p.nc.Status().String(),
 			})
 			return
 		}

@@ -37,10 +37,6 @@ func isNATS(url string) bool {
 	return url != ""
 }
 
-// brokerRoles lists the roles of this process that use the NATS queue
-// (those that use Redis's otherwise).
-func (c *Config) brokerRoles() []string { return c.redisRoles() }
-
 // redactURL is a broker URL fit for an error message: each part's
 // password as "xxxxx", and a part that does not parse as "<unparsable>".
 func redactURL(s string) string {

@@ -352,7 +352,8 @@ func (c *Config) has(role string) bool { return slices.Contains(c.Roles, role) }
 // needsRedis reports whether a role of this process talks to Redis.
 func (c *Config) needsRedis() bool { return len(c.redisRoles()) > 0 }
 
-// redisRoles lists the roles of this process that need Redis.
+// redisRoles lists the roles of this process that need the queue (on
+// Redis, or on NATS with BrokerURL) and with it Redis.
 func (c *Config) redisRoles() []string {
 	var out []string
 	for _, r := range []string{RoleRelay, RoleWorker} {

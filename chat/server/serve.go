@@ -76,7 +76,7 @@ func Serve(ctx context.Context, cfg Config) error {
 		}
 		defer p.rdb.Close()
 	}
-	if c.BrokerURL != "" && len(c.brokerRoles()) > 0 {
+	if c.BrokerURL != "" && len(c.redisRoles()) > 0 {
 		if err := p.connectNATS(); err != nil {
 			return err
 		}
