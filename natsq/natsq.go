@@ -149,8 +149,9 @@ func New(ctx context.Context, nc *nats.Conn, cfg Config) (*Queue, error) {
 	if err != nil {
 		return nil, fmt.Errorf("natsq: %w", err)
 	}
-	name := cfg.Prefix + cfg.Queue
-	q := &Queue{nc: nc, js: js, cfg: cfg, stream: name, dead: name + "_dead", subject: name + ".events", deadSubj: name + ".dead"}
+	q := &Queue{nc: nc, js: js, cfg: cfg}
+	q.stream, q.dead, q.subject = Names(cfg.Prefix, cfg.Queue)
+	q.deadSubj = q.stream + ".dead"
 	q.stre, err = ensure(ctx, func(ctx context.Context) (jetstream.Stream, error) {
 		return js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{Name: q.stream, Subjects: []string{q.subject},
 			Storage: jetstream.FileStorage, Retention: jetstream.LimitsPolicy, Duplicates: cfg.Duplicates,
@@ -206,6 +207,15 @@ func validName(s string) bool {
 		}
 	}
 	return true
+}
+
+// Names returns the names New gives the queue of Config.Prefix prefix and
+// Config.Queue queue: its stream, its dead-letter stream, and the subject
+// its events are published on. For tools that look at the streams (or
+// publish into one) without a Queue; it does not check the names.
+func Names(prefix, queue string) (stream, dead, subject string) {
+	name := prefix + queue
+	return name, name + "_dead", name + ".events"
 }
 
 // Stream returns the queue's stream name; DeadStream its dead letters'.

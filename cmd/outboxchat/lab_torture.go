@@ -28,6 +28,7 @@ func runLabTorture(ctx context.Context, args []string, stdout, stderr io.Writer)
 	asJSON := fs.Bool("json", false, "print one JSON object (schedules, failed, lost, duplicates_shown, order_violations, max_drain_s, failures, …)")
 	verbose := fs.Bool("v", false, "print the fault events to stderr")
 	partitions := fs.Int("partitions", 1, "every service process's --partitions; the checker reads every partition's stream and outbox (not drawn: a schedule is the same whatever it is)")
+	broker := brokerFlag(fs)
 	cluster := fs.Bool("redis-cluster", false, "run every schedule on a Redis Cluster of 3 masters and 3 replicas and draw cluster faults too: a master killed with its replica held back and the replica promoted, a queue's slot moved key by key under load, a node paused")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -36,7 +37,7 @@ func runLabTorture(ctx context.Context, args []string, stdout, stderr io.Writer)
 		return fmt.Errorf("lab torture: unexpected arguments %q", fs.Args())
 	}
 	opts := torture.Options{Schedules: *schedules, Seed: *seed, Only: *only, Duration: *dur, DrainBound: *drain,
-		Shrink: *shrink, Progress: stderr, Dir: *dir, RedisCluster: *cluster, Partitions: *partitions}
+		Shrink: *shrink, Progress: stderr, Dir: *dir, RedisCluster: *cluster, Partitions: *partitions, Broker: *broker}
 	if *verbose {
 		opts.Log = stderr
 	}

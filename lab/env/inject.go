@@ -28,6 +28,7 @@ func (e *Env) Proc(name string) *Proc {
 //	fault.Kill, fault.Term  SIGKILL / SIGTERM process f.Target; heal starts it again (if it is not running)
 //	fault.Stop              SIGSTOP process f.Target; heal continues it
 //	fault.RedisKill         SIGKILL Redis; fault.RedisStop: graceful shutdown; heal starts it again
+//	fault.NATSKill          SIGKILL the nats-server (Options.Broker BrokerNATS, no cluster); fault.NATSStop: SIGTERM; heal starts it again
 //	fault.PostgresImmediate, fault.PostgresFast  stop Postgres in that mode; heal starts it again
 //	fault.Net               a toxic on link f.Target (needs Options.Links); heal removes it
 //	fault.ClusterFailover   kill the master of f.Target's queue once its replica is in sync (writes paused meanwhile), and wait for the promotion; heal: the old master rejoins as a replica
@@ -74,6 +75,27 @@ func (e *Env) Inject(ctx context.Context, f fault.Fault) (Heal, error) {
 			return heal, fmt.Errorf("lab: stop redis: %w", err)
 		}
 		return heal, nil
+	case fault.NATSKill, fault.NATSStop:
+		if e.NATS == nil {
+			return none, fmt.Errorf("lab: inject %s: no single nats-server in this lab (--broker nats without --nats-cluster)", f.Kind)
+		}
+		heal := func(ctx context.Context) error {
+			if e.NATS.Running() {
+				return nil
+			}
+			if err := e.NATS.Start(ctx); err != nil {
+				return fmt.Errorf("lab: start nats-server: %w", err)
+			}
+			return nil
+		}
+		if f.Kind == fault.NATSKill {
+			if err := e.NATS.Kill(); err != nil {
+				return heal, fmt.Errorf("lab: kill nats-server: %w", err)
+			}
+		} else if err := e.NATS.Stop(ctx); err != nil {
+			return heal, fmt.Errorf("lab: stop nats-server: %w", err)
+		}
+		return heal, nil
 	case fault.PostgresImmediate, fault.PostgresFast:
 		heal := func(ctx context.Context) error {
 			if err := e.Postgres.Restart(ctx); err != nil {
@@ -104,8 +126,8 @@ func (e *Env) Inject(ctx context.Context, f fault.Fault) (Heal, error) {
 	return none, fmt.Errorf("lab: inject: %q is not injected by Inject", f.Kind)
 }
 
-// HealAll ends every fault: toxics removed (with Options.Links), Postgres
-// and Redis (every node of a cluster) running and continued, every service
+// HealAll ends every fault: toxics removed (with Options.Links), Postgres,
+// Redis (every node of a cluster) and the nats-servers running and continued, every service
 // process running and continued. It
 // returns the first failure to start something.
 func (e *Env) HealAll(ctx context.Context) error {
@@ -120,6 +142,13 @@ func (e *Env) HealAll(ctx context.Context) error {
 	if !e.Redis.Running() {
 		if err := e.Redis.Restart(ctx); err != nil {
 			return fmt.Errorf("heal redis: %w", err)
+		}
+	}
+	for _, s := range e.natsServers() {
+		if !s.Running() {
+			if err := s.Start(ctx); err != nil {
+				return fmt.Errorf("heal nats-server %s: %w", s.Name(), err)
+			}
 		}
 	}
 	if c := e.RedisCluster; c != nil {

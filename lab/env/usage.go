@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/outboxchat/outboxchat/chat"
+	"github.com/outboxchat/outboxchat/natsq"
 )
 
 // RedisUsedMB returns the lab Redis's used_memory in MB (2^20 bytes).
@@ -131,7 +132,7 @@ func (env *Env) NATSPending(ctx context.Context, from, group string, p int) (int
 	if err != nil {
 		return 0, fmt.Errorf("lab: %w", err)
 	}
-	stream := chat.NATSName(RedisPrefix) + chat.NATSName(chat.PartitionQueue(from, p))
+	stream, _, _ := NATSStreams(from, p)
 	c, err := js.Consumer(ctx, stream, chat.NATSName(group))
 	if errors.Is(err, jetstream.ErrStreamNotFound) || errors.Is(err, jetstream.ErrConsumerNotFound) {
 		return 0, nil
@@ -141,4 +142,12 @@ func (env *Env) NATSPending(ctx context.Context, from, group string, p int) (int
 	}
 	info := c.CachedInfo()
 	return int64(info.NumAckPending) + int64(info.NumPending), nil
+}
+
+// NATSStreams returns the JetStream names of partition p's queue from
+// service from as the lab's services make them (natsq.Names with the
+// services' prefix): the stream, its dead-letter stream and the subject
+// events are published on.
+func NATSStreams(from string, p int) (stream, dead, subject string) {
+	return natsq.Names(chat.NATSName(RedisPrefix), chat.NATSName(chat.PartitionQueue(from, p)))
 }

@@ -21,6 +21,8 @@ const (
 	CrashPoint        Kind = "crash-point"        // restart a service process with --fault Crash:SEQ: it SIGKILLs itself there
 	RedisKill         Kind = "redis-kill"         // SIGKILL Redis
 	RedisStop         Kind = "redis-stop"         // shut Redis down gracefully
+	NATSKill          Kind = "nats-kill"          // SIGKILL the nats-server (env.Options.Broker "nats")
+	NATSStop          Kind = "nats-stop"          // shut the nats-server down gracefully (SIGTERM)
 	PostgresImmediate Kind = "postgres-immediate" // stop Postgres in immediate mode (a crash)
 	PostgresFast      Kind = "postgres-fast"      // stop Postgres in fast mode
 	Net               Kind = "net"                // a toxic (Fault.Net) on one service's link to Postgres or Redis
@@ -53,6 +55,7 @@ const PruneOlderThan = 500 * time.Millisecond
 const (
 	ServerRedis    = "redis"
 	ServerPostgres = "postgres"
+	ServerNATS     = "nats"
 )
 
 // Fault is one fault: at At (from a run's start), for For.
@@ -74,13 +77,15 @@ type Fault struct {
 }
 
 // Server returns the server the fault takes down (ServerRedis,
-// ServerPostgres), "" for the kinds that act on a process or a link.
+// ServerPostgres, ServerNATS), "" for the kinds that act on a process or a link.
 func (f Fault) Server() string {
 	switch f.Kind {
 	case RedisKill, RedisStop, ClusterFailover, ClusterReshard, ClusterPause:
 		return ServerRedis
 	case PostgresImmediate, PostgresFast:
 		return ServerPostgres
+	case NATSKill, NATSStop:
+		return ServerNATS
 	}
 	return ""
 }
@@ -106,7 +111,7 @@ func (f Fault) Label() string {
 		return fmt.Sprintf("%s %s %s(%s)", f.Net, f.Target, f.Stream, strings.Join(a, ","))
 	case CrashPoint:
 		return fmt.Sprintf("%s %s", f.Crash, f.Target)
-	case RedisKill, RedisStop, PostgresImmediate, PostgresFast:
+	case RedisKill, RedisStop, PostgresImmediate, PostgresFast, NATSKill, NATSStop:
 		return string(f.Kind)
 	}
 	return string(f.Kind) + " " + f.Target

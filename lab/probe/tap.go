@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/outboxchat/outboxchat/chat"
@@ -28,26 +29,34 @@ type lane struct {
 	from, stream string
 }
 
-// lanes returns the streams of e's queues, every partition's.
+// lanes returns the streams of e's queues, every partition's: Redis
+// stream keys, or JetStream stream names with env.BrokerNATS.
 func lanes(e *env.Env) []lane {
 	var ls []lane
 	for _, from := range []string{chat.Consumers, chat.Workers} {
 		for p := range max(e.Partitions, 1) {
-			ls = append(ls, lane{from, env.PartitionQueueKeys(from, p).Stream})
+			stream := env.PartitionQueueKeys(from, p).Stream
+			if e.Broker == env.BrokerNATS {
+				stream, _, _ = env.NATSStreams(from, p)
+			}
+			ls = append(ls, lane{from, stream})
 		}
 	}
 	return ls
 }
 
-// Tap reads the queue streams (every partition's) through a consumer
-// group of its own
-// and checks, independently of the services, that a chat's entries are
+// Tap reads the queue streams (every partition's) through a reader of
+// its own and checks, independently of the services, that a chat's entries are
 // added in seq order: an entry whose seq was not seen before and is below
 // the highest seq seen of its chat is an order violation (an entry of a
 // seq seen before is a re-send or a re-drive: allowed, the inbox drops
 // it). Safe for concurrent use.
 type Tap struct {
-	rdb    redis.UniversalClient
+	rdb redis.UniversalClient
+	// js is set with env.BrokerNATS: the tap then reads each stream with
+	// an ordered consumer of its own (natsRead) and lanes name JetStream
+	// streams.
+	js     jetstream.JetStream
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
@@ -67,26 +76,47 @@ type Tap struct {
 	early     map[string]string
 }
 
-// StartTap creates the tap's group on both streams of e (from the start)
-// and starts reading them. Stop ends it.
+// StartTap starts reading every queue stream of e from its start: on
+// Redis through a consumer group of its own (tapGroup), on JetStream
+// (env.BrokerNATS) through an ordered consumer of its own per stream,
+// which takes nothing from the services' durable consumers. Stop ends it.
 func StartTap(ctx context.Context, e *env.Env) (*Tap, error) {
 	t := &Tap{rdb: e.RedisClient(), seen: map[string]map[int64]map[int64]bool{}, top: map[string]map[int64]int64{}, inserted: map[string]int{},
 		lanes: lanes(e), entries: map[string]map[string]string{}, confirmed: map[string]bool{}, early: map[string]string{}}
 	for _, from := range []string{chat.Consumers, chat.Workers} {
 		t.seen[from], t.top[from] = map[int64]map[int64]bool{}, map[int64]int64{}
 	}
+	if e.Broker == env.BrokerNATS {
+		nc, err := e.NATSConn()
+		if err != nil {
+			return nil, fmt.Errorf("lab: torture: stream tap: %w", err)
+		}
+		if t.js, err = jetstream.New(nc); err != nil {
+			return nil, fmt.Errorf("lab: torture: stream tap: %w", err)
+		}
+	}
 	for _, l := range t.lanes {
+		t.entries[l.stream] = map[string]string{}
+		if t.js != nil {
+			continue
+		}
 		err := t.rdb.XGroupCreateMkStream(ctx, l.stream, tapGroup, "0").Err()
 		if err != nil && !strings.Contains(err.Error(), "BUSYGROUP") {
 			return nil, fmt.Errorf("lab: torture: stream tap: %w", err)
 		}
-		t.entries[l.stream] = map[string]string{}
 	}
 	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	t.cancel = cancel
 	for _, l := range t.lanes {
 		t.wg.Add(1)
-		go func() { defer t.wg.Done(); t.read(rctx, l) }()
+		go func() {
+			defer t.wg.Done()
+			if t.js != nil {
+				t.natsRead(rctx, l)
+				return
+			}
+			t.read(rctx, l)
+		}()
 	}
 	return t, nil
 }
@@ -111,7 +141,9 @@ func (t *Tap) read(ctx context.Context, l lane) {
 			ids := make([]string, 0, len(s.Messages))
 			for _, m := range s.Messages {
 				ids = append(ids, m.ID)
-				t.entry(l, m)
+				name, _ := m.Values["name"].(string)
+				payload, _ := m.Values["payload"].(string)
+				t.entry(l, m.ID, name, payload)
 			}
 			if len(ids) > 0 {
 				_ = t.rdb.XAck(ctx, stream, tapGroup, ids...).Err()
@@ -120,13 +152,13 @@ func (t *Tap) read(ctx context.Context, l lane) {
 	}
 }
 
-// entry records one stream entry of a message event.
-func (t *Tap) entry(l lane, m redis.XMessage) {
+// entry records one stream entry of a message event: ref is the entry's
+// id in its stream (a Redis entry id, or a JetStream stream seq).
+func (t *Tap) entry(l lane, ref, name, payload string) {
 	from := l.from
-	if name, _ := m.Values["name"].(string); name != chat.EventMessageCreated {
+	if name != chat.EventMessageCreated {
 		return // a receipt, or something else
 	}
-	payload, _ := m.Values["payload"].(string)
 	var ev struct {
 		ID     string `json:"id"`
 		ChatID int64  `json:"chat_id"`
@@ -138,7 +170,7 @@ func (t *Tap) entry(l lane, m redis.XMessage) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.entries != nil && t.entries[l.stream] != nil {
-		t.entries[l.stream][m.ID] = ev.ID
+		t.entries[l.stream][ref] = ev.ID
 	}
 	seen := t.seen[from][ev.ChatID]
 	if seen == nil {
@@ -147,7 +179,7 @@ func (t *Tap) entry(l lane, m redis.XMessage) {
 	}
 	if !seen[ev.Seq] && ev.Seq < t.top[from][ev.ChatID] {
 		t.order = append(t.order, fmt.Sprintf("%s: chat %d seq %d added after seq %d (entry %s)",
-			l.stream, ev.ChatID, ev.Seq, t.top[from][ev.ChatID], m.ID))
+			l.stream, ev.ChatID, ev.Seq, t.top[from][ev.ChatID], ref))
 	}
 	seen[ev.Seq] = true
 	t.top[from][ev.ChatID] = max(t.top[from][ev.ChatID], ev.Seq)
@@ -176,22 +208,24 @@ func (t *Tap) Violations() []string {
 }
 
 // SampleAcks checks invariant 4 from outside: every message entry the
-// receiving service's group has acknowledged (delivered: at or below the
-// group's last-delivered id; and no longer pending) must have its message
-// in the receiver's inbox. Read in that order — Redis first, then Postgres
-// — an entry acknowledged only after its inbox commit is always found
-// there; one acknowledged before its commit is caught while the commit is
+// receiving service's group has acknowledged must have its message in the
+// receiver's inbox. On Redis an entry is acknowledged when it is at or
+// below the group's last-delivered id and no longer pending; on JetStream
+// when its stream seq is at or below the durable consumer's ack floor
+// (acks above the floor are not counted: the check only misses, never
+// invents). Read in that order — the broker first, then Postgres — an
+// entry acknowledged only after its inbox commit is always found there;
+// one acknowledged before its commit is caught while the commit is
 // outstanding, and for good if the worker died in between. known, when
 // set, says a message was in the inbox earlier (a row since deleted by
 // retention counts as there). Errors (a server down) skip the sample.
 func (t *Tap) SampleAcks(ctx context.Context, e *env.Env, known func(messageID string) bool) {
 	for _, l := range t.lanes {
-		from, stream := l.from, l.stream
-		receiver := chat.Peer(from)
+		receiver := chat.Peer(l.from)
 		t.mu.Lock()
 		cand := map[string]string{}
-		for ref, id := range t.entries[stream] {
-			if !t.confirmed[stream+" "+ref] {
+		for ref, id := range t.entries[l.stream] {
+			if !t.confirmed[l.stream+" "+ref] {
 				cand[ref] = id
 			}
 		}
@@ -199,65 +233,98 @@ func (t *Tap) SampleAcks(ctx context.Context, e *env.Env, known func(messageID s
 		if len(cand) == 0 {
 			continue
 		}
-		groups, err := t.rdb.XInfoGroups(ctx, stream).Result()
-		if err != nil {
-			continue
+		var acked map[string]string // ref → message id
+		if t.js != nil {
+			acked = t.natsAcked(ctx, l.stream, receiver, cand)
+		} else {
+			acked = t.redisAcked(ctx, l.stream, receiver, cand)
 		}
-		last := ""
-		for _, g := range groups {
-			if g.Name == receiver {
-				last = g.LastDeliveredID
-			}
+		if len(acked) > 0 {
+			t.confirm(ctx, e, l.stream, receiver, acked, known)
 		}
-		if last == "" {
-			continue
-		}
-		pend, err := t.rdb.XPendingExt(ctx, &redis.XPendingExtArgs{Stream: stream, Group: receiver, Start: "-", End: "+", Count: 1 << 20}).Result()
-		if err != nil {
-			continue
-		}
-		pending := map[string]bool{}
-		for _, p := range pend {
-			pending[p.ID] = true
-		}
-		acked := map[string]string{} // ref → message id
-		var ids []string
-		for ref, id := range cand {
-			if !pending[ref] && streamIDLE(ref, last) {
-				acked[ref] = id
-				ids = append(ids, id)
-			}
-		}
-		if len(ids) == 0 {
-			continue
-		}
-		in := map[string]bool{}
-		rows, err := e.Admin().Query(ctx, `SELECT message_id::text FROM `+receiver+`.inbox WHERE message_id::text = ANY($1)`, ids)
-		if err != nil {
-			continue
-		}
-		for rows.Next() {
-			var id string
-			if rows.Scan(&id) == nil {
-				in[id] = true
-			}
-		}
-		rows.Close()
-		if rows.Err() != nil {
-			continue
-		}
-		t.mu.Lock()
-		for ref, id := range acked {
-			if in[id] || (known != nil && known(id)) {
-				t.confirmed[stream+" "+ref] = true
-				continue
-			}
-			if _, ok := t.early[id]; !ok {
-				t.early[id] = fmt.Sprintf("%s entry %s (message %s) acknowledged by %s before it was in its inbox", stream, ref, id, receiver)
-			}
-		}
-		t.mu.Unlock()
 	}
+}
+
+// redisAcked returns the entries of cand (ref → message id) that group
+// receiver of stream has acknowledged, nil when Redis cannot say.
+func (t *Tap) redisAcked(ctx context.Context, stream, receiver string, cand map[string]string) map[string]string {
+	groups, err := t.rdb.XInfoGroups(ctx, stream).Result()
+	if err != nil {
+		return nil
+	}
+	last := ""
+	for _, g := range groups {
+		if g.Name == receiver {
+			last = g.LastDeliveredID
+		}
+	}
+	if last == "" {
+		return nil
+	}
+	pend, err := t.rdb.XPendingExt(ctx, &redis.XPendingExtArgs{Stream: stream, Group: receiver, Start: "-", End: "+", Count: 1 << 20}).Result()
+	if err != nil {
+		return nil
+	}
+	pending := map[string]bool{}
+	for _, p := range pend {
+		pending[p.ID] = true
+	}
+	acked := map[string]string{}
+	for ref, id := range cand {
+		if !pending[ref] && streamIDLE(ref, last) {
+			acked[ref] = id
+		}
+	}
+	return acked
+}
+
+// confirm looks up the messages of acked (ref → message id, acknowledged
+// entries of stream by receiver) in receiver's inbox: those there (or
+// known) are confirmed for good, the others recorded as early acks.
+func (t *Tap) confirm(ctx context.Context, e *env.Env, stream, receiver string, acked map[string]string, known func(string) bool) {
+	ids := make([]string, 0, len(acked))
+	for _, id := range acked {
+		ids = append(ids, id)
+	}
+	in := map[string]bool{}
+	rows, err := e.Admin().Query(ctx, `SELECT message_id::text FROM `+receiver+`.inbox WHERE message_id::text = ANY($1)`, ids)
+	if err != nil {
+		return
+	}
+	for rows.Next() {
+		var id string
+		if rows.Scan(&id) == nil {
+			in[id] = true
+		}
+	}
+	rows.Close()
+	if rows.Err() != nil {
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for ref, id := range acked {
+		if in[id] || (known != nil && known(id)) {
+			t.confirmed[stream+" "+ref] = true
+			continue
+		}
+		if _, ok := t.early[id]; !ok {
+			t.early[id] = fmt.Sprintf("%s entry %s (message %s) acknowledged by %s before it was in its inbox", stream, ref, id, receiver)
+		}
+	}
+}
+
+// Counts returns how many message entries the tap has read and how many
+// of them SampleAcks has confirmed (acknowledged, message in the inbox):
+// a run that sent messages and reads zero of either has a tap that saw
+// nothing, and its order and ack checks proved nothing.
+func (t *Tap) Counts() (read, confirmed int) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, es := range t.entries {
+		read += len(es)
+	}
+	return read, len(t.confirmed)
 }
 
 // EarlyAcks returns what SampleAcks found.
@@ -300,9 +367,13 @@ func (t *Tap) Stop() {
 
 // StreamDrained returns "" when the receiving service's group of every
 // stream (every partition's) from service from has nothing pending and has
-// been handed every entry (its last-delivered id is the stream's last id),
-// else what is left.
+// been handed every entry (on Redis its last-delivered id is the stream's
+// last id; on JetStream its durable consumer has nothing pending nor
+// unacknowledged), else what is left.
 func StreamDrained(ctx context.Context, e *env.Env, from string) string {
+	if e.Broker == env.BrokerNATS {
+		return natsDrained(ctx, e, from)
+	}
 	for p := range max(e.Partitions, 1) {
 		if s := streamDrained(ctx, e, env.PartitionQueueKeys(from, p).Stream); s != "" {
 			return s
@@ -335,9 +406,23 @@ func streamDrained(ctx context.Context, e *env.Env, stream string) string {
 	return ""
 }
 
-// MalformedEntry is the XADD of an entry no sender wrote: an event name
-// and an id, no signature, a payload that is not an event.
-func MalformedEntry(from, id string) *redis.XAddArgs {
-	return &redis.XAddArgs{Stream: streamOf(from),
-		Values: []any{"id", id, "name", chat.EventMessageCreated, "payload", "{not an event"}}
+// InjectMalformed adds to the queue from service from (partition 0's) an
+// entry no sender wrote: an event name and the id id, no signature, a
+// payload that is not an event; on Redis an XADD, on JetStream a publish
+// into the stream. The receiver must dead-letter it.
+func InjectMalformed(ctx context.Context, e *env.Env, from, id string) error {
+	if e.Broker == env.BrokerNATS {
+		return natsInjectMalformed(ctx, e, from, id)
+	}
+	return e.RedisClient().XAdd(ctx, &redis.XAddArgs{Stream: streamOf(from),
+		Values: []any{"id", id, "name", chat.EventMessageCreated, "payload", "{not an event"}}).Err()
+}
+
+// DeadLetters returns how many dead letters the queue from service from
+// (partition 0's) holds: its dead-letter stream's length.
+func DeadLetters(ctx context.Context, e *env.Env, from string) (int64, error) {
+	if e.Broker == env.BrokerNATS {
+		return natsDeadLetters(ctx, e, from)
+	}
+	return e.RedisClient().XLen(ctx, env.QueueKeys(from).Dead).Result()
 }

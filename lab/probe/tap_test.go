@@ -5,8 +5,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/outboxchat/outboxchat/chat"
 )
 
@@ -15,15 +13,15 @@ import (
 func TestStreamTapOrder(t *testing.T) {
 	tap := &Tap{seen: map[string]map[int64]map[int64]bool{chat.Consumers: {}}, top: map[string]map[int64]int64{chat.Consumers: {}}}
 	entry := func(chatID, seq int64) {
-		tap.entry(lane{chat.Consumers, streamOf(chat.Consumers)}, redis.XMessage{ID: "1-0", Values: map[string]any{
-			"name": chat.EventMessageCreated, "payload": `{"chat_id":` + strconv.FormatInt(chatID, 10) + `,"seq":` + strconv.FormatInt(seq, 10) + `}`}})
+		tap.entry(lane{chat.Consumers, streamOf(chat.Consumers)}, "1-0", chat.EventMessageCreated,
+			`{"chat_id":`+strconv.FormatInt(chatID, 10)+`,"seq":`+strconv.FormatInt(seq, 10)+`}`)
 	}
 	entry(1, 1)
 	entry(1, 2)
 	entry(2, 1)
 	entry(1, 1) // a re-send (relay crash, re-drive): allowed
 	entry(1, 3)
-	tap.entry(lane{chat.Consumers, streamOf(chat.Consumers)}, redis.XMessage{ID: "1-1", Values: map[string]any{"name": chat.EventMessageCreated, "payload": "{not an event"}})
+	tap.entry(lane{chat.Consumers, streamOf(chat.Consumers)}, "1-1", chat.EventMessageCreated, "{not an event")
 	if v := tap.Violations(); len(v) != 0 {
 		t.Fatalf("in-order entries flagged: %v", v)
 	}

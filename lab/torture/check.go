@@ -13,7 +13,6 @@ import (
 
 	"github.com/outboxchat/outboxchat/chat"
 	"github.com/outboxchat/outboxchat/chat/store"
-	"github.com/outboxchat/outboxchat/lab/env"
 	"github.com/outboxchat/outboxchat/lab/probe"
 )
 
@@ -498,10 +497,13 @@ func (t *run) check(ctx context.Context, res *ScheduleResult) {
 	if early := t.tap.EarlyAcks(); len(early) > 0 {
 		problem("%d entr(ies) acknowledged before the inbox commit: %s", len(early), firstFew(early))
 	}
+	if read, confirmed := t.tap.Counts(); res.Sent > 0 && (read == 0 || confirmed == 0) {
+		problem("the stream tap read %d entries and confirmed %d acknowledgements of %d sends: checks 4 and 5 saw nothing", read, confirmed, res.Sent)
+	}
 
 	// 6. Dead letters only for the entries the schedule injected.
 	for _, svc := range []string{chat.Consumers, chat.Workers} {
-		n, err := t.e.RedisClient().XLen(qctx, env.QueueKeys(svc).Dead).Result()
+		n, err := probe.DeadLetters(qctx, t.e, svc)
 		if err != nil {
 			problem("read dead letters: %v", err)
 			continue

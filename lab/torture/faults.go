@@ -71,7 +71,7 @@ func (t *run) apply(ctx context.Context, start time.Time, f fault.Fault) {
 		}
 	case fault.Net:
 		t.log.Add("fault", "net %s", f.Label())
-	case fault.RedisKill, fault.RedisStop, fault.PostgresImmediate, fault.PostgresFast:
+	case fault.RedisKill, fault.RedisStop, fault.PostgresImmediate, fault.PostgresFast, fault.NATSKill, fault.NATSStop:
 		t.log.Add("fault", "%s", f.Kind)
 	}
 	hold()

@@ -100,7 +100,8 @@ func runSchedule(ctx context.Context, opts Options, s *schedule) (*ScheduleResul
 		dir = fmt.Sprintf("%s/s%d", opts.Dir, s.K)
 	}
 	e, err := env.Start(ctx, env.Options{APIs: s.APIs, ConsumersRelays: s.ConsumersRelays, WorkersRelays: s.WorkersRelays,
-		LockDuration: lockDuration, ExtraArgs: args, Links: links, Dir: dir, RedisCluster: s.Cluster, Partitions: s.Partitions})
+		LockDuration: lockDuration, ExtraArgs: args, Links: links, Dir: dir, RedisCluster: s.Cluster, Partitions: s.Partitions,
+		Broker: map[bool]string{true: env.BrokerNATS, false: env.BrokerRedis}[s.NATS]})
 	if err != nil {
 		return nil, err
 	}
@@ -262,14 +263,22 @@ func (t *run) dropLoop(ctx context.Context, w *probe.Watcher) {
 }
 
 // injectMalformed adds s.Malformed entries that no sender wrote (no
-// signature, a payload that is not an event) to each stream, after wait.
+// signature, a payload that is not an event) to each stream, after wait;
+// on JetStream it retries each until it is stored or the load ends.
 func (t *run) injectMalformed(ctx context.Context, wait time.Duration) {
 	if env.SleepUntil(ctx, time.Now().Add(wait)) != nil {
 		return
 	}
 	for _, from := range []string{chat.Consumers, chat.Workers} {
 		for i := range t.s.Malformed {
-			err := t.e.RedisClient().XAdd(ctx, probe.MalformedEntry(from, fmt.Sprintf("00000000-0000-4000-8000-%012d", i+1))).Err()
+			id := fmt.Sprintf("00000000-0000-4000-8000-%012d", i+1)
+			err := probe.InjectMalformed(ctx, t.e, from, id)
+			// A JetStream publish is deduplicated by its id, so it is
+			// retried through a nats-server outage; an XADD is not, and a
+			// timed-out one may have been applied: no retry on Redis.
+			for err != nil && t.e.Broker == env.BrokerNATS && env.SleepUntil(ctx, time.Now().Add(200*time.Millisecond)) == nil {
+				err = probe.InjectMalformed(ctx, t.e, from, id)
+			}
 			if err != nil {
 				t.log.Add("lab", "could not inject a malformed entry: %v", err)
 				continue

@@ -23,6 +23,7 @@ type schedule struct {
 	Redrive                        bool
 	Malformed                      int  // malformed entries added to each stream
 	Cluster                        bool // Redis is a cluster (Options.RedisCluster)
+	NATS                           bool // the queue is JetStream (Options.Broker env.BrokerNATS)
 	Partitions                     int  // --partitions of every service process (Options.Partitions)
 	Faults                         []fault.Fault
 }
@@ -38,6 +39,9 @@ func (s *schedule) topology() string {
 	}
 	if s.Cluster {
 		t += ", redis cluster 3+3, replica acks 1"
+	}
+	if s.NATS {
+		t += ", queue on nats"
 	}
 	if s.Partitions > 1 {
 		t += fmt.Sprintf(", %d partitions", s.Partitions)
@@ -82,15 +86,17 @@ func (s *schedule) procNames() (workers, relays []string) {
 
 // drawSchedule draws schedule k of seed: the same (seed, k) always gives
 // the same schedule.
-func drawSchedule(seed uint64, k int, d time.Duration) *schedule { return draw(seed, k, d, false) }
+func drawSchedule(seed uint64, k int, d time.Duration) *schedule { return draw(seed, k, d, false, false) }
 
 // draw is drawSchedule, on a Redis Cluster when cluster is set: then
 // about a third of the faults are cluster faults, and no single-server
 // Redis fault nor toxic on a Redis link is drawn (the rest of the draw is
-// the same as without).
-func draw(seed uint64, k int, d time.Duration, cluster bool) *schedule {
+// the same as without). With nats (the queue on JetStream) each Redis
+// server fault drawn becomes, on a coin toss, the same fault on the
+// nats-server (fault.NATSKill, fault.NATSStop).
+func draw(seed uint64, k int, d time.Duration, cluster, nats bool) *schedule {
 	r := rand.New(rand.NewPCG(seed, uint64(k)))
-	s := &schedule{K: k, Cluster: cluster}
+	s := &schedule{K: k, Cluster: cluster, NATS: nats}
 	switch r.IntN(3) {
 	case 0: // every role in one process per service
 		s.APIs = 1
@@ -153,8 +159,14 @@ func draw(seed uint64, k int, d time.Duration, cluster bool) *schedule {
 			}
 		case c < 59:
 			f.Kind, f.For = fault.RedisKill, ms(200, 2500)
+			if nats && r.IntN(2) == 0 {
+				f.Kind = fault.NATSKill
+			}
 		case c < 64:
 			f.Kind, f.For = fault.RedisStop, ms(200, 2500)
+			if nats && r.IntN(2) == 0 {
+				f.Kind = fault.NATSStop
+			}
 		case c < 69:
 			f.Kind, f.For = fault.PostgresImmediate, ms(200, 2500)
 		case c < 74:

@@ -2,6 +2,7 @@ package torture
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"slices"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/outboxchat/outboxchat/lab/env"
 	"github.com/outboxchat/outboxchat/lab/fault"
 )
 
@@ -76,6 +78,16 @@ type Options struct {
 	// single-server Redis faults and the toxics on Redis links are not
 	// drawn then. Default false: one Redis server.
 	RedisCluster bool
+	// Broker is the queue between the services: env.BrokerRedis (""; Redis
+	// Streams) or env.BrokerNATS (JetStream on a private nats-server,
+	// env.Options.Broker). With NATS the tap reads the JetStream streams,
+	// the checker counts the dead letters of the JetStream dead-letter
+	// streams, and the draw puts a nats-server SIGKILL (fault.NATSKill) or
+	// graceful stop (fault.NATSStop) in place of half the Redis server
+	// faults; Redis, which stays for the seq fence, presence and the live
+	// hub, still takes the other half. The nats-server's links carry no
+	// toxics. Not with RedisCluster.
+	Broker string
 	// Partitions runs every service process with --partitions Partitions
 	// (env.Options.Partitions); the checker then reads every partition's
 	// stream and outbox. It is not part of the draw: schedule K of a seed
@@ -178,6 +190,16 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 	if opts.Log == nil {
 		opts.Log = io.Discard
 	}
+	switch opts.Broker {
+	case "", env.BrokerRedis:
+		opts.Broker = env.BrokerRedis
+	case env.BrokerNATS:
+		if opts.RedisCluster {
+			return nil, errors.New("lab: torture: --broker nats runs on one Redis server, not with --redis-cluster")
+		}
+	default:
+		return nil, fmt.Errorf("lab: torture: unknown broker %q (want redis or nats)", opts.Broker)
+	}
 	// The lab's own Redis client dials a Redis the schedule has stopped on
 	// purpose; go-redis would print every failed dial.
 	redis.SetLogger(quietRedis{})
@@ -191,7 +213,7 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 		}
 	}
 	for _, k := range ks {
-		s := draw(opts.Seed, k, opts.Duration, opts.RedisCluster)
+		s := draw(opts.Seed, k, opts.Duration, opts.RedisCluster, opts.Broker == env.BrokerNATS)
 		s.Partitions = max(opts.Partitions, 1)
 		s.Faults = dropFaults(s.Faults, opts.Drop)
 		for _, f := range s.Faults {
@@ -227,6 +249,9 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 			cluster := ""
 			if opts.RedisCluster {
 				cluster = " --redis-cluster"
+			}
+			if opts.Broker == env.BrokerNATS {
+				cluster += " --broker nats"
 			}
 			if opts.Partitions > 1 {
 				cluster += fmt.Sprintf(" --partitions %d", opts.Partitions)

@@ -62,6 +62,50 @@ func TestTortureShort(t *testing.T) {
 	}
 }
 
+// tortureNATSSeed draws, for the 2 short schedules with the queue on
+// JetStream, a nats-server SIGKILL and a graceful stop among a process
+// frozen, killed and stopped, a Postgres crash, history pruned, toxics on
+// a Redis and a Postgres link, and malformed entries published into both
+// streams.
+const tortureNATSSeed = 345
+
+// TestTortureOnNATS runs 2 short schedules with the queue on a private
+// nats-server: no loss, nothing shown twice, order kept in the JetStream
+// streams and on the clients, no ack before the inbox commit, and the
+// injected entries (and only they) dead-lettered. Budget: about 10 s a
+// schedule.
+func TestTortureOnNATS(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts private servers and service processes")
+	}
+	t.Parallel()
+	var progress, log strings.Builder
+	res, err := Run(context.Background(), Options{Schedules: 2, Seed: tortureNATSSeed, Duration: 8 * time.Second,
+		Progress: &progress, Log: &log, Broker: "nats"})
+	t.Log("\n" + progress.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Schedules != 2 || res.Failed != 0 || res.Lost != 0 || res.DuplicatesShown != 0 || res.OrderViolations != 0 {
+		t.Fatalf("want 2 schedules, none failed: %+v\nlog:\n%s", res, log.String())
+	}
+	for _, k := range []fault.Kind{fault.NATSKill, fault.NATSStop} {
+		if res.Faults[string(k)] == 0 {
+			t.Errorf("no %s drawn: %v", k, res.Faults)
+		}
+	}
+	dead := 0
+	for _, r := range res.Runs {
+		dead += r.DeadLetters
+	}
+	if dead == 0 {
+		t.Errorf("no dead letters: the malformed entries were not published into the streams")
+	}
+	if res.Sent < 100 {
+		t.Errorf("only %d sends answered 201: the load did not run", res.Sent)
+	}
+}
+
 // tortureClusterSeed draws, for the 2 short schedules on a Redis Cluster,
 // one API process per service and every cluster fault: master failovers,
 // slot moves and node pauses of both queues, among Postgres toxics, a
