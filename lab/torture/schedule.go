@@ -86,7 +86,9 @@ func (s *schedule) procNames() (workers, relays []string) {
 
 // drawSchedule draws schedule k of seed: the same (seed, k) always gives
 // the same schedule.
-func drawSchedule(seed uint64, k int, d time.Duration) *schedule { return draw(seed, k, d, false, false) }
+func drawSchedule(seed uint64, k int, d time.Duration) *schedule {
+	return draw(seed, k, d, false, false)
+}
 
 // draw is drawSchedule, on a Redis Cluster when cluster is set: then
 // about a third of the faults are cluster faults, and no single-server
