@@ -19,8 +19,12 @@ import (
 func runLabDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("lab demo", flag.ContinueOnError)
 	fs.SetOutput(stderr)
+	broker := brokerFlag(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("lab demo: unexpected arguments %q", fs.Args())
 	}
 	var failed []error
 	for i, v := range []string{env.VariantV1, env.VariantV2} {
@@ -28,7 +32,7 @@ func runLabDemo(ctx context.Context, args []string, stdout, stderr io.Writer) er
 			fmt.Fprintln(stdout)
 		}
 		fmt.Fprintf(stdout, "== chaos %s ==\n", v)
-		f, err := chaos.Run(ctx, chaos.Options{Variant: v, Log: stdout, Progress: stderr})
+		f, err := chaos.Run(ctx, chaos.Options{Variant: v, Log: stdout, Progress: stderr, Broker: *broker})
 		if err != nil {
 			return err
 		}
@@ -42,6 +46,10 @@ func runLabDemo(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		}
 	}
 	fmt.Fprintln(stdout)
+	if *broker == env.BrokerNATS {
+		// lab latency measures the Redis Streams pipeline only.
+		fmt.Fprintln(stdout, "(the latency step runs on Redis Streams: lab latency has no --broker)")
+	}
 	if err := demoLatency(ctx, stdout, stderr); err != nil {
 		failed = append(failed, err)
 	}

@@ -13,17 +13,18 @@ import (
 )
 
 // runLabScenario runs `lab scenario NAME [--json] [--redrive-after D]
-// [--partitions N]`, or --list.
+// [--partitions N] [--broker redis|nats]`, or --list.
 func runLabScenario(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("lab scenario", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: outboxchat lab scenario NAME [--json] [--redrive-after D] [--partitions N]  |  --list")
+		fmt.Fprintln(stderr, "usage: outboxchat lab scenario NAME [--json] [--redrive-after D] [--partitions N] [--broker redis|nats]  |  --list")
 		fs.PrintDefaults()
 	}
 	asJSON := fs.Bool("json", false, "print one JSON object (scenario, sent, received, lost, duplicates_shown, order_violations, redriven, ok, …); the event log goes to stderr")
 	redrive := fs.String("redrive-after", "", "pass --redrive-after to the services (0 = re-drive off: shows what Redis lost; default: the services' own, twice the lab's 5 s lock duration)")
 	partitions := fs.Int("partitions", 1, "both services' --partitions: the scenario's chat travels in its partition's queue, which the faults aim at")
+	broker := fs.String("broker", "", "the queue between the services: redis or nats (default: the scenario's own, nats for nats-*, else redis); "+strings.Join(scenario.AnyBroker(), ", ")+" run on either")
 	list := fs.Bool("list", false, "list the named scenarios")
 	// NAME may come before or after the flags.
 	var name string
@@ -48,7 +49,7 @@ func runLabScenario(ctx context.Context, args []string, stdout, stderr io.Writer
 	if err := chat.CheckPartitions(*partitions); err != nil {
 		return fmt.Errorf("lab scenario: --partitions: %w", err)
 	}
-	so := scenario.Options{Partitions: *partitions}
+	so := scenario.Options{Partitions: *partitions, Broker: *broker}
 	if *redrive != "" {
 		so.ExtraArgs = []string{"--redrive-after", *redrive}
 	}

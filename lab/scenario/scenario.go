@@ -1,10 +1,12 @@
 package scenario
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"syscall"
 	"time"
 
@@ -24,21 +26,24 @@ type scenario struct {
 	name, doc string
 	run       func(ctx context.Context, s *run) error
 	opts      env.Options
+	// anyBroker: the scenario's faults are the services' and Postgres's,
+	// not the queue's, so it runs on either broker (Options.Broker).
+	anyBroker bool
 }
 
 // scenarios are listed (Names) in this order.
 var scenarios = []scenario{
 	{name: "relay-crash", doc: "the relay gets SIGKILL between its publish and its commit; restarted, it re-sends; nothing shown twice",
 		opts: env.Options{ConsumersRelays: 1, Faults: map[string]string{"consumers-relay": fault.Spec(fault.RelayAfterPublish, 3)}},
-		run:  relayCrash},
+		anyBroker: true, run:  relayCrash},
 	{name: "relay-freeze", doc: "two relays; one is frozen (SIGSTOP) while it holds a batch; the other delivers, bounded by the relay's timeouts",
-		opts: env.Options{ConsumersRelays: 2}, run: relayFreeze},
+		opts: env.Options{ConsumersRelays: 2}, anyBroker: true, run: relayFreeze},
 	{name: "postgres-restart", doc: "Postgres restarts while messages are sent: 503s, nothing half-written; the relay re-LISTENs and catches up",
-		run: postgresRestart},
+		anyBroker: true, run: postgresRestart},
 	{name: "redis-restart", doc: "Redis is killed (SIGKILL) and restarted with jobs queued for a stopped worker: AOF keeps them",
 		run: redisRestart},
 	{name: "worker-crash-before-commit", doc: "the worker gets SIGKILL after reading a job, before its inbox commit; another worker reclaims it after the lock duration; order holds",
-		opts: env.Options{Faults: map[string]string{env.ProcWorkers: fault.Spec(fault.WorkerBeforeCommit, 3)}}, run: workerCrashBeforeCommit},
+		opts: env.Options{Faults: map[string]string{env.ProcWorkers: fault.Spec(fault.WorkerBeforeCommit, 3)}}, anyBroker: true, run: workerCrashBeforeCommit},
 	{name: "redis-flush", doc: "workers stopped; 20 messages published and marked sent; FLUSHALL; workers started: the re-drive brings all 20, each shown once, in order",
 		run: redisFlush},
 	{name: "stream-entry-deleted", doc: "workers stopped; 2 messages published; a ghost consumer reads the first and its entry is XDELed; workers started: counted, re-driven, shown once, in order",
@@ -53,6 +58,18 @@ var scenarios = []scenario{
 		opts: env.Options{Broker: env.BrokerNATS, NATSCluster: true}, run: natsLeaderKill},
 	{name: "nats-cluster-restart", doc: "the queue on a 3-node JetStream cluster; every node killed with 5 messages queued for stopped workers, 5 more sent while it is down, all nodes started again: each shown once, in order",
 		opts: env.Options{Broker: env.BrokerNATS, NATSCluster: true}, run: natsClusterRestart},
+}
+
+// AnyBroker returns the names of the scenarios that run on either broker
+// (Options.Broker), in the order of Names.
+func AnyBroker() []string {
+	var out []string
+	for _, s := range scenarios {
+		if s.anyBroker {
+			out = append(out, s.name)
+		}
+	}
+	return out
 }
 
 // Names returns the names of the scenarios, in their listing order.
@@ -178,6 +195,13 @@ type Options struct {
 	// ExtraArgs are appended to every serve command line (e.g.
 	// "--redrive-after", "0" to show what the re-drive heals).
 	ExtraArgs []string
+	// Broker runs the scenario with the queue on env.BrokerRedis or
+	// env.BrokerNATS; "" (the default) is the scenario's own: JetStream for
+	// the nats-* scenarios, Redis Streams for the others. Only the
+	// scenarios whose faults are not the queue's (relay-crash,
+	// relay-freeze, postgres-restart, worker-crash-before-commit) take
+	// either; for the others another broker is an error.
+	Broker string
 	// Partitions is the services' --partitions (env.Options.Partitions):
 	// the scenario's chat (chaos.Chat) then travels in its partition's
 	// queue (chat.Partition), which is the queue the scenario's faults
@@ -217,6 +241,15 @@ func runScenario(ctx context.Context, name string, so Options) (_ *run, _ *probe
 		progress = io.Discard
 	}
 	opts := sc.opts
+	switch own := cmp.Or(opts.Broker, env.BrokerRedis); {
+	case so.Broker == "" || so.Broker == own:
+	case so.Broker != env.BrokerRedis && so.Broker != env.BrokerNATS:
+		return nil, nil, fmt.Errorf("lab: unknown broker %q (want redis or nats)", so.Broker)
+	case sc.anyBroker:
+		opts.Broker = so.Broker
+	default:
+		return nil, nil, fmt.Errorf("lab: scenario %s runs on %s only (its faults are that queue's); on either broker: %s", name, own, strings.Join(AnyBroker(), ", "))
+	}
 	opts.Progress = progress
 	opts.ExtraArgs = append(append([]string(nil), opts.ExtraArgs...), so.ExtraArgs...)
 	opts.Partitions = so.Partitions

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -32,6 +33,32 @@ func TestScenarios(t *testing.T) {
 func TestScenariosPartitioned(t *testing.T) {
 	for _, name := range []string{"stream-entry-deleted", "relay-freeze"} {
 		t.Run(name, func(t *testing.T) { runChecked(t, name, Options{Partitions: 4}) })
+	}
+}
+
+// TestScenariosOnNATS runs, with the queue on JetStream, the scenarios
+// whose crash the broker must ride out: a relay killed between its publish
+// and its commit (the re-send is dropped by Nats-Msg-Id) and a worker
+// killed before its inbox commit (the event comes back after AckWait).
+func TestScenariosOnNATS(t *testing.T) {
+	for _, name := range []string{"relay-crash", "worker-crash-before-commit"} {
+		t.Run(name, func(t *testing.T) { runChecked(t, name, Options{Broker: "nats"}) })
+	}
+}
+
+// TestScenarioBrokerErrors: a scenario whose faults are the Redis queue's
+// refuses another broker and names those that take either; an unknown
+// broker is named. Nothing starts.
+func TestScenarioBrokerErrors(t *testing.T) {
+	for _, c := range []struct{ name, broker, want string }{
+		{"redis-flush", "nats", "relay-crash, relay-freeze, postgres-restart, worker-crash-before-commit"},
+		{"nats-leader-kill", "redis", "runs on nats only"},
+		{"relay-crash", "kafka", `unknown broker "kafka"`},
+	} {
+		_, err := Run(context.Background(), c.name, Options{Broker: c.broker})
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s --broker %s: %v, want an error naming %q", c.name, c.broker, err, c.want)
+		}
 	}
 }
 
