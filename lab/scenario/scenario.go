@@ -34,8 +34,8 @@ type scenario struct {
 // scenarios are listed (Names) in this order.
 var scenarios = []scenario{
 	{name: "relay-crash", doc: "the relay gets SIGKILL between its publish and its commit; restarted, it re-sends; nothing shown twice",
-		opts: env.Options{ConsumersRelays: 1, Faults: map[string]string{"consumers-relay": fault.Spec(fault.RelayAfterPublish, 3)}},
-		anyBroker: true, run:  relayCrash},
+		opts:      env.Options{ConsumersRelays: 1, Faults: map[string]string{"consumers-relay": fault.Spec(fault.RelayAfterPublish, 3)}},
+		anyBroker: true, run: relayCrash},
 	{name: "relay-freeze", doc: "two relays; one is frozen (SIGSTOP) while it holds a batch; the other delivers, bounded by the relay's timeouts",
 		opts: env.Options{ConsumersRelays: 2}, anyBroker: true, run: relayFreeze},
 	{name: "postgres-restart", doc: "Postgres restarts while messages are sent: 503s, nothing half-written; the relay re-LISTENs and catches up",
