@@ -61,41 +61,12 @@ func (e *Env) Inject(ctx context.Context, f fault.Fault) (Heal, error) {
 		}
 		return start, p.Stop(ctx)
 	case fault.RedisKill, fault.RedisStop:
-		heal := func(ctx context.Context) error {
-			if err := e.Redis.Restart(ctx); err != nil {
-				return fmt.Errorf("lab: restart redis: %w", err)
-			}
-			return nil
-		}
-		if f.Kind == fault.RedisKill {
-			if err := e.Redis.Kill(); err != nil {
-				return heal, fmt.Errorf("lab: kill redis: %w", err)
-			}
-		} else if err := e.Redis.Stop(ctx); err != nil {
-			return heal, fmt.Errorf("lab: stop redis: %w", err)
-		}
-		return heal, nil
+		return takeDown(ctx, "redis", e.Redis, f.Kind == fault.RedisKill)
 	case fault.NATSKill, fault.NATSStop:
 		if e.NATS == nil {
 			return none, fmt.Errorf("lab: inject %s: no single nats-server in this lab (--broker nats without --nats-cluster)", f.Kind)
 		}
-		heal := func(ctx context.Context) error {
-			if e.NATS.Running() {
-				return nil
-			}
-			if err := e.NATS.Start(ctx); err != nil {
-				return fmt.Errorf("lab: start nats-server: %w", err)
-			}
-			return nil
-		}
-		if f.Kind == fault.NATSKill {
-			if err := e.NATS.Kill(); err != nil {
-				return heal, fmt.Errorf("lab: kill nats-server: %w", err)
-			}
-		} else if err := e.NATS.Stop(ctx); err != nil {
-			return heal, fmt.Errorf("lab: stop nats-server: %w", err)
-		}
-		return heal, nil
+		return takeDown(ctx, "nats-server", e.NATS, f.Kind == fault.NATSKill)
 	case fault.PostgresImmediate, fault.PostgresFast:
 		heal := func(ctx context.Context) error {
 			if err := e.Postgres.Restart(ctx); err != nil {
@@ -124,6 +95,33 @@ func (e *Env) Inject(ctx context.Context, f fault.Fault) (Heal, error) {
 		return func(context.Context) error { e.links.Remove(f.Target, name); return nil }, nil
 	}
 	return none, fmt.Errorf("lab: inject: %q is not injected by Inject", f.Kind)
+}
+
+// server is a private server a fault takes down: redisproc's, natsproc's.
+// Restart starts it again whether it was killed or stopped.
+type server interface {
+	Kill() error
+	Stop(ctx context.Context) error
+	Restart(ctx context.Context) error
+}
+
+// takeDown SIGKILLs s (kill) or shuts it down gracefully, and returns the
+// heal that starts it again; name goes in the errors.
+func takeDown(ctx context.Context, name string, s server, kill bool) (Heal, error) {
+	heal := func(ctx context.Context) error {
+		if err := s.Restart(ctx); err != nil {
+			return fmt.Errorf("lab: restart %s: %w", name, err)
+		}
+		return nil
+	}
+	if kill {
+		if err := s.Kill(); err != nil {
+			return heal, fmt.Errorf("lab: kill %s: %w", name, err)
+		}
+	} else if err := s.Stop(ctx); err != nil {
+		return heal, fmt.Errorf("lab: stop %s: %w", name, err)
+	}
+	return heal, nil
 }
 
 // HealAll ends every fault: toxics removed (with Options.Links), Postgres,
