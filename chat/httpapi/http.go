@@ -1,6 +1,7 @@
 package httpapi
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"encoding/json"
@@ -575,13 +576,21 @@ func (a *API) handleWS(w http.ResponseWriter, r *http.Request) {
 	defer func() { cancel(); sess.wait() }()
 	go func() {
 		defer cancel()
+		// One buffer for the socket's frames: handle decodes a frame
+		// (copying what it keeps) before the next is read, and
+		// websocket.Conn.Read would allocate each frame anew.
+		var buf bytes.Buffer
 		for {
-			typ, data, err := c.Read(ctx)
+			typ, rd, err := c.Reader(ctx)
+			if err == nil {
+				buf.Reset()
+				_, err = buf.ReadFrom(rd)
+			}
 			if err != nil {
 				return
 			}
 			a.ws.frameIn()
-			sess.handle(typ, data)
+			sess.handle(typ, buf.Bytes())
 		}
 	}()
 	// The rare events — the socket's end, an eviction, the token's expiry
