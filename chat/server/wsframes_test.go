@@ -22,6 +22,7 @@ type frameSocket struct {
 	c       *websocket.Conn
 	answers chan chat.AckFrame
 	done    chan struct{}
+	err     error // why the socket's reads ended; set before done closes
 }
 
 // dialFrames opens a WebSocket on chat of base with token and reads its
@@ -39,6 +40,7 @@ func dialFrames(t *testing.T, ctx context.Context, base string, chatN int64, tok
 		for {
 			_, data, err := c.Read(ctx)
 			if err != nil {
+				s.err = err
 				return
 			}
 			var f chat.AckFrame
@@ -229,5 +231,49 @@ func TestWSFrameAuthAndRateLimit(t *testing.T) {
 	}
 	if got := h.Count(t, `SELECT count(*) FROM consumers.messages WHERE client_id = 'x-2' AND author = 'fay'`); got != 1 {
 		t.Fatalf("the acked send is not stored as fay's")
+	}
+}
+
+// TestWSHugeFrameClosesOnlyItsSocket: a frame over the socket's read
+// limit closes that socket with 1009 (message too big) and stores
+// nothing; another socket on the same chat goes on being answered, and a
+// short frame after long ones on it decodes whole (the frames share one
+// read buffer).
+func TestWSHugeFrameClosesOnlyItsSocket(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, "")
+	cons := h.startAPI(chat.Consumers, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	good := dialFrames(t, ctx, cons.base, 8, chattest.Token())
+	bad := dialFrames(t, ctx, cons.base, 8, chattest.Token())
+	huge := `{"type":"send","client_id":"h-1","body":"` + strings.Repeat("a", 7*chat.DefaultMaxBodyBytes) + `"}`
+	_ = bad.c.Write(ctx, websocket.MessageText, []byte(huge))
+	select {
+	case <-bad.done:
+	case <-ctx.Done():
+		t.Fatal("the socket that sent a huge frame is still open")
+	}
+	if websocket.CloseStatus(bad.err) != websocket.StatusMessageTooBig {
+		t.Errorf("huge frame's socket closed with %v, want 1009 (message too big)", bad.err)
+	}
+	good.send(t, ctx, "g-1", strings.Repeat("b", chat.DefaultMaxBodyBytes))
+	good.send(t, ctx, "g-2", "short")
+	acked := map[string]bool{}
+	for range 2 {
+		if f := good.next(t, ctx); f.Type == "ack" {
+			acked[f.ClientID] = true
+		} else {
+			t.Fatalf("answer %+v, want an ack", f)
+		}
+	}
+	if !acked["g-1"] || !acked["g-2"] {
+		t.Fatalf("acked %v, want g-1 and g-2 (in any order)", acked)
+	}
+	if got := h.Count(t, `SELECT count(*) FROM consumers.messages WHERE chat_id = 8 AND client_id = 'h-1'`); got != 0 {
+		t.Fatalf("the huge frame stored %d row(s)", got)
+	}
+	if got := h.Count(t, `SELECT count(*) FROM consumers.messages WHERE chat_id = 8 AND client_id = 'g-2' AND body = 'short'`); got != 1 {
+		t.Fatalf("the short frame after a long one stored %d row(s) with its body, want 1", got)
 	}
 }
