@@ -5,6 +5,7 @@
 // database and WebSocket clients. It holds no code; its parts are:
 //
 //	lab/env       the environment: private servers, service processes, toxiproxy links, fault injection
+//	lab/process   the service processes: started, read, signalled, restarted, measured
 //	lab/fault     the one vocabulary of faults, and the crash points of `serve --fault`
 //	lab/probe     what observes it: WebSocket watchers, senders, the stream tap, figures, event log, stats
 //	lab/chaos     the write-up's fault experiment (v1, v2)

@@ -12,6 +12,7 @@ import (
 	"github.com/outboxchat/outboxchat/lab/env"
 	"github.com/outboxchat/outboxchat/lab/fault"
 	"github.com/outboxchat/outboxchat/lab/probe"
+	"github.com/outboxchat/outboxchat/lab/process"
 	"github.com/outboxchat/outboxchat/outbox"
 )
 
@@ -118,7 +119,7 @@ func Run(ctx context.Context, opts Options) (*probe.Figures, error) {
 	// Log lines of the services that are events of the experiment.
 	var crashMu sync.Mutex
 	crashLabel := ""
-	defer e.Workers.Subscribe(func(l env.LogLine) {
+	defer e.Workers.Subscribe(func(l process.LogLine) {
 		if !probe.LogDuplicate(ctx, e, log, events, l) && l.Event() == fault.EventCrash {
 			crashMu.Lock()
 			crashLabel = probe.LabelSeq(ctx, e, Chat, int64(l.Attrs["seq"].(float64)))
@@ -128,7 +129,7 @@ func Run(ctx context.Context, opts Options) (*probe.Figures, error) {
 	var relayMu sync.Mutex
 	relayErrLogged := false
 	if v2 {
-		defer e.ConsumersRelays[0].Subscribe(func(l env.LogLine) {
+		defer e.ConsumersRelays[0].Subscribe(func(l process.LogLine) {
 			if l.Event() != string(outbox.EventPassFailed) {
 				return
 			}
@@ -141,7 +142,7 @@ func Run(ctx context.Context, opts Options) (*probe.Figures, error) {
 			}
 		})()
 	} else {
-		defer e.Consumers.Subscribe(func(l env.LogLine) {
+		defer e.Consumers.Subscribe(func(l process.LogLine) {
 			switch l.Event() {
 			case chat.EventV1AddFailed:
 				id, msg := l.Str("message_id"), l.Str("err")
@@ -186,7 +187,7 @@ func Run(ctx context.Context, opts Options) (*probe.Figures, error) {
 	defer func() { stopCrashWatch(); <-crashDone }()
 
 	snd := probe.NewSender(e.Token)
-	consumers := append([]*env.Proc{e.Consumers}, e.ConsumersRelays...)
+	consumers := append([]*process.Proc{e.Consumers}, e.ConsumersRelays...)
 	var healWorkers, healRedis env.Heal
 
 	fmt.Fprintf(progress, "lab: chaos %s: sending %d messages, one every %v\n", opts.Variant, DefaultChaosMessages, DefaultChaosInterval)
@@ -227,7 +228,7 @@ func Run(ctx context.Context, opts Options) (*probe.Figures, error) {
 			}
 			log.Add(e.Broker, "down")
 		case 9: // consumers (API and relay) redeployed while Redis is down
-			if err := env.StopAll(ctx, consumers...); err != nil {
+			if err := process.StopAll(ctx, consumers...); err != nil {
 				return nil, err
 			}
 			log.Add("deploy", "consumers stopped")
@@ -238,7 +239,7 @@ func Run(ctx context.Context, opts Options) (*probe.Figures, error) {
 			relayMu.Lock()
 			relayErrLogged = false
 			relayMu.Unlock()
-			if err := env.StartAll(ctx, consumers...); err != nil {
+			if err := process.StartAll(ctx, consumers...); err != nil {
 				return nil, err
 			}
 			log.Add("deploy", "consumers started")

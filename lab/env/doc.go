@@ -2,7 +2,7 @@
 // Redis (internal/pgproc, internal/redisproc; optionally a PgBouncer, a
 // Sentinel-managed replica, TLS with a private CA), both services as OS
 // processes of the outboxchat binary (`outboxchat serve`, supervised by
-// Proc), in-process toxiproxy links between them (Links), and the faults
+// lab/process), in-process toxiproxy links between them (Links), and the faults
 // injected into all of it (Env.Inject, in the lab/fault vocabulary).
 //
 // Invariants:

@@ -31,6 +31,7 @@ import (
 	"github.com/outboxchat/outboxchat/internal/pgproc"
 	"github.com/outboxchat/outboxchat/internal/redisproc"
 	"github.com/outboxchat/outboxchat/internal/spawn"
+	"github.com/outboxchat/outboxchat/lab/process"
 	"github.com/outboxchat/outboxchat/natsq"
 	"github.com/outboxchat/outboxchat/redisq"
 )
@@ -189,12 +190,12 @@ type Env struct {
 	RedisCluster *redisproc.Cluster
 	// Consumers and Workers are the services' main processes (api and
 	// worker roles, plus relay when no separate relay process runs).
-	Consumers, Workers *Proc
+	Consumers, Workers *process.Proc
 	// ConsumersRelays and WorkersRelays are separate relay processes.
-	ConsumersRelays, WorkersRelays []*Proc
+	ConsumersRelays, WorkersRelays []*process.Proc
 	// ConsumersAPIs and WorkersAPIs are the further api,worker processes
 	// of Options.APIs ("consumers-2", …), each with its own URL.
-	ConsumersAPIs, WorkersAPIs []*Proc
+	ConsumersAPIs, WorkersAPIs []*process.Proc
 	// ConsumersURL and WorkersURL are the services' HTTP base URLs
 	// ("http://127.0.0.1:PORT"), fixed across restarts.
 	ConsumersURL, WorkersURL string
@@ -454,7 +455,7 @@ func Start(ctx context.Context, opts Options) (_ *Env, err error) {
 		return nil, err
 	}
 	fmt.Fprintf(progress, "lab: starting %d service processes (%s)\n", len(e.Procs()), opts.Variant)
-	if err := StartAll(ctx, e.Procs()...); err != nil {
+	if err := process.StartAll(ctx, e.Procs()...); err != nil {
 		return nil, err
 	}
 	e.ConsumersURL, e.WorkersURL = e.Consumers.URL(), e.Workers.URL()
@@ -547,14 +548,14 @@ func labSecrets(dir string) (args []string, token string, pages map[string]strin
 
 // Procs returns every service process: consumers, its further API
 // processes, its relays, then the same of workers.
-func (e *Env) Procs() []*Proc {
-	var out []*Proc
-	for _, p := range append(append([]*Proc{e.Consumers}, e.ConsumersAPIs...), e.ConsumersRelays...) {
+func (e *Env) Procs() []*process.Proc {
+	var out []*process.Proc
+	for _, p := range append(append([]*process.Proc{e.Consumers}, e.ConsumersAPIs...), e.ConsumersRelays...) {
 		if p != nil {
 			out = append(out, p)
 		}
 	}
-	for _, p := range append(append([]*Proc{e.Workers}, e.WorkersAPIs...), e.WorkersRelays...) {
+	for _, p := range append(append([]*process.Proc{e.Workers}, e.WorkersAPIs...), e.WorkersRelays...) {
 		if p != nil {
 			out = append(out, p)
 		}
@@ -792,7 +793,7 @@ func (e *Env) SentinelPrimary(ctx context.Context) (string, error) {
 // serve with serveArgs (the variant's and the auth flags) after its own.
 func (e *Env) newProcs(opts Options, serveArgs []string) error {
 	fixedAddr := map[string]string{chat.Consumers: opts.ConsumersAddr, chat.Workers: opts.WorkersAddr}
-	newProc := func(service, name, roles string, api bool, consumer string) (*Proc, error) {
+	newProc := func(service, name, roles string, api bool, consumer string) (*process.Proc, error) {
 		args := []string{"--service", service, "--role", roles,
 			"--database-url", e.serveDatabaseURL(service), "--redis-url", e.ServiceRedisURL(service),
 			"--lock-duration", opts.LockDuration.String(), "--consumer-name", consumer}
@@ -818,14 +819,14 @@ func (e *Env) newProcs(opts Options, serveArgs []string) error {
 			e.DebugAddrs[name] = a
 			args = append(args, "--debug-addr", a)
 		}
-		cfg := &ProcConfig{Args: args, API: api, LogPath: filepath.Join(e.Dir, name+".log"), TLS: opts.TLS}
+		cfg := &process.Config{Args: args, API: api, LogPath: filepath.Join(e.Dir, name+".log"), TLS: opts.TLS}
 		if api && consumer == service+"-1" {
 			cfg.Addr = fixedAddr[service]
 		}
 		if !api {
 			cfg.ReadyMsg = "relay started"
 		}
-		return NewProc(name, cfg)
+		return process.New(name, cfg)
 	}
 	relayNames := func(service string, n int) []string {
 		var out []string
@@ -841,9 +842,9 @@ func (e *Env) newProcs(opts Options, serveArgs []string) error {
 	for _, s := range []struct {
 		service string
 		relays  int
-		main    **Proc
-		rel     *[]*Proc
-		apis    *[]*Proc
+		main    **process.Proc
+		rel     *[]*process.Proc
+		apis    *[]*process.Proc
 	}{
 		{chat.Consumers, opts.ConsumersRelays, &e.Consumers, &e.ConsumersRelays, &e.ConsumersAPIs},
 		{chat.Workers, opts.WorkersRelays, &e.Workers, &e.WorkersRelays, &e.WorkersAPIs},

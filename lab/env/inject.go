@@ -7,13 +7,14 @@ import (
 	"syscall"
 
 	"github.com/outboxchat/outboxchat/lab/fault"
+	"github.com/outboxchat/outboxchat/lab/process"
 )
 
 // Heal reverts one injected fault (Env.Inject). It is never nil.
 type Heal func(ctx context.Context) error
 
 // Proc returns the service process named name (Procs), nil if none.
-func (e *Env) Proc(name string) *Proc {
+func (e *Env) Proc(name string) *process.Proc {
 	for _, p := range e.Procs() {
 		if p.Name() == name {
 			return p
@@ -170,27 +171,4 @@ func (e *Env) HealAll(ctx context.Context) error {
 		}
 	}
 	return nil
-}
-
-// RestartOnExit waits, in a goroutine of its own, for p's current run to
-// end; then it calls exited, starts p again with args and calls started
-// with StartReady's result. The returned channel is closed when that is
-// done, or at once when ctx ends first (then nothing is restarted). For a
-// crash the experiment provoked: a process started with --fault is given
-// args without it.
-func (p *Proc) RestartOnExit(ctx context.Context, args []string, exited func(), started func(error)) <-chan struct{} {
-	ch, _ := p.Exited()
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		select {
-		case <-ctx.Done():
-			return
-		case <-ch:
-		}
-		exited()
-		p.SetArgs(args)
-		started(p.StartReady(ctx))
-	}()
-	return done
 }

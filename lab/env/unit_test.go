@@ -3,57 +3,12 @@ package env
 import (
 	"slices"
 	"testing"
-
-	"github.com/outboxchat/outboxchat/chat"
-	"github.com/outboxchat/outboxchat/inbox"
 )
-
-func TestParseStatCPU(t *testing.T) {
-	for _, tc := range []struct {
-		name, stat string
-		want       float64
-		ok         bool
-	}{
-		{"plain", "123 (outboxchat) S 1 123 123 0 -1 4194560 100 0 0 0 250 50 0 0 20 0 8 0", 3.0, true},
-		{"spaces and parens in name", "7 (a (b) c) R 1 7 7 0 -1 0 0 0 0 0 1 2 0 0", 0.03, true},
-		{"truncated", "7 (x) R 1 2", 0, false},
-		{"no name", "garbage", 0, false},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			got, err := parseStatCPU(tc.stat)
-			if (err == nil) != tc.ok || (tc.ok && got != tc.want) {
-				t.Fatalf("parseStatCPU = %v, %v; want %v ok=%v", got, err, tc.want, tc.ok)
-			}
-		})
-	}
-}
-
-func TestParseProcStat(t *testing.T) {
-	got, err := parseProcStat("123 (a) b) S 42 123 123 0 -1 4194560 100 0 0 0 250 50 30 20 20 0 8 0")
-	if want := (procStat{ppid: 42, self: 3.0, child: 0.5}); err != nil || got != want {
-		t.Fatalf("parseProcStat = %+v, %v; want %+v", got, err, want)
-	}
-	if _, err := parseProcStat("7 (x) R notapid 7 7 0 -1 0 0 0 0 0 1 2 0 0"); err == nil {
-		t.Fatal("parseProcStat accepted a malformed ppid")
-	}
-}
 
 func TestWithoutFlag(t *testing.T) {
 	got := WithoutFlag([]string{"--a", "1", "--fault", "k:2", "--b", "x"}, "--fault")
 	if want := []string{"--a", "1", "--b", "x"}; !slices.Equal(got, want) {
 		t.Fatalf("withoutFlag = %q, want %q", got, want)
-	}
-}
-
-func TestLogLineEvent(t *testing.T) {
-	ev := LogLine{Msg: chat.EventLogMsg, Attrs: map[string]any{chat.EventKey: string(inbox.EventDuplicate)}}
-	if got := ev.Event(); got != string(inbox.EventDuplicate) {
-		t.Fatalf("Event() = %q, want %q", got, inbox.EventDuplicate)
-	}
-	// Any other line is no event, whatever its attributes.
-	other := LogLine{Msg: "duplicate skipped", Attrs: map[string]any{chat.EventKey: string(inbox.EventDuplicate)}}
-	if got := other.Event(); got != "" {
-		t.Fatalf("Event() of a plain log line = %q, want none", got)
 	}
 }
 

@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/outboxchat/outboxchat/chat"
+	"github.com/outboxchat/outboxchat/lab/process"
 	"github.com/outboxchat/outboxchat/natsq"
 )
 
@@ -58,18 +59,18 @@ func (env *Env) CPU(ctx context.Context) (map[string]float64, error) {
 		out[p.Name()] = u.CPUSeconds
 	}
 	if pid, err := postmasterPID(env); err == nil {
-		out["postgres"] = treeCPU(pid)
+		out["postgres"] = process.TreeCPU(pid)
 	}
 	if info, err := env.RedisClient().Info(ctx, "server").Result(); err == nil {
 		if v, ok := infoField(info, "process_id"); ok {
 			if pid, err := strconv.Atoi(v); err == nil {
-				out["redis"] = treeCPU(pid)
+				out["redis"] = process.TreeCPU(pid)
 			}
 		}
 	}
 	for _, s := range env.natsServers() {
 		if pid := s.PID(); pid > 0 {
-			out["nats"] += treeCPU(pid)
+			out["nats"] += process.TreeCPU(pid)
 		}
 	}
 	return out, nil
@@ -83,36 +84,6 @@ func postmasterPID(env *Env) (int, error) {
 	}
 	line, _, _ := strings.Cut(string(b), "\n")
 	return strconv.Atoi(strings.TrimSpace(line))
-}
-
-func readProcStat(pid int) (procStat, bool) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return procStat{}, false
-	}
-	st, err := parseProcStat(string(b))
-	return st, err == nil
-}
-
-// treeCPU returns the CPU seconds of pid, its reaped children and its live
-// direct children (with their reaped children).
-func treeCPU(pid int) float64 {
-	root, ok := readProcStat(pid)
-	if !ok {
-		return 0
-	}
-	total := root.self + root.child
-	ents, _ := os.ReadDir("/proc")
-	for _, e := range ents {
-		cpid, err := strconv.Atoi(e.Name())
-		if err != nil || cpid == pid {
-			continue
-		}
-		if st, ok := readProcStat(cpid); ok && st.ppid == pid {
-			total += st.self + st.child
-		}
-	}
-	return total
 }
 
 // NATSPending returns how many events of partition p's queue from service

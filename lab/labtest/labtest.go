@@ -14,12 +14,12 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/outboxchat/outboxchat/lab/env"
+	"github.com/outboxchat/outboxchat/lab/process"
 	"github.com/outboxchat/outboxchat/outboxtest"
 )
 
 // Main builds github.com/outboxchat/outboxchat/cmd/outboxchat into a
-// temporary directory named after prefix, sets env.Binary to it, runs m
+// temporary directory named after prefix, sets process.Binary to it, runs m
 // (outboxtest.Run: the shared test servers, if any test used them, are
 // stopped after), removes the directory and, when every test passed, fails the run on
 // goroutines still alive (goleak.Find; spawn's process loop is expected,
@@ -31,8 +31,8 @@ func Main(m *testing.M, prefix string, ignore ...goleak.Option) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	env.Binary = filepath.Join(dir, "outboxchat")
-	out, err := exec.Command("go", "build", "-o", env.Binary, "github.com/outboxchat/outboxchat/cmd/outboxchat").CombinedOutput()
+	process.Binary = filepath.Join(dir, "outboxchat")
+	out, err := exec.Command("go", "build", "-o", process.Binary, "github.com/outboxchat/outboxchat/cmd/outboxchat").CombinedOutput()
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "build outboxchat: %v\n%s", err, out)
 		os.RemoveAll(dir)

@@ -10,6 +10,7 @@ import (
 	"github.com/outboxchat/outboxchat/chat"
 	"github.com/outboxchat/outboxchat/inbox"
 	"github.com/outboxchat/outboxchat/lab/env"
+	"github.com/outboxchat/outboxchat/lab/process"
 )
 
 // EventLog prints one line per event in the write-up's form
@@ -122,7 +123,7 @@ func LogFrames(log *EventLog, order bool) func(Shown) {
 // ("msg N again, already in inbox, skipped"; the label is read from e's
 // database on events' goroutine, off the log reader's) and reports whether
 // it was.
-func LogDuplicate(ctx context.Context, e *env.Env, log *EventLog, events *Events, l env.LogLine) bool {
+func LogDuplicate(ctx context.Context, e *env.Env, log *EventLog, events *Events, l process.LogLine) bool {
 	if l.Event() != string(inbox.EventDuplicate) {
 		return false
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/outboxchat/outboxchat/chat"
 	"github.com/outboxchat/outboxchat/lab/env"
+	"github.com/outboxchat/outboxchat/lab/process"
 )
 
 // shutdownLoad is the closed-loop load of TestSIGTERMMidLoad: senders POST
@@ -136,7 +137,7 @@ func (p *readyzProbe) run(ctx context.Context, url string) {
 
 // stopGracefully sends SIGTERM to p mid-load and checks that it exited by
 // itself, with status 0, well before the lab's SIGKILL.
-func stopGracefully(ctx context.Context, t *testing.T, p *env.Proc) {
+func stopGracefully(ctx context.Context, t *testing.T, p *process.Proc) {
 	t.Helper()
 	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
@@ -217,8 +218,8 @@ func TestSIGTERMMidLoad(t *testing.T) {
 	// "stop" with the error. None may.
 	var hardMu sync.Mutex
 	var hard []string
-	for _, p := range []*env.Proc{e.Consumers, e.Workers} {
-		defer p.Subscribe(func(l env.LogLine) {
+	for _, p := range []*process.Proc{e.Consumers, e.Workers} {
+		defer p.Subscribe(func(l process.LogLine) {
 			if l.Msg == "stop" || l.Msg == "stopping with a batch not acknowledged; the queue delivers it again" {
 				hardMu.Lock()
 				hard = append(hard, p.Name()+": "+l.Raw)

@@ -18,6 +18,7 @@ import (
 	"github.com/outboxchat/outboxchat/lab/env"
 	"github.com/outboxchat/outboxchat/lab/fault"
 	"github.com/outboxchat/outboxchat/lab/probe"
+	"github.com/outboxchat/outboxchat/lab/process"
 	"github.com/outboxchat/outboxchat/redisq"
 )
 
@@ -160,7 +161,7 @@ func (s *run) sendEvery(ctx context.Context, n int, interval time.Duration) erro
 
 // restartAfterExit starts p again with args once its current run exits
 // (p.RestartOnExit), logging what happened; the channel closes when done.
-func (s *run) restartAfterExit(ctx context.Context, p *env.Proc, args []string, what string) <-chan struct{} {
+func (s *run) restartAfterExit(ctx context.Context, p *process.Proc, args []string, what string) <-chan struct{} {
 	return p.RestartOnExit(ctx, args, func() { s.log.Add(p.Name(), "%s", what) }, func(err error) {
 		if err != nil {
 			s.log.Add("lab", "could not restart %s: %v", p.Name(), err)
@@ -270,7 +271,7 @@ func runScenario(ctx context.Context, name string, so Options) (_ *run, _ *probe
 		return fail(err)
 	}
 	defer s.w.Stop(context.Background())
-	defer e.Workers.Subscribe(func(l env.LogLine) {
+	defer e.Workers.Subscribe(func(l process.LogLine) {
 		if probe.LogDuplicate(ctx, e, s.log, events, l) {
 			return
 		}
@@ -285,13 +286,13 @@ func runScenario(ctx context.Context, name string, so Options) (_ *run, _ *probe
 			s.log.At(l.Time, "workers", "consumer group gone (NOGROUP): created again from 0")
 		}
 	})()
-	defer e.Consumers.Subscribe(func(l env.LogLine) {
+	defer e.Consumers.Subscribe(func(l process.LogLine) {
 		if l.Event() == chat.EventRedriven {
 			s.log.At(l.Time, "consumers", "seq %s (message %s) had no receipt: re-driven", l.Str("seq"), l.Str("message_id"))
 		}
 	})()
 	for _, p := range e.ConsumersRelays {
-		defer p.Subscribe(func(l env.LogLine) {
+		defer p.Subscribe(func(l process.LogLine) {
 			if l.Event() == fault.EventCrash {
 				s.log.At(l.Time, p.Name(), "fault injected: crashing (%s)", l.Str("fault"))
 			}
@@ -393,7 +394,7 @@ func relayCrash(ctx context.Context, s *run) error {
 // the lock timeouts (and, with partitions, the frozen relay's leases).
 func relayFreeze(ctx context.Context, s *run) error {
 	relays := s.e.ConsumersRelays
-	var frozen *env.Proc
+	var frozen *process.Proc
 	defer func() {
 		if frozen != nil {
 			_ = frozen.Signal(syscall.SIGCONT)

@@ -11,6 +11,7 @@ import (
 	"github.com/outboxchat/outboxchat/chat/store"
 	"github.com/outboxchat/outboxchat/lab/env"
 	"github.com/outboxchat/outboxchat/lab/fault"
+	"github.com/outboxchat/outboxchat/lab/process"
 )
 
 // apply runs fault f: it waits until start+f.At, applies it (env.Inject,
@@ -96,7 +97,7 @@ func (t *run) apply(ctx context.Context, start time.Time, f fault.Fault) {
 var cluster = map[fault.Kind]bool{fault.ClusterFailover: true, fault.ClusterReshard: true, fault.ClusterPause: true}
 
 // restart starts p again (start) if it is not running.
-func (t *run) restart(ctx context.Context, p *env.Proc, start env.Heal) {
+func (t *run) restart(ctx context.Context, p *process.Proc, start env.Heal) {
 	if p.Running() {
 		return
 	}
@@ -110,7 +111,7 @@ func (t *run) restart(ctx context.Context, p *env.Proc, start env.Heal) {
 // crashPoint restarts p with --fault KIND:SEQ, SEQ a little above the
 // highest seq the step will see next, waits until p crashes there (or the
 // fault's time is up) and starts it again without the fault.
-func (t *run) crashPoint(ctx, rctx context.Context, p *env.Proc, f fault.Fault) {
+func (t *run) crashPoint(ctx, rctx context.Context, p *process.Proc, f fault.Fault) {
 	side := p.Name()[:strings.IndexAny(p.Name()+"-", "-")]
 	if f.Crash != fault.RelayAfterPublish {
 		side = chat.Peer(side) // a worker sees the other side's seqs

@@ -10,6 +10,7 @@ import (
 	"github.com/outboxchat/outboxchat/chat"
 	"github.com/outboxchat/outboxchat/lab/env"
 	"github.com/outboxchat/outboxchat/lab/probe"
+	"github.com/outboxchat/outboxchat/lab/process"
 )
 
 // sentMsg is one send that got a 201: what the sender's API answered.
@@ -53,10 +54,10 @@ func (t *run) intn(n int) int {
 
 // apiURLs returns the base URLs of service's API processes.
 func (t *run) apiURLs(service string) []string {
-	ps := []*env.Proc{t.e.Consumers}
+	ps := []*process.Proc{t.e.Consumers}
 	ps = append(ps, t.e.ConsumersAPIs...)
 	if service == chat.Workers {
-		ps = append([]*env.Proc{t.e.Workers}, t.e.WorkersAPIs...)
+		ps = append([]*process.Proc{t.e.Workers}, t.e.WorkersAPIs...)
 	}
 	var out []string
 	for _, p := range ps {

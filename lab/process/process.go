@@ -1,4 +1,4 @@
-package env
+package process
 
 import (
 	"bufio"
@@ -37,8 +37,8 @@ const (
 // ErrNotRunning is returned by Proc methods that need a running process.
 var ErrNotRunning = errors.New("lab: process not running")
 
-// ProcConfig configures a Proc.
-type ProcConfig struct {
+// Config configures a Proc.
+type Config struct {
 	// Args are the arguments after `serve` (e.g. --service consumers
 	// --role api). The Proc adds --log-format json and, when API is set,
 	// --http with its fixed address.
@@ -122,7 +122,7 @@ type Usage struct {
 // end the child and the goroutines reading it.
 type Proc struct {
 	name string
-	cfg  ProcConfig
+	cfg  Config
 	addr string
 	// started is set once the process has been ready; from then on its
 	// address is fixed.
@@ -147,9 +147,9 @@ type procRun struct {
 	once   sync.Once
 }
 
-// NewProc returns a stopped Proc named name (used in messages). It picks the
+// New returns a stopped Proc named name (used in messages). It picks the
 // HTTP port when cfg.API is set and opens cfg.LogPath.
-func NewProc(name string, cfg *ProcConfig) (*Proc, error) {
+func New(name string, cfg *Config) (*Proc, error) {
 	p := &Proc{name: name, subs: map[int]func(LogLine){}}
 	if cfg != nil {
 		p.cfg = *cfg
@@ -185,7 +185,7 @@ func (p *Proc) Name() string { return p.name }
 // Addr returns the fixed HTTP address "127.0.0.1:PORT" ("" without API).
 func (p *Proc) Addr() string { return p.addr }
 
-// URL returns "http://127.0.0.1:PORT" ("https://…" with ProcConfig.TLS;
+// URL returns "http://127.0.0.1:PORT" ("https://…" with Config.TLS;
 // "" without API).
 func (p *Proc) URL() string {
 	if p.addr == "" {
@@ -638,4 +638,59 @@ func parseProcStat(stat string) (procStat, error) {
 		self:  float64(ticks[0]+ticks[1]) / clockTicks,
 		child: float64(ticks[2]+ticks[3]) / clockTicks,
 	}, nil
+}
+
+// RestartOnExit waits, in a goroutine of its own, for p's current run to
+// end; then it calls exited, starts p again with args and calls started
+// with StartReady's result. The returned channel is closed when that is
+// done, or at once when ctx ends first (then nothing is restarted). For a
+// crash the experiment provoked: a process started with --fault is given
+// args without it.
+func (p *Proc) RestartOnExit(ctx context.Context, args []string, exited func(), started func(error)) <-chan struct{} {
+	ch, _ := p.Exited()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		select {
+		case <-ctx.Done():
+			return
+		case <-ch:
+		}
+		exited()
+		p.SetArgs(args)
+		started(p.StartReady(ctx))
+	}()
+	return done
+}
+
+// readProcStat reads /proc/PID/stat; false when pid is gone or the line
+// is not understood.
+func readProcStat(pid int) (procStat, bool) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return procStat{}, false
+	}
+	st, err := parseProcStat(string(b))
+	return st, err == nil
+}
+
+// TreeCPU returns the CPU seconds of pid, its reaped children and its live
+// direct children (with their reaped children).
+func TreeCPU(pid int) float64 {
+	root, ok := readProcStat(pid)
+	if !ok {
+		return 0
+	}
+	total := root.self + root.child
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		cpid, err := strconv.Atoi(e.Name())
+		if err != nil || cpid == pid {
+			continue
+		}
+		if st, ok := readProcStat(cpid); ok && st.ppid == pid {
+			total += st.self + st.child
+		}
+	}
+	return total
 }
