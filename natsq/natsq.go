@@ -209,6 +209,32 @@ func validName(s string) bool {
 	return true
 }
 
+// Open returns the Queue of cfg's existing streams, as New made them,
+// without creating or changing anything: for tools (listing and replaying
+// dead letters) that must not alter a stream the services configured.
+// Only cfg.Queue, cfg.Prefix and cfg.Sign matter. It fails when a stream
+// is missing (wrapping jetstream.ErrStreamNotFound), or with the server's
+// or ctx's error.
+func Open(ctx context.Context, nc *nats.Conn, cfg Config) (*Queue, error) {
+	if nc == nil || !validName(cfg.Queue) || (cfg.Prefix != "" && !validName(cfg.Prefix)) {
+		return nil, fmt.Errorf("natsq: need a connection and a queue name of letters, digits, - and _ (queue %q, prefix %q): %w", cfg.Queue, cfg.Prefix, ErrInvalidConfig)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, fmt.Errorf("natsq: %w", err)
+	}
+	q := &Queue{nc: nc, js: js, cfg: cfg}
+	q.stream, q.dead, q.subject = Names(cfg.Prefix, cfg.Queue)
+	q.deadSubj = q.stream + ".dead"
+	if q.stre, err = js.Stream(ctx, q.stream); err != nil {
+		return nil, fmt.Errorf("natsq: stream %s: %w", q.stream, err)
+	}
+	if q.deadStream, err = js.Stream(ctx, q.dead); err != nil {
+		return nil, fmt.Errorf("natsq: stream %s: %w", q.dead, err)
+	}
+	return q, nil
+}
+
 // Names returns the names New gives the queue of Config.Prefix prefix and
 // Config.Queue queue: its stream, its dead-letter stream, and the subject
 // its events are published on. For tools that look at the streams (or
@@ -362,18 +388,75 @@ func (q *Queue) DeadLetters(ctx context.Context, after uint64, max int) ([]DeadL
 	}
 	var out []DeadLetter
 	for seq := max64(after+1, info.State.FirstSeq); seq <= info.State.LastSeq && len(out) < max; seq++ {
-		m, err := q.deadStream.GetMsg(ctx, seq)
-		if errors.Is(err, jetstream.ErrMsgNotFound) {
-			continue
-		}
+		dl, ok, err := q.DeadLetterAt(ctx, seq)
 		if err != nil {
-			return nil, fmt.Errorf("natsq: dead letter %d: %w", seq, err)
+			return nil, err
 		}
-		dl := DeadLetter{Event: eventOf(m.Header, m.Data), Reason: m.Header.Get(HeaderReason), Seq: seq, At: m.Time}
-		fmt.Sscan(m.Header.Get(HeaderOrigin), &dl.StreamSeq)
-		out = append(out, dl)
+		if ok {
+			out = append(out, dl)
+		}
 	}
 	return out, nil
+}
+
+// DeadLetterAt returns the dead letter at sequence seq of the
+// dead-letter stream; ok is false when there is none (never, or dropped or
+// replayed since).
+func (q *Queue) DeadLetterAt(ctx context.Context, seq uint64) (_ DeadLetter, ok bool, _ error) {
+	m, err := q.deadStream.GetMsg(ctx, seq)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return DeadLetter{}, false, nil
+	}
+	if err != nil {
+		return DeadLetter{}, false, fmt.Errorf("natsq: dead letter %d: %w", seq, err)
+	}
+	dl := DeadLetter{Event: eventOf(m.Header, m.Data), Reason: m.Header.Get(HeaderReason), Seq: seq, At: m.Time}
+	fmt.Sscan(m.Header.Get(HeaderOrigin), &dl.StreamSeq)
+	return dl, true, nil
+}
+
+// Replay puts the dead letters at seqs back on the queue's stream, in
+// order, and deletes each from the dead-letter stream once its copy is
+// stored: its event, headers and signature as they were, under a fresh
+// Nats-Msg-Id (Republish: the first copy may still be inside the
+// duplicate window, which would drop it). done[i] says whether seqs[i] was
+// there. A crash between the publish and the delete leaves both; a second
+// Replay then stores another copy, which the inbox drops (at-least-once).
+// It stops at the first error, with done filled so far.
+func (q *Queue) Replay(ctx context.Context, seqs ...uint64) (done []bool, _ error) {
+	for _, seq := range seqs {
+		dl, ok, err := q.DeadLetterAt(ctx, seq)
+		if err != nil {
+			return done, err
+		}
+		if ok {
+			if err := q.Republish(ctx, dl.Event); err != nil {
+				return done, err
+			}
+			if _, err := q.DropDeadLetter(ctx, seq); err != nil {
+				return done, err
+			}
+		}
+		done = append(done, ok)
+	}
+	return done, nil
+}
+
+// DropDeadLetter deletes the dead letter at seq; false when it was not
+// there (dropped or replayed before).
+func (q *Queue) DropDeadLetter(ctx context.Context, seq uint64) (bool, error) {
+	err := q.deadStream.DeleteMsg(ctx, seq)
+	if errors.Is(err, jetstream.ErrMsgDeleteUnsuccessful) {
+		// The client reports the server's reason as text only; a message
+		// that is not there is told apart by looking it up.
+		if _, gerr := q.deadStream.GetMsg(ctx, seq); errors.Is(gerr, jetstream.ErrMsgNotFound) {
+			return false, nil
+		}
+	}
+	if err != nil {
+		return false, fmt.Errorf("natsq: drop dead letter %d: %w", seq, err)
+	}
+	return true, nil
 }
 
 func max64(a, b uint64) uint64 {

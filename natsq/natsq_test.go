@@ -187,3 +187,70 @@ func TestSignatureCarried(t *testing.T) {
 		t.Fatalf("dead letters %+v, %v; want b with its signature", dls, err)
 	}
 }
+
+// Replay puts a dead letter back on the stream, signature and headers
+// kept, under a fresh Nats-Msg-Id (the first copy is inside the duplicate
+// window) and removes it from the dead-letter stream; a second replay, or
+// a drop of what is gone, reports it not done. Open sees the same streams
+// and changes nothing.
+func TestReplayAndDropDeadLetters(t *testing.T) {
+	_, nc := startNATS(t)
+	ctx := context.Background()
+	if _, err := natsq.Open(ctx, nc, natsq.Config{Queue: "dl"}); err == nil {
+		t.Fatal("Open of a queue never made: no error")
+	}
+	if _, err := natsq.New(ctx, nc, natsq.Config{Queue: "dl", MaxAge: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	q, err := natsq.Open(ctx, nc, natsq.Config{Queue: "dl"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev := natsq.Event{ID: "m1", Name: "e", Payload: []byte(`{"n":1}`), Headers: map[string]string{"trace": "t1"}, Sig: "sig-1"}
+	if err := q.Publish(ctx, ev, natsq.Event{ID: "m2", Name: "e", Payload: []byte(`2`)}); err != nil {
+		t.Fatal(err)
+	}
+	c, err := q.NewConsumer(ctx, natsq.ConsumerConfig{Group: "g", FetchWait: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ds, err := c.Fetch(ctx, 10)
+	if err != nil || len(ds) != 2 {
+		t.Fatalf("fetched %+v, %v", ds, err)
+	}
+	for _, d := range ds {
+		if err := c.DeadLetter(ctx, d, "poison"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dls, err := q.DeadLetters(ctx, 0, 10)
+	if err != nil || len(dls) != 2 {
+		t.Fatalf("dead letters %+v, %v; want 2", dls, err)
+	}
+	done, err := q.Replay(ctx, dls[0].Seq)
+	if err != nil || len(done) != 1 || !done[0] {
+		t.Fatalf("replay: %v, %v", done, err)
+	}
+	if again, err := q.Replay(ctx, dls[0].Seq); err != nil || again[0] {
+		t.Fatalf("second replay: %v, %v; want not done", again, err)
+	}
+	back, err := c.Fetch(ctx, 10)
+	if err != nil || len(back) != 1 {
+		t.Fatalf("after the replay fetched %+v, %v; want the one event", back, err)
+	}
+	if b := back[0]; b.ID != "m1" || string(b.Payload) != `{"n":1}` || b.Sig != "sig-1" || b.Headers["trace"] != "t1" {
+		t.Fatalf("replayed as %+v", b.Event)
+	}
+	if ok, err := q.DropDeadLetter(ctx, dls[1].Seq); err != nil || !ok {
+		t.Fatalf("drop: %v, %v", ok, err)
+	}
+	if ok, err := q.DropDeadLetter(ctx, dls[1].Seq); err != nil || ok {
+		t.Fatalf("second drop: %v, %v; want not done", ok, err)
+	}
+	if left, err := q.DeadLetters(ctx, 0, 10); err != nil || len(left) != 0 {
+		t.Fatalf("dead letters left %+v, %v; want none", left, err)
+	}
+	if _, ok, err := q.DeadLetterAt(ctx, dls[0].Seq); err != nil || ok {
+		t.Fatalf("DeadLetterAt a replayed seq: %v, %v; want none", ok, err)
+	}
+}
