@@ -5,9 +5,11 @@ go 1.26.0
 require (
 	github.com/coder/websocket v1.8.15
 	github.com/jackc/pgx/v5 v5.12.0
+	github.com/nats-io/nats.go v1.56.0
 	github.com/outboxchat/outboxchat v0.0.0
 	github.com/outboxchat/outboxchat/chat v0.0.0
 	github.com/outboxchat/outboxchat/lab v0.0.0
+	github.com/outboxchat/outboxchat/natsq v0.0.0
 	github.com/redis/go-redis/v9 v9.23.0
 	go.opentelemetry.io/otel/trace v1.47.0
 )
@@ -34,10 +36,8 @@ require (
 	github.com/mattn/go-colorable v0.1.13 // indirect
 	github.com/mattn/go-isatty v0.0.16 // indirect
 	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect
-	github.com/nats-io/nats.go v1.56.0 // indirect
 	github.com/nats-io/nkeys v0.4.16 // indirect
 	github.com/nats-io/nuid v1.0.1 // indirect
-	github.com/outboxchat/outboxchat/natsq v0.0.0 // indirect
 	github.com/prometheus/client_golang v1.25.0 // indirect
 	github.com/prometheus/client_model v0.6.3 // indirect
 	github.com/prometheus/common v0.72.0 // indirect
