@@ -120,7 +120,9 @@ var Layers = map[string]Layer{
 	lab:     {May: join([]string{library, natsq, lab}, app), TestMay: []string{testenv, labtest}},
 	labtest: {May: join([]string{library, testenv, lab}, app)},
 	deploy:  {May: join([]string{library, lab}, app), TestMay: []string{testenv, labtest}},
-	cmd:     {May: join([]string{library, lab, cmd}, app), TestMay: []string{testenv, labtest}},
+	// The binary wires either broker: its operator commands read natsq's
+	// dead letters as they read redisq's.
+	cmd: {May: join([]string{library, natsq, lab, cmd}, app), TestMay: []string{testenv, labtest}},
 
 	archtest: {External: []string{}},
 }
