@@ -136,7 +136,7 @@ func TestPostgresFailoverReusesNoSeq(t *testing.T) {
 		t.Errorf("%d of the sender's messages are not in the receiver's inbox under their id and seq", n)
 	}
 	// The ones only the old primary had are reported lost.
-	st, err := status.ReadStatus(ctx, adm, testenv.Redis(t), h.Prefix, status.StatusThresholds{}, status.CommandFlags{})
+	st, err := status.ReadStatus(ctx, adm, testenv.Redis(t), nil, h.Prefix, status.StatusThresholds{}, status.CommandFlags{})
 	if err != nil {
 		t.Fatal(err)
 	}

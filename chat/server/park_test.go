@@ -109,7 +109,7 @@ func TestParkedMessageLeavesAGapThenRetryDelivers(t *testing.T) {
 	testenv.WaitFor(t, 20*time.Second, "a fresh relay heartbeat", func() bool {
 		return h.Count(t, `SELECT count(*) FROM consumers.relay_heartbeat WHERE pass_at > now() - interval '10 seconds'`) == 1
 	})
-	st, err := status.ReadStatus(ctx, h.Admin, testenv.Redis(t), h.Prefix, status.StatusThresholds{}, status.CommandFlags{})
+	st, err := status.ReadStatus(ctx, h.Admin, testenv.Redis(t), nil, h.Prefix, status.StatusThresholds{}, status.CommandFlags{})
 	if err != nil || !st.Healthy || st.Services[0].LastRelayPassSeconds == nil || *st.Services[0].LastRelayPassSeconds > 10 ||
 		st.Services[1].Stream == "" || len(st.Services[1].Consumers) != 1 {
 		t.Fatalf("status with both services running = %+v, %v", st, err)

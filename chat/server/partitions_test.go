@@ -242,7 +242,7 @@ func TestPartitionedOrderProperty(t *testing.T) {
 	// Status covers every partition, and says when both sides are
 	// drained.
 	testenv.WaitFor(t, 30*time.Second, "status: both services drained", func() bool {
-		st, err := status.ReadStatus(context.Background(), h.Admin, testenv.Redis(t), h.Prefix, status.StatusThresholds{}, status.CommandFlags{})
+		st, err := status.ReadStatus(context.Background(), h.Admin, testenv.Redis(t), nil, h.Prefix, status.StatusThresholds{}, status.CommandFlags{})
 		if err != nil {
 			t.Fatal(err)
 		}

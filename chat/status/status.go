@@ -2,6 +2,7 @@ package status
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -11,8 +12,11 @@ import (
 	"github.com/outboxchat/outboxchat/chat/schema"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/outboxchat/outboxchat/natsq"
 	"github.com/outboxchat/outboxchat/outbox"
 	"github.com/outboxchat/outboxchat/redisq"
 )
@@ -42,6 +46,9 @@ type StatusThresholds struct {
 // where status found it (DATABASE_URL, REDIS_URL).
 type CommandFlags struct {
 	Database, Redis string
+	// Broker (e.g. `--broker-url 'nats://…'`) goes to those that read the
+	// queue on NATS (with ReadStatus's nc set), in place of Redis.
+	Broker string
 }
 
 // with appends flags (when set) to a suggested command line.
@@ -326,6 +333,12 @@ func QueueStatus(ctx context.Context, rdb redis.UniversalClient, prefix, service
 		s.StreamLag += ps.StreamLag
 		s.DeadLetters += ps.DeadLetters
 	}
+	return presenceStatus(ctx, rdb, prefix, service, s)
+}
+
+// presenceStatus reads into s the live processes of service's consumer
+// group from Redis's presence set, and counts each consumer's processes.
+func presenceStatus(ctx context.Context, rdb redis.UniversalClient, prefix, service string, s *ServiceStatus) error {
 	// The presence set is partition 0's queue's (one per process).
 	live, err := presence.Live(ctx, rdb, prefix, chat.QueueName(chat.Peer(service)))
 	if err != nil {
@@ -351,15 +364,81 @@ func QueueStatus(ctx context.Context, rdb redis.UniversalClient, prefix, service
 	return nil
 }
 
+// NATSQueueStatus is QueueStatus with the queue on NATS JetStream (serve
+// --broker-url): per partition, the stream service reads (named as serve
+// names it: natsq.Names of chat.NATSName(prefix) and of the queue), its
+// length in events, the group's durable consumer's unacknowledged events
+// (StreamPending) and undelivered ones (StreamLag), and the length of the
+// dead-letter stream; a stream or consumer not made yet counts as empty.
+// JetStream keeps no per-member figures: Consumers stays empty, and the
+// live processes come from Redis's presence set when rdb is set.
+func NATSQueueStatus(ctx context.Context, nc *nats.Conn, rdb redis.UniversalClient, prefix, service string, s *ServiceStatus) error {
+	if len(s.Partitions) == 0 {
+		s.Partitions = []PartitionStatus{{Partition: 0, Outbox: chat.OutboxTable(service, 0)}}
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	s.Consumers = []ConsumerStatus{}
+	s.StreamLength, s.StreamPending, s.StreamLag, s.DeadLetters = 0, 0, 0, 0
+	for i := range s.Partitions {
+		ps := &s.Partitions[i]
+		stream, dead, _ := natsq.Names(chat.NATSName(prefix), chat.NATSName(chat.PartitionQueue(chat.Peer(service), ps.Partition)))
+		ps.Stream = stream
+		if ps.StreamLength, err = streamMsgs(ctx, js, stream); err != nil {
+			return err
+		}
+		if ps.DeadLetters, err = streamMsgs(ctx, js, dead); err != nil {
+			return err
+		}
+		ps.StreamLag = ps.StreamLength // no consumer yet: nothing was delivered
+		c, err := js.Consumer(ctx, stream, chat.NATSName(service))
+		switch {
+		case err == nil:
+			info := c.CachedInfo()
+			ps.StreamPending, ps.StreamLag = int64(info.NumAckPending), int64(info.NumPending)
+		case !errors.Is(err, jetstream.ErrConsumerNotFound) && !errors.Is(err, jetstream.ErrStreamNotFound):
+			return fmt.Errorf("consumer %s on %s: %w", service, stream, err)
+		}
+		if ps.Partition == 0 {
+			s.Stream = stream
+		}
+		s.StreamLength += ps.StreamLength
+		s.StreamPending += ps.StreamPending
+		s.StreamLag += ps.StreamLag
+		s.DeadLetters += ps.DeadLetters
+	}
+	if rdb == nil {
+		return nil
+	}
+	return presenceStatus(ctx, rdb, prefix, service, s)
+}
+
+// streamMsgs returns how many messages JetStream stream name holds, 0
+// when there is no such stream.
+func streamMsgs(ctx context.Context, js jetstream.JetStream, name string) (int64, error) {
+	st, err := js.Stream(ctx, name)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("stream %s: %w", name, err)
+	}
+	return int64(st.CachedInfo().State.Msgs), nil
+}
+
 // ReadStatus reads both services' Status through db (a role that can read
 // both schemas and pg_stat_activity: the database owner or a superuser;
-// with a service's own role the other service reports an error) and rdb
-// (nil: the Redis figures are left out, with an error), keys under prefix
+// with a service's own role the other service reports an error), rdb
+// (nil: the Redis figures are left out, with an error) and nc (the queue
+// on NATS JetStream, serve --broker-url: its figures are read there, not
+// in Redis; nil: the queue is Redis Streams), keys under prefix
 // ("" = DefaultRedisPrefix), and judges it by th; the commands its
 // problems suggest carry cf's flags. It returns an error only
 // when ctx ends; what it cannot read is in the ServiceStatus's Errors and
 // counts as a problem.
-func ReadStatus(ctx context.Context, db outbox.DB, rdb redis.UniversalClient, prefix string, th StatusThresholds, cf CommandFlags) (*Status, error) {
+func ReadStatus(ctx context.Context, db outbox.DB, rdb redis.UniversalClient, nc *nats.Conn, prefix string, th StatusThresholds, cf CommandFlags) (*Status, error) {
 	if prefix == "" {
 		prefix = chat.DefaultRedisPrefix
 	}
@@ -388,10 +467,17 @@ func ReadStatus(ctx context.Context, db outbox.DB, rdb redis.UniversalClient, pr
 		if err := OutboxStatus(ctx, db, svc, &s); err != nil {
 			s.Errors = append(s.Errors, "database: "+err.Error())
 		}
-		if rdb == nil {
+		switch {
+		case nc != nil:
+			if err := NATSQueueStatus(ctx, nc, rdb, prefix, svc, &s); err != nil {
+				s.Errors = append(s.Errors, "nats: "+err.Error())
+			}
+		case rdb == nil:
 			s.Errors = append(s.Errors, "redis: no --redis-url")
-		} else if err := QueueStatus(ctx, rdb, prefix, svc, &s); err != nil {
-			s.Errors = append(s.Errors, "redis: "+err.Error())
+		default:
+			if err := QueueStatus(ctx, rdb, prefix, svc, &s); err != nil {
+				s.Errors = append(s.Errors, "redis: "+err.Error())
+			}
 		}
 		s.Drained = len(s.Errors) == 0 && s.Unsent == 0 && s.StreamPending == 0 && s.StreamLag == 0
 		if ctx.Err() != nil {
@@ -433,11 +519,15 @@ func ReadStatus(ctx context.Context, db outbox.DB, rdb redis.UniversalClient, pr
 				svc, s.LostSeqs, svc))
 		}
 		if s.DeadLetters > 0 {
+			dlFlags := cf.Redis
+			if nc != nil {
+				dlFlags = cf.Broker
+			}
 			for _, p := range s.Partitions {
 				if p.DeadLetters > 0 {
 					st.Problems = append(st.Problems, fmt.Sprintf("%s: %d dead letter(s) on %s: see `%s`",
 						svc, p.DeadLetters, chat.PartitionQueue(chat.Peer(svc), p.Partition),
-						with("outboxchat deadletters list --service "+svc+partitionFlag(p.Partition), cf.Redis)))
+						with("outboxchat deadletters list --service "+svc+partitionFlag(p.Partition), dlFlags)))
 				}
 			}
 		}

@@ -3,19 +3,23 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/outboxchat/outboxchat/chat"
+	"github.com/outboxchat/outboxchat/chat/status"
 	"github.com/outboxchat/outboxchat/internal/testenv"
 	"github.com/outboxchat/outboxchat/natsq"
 )
 
-// deadletters --broker-url on a private nats-server: list (both services,
-// also one whose queue was never made), show, replay (the event back on
-// the stream, a repeat a no-op), drop --all, and a dead id that is no seq
-// named in the error.
+// status and deadletters --broker-url on a private nats-server: status
+// reads the queue's figures from JetStream (the dead letters, the
+// consumer's unacknowledged events) and its suggested deadletters command
+// runs as printed; list (both services, also one whose queue was never
+// made), show, replay (the event back on the stream, a repeat a no-op),
+// drop --all, and a dead id that is no seq named in the error.
 func TestDeadlettersOnNATS(t *testing.T) {
 	t.Parallel()
 	ns := testenv.PrivateNATS(t)
@@ -51,7 +55,28 @@ func TestDeadlettersOnNATS(t *testing.T) {
 	}
 	nf := []string{"--broker-url", ns.URL()}
 
-	out, err := runCmd(t, append([]string{"deadletters", "list", "--json"}, nf...)...)
+	dbURL, _ := migratedDatabase(t)
+	out, err := runCmd(t, "status", "--json", "--database-url", dbURL, "--broker-url", ns.URL())
+	var st status.Status
+	if !errors.Is(err, errNeedsPerson) || json.Unmarshal([]byte(out), &st) != nil {
+		t.Fatalf("status = %v: %s", err, out)
+	}
+	if w := st.Services[1]; w.Service != chat.Workers || w.DeadLetters != 2 || w.StreamLength != 2 || w.StreamPending != 0 || w.StreamLag != 0 {
+		t.Fatalf("status of the workers %+v; want 2 events, 2 dead letters, nothing pending", w)
+	}
+	suggested := suggestedCommands(st.Problems)
+	if len(suggested) != 1 || !strings.Contains(suggested[0], "--broker-url") {
+		t.Fatalf("status suggested %q; want one deadletters list on the broker", suggested)
+	}
+	args, err := shellSplit(strings.TrimPrefix(suggested[0], "outboxchat "))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, err := runCmd(t, args...); err != nil || !strings.Contains(out, "m-1") || !strings.Contains(out, "m-2") {
+		t.Fatalf("the suggested `%s` = %v:\n%s", suggested[0], err, out)
+	}
+
+	out, err = runCmd(t, append([]string{"deadletters", "list", "--json"}, nf...)...)
 	var list []deadLetterView
 	if err != nil || json.Unmarshal([]byte(out), &list) != nil || len(list) != 2 || list[0].Service != chat.Workers ||
 		list[0].ID != "m-1" || list[0].Reason != "handler: poison" || !list[0].Signed || list[1].Signed {

@@ -49,6 +49,11 @@ func (f opsFlags) commandFlags(fs *flag.FlagSet) status.CommandFlags {
 			cf.Database = arg
 		case "redis-url", "redis-prefix":
 			cf.Redis = strings.TrimSpace(cf.Redis + " " + arg)
+			if fl.Name == "redis-prefix" {
+				cf.Broker = strings.TrimSpace(cf.Broker + " " + arg)
+			}
+		case "broker-url":
+			cf.Broker = strings.TrimSpace(cf.Broker + " " + arg)
 		}
 	})
 	return cf

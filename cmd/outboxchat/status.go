@@ -6,12 +6,15 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"os"
 	"text/tabwriter"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/outboxchat/outboxchat/chat/status"
+	"github.com/outboxchat/outboxchat/natsq"
 )
 
 // errNeedsPerson is status's error when something needs a person (exit 1).
@@ -25,6 +28,7 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	f := newOpsFlags(fs, true, true)
 	backlog := fs.Duration("max-backlog-age", status.DefaultMaxBacklogAge, "a problem when the oldest unsent outbox row is older than this")
 	xact := fs.Duration("max-transaction-age", status.DefaultMaxTransactionAge, "a problem when a transaction or snapshot the database can see is older than this (it holds back cleanup)")
+	brokerURL := fs.String("broker-url", os.Getenv("BROKER_URL"), "the queue on NATS JetStream, as given to serve: its figures are read there (default $BROKER_URL, else \"\": Redis Streams on --redis-url)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -42,9 +46,16 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		defer c.Close()
 		rdb = c
 	}
+	var nc *nats.Conn
+	if *brokerURL != "" {
+		if nc, err = natsq.Connect(*brokerURL, nats.Name("outboxchat-status"), nats.MaxReconnects(0)); err != nil {
+			return fmt.Errorf("status: %w", err)
+		}
+		defer nc.Close()
+	}
 	qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	st, err := status.ReadStatus(qctx, pool, rdb, *f.prefix, status.StatusThresholds{BacklogAge: *backlog, TransactionAge: *xact},
+	st, err := status.ReadStatus(qctx, pool, rdb, nc, *f.prefix, status.StatusThresholds{BacklogAge: *backlog, TransactionAge: *xact},
 		f.commandFlags(fs))
 	if err != nil {
 		return fmt.Errorf("status: %w", err)

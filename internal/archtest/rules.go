@@ -108,7 +108,7 @@ var Layers = map[string]Layer{
 	store:   {May: []string{library, vocab, schema, auth}, TestMay: []string{testenv, chattest}},
 	receive: {May: []string{library, vocab, schema, auth, store}, TestMay: []string{testenv, chattest}},
 	gateway: {May: []string{library, vocab, schema, auth}, TestMay: []string{testenv, chattest}},
-	status:  {May: []string{library, vocab, schema, auth, presence}, TestMay: []string{testenv, chattest}},
+	status:  {May: []string{library, natsq, vocab, schema, auth, presence}, TestMay: []string{testenv, chattest}},
 	// The trace command's queries read what status reads, per message.
 	tracecmd: {May: []string{library, vocab, schema, auth}, TestMay: []string{testenv, chattest}},
 	// The HTTP surface depends on small interfaces that the server fills
