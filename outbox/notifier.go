@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxchat/outboxchat/internal/service"
+	"github.com/outboxchat/outboxchat/outbox/internal/outboxsql"
 )
 
 // NotifierConfig configures NewNotifier. A nil *NotifierConfig means all
@@ -60,11 +61,6 @@ type Notifier struct {
 	wake chan struct{} // 1-buffered: something is pending
 	life service.Lifecycle
 }
-
-// notifyManySQL is afterCommitNotifySQL for several channels in one
-// statement.
-const notifyManySQL = "SELECT set_config('synchronous_commit', 'off', true), count(pg_notify(c, '')) " +
-	"FROM unnest($1::text[]) AS c"
 
 // NewNotifier returns a stopped Notifier that notifies on pool. It does not
 // touch the network. Errors wrap ErrInvalidConfig: a nil pool, a negative
@@ -166,9 +162,9 @@ func (n *Notifier) loop(stopping, ctx context.Context) {
 		nctx, cancel := context.WithTimeout(ctx, n.timeout)
 		var err error
 		if len(chs) == 1 {
-			_, err = n.pool.Exec(nctx, afterCommitNotifySQL, chs[0])
+			_, err = n.pool.Exec(nctx, outboxsql.AfterCommitNotify, chs[0])
 		} else {
-			_, err = n.pool.Exec(nctx, notifyManySQL, chs)
+			_, err = n.pool.Exec(nctx, outboxsql.NotifyMany, chs)
 		}
 		cancel()
 		if err != nil && ctx.Err() == nil {

@@ -18,6 +18,8 @@ import (
 	"github.com/outboxchat/outboxchat/internal/backoff"
 	"github.com/outboxchat/outboxchat/internal/notifier"
 	"github.com/outboxchat/outboxchat/internal/service"
+	"github.com/outboxchat/outboxchat/outbox/internal/claimfloor"
+	"github.com/outboxchat/outboxchat/outbox/internal/outboxsql"
 )
 
 // Relay defaults. A zero RelayConfig field means the matching default.
@@ -269,12 +271,12 @@ type Relay struct {
 	log       *slog.Logger
 	onEvent   func(RelayEvent)
 
-	maxAttempts                                   int
-	backoffMin, backoffMax                        time.Duration
-	lastPass                                      atomic.Int64 // unix nanoseconds of the last committed pass
-	claimSQL, markSQL, recordSQL, seqSQL, failSQL string
-	table                                         string // quoted table name, for seqSQL
-	floor                                         claimFloor
+	maxAttempts            int
+	backoffMin, backoffMax time.Duration
+	lastPass               atomic.Int64 // unix nanoseconds of the last committed pass
+	sql                    outboxsql.Relay
+	table                  string // quoted table name, for outboxsql.Seq
+	floor                  claimfloor.Floor
 
 	wake       chan struct{} // 1-buffered pending wake-up
 	wakeBy     atomic.Uint32 // what asked for it: wakeBy* bits
@@ -311,19 +313,19 @@ func (c *RelayConfig) WithDefaults() *RelayConfig {
 
 // validate checks a config that went through WithDefaults and returns its
 // parsed Table. Errors wrap ErrInvalidConfig.
-func (c *RelayConfig) validate() (table, error) {
+func (c *RelayConfig) validate() (outboxsql.Table, error) {
 	if c.Publisher == nil {
-		return table{}, fmt.Errorf("RelayConfig.Publisher is required: %w", ErrInvalidConfig)
+		return outboxsql.Table{}, fmt.Errorf("RelayConfig.Publisher is required: %w", ErrInvalidConfig)
 	}
 	t, err := parseTable(c.Table)
 	if err != nil {
-		return table{}, err
+		return outboxsql.Table{}, err
 	}
 	if err := checkChannel(c.Channel); err != nil {
-		return table{}, err
+		return outboxsql.Table{}, err
 	}
 	if c.BatchSize < 0 {
-		return table{}, fmt.Errorf("negative BatchSize: %w", ErrInvalidConfig)
+		return outboxsql.Table{}, fmt.Errorf("negative BatchSize: %w", ErrInvalidConfig)
 	}
 	return t, checkNotNegative("PollInterval PublishTimeout LockTimeout StatementTimeout IdleInTxTimeout RetryBackoff RetryBackoffMax",
 		c.PollInterval, c.PublishTimeout, c.LockTimeout, c.StatementTimeout, c.IdleInTxTimeout, c.RetryBackoff, c.RetryBackoffMax)
@@ -385,37 +387,7 @@ func NewRelay(pool *pgxpool.Pool, cfg *RelayConfig) (*Relay, error) {
 		r.notifier, r.ownNotify = n, true
 	}
 
-	// Plain FOR UPDATE, not SKIP LOCKED, ORDER BY id over the partial
-	// index: the package doc's order invariant (a second relay waits, then
-	// skips the rows the first one deleted). "id >= $2": the claim floor
-	// (floor.go). Parked rows (failSQL) are not claimed. The last column
-	// is how long (s) the row still waits after a failure of its own (0:
-	// not waiting); the pass publishes only the rows before the first
-	// waiting one.
-	r.claimSQL = "SELECT id, idempotency_key, event, payload, created_at, headers, " +
-		"coalesce(greatest(extract(epoch FROM retry_at - now()), 0), 0)::float8 FROM " + t.quoted +
-		" WHERE sent_at IS NULL AND parked_at IS NULL AND id >= $2 ORDER BY id LIMIT $1 FOR UPDATE"
-	// Published rows are deleted, not updated (the package doc says why).
-	// sent_at stays NULL; a table whose rows an older relay marked sent
-	// keeps those (never claimed).
-	r.markSQL = "DELETE FROM " + t.quoted + " WHERE id = ANY($1)"
-	// The identity sequence's last value, then xmin of a later snapshot
-	// (floor.go).
-	r.table = t.quoted
-	r.seqSQL = "SELECT coalesce(pg_sequence_last_value(pg_get_serial_sequence($1, 'id')::regclass), 0)"
-	// Best effort, after the rollback: the claimed rows are unlocked again,
-	// so this may wait for another relay (bounded by lock_timeout).
-	r.recordSQL = "UPDATE " + t.quoted +
-		" SET attempts = attempts + 1, last_error = $2 WHERE id = ANY($1) AND sent_at IS NULL"
-	// A row the Publisher blamed (MessageError), in the pass's own
-	// transaction (the row is locked by the claim): one more failure of
-	// its own, the pause before the next try ($3 ms doubling per failure,
-	// capped at $4 ms), parked once failures reach $5 (≤ 0: never). An
-	// UPDATE of one row per failure, never per message published.
-	r.failSQL = "UPDATE " + t.quoted + ` SET attempts = attempts + 1, failures = failures + 1, last_error = $2,
-  retry_at = now() + least($3::float8 * power(2, least(failures, 30)), $4::float8) * interval '1 millisecond',
-  parked_at = CASE WHEN $5::int > 0 AND failures + 1 >= $5::int THEN now() END
-WHERE id = $1 RETURNING failures, parked_at IS NOT NULL`
+	r.table, r.sql = t.Quoted, t.Relay()
 	return r, nil
 }
 
@@ -456,30 +428,6 @@ func wakeUp(ch chan struct{}) {
 // Listening reports whether the LISTEN connection is currently established
 // (always false with DisableListen or when stopped). Safe for concurrent use.
 func (r *Relay) Listening() bool { return r.listening.Load() }
-
-// setTimeoutsSQL applies the relay's bounds to the current transaction only.
-//
-// It also steers the planner, for this transaction only, to index scans. The
-// outbox is a queue table: every pass leaves dead entries in the partial
-// index (the old, unsent row versions) until vacuum, and between ANALYZE runs
-// the statistics badly underestimate them. The planner then picks a bitmap
-// scan plus sort for the claim, which visits every dead entry on every pass,
-// and a sequential scan for "id = ANY($1)"; both make a pass O(table) until
-// autovacuum catches up. An ordered index scan on the partial index stops
-// after BatchSize live rows and lets btree mark dead entries so later scans
-// skip them; the primary-key lookup is O(BatchSize). Every relay statement is
-// an index lookup, so nothing else is affected.
-//
-// Last, the relay's commit does not wait for its WAL flush
-// (synchronous_commit=off, this transaction only), one fsync less per
-// message: a deletion lost to a database crash only makes the next pass
-// publish those rows again (the package doc's at-least-once invariant).
-const setTimeoutsSQL = "SELECT set_config('lock_timeout', $1, true), " +
-	"set_config('statement_timeout', $2, true), " +
-	"set_config('idle_in_transaction_session_timeout', $3, true), " +
-	"set_config('enable_seqscan', 'off', true), " +
-	"set_config('enable_bitmapscan', 'off', true), " +
-	"set_config('synchronous_commit', 'off', true)"
 
 // RunOnce runs one pass (the package doc's Relay section: one transaction
 // of two round trips besides Publish, which gets PublishTimeout and the
@@ -535,13 +483,13 @@ func (r *Relay) runOnce(ctx context.Context, t WakeTrigger) (p pass, err error) 
 	inTx := false
 	defer rollbackOpen(ctx, conn, &inTx)
 
-	floor, wantXid := r.floor.start(start)
+	floor, wantXid := r.floor.Start(start)
 	b := &pgx.Batch{}
-	b.Queue(r.seqSQL, r.table)
+	b.Queue(outboxsql.Seq, r.table)
 	b.Queue("BEGIN")
-	b.Queue(snapshotSQL)
-	b.Queue(setTimeoutsSQL, r.timeouts[0], r.timeouts[1], r.timeouts[2])
-	b.Queue(r.claimSQL, r.batchSize, floor)
+	b.Queue(outboxsql.Snapshot)
+	b.Queue(outboxsql.SetTimeouts, r.timeouts[0], r.timeouts[1], r.timeouts[2])
+	b.Queue(r.sql.Claim, r.batchSize, floor)
 	br := conn.SendBatch(ctx, b)
 	inTx = true
 	var h horizon
@@ -573,8 +521,8 @@ func (r *Relay) runOnce(ctx context.Context, t WakeTrigger) (p pass, err error) 
 	r.queueMark(b, c, pub)
 	if wantXid {
 		// The xid the claim's row locks gave this transaction, after the
-		// sequence read: the floor's R (floor.go).
-		b.Queue(xidSQL)
+		// sequence read: the floor's R (internal/claimfloor).
+		b.Queue(outboxsql.Xid)
 	}
 	b.Queue("COMMIT")
 	br = conn.SendBatch(ctx, b)
@@ -666,16 +614,16 @@ func (c *claim) blame(p published) {
 }
 
 // queueMark queues the deletion of c's published rows and, for a blamed
-// row, its failure (failSQL).
+// row, its failure (outboxsql.Relay.Fail).
 func (r *Relay) queueMark(b *pgx.Batch, c claim, p published) {
-	b.Queue(r.markSQL, c.ids)
+	b.Queue(r.sql.Mark, c.ids)
 	if p.k >= 0 {
-		b.Queue(r.failSQL, p.poison.RowID, lastError(p.poison.Err), r.backoffMin.Milliseconds(),
+		b.Queue(r.sql.Fail, p.poison.RowID, lastError(p.poison.Err), r.backoffMin.Milliseconds(),
 			r.backoffMax.Milliseconds(), r.maxAttempts)
 	}
 }
 
-// marked is what failSQL returned for a blamed row.
+// marked is what the Fail statement returned for a blamed row.
 type marked struct {
 	failures int
 	parked   bool
@@ -702,7 +650,7 @@ func readCommit(br pgx.BatchResults) error {
 // emptyPassDone records a committed pass that published nothing.
 func (r *Relay) emptyPassDone(floor int64, h horizon, c claim) {
 	r.lastPass.Store(time.Now().UnixNano())
-	r.floor.advance(floor, h.v, h.xmin, 0, c.full, c.lastID)
+	r.floor.Advance(floor, h.v, h.xmin, 0, c.full, c.lastID)
 }
 
 // passDone records a committed pass that published rows (its xid when it
@@ -710,7 +658,7 @@ func (r *Relay) emptyPassDone(floor int64, h horizon, c claim) {
 func (r *Relay) passDone(start time.Time, t WakeTrigger, floor int64, h horizon, xid int64, c claim, pub published, m marked) (p pass) {
 	p.wait = c.wait
 	r.lastPass.Store(time.Now().UnixNano())
-	if old := r.floor.advance(floor, h.v, h.xmin, xid, c.full, c.lastID); floor == 0 && c.msgs[0].RowID < old && pub.k != 0 {
+	if old := r.floor.Advance(floor, h.v, h.xmin, xid, c.full, c.lastID); floor == 0 && c.msgs[0].RowID < old && pub.k != 0 {
 		r.log.Warn("published a row below the claim floor; an outbox writer breaks the floor's assumptions (explicit ids, sequence CACHE > 1?): order across such rows is not guaranteed",
 			slog.Int64("row_id", c.msgs[0].RowID), slog.Int64("floor", old))
 	}
@@ -738,14 +686,6 @@ func (r *Relay) passDone(start time.Time, t WakeTrigger, floor int64, h horizon,
 	}
 	return p
 }
-
-// snapshotSQL reads xmin of the statement's snapshot; xidSQL the xid of a
-// pass that claimed rows (its row locks assigned it; floor.go). xid8 fits
-// bigint for 2^63 transactions.
-const (
-	snapshotSQL = "SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint"
-	xidSQL      = "SELECT pg_current_xact_id()::text::bigint"
-)
 
 // horizon is what a pass read before its claim, for the claim floor: the
 // sequence's last value v, then its snapshot's xmin.
@@ -821,8 +761,8 @@ func (r *Relay) rollbackAndRecord(ctx context.Context, conn *pgxpool.Conn, inTx 
 	msg := lastError(cause)
 	b := &pgx.Batch{}
 	b.Queue("BEGIN")
-	b.Queue(setTimeoutsSQL, r.timeouts[0], r.timeouts[1], r.timeouts[2])
-	b.Queue(r.recordSQL, ids, msg)
+	b.Queue(outboxsql.SetTimeouts, r.timeouts[0], r.timeouts[1], r.timeouts[2])
+	b.Queue(r.sql.Record, ids, msg)
 	b.Queue("COMMIT")
 	if err := conn.SendBatch(rctx, b).Close(); err != nil {
 		r.log.Debug("recording a failed pass failed", slog.Int("rows", len(ids)), slog.Any("err", err))

@@ -715,7 +715,7 @@ func TestRelayEvents(t *testing.T) {
 
 // TestClaimFloorWaitsForOpenTransactions: a row whose transaction took its
 // id before others but commits after they were published is still
-// published: the claim floor (floor.go) never passes an id a running
+// published: the claim floor (internal/claimfloor) never passes an id a running
 // transaction may still commit. A relay that simply claimed after the last
 // id it published would skip it for good.
 func TestClaimFloorWaitsForOpenTransactions(t *testing.T) {

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxchat/outboxchat/internal/groupcommit"
+	"github.com/outboxchat/outboxchat/outbox/internal/outboxsql"
 )
 
 // RelayGroup lets the relays of several outbox tables (one per partition,
@@ -25,7 +26,7 @@ import (
 //
 // A shared pass keeps every member's guarantees, because it is the
 // members' passes run side by side: each table has its own claim (FOR
-// UPDATE, in id order, from its own claim floor; floor.go), its rows go to
+// UPDATE, in id order, from its own claim floor; internal/claimfloor), its rows go to
 // its own Publisher (the members' Publish calls run concurrently), and its
 // own published rows are deleted. The members share the sequence read (one
 // statement, before the transaction), the snapshot and the xid, which is
@@ -131,19 +132,19 @@ func (g *RelayGroup) run(ctx context.Context, reqs []*passReq) {
 	inTx := false
 	defer rollbackOpen(ctx, conn, &inTx)
 
-	// The sequence reads before BEGIN, so before the xid: floor.go.
+	// The sequence reads before BEGIN, so before the xid: internal/claimfloor.
 	b := &pgx.Batch{}
 	tables := make([]string, len(reqs))
 	for i, q := range reqs {
-		q.floor, q.wantXid = q.r.floor.start(start)
+		q.floor, q.wantXid = q.r.floor.Start(start)
 		tables[i] = q.r.table
 	}
-	b.Queue(seqsSQL, tables)
+	b.Queue(outboxsql.Seqs, tables)
 	b.Queue("BEGIN")
-	b.Queue(snapshotSQL)
-	b.Queue(setTimeoutsSQL, lead.timeouts[0], lead.timeouts[1], lead.timeouts[2])
+	b.Queue(outboxsql.Snapshot)
+	b.Queue(outboxsql.SetTimeouts, lead.timeouts[0], lead.timeouts[1], lead.timeouts[2])
 	for _, q := range reqs {
-		b.Queue(q.r.claimSQL, q.r.batchSize, q.floor)
+		b.Queue(q.r.sql.Claim, q.r.batchSize, q.floor)
 	}
 	br := conn.SendBatch(ctx, b)
 	inTx = true
@@ -177,7 +178,7 @@ func (g *RelayGroup) run(ctx context.Context, reqs []*passReq) {
 		case q.pub.err != nil:
 			// Its rows stay unsent; the failure is recorded on them here,
 			// where they are still locked.
-			b.Queue(q.r.recordSQL, q.c.ids, lastError(q.pub.err))
+			b.Queue(q.r.sql.Record, q.c.ids, lastError(q.pub.err))
 		default:
 			q.c.blame(q.pub)
 			q.r.queueMark(b, q.c, q.pub)
@@ -186,8 +187,8 @@ func (g *RelayGroup) run(ctx context.Context, reqs []*passReq) {
 	}
 	if wantXid {
 		// The xid the claims' row locks gave this transaction, after the
-		// sequence reads: the floors' R (floor.go).
-		b.Queue(xidSQL)
+		// sequence reads: the floors' R (internal/claimfloor).
+		b.Queue(outboxsql.Xid)
 	}
 	b.Queue("COMMIT")
 	br = conn.SendBatch(ctx, b)
@@ -231,11 +232,6 @@ func (g *RelayGroup) run(ctx context.Context, reqs []*passReq) {
 		}
 	}
 }
-
-// seqsSQL is the relay's sequence read (Relay.seqSQL) for the tables $1
-// (quoted names), in one statement: their values in the order of $1.
-const seqsSQL = "SELECT coalesce(pg_sequence_last_value(pg_get_serial_sequence(t, 'id')::regclass), 0) " +
-	"FROM unnest($1::text[]) WITH ORDINALITY AS u(t, n) ORDER BY n"
 
 // readSharedClaim reads the results of a shared pass's first round trip:
 // the members' sequence reads, BEGIN, the snapshot read, set_config and
