@@ -7,8 +7,6 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
-	"strconv"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -18,8 +16,8 @@ import (
 	"github.com/outboxchat/outboxchat/internal/backoff"
 	"github.com/outboxchat/outboxchat/internal/notifier"
 	"github.com/outboxchat/outboxchat/internal/service"
-	"github.com/outboxchat/outboxchat/outbox/internal/claimfloor"
 	"github.com/outboxchat/outboxchat/outbox/internal/outboxsql"
+	"github.com/outboxchat/outboxchat/outbox/internal/relaypass"
 )
 
 // Relay defaults. A zero RelayConfig field means the matching default.
@@ -64,8 +62,6 @@ const (
 	listenConnectMax = 5 * time.Second       // bound on connect + LISTEN
 	listenPingEvery  = 30 * time.Second      // health check of an idle LISTEN connection
 	listenPingMax    = 5 * time.Second       // bound on that health check
-	recordMax        = 2 * time.Second       // bound on recording a failure
-	lastErrorMax     = 1000                  // bytes of last_error kept
 )
 
 // RelayEventKind names a typed event of the relay (RelayEvent.Kind). The values are
@@ -259,7 +255,6 @@ type Relay struct {
 	pool      *pgxpool.Pool
 	pub       Publisher
 	channel   string
-	batchSize int
 	poll      time.Duration
 	listen    bool
 	ignore    func(uint32) bool
@@ -267,16 +262,10 @@ type Relay struct {
 	ownNotify bool               // the relay starts and stops notifier
 	skipOwn   bool
 	pubTO     time.Duration
-	timeouts  [3]string // lock, statement, idle-in-tx, as "<n>ms"
 	log       *slog.Logger
 	onEvent   func(RelayEvent)
 
-	maxAttempts            int
-	backoffMin, backoffMax time.Duration
-	lastPass               atomic.Int64 // unix nanoseconds of the last committed pass
-	sql                    outboxsql.Relay
-	table                  string // quoted table name, for outboxsql.Seq
-	floor                  claimfloor.Floor
+	tbl relaypass.Table[Message] // the passes' table, floor and statements
 
 	wake       chan struct{} // 1-buffered pending wake-up
 	wakeBy     atomic.Uint32 // what asked for it: wakeBy* bits
@@ -350,25 +339,20 @@ func NewRelay(pool *pgxpool.Pool, cfg *RelayConfig) (*Relay, error) {
 		return nil, fmt.Errorf("outbox: new relay: Group runs on another pool: %w", ErrInvalidConfig)
 	}
 	r := &Relay{
-		pool:        pool,
-		pub:         cfg.Publisher,
-		channel:     cfg.Channel,
-		batchSize:   cfg.BatchSize,
-		poll:        cfg.PollInterval,
-		listen:      !cfg.DisableListen,
-		ignore:      cfg.IgnoreNotification,
-		pubTO:       cfg.PublishTimeout,
-		timeouts:    [3]string{pgMillis(cfg.LockTimeout), pgMillis(cfg.StatementTimeout), pgMillis(cfg.IdleInTxTimeout)},
-		log:         cfg.Logger.With(slog.String("component", "outbox.relay")),
-		maxAttempts: cfg.MaxAttempts,
-		backoffMin:  cfg.RetryBackoff,
-		backoffMax:  cfg.RetryBackoffMax,
-		onEvent:     cfg.OnEvent,
-		wake:        make(chan struct{}, 1),
-		life:        service.Lifecycle{Name: "outbox: relay"},
-		notifier:    cfg.Notifier,
-		skipOwn:     cfg.SkipOwnNotifications,
-		group:       cfg.Group,
+		pool:     pool,
+		pub:      cfg.Publisher,
+		channel:  cfg.Channel,
+		poll:     cfg.PollInterval,
+		listen:   !cfg.DisableListen,
+		ignore:   cfg.IgnoreNotification,
+		pubTO:    cfg.PublishTimeout,
+		log:      cfg.Logger.With(slog.String("component", "outbox.relay")),
+		onEvent:  cfg.OnEvent,
+		wake:     make(chan struct{}, 1),
+		life:     service.Lifecycle{Name: "outbox: relay"},
+		notifier: cfg.Notifier,
+		skipOwn:  cfg.SkipOwnNotifications,
+		group:    cfg.Group,
 	}
 	if r.group != nil {
 		r.rank = r.group.q.Join()
@@ -387,18 +371,13 @@ func NewRelay(pool *pgxpool.Pool, cfg *RelayConfig) (*Relay, error) {
 		r.notifier, r.ownNotify = n, true
 	}
 
-	r.table, r.sql = t.Quoted, t.Relay()
-	return r, nil
-}
-
-// pgMillis renders d as a PostgreSQL duration setting in whole milliseconds
-// (at least 1 ms; 0 would mean "no timeout").
-func pgMillis(d time.Duration) string {
-	ms := d.Milliseconds()
-	if ms < 1 {
-		ms = 1
+	r.tbl = relaypass.Table[Message]{
+		Pool: pool, SQL: t.Relay(), Quoted: t.Quoted, BatchSize: cfg.BatchSize,
+		Timeouts:    [3]string{relaypass.Millis(cfg.LockTimeout), relaypass.Millis(cfg.StatementTimeout), relaypass.Millis(cfg.IdleInTxTimeout)},
+		MaxAttempts: cfg.MaxAttempts, BackoffMin: cfg.RetryBackoff, BackoffMax: cfg.RetryBackoffMax,
+		Scan: scanMessage, RowID: func(m *Message) int64 { return m.RowID }, Log: r.log,
 	}
-	return strconv.FormatInt(ms, 10) + "ms"
+	return r, nil
 }
 
 // Channel returns the channel the relay listens on.
@@ -461,343 +440,96 @@ type pass struct {
 
 // LastPass returns when the latest pass committed (an empty one too), by
 // this process's clock; zero before the first. Safe for concurrent use.
-func (r *Relay) LastPass() time.Time {
-	if ns := r.lastPass.Load(); ns != 0 {
-		return time.Unix(0, ns)
-	}
-	return time.Time{}
-}
+func (r *Relay) LastPass() time.Time { return r.tbl.LastPass() }
 
 // runOnce runs one pass started by t (RelayEvent.Trigger).
-func (r *Relay) runOnce(ctx context.Context, t WakeTrigger) (p pass, err error) {
+func (r *Relay) runOnce(ctx context.Context, t WakeTrigger) (pass, error) {
 	if r.group != nil {
 		return r.group.pass(ctx, r, t)
 	}
-	start := time.Now()
-	conn, err := r.pool.Acquire(ctx)
-	if err != nil {
-		return p, r.fail("claim", fmt.Errorf("outbox: relay: claim: acquire connection: %w", err))
-	}
-	defer conn.Release() // destroys the connection if a transaction is left open
-
-	inTx := false
-	defer rollbackOpen(ctx, conn, &inTx)
-
-	floor, wantXid := r.floor.Start(start)
-	b := &pgx.Batch{}
-	b.Queue(outboxsql.Seq, r.table)
-	b.Queue("BEGIN")
-	b.Queue(outboxsql.Snapshot)
-	b.Queue(outboxsql.SetTimeouts, r.timeouts[0], r.timeouts[1], r.timeouts[2])
-	b.Queue(r.sql.Claim, r.batchSize, floor)
-	br := conn.SendBatch(ctx, b)
-	inTx = true
-	var h horizon
-	claimed, waits, err := r.readClaim(br, &h)
-	if cerr := br.Close(); err == nil && cerr != nil {
-		err = cerr
-	}
-	if err != nil {
-		return p, r.fail("claim", fmt.Errorf("outbox: relay: claim: %w", err))
-	}
-	c := r.account(claimed, waits)
-	p.wait = c.wait
-	if len(c.msgs) == 0 {
-		if _, err := conn.Exec(ctx, "COMMIT"); err != nil {
-			return p, r.fail("claim", fmt.Errorf("outbox: relay: claim: commit empty pass: %w", err))
-		}
-		inTx = false
-		r.emptyPassDone(floor, h, c)
-		return p, nil
-	}
-	r.event(RelayEvent{Kind: EventClaimed, N: len(c.msgs), Trigger: t})
-	pub := r.publish(ctx, c.msgs)
-	if pub.err != nil {
-		r.rollbackAndRecord(ctx, conn, &inTx, c.ids, pub.err)
-		return pass{}, r.fail("publish", pub.err)
-	}
-	c.blame(pub)
-	b = &pgx.Batch{}
-	r.queueMark(b, c, pub)
-	if wantXid {
-		// The xid the claim's row locks gave this transaction, after the
-		// sequence read: the floor's R (internal/claimfloor).
-		b.Queue(outboxsql.Xid)
-	}
-	b.Queue("COMMIT")
-	br = conn.SendBatch(ctx, b)
-	m, err := r.readMark(br, pub)
-	var xid int64
-	if err == nil && wantXid {
-		err = br.QueryRow().Scan(&xid)
-	}
-	if err == nil {
-		err = readCommit(br)
-	}
-	if cerr := br.Close(); err == nil && cerr != nil {
-		err = cerr
-	}
-	if err != nil {
-		err = fmt.Errorf("outbox: relay: mark %d rows sent: %w", len(c.ids), err)
-		r.rollbackAndRecord(ctx, conn, &inTx, c.ids, err)
-		return pass{}, r.fail("mark_sent", err)
-	}
-	inTx = false
-	return r.passDone(start, t, floor, h, xid, c, pub, m), nil
+	q := r.newPass(t)
+	relaypass.Run(ctx, &q.Pass)
+	return q.p, q.err
 }
 
-// claim is what a pass does with the rows its claim returned: it publishes
-// msgs (the rows before the first one still waiting after a failure of its
-// own: nothing behind it overtakes it) and deletes ids. The floor may then
-// move past lastID, the last row the pass accounts for, and past the end of
-// the claim when full (a full claim, or one cut short).
-type claim struct {
-	msgs   []Message
-	ids    []int64
-	wait   time.Duration // > 0: the pass stopped at a row waiting this long
-	full   bool
-	lastID int64
+// passReq is one pass of r started by t, alone or in a group's shared
+// pass, and its outcome; its methods are the pass's relaypass.Hooks.
+type passReq struct {
+	relaypass.Pass[Message]
+	r   *Relay
+	t   WakeTrigger
+	p   pass
+	err error
 }
 
-// account turns a claim's rows and their waits into what the pass
-// publishes.
-func (r *Relay) account(claimed []Message, waits []time.Duration) claim {
-	c := claim{msgs: claimed, full: len(claimed) == r.batchSize}
-	for i, w := range waits {
-		if w > 0 {
-			c.msgs, c.wait = claimed[:i], w
-			c.full, c.lastID = true, claimed[i].RowID-1
-			break
-		}
-	}
-	if c.wait == 0 && len(claimed) > 0 {
-		c.lastID = claimed[len(claimed)-1].RowID
-	}
-	c.ids = make([]int64, len(c.msgs))
-	for i, m := range c.msgs {
-		c.ids[i] = m.RowID
-	}
-	return c
+func (r *Relay) newPass(t WakeTrigger) *passReq {
+	q := &passReq{r: r, t: t}
+	q.Table, q.Hooks = &r.tbl, q
+	return q
 }
 
-// published is the outcome of a pass's Publish: err for a failure of the
-// whole call (nothing counts as published), or the row the Publisher blamed
-// (k ≥ 0, poison): the rows before it were published.
-type published struct {
-	err    error
-	k      int
-	poison *MessageError
+// Claimed reports EventClaimed.
+func (q *passReq) Claimed(n int) { q.r.event(RelayEvent{Kind: EventClaimed, N: n, Trigger: q.t}) }
+
+// Publish hands msgs to the relay's Publisher.
+func (q *passReq) Publish(ctx context.Context, msgs []Message) relaypass.Published {
+	return q.r.publish(ctx, msgs)
 }
 
-// publish hands msgs to the Publisher under PublishTimeout.
-func (r *Relay) publish(ctx context.Context, msgs []Message) published {
+// Failed reports EventPassFailed.
+func (q *passReq) Failed(stage string, err error) { q.p, q.err = pass{}, q.r.fail(stage, err) }
+
+// Done reports the committed pass's events.
+func (q *passReq) Done(res relaypass.Result[Message]) { q.p = q.r.report(q.t, res) }
+
+// scanMessage reads a claimed row (outboxsql.Relay.Claim) into m.
+func scanMessage(rows pgx.Rows, m *Message, wait *float64) error {
+	return rows.Scan(&m.RowID, &m.ID, &m.Event, &m.Payload, &m.CreatedAt, &m.Headers, wait)
+}
+
+// publish hands msgs to the Publisher under PublishTimeout and finds the
+// row a MessageError blames.
+func (r *Relay) publish(ctx context.Context, msgs []Message) relaypass.Published {
 	pctx, cancel := context.WithTimeout(ctx, r.pubTO)
 	err := r.pub.Publish(pctx, msgs)
 	cancel()
-	p := published{k: -1}
-	if err != nil && errors.As(err, &p.poison) {
-		p.k = slices.IndexFunc(msgs, func(m Message) bool { return m.RowID == p.poison.RowID })
+	p := relaypass.Published{K: -1}
+	var poison *MessageError
+	if err != nil && errors.As(err, &poison) {
+		p.K = slices.IndexFunc(msgs, func(m Message) bool { return m.RowID == poison.RowID })
+		p.PoisonID, p.PoisonErr = poison.RowID, poison.Err
 	}
-	if err != nil && p.k < 0 {
-		p.err = fmt.Errorf("outbox: relay: publish %d rows: %w", len(msgs), err)
+	if err != nil && p.K < 0 {
+		p.Err = fmt.Errorf("outbox: relay: publish %d rows: %w", len(msgs), err)
 	}
 	return p
 }
 
-// blame narrows c to the rows published before a blamed row: only those
-// are deleted, and the floor stops before the blamed row.
-func (c *claim) blame(p published) {
-	if p.k >= 0 {
-		c.ids = c.ids[:p.k]
-		c.full, c.lastID = true, p.poison.RowID-1
-	}
-}
-
-// queueMark queues the deletion of c's published rows and, for a blamed
-// row, its failure (outboxsql.Relay.Fail).
-func (r *Relay) queueMark(b *pgx.Batch, c claim, p published) {
-	b.Queue(r.sql.Mark, c.ids)
-	if p.k >= 0 {
-		b.Queue(r.sql.Fail, p.poison.RowID, lastError(p.poison.Err), r.backoffMin.Milliseconds(),
-			r.backoffMax.Milliseconds(), r.maxAttempts)
-	}
-}
-
-// marked is what the Fail statement returned for a blamed row.
-type marked struct {
-	failures int
-	parked   bool
-}
-
-// readMark reads the results of queueMark's statements.
-func (r *Relay) readMark(br pgx.BatchResults, p published) (m marked, err error) {
-	if _, err = br.Exec(); err == nil && p.k >= 0 {
-		err = br.QueryRow().Scan(&m.failures, &m.parked)
-	}
-	return m, err
-}
-
-// readCommit reads a COMMIT's result: a failed transaction answers it with
-// ROLLBACK.
-func readCommit(br pgx.BatchResults) error {
-	tag, err := br.Exec()
-	if err == nil && tag.String() != "COMMIT" {
-		err = fmt.Errorf("commit ended in %q", tag.String())
-	}
-	return err
-}
-
-// emptyPassDone records a committed pass that published nothing.
-func (r *Relay) emptyPassDone(floor int64, h horizon, c claim) {
-	r.lastPass.Store(time.Now().UnixNano())
-	r.floor.Advance(floor, h.v, h.xmin, 0, c.full, c.lastID)
-}
-
-// passDone records a committed pass that published rows (its xid when it
-// read one, for the floor) and reports its events.
-func (r *Relay) passDone(start time.Time, t WakeTrigger, floor int64, h horizon, xid int64, c claim, pub published, m marked) (p pass) {
-	p.wait = c.wait
-	r.lastPass.Store(time.Now().UnixNano())
-	if old := r.floor.Advance(floor, h.v, h.xmin, xid, c.full, c.lastID); floor == 0 && c.msgs[0].RowID < old && pub.k != 0 {
-		r.log.Warn("published a row below the claim floor; an outbox writer breaks the floor's assumptions (explicit ids, sequence CACHE > 1?): order across such rows is not guaranteed",
-			slog.Int64("row_id", c.msgs[0].RowID), slog.Int64("floor", old))
-	}
-	p.n = len(c.ids)
-	if pub.k >= 0 {
-		bad := c.msgs[pub.k]
-		e := RelayEvent{Kind: EventMessageFailed, RowID: bad.RowID, MessageID: bad.ID, Attempts: m.failures, Err: pub.poison.Err}
-		if m.parked {
+// report turns a committed pass into what the loop needs of it, and
+// reports its events and log lines.
+func (r *Relay) report(t WakeTrigger, res relaypass.Result[Message]) (p pass) {
+	p.n, p.wait = res.N, res.Wait
+	if bad := res.Blamed; bad != nil {
+		e := RelayEvent{Kind: EventMessageFailed, RowID: bad.RowID, MessageID: bad.ID, Attempts: res.Failures, Err: res.BlameErr}
+		if res.Parked {
 			// The rows behind it can go at once.
 			e.Kind, p.more, p.wait = EventParked, true, 0
 			r.log.Error("parked an outbox row: its publish failed too often; the rows behind it go on, it waits for a retry",
-				slog.Int64("row_id", bad.RowID), slog.String("message_id", bad.ID), slog.Int("attempts", m.failures),
-				slog.Any("err", pub.poison.Err))
+				slog.Int64("row_id", bad.RowID), slog.String("message_id", bad.ID), slog.Int("attempts", res.Failures),
+				slog.Any("err", res.BlameErr))
 		} else {
-			p.wait = backoff.Delay(r.backoffMin, r.backoffMax, m.failures-1)
+			p.wait = backoff.Delay(r.tbl.BackoffMin, r.tbl.BackoffMax, res.Failures-1)
 			e.Duration = p.wait
 			r.log.Warn("publishing an outbox row failed; it holds back the rows behind it until it is published or parked",
-				slog.Int64("row_id", bad.RowID), slog.String("message_id", bad.ID), slog.Int("attempts", m.failures),
-				slog.Int("max_attempts", r.maxAttempts), slog.Duration("retry_in", p.wait), slog.Any("err", pub.poison.Err))
+				slog.Int64("row_id", bad.RowID), slog.String("message_id", bad.ID), slog.Int("attempts", res.Failures),
+				slog.Int("max_attempts", r.tbl.MaxAttempts), slog.Duration("retry_in", p.wait), slog.Any("err", res.BlameErr))
 		}
 		r.event(e)
 	}
 	if p.n > 0 {
-		r.event(RelayEvent{Kind: EventPublished, N: p.n, Duration: time.Since(start), Trigger: t})
+		r.event(RelayEvent{Kind: EventPublished, N: p.n, Duration: res.Took, Trigger: t})
 	}
 	return p
-}
-
-// horizon is what a pass read before its claim, for the claim floor: the
-// sequence's last value v, then its snapshot's xmin.
-type horizon struct{ v, xmin int64 }
-
-// readClaim reads the results of the sequence read, BEGIN, the snapshot
-// read (into h), set_config and the claim query.
-func (r *Relay) readClaim(br pgx.BatchResults, h *horizon) ([]Message, []time.Duration, error) {
-	if err := br.QueryRow().Scan(&h.v); err != nil {
-		return nil, nil, fmt.Errorf("read sequence: %w", err)
-	}
-	if err := readTxStart(br, &h.xmin); err != nil {
-		return nil, nil, err
-	}
-	return readRows(br)
-}
-
-// readTxStart reads the results of a pass's BEGIN, snapshot read (into
-// xmin) and set_config.
-func readTxStart(br pgx.BatchResults, xmin *int64) error {
-	if _, err := br.Exec(); err != nil {
-		return fmt.Errorf("begin: %w", err)
-	}
-	if err := br.QueryRow().Scan(xmin); err != nil {
-		return fmt.Errorf("read snapshot: %w", err)
-	}
-	if _, err := br.Exec(); err != nil {
-		return fmt.Errorf("set timeouts: %w", err)
-	}
-	return nil
-}
-
-// readRows reads the rows of a claim query and how long each still waits.
-func readRows(br pgx.BatchResults) ([]Message, []time.Duration, error) {
-	rows, err := br.Query()
-	if err != nil {
-		return nil, nil, err
-	}
-	var msgs []Message
-	var waits []time.Duration
-	for rows.Next() {
-		var m Message
-		var wait float64
-		if err := rows.Scan(&m.RowID, &m.ID, &m.Event, &m.Payload, &m.CreatedAt, &m.Headers, &wait); err != nil {
-			rows.Close()
-			return nil, nil, fmt.Errorf("scan: %w", err)
-		}
-		msgs = append(msgs, m)
-		waits = append(waits, time.Duration(wait*float64(time.Second)))
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return nil, nil, err
-	}
-	return msgs, waits, nil
-}
-
-// rollbackAndRecord rolls back the pass's transaction and then, best effort,
-// records the failure on the claimed rows in a short transaction of its own.
-func (r *Relay) rollbackAndRecord(ctx context.Context, conn *pgxpool.Conn, inTx *bool, ids []int64, cause error) {
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recordMax)
-	defer cancel()
-	*inTx = false
-	if !rollback(rctx, conn) {
-		// The connection is gone; record on a fresh one.
-		c2, err := r.pool.Acquire(rctx)
-		if err != nil {
-			return
-		}
-		defer c2.Release()
-		conn = c2
-	}
-	msg := lastError(cause)
-	b := &pgx.Batch{}
-	b.Queue("BEGIN")
-	b.Queue(outboxsql.SetTimeouts, r.timeouts[0], r.timeouts[1], r.timeouts[2])
-	b.Queue(r.sql.Record, ids, msg)
-	b.Queue("COMMIT")
-	if err := conn.SendBatch(rctx, b).Close(); err != nil {
-		r.log.Debug("recording a failed pass failed", slog.Int("rows", len(ids)), slog.Any("err", err))
-		_, _ = conn.Exec(rctx, "ROLLBACK")
-	}
-}
-
-// rollbackOpen rolls back conn's transaction when *inTx says one is still
-// open (a pass that returned early), within recordMax.
-func rollbackOpen(ctx context.Context, conn *pgxpool.Conn, inTx *bool) {
-	if *inTx {
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recordMax)
-		rollback(rctx, conn)
-		cancel()
-	}
-}
-
-// rollback rolls back conn's transaction; a connection that cannot is
-// closed (the pool drops it on Release) and rollback returns false.
-func rollback(ctx context.Context, conn *pgxpool.Conn) bool {
-	if _, err := conn.Exec(ctx, "ROLLBACK"); err != nil {
-		_ = conn.Conn().Close(ctx)
-		return false
-	}
-	return true
-}
-
-// lastError renders err for the last_error column: at most lastErrorMax
-// bytes of valid UTF-8 without NUL (text columns reject both).
-func lastError(err error) string {
-	msg := strings.ReplaceAll(err.Error(), "\x00", "")
-	if len(msg) > lastErrorMax {
-		msg = msg[:lastErrorMax]
-	}
-	return strings.ToValidUTF8(msg, "")
 }
 
 // fail reports a failed pass (EventPassFailed) and returns err.
@@ -910,7 +642,7 @@ func (r *Relay) loop(ctx context.Context, stopping <-chan struct{}) {
 				continue
 			}
 			failed = 0
-			if p.n < r.batchSize && !p.more {
+			if p.n < r.tbl.BatchSize && !p.more {
 				if p.wait > 0 {
 					next = min(next, p.wait)
 				}
