@@ -18,6 +18,7 @@ import (
 	"github.com/outboxchat/outboxchat/internal/service"
 	"github.com/outboxchat/outboxchat/outbox/internal/outboxsql"
 	"github.com/outboxchat/outboxchat/outbox/internal/relaypass"
+	"github.com/outboxchat/outboxchat/outbox/internal/wakeup"
 )
 
 // Relay defaults. A zero RelayConfig field means the matching default.
@@ -142,7 +143,7 @@ const (
 	TriggerRetry WakeTrigger = "retry"
 )
 
-// Wake-up causes pending for the next pass (Relay.wakeBy), most specific
+// Wake-up causes pending for the next pass (Relay.wake), most specific
 // first: a pass woken by several carries the first one's trigger.
 const (
 	wakeByWake uint32 = 1 << iota
@@ -267,8 +268,7 @@ type Relay struct {
 
 	tbl relaypass.Table[Message] // the passes' table, floor and statements
 
-	wake       chan struct{} // 1-buffered pending wake-up
-	wakeBy     atomic.Uint32 // what asked for it: wakeBy* bits
+	wake       *wakeup.Signal // causes: wakeBy* bits
 	listening  atomic.Bool
 	subscribed atomic.Bool // the notifier subscription's callbacks act only while set
 
@@ -348,7 +348,7 @@ func NewRelay(pool *pgxpool.Pool, cfg *RelayConfig) (*Relay, error) {
 		pubTO:    cfg.PublishTimeout,
 		log:      cfg.Logger.With(slog.String("component", "outbox.relay")),
 		onEvent:  cfg.OnEvent,
-		wake:     make(chan struct{}, 1),
+		wake:     wakeup.New(),
 		life:     service.Lifecycle{Name: "outbox: relay"},
 		notifier: cfg.Notifier,
 		skipOwn:  cfg.SkipOwnNotifications,
@@ -387,22 +387,7 @@ func (r *Relay) Channel() string { return r.channel }
 // coalesce (one pending at most), and one that arrives during a pass causes
 // another pass. A wake-up given while stopped is kept for the next Start.
 // Safe for concurrent use.
-func (r *Relay) Wake() { r.wakeFor(wakeByWake) }
-
-// wakeFor records why (a wakeBy* bit) and wakes the relay: the bit is set
-// before the wake-up is left, so the pass that takes one finds its cause.
-func (r *Relay) wakeFor(cause uint32) {
-	r.wakeBy.Or(cause)
-	wakeUp(r.wake)
-}
-
-// wakeUp leaves one wake-up pending on ch (1-buffered) unless one is.
-func wakeUp(ch chan struct{}) {
-	select {
-	case ch <- struct{}{}:
-	default:
-	}
-}
+func (r *Relay) Wake() { r.wake.Wake(wakeByWake) }
 
 // Listening reports whether the LISTEN connection is currently established
 // (always false with DisableListen or when stopped). Safe for concurrent use.
@@ -611,8 +596,8 @@ func (r *Relay) loop(ctx context.Context, stopping <-chan struct{}) {
 			return
 		case <-ctx.Done():
 			return
-		case <-r.wake:
-			trigger = triggerOf(r.wakeBy.Swap(0), trigger)
+		case <-r.wake.C():
+			trigger = triggerOf(r.wake.Take(), trigger)
 		case <-poll.C:
 			trigger = timer
 		}
@@ -663,7 +648,7 @@ func (r *Relay) onNotify(_ string, pid uint32) {
 	if !r.subscribed.Load() || (r.ignore != nil && r.ignore(pid)) {
 		return
 	}
-	r.wakeFor(wakeByNotify)
+	r.wake.Wake(wakeByNotify)
 }
 
 // onListenUp runs after every (re)connect of the LISTEN connection: wake
@@ -675,7 +660,7 @@ func (r *Relay) onListenUp() {
 	}
 	r.listening.Store(true)
 	r.event(RelayEvent{Kind: EventListenUp})
-	r.wakeFor(wakeByCatchUp)
+	r.wake.Wake(wakeByCatchUp)
 }
 
 // onListenDown runs when the LISTEN connection failed or was lost (err),

@@ -333,30 +333,16 @@ func (w *Writer) insert(events []Event) (string, []any, error) {
 	}
 	if len(events) == 1 {
 		e := events[0]
-		return w.sql.InsertOne, []any{e.Name, e.ID, string(e.Payload), encodeHeaders(e.Headers)}, nil
+		return w.sql.InsertOne, []any{e.Name, e.ID, string(e.Payload), outboxsql.Headers(e.Headers)}, nil
 	}
 	names := make([]string, len(events))
 	ids := make([]string, len(events))
 	payloads := make([]string, len(events))
 	headers := make([]*string, len(events))
 	for i, e := range events {
-		names[i], ids[i], payloads[i], headers[i] = e.Name, e.ID, string(e.Payload), encodeHeaders(e.Headers)
+		names[i], ids[i], payloads[i], headers[i] = e.Name, e.ID, string(e.Payload), outboxsql.Headers(e.Headers)
 	}
 	return w.sql.InsertMany, []any{names, ids, payloads, headers}, nil
-}
-
-// encodeHeaders returns h as a JSON object, or nil (SQL NULL) when h is
-// empty: a row without headers costs nothing more than before.
-func encodeHeaders(h map[string]string) *string {
-	if len(h) == 0 {
-		return nil
-	}
-	b, err := json.Marshal(h) // cannot fail for a map of strings
-	if err != nil {
-		return nil
-	}
-	s := string(b)
-	return &s
 }
 
 // Committed tells the Writer that a transaction that called Enqueue has

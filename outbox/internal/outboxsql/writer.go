@@ -1,5 +1,7 @@
 package outboxsql
 
+import "encoding/json"
+
 // Writer is the INSERTs a Writer runs on one table, built once by
 // Table.Writer. Both make sure the transaction has its xid before the row
 // takes its id from the identity sequence (the subquery on
@@ -25,6 +27,21 @@ SELECT $1, $2, $3::text::jsonb, $4::text::jsonb FROM (SELECT pg_current_xact_id(
 SELECT e, k, p::jsonb, h::jsonb FROM (SELECT pg_current_xact_id() OFFSET 0) AS x,
   unnest($1::text[], $2::text[], $3::text[], $4::text[]) WITH ORDINALITY AS u(e, k, p, h, n) ORDER BY n`,
 	}
+}
+
+// Headers returns h as the headers parameter of InsertOne and InsertMany:
+// a JSON object, or nil (SQL NULL) when h is empty, so a row without
+// headers costs nothing more than one from before the column.
+func Headers(h map[string]string) *string {
+	if len(h) == 0 {
+		return nil
+	}
+	b, err := json.Marshal(h) // cannot fail for a map of strings
+	if err != nil {
+		return nil
+	}
+	s := string(b)
+	return &s
 }
 
 // Wake-up statements.
