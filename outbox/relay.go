@@ -17,6 +17,7 @@ import (
 	"github.com/outboxchat/outboxchat/internal/notifier"
 	"github.com/outboxchat/outboxchat/internal/service"
 	"github.com/outboxchat/outboxchat/outbox/internal/outboxsql"
+	"github.com/outboxchat/outboxchat/outbox/internal/passloop"
 	"github.com/outboxchat/outboxchat/outbox/internal/relaypass"
 	"github.com/outboxchat/outboxchat/outbox/internal/wakeup"
 )
@@ -583,63 +584,23 @@ func (r *Relay) Started() <-chan struct{} { return r.life.Started() }
 func (r *Relay) Stopped() <-chan struct{} { return r.life.Stopped() }
 
 // loop runs passes on wake-ups and poll ticks until stopping is closed or
-// ctx is cancelled.
+// ctx is cancelled. The passes of a drain carry the trigger of its start.
 func (r *Relay) loop(ctx context.Context, stopping <-chan struct{}) {
-	poll := time.NewTimer(r.poll)
-	defer poll.Stop()
-	failed := 0 // passes failed in a row
 	var trigger WakeTrigger
-	timer := TriggerPoll // what the poll timer's firing means
-	for {
-		select {
-		case <-stopping:
-			return
-		case <-ctx.Done():
-			return
-		case <-r.wake.C():
+	cfg := passloop.Config{Poll: r.poll, ErrMin: errBackoffMin, ErrMax: errBackoffMax, Log: r.log}
+	passloop.Run(ctx, stopping, r.wake.C(), cfg, func(c passloop.Cause) {
+		switch c {
+		case passloop.Woken:
 			trigger = triggerOf(r.wake.Take(), trigger)
-		case <-poll.C:
-			trigger = timer
+		case passloop.Polled:
+			trigger = TriggerPoll
+		case passloop.Retried:
+			trigger = TriggerRetry
 		}
-		// Drain: keep passing while passes come back full (or parked a
-		// row). A wake-up that arrives meanwhile sits in r.wake and causes
-		// one more pass. A pass that stopped at a row waiting after a
-		// failure of its own sets the next pass for when the wait ends.
-		next := r.poll
-		for {
-			select {
-			case <-stopping:
-				return
-			default:
-			}
-			p, err := r.runOnce(ctx, trigger)
-			if err != nil {
-				if ctx.Err() != nil {
-					return
-				}
-				pause := backoff.Delay(errBackoffMin, errBackoffMax, failed)
-				failed++
-				r.log.Warn("pass failed; rows stay unsent for the next pass",
-					slog.Any("err", err), slog.Duration("retry_in", pause))
-				if !backoff.Sleep(ctx, stopping, pause) {
-					return
-				}
-				continue
-			}
-			failed = 0
-			if p.n < r.tbl.BatchSize && !p.more {
-				if p.wait > 0 {
-					next = min(next, p.wait)
-				}
-				break
-			}
-		}
-		timer = TriggerPoll
-		if next < r.poll {
-			timer = TriggerRetry
-		}
-		poll.Reset(next)
-	}
+	}, func(ctx context.Context) (passloop.Outcome, error) {
+		p, err := r.runOnce(ctx, trigger)
+		return passloop.Outcome{More: p.n >= r.tbl.BatchSize || p.more, Wait: p.wait}, err
+	})
 }
 
 // onNotify turns a notification into a Wake unless IgnoreNotification

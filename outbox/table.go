@@ -6,6 +6,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/outboxchat/outboxchat/outbox/internal/outboxsql"
 )
 
@@ -87,7 +89,22 @@ func TableDDL(table string) string {
 	if err != nil {
 		panic("outbox: TableDDL: " + err.Error())
 	}
-	return t.CreateDDL()
+	idx := pgx.Identifier{t.Flat + "_unsent"}.Sanitize()
+	return "CREATE TABLE " + t.Quoted + ` (
+  id              bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+  event           text        NOT NULL,
+  idempotency_key text        NOT NULL,
+  payload         jsonb       NOT NULL,
+  created_at      timestamptz NOT NULL DEFAULT now(),
+  sent_at         timestamptz,
+  attempts        integer     NOT NULL DEFAULT 0,
+  last_error      text,
+  failures        integer     NOT NULL DEFAULT 0,
+  retry_at        timestamptz,
+  parked_at       timestamptz,
+  headers         jsonb
+);
+CREATE INDEX ` + idx + " ON " + t.Quoted + " (id) WHERE sent_at IS NULL;\n"
 }
 
 // ParkingDDL returns the ALTER TABLE statement (ending in ";\n") that adds
@@ -99,7 +116,11 @@ func ParkingDDL(table string) string {
 	if err != nil {
 		panic("outbox: ParkingDDL: " + err.Error())
 	}
-	return t.ParkingDDL()
+	return "ALTER TABLE " + t.Quoted + `
+  ADD COLUMN failures  integer NOT NULL DEFAULT 0,
+  ADD COLUMN retry_at  timestamptz,
+  ADD COLUMN parked_at timestamptz;
+`
 }
 
 // HeadersDDL returns the ALTER TABLE statement (ending in ";\n") that adds
@@ -114,5 +135,5 @@ func HeadersDDL(table string) string {
 	if err != nil {
 		panic("outbox: HeadersDDL: " + err.Error())
 	}
-	return t.HeadersDDL()
+	return "ALTER TABLE " + t.Quoted + " ADD COLUMN headers jsonb;\n"
 }

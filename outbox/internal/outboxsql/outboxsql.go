@@ -1,6 +1,7 @@
 // Package outboxsql names an outbox table and holds the SQL that package
-// outbox runs against one: its DDL, the Writer's INSERTs, the relay's
-// claim, delete and failure statements, and the operator's queries. Table
+// outbox runs against one: the Writer's INSERTs, the relay's claim, delete
+// and failure statements, and the operator's queries. (The DDL stays with
+// outbox.TableDDL, whose documentation shows it.) Table
 // names are validated here and spliced into the text only quoted; every
 // other value is a bind parameter.
 package outboxsql
@@ -57,42 +58,4 @@ func CheckChannel(ch string) error {
 		return fmt.Errorf("channel %q: must be 1 to %d bytes without NUL", ch, MaxIdentLen)
 	}
 	return nil
-}
-
-// CreateDDL returns the CREATE TABLE and CREATE INDEX statements of the
-// table (outbox.TableDDL documents them), separated by ";\n" and ending in
-// ";\n".
-func (t Table) CreateDDL() string {
-	idx := pgx.Identifier{t.Flat + "_unsent"}.Sanitize()
-	return "CREATE TABLE " + t.Quoted + ` (
-  id              bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-  event           text        NOT NULL,
-  idempotency_key text        NOT NULL,
-  payload         jsonb       NOT NULL,
-  created_at      timestamptz NOT NULL DEFAULT now(),
-  sent_at         timestamptz,
-  attempts        integer     NOT NULL DEFAULT 0,
-  last_error      text,
-  failures        integer     NOT NULL DEFAULT 0,
-  retry_at        timestamptz,
-  parked_at       timestamptz,
-  headers         jsonb
-);
-CREATE INDEX ` + idx + " ON " + t.Quoted + " (id) WHERE sent_at IS NULL;\n"
-}
-
-// ParkingDDL returns the ALTER TABLE statement, ending in ";\n", that adds
-// failures, retry_at and parked_at to a table made without them.
-func (t Table) ParkingDDL() string {
-	return "ALTER TABLE " + t.Quoted + `
-  ADD COLUMN failures  integer NOT NULL DEFAULT 0,
-  ADD COLUMN retry_at  timestamptz,
-  ADD COLUMN parked_at timestamptz;
-`
-}
-
-// HeadersDDL returns the ALTER TABLE statement, ending in ";\n", that adds
-// the headers column to a table made without it.
-func (t Table) HeadersDDL() string {
-	return "ALTER TABLE " + t.Quoted + " ADD COLUMN headers jsonb;\n"
 }
