@@ -59,16 +59,7 @@ func TestNotifierSharedByWriters(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	conn, err := pgx.ConnectConfig(ctx, pool.Config().ConnConfig)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = conn.Close(context.Background()) })
-	for _, w := range []*outbox.Writer{w0, w1} {
-		if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{w.Channel()}.Sanitize()); err != nil {
-			t.Fatal(err)
-		}
-	}
+	next := listen(t, pool, w0.Channel(), w1.Channel())
 	// The Writers leave a shared Notifier to its owner.
 	if err := w0.Start(ctx); err != nil {
 		t.Fatal(err)
@@ -83,15 +74,6 @@ func TestNotifierSharedByWriters(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = n.Stop(context.Background()) })
 	<-w1.Started()
-	next := func(d time.Duration) (string, bool) {
-		wctx, cancel := context.WithTimeout(ctx, d)
-		defer cancel()
-		nt, err := conn.WaitForNotification(wctx)
-		if err != nil {
-			return "", false
-		}
-		return nt.Channel, true
-	}
 
 	start := time.Now()
 	w0.Committed()

@@ -575,23 +575,14 @@ func TestNotifyInterval(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	conn, err := pgx.ConnectConfig(ctx, pool.Config().ConnConfig)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = conn.Close(context.Background()) })
-	if _, err := conn.Exec(ctx, "LISTEN "+w.Channel()); err != nil {
-		t.Fatal(err)
-	}
+	next := listen(t, pool, w.Channel())
 	if err := w.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = w.Stop(context.Background()) })
 	wait := func(d time.Duration) (time.Time, bool) {
-		wctx, cancel := context.WithTimeout(ctx, d)
-		defer cancel()
-		_, err := conn.WaitForNotification(wctx)
-		return time.Now(), err == nil
+		_, ok := next(d)
+		return time.Now(), ok
 	}
 	start := time.Now()
 	w.Committed()
