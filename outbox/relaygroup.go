@@ -23,9 +23,9 @@ import (
 //
 // A shared pass keeps every member's guarantees, because it is the
 // members' passes run side by side: each table has its own claim (FOR
-// UPDATE, in id order, from its own claim floor; internal/claimfloor), its rows go to
-// its own Publisher (the members' Publish calls run concurrently), and its
-// own published rows are deleted. The members share the sequence read (one
+// UPDATE, in id order, from its own claim floor), its rows go to its own
+// Publisher (the members' Publish calls run concurrently), and its own
+// published rows are deleted. The members share the sequence read (one
 // statement, before the transaction), the snapshot and the xid, which is
 // what the claim floor needs of them. A Publish that fails fails only its
 // member's pass: its rows stay unsent and get attempts+1 and last_error in

@@ -23,10 +23,10 @@ import (
 // the empty pages at the end are given back (VACUUM's truncation takes the
 // table's lock only when nobody waits for it).
 //
-// A held snapshot (internal/claimfloor says who may hold one) keeps the dead rows: a
-// VACUUM that removes less than half of them doubles the wait before the
-// next, up to 16 × Interval, and the wait returns to Interval once one
-// removes most.
+// A held snapshot (a forgotten transaction's, a long report's, a
+// replica's hot_standby_feedback) keeps the dead rows: a VACUUM that
+// removes less than half of them doubles the wait before the next, up to
+// 16 × Interval, and the wait returns to Interval once one removes most.
 //
 // Vacuum is a service (Start/Stop) with one RunOnce a test can call; it
 // needs the table's owner (VACUUM) and is safe for concurrent use.
