@@ -7,7 +7,6 @@ import (
 	"slices"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -219,31 +218,4 @@ func jsonEqual(a, b []byte) bool {
 	xa, _ := json.Marshal(x)
 	ya, _ := json.Marshal(y)
 	return string(xa) == string(ya)
-}
-
-// listen opens a connection of its own to pool's database that LISTENs on
-// channels, and returns a function that waits up to d for the next
-// notification and returns its channel (false when none came in time).
-func listen(t *testing.T, pool *pgxpool.Pool, channels ...string) func(d time.Duration) (string, bool) {
-	t.Helper()
-	ctx := context.Background()
-	conn, err := pgx.ConnectConfig(ctx, pool.Config().ConnConfig)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = conn.Close(context.Background()) })
-	for _, ch := range channels {
-		if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{ch}.Sanitize()); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return func(d time.Duration) (string, bool) {
-		wctx, cancel := context.WithTimeout(ctx, d)
-		defer cancel()
-		n, err := conn.WaitForNotification(wctx)
-		if err != nil {
-			return "", false
-		}
-		return n.Channel, true
-	}
 }

@@ -279,7 +279,7 @@ func (p *Pass[M]) queueMark(b *pgx.Batch) {
 	t := p.Table
 	b.Queue(t.SQL.Mark, p.c.ids)
 	if p.pub.K >= 0 {
-		b.Queue(t.SQL.Fail, p.pub.PoisonID, LastError(p.pub.PoisonErr), t.BackoffMin.Milliseconds(),
+		b.Queue(t.SQL.Fail, p.pub.PoisonID, lastError(p.pub.PoisonErr), t.BackoffMin.Milliseconds(),
 			t.BackoffMax.Milliseconds(), t.MaxAttempts)
 	}
 }
@@ -324,9 +324,9 @@ func Millis(d time.Duration) string {
 	return strconv.FormatInt(ms, 10) + "ms"
 }
 
-// LastError renders err for the last_error column: at most 1000 bytes of
+// lastError renders err for the last_error column: at most 1000 bytes of
 // valid UTF-8 without NUL (text columns reject both).
-func LastError(err error) string {
+func lastError(err error) string {
 	msg := strings.ReplaceAll(err.Error(), "\x00", "")
 	if len(msg) > lastErrorMax {
 		msg = msg[:lastErrorMax]
@@ -420,7 +420,7 @@ func (t *Table[M]) rollbackAndRecord(ctx context.Context, conn *pgxpool.Conn, in
 		defer c2.Release()
 		conn = c2
 	}
-	msg := LastError(cause)
+	msg := lastError(cause)
 	b := &pgx.Batch{}
 	b.Queue("BEGIN")
 	b.Queue(outboxsql.SetTimeouts, t.Timeouts[0], t.Timeouts[1], t.Timeouts[2])

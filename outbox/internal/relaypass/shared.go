@@ -81,7 +81,7 @@ func RunShared[M any](ctx context.Context, pool *pgxpool.Pool, ps []*Pass[M]) {
 		case p.pub.Err != nil:
 			// Its rows stay unsent; the failure is recorded on them here,
 			// where they are still locked.
-			b.Queue(p.Table.SQL.Record, p.c.ids, LastError(p.pub.Err))
+			b.Queue(p.Table.SQL.Record, p.c.ids, lastError(p.pub.Err))
 		default:
 			p.blame()
 			p.queueMark(b)
