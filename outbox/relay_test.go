@@ -270,7 +270,12 @@ func TestListenConnectionKilled(t *testing.T) {
 	}})
 	startRelay(t, r)
 	var pid int
-	testenv.WaitFor(t, 5*time.Second, "listen backend", func() bool { pid = listenPID(t, pool); return pid != 0 })
+	// Listening, not only connected: a backend killed before it listened
+	// would be lost before its first up event.
+	testenv.WaitFor(t, 5*time.Second, "listen backend", func() bool {
+		pid = listenPID(t, pool)
+		return pid != 0 && r.Listening()
+	})
 
 	if _, err := pool.Exec(ctx, "SELECT pg_terminate_backend($1, 5000)", pid); err != nil {
 		t.Fatalf("terminate listen backend: %v", err)
