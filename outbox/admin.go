@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxchat/outboxchat/outbox/internal/outboxsql"
 )
 
 // DB is what the functions below need of a pgx connection, pool or
@@ -39,10 +41,7 @@ func ReadStats(ctx context.Context, db DB, table string) (Stats, error) {
 	}
 	var s Stats
 	var age float64
-	err = db.QueryRow(ctx, `SELECT count(*) FILTER (WHERE parked_at IS NULL),
-  count(*) FILTER (WHERE parked_at IS NOT NULL),
-  coalesce(extract(epoch FROM now() - min(created_at) FILTER (WHERE parked_at IS NULL)), 0)::float8
-FROM `+t.quoted+` WHERE sent_at IS NULL`).Scan(&s.Unsent, &s.Parked, &age)
+	err = db.QueryRow(ctx, t.StatsSQL()).Scan(&s.Unsent, &s.Parked, &age)
 	if err != nil {
 		return Stats{}, fmt.Errorf("outbox: stats of %s: %w", table, err)
 	}
@@ -79,8 +78,7 @@ func Parked(ctx context.Context, db DB, table string, limit int) ([]ParkedRow, e
 	if limit > 0 {
 		lim = &limit
 	}
-	rows, err := db.Query(ctx, `SELECT id, idempotency_key, event, payload, created_at, parked_at, attempts, failures,
-  coalesce(last_error, '') FROM `+t.quoted+` WHERE sent_at IS NULL AND parked_at IS NOT NULL ORDER BY id LIMIT $1`, lim)
+	rows, err := db.Query(ctx, t.ParkedSQL(), lim)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: parked rows of %s: %w", table, err)
 	}
@@ -124,21 +122,10 @@ func Retry(ctx context.Context, db DB, table, channel string, rowIDs []int64) ([
 	}
 	var out []Retried
 	err = pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
-		// The transaction takes its xid before the new rows take their ids
-		// (the claim floor's assumption, floor.go): the DELETE below would
-		// too, but only once it finds a row.
-		if _, err := tx.Exec(ctx, "SELECT pg_current_xact_id()"); err != nil {
+		if _, err := tx.Exec(ctx, outboxsql.XactID); err != nil {
 			return err
 		}
-		rows, err := tx.Query(ctx, `WITH old AS (
-  DELETE FROM `+t.quoted+` WHERE sent_at IS NULL AND parked_at IS NOT NULL AND ($1::bigint[] IS NULL OR id = ANY($1))
-  RETURNING id, event, idempotency_key, payload, created_at, attempts, last_error
-), ins AS (
-  INSERT INTO `+t.quoted+` (event, idempotency_key, payload, created_at, attempts, last_error)
-  SELECT event, idempotency_key, payload, created_at, attempts, last_error FROM old ORDER BY id
-  RETURNING id, idempotency_key
-)
-SELECT old.id, ins.id, ins.idempotency_key FROM old JOIN ins USING (idempotency_key) ORDER BY old.id`, sel)
+		rows, err := tx.Query(ctx, t.RetrySQL(), sel)
 		if err != nil {
 			return err
 		}
@@ -151,7 +138,7 @@ SELECT old.id, ins.id, ins.idempotency_key FROM old JOIN ins USING (idempotency_
 			return err
 		}
 		if len(out) > 0 && channel != "" {
-			_, err = tx.Exec(ctx, notifySQL, channel)
+			_, err = tx.Exec(ctx, outboxsql.Notify, channel)
 		}
 		return err
 	})

@@ -30,7 +30,7 @@
 // FOR UPDATE; Publish; DELETE them; COMMIT, in two round trips besides
 // Publish. Deleting rather than updating the
 // published rows, and starting the claim at the floor (an id below which
-// every row is known published, see floor.go), keep a pass's cost
+// every row is known published, see internal/claimfloor), keep a pass's cost
 // independent of how many rows were published since vacuum last ran: while
 // an old snapshot holds the xmin horizon back, nothing can be vacuumed, and
 // an update per message (a row version and an index entry each) or a claim

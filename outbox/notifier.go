@@ -5,13 +5,12 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"slices"
-	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxchat/outboxchat/internal/service"
+	"github.com/outboxchat/outboxchat/outbox/internal/notifysend"
 )
 
 // NotifierConfig configures NewNotifier. A nil *NotifierConfig means all
@@ -49,22 +48,9 @@ type NotifierConfig struct {
 // (wake-ups recorded before Start are kept and sent on Start). Notify, Start,
 // Stop, Started and Stopped are safe for concurrent use.
 type Notifier struct {
-	pool     *pgxpool.Pool
-	timeout  time.Duration
-	interval time.Duration
-	log      *slog.Logger
-
-	mu      sync.Mutex
-	pending []string // distinct channels recorded since the last take
-
-	wake chan struct{} // 1-buffered: something is pending
+	s    *notifysend.Sender
 	life service.Lifecycle
 }
-
-// notifyManySQL is afterCommitNotifySQL for several channels in one
-// statement.
-const notifyManySQL = "SELECT set_config('synchronous_commit', 'off', true), count(pg_notify(c, '')) " +
-	"FROM unnest($1::text[]) AS c"
 
 // NewNotifier returns a stopped Notifier that notifies on pool. It does not
 // touch the network. Errors wrap ErrInvalidConfig: a nil pool, a negative
@@ -82,32 +68,14 @@ func NewNotifier(pool *pgxpool.Pool, cfg *NotifierConfig) (*Notifier, error) {
 
 func newNotifier(pool *pgxpool.Pool, timeout, interval time.Duration, log *slog.Logger) *Notifier {
 	return &Notifier{
-		pool: pool, timeout: timeout, interval: interval,
-		log:  log.With(slog.String("component", "outbox.writer")),
-		wake: make(chan struct{}, 1),
+		s:    notifysend.New(pool, timeout, interval, log.With(slog.String("component", "outbox.writer"))),
 		life: service.Lifecycle{Name: "outbox: notifier"},
 	}
 }
 
 // Notify records a wake-up on channel, to be sent with the next notify
 // statement. It never blocks.
-func (n *Notifier) Notify(channel string) {
-	n.mu.Lock()
-	if !slices.Contains(n.pending, channel) {
-		n.pending = append(n.pending, channel)
-	}
-	n.mu.Unlock()
-	wakeUp(n.wake)
-}
-
-// take empties the recorded channels and returns them.
-func (n *Notifier) take() []string {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	chs := n.pending
-	n.pending = nil
-	return chs
-}
+func (n *Notifier) Notify(channel string) { n.s.Notify(channel) }
 
 // Start starts the Notifier's goroutine. It does not block and follows the
 // contract of internal/service: the goroutine runs until Stop, or until ctx
@@ -115,7 +83,7 @@ func (n *Notifier) take() []string {
 // progress, or ctx.Err() (both wrapped).
 func (n *Notifier) Start(ctx context.Context) error {
 	return n.life.Start(ctx, func(run *service.Run) {
-		run.Go(func() { n.loop(run.DrainContext(), run.Context()) })
+		run.Go(func() { n.s.Run(run.DrainContext(), run.Context()) })
 	})
 }
 
@@ -134,46 +102,3 @@ func (n *Notifier) Started() <-chan struct{} { return n.life.Started() }
 // Stopped returns a channel closed once the goroutine of the latest run has
 // returned (closed before the first Start).
 func (n *Notifier) Stopped() <-chan struct{} { return n.life.Stopped() }
-
-// loop sends the coalesced notifies until stopping ends; each statement
-// runs under ctx (the run's context), so a graceful stop lets it finish.
-func (n *Notifier) loop(stopping, ctx context.Context) {
-	var last time.Time // start of the previous statement
-	for {
-		select {
-		case <-stopping.Done():
-			return
-		case <-n.wake:
-		}
-		if wait := time.Until(last.Add(n.interval)); n.interval > 0 && wait > 0 {
-			t := time.NewTimer(wait)
-			select {
-			case <-stopping.Done():
-				t.Stop()
-				return
-			case <-t.C:
-			}
-			select { // calls made while waiting are covered by this statement
-			case <-n.wake:
-			default:
-			}
-		}
-		chs := n.take()
-		if len(chs) == 0 {
-			continue
-		}
-		last = time.Now()
-		nctx, cancel := context.WithTimeout(ctx, n.timeout)
-		var err error
-		if len(chs) == 1 {
-			_, err = n.pool.Exec(nctx, afterCommitNotifySQL, chs[0])
-		} else {
-			_, err = n.pool.Exec(nctx, notifyManySQL, chs)
-		}
-		cancel()
-		if err != nil && ctx.Err() == nil {
-			n.log.Warn("notify failed; the relay's poll will pick the rows up",
-				slog.Any("channels", chs), slog.Any("err", err))
-		}
-	}
-}

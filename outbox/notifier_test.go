@@ -59,16 +59,7 @@ func TestNotifierSharedByWriters(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	conn, err := pgx.ConnectConfig(ctx, pool.Config().ConnConfig)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = conn.Close(context.Background()) })
-	for _, w := range []*outbox.Writer{w0, w1} {
-		if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{w.Channel()}.Sanitize()); err != nil {
-			t.Fatal(err)
-		}
-	}
+	next := listen(t, pool, w0.Channel(), w1.Channel())
 	// The Writers leave a shared Notifier to its owner.
 	if err := w0.Start(ctx); err != nil {
 		t.Fatal(err)
@@ -83,15 +74,6 @@ func TestNotifierSharedByWriters(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = n.Stop(context.Background()) })
 	<-w1.Started()
-	next := func(d time.Duration) (string, bool) {
-		wctx, cancel := context.WithTimeout(ctx, d)
-		defer cancel()
-		nt, err := conn.WaitForNotification(wctx)
-		if err != nil {
-			return "", false
-		}
-		return nt.Channel, true
-	}
 
 	start := time.Now()
 	w0.Committed()
@@ -140,5 +122,32 @@ func TestNewNotifierValidates(t *testing.T) {
 	}
 	if _, err := outbox.NewNotifier(nil, nil); !errors.Is(err, outbox.ErrInvalidConfig) {
 		t.Errorf("nil pool: NewNotifier = %v, want ErrInvalidConfig", err)
+	}
+}
+
+// listen opens a connection of its own to pool's database that LISTENs on
+// channels, and returns a function that waits up to d for the next
+// notification and returns its channel (false when none came in time).
+func listen(t *testing.T, pool *pgxpool.Pool, channels ...string) func(d time.Duration) (string, bool) {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.ConnectConfig(ctx, pool.Config().ConnConfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close(context.Background()) })
+	for _, ch := range channels {
+		if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{ch}.Sanitize()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return func(d time.Duration) (string, bool) {
+		wctx, cancel := context.WithTimeout(ctx, d)
+		defer cancel()
+		n, err := conn.WaitForNotification(wctx)
+		if err != nil {
+			return "", false
+		}
+		return n.Channel, true
 	}
 }

@@ -7,8 +7,6 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
-	"strconv"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -18,6 +16,10 @@ import (
 	"github.com/outboxchat/outboxchat/internal/backoff"
 	"github.com/outboxchat/outboxchat/internal/notifier"
 	"github.com/outboxchat/outboxchat/internal/service"
+	"github.com/outboxchat/outboxchat/outbox/internal/outboxsql"
+	"github.com/outboxchat/outboxchat/outbox/internal/passloop"
+	"github.com/outboxchat/outboxchat/outbox/internal/relaypass"
+	"github.com/outboxchat/outboxchat/outbox/internal/wakeup"
 )
 
 // Relay defaults. A zero RelayConfig field means the matching default.
@@ -62,8 +64,6 @@ const (
 	listenConnectMax = 5 * time.Second       // bound on connect + LISTEN
 	listenPingEvery  = 30 * time.Second      // health check of an idle LISTEN connection
 	listenPingMax    = 5 * time.Second       // bound on that health check
-	recordMax        = 2 * time.Second       // bound on recording a failure
-	lastErrorMax     = 1000                  // bytes of last_error kept
 )
 
 // RelayEventKind names a typed event of the relay (RelayEvent.Kind). The values are
@@ -144,7 +144,7 @@ const (
 	TriggerRetry WakeTrigger = "retry"
 )
 
-// Wake-up causes pending for the next pass (Relay.wakeBy), most specific
+// Wake-up causes pending for the next pass (Relay.wake), most specific
 // first: a pass woken by several carries the first one's trigger.
 const (
 	wakeByWake uint32 = 1 << iota
@@ -257,7 +257,6 @@ type Relay struct {
 	pool      *pgxpool.Pool
 	pub       Publisher
 	channel   string
-	batchSize int
 	poll      time.Duration
 	listen    bool
 	ignore    func(uint32) bool
@@ -265,19 +264,12 @@ type Relay struct {
 	ownNotify bool               // the relay starts and stops notifier
 	skipOwn   bool
 	pubTO     time.Duration
-	timeouts  [3]string // lock, statement, idle-in-tx, as "<n>ms"
 	log       *slog.Logger
 	onEvent   func(RelayEvent)
 
-	maxAttempts                                   int
-	backoffMin, backoffMax                        time.Duration
-	lastPass                                      atomic.Int64 // unix nanoseconds of the last committed pass
-	claimSQL, markSQL, recordSQL, seqSQL, failSQL string
-	table                                         string // quoted table name, for seqSQL
-	floor                                         claimFloor
+	tbl relaypass.Table[Message] // the passes' table, floor and statements
 
-	wake       chan struct{} // 1-buffered pending wake-up
-	wakeBy     atomic.Uint32 // what asked for it: wakeBy* bits
+	wake       *wakeup.Signal // causes: wakeBy* bits
 	listening  atomic.Bool
 	subscribed atomic.Bool // the notifier subscription's callbacks act only while set
 
@@ -311,19 +303,19 @@ func (c *RelayConfig) WithDefaults() *RelayConfig {
 
 // validate checks a config that went through WithDefaults and returns its
 // parsed Table. Errors wrap ErrInvalidConfig.
-func (c *RelayConfig) validate() (table, error) {
+func (c *RelayConfig) validate() (outboxsql.Table, error) {
 	if c.Publisher == nil {
-		return table{}, fmt.Errorf("RelayConfig.Publisher is required: %w", ErrInvalidConfig)
+		return outboxsql.Table{}, fmt.Errorf("RelayConfig.Publisher is required: %w", ErrInvalidConfig)
 	}
 	t, err := parseTable(c.Table)
 	if err != nil {
-		return table{}, err
+		return outboxsql.Table{}, err
 	}
 	if err := checkChannel(c.Channel); err != nil {
-		return table{}, err
+		return outboxsql.Table{}, err
 	}
 	if c.BatchSize < 0 {
-		return table{}, fmt.Errorf("negative BatchSize: %w", ErrInvalidConfig)
+		return outboxsql.Table{}, fmt.Errorf("negative BatchSize: %w", ErrInvalidConfig)
 	}
 	return t, checkNotNegative("PollInterval PublishTimeout LockTimeout StatementTimeout IdleInTxTimeout RetryBackoff RetryBackoffMax",
 		c.PollInterval, c.PublishTimeout, c.LockTimeout, c.StatementTimeout, c.IdleInTxTimeout, c.RetryBackoff, c.RetryBackoffMax)
@@ -348,25 +340,20 @@ func NewRelay(pool *pgxpool.Pool, cfg *RelayConfig) (*Relay, error) {
 		return nil, fmt.Errorf("outbox: new relay: Group runs on another pool: %w", ErrInvalidConfig)
 	}
 	r := &Relay{
-		pool:        pool,
-		pub:         cfg.Publisher,
-		channel:     cfg.Channel,
-		batchSize:   cfg.BatchSize,
-		poll:        cfg.PollInterval,
-		listen:      !cfg.DisableListen,
-		ignore:      cfg.IgnoreNotification,
-		pubTO:       cfg.PublishTimeout,
-		timeouts:    [3]string{pgMillis(cfg.LockTimeout), pgMillis(cfg.StatementTimeout), pgMillis(cfg.IdleInTxTimeout)},
-		log:         cfg.Logger.With(slog.String("component", "outbox.relay")),
-		maxAttempts: cfg.MaxAttempts,
-		backoffMin:  cfg.RetryBackoff,
-		backoffMax:  cfg.RetryBackoffMax,
-		onEvent:     cfg.OnEvent,
-		wake:        make(chan struct{}, 1),
-		life:        service.Lifecycle{Name: "outbox: relay"},
-		notifier:    cfg.Notifier,
-		skipOwn:     cfg.SkipOwnNotifications,
-		group:       cfg.Group,
+		pool:     pool,
+		pub:      cfg.Publisher,
+		channel:  cfg.Channel,
+		poll:     cfg.PollInterval,
+		listen:   !cfg.DisableListen,
+		ignore:   cfg.IgnoreNotification,
+		pubTO:    cfg.PublishTimeout,
+		log:      cfg.Logger.With(slog.String("component", "outbox.relay")),
+		onEvent:  cfg.OnEvent,
+		wake:     wakeup.New(),
+		life:     service.Lifecycle{Name: "outbox: relay"},
+		notifier: cfg.Notifier,
+		skipOwn:  cfg.SkipOwnNotifications,
+		group:    cfg.Group,
 	}
 	if r.group != nil {
 		r.rank = r.group.q.Join()
@@ -385,48 +372,13 @@ func NewRelay(pool *pgxpool.Pool, cfg *RelayConfig) (*Relay, error) {
 		r.notifier, r.ownNotify = n, true
 	}
 
-	// Plain FOR UPDATE, not SKIP LOCKED, ORDER BY id over the partial
-	// index: the package doc's order invariant (a second relay waits, then
-	// skips the rows the first one deleted). "id >= $2": the claim floor
-	// (floor.go). Parked rows (failSQL) are not claimed. The last column
-	// is how long (s) the row still waits after a failure of its own (0:
-	// not waiting); the pass publishes only the rows before the first
-	// waiting one.
-	r.claimSQL = "SELECT id, idempotency_key, event, payload, created_at, headers, " +
-		"coalesce(greatest(extract(epoch FROM retry_at - now()), 0), 0)::float8 FROM " + t.quoted +
-		" WHERE sent_at IS NULL AND parked_at IS NULL AND id >= $2 ORDER BY id LIMIT $1 FOR UPDATE"
-	// Published rows are deleted, not updated (the package doc says why).
-	// sent_at stays NULL; a table whose rows an older relay marked sent
-	// keeps those (never claimed).
-	r.markSQL = "DELETE FROM " + t.quoted + " WHERE id = ANY($1)"
-	// The identity sequence's last value, then xmin of a later snapshot
-	// (floor.go).
-	r.table = t.quoted
-	r.seqSQL = "SELECT coalesce(pg_sequence_last_value(pg_get_serial_sequence($1, 'id')::regclass), 0)"
-	// Best effort, after the rollback: the claimed rows are unlocked again,
-	// so this may wait for another relay (bounded by lock_timeout).
-	r.recordSQL = "UPDATE " + t.quoted +
-		" SET attempts = attempts + 1, last_error = $2 WHERE id = ANY($1) AND sent_at IS NULL"
-	// A row the Publisher blamed (MessageError), in the pass's own
-	// transaction (the row is locked by the claim): one more failure of
-	// its own, the pause before the next try ($3 ms doubling per failure,
-	// capped at $4 ms), parked once failures reach $5 (≤ 0: never). An
-	// UPDATE of one row per failure, never per message published.
-	r.failSQL = "UPDATE " + t.quoted + ` SET attempts = attempts + 1, failures = failures + 1, last_error = $2,
-  retry_at = now() + least($3::float8 * power(2, least(failures, 30)), $4::float8) * interval '1 millisecond',
-  parked_at = CASE WHEN $5::int > 0 AND failures + 1 >= $5::int THEN now() END
-WHERE id = $1 RETURNING failures, parked_at IS NOT NULL`
-	return r, nil
-}
-
-// pgMillis renders d as a PostgreSQL duration setting in whole milliseconds
-// (at least 1 ms; 0 would mean "no timeout").
-func pgMillis(d time.Duration) string {
-	ms := d.Milliseconds()
-	if ms < 1 {
-		ms = 1
+	r.tbl = relaypass.Table[Message]{
+		Pool: pool, SQL: t.Relay(), Quoted: t.Quoted, BatchSize: cfg.BatchSize,
+		Timeouts:    [3]string{relaypass.Millis(cfg.LockTimeout), relaypass.Millis(cfg.StatementTimeout), relaypass.Millis(cfg.IdleInTxTimeout)},
+		MaxAttempts: cfg.MaxAttempts, BackoffMin: cfg.RetryBackoff, BackoffMax: cfg.RetryBackoffMax,
+		Scan: scanMessage, RowID: func(m *Message) int64 { return m.RowID }, Log: r.log,
 	}
-	return strconv.FormatInt(ms, 10) + "ms"
+	return r, nil
 }
 
 // Channel returns the channel the relay listens on.
@@ -436,50 +388,11 @@ func (r *Relay) Channel() string { return r.channel }
 // coalesce (one pending at most), and one that arrives during a pass causes
 // another pass. A wake-up given while stopped is kept for the next Start.
 // Safe for concurrent use.
-func (r *Relay) Wake() { r.wakeFor(wakeByWake) }
-
-// wakeFor records why (a wakeBy* bit) and wakes the relay: the bit is set
-// before the wake-up is left, so the pass that takes one finds its cause.
-func (r *Relay) wakeFor(cause uint32) {
-	r.wakeBy.Or(cause)
-	wakeUp(r.wake)
-}
-
-// wakeUp leaves one wake-up pending on ch (1-buffered) unless one is.
-func wakeUp(ch chan struct{}) {
-	select {
-	case ch <- struct{}{}:
-	default:
-	}
-}
+func (r *Relay) Wake() { r.wake.Wake(wakeByWake) }
 
 // Listening reports whether the LISTEN connection is currently established
 // (always false with DisableListen or when stopped). Safe for concurrent use.
 func (r *Relay) Listening() bool { return r.listening.Load() }
-
-// setTimeoutsSQL applies the relay's bounds to the current transaction only.
-//
-// It also steers the planner, for this transaction only, to index scans. The
-// outbox is a queue table: every pass leaves dead entries in the partial
-// index (the old, unsent row versions) until vacuum, and between ANALYZE runs
-// the statistics badly underestimate them. The planner then picks a bitmap
-// scan plus sort for the claim, which visits every dead entry on every pass,
-// and a sequential scan for "id = ANY($1)"; both make a pass O(table) until
-// autovacuum catches up. An ordered index scan on the partial index stops
-// after BatchSize live rows and lets btree mark dead entries so later scans
-// skip them; the primary-key lookup is O(BatchSize). Every relay statement is
-// an index lookup, so nothing else is affected.
-//
-// Last, the relay's commit does not wait for its WAL flush
-// (synchronous_commit=off, this transaction only), one fsync less per
-// message: a deletion lost to a database crash only makes the next pass
-// publish those rows again (the package doc's at-least-once invariant).
-const setTimeoutsSQL = "SELECT set_config('lock_timeout', $1, true), " +
-	"set_config('statement_timeout', $2, true), " +
-	"set_config('idle_in_transaction_session_timeout', $3, true), " +
-	"set_config('enable_seqscan', 'off', true), " +
-	"set_config('enable_bitmapscan', 'off', true), " +
-	"set_config('synchronous_commit', 'off', true)"
 
 // RunOnce runs one pass (the package doc's Relay section: one transaction
 // of two round trips besides Publish, which gets PublishTimeout and the
@@ -513,351 +426,96 @@ type pass struct {
 
 // LastPass returns when the latest pass committed (an empty one too), by
 // this process's clock; zero before the first. Safe for concurrent use.
-func (r *Relay) LastPass() time.Time {
-	if ns := r.lastPass.Load(); ns != 0 {
-		return time.Unix(0, ns)
-	}
-	return time.Time{}
-}
+func (r *Relay) LastPass() time.Time { return r.tbl.LastPass() }
 
 // runOnce runs one pass started by t (RelayEvent.Trigger).
-func (r *Relay) runOnce(ctx context.Context, t WakeTrigger) (p pass, err error) {
+func (r *Relay) runOnce(ctx context.Context, t WakeTrigger) (pass, error) {
 	if r.group != nil {
 		return r.group.pass(ctx, r, t)
 	}
-	start := time.Now()
-	conn, err := r.pool.Acquire(ctx)
-	if err != nil {
-		return p, r.fail("claim", fmt.Errorf("outbox: relay: claim: acquire connection: %w", err))
-	}
-	defer conn.Release() // destroys the connection if a transaction is left open
-
-	inTx := false
-	defer rollbackOpen(ctx, conn, &inTx)
-
-	floor, wantXid := r.floor.start(start)
-	b := &pgx.Batch{}
-	b.Queue(r.seqSQL, r.table)
-	b.Queue("BEGIN")
-	b.Queue(snapshotSQL)
-	b.Queue(setTimeoutsSQL, r.timeouts[0], r.timeouts[1], r.timeouts[2])
-	b.Queue(r.claimSQL, r.batchSize, floor)
-	br := conn.SendBatch(ctx, b)
-	inTx = true
-	var h horizon
-	claimed, waits, err := r.readClaim(br, &h)
-	if cerr := br.Close(); err == nil && cerr != nil {
-		err = cerr
-	}
-	if err != nil {
-		return p, r.fail("claim", fmt.Errorf("outbox: relay: claim: %w", err))
-	}
-	c := r.account(claimed, waits)
-	p.wait = c.wait
-	if len(c.msgs) == 0 {
-		if _, err := conn.Exec(ctx, "COMMIT"); err != nil {
-			return p, r.fail("claim", fmt.Errorf("outbox: relay: claim: commit empty pass: %w", err))
-		}
-		inTx = false
-		r.emptyPassDone(floor, h, c)
-		return p, nil
-	}
-	r.event(RelayEvent{Kind: EventClaimed, N: len(c.msgs), Trigger: t})
-	pub := r.publish(ctx, c.msgs)
-	if pub.err != nil {
-		r.rollbackAndRecord(ctx, conn, &inTx, c.ids, pub.err)
-		return pass{}, r.fail("publish", pub.err)
-	}
-	c.blame(pub)
-	b = &pgx.Batch{}
-	r.queueMark(b, c, pub)
-	if wantXid {
-		// The xid the claim's row locks gave this transaction, after the
-		// sequence read: the floor's R (floor.go).
-		b.Queue(xidSQL)
-	}
-	b.Queue("COMMIT")
-	br = conn.SendBatch(ctx, b)
-	m, err := r.readMark(br, pub)
-	var xid int64
-	if err == nil && wantXid {
-		err = br.QueryRow().Scan(&xid)
-	}
-	if err == nil {
-		err = readCommit(br)
-	}
-	if cerr := br.Close(); err == nil && cerr != nil {
-		err = cerr
-	}
-	if err != nil {
-		err = fmt.Errorf("outbox: relay: mark %d rows sent: %w", len(c.ids), err)
-		r.rollbackAndRecord(ctx, conn, &inTx, c.ids, err)
-		return pass{}, r.fail("mark_sent", err)
-	}
-	inTx = false
-	return r.passDone(start, t, floor, h, xid, c, pub, m), nil
+	q := r.newPass(t)
+	relaypass.Run(ctx, &q.Pass)
+	return q.p, q.err
 }
 
-// claim is what a pass does with the rows its claim returned: it publishes
-// msgs (the rows before the first one still waiting after a failure of its
-// own: nothing behind it overtakes it) and deletes ids. The floor may then
-// move past lastID, the last row the pass accounts for, and past the end of
-// the claim when full (a full claim, or one cut short).
-type claim struct {
-	msgs   []Message
-	ids    []int64
-	wait   time.Duration // > 0: the pass stopped at a row waiting this long
-	full   bool
-	lastID int64
+// passReq is one pass of r started by t, alone or in a group's shared
+// pass, and its outcome; its methods are the pass's relaypass.Hooks.
+type passReq struct {
+	relaypass.Pass[Message]
+	r   *Relay
+	t   WakeTrigger
+	p   pass
+	err error
 }
 
-// account turns a claim's rows and their waits into what the pass
-// publishes.
-func (r *Relay) account(claimed []Message, waits []time.Duration) claim {
-	c := claim{msgs: claimed, full: len(claimed) == r.batchSize}
-	for i, w := range waits {
-		if w > 0 {
-			c.msgs, c.wait = claimed[:i], w
-			c.full, c.lastID = true, claimed[i].RowID-1
-			break
-		}
-	}
-	if c.wait == 0 && len(claimed) > 0 {
-		c.lastID = claimed[len(claimed)-1].RowID
-	}
-	c.ids = make([]int64, len(c.msgs))
-	for i, m := range c.msgs {
-		c.ids[i] = m.RowID
-	}
-	return c
+func (r *Relay) newPass(t WakeTrigger) *passReq {
+	q := &passReq{r: r, t: t}
+	q.Table, q.Hooks = &r.tbl, q
+	return q
 }
 
-// published is the outcome of a pass's Publish: err for a failure of the
-// whole call (nothing counts as published), or the row the Publisher blamed
-// (k ≥ 0, poison): the rows before it were published.
-type published struct {
-	err    error
-	k      int
-	poison *MessageError
+// Claimed reports EventClaimed.
+func (q *passReq) Claimed(n int) { q.r.event(RelayEvent{Kind: EventClaimed, N: n, Trigger: q.t}) }
+
+// Publish hands msgs to the relay's Publisher.
+func (q *passReq) Publish(ctx context.Context, msgs []Message) relaypass.Published {
+	return q.r.publish(ctx, msgs)
 }
 
-// publish hands msgs to the Publisher under PublishTimeout.
-func (r *Relay) publish(ctx context.Context, msgs []Message) published {
+// Failed reports EventPassFailed.
+func (q *passReq) Failed(stage string, err error) { q.p, q.err = pass{}, q.r.fail(stage, err) }
+
+// Done reports the committed pass's events.
+func (q *passReq) Done(res relaypass.Result[Message]) { q.p = q.r.report(q.t, res) }
+
+// scanMessage reads a claimed row (outboxsql.Relay.Claim) into m.
+func scanMessage(rows pgx.Rows, m *Message, wait *float64) error {
+	return rows.Scan(&m.RowID, &m.ID, &m.Event, &m.Payload, &m.CreatedAt, &m.Headers, wait)
+}
+
+// publish hands msgs to the Publisher under PublishTimeout and finds the
+// row a MessageError blames.
+func (r *Relay) publish(ctx context.Context, msgs []Message) relaypass.Published {
 	pctx, cancel := context.WithTimeout(ctx, r.pubTO)
 	err := r.pub.Publish(pctx, msgs)
 	cancel()
-	p := published{k: -1}
-	if err != nil && errors.As(err, &p.poison) {
-		p.k = slices.IndexFunc(msgs, func(m Message) bool { return m.RowID == p.poison.RowID })
+	p := relaypass.Published{K: -1}
+	var poison *MessageError
+	if err != nil && errors.As(err, &poison) {
+		p.K = slices.IndexFunc(msgs, func(m Message) bool { return m.RowID == poison.RowID })
+		p.PoisonID, p.PoisonErr = poison.RowID, poison.Err
 	}
-	if err != nil && p.k < 0 {
-		p.err = fmt.Errorf("outbox: relay: publish %d rows: %w", len(msgs), err)
+	if err != nil && p.K < 0 {
+		p.Err = fmt.Errorf("outbox: relay: publish %d rows: %w", len(msgs), err)
 	}
 	return p
 }
 
-// blame narrows c to the rows published before a blamed row: only those
-// are deleted, and the floor stops before the blamed row.
-func (c *claim) blame(p published) {
-	if p.k >= 0 {
-		c.ids = c.ids[:p.k]
-		c.full, c.lastID = true, p.poison.RowID-1
-	}
-}
-
-// queueMark queues the deletion of c's published rows and, for a blamed
-// row, its failure (failSQL).
-func (r *Relay) queueMark(b *pgx.Batch, c claim, p published) {
-	b.Queue(r.markSQL, c.ids)
-	if p.k >= 0 {
-		b.Queue(r.failSQL, p.poison.RowID, lastError(p.poison.Err), r.backoffMin.Milliseconds(),
-			r.backoffMax.Milliseconds(), r.maxAttempts)
-	}
-}
-
-// marked is what failSQL returned for a blamed row.
-type marked struct {
-	failures int
-	parked   bool
-}
-
-// readMark reads the results of queueMark's statements.
-func (r *Relay) readMark(br pgx.BatchResults, p published) (m marked, err error) {
-	if _, err = br.Exec(); err == nil && p.k >= 0 {
-		err = br.QueryRow().Scan(&m.failures, &m.parked)
-	}
-	return m, err
-}
-
-// readCommit reads a COMMIT's result: a failed transaction answers it with
-// ROLLBACK.
-func readCommit(br pgx.BatchResults) error {
-	tag, err := br.Exec()
-	if err == nil && tag.String() != "COMMIT" {
-		err = fmt.Errorf("commit ended in %q", tag.String())
-	}
-	return err
-}
-
-// emptyPassDone records a committed pass that published nothing.
-func (r *Relay) emptyPassDone(floor int64, h horizon, c claim) {
-	r.lastPass.Store(time.Now().UnixNano())
-	r.floor.advance(floor, h.v, h.xmin, 0, c.full, c.lastID)
-}
-
-// passDone records a committed pass that published rows (its xid when it
-// read one, for the floor) and reports its events.
-func (r *Relay) passDone(start time.Time, t WakeTrigger, floor int64, h horizon, xid int64, c claim, pub published, m marked) (p pass) {
-	p.wait = c.wait
-	r.lastPass.Store(time.Now().UnixNano())
-	if old := r.floor.advance(floor, h.v, h.xmin, xid, c.full, c.lastID); floor == 0 && c.msgs[0].RowID < old && pub.k != 0 {
-		r.log.Warn("published a row below the claim floor; an outbox writer breaks the floor's assumptions (explicit ids, sequence CACHE > 1?): order across such rows is not guaranteed",
-			slog.Int64("row_id", c.msgs[0].RowID), slog.Int64("floor", old))
-	}
-	p.n = len(c.ids)
-	if pub.k >= 0 {
-		bad := c.msgs[pub.k]
-		e := RelayEvent{Kind: EventMessageFailed, RowID: bad.RowID, MessageID: bad.ID, Attempts: m.failures, Err: pub.poison.Err}
-		if m.parked {
+// report turns a committed pass into what the loop needs of it, and
+// reports its events and log lines.
+func (r *Relay) report(t WakeTrigger, res relaypass.Result[Message]) (p pass) {
+	p.n, p.wait = res.N, res.Wait
+	if bad := res.Blamed; bad != nil {
+		e := RelayEvent{Kind: EventMessageFailed, RowID: bad.RowID, MessageID: bad.ID, Attempts: res.Failures, Err: res.BlameErr}
+		if res.Parked {
 			// The rows behind it can go at once.
 			e.Kind, p.more, p.wait = EventParked, true, 0
 			r.log.Error("parked an outbox row: its publish failed too often; the rows behind it go on, it waits for a retry",
-				slog.Int64("row_id", bad.RowID), slog.String("message_id", bad.ID), slog.Int("attempts", m.failures),
-				slog.Any("err", pub.poison.Err))
+				slog.Int64("row_id", bad.RowID), slog.String("message_id", bad.ID), slog.Int("attempts", res.Failures),
+				slog.Any("err", res.BlameErr))
 		} else {
-			p.wait = backoff.Delay(r.backoffMin, r.backoffMax, m.failures-1)
+			p.wait = backoff.Delay(r.tbl.BackoffMin, r.tbl.BackoffMax, res.Failures-1)
 			e.Duration = p.wait
 			r.log.Warn("publishing an outbox row failed; it holds back the rows behind it until it is published or parked",
-				slog.Int64("row_id", bad.RowID), slog.String("message_id", bad.ID), slog.Int("attempts", m.failures),
-				slog.Int("max_attempts", r.maxAttempts), slog.Duration("retry_in", p.wait), slog.Any("err", pub.poison.Err))
+				slog.Int64("row_id", bad.RowID), slog.String("message_id", bad.ID), slog.Int("attempts", res.Failures),
+				slog.Int("max_attempts", r.tbl.MaxAttempts), slog.Duration("retry_in", p.wait), slog.Any("err", res.BlameErr))
 		}
 		r.event(e)
 	}
 	if p.n > 0 {
-		r.event(RelayEvent{Kind: EventPublished, N: p.n, Duration: time.Since(start), Trigger: t})
+		r.event(RelayEvent{Kind: EventPublished, N: p.n, Duration: res.Took, Trigger: t})
 	}
 	return p
-}
-
-// snapshotSQL reads xmin of the statement's snapshot; xidSQL the xid of a
-// pass that claimed rows (its row locks assigned it; floor.go). xid8 fits
-// bigint for 2^63 transactions.
-const (
-	snapshotSQL = "SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint"
-	xidSQL      = "SELECT pg_current_xact_id()::text::bigint"
-)
-
-// horizon is what a pass read before its claim, for the claim floor: the
-// sequence's last value v, then its snapshot's xmin.
-type horizon struct{ v, xmin int64 }
-
-// readClaim reads the results of the sequence read, BEGIN, the snapshot
-// read (into h), set_config and the claim query.
-func (r *Relay) readClaim(br pgx.BatchResults, h *horizon) ([]Message, []time.Duration, error) {
-	if err := br.QueryRow().Scan(&h.v); err != nil {
-		return nil, nil, fmt.Errorf("read sequence: %w", err)
-	}
-	if err := readTxStart(br, &h.xmin); err != nil {
-		return nil, nil, err
-	}
-	return readRows(br)
-}
-
-// readTxStart reads the results of a pass's BEGIN, snapshot read (into
-// xmin) and set_config.
-func readTxStart(br pgx.BatchResults, xmin *int64) error {
-	if _, err := br.Exec(); err != nil {
-		return fmt.Errorf("begin: %w", err)
-	}
-	if err := br.QueryRow().Scan(xmin); err != nil {
-		return fmt.Errorf("read snapshot: %w", err)
-	}
-	if _, err := br.Exec(); err != nil {
-		return fmt.Errorf("set timeouts: %w", err)
-	}
-	return nil
-}
-
-// readRows reads the rows of a claim query and how long each still waits.
-func readRows(br pgx.BatchResults) ([]Message, []time.Duration, error) {
-	rows, err := br.Query()
-	if err != nil {
-		return nil, nil, err
-	}
-	var msgs []Message
-	var waits []time.Duration
-	for rows.Next() {
-		var m Message
-		var wait float64
-		if err := rows.Scan(&m.RowID, &m.ID, &m.Event, &m.Payload, &m.CreatedAt, &m.Headers, &wait); err != nil {
-			rows.Close()
-			return nil, nil, fmt.Errorf("scan: %w", err)
-		}
-		msgs = append(msgs, m)
-		waits = append(waits, time.Duration(wait*float64(time.Second)))
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return nil, nil, err
-	}
-	return msgs, waits, nil
-}
-
-// rollbackAndRecord rolls back the pass's transaction and then, best effort,
-// records the failure on the claimed rows in a short transaction of its own.
-func (r *Relay) rollbackAndRecord(ctx context.Context, conn *pgxpool.Conn, inTx *bool, ids []int64, cause error) {
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recordMax)
-	defer cancel()
-	*inTx = false
-	if !rollback(rctx, conn) {
-		// The connection is gone; record on a fresh one.
-		c2, err := r.pool.Acquire(rctx)
-		if err != nil {
-			return
-		}
-		defer c2.Release()
-		conn = c2
-	}
-	msg := lastError(cause)
-	b := &pgx.Batch{}
-	b.Queue("BEGIN")
-	b.Queue(setTimeoutsSQL, r.timeouts[0], r.timeouts[1], r.timeouts[2])
-	b.Queue(r.recordSQL, ids, msg)
-	b.Queue("COMMIT")
-	if err := conn.SendBatch(rctx, b).Close(); err != nil {
-		r.log.Debug("recording a failed pass failed", slog.Int("rows", len(ids)), slog.Any("err", err))
-		_, _ = conn.Exec(rctx, "ROLLBACK")
-	}
-}
-
-// rollbackOpen rolls back conn's transaction when *inTx says one is still
-// open (a pass that returned early), within recordMax.
-func rollbackOpen(ctx context.Context, conn *pgxpool.Conn, inTx *bool) {
-	if *inTx {
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recordMax)
-		rollback(rctx, conn)
-		cancel()
-	}
-}
-
-// rollback rolls back conn's transaction; a connection that cannot is
-// closed (the pool drops it on Release) and rollback returns false.
-func rollback(ctx context.Context, conn *pgxpool.Conn) bool {
-	if _, err := conn.Exec(ctx, "ROLLBACK"); err != nil {
-		_ = conn.Conn().Close(ctx)
-		return false
-	}
-	return true
-}
-
-// lastError renders err for the last_error column: at most lastErrorMax
-// bytes of valid UTF-8 without NUL (text columns reject both).
-func lastError(err error) string {
-	msg := strings.ReplaceAll(err.Error(), "\x00", "")
-	if len(msg) > lastErrorMax {
-		msg = msg[:lastErrorMax]
-	}
-	return strings.ToValidUTF8(msg, "")
 }
 
 // fail reports a failed pass (EventPassFailed) and returns err.
@@ -926,63 +584,23 @@ func (r *Relay) Started() <-chan struct{} { return r.life.Started() }
 func (r *Relay) Stopped() <-chan struct{} { return r.life.Stopped() }
 
 // loop runs passes on wake-ups and poll ticks until stopping is closed or
-// ctx is cancelled.
+// ctx is cancelled. The passes of a drain carry the trigger of its start.
 func (r *Relay) loop(ctx context.Context, stopping <-chan struct{}) {
-	poll := time.NewTimer(r.poll)
-	defer poll.Stop()
-	failed := 0 // passes failed in a row
 	var trigger WakeTrigger
-	timer := TriggerPoll // what the poll timer's firing means
-	for {
-		select {
-		case <-stopping:
-			return
-		case <-ctx.Done():
-			return
-		case <-r.wake:
-			trigger = triggerOf(r.wakeBy.Swap(0), trigger)
-		case <-poll.C:
-			trigger = timer
+	cfg := passloop.Config{Poll: r.poll, ErrMin: errBackoffMin, ErrMax: errBackoffMax, Log: r.log}
+	passloop.Run(ctx, stopping, r.wake.C(), cfg, func(c passloop.Cause) {
+		switch c {
+		case passloop.Woken:
+			trigger = triggerOf(r.wake.Take(), trigger)
+		case passloop.Polled:
+			trigger = TriggerPoll
+		case passloop.Retried:
+			trigger = TriggerRetry
 		}
-		// Drain: keep passing while passes come back full (or parked a
-		// row). A wake-up that arrives meanwhile sits in r.wake and causes
-		// one more pass. A pass that stopped at a row waiting after a
-		// failure of its own sets the next pass for when the wait ends.
-		next := r.poll
-		for {
-			select {
-			case <-stopping:
-				return
-			default:
-			}
-			p, err := r.runOnce(ctx, trigger)
-			if err != nil {
-				if ctx.Err() != nil {
-					return
-				}
-				pause := backoff.Delay(errBackoffMin, errBackoffMax, failed)
-				failed++
-				r.log.Warn("pass failed; rows stay unsent for the next pass",
-					slog.Any("err", err), slog.Duration("retry_in", pause))
-				if !backoff.Sleep(ctx, stopping, pause) {
-					return
-				}
-				continue
-			}
-			failed = 0
-			if p.n < r.batchSize && !p.more {
-				if p.wait > 0 {
-					next = min(next, p.wait)
-				}
-				break
-			}
-		}
-		timer = TriggerPoll
-		if next < r.poll {
-			timer = TriggerRetry
-		}
-		poll.Reset(next)
-	}
+	}, func(ctx context.Context) (passloop.Outcome, error) {
+		p, err := r.runOnce(ctx, trigger)
+		return passloop.Outcome{More: p.n >= r.tbl.BatchSize || p.more, Wait: p.wait}, err
+	})
 }
 
 // onNotify turns a notification into a Wake unless IgnoreNotification
@@ -991,7 +609,7 @@ func (r *Relay) onNotify(_ string, pid uint32) {
 	if !r.subscribed.Load() || (r.ignore != nil && r.ignore(pid)) {
 		return
 	}
-	r.wakeFor(wakeByNotify)
+	r.wake.Wake(wakeByNotify)
 }
 
 // onListenUp runs after every (re)connect of the LISTEN connection: wake
@@ -1003,7 +621,7 @@ func (r *Relay) onListenUp() {
 	}
 	r.listening.Store(true)
 	r.event(RelayEvent{Kind: EventListenUp})
-	r.wakeFor(wakeByCatchUp)
+	r.wake.Wake(wakeByCatchUp)
 }
 
 // onListenDown runs when the LISTEN connection failed or was lost (err),

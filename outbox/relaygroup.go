@@ -3,14 +3,12 @@ package outbox
 import (
 	"context"
 	"fmt"
-	"sync"
 	"sync/atomic"
-	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxchat/outboxchat/internal/groupcommit"
+	"github.com/outboxchat/outboxchat/outbox/internal/relaypass"
 )
 
 // RelayGroup lets the relays of several outbox tables (one per partition,
@@ -25,9 +23,9 @@ import (
 //
 // A shared pass keeps every member's guarantees, because it is the
 // members' passes run side by side: each table has its own claim (FOR
-// UPDATE, in id order, from its own claim floor; floor.go), its rows go to
-// its own Publisher (the members' Publish calls run concurrently), and its
-// own published rows are deleted. The members share the sequence read (one
+// UPDATE, in id order, from its own claim floor), its rows go to its own
+// Publisher (the members' Publish calls run concurrently), and its own
+// published rows are deleted. The members share the sequence read (one
 // statement, before the transaction), the snapshot and the xid, which is
 // what the claim floor needs of them. A Publish that fails fails only its
 // member's pass: its rows stay unsent and get attempts+1 and last_error in
@@ -85,25 +83,10 @@ func (g *RelayGroup) Stats() RelayGroupStats {
 	return RelayGroupStats{Transactions: g.txs.Load(), Passes: g.passes.Load()}
 }
 
-// passReq is one member's pass in a shared one, and its outcome.
-type passReq struct {
-	r   *Relay
-	t   WakeTrigger
-	p   pass
-	err error
-
-	floor   int64
-	wantXid bool
-	h       horizon
-	c       claim
-	pub     published
-	m       marked
-}
-
 // pass runs r's pass in the next shared pass and returns its outcome, or
 // ctx.Err() when ctx ended while it waited.
 func (g *RelayGroup) pass(ctx context.Context, r *Relay, t WakeTrigger) (pass, error) {
-	req := &passReq{r: r, t: t}
+	req := r.newPass(t)
 	if err := g.q.Do(ctx, r.rank, req, g.run); err != nil {
 		return pass{}, r.fail("claim", fmt.Errorf("outbox: relay: claim: waiting for the group's pass: %w", err))
 	}
@@ -115,191 +98,9 @@ func (g *RelayGroup) pass(ctx context.Context, r *Relay, t WakeTrigger) (pass, e
 func (g *RelayGroup) run(ctx context.Context, reqs []*passReq) {
 	g.txs.Add(1)
 	g.passes.Add(int64(len(reqs)))
-	start := time.Now()
-	lead := reqs[0].r
-	failAll := func(stage string, err error) {
-		for _, q := range reqs {
-			q.p, q.err = pass{}, q.r.fail(stage, err)
-		}
-	}
-	conn, err := g.pool.Acquire(ctx)
-	if err != nil {
-		failAll("claim", fmt.Errorf("outbox: relay: claim: acquire connection: %w", err))
-		return
-	}
-	defer conn.Release() // destroys the connection if a transaction is left open
-	inTx := false
-	defer rollbackOpen(ctx, conn, &inTx)
-
-	// The sequence reads before BEGIN, so before the xid: floor.go.
-	b := &pgx.Batch{}
-	tables := make([]string, len(reqs))
+	ps := make([]*relaypass.Pass[Message], len(reqs))
 	for i, q := range reqs {
-		q.floor, q.wantXid = q.r.floor.start(start)
-		tables[i] = q.r.table
+		ps[i] = &q.Pass
 	}
-	b.Queue(seqsSQL, tables)
-	b.Queue("BEGIN")
-	b.Queue(snapshotSQL)
-	b.Queue(setTimeoutsSQL, lead.timeouts[0], lead.timeouts[1], lead.timeouts[2])
-	for _, q := range reqs {
-		b.Queue(q.r.claimSQL, q.r.batchSize, q.floor)
-	}
-	br := conn.SendBatch(ctx, b)
-	inTx = true
-	err = readSharedClaim(br, reqs)
-	if cerr := br.Close(); err == nil && cerr != nil {
-		err = cerr
-	}
-	if err != nil {
-		failAll("claim", fmt.Errorf("outbox: relay: claim: %w", err))
-		return
-	}
-
-	// Every member publishes its own rows, side by side.
-	var wg sync.WaitGroup
-	rows, wantXid := false, false
-	for _, q := range reqs {
-		q.pub.k = -1
-		if len(q.c.msgs) == 0 {
-			continue
-		}
-		rows = true
-		q.r.event(RelayEvent{Kind: EventClaimed, N: len(q.c.msgs), Trigger: q.t})
-		wg.Go(func() { q.pub = q.r.publish(ctx, q.c.msgs) })
-	}
-	wg.Wait()
-
-	b = &pgx.Batch{}
-	for _, q := range reqs {
-		switch {
-		case len(q.c.msgs) == 0:
-		case q.pub.err != nil:
-			// Its rows stay unsent; the failure is recorded on them here,
-			// where they are still locked.
-			b.Queue(q.r.recordSQL, q.c.ids, lastError(q.pub.err))
-		default:
-			q.c.blame(q.pub)
-			q.r.queueMark(b, q.c, q.pub)
-			wantXid = wantXid || q.wantXid
-		}
-	}
-	if wantXid {
-		// The xid the claims' row locks gave this transaction, after the
-		// sequence reads: the floors' R (floor.go).
-		b.Queue(xidSQL)
-	}
-	b.Queue("COMMIT")
-	br = conn.SendBatch(ctx, b)
-	var xid int64
-	err = readSharedMark(br, reqs, wantXid, &xid)
-	if err == nil {
-		err = readCommit(br)
-	}
-	if cerr := br.Close(); err == nil && cerr != nil {
-		err = cerr
-	}
-	if err != nil {
-		stage := "mark_sent"
-		if !rows {
-			stage = "claim"
-		}
-		failAll(stage, fmt.Errorf("outbox: relay: mark rows sent (shared pass of %d tables): %w", len(reqs), err))
-		// The first record rolls the transaction back (the deferred
-		// rollback does when no member claimed rows).
-		for _, q := range reqs {
-			if len(q.c.ids) > 0 {
-				q.r.rollbackAndRecord(ctx, conn, &inTx, q.c.ids, err)
-			}
-		}
-		return
-	}
-	inTx = false
-	for _, q := range reqs {
-		switch {
-		case len(q.c.msgs) == 0:
-			q.p.wait = q.c.wait
-			q.r.emptyPassDone(q.floor, q.h, q.c)
-		case q.pub.err != nil:
-			q.p, q.err = pass{}, q.r.fail("publish", q.pub.err)
-		default:
-			x := int64(0)
-			if q.wantXid {
-				x = xid
-			}
-			q.p = q.r.passDone(start, q.t, q.floor, q.h, x, q.c, q.pub, q.m)
-		}
-	}
-}
-
-// seqsSQL is the relay's sequence read (Relay.seqSQL) for the tables $1
-// (quoted names), in one statement: their values in the order of $1.
-const seqsSQL = "SELECT coalesce(pg_sequence_last_value(pg_get_serial_sequence(t, 'id')::regclass), 0) " +
-	"FROM unnest($1::text[]) WITH ORDINALITY AS u(t, n) ORDER BY n"
-
-// readSharedClaim reads the results of a shared pass's first round trip:
-// the members' sequence reads, BEGIN, the snapshot read, set_config and
-// each member's claim, into the members' horizons and claims.
-func readSharedClaim(br pgx.BatchResults, reqs []*passReq) error {
-	rows, err := br.Query()
-	if err != nil {
-		return fmt.Errorf("read sequences: %w", err)
-	}
-	i := 0
-	for rows.Next() {
-		if i < len(reqs) {
-			err = rows.Scan(&reqs[i].h.v)
-		}
-		i++
-		if err != nil {
-			break
-		}
-	}
-	rows.Close()
-	if err == nil {
-		err = rows.Err()
-	}
-	if err == nil && i != len(reqs) {
-		err = fmt.Errorf("%d values for %d tables", i, len(reqs))
-	}
-	if err != nil {
-		return fmt.Errorf("read sequences: %w", err)
-	}
-	var xmin int64
-	if err := readTxStart(br, &xmin); err != nil {
-		return err
-	}
-	for _, q := range reqs {
-		q.h.xmin = xmin
-		claimed, waits, err := readRows(br)
-		if err != nil {
-			return err
-		}
-		q.c = q.r.account(claimed, waits)
-	}
-	return nil
-}
-
-// readSharedMark reads the results of the members' deletions, failures and
-// records, and the xid when it was read.
-func readSharedMark(br pgx.BatchResults, reqs []*passReq, wantXid bool, xid *int64) error {
-	for _, q := range reqs {
-		switch {
-		case len(q.c.msgs) == 0:
-		case q.pub.err != nil:
-			if _, err := br.Exec(); err != nil {
-				return err
-			}
-		default:
-			m, err := q.r.readMark(br, q.pub)
-			if err != nil {
-				return err
-			}
-			q.m = m
-		}
-	}
-	if wantXid {
-		return br.QueryRow().Scan(xid)
-	}
-	return nil
+	relaypass.RunShared(ctx, g.pool, ps)
 }

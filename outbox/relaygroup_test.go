@@ -55,6 +55,27 @@ func tableWriter(t *testing.T, pool *pgxpool.Pool, table string) *outbox.Writer 
 	return w
 }
 
+// groupRelays makes a member Relay of g for each of tables, the i-th
+// publishing to pubs[i] (with cfg applied to its config when set), and
+// enqueues perTable events "t<i>-<j>" into each table.
+func groupRelays(t *testing.T, pool *pgxpool.Pool, g *outbox.RelayGroup, tables []string, pubs []outbox.Publisher,
+	perTable int, cfg func(*outbox.RelayConfig)) []*outbox.Relay {
+	t.Helper()
+	var relays []*outbox.Relay
+	for i, table := range tables {
+		c := outbox.RelayConfig{Table: table, Publisher: pubs[i], Group: g}
+		if cfg != nil {
+			cfg(&c)
+		}
+		relays = append(relays, newRelay(t, pool, c))
+		w := tableWriter(t, pool, table)
+		for j := range perTable {
+			enqueue(t, pool, w, ev(fmt.Sprintf("t%d-%d", i, j)))
+		}
+	}
+	return relays
+}
+
 func unsentIn(t *testing.T, pool *pgxpool.Pool, table string) []rowState {
 	t.Helper()
 	rs, err := pool.Query(context.Background(),
@@ -157,23 +178,17 @@ func TestRelayGroupSharesThePassesThatWait(t *testing.T) {
 	pool, tables, g := groupSetup(t, 3)
 	block := newBlocker()
 	pubs := []outbox.Publisher{block, &recorder{}, &recorder{}}
-	var relays []*outbox.Relay
 	var mu sync.Mutex
 	var claims []string // the order of the members' claims
-	for i, table := range tables {
-		onEvent := func(e outbox.RelayEvent) {
+	relays := groupRelays(t, pool, g, tables, pubs, 3, func(c *outbox.RelayConfig) {
+		c.OnEvent = func(e outbox.RelayEvent) {
 			if e.Kind == outbox.EventClaimed {
 				mu.Lock()
-				claims = append(claims, table)
+				claims = append(claims, c.Table)
 				mu.Unlock()
 			}
 		}
-		relays = append(relays, newRelay(t, pool, outbox.RelayConfig{Table: table, Publisher: pubs[i], Group: g, OnEvent: onEvent}))
-		w := tableWriter(t, pool, table)
-		for j := range 3 {
-			enqueue(t, pool, w, ev(fmt.Sprintf("t%d-%d", i, j)))
-		}
-	}
+	})
 	// The third relay's pass comes in before the second's, which joined
 	// the group first.
 	out := sharedPass(t, g, block, relays[0], relays[2], relays[1])
@@ -228,14 +243,7 @@ func TestRelayGroupFailuresStayWithTheirMember(t *testing.T) {
 	})
 	fine := &recorder{}
 	pubs := []outbox.Publisher{block, failing, blaming, fine}
-	var relays []*outbox.Relay
-	for i, table := range tables {
-		relays = append(relays, newRelay(t, pool, outbox.RelayConfig{Table: table, Publisher: pubs[i], Group: g}))
-		w := tableWriter(t, pool, table)
-		for j := range 3 {
-			enqueue(t, pool, w, ev(fmt.Sprintf("t%d-%d", i, j)))
-		}
-	}
+	relays := groupRelays(t, pool, g, tables, pubs, 3, nil)
 	out := sharedPass(t, g, block, relays...)
 	if o := out[1]; !errors.Is(o.err, down) {
 		t.Fatalf("the failing member's pass = %d, %v; want its Publisher's error", o.n, o.err)
@@ -357,14 +365,7 @@ func TestRelayGroupConnectionLostMidPass(t *testing.T) {
 	}
 	other := &recorder{}
 	pubs := []outbox.Publisher{block, killer, other}
-	var relays []*outbox.Relay
-	for i, table := range tables {
-		relays = append(relays, newRelay(t, pool, outbox.RelayConfig{Table: table, Publisher: pubs[i], Group: g}))
-		w := tableWriter(t, pool, table)
-		for j := range 2 {
-			enqueue(t, pool, w, ev(fmt.Sprintf("t%d-%d", i, j)))
-		}
-	}
+	relays := groupRelays(t, pool, g, tables, pubs, 2, nil)
 	out := sharedPass(t, g, block, relays...)
 	if out[0].err != nil || out[0].n != 2 {
 		t.Fatalf("the first pass = %d, %v; want 2 rows", out[0].n, out[0].err)

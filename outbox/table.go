@@ -3,56 +3,33 @@ package outbox
 import (
 	"errors"
 	"fmt"
-	"regexp"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxchat/outboxchat/outbox/internal/outboxsql"
 )
 
 // ErrInvalidConfig is wrapped by NewWriter and NewRelay when a Config field is
 // invalid (bad table or channel name, missing Publisher, negative duration).
 var ErrInvalidConfig = errors.New("invalid config")
 
-// identRe matches one unquoted lower-case identifier part.
-var identRe = regexp.MustCompile(`^[a-z_][a-z0-9_]*$`)
-
-// maxIdentLen is PostgreSQL's NAMEDATALEN-1: longer names are truncated by
-// the server, which would silently make two names equal.
-const maxIdentLen = 63
-
-// table is a validated outbox table name.
-type table struct {
-	name   string // as given: "ident" or "schema.ident"
-	quoted string // pgx.Identifier-sanitized, safe to splice into SQL
-	flat   string // name with '.' replaced by '_'
-}
-
 // parseTable validates name as ident or schema.ident, each part matching
-// [a-z_][a-z0-9_]* and at most 63 bytes long.
-func parseTable(name string) (table, error) {
-	parts := strings.Split(name, ".")
-	if len(parts) > 2 {
-		return table{}, fmt.Errorf("table %q: want ident or schema.ident: %w", name, ErrInvalidConfig)
+// [a-z_][a-z0-9_]* and at most 63 bytes long; errors wrap ErrInvalidConfig.
+func parseTable(name string) (outboxsql.Table, error) {
+	t, err := outboxsql.ParseTable(name)
+	if err != nil {
+		return t, fmt.Errorf("%w: %w", err, ErrInvalidConfig)
 	}
-	for _, p := range parts {
-		if !identRe.MatchString(p) || len(p) > maxIdentLen {
-			return table{}, fmt.Errorf("table %q: each part must match [a-z_][a-z0-9_]* and be at most %d bytes: %w",
-				name, maxIdentLen, ErrInvalidConfig)
-		}
-	}
-	return table{
-		name:   name,
-		quoted: pgx.Identifier(parts).Sanitize(),
-		flat:   strings.ReplaceAll(name, ".", "_"),
-	}, nil
+	return t, nil
 }
 
 // defaultChannel returns ch, or when a Config leaves it empty the table
 // name with '.' replaced by '_' ("" for an invalid name).
 func defaultChannel(ch, name string) string {
 	if t, err := parseTable(name); ch == "" && err == nil {
-		return t.flat
+		return t.Flat
 	}
 	return ch
 }
@@ -68,11 +45,11 @@ func checkNotNegative(names string, vals ...time.Duration) error {
 	return nil
 }
 
-// checkChannel validates a NOTIFY channel name: 1 to 63 bytes, no NUL. It is
-// always quoted with pgx.Identifier where it is spliced into SQL (LISTEN).
+// checkChannel validates a NOTIFY channel name: 1 to 63 bytes, no NUL;
+// errors wrap ErrInvalidConfig.
 func checkChannel(ch string) error {
-	if ch == "" || len(ch) > maxIdentLen || strings.ContainsRune(ch, 0) {
-		return fmt.Errorf("channel %q: must be 1 to %d bytes without NUL: %w", ch, maxIdentLen, ErrInvalidConfig)
+	if err := outboxsql.CheckChannel(ch); err != nil {
+		return fmt.Errorf("%w: %w", err, ErrInvalidConfig)
 	}
 	return nil
 }
@@ -112,8 +89,8 @@ func TableDDL(table string) string {
 	if err != nil {
 		panic("outbox: TableDDL: " + err.Error())
 	}
-	idx := pgx.Identifier{t.flat + "_unsent"}.Sanitize()
-	return "CREATE TABLE " + t.quoted + ` (
+	idx := pgx.Identifier{t.Flat + "_unsent"}.Sanitize()
+	return "CREATE TABLE " + t.Quoted + ` (
   id              bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
   event           text        NOT NULL,
   idempotency_key text        NOT NULL,
@@ -127,7 +104,7 @@ func TableDDL(table string) string {
   parked_at       timestamptz,
   headers         jsonb
 );
-CREATE INDEX ` + idx + " ON " + t.quoted + " (id) WHERE sent_at IS NULL;\n"
+CREATE INDEX ` + idx + " ON " + t.Quoted + " (id) WHERE sent_at IS NULL;\n"
 }
 
 // ParkingDDL returns the ALTER TABLE statement (ending in ";\n") that adds
@@ -139,7 +116,7 @@ func ParkingDDL(table string) string {
 	if err != nil {
 		panic("outbox: ParkingDDL: " + err.Error())
 	}
-	return "ALTER TABLE " + t.quoted + `
+	return "ALTER TABLE " + t.Quoted + `
   ADD COLUMN failures  integer NOT NULL DEFAULT 0,
   ADD COLUMN retry_at  timestamptz,
   ADD COLUMN parked_at timestamptz;
@@ -158,5 +135,5 @@ func HeadersDDL(table string) string {
 	if err != nil {
 		panic("outbox: HeadersDDL: " + err.Error())
 	}
-	return "ALTER TABLE " + t.quoted + " ADD COLUMN headers jsonb;\n"
+	return "ALTER TABLE " + t.Quoted + " ADD COLUMN headers jsonb;\n"
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxchat/outboxchat/internal/service"
+	"github.com/outboxchat/outboxchat/outbox/internal/outboxsql"
 )
 
 // Vacuum keeps an outbox table small: the space of the rows the relay
@@ -22,16 +23,16 @@ import (
 // the empty pages at the end are given back (VACUUM's truncation takes the
 // table's lock only when nobody waits for it).
 //
-// A held snapshot (floor.go says who may hold one) keeps the dead rows: a
-// VACUUM that removes less than half of them doubles the wait before the
-// next, up to 16 × Interval, and the wait returns to Interval once one
-// removes most.
+// A held snapshot (a forgotten transaction's, a long report's, a
+// replica's hot_standby_feedback) keeps the dead rows: a VACUUM that
+// removes less than half of them doubles the wait before the next, up to
+// 16 × Interval, and the wait returns to Interval once one removes most.
 //
 // Vacuum is a service (Start/Stop) with one RunOnce a test can call; it
 // needs the table's owner (VACUUM) and is safe for concurrent use.
 type Vacuum struct {
 	pool  *pgxpool.Pool
-	table table
+	table outboxsql.Table
 	cfg   VacuumConfig
 	log   *slog.Logger
 	life  service.Lifecycle
@@ -86,16 +87,12 @@ func NewVacuum(pool *pgxpool.Pool, cfg *VacuumConfig) (*Vacuum, error) {
 		life: service.Lifecycle{Name: "outbox: vacuum"}}, nil
 }
 
-// deadRowsSQL reads the table's dead rows from the statistics (flushed by
-// backends about once a second).
-const deadRowsSQL = "SELECT coalesce((SELECT n_dead_tup FROM pg_stat_user_tables WHERE relid = $1::regclass), 0)"
-
 // RunOnce reads the table's dead rows and, from DeadRows on, vacuums it.
 // It returns whether it vacuumed and whether that removed at least half of
 // them. Errors: query or VACUUM errors, wrapped.
 func (v *Vacuum) RunOnce(ctx context.Context) (vacuumed, removed bool, err error) {
 	var before int64
-	if err := v.pool.QueryRow(ctx, deadRowsSQL, v.table.quoted).Scan(&before); err != nil {
+	if err := v.pool.QueryRow(ctx, outboxsql.DeadRows, v.table.Quoted).Scan(&before); err != nil {
 		return false, false, fmt.Errorf("outbox: vacuum: read statistics: %w", err)
 	}
 	if before < v.cfg.DeadRows {
@@ -104,12 +101,12 @@ func (v *Vacuum) RunOnce(ctx context.Context) (vacuumed, removed bool, err error
 	start := time.Now()
 	// VACUUM cannot run in a transaction block; Exec without arguments
 	// sends it as a simple query.
-	if _, err := v.pool.Exec(ctx, "VACUUM "+v.table.quoted); err != nil {
-		return false, false, fmt.Errorf("outbox: vacuum %s: %w", v.table.name, err)
+	if _, err := v.pool.Exec(ctx, v.table.Vacuum()); err != nil {
+		return false, false, fmt.Errorf("outbox: vacuum %s: %w", v.table.Name, err)
 	}
 	d := time.Since(start)
 	var after int64
-	if err := v.pool.QueryRow(ctx, deadRowsSQL, v.table.quoted).Scan(&after); err != nil {
+	if err := v.pool.QueryRow(ctx, outboxsql.DeadRows, v.table.Quoted).Scan(&after); err != nil {
 		after = -1
 	}
 	if v.cfg.Vacuumed != nil {

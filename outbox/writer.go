@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxchat/outboxchat/internal/service"
+	"github.com/outboxchat/outboxchat/outbox/internal/outboxsql"
 )
 
 // ErrInvalidEvent is wrapped by Writer.Enqueue when an Event lacks its ID or
@@ -146,8 +147,7 @@ type Writer struct {
 	channel string
 	mode    WakeMode
 
-	insertOneSQL  string
-	insertManySQL string
+	sql outboxsql.Writer
 
 	// notifier sends the post-commit notifies (WakeAfterCommit): the
 	// Writer's own, or a shared one (shared true) that the Writer does
@@ -202,22 +202,22 @@ func (c *WriterConfig) WithDefaults() *WriterConfig {
 
 // validate checks a config that went through WithDefaults for pool and
 // returns its parsed Table. Errors wrap ErrInvalidConfig.
-func (c *WriterConfig) validate(pool *pgxpool.Pool) (table, error) {
+func (c *WriterConfig) validate(pool *pgxpool.Pool) (outboxsql.Table, error) {
 	t, err := parseTable(c.Table)
 	if err != nil {
-		return table{}, err
+		return outboxsql.Table{}, err
 	}
 	if err := checkChannel(c.Channel); err != nil {
-		return table{}, err
+		return outboxsql.Table{}, err
 	}
 	switch c.Mode {
 	case WakeAfterCommit:
 		if pool == nil {
-			return table{}, fmt.Errorf("pool is required for WakeAfterCommit: %w", ErrInvalidConfig)
+			return outboxsql.Table{}, fmt.Errorf("pool is required for WakeAfterCommit: %w", ErrInvalidConfig)
 		}
 	case WakeInTx, WakeNone:
 	default:
-		return table{}, fmt.Errorf("unknown mode %v: %w", c.Mode, ErrInvalidConfig)
+		return outboxsql.Table{}, fmt.Errorf("unknown mode %v: %w", c.Mode, ErrInvalidConfig)
 	}
 	return t, checkNotNegative("NotifyTimeout NotifyInterval", c.NotifyTimeout, c.NotifyInterval)
 }
@@ -244,17 +244,7 @@ func NewWriter(pool *pgxpool.Pool, cfg *WriterConfig) (*Writer, error) {
 			w.notifier = newNotifier(pool, cfg.NotifyTimeout, cfg.NotifyInterval, cfg.Logger)
 		}
 	}
-	// Both INSERTs make sure the transaction has its xid before the row
-	// takes its id from the identity sequence (the subquery on
-	// pg_current_xact_id is evaluated before any row is produced): the
-	// relay's claim floor (floor.go) relies on it.
-	w.insertOneSQL = "INSERT INTO " + t.quoted + ` (event, idempotency_key, payload, headers)
-SELECT $1, $2, $3::text::jsonb, $4::text::jsonb FROM (SELECT pg_current_xact_id() OFFSET 0) AS x`
-	// WITH ORDINALITY + ORDER BY: identity values follow the argument order,
-	// so the relay publishes a multi-event enqueue in the order given.
-	w.insertManySQL = "INSERT INTO " + t.quoted + ` (event, idempotency_key, payload, headers)
-SELECT e, k, p::jsonb, h::jsonb FROM (SELECT pg_current_xact_id() OFFSET 0) AS x,
-  unnest($1::text[], $2::text[], $3::text[], $4::text[]) WITH ORDINALITY AS u(e, k, p, h, n) ORDER BY n`
+	w.sql = t.Writer()
 	return w, nil
 }
 
@@ -263,18 +253,6 @@ func (w *Writer) Channel() string { return w.channel }
 
 // Mode returns the Writer's wake-up mode.
 func (w *Writer) Mode() WakeMode { return w.mode }
-
-// notifySQL wakes listeners on a channel; pg_notify (not NOTIFY) because the
-// channel is a bind parameter.
-const notifySQL = "SELECT pg_notify($1, '')"
-
-// afterCommitNotifySQL is notifySQL for the post-commit wake-up, a
-// transaction of its own: its commit does not wait for the WAL flush
-// (synchronous_commit=off for it alone). A wake-up lost to a crash only
-// delays the relay until its poll, and the cluster-wide notify lock, which
-// a notifying commit holds until it ends, is then not held through an
-// fsync, so notifying commits do not queue behind each other's flushes.
-const afterCommitNotifySQL = "SELECT pg_notify($1, ''), set_config('synchronous_commit', 'off', true)"
 
 // Enqueue inserts events into the outbox inside tx with one INSERT (one
 // round trip; two statements pipelined in one round trip with WakeInTx, the
@@ -305,7 +283,7 @@ func (w *Writer) Enqueue(ctx context.Context, tx pgx.Tx, events ...Event) error 
 	}
 	b := &pgx.Batch{}
 	b.Queue(sql, args...)
-	b.Queue(notifySQL, w.channel)
+	b.Queue(outboxsql.Notify, w.channel)
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
 		return fmt.Errorf("outbox: enqueue: insert and notify: %w", err)
 	}
@@ -334,7 +312,7 @@ func (w *Writer) QueueEnqueue(b *pgx.Batch, events ...Event) (int, error) {
 	if w.mode != WakeInTx {
 		return 1, nil
 	}
-	b.Queue(notifySQL, w.channel)
+	b.Queue(outboxsql.Notify, w.channel)
 	return 2, nil
 }
 
@@ -355,30 +333,16 @@ func (w *Writer) insert(events []Event) (string, []any, error) {
 	}
 	if len(events) == 1 {
 		e := events[0]
-		return w.insertOneSQL, []any{e.Name, e.ID, string(e.Payload), encodeHeaders(e.Headers)}, nil
+		return w.sql.InsertOne, []any{e.Name, e.ID, string(e.Payload), outboxsql.Headers(e.Headers)}, nil
 	}
 	names := make([]string, len(events))
 	ids := make([]string, len(events))
 	payloads := make([]string, len(events))
 	headers := make([]*string, len(events))
 	for i, e := range events {
-		names[i], ids[i], payloads[i], headers[i] = e.Name, e.ID, string(e.Payload), encodeHeaders(e.Headers)
+		names[i], ids[i], payloads[i], headers[i] = e.Name, e.ID, string(e.Payload), outboxsql.Headers(e.Headers)
 	}
-	return w.insertManySQL, []any{names, ids, payloads, headers}, nil
-}
-
-// encodeHeaders returns h as a JSON object, or nil (SQL NULL) when h is
-// empty: a row without headers costs nothing more than before.
-func encodeHeaders(h map[string]string) *string {
-	if len(h) == 0 {
-		return nil
-	}
-	b, err := json.Marshal(h) // cannot fail for a map of strings
-	if err != nil {
-		return nil
-	}
-	s := string(b)
-	return &s
+	return w.sql.InsertMany, []any{names, ids, payloads, headers}, nil
 }
 
 // Committed tells the Writer that a transaction that called Enqueue has

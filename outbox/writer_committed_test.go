@@ -31,6 +31,8 @@ func TestWriterInTxWakesTheRelay(t *testing.T) {
 		}
 		testenv.WaitFor(t, 5*time.Second, "published "+id, func() bool { return rec.has(id) })
 	}
+	// The Publisher sees a row before its pass deletes it.
+	testenv.WaitFor(t, 5*time.Second, "published rows deleted", func() bool { return unsent(t, pool) == 0 })
 	// A rolled-back fn: nothing stored, its error returned.
 	err := w.InTx(ctx, pool, func(tx pgx.Tx) error {
 		if err := w.Enqueue(ctx, tx, ev("rolled-back")); err != nil {

@@ -1,17 +1,12 @@
-package outbox
-
-import (
-	"sync"
-	"time"
-)
-
-// The claim floor: where a pass's claim starts.
+// Package claimfloor keeps an outbox relay's claim floor: the id a pass's
+// claim starts at.
 //
-// A claim must not walk the index from its start (the package doc says
+// A claim must not walk the index from its start (package outbox's doc says
 // why: dead entries that a held snapshot keeps from vacuum, such as a
 // forgotten transaction's, a long report's or a replica's
-// hot_standby_feedback). So the relay remembers a floor, an id below which every row is known to be
-// published or never to become visible, and claims "id >= floor".
+// hot_standby_feedback). So the relay remembers a floor, an id below
+// which every row is known to be published or never to become visible,
+// and claims "id >= floor".
 //
 // Ids are taken from the identity sequence before commit, so transactions
 // commit out of id order: a row with a lower id may become visible after
@@ -41,20 +36,28 @@ import (
 //
 // The floor is a hint, not state the invariants rest on: it lives in
 // memory, starts at 0 (a full scan) when a Relay is created, and a full
-// scan is made again every floorRescanEvery as a safety net, logging any
+// scan is made again every RescanEvery as a safety net, logging any
 // row it finds below the floor (that would mean a writer broke the
 // assumptions: ids inserted explicitly, a sequence with CACHE > 1, or an
 // INSERT that took an id before its xid). A transaction holding an xid for
 // long (not a read-only snapshot: those hold back vacuum, not xmin of
 // snapshots) stops the floor from moving, and claims then scan from where
 // it stopped: slower, still correct.
+package claimfloor
 
-// floorRescanEvery is how often a pass claims from id 0 regardless of the
+import (
+	"sync"
+	"time"
+)
+
+// RescanEvery is how often a pass claims from id 0 regardless of the
 // floor (a safety net; costs one scan over the not yet vacuumed entries).
-const floorRescanEvery = 10 * time.Second
+const RescanEvery = 10 * time.Second
 
-// claimFloor is a Relay's floor state. Safe for concurrent use.
-type claimFloor struct {
+// Floor is one outbox table's floor state, for one relay. The zero value
+// is a floor at 0 whose first Start asks for a full scan. Safe for
+// concurrent use.
+type Floor struct {
 	mu       sync.Mutex
 	floor    int64     // rows with id < floor are published or never visible
 	pending  bool      // a (pendV, pendX) pair awaits a pass with xmin ≥ pendX
@@ -63,25 +66,26 @@ type claimFloor struct {
 	rescanAt time.Time // when the next full scan is due
 }
 
-// start returns the id the pass's claim starts at (0 for a full scan), and
-// whether the pass should read its xid for a new (V, R) pair (when it
-// claims rows).
-func (f *claimFloor) start(now time.Time) (from int64, wantXid bool) {
+// Start returns the id the pass's claim starts at (0 for a full scan, made
+// every RescanEvery by now), and whether the pass should read its xid for
+// a new (V, R) pair (when it claims rows).
+func (f *Floor) Start(now time.Time) (from int64, wantXid bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if !now.Before(f.rescanAt) {
-		f.rescanAt = now.Add(floorRescanEvery)
+		f.rescanAt = now.Add(RescanEvery)
 		return 0, !f.pending
 	}
 	return f.floor, !f.pending
 }
 
-// advance records a committed pass that claimed from start: v and xmin as
-// read before its claim (v −1 when unknown), xid its xid, given after it
-// read v (0 when it claimed nothing or did not read it), full whether its claim was cut at the
-// batch size, lastID the last claimed id (0 for none). It returns the floor
-// before the call.
-func (f *claimFloor) advance(start, v, xmin, xid int64, full bool, lastID int64) (old int64) {
+// Advance records a committed pass that claimed from start (what Start
+// returned): v and xmin as read before its claim (v −1 when unknown), xid
+// its xid, given after it read v (0 when it claimed nothing or did not
+// read it), full whether its claim was cut at the batch size (or short of
+// a waiting row), lastID the last id it accounts for (0 for none). It
+// returns the floor before the call.
+func (f *Floor) Advance(start, v, xmin, xid int64, full bool, lastID int64) (old int64) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	old = f.floor
