@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/outboxchat/outboxchat/internal/streamentry"
 )
 
 // DeadLetter is one entry of a queue's dead-letter stream (written by
@@ -163,11 +165,11 @@ func (d *DeadLetters) Drop(ctx context.Context, deadIDs ...string) (int64, error
 	return n, nil
 }
 
+// deadLetter reads a dead-letter entry; fields it lacks stay empty.
 func deadLetter(m redis.XMessage) DeadLetter {
 	str := func(k string) string { s, _ := m.Values[k].(string); return s }
-	dl := DeadLetter{DeadID: m.ID, Reason: str("reason"), StreamID: str("stream_id"),
-		Job: Job{ID: str("id"), Name: str("name"), Payload: []byte(str("payload")), Sig: str("sig")}}
-	dl.Headers, _ = decodeHeaders(str(headersField))
+	f, _ := streamentry.Decode(m.ID, m.Values)
+	dl := DeadLetter{DeadID: m.ID, Reason: str("reason"), StreamID: str("stream_id"), Job: Job(f)}
 	var ms, seq int64
 	if _, err := fmt.Sscanf(m.ID, "%d-%d", &ms, &seq); err == nil {
 		dl.At = time.UnixMilli(ms)

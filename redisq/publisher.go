@@ -13,6 +13,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/outboxchat/outboxchat/internal/streamentry"
 	"github.com/outboxchat/outboxchat/outbox"
 )
 
@@ -361,7 +362,7 @@ func (p *Publisher) runOnce(ctx context.Context, jobs []Job, from, to int, token
 		if j.Sig == "" && p.sign != nil {
 			j.Sig = p.sign(j)
 		}
-		args = append(args, j.ID, j.Name, j.Payload, j.Sig, encodeHeaders(j.Headers))
+		args = append(args, j.ID, j.Name, j.Payload, j.Sig, streamentry.EncodeHeaders(j.Headers))
 	}
 	var reply []any
 	err := retryTryAgain(ctx, func() (err error) {
