@@ -7,12 +7,12 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/outboxchat/outboxchat/internal/replicawait"
 	"github.com/outboxchat/outboxchat/internal/streamentry"
 	"github.com/outboxchat/outboxchat/outbox"
 )
@@ -43,7 +43,7 @@ const DefaultReplicaAckTimeout = 500 * time.Millisecond
 // failover may lose them, so the call counts as failed. Retrying an Add is
 // safe (adds are idempotent); retrying a Readd adds the jobs again, which
 // the receiver drops as duplicates.
-var ErrNotReplicated = errors.New("redisq: add not acknowledged by enough replicas")
+var ErrNotReplicated = replicawait.ErrNotReplicated
 
 // ErrInvalidJob is returned (wrapped) by Publisher.Add for a job that cannot
 // be added at all (an empty ID). Nothing of that call is sent.
@@ -367,7 +367,14 @@ func (p *Publisher) runOnce(ctx context.Context, jobs []Job, from, to int, token
 	var reply []any
 	err := retryTryAgain(ctx, func() (err error) {
 		if p.acks > 0 {
-			reply, err = p.runAcked(ctx, keys, args)
+			// WAIT counts the replicas that have the connection's last
+			// write: the script, then a rewrite of the re-add tokens'
+			// placeholder (a call of duplicates alone writes nothing
+			// else), on the master of the queue's slot.
+			reply, err = replicawait.Run(ctx, p.rdb, replicawait.Call{
+				Script: addScript, Keys: keys, Args: args, Touch: p.keys.DedupeTokens,
+				Replicas: p.acks, Timeout: p.ackTimeout,
+			}, func(reply error) error { return &ClusterDownError{Err: reply} })
 			return err
 		}
 		reply, err = addScript.Run(ctx, p.rdb, keys, args...).Slice()
@@ -385,131 +392,6 @@ func (p *Publisher) runOnce(ctx context.Context, jobs []Job, from, to int, token
 		return 0, &JobError{Index: i, ID: jobs[i].ID, Err: replyError(msg)}
 	}
 	return added, nil
-}
-
-// runAcked runs add.lua with keys and args and then WAIT for p.acks
-// replicas, on one connection to the master of the queue's slot (WAIT
-// counts the replicas that have this connection's last write), and returns
-// the script's reply. Between the two it rewrites the re-add tokens'
-// placeholder, a write that always reaches the replicas: a call whose jobs
-// were all duplicates writes nothing else, and its WAIT would otherwise
-// vouch only for the connection's earlier writes, not for the first add of
-// those jobs, which may be the one a failover loses. NOSCRIPT is answered
-// by sending the script itself. On a cluster an ASK (the keys are on the
-// node importing the slot) is followed once; a MOVED (the slot moved) has
-// the client reload the slots' owners; either, if it is what the call
-// ends with, is returned for retryTryAgain to retry. CLUSTERDOWN becomes a
-// *ClusterDownError.
-func (p *Publisher) runAcked(ctx context.Context, keys []string, args []any) ([]any, error) {
-	cluster, isCluster := p.rdb.(*redis.ClusterClient)
-	if !isCluster {
-		reply, n, err := p.addAndWait(ctx, p.rdb.(*redis.Client), keys, args, false) // checkAckClient
-		return p.acked(reply, n, err)
-	}
-	c, err := cluster.MasterForKey(ctx, p.keys.Stream)
-	if err != nil {
-		return nil, err
-	}
-	reply, n, err := p.addAndWait(ctx, c, keys, args, false)
-	if redis.HasErrorPrefix(err, "ASK ") {
-		// The queue's keys are on the node importing the slot: follow
-		// the redirection once, as a cluster client does.
-		if f := strings.Fields(err.Error()); len(f) == 3 {
-			if to := masterAt(ctx, cluster, f[2]); to != nil {
-				reply, n, err = p.addAndWait(ctx, to, keys, args, true)
-			}
-		}
-	}
-	switch {
-	case redis.HasErrorPrefix(err, "MOVED "):
-		cluster.ReloadState(ctx)
-	case redis.HasErrorPrefix(err, "CLUSTERDOWN"):
-		return nil, &ClusterDownError{Err: err}
-	}
-	return p.acked(reply, n, err)
-}
-
-// acked is runAcked's result for addAndWait's: err, else ErrNotReplicated
-// when fewer than p.acks replicas acknowledged, else reply.
-func (p *Publisher) acked(reply []any, n int, err error) ([]any, error) {
-	switch {
-	case err != nil:
-		return nil, err
-	case n < p.acks:
-		return nil, fmt.Errorf("%d of %d replicas acknowledged within %v: %w", n, p.acks, p.ackTimeout, ErrNotReplicated)
-	}
-	return reply, nil
-}
-
-// masterAt is the client of cluster's master at addr ("host:port"), nil
-// when the cluster (its slots reloaded first) has none there.
-func masterAt(ctx context.Context, cluster *redis.ClusterClient, addr string) *redis.Client {
-	var mu sync.Mutex
-	var found *redis.Client
-	_ = cluster.ForEachMaster(ctx, func(_ context.Context, c *redis.Client) error {
-		if c.Options().Addr == addr {
-			mu.Lock()
-			found = c
-			mu.Unlock()
-		}
-		return nil
-	})
-	return found
-}
-
-// ackMargin is kept between a wait for replicas and the call's ctx
-// deadline, so that the wait's own reply, not the deadline, ends it.
-const ackMargin = 50 * time.Millisecond
-
-// addAndWait sends add.lua (by EVALSHA; by EVAL after a NOSCRIPT), the
-// re-add tokens' placeholder rewritten (HSET) and WAIT in one pipeline on
-// c, each command after ASKING when asking (a cluster's ASK redirection),
-// and returns the script's reply and how many replicas acknowledged. err
-// is the script's error, else the HSET's, else the WAIT's (wrapping
-// ErrNotReplicated too: the jobs are added, but not known to be
-// replicated). The wait lasts p.ackTimeout, or less so that it ends
-// ackMargin before ctx's deadline.
-func (p *Publisher) addAndWait(ctx context.Context, c *redis.Client, keys []string, args []any, asking bool) ([]any, int, error) {
-	timeout := p.ackTimeout
-	if d, ok := ctx.Deadline(); ok {
-		// WAIT 0 would wait for ever: at least 1 ms.
-		timeout = max(min(timeout, time.Until(d)-ackMargin), time.Millisecond)
-	}
-	var reply []any
-	var set *redis.IntCmd
-	var wait *redis.Cmd
-	for _, load := range []bool{false, true} {
-		pipe := c.Pipeline()
-		if asking {
-			pipe.Do(ctx, "asking")
-		}
-		var run *redis.Cmd
-		if load {
-			run = addScript.Eval(ctx, pipe, keys, args...)
-		} else {
-			run = addScript.EvalSha(ctx, pipe, keys, args...)
-		}
-		if asking {
-			pipe.Do(ctx, "asking")
-		}
-		set = pipe.HSet(ctx, p.keys.DedupeTokens, "", "")
-		wait = pipe.Do(ctx, "wait", p.acks, timeout.Milliseconds())
-		_, _ = pipe.Exec(ctx)
-		var err error
-		if reply, err = run.Slice(); err == nil {
-			break
-		} else if load || !redis.HasErrorPrefix(err, "NOSCRIPT") {
-			return nil, 0, err
-		}
-	}
-	if err := set.Err(); err != nil {
-		return nil, 0, fmt.Errorf("rewriting the re-add tokens' placeholder before the wait for replicas: %w", err)
-	}
-	n, err := wait.Int()
-	if err != nil {
-		return nil, 0, fmt.Errorf("waiting for %d replicas: %w: %w", p.acks, ErrNotReplicated, err)
-	}
-	return reply, n, nil
 }
 
 // scriptReply decodes add.lua's reply {added, failed, err}.
