@@ -563,12 +563,12 @@ func TestClusterDownFailsFast(t *testing.T) {
 	})
 }
 
-// evalAdd runs scripts/add.lua by EVAL (not through a Publisher) on q's
+// evalAdd runs add.lua by EVAL (not through a Publisher) on q's
 // keys, with stream in place of q's stream when not "", for one job id
 // with token ("" = add) and a TTL of a minute, and returns its reply.
 func evalAdd(t *testing.T, q *queue, stream, token, id string) ([]any, error) {
 	t.Helper()
-	src, err := os.ReadFile("scripts/add.lua")
+	src, err := os.ReadFile("../internal/queuescript/add.lua")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,6 +11,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/outboxchat/outboxchat/internal/deadletter"
+	"github.com/outboxchat/outboxchat/internal/queuescript"
 	"github.com/outboxchat/outboxchat/internal/streamentry"
 	"github.com/outboxchat/outboxchat/internal/streamgroup"
 )
@@ -110,6 +112,8 @@ type Consumer struct {
 
 	// read hands out the entries of the group (Fetch).
 	read *streamgroup.Reader
+	// dead is the queue's dead-letter stream (DeadLetter).
+	dead deadletter.Stream
 
 	mu sync.Mutex // guards the fields below
 	// lastTrim is when the trim script last ran; acked is set by Ack and
@@ -193,6 +197,7 @@ func NewConsumer(rdb redis.UniversalClient, cfg *ConsumerConfig) (*Consumer, err
 		on:       cfg.OnEvent,
 		lastTrim: time.Now(),
 	}
+	c.dead = deadletter.Stream{RDB: rdb, Stream: c.keys.Stream, Dead: c.keys.Dead, Dedupe: c.keys.Dedupe, TryAgain: tryAgainBudget}
 	c.read = streamgroup.New(rdb, streamgroup.Config{
 		Stream: c.keys.Stream, Group: c.group, Consumer: c.name,
 		Block: c.block, LockDuration: c.lock, ClaimInterval: c.claimI, Logger: c.logger,
@@ -302,7 +307,7 @@ func decodeEntry(streamID string, values map[string]any) Delivery {
 // Ack acknowledges streamIDs for the group (XACK): they will not be
 // delivered again. Unknown or already acknowledged ids are ignored; no ids is
 // a no-op. At most every TrimInterval it then trims entries every group has
-// acknowledged (scripts/trim.lua); a failed trim is logged, not returned,
+// acknowledged (trim.lua); a failed trim is logged, not returned,
 // and retried by a later Ack. Errors: Redis errors, wrapped; after an error
 // the entries may or may not be acknowledged (an unacknowledged one is
 // delivered again). Safe for concurrent use.
@@ -363,14 +368,14 @@ func (c *Consumer) trimIfDue(ctx context.Context) {
 
 // Trim deletes the entries every consumer group of the stream has
 // acknowledged, with their dedupe marks, and the marks that expired
-// (scripts/trim.lua, one call), at most 10,000 of each per call, and
+// (trim.lua, one call), at most 10,000 of each per call, and
 // returns how many entries it deleted. Ack and an idle Fetch call it at most every TrimInterval; call it directly to force
 // a trim. During a cluster slot migration of the queue it retries TRYAGAIN
 // (TryAgainBudget, within ctx). Safe for concurrent use.
 func (c *Consumer) Trim(ctx context.Context) (int64, error) {
 	var n int64
 	err := retryTryAgain(ctx, func() (err error) {
-		n, err = trimScript.Run(ctx, c.rdb, []string{c.keys.Stream, c.keys.Dedupe, c.keys.DedupeTokens}, trimBatch).Int64()
+		n, err = queuescript.Trim.Run(ctx, c.rdb, []string{c.keys.Stream, c.keys.Dedupe, c.keys.DedupeTokens}, trimBatch).Int64()
 		return err
 	})
 	if err != nil {
@@ -419,38 +424,23 @@ func (c *Consumer) DeadLetterPending(ctx context.Context, d Delivery, reason str
 	if d.StreamID == "" {
 		return false, fmt.Errorf("redisq: dead-lettering: empty stream id")
 	}
-	pend, err := c.rdb.XPendingExt(ctx, &redis.XPendingExtArgs{
-		Stream: c.keys.Stream, Group: c.group, Start: d.StreamID, End: d.StreamID, Count: 1}).Result()
-	if err != nil {
-		c.read.NoteNoGroup(ctx, err)
-		return false, fmt.Errorf("redisq: dead-lettering %s: %w", d.StreamID, err)
-	}
-	if len(pend) == 0 {
-		c.read.Settled(d.StreamID)
-		c.logger.InfoContext(ctx, "entry to dead-letter already settled by another consumer; left alone",
-			"stream_id", d.StreamID, "message_id", d.ID)
-		return false, nil
-	}
-	var trim *redis.IntCmd
-	// A MULTI whose keys are split between two nodes during a slot
-	// migration gets TRYAGAIN and runs none of its commands.
-	err = retryTryAgain(ctx, func() error {
-		_, err := c.rdb.TxPipelined(ctx, c.deadLetterTx(ctx, d, reason, &trim))
-		return err
-	})
+	moved, trimmed, err := c.dead.Move(ctx, c.group, d.StreamID, streamentry.Fields(d.Job), reason, c.dlMax)
 	if err != nil {
 		c.read.NoteNoGroup(ctx, err)
 		return false, fmt.Errorf("redisq: dead-lettering %s: %w", d.StreamID, err)
 	}
 	c.read.Settled(d.StreamID)
+	if !moved {
+		c.logger.InfoContext(ctx, "entry to dead-letter already settled by another consumer; left alone",
+			"stream_id", d.StreamID, "message_id", d.ID)
+		return false, nil
+	}
 	c.logger.WarnContext(ctx, "dead-lettered entry", "stream_id", d.StreamID, "message_id", d.ID, "reason", reason)
-	if trim != nil {
-		if n := trim.Val(); n > 0 {
-			if c.on != nil {
-				c.on(Event{Kind: EventDeadLetterTrimmed, Queue: c.queue, N: n})
-			}
-			c.logger.WarnContext(ctx, "dead-letter stream full: oldest entries dropped", "dropped", n, "max", c.dlMax)
+	if trimmed > 0 {
+		if c.on != nil {
+			c.on(Event{Kind: EventDeadLetterTrimmed, Queue: c.queue, N: trimmed})
 		}
+		c.logger.WarnContext(ctx, "dead-letter stream full: oldest entries dropped", "dropped", trimmed, "max", c.dlMax)
 	}
 	return true, nil
 }
@@ -489,21 +479,4 @@ func (c *Consumer) Stats(ctx context.Context) (Stats, error) {
 		return Stats{}, fmt.Errorf("redisq: reading stats: %w", err)
 	}
 	return s, nil
-}
-
-// deadLetterTx queues DeadLetter's commands for d on a MULTI pipeline; the
-// dead-letter trim's command goes to *trim (nil when DeadLetterMax is 0).
-func (c *Consumer) deadLetterTx(ctx context.Context, d Delivery, reason string, trim **redis.IntCmd) func(redis.Pipeliner) error {
-	return func(pipe redis.Pipeliner) error {
-		vals := streamentry.Values(streamentry.Fields(d.Job))
-		pipe.XAdd(ctx, &redis.XAddArgs{
-			Stream: c.keys.Dead,
-			Values: append(vals, "reason", reason, "stream_id", d.StreamID),
-		})
-		pipe.XAck(ctx, c.keys.Stream, c.group, d.StreamID)
-		if c.dlMax > 0 {
-			*trim = pipe.XTrimMaxLen(ctx, c.keys.Dead, c.dlMax)
-		}
-		return nil
-	}
 }

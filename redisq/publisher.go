@@ -12,6 +12,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/outboxchat/outboxchat/internal/queuescript"
 	"github.com/outboxchat/outboxchat/internal/replicawait"
 	"github.com/outboxchat/outboxchat/internal/streamentry"
 	"github.com/outboxchat/outboxchat/outbox"
@@ -265,7 +266,7 @@ func checkAckClient(rdb redis.UniversalClient, cfg *PublisherConfig) error {
 // Keys returns the queue's key names.
 func (p *Publisher) Keys() Keys { return p.keys }
 
-// Add adds jobs to the stream in slice order through scripts/add.lua, one
+// Add adds jobs to the stream in slice order through add.lua, one
 // atomic script call per maxScriptJobs jobs (per job: unless its dedupe
 // mark is live, mark it for DedupeTTL in the queue's Keys.Dedupe sorted
 // set, then XADD with fields id, name, payload, and sig and headers when
@@ -306,7 +307,7 @@ func (p *Publisher) Add(ctx context.Context, jobs ...Job) (added int, err error)
 }
 
 // Readd adds jobs to the stream again whatever their dedupe marks say,
-// through scripts/add.lua in its re-add mode (per job: its dedupe mark set
+// through add.lua in its re-add mode (per job: its dedupe mark set
 // for DedupeTTL and its re-add token to the call's, overwriting, then
 // XADD), one atomic script call per maxScriptJobs jobs. It is the re-drive's add: a job whose dedupe mark
 // survived while its stream entry was lost (FLUSHALL and a re-add, XDEL, a
@@ -356,14 +357,14 @@ func (p *Publisher) run(ctx context.Context, jobs []Job, token string) (added in
 // gets TRYAGAIN (retryTryAgain's bounds).
 func (p *Publisher) runOnce(ctx context.Context, jobs []Job, from, to int, token string) (int, error) {
 	keys := []string{p.keys.Stream, p.keys.Dedupe, p.keys.DedupeTokens}
-	args := make([]any, 2, 2+5*(to-from))
-	args[0], args[1] = p.ttlMS, token
+	batch := make([]streamentry.Fields, 0, to-from)
 	for _, j := range jobs[from:to] {
 		if j.Sig == "" && p.sign != nil {
 			j.Sig = p.sign(j)
 		}
-		args = append(args, j.ID, j.Name, j.Payload, j.Sig, streamentry.EncodeHeaders(j.Headers))
+		batch = append(batch, streamentry.Fields(j))
 	}
+	args := queuescript.AddArgs(p.ttlMS, token, batch)
 	var reply []any
 	err := retryTryAgain(ctx, func() (err error) {
 		if p.acks > 0 {
@@ -372,44 +373,27 @@ func (p *Publisher) runOnce(ctx context.Context, jobs []Job, from, to int, token
 			// placeholder (a call of duplicates alone writes nothing
 			// else), on the master of the queue's slot.
 			reply, err = replicawait.Run(ctx, p.rdb, replicawait.Call{
-				Script: addScript, Keys: keys, Args: args, Touch: p.keys.DedupeTokens,
+				Script: queuescript.Add, Keys: keys, Args: args, Touch: p.keys.DedupeTokens,
 				Replicas: p.acks, Timeout: p.ackTimeout,
 			}, func(reply error) error { return &ClusterDownError{Err: reply} })
 			return err
 		}
-		reply, err = addScript.Run(ctx, p.rdb, keys, args...).Slice()
+		reply, err = queuescript.Add.Run(ctx, p.rdb, keys, args...).Slice()
 		return err
 	})
 	if err != nil {
 		return 0, fmt.Errorf("redisq: adding jobs: %w", err)
 	}
-	added, failed, msg, ok := scriptReply(reply)
+	added, failed, msg, ok := queuescript.AddReply(reply)
 	if !ok {
 		return 0, fmt.Errorf("redisq: adding jobs: unexpected script reply %v", reply)
 	}
 	if failed > 0 {
 		i := from + failed - 1
-		return 0, &JobError{Index: i, ID: jobs[i].ID, Err: replyError(msg)}
+		return 0, &JobError{Index: i, ID: jobs[i].ID, Err: queuescript.JobReply(msg)}
 	}
 	return added, nil
 }
-
-// scriptReply decodes add.lua's reply {added, failed, err}.
-func scriptReply(reply []any) (added, failed int, msg string, ok bool) {
-	if len(reply) != 3 {
-		return 0, 0, "", false
-	}
-	a, ok1 := reply[0].(int64)
-	f, ok2 := reply[1].(int64)
-	m, ok3 := reply[2].(string)
-	return int(a), int(f), m, ok1 && ok2 && ok3
-}
-
-// replyError is the error reply a script got for one job's command (the
-// script returns it as text, not as its own error, to say which job).
-type replyError string
-
-func (e replyError) Error() string { return string(e) }
 
 // JobError is the error of Add and Readd that names the job it arose at:
 // Index in the jobs given, ID, and Err (ErrInvalidJob for an empty ID or
@@ -448,17 +432,9 @@ func JobFault(err error) (*JobError, bool) {
 	if errors.Is(je.Err, ErrInvalidJob) {
 		return je, true
 	}
-	var se replyError
-	if errors.As(je.Err, &se) && strings.HasPrefix(string(se), "ERR ") && !isACLRefusal(string(se)) {
+	var se queuescript.JobReply
+	if errors.As(je.Err, &se) && se.JobFault() {
 		return je, true
 	}
 	return nil, false
-}
-
-// isACLRefusal reports whether an "ERR" reply a script got is the ACL's
-// refusal of a command or key (a configuration error of the user, the same
-// for every job), not a fault of the job's arguments.
-func isACLRefusal(reply string) bool {
-	return strings.HasPrefix(reply, "ERR The user executing the script can't") ||
-		strings.HasPrefix(reply, "ERR ACL failure")
 }
