@@ -247,18 +247,8 @@ func checkAckClient(rdb redis.UniversalClient, cfg *PublisherConfig) error {
 	if cfg.ReplicaAcks == 0 {
 		return nil
 	}
-	var read time.Duration
-	switch c := rdb.(type) {
-	case *redis.Client:
-		read = c.Options().ReadTimeout
-	case *redis.ClusterClient:
-		read = c.Options().ReadTimeout
-	default:
-		return fmt.Errorf("ReplicaAcks needs a *redis.Client or *redis.ClusterClient, not %T: %w", rdb, ErrInvalidConfig)
-	}
-	if read > 0 && cfg.ReplicaAckTimeout > read/2 {
-		// The read deadline covers the script's run and the round trip too.
-		return fmt.Errorf("ReplicaAckTimeout %v above half the client's read timeout %v: %w", cfg.ReplicaAckTimeout, read, ErrInvalidConfig)
+	if err := replicawait.CheckClient(rdb, cfg.ReplicaAckTimeout); err != nil {
+		return fmt.Errorf("ReplicaAcks, ReplicaAckTimeout %v: %w: %w", cfg.ReplicaAckTimeout, err, ErrInvalidConfig)
 	}
 	return nil
 }

@@ -62,7 +62,28 @@ func Run(ctx context.Context, rdb redis.UniversalClient, c Call, clusterDown fun
 	case *redis.ClusterClient:
 		return c.runCluster(ctx, r, clusterDown)
 	}
-	return nil, fmt.Errorf("waiting for replicas needs a *redis.Client or *redis.ClusterClient, not %T", rdb)
+	return nil, CheckClient(rdb, c.Timeout)
+}
+
+// CheckClient reports whether Run can wait for replicas on rdb with
+// timeout: nil for a *redis.Client or *redis.ClusterClient whose read
+// timeout, if any, is at least twice timeout (the read deadline covers the
+// script's run and the round trip too, and a NOSCRIPT reply costs a second
+// wait). Errors name what is wrong.
+func CheckClient(rdb redis.UniversalClient, timeout time.Duration) error {
+	var read time.Duration
+	switch c := rdb.(type) {
+	case *redis.Client:
+		read = c.Options().ReadTimeout
+	case *redis.ClusterClient:
+		read = c.Options().ReadTimeout
+	default:
+		return fmt.Errorf("waiting for replicas needs a *redis.Client or *redis.ClusterClient, not %T", rdb)
+	}
+	if read > 0 && timeout > read/2 {
+		return fmt.Errorf("wait timeout %v above half the client's read timeout %v", timeout, read)
+	}
+	return nil
 }
 
 func (c Call) runCluster(ctx context.Context, cluster *redis.ClusterClient, clusterDown func(error) error) ([]any, error) {
