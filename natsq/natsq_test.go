@@ -18,12 +18,9 @@ import (
 func TestOversizeMessageIsTheRowsFault(t *testing.T) {
 	_, nc := startNATS(t)
 	ctx := context.Background()
-	q, err := natsq.New(ctx, nc, natsq.Config{Queue: "big", Prefix: "t_"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	q := newQueue(t, nc, natsq.Config{Queue: "big", Prefix: "t_"})
 	huge := []byte(`"` + strings.Repeat("x", int(nc.MaxPayload())) + `"`)
-	err = natsq.OutboxPublisher(q).Publish(ctx, []outbox.Message{
+	err := natsq.OutboxPublisher(q).Publish(ctx, []outbox.Message{
 		{RowID: 1, ID: "a", Event: "e", Payload: []byte(`1`)},
 		{RowID: 2, ID: "b", Event: "e", Payload: huge},
 		{RowID: 3, ID: "c", Event: "e", Payload: []byte(`3`)},
@@ -47,10 +44,7 @@ func TestOversizeMessageIsTheRowsFault(t *testing.T) {
 func TestEventWithoutIDIsMalformed(t *testing.T) {
 	_, nc := startNATS(t)
 	ctx := context.Background()
-	q, err := natsq.New(ctx, nc, natsq.Config{Queue: "raw"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	q := newQueue(t, nc, natsq.Config{Queue: "raw"})
 	if err := nc.Publish("raw.events", []byte(`{}`)); err != nil {
 		t.Fatal(err)
 	}
@@ -79,10 +73,7 @@ func TestConfigErrors(t *testing.T) {
 func TestMaxDeliverDeadLetters(t *testing.T) {
 	_, nc := startNATS(t)
 	ctx := context.Background()
-	q, err := natsq.New(ctx, nc, natsq.Config{Queue: "loop"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	q := newQueue(t, nc, natsq.Config{Queue: "loop"})
 	if err := q.Publish(ctx, natsq.Event{ID: "crashes", Name: "e", Payload: []byte(`1`)}); err != nil {
 		t.Fatal(err)
 	}
@@ -121,10 +112,7 @@ func TestMaxDeliverDeadLetters(t *testing.T) {
 func TestRepublishPastTheDuplicateWindow(t *testing.T) {
 	_, nc := startNATS(t)
 	ctx := context.Background()
-	q, err := natsq.New(ctx, nc, natsq.Config{Queue: "redo"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	q := newQueue(t, nc, natsq.Config{Queue: "redo"})
 	ev := natsq.Event{ID: "m1", Name: "e", Payload: []byte(`1`)}
 	for range 2 {
 		if err := q.Publish(ctx, ev); err != nil {
@@ -155,10 +143,7 @@ func TestSignatureCarried(t *testing.T) {
 	_, nc := startNATS(t)
 	ctx := context.Background()
 	sign := func(e natsq.Event) string { return "sig:" + e.ID + ":" + string(e.Payload) }
-	q, err := natsq.New(ctx, nc, natsq.Config{Queue: "signed", Sign: sign})
-	if err != nil {
-		t.Fatal(err)
-	}
+	q := newQueue(t, nc, natsq.Config{Queue: "signed", Sign: sign})
 	if err := q.Publish(ctx, natsq.Event{ID: "a", Name: "e", Payload: []byte(`1`)}); err != nil {
 		t.Fatal(err)
 	}

@@ -40,10 +40,7 @@ func TestRelayToInboxAcrossNATSOutage(t *testing.T) {
 		CREATE TABLE s.inbox (id text PRIMARY KEY, payload jsonb NOT NULL)`); err != nil {
 		t.Fatal(err)
 	}
-	q, err := natsq.New(ctx, nc, natsq.Config{Queue: "orders"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	q := newQueue(t, nc, natsq.Config{Queue: "orders"})
 	c, err := q.NewConsumer(ctx, natsq.ConsumerConfig{Group: "receiver", LockDuration: 5 * time.Second, FetchWait: 200 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
