@@ -1,29 +1,26 @@
-// Package redisglob writes Redis glob patterns (the patterns of ACL key
-// and channel rules, KEYS and SCAN MATCH) that match given names: the
-// glob characters * ? [ ] and \ of a name are escaped with \.
+// Package redisglob writes the Redis glob patterns of ACL key rules that
+// match given key names: a name's glob characters * ? [ ] and \ are
+// escaped with \.
 package redisglob
 
 import "strings"
-
-// Escape returns s with its glob characters escaped: a pattern matching s
-// alone.
-func Escape(s string) string {
-	var b strings.Builder
-	for _, r := range s {
-		if strings.ContainsRune(`*?[]\`, r) {
-			b.WriteByte('\\')
-		}
-		b.WriteRune(r)
-	}
-	return b.String()
-}
 
 // KeyRule returns the ACL key rule ("~pattern") matching key name k: k's
 // glob characters escaped, except a final "*", which stays a wildcard (k
 // "p:q:{a}:dedupe*" matches every key starting "p:q:{a}:dedupe").
 func KeyRule(k string) string {
-	if rest, ok := strings.CutSuffix(k, "*"); ok {
-		return "~" + Escape(rest) + "*"
+	star := strings.HasSuffix(k, "*")
+	k = strings.TrimSuffix(k, "*")
+	var b strings.Builder
+	b.WriteString("~")
+	for _, r := range k {
+		if strings.ContainsRune(`*?[]\`, r) {
+			b.WriteByte('\\')
+		}
+		b.WriteRune(r)
 	}
-	return "~" + Escape(k)
+	if star {
+		b.WriteByte('*')
+	}
+	return b.String()
 }
