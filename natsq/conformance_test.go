@@ -40,6 +40,17 @@ func newQueue(t *testing.T, nc *nats.Conn, cfg natsq.Config) *natsq.Queue {
 	return q
 }
 
+// newConsumer opens cfg's consumer on q (Queue.NewConsumer), failing the
+// test on error.
+func newConsumer(t *testing.T, q *natsq.Queue, cfg natsq.ConsumerConfig) *natsq.Consumer {
+	t.Helper()
+	c, err := q.NewConsumer(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
 // TestConformance runs the broker suite that redisq passes too, on a
 // nats-server of its own (the suite stops and starts it).
 func TestConformance(t *testing.T) {

@@ -29,10 +29,7 @@ func TestOversizeMessageIsTheRowsFault(t *testing.T) {
 	if !errors.As(err, &me) || me.RowID != 2 || !errors.Is(err, natsq.ErrInvalidEvent) {
 		t.Fatalf("publish: %v, want a MessageError for row 2", err)
 	}
-	c, err := q.NewConsumer(ctx, natsq.ConsumerConfig{Group: "g", FetchWait: 200 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := newConsumer(t, q, natsq.ConsumerConfig{Group: "g", FetchWait: 200 * time.Millisecond})
 	ds, err := c.Fetch(ctx, 10)
 	if err != nil || len(ds) != 1 || ds[0].ID != "a" {
 		t.Fatalf("fetched %+v, %v; want a alone", ds, err)
@@ -48,10 +45,7 @@ func TestEventWithoutIDIsMalformed(t *testing.T) {
 	if err := nc.Publish("raw.events", []byte(`{}`)); err != nil {
 		t.Fatal(err)
 	}
-	c, err := q.NewConsumer(ctx, natsq.ConsumerConfig{Group: "g", FetchWait: time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := newConsumer(t, q, natsq.ConsumerConfig{Group: "g", FetchWait: time.Second})
 	ds, err := natsq.InboxSource(c).Fetch(ctx, 10)
 	if err != nil || len(ds) != 1 || !errors.Is(ds[0].Err, inbox.ErrMalformed) {
 		t.Fatalf("fetched %+v, %v; want one malformed delivery", ds, err)
@@ -78,10 +72,7 @@ func TestMaxDeliverDeadLetters(t *testing.T) {
 		t.Fatal(err)
 	}
 	const lock = 300 * time.Millisecond
-	c, err := q.NewConsumer(ctx, natsq.ConsumerConfig{Group: "g", LockDuration: lock, MaxDeliver: 2, FetchWait: 2 * lock})
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := newConsumer(t, q, natsq.ConsumerConfig{Group: "g", LockDuration: lock, MaxDeliver: 2, FetchWait: 2 * lock})
 	var delivered int
 	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
 		ds, err := c.Fetch(ctx, 10) // never acked: each is a crashed attempt
@@ -122,10 +113,7 @@ func TestRepublishPastTheDuplicateWindow(t *testing.T) {
 	if err := q.Republish(ctx, ev); err != nil {
 		t.Fatal(err)
 	}
-	c, err := q.NewConsumer(ctx, natsq.ConsumerConfig{Group: "g", FetchWait: 300 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := newConsumer(t, q, natsq.ConsumerConfig{Group: "g", FetchWait: 300 * time.Millisecond})
 	ds, err := c.Fetch(ctx, 10)
 	if err != nil || len(ds) != 2 {
 		t.Fatalf("fetched %+v, %v; want the first publish and the republish", ds, err)
@@ -150,10 +138,7 @@ func TestSignatureCarried(t *testing.T) {
 	if err := q.Republish(ctx, natsq.Event{ID: "b", Name: "e", Payload: []byte(`2`)}); err != nil {
 		t.Fatal(err)
 	}
-	c, err := q.NewConsumer(ctx, natsq.ConsumerConfig{Group: "g", FetchWait: 300 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := newConsumer(t, q, natsq.ConsumerConfig{Group: "g", FetchWait: 300 * time.Millisecond})
 	src := natsq.InboxSource(c)
 	ds, err := src.Fetch(ctx, 10)
 	if err != nil || len(ds) != 2 {
@@ -195,10 +180,7 @@ func TestReplayAndDropDeadLetters(t *testing.T) {
 	if err := q.Publish(ctx, ev, natsq.Event{ID: "m2", Name: "e", Payload: []byte(`2`)}); err != nil {
 		t.Fatal(err)
 	}
-	c, err := q.NewConsumer(ctx, natsq.ConsumerConfig{Group: "g", FetchWait: 300 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := newConsumer(t, q, natsq.ConsumerConfig{Group: "g", FetchWait: 300 * time.Millisecond})
 	ds, err := c.Fetch(ctx, 10)
 	if err != nil || len(ds) != 2 {
 		t.Fatalf("fetched %+v, %v", ds, err)

@@ -41,10 +41,7 @@ func TestRelayToInboxAcrossNATSOutage(t *testing.T) {
 		t.Fatal(err)
 	}
 	q := newQueue(t, nc, natsq.Config{Queue: "orders"})
-	c, err := q.NewConsumer(ctx, natsq.ConsumerConfig{Group: "receiver", LockDuration: 5 * time.Second, FetchWait: 200 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := newConsumer(t, q, natsq.ConsumerConfig{Group: "receiver", LockDuration: 5 * time.Second, FetchWait: 200 * time.Millisecond})
 	h := inbox.HandlerFunc(func(ctx context.Context, tx pgx.Tx, d inbox.Delivery) (bool, error) {
 		tag, err := tx.Exec(ctx, `INSERT INTO s.inbox (id, payload) VALUES ($1, $2::jsonb) ON CONFLICT (id) DO NOTHING`, d.ID, string(d.Payload))
 		return err == nil && tag.RowsAffected() == 1, err
