@@ -38,3 +38,34 @@ func FuzzDecodeHeaders(f *testing.F) {
 		}
 	})
 }
+
+// What Values writes, Decode reads back: the fields of a job, sig and
+// headers only when set.
+func TestValuesDecodeRoundTrip(t *testing.T) {
+	t.Parallel()
+	for _, f := range []streamentry.Fields{
+		{ID: "a", Name: "n", Payload: []byte("p")},
+		{ID: "b", Name: "m", Payload: []byte{}, Sig: "v1=x", Headers: map[string]string{"trace": "t"}},
+	} {
+		vals := streamentry.Values(f)
+		m := map[string]any{}
+		for i := 0; i < len(vals); i += 2 {
+			v := vals[i+1]
+			if b, ok := v.([]byte); ok {
+				v = string(b) // as go-redis reads a field back
+			}
+			m[vals[i].(string)] = v
+		}
+		if _, ok := m[streamentry.SigField]; ok != (f.Sig != "") {
+			t.Errorf("%s: sig field present %v", f.ID, ok)
+		}
+		got, err := streamentry.Decode("1-0", m)
+		if err != nil || got.ID != f.ID || got.Name != f.Name || string(got.Payload) != string(f.Payload) ||
+			got.Sig != f.Sig || !maps.Equal(got.Headers, f.Headers) {
+			t.Errorf("round trip of %+v: %+v, %v", f, got, err)
+		}
+	}
+	if _, err := streamentry.Decode("2-0", map[string]any{"name": "n"}); !errors.Is(err, streamentry.ErrMalformed) {
+		t.Errorf("entry without id and payload: %v, want ErrMalformed", err)
+	}
+}
