@@ -66,6 +66,7 @@ func AddReply(reply []any) (added, failed int, msg string, ok bool) {
 // script returns it as text, not as its own error, to say which job).
 type JobReply string
 
+// Error returns the reply.
 func (e JobReply) Error() string { return string(e) }
 
 // JobFault reports whether e is the job's own fault: a plain "ERR ..."

@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
+// URL schemes besides go-redis's own.
 const (
 	// SentinelScheme is a Sentinel-managed primary.
 	SentinelScheme = "redis+sentinel"
@@ -22,14 +23,23 @@ const (
 	ClusterTLSScheme = "rediss+cluster"
 )
 
+// TLSCAFileParam is the URL parameter naming a file of CA certificates
+// (PEM) that a TLS server's certificate must chain to, instead of the
+// system's roots (the host name is still checked).
 const TLSCAFileParam = "tls_ca_file"
 
+// IsSentinel reports whether url is a redis+sentinel:// url (Sentinel).
 func IsSentinel(url string) bool { return strings.HasPrefix(url, SentinelScheme+"://") }
 
+// IsCluster reports whether url is a redis+cluster:// or rediss+cluster://
+// url (Cluster).
 func IsCluster(url string) bool {
 	return strings.HasPrefix(url, ClusterScheme+"://") || strings.HasPrefix(url, ClusterTLSScheme+"://")
 }
 
+// Single parses a single server's url (redis.ParseURL) and its
+// tls_ca_file. Errors: a malformed url, an unreadable or empty
+// tls_ca_file, tls_ca_file without rediss://.
 func Single(url string) (*redis.Options, error) {
 	url, caFile, err := cutQueryParam(url, TLSCAFileParam)
 	if err != nil {
@@ -45,7 +55,14 @@ func Single(url string) (*redis.Options, error) {
 	return opt, nil
 }
 
-// redis+sentinel://[user:password@]host1:port1[,host2:port2…]/master-name[/db]
+// Sentinel parses
+//
+//	redis+sentinel://[user:password@]host1:port1[,host2:port2…]/master-name[/db]
+//
+// into FailoverOptions with SentinelAddrs (port default 26379),
+// MasterName, DB (default 0), and Username and Password (the primary's,
+// not the sentinels'). Errors: another scheme, no sentinel, no master
+// name, a db that is not a non-negative integer.
 func Sentinel(url string) (*redis.FailoverOptions, error) {
 	rest, ok := strings.CutPrefix(url, SentinelScheme+"://")
 	if !ok {
@@ -85,8 +102,17 @@ func Sentinel(url string) (*redis.FailoverOptions, error) {
 	return fo, nil
 }
 
-// redis+cluster://[user:password@]host1:port1[,host2:port2…][/][?param=value&…]
-// rediss+cluster://… (TLS)
+// Cluster parses
+//
+//	redis+cluster://[user:password@]host1:port1[,host2:port2…][/][?param=value&…]
+//	rediss+cluster://… (TLS)
+//
+// into ClusterOptions: Addrs (port default 6379), the user and password of
+// every node, go-redis's cluster URL parameters (redis.ParseClusterURL)
+// and tls_ca_file (rediss+cluster:// only). Errors: another scheme, no
+// address, a path other than "", "/" or "/0" (a cluster has database 0
+// only), an unknown parameter, an unreadable tls_ca_file; they show the
+// url without its password (Redact).
 func Cluster(url string) (*redis.ClusterOptions, error) {
 	bad := func(why string, args ...any) error {
 		return fmt.Errorf("cluster url %q: %s", Redact(url), fmt.Sprintf(why, args...))
@@ -143,6 +169,8 @@ func Cluster(url string) (*redis.ClusterOptions, error) {
 	return opt, nil
 }
 
+// Redact returns url with the password of a user:password@ part replaced
+// by "xxxxx", for errors and logs.
 func Redact(url string) string {
 	scheme, rest, ok := strings.Cut(url, "://")
 	if !ok {
@@ -159,6 +187,8 @@ func Redact(url string) string {
 	return scheme + "://" + user + ":xxxxx@" + rest[at+1:]
 }
 
+// setCAFile makes cfg (a TLS client's config, nil without TLS) trust only
+// the CA certificates in caFile; "" leaves cfg alone.
 func setCAFile(cfg *tls.Config, caFile string) error {
 	if caFile == "" {
 		return nil
@@ -178,6 +208,8 @@ func setCAFile(cfg *tls.Config, caFile string) error {
 	return nil
 }
 
+// cutQueryParam returns rawURL without its query parameter name, and the
+// parameter's value ("" when absent).
 func cutQueryParam(rawURL, name string) (string, string, error) {
 	u, err := neturl.Parse(rawURL)
 	if err != nil {
