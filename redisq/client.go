@@ -97,11 +97,13 @@ func NewClientPool(url string, poolSize int) (redis.UniversalClient, error) {
 	return c, nil
 }
 
-// TLSCAFileParam is NewClient's URL parameter naming a file of CA
-// certificates (PEM) that a rediss:// server's certificate must chain to.
+// TLSCAFileParam, "tls_ca_file", is NewClient's URL parameter naming a
+// file of CA certificates (PEM) that a rediss:// server's certificate must
+// chain to.
 const TLSCAFileParam = redisclient.TLSCAFileParam
 
-// SentinelScheme is the URL scheme of a Sentinel-managed primary.
+// SentinelScheme, "redis+sentinel", is the URL scheme of a Sentinel-managed
+// primary.
 const SentinelScheme = redisclient.SentinelScheme
 
 // ParseSentinelURL parses

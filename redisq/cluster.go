@@ -14,9 +14,9 @@ import (
 
 // URL schemes of a Redis Cluster (NewClient, ParseClusterURL).
 const (
-	// ClusterScheme is a Redis Cluster over plain TCP.
+	// ClusterScheme, "redis+cluster", is a Redis Cluster over plain TCP.
 	ClusterScheme = redisclient.ClusterScheme
-	// ClusterTLSScheme is a Redis Cluster over TLS.
+	// ClusterTLSScheme, "rediss+cluster", is a Redis Cluster over TLS.
 	ClusterTLSScheme = redisclient.ClusterTLSScheme
 )
 
