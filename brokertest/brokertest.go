@@ -63,6 +63,58 @@ type Queue struct {
 // DeadLetter is a dead-lettered message as the suite checks it.
 type DeadLetter struct{ ID, Reason string }
 
+// Server is a broker's server that stops and starts again in place, on
+// its address and with its data (redisproc.Server and natsproc.Server
+// are).
+type Server interface {
+	Stop(ctx context.Context) error
+	Start(ctx context.Context) error
+}
+
+// StopStart returns a Broker's Stop and Start for srv: Stop stops it
+// gracefully; Start starts it again and then, when ready is not nil, polls
+// ready every 10 ms until it reports true (a client that reconnects on its
+// own is back), all within 30 s. Either fails t on error.
+func StopStart(srv Server, ready func() bool) (stop, start func(t *testing.T)) {
+	stop = func(t *testing.T) {
+		if err := srv.Stop(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	start = func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := srv.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		for ready != nil && !ready() {
+			select {
+			case <-ctx.Done():
+				t.Fatalf("broker restarted but not ready: %v", ctx.Err())
+			case <-time.After(10 * time.Millisecond):
+			}
+		}
+	}
+	return stop, start
+}
+
+// DeadLettersOf returns a Queue's DeadLetters for a broker whose list
+// returns the queue's dead letters oldest first (the suite needs at most
+// 100), each made a DeadLetter by fields. It fails t when list fails.
+func DeadLettersOf[T any](list func(ctx context.Context) ([]T, error), fields func(T) DeadLetter) func(t *testing.T) []DeadLetter {
+	return func(t *testing.T) []DeadLetter {
+		l, err := list(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := make([]DeadLetter, len(l))
+		for i, d := range l {
+			out[i] = fields(d)
+		}
+		return out
+	}
+}
+
 // Run runs the suite against b: the per-queue tests in parallel, then the
 // restart and outage tests one after the other.
 func Run(t *testing.T, b Broker) {

@@ -29,19 +29,39 @@ func startNATS(t *testing.T) (*natsproc.Server, *nats.Conn) {
 	return srv, nc
 }
 
+// newQueue makes sure of cfg's streams on nc (natsq.New), failing the
+// test on error.
+func newQueue(t *testing.T, nc *nats.Conn, cfg natsq.Config) *natsq.Queue {
+	t.Helper()
+	q, err := natsq.New(context.Background(), nc, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return q
+}
+
+// newConsumer opens cfg's consumer on q (Queue.NewConsumer), failing the
+// test on error.
+func newConsumer(t *testing.T, q *natsq.Queue, cfg natsq.ConsumerConfig) *natsq.Consumer {
+	t.Helper()
+	c, err := q.NewConsumer(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
 // TestConformance runs the broker suite that redisq passes too, on a
 // nats-server of its own (the suite stops and starts it).
 func TestConformance(t *testing.T) {
 	srv, nc := startNATS(t)
 	var n atomic.Int64
 	const lock = time.Second
+	stop, start := brokertest.StopStart(srv, nc.IsConnected)
 	brokertest.Run(t, brokertest.Broker{
 		NewQueue: func(t *testing.T) brokertest.Queue {
 			ctx := context.Background()
-			q, err := natsq.New(ctx, nc, natsq.Config{Queue: "conf" + strconv.FormatInt(n.Add(1), 10)})
-			if err != nil {
-				t.Fatal(err)
-			}
+			q := newQueue(t, nc, natsq.Config{Queue: "conf" + strconv.FormatInt(n.Add(1), 10)})
 			return brokertest.Queue{
 				Publisher:    natsq.OutboxPublisher(q),
 				LockDuration: lock,
@@ -52,39 +72,15 @@ func TestConformance(t *testing.T) {
 					}
 					return natsq.InboxSource(c)
 				},
-				DeadLetters: func(t *testing.T) []brokertest.DeadLetter {
-					l, err := q.DeadLetters(ctx, 0, 100)
-					if err != nil {
-						t.Fatal(err)
-					}
-					out := make([]brokertest.DeadLetter, len(l))
-					for i, d := range l {
-						out[i] = brokertest.DeadLetter{ID: d.ID, Reason: d.Reason}
-					}
-					return out
-				},
+				DeadLetters: brokertest.DeadLettersOf(func(ctx context.Context) ([]natsq.DeadLetter, error) {
+					return q.DeadLetters(ctx, 0, 100)
+				}, func(d natsq.DeadLetter) brokertest.DeadLetter {
+					return brokertest.DeadLetter{ID: d.ID, Reason: d.Reason}
+				}),
 			}
 		},
-		Stop: func(t *testing.T) {
-			if err := srv.Stop(context.Background()); err != nil {
-				t.Fatal(err)
-			}
-		},
-		Start: func(t *testing.T) {
-			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			defer cancel()
-			if err := srv.Start(ctx); err != nil {
-				t.Fatal(err)
-			}
-			// The suite's Start gives back a broker to use: the client's
-			// own reconnect (every 100 ms) is awaited.
-			for !nc.IsConnected() {
-				select {
-				case <-ctx.Done():
-					t.Fatalf("no reconnect to the restarted server: %v", nc.Status())
-				case <-time.After(10 * time.Millisecond):
-				}
-			}
-		},
+		// The suite's Start gives back a broker to use: the client's own
+		// reconnect (every 100 ms) is awaited.
+		Stop: stop, Start: start,
 	})
 }

@@ -136,24 +136,19 @@ func Connect(url string, opts ...nats.Option) (*nats.Conn, error) {
 // leaves unanswered for 2 s is asked again until ctx ends. Errors wrap
 // ErrInvalidConfig, or are the server's, or ctx's.
 func New(ctx context.Context, nc *nats.Conn, cfg Config) (*Queue, error) {
-	if nc == nil || !validName(cfg.Queue) || (cfg.Prefix != "" && !validName(cfg.Prefix)) {
-		return nil, fmt.Errorf("natsq: need a connection and a queue name of letters, digits, - and _ (queue %q, prefix %q): %w", cfg.Queue, cfg.Prefix, ErrInvalidConfig)
-	}
 	if cfg.Duplicates <= 0 {
 		cfg.Duplicates = DefaultDuplicates
 	}
 	if cfg.Replicas <= 0 {
 		cfg.Replicas = 1
 	}
-	js, err := jetstream.New(nc)
+	q, err := newQueue(nc, cfg)
 	if err != nil {
-		return nil, fmt.Errorf("natsq: %w", err)
+		return nil, err
 	}
-	q := &Queue{nc: nc, js: js, cfg: cfg}
-	q.stream, q.dead, q.subject = Names(cfg.Prefix, cfg.Queue)
-	q.deadSubj = q.stream + ".dead"
+
 	q.stre, err = ensure(ctx, func(ctx context.Context) (jetstream.Stream, error) {
-		return js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{Name: q.stream, Subjects: []string{q.subject},
+		return q.js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{Name: q.stream, Subjects: []string{q.subject},
 			Storage: jetstream.FileStorage, Retention: jetstream.LimitsPolicy, Duplicates: cfg.Duplicates,
 			MaxAge: cfg.MaxAge, MaxBytes: orNoLimit(cfg.MaxBytes), Replicas: cfg.Replicas})
 	})
@@ -161,7 +156,7 @@ func New(ctx context.Context, nc *nats.Conn, cfg Config) (*Queue, error) {
 		return nil, fmt.Errorf("natsq: stream %s: %w", q.stream, err)
 	}
 	q.deadStream, err = ensure(ctx, func(ctx context.Context) (jetstream.Stream, error) {
-		return js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{Name: q.dead, Subjects: []string{q.deadSubj},
+		return q.js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{Name: q.dead, Subjects: []string{q.deadSubj},
 			Storage: jetstream.FileStorage, Retention: jetstream.LimitsPolicy, Duplicates: cfg.Duplicates, Replicas: cfg.Replicas})
 	})
 	if err != nil {
@@ -216,6 +211,23 @@ func validName(s string) bool {
 // is missing (wrapping jetstream.ErrStreamNotFound), or with the server's
 // or ctx's error.
 func Open(ctx context.Context, nc *nats.Conn, cfg Config) (*Queue, error) {
+	q, err := newQueue(nc, cfg)
+	if err != nil {
+		return nil, err
+	}
+	if q.stre, err = q.js.Stream(ctx, q.stream); err != nil {
+		return nil, fmt.Errorf("natsq: stream %s: %w", q.stream, err)
+	}
+	if q.deadStream, err = q.js.Stream(ctx, q.dead); err != nil {
+		return nil, fmt.Errorf("natsq: stream %s: %w", q.dead, err)
+	}
+	return q, nil
+}
+
+// newQueue checks cfg's names and returns the Queue of cfg on nc, its
+// streams not looked up yet (New and Open do). Errors wrap
+// ErrInvalidConfig, or are jetstream.New's.
+func newQueue(nc *nats.Conn, cfg Config) (*Queue, error) {
 	if nc == nil || !validName(cfg.Queue) || (cfg.Prefix != "" && !validName(cfg.Prefix)) {
 		return nil, fmt.Errorf("natsq: need a connection and a queue name of letters, digits, - and _ (queue %q, prefix %q): %w", cfg.Queue, cfg.Prefix, ErrInvalidConfig)
 	}
@@ -226,12 +238,6 @@ func Open(ctx context.Context, nc *nats.Conn, cfg Config) (*Queue, error) {
 	q := &Queue{nc: nc, js: js, cfg: cfg}
 	q.stream, q.dead, q.subject = Names(cfg.Prefix, cfg.Queue)
 	q.deadSubj = q.stream + ".dead"
-	if q.stre, err = js.Stream(ctx, q.stream); err != nil {
-		return nil, fmt.Errorf("natsq: stream %s: %w", q.stream, err)
-	}
-	if q.deadStream, err = js.Stream(ctx, q.dead); err != nil {
-		return nil, fmt.Errorf("natsq: stream %s: %w", q.dead, err)
-	}
 	return q, nil
 }
 

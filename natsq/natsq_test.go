@@ -18,12 +18,9 @@ import (
 func TestOversizeMessageIsTheRowsFault(t *testing.T) {
 	_, nc := startNATS(t)
 	ctx := context.Background()
-	q, err := natsq.New(ctx, nc, natsq.Config{Queue: "big", Prefix: "t_"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	q := newQueue(t, nc, natsq.Config{Queue: "big", Prefix: "t_"})
 	huge := []byte(`"` + strings.Repeat("x", int(nc.MaxPayload())) + `"`)
-	err = natsq.OutboxPublisher(q).Publish(ctx, []outbox.Message{
+	err := natsq.OutboxPublisher(q).Publish(ctx, []outbox.Message{
 		{RowID: 1, ID: "a", Event: "e", Payload: []byte(`1`)},
 		{RowID: 2, ID: "b", Event: "e", Payload: huge},
 		{RowID: 3, ID: "c", Event: "e", Payload: []byte(`3`)},
@@ -32,10 +29,7 @@ func TestOversizeMessageIsTheRowsFault(t *testing.T) {
 	if !errors.As(err, &me) || me.RowID != 2 || !errors.Is(err, natsq.ErrInvalidEvent) {
 		t.Fatalf("publish: %v, want a MessageError for row 2", err)
 	}
-	c, err := q.NewConsumer(ctx, natsq.ConsumerConfig{Group: "g", FetchWait: 200 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := newConsumer(t, q, natsq.ConsumerConfig{Group: "g", FetchWait: 200 * time.Millisecond})
 	ds, err := c.Fetch(ctx, 10)
 	if err != nil || len(ds) != 1 || ds[0].ID != "a" {
 		t.Fatalf("fetched %+v, %v; want a alone", ds, err)
@@ -47,17 +41,11 @@ func TestOversizeMessageIsTheRowsFault(t *testing.T) {
 func TestEventWithoutIDIsMalformed(t *testing.T) {
 	_, nc := startNATS(t)
 	ctx := context.Background()
-	q, err := natsq.New(ctx, nc, natsq.Config{Queue: "raw"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	q := newQueue(t, nc, natsq.Config{Queue: "raw"})
 	if err := nc.Publish("raw.events", []byte(`{}`)); err != nil {
 		t.Fatal(err)
 	}
-	c, err := q.NewConsumer(ctx, natsq.ConsumerConfig{Group: "g", FetchWait: time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := newConsumer(t, q, natsq.ConsumerConfig{Group: "g", FetchWait: time.Second})
 	ds, err := natsq.InboxSource(c).Fetch(ctx, 10)
 	if err != nil || len(ds) != 1 || !errors.Is(ds[0].Err, inbox.ErrMalformed) {
 		t.Fatalf("fetched %+v, %v; want one malformed delivery", ds, err)
@@ -79,18 +67,12 @@ func TestConfigErrors(t *testing.T) {
 func TestMaxDeliverDeadLetters(t *testing.T) {
 	_, nc := startNATS(t)
 	ctx := context.Background()
-	q, err := natsq.New(ctx, nc, natsq.Config{Queue: "loop"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	q := newQueue(t, nc, natsq.Config{Queue: "loop"})
 	if err := q.Publish(ctx, natsq.Event{ID: "crashes", Name: "e", Payload: []byte(`1`)}); err != nil {
 		t.Fatal(err)
 	}
 	const lock = 300 * time.Millisecond
-	c, err := q.NewConsumer(ctx, natsq.ConsumerConfig{Group: "g", LockDuration: lock, MaxDeliver: 2, FetchWait: 2 * lock})
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := newConsumer(t, q, natsq.ConsumerConfig{Group: "g", LockDuration: lock, MaxDeliver: 2, FetchWait: 2 * lock})
 	var delivered int
 	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
 		ds, err := c.Fetch(ctx, 10) // never acked: each is a crashed attempt
@@ -121,10 +103,7 @@ func TestMaxDeliverDeadLetters(t *testing.T) {
 func TestRepublishPastTheDuplicateWindow(t *testing.T) {
 	_, nc := startNATS(t)
 	ctx := context.Background()
-	q, err := natsq.New(ctx, nc, natsq.Config{Queue: "redo"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	q := newQueue(t, nc, natsq.Config{Queue: "redo"})
 	ev := natsq.Event{ID: "m1", Name: "e", Payload: []byte(`1`)}
 	for range 2 {
 		if err := q.Publish(ctx, ev); err != nil {
@@ -134,10 +113,7 @@ func TestRepublishPastTheDuplicateWindow(t *testing.T) {
 	if err := q.Republish(ctx, ev); err != nil {
 		t.Fatal(err)
 	}
-	c, err := q.NewConsumer(ctx, natsq.ConsumerConfig{Group: "g", FetchWait: 300 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := newConsumer(t, q, natsq.ConsumerConfig{Group: "g", FetchWait: 300 * time.Millisecond})
 	ds, err := c.Fetch(ctx, 10)
 	if err != nil || len(ds) != 2 {
 		t.Fatalf("fetched %+v, %v; want the first publish and the republish", ds, err)
@@ -155,20 +131,14 @@ func TestSignatureCarried(t *testing.T) {
 	_, nc := startNATS(t)
 	ctx := context.Background()
 	sign := func(e natsq.Event) string { return "sig:" + e.ID + ":" + string(e.Payload) }
-	q, err := natsq.New(ctx, nc, natsq.Config{Queue: "signed", Sign: sign})
-	if err != nil {
-		t.Fatal(err)
-	}
+	q := newQueue(t, nc, natsq.Config{Queue: "signed", Sign: sign})
 	if err := q.Publish(ctx, natsq.Event{ID: "a", Name: "e", Payload: []byte(`1`)}); err != nil {
 		t.Fatal(err)
 	}
 	if err := q.Republish(ctx, natsq.Event{ID: "b", Name: "e", Payload: []byte(`2`)}); err != nil {
 		t.Fatal(err)
 	}
-	c, err := q.NewConsumer(ctx, natsq.ConsumerConfig{Group: "g", FetchWait: 300 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := newConsumer(t, q, natsq.ConsumerConfig{Group: "g", FetchWait: 300 * time.Millisecond})
 	src := natsq.InboxSource(c)
 	ds, err := src.Fetch(ctx, 10)
 	if err != nil || len(ds) != 2 {
@@ -210,10 +180,7 @@ func TestReplayAndDropDeadLetters(t *testing.T) {
 	if err := q.Publish(ctx, ev, natsq.Event{ID: "m2", Name: "e", Payload: []byte(`2`)}); err != nil {
 		t.Fatal(err)
 	}
-	c, err := q.NewConsumer(ctx, natsq.ConsumerConfig{Group: "g", FetchWait: 300 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := newConsumer(t, q, natsq.ConsumerConfig{Group: "g", FetchWait: 300 * time.Millisecond})
 	ds, err := c.Fetch(ctx, 10)
 	if err != nil || len(ds) != 2 {
 		t.Fatalf("fetched %+v, %v", ds, err)

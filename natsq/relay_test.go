@@ -40,14 +40,8 @@ func TestRelayToInboxAcrossNATSOutage(t *testing.T) {
 		CREATE TABLE s.inbox (id text PRIMARY KEY, payload jsonb NOT NULL)`); err != nil {
 		t.Fatal(err)
 	}
-	q, err := natsq.New(ctx, nc, natsq.Config{Queue: "orders"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := q.NewConsumer(ctx, natsq.ConsumerConfig{Group: "receiver", LockDuration: 5 * time.Second, FetchWait: 200 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
+	q := newQueue(t, nc, natsq.Config{Queue: "orders"})
+	c := newConsumer(t, q, natsq.ConsumerConfig{Group: "receiver", LockDuration: 5 * time.Second, FetchWait: 200 * time.Millisecond})
 	h := inbox.HandlerFunc(func(ctx context.Context, tx pgx.Tx, d inbox.Delivery) (bool, error) {
 		tag, err := tx.Exec(ctx, `INSERT INTO s.inbox (id, payload) VALUES ($1, $2::jsonb) ON CONFLICT (id) DO NOTHING`, d.ID, string(d.Payload))
 		return err == nil && tag.RowsAffected() == 1, err

@@ -1,6 +1,6 @@
 package redisq
 
-import "strings"
+import "github.com/outboxchat/outboxchat/internal/redisglob"
 
 // ACLRules returns the Redis ACL rules (the arguments of ACL SETUSER after
 // the user name, without a password rule) that let one service do exactly
@@ -50,13 +50,13 @@ func ACLRules(prefix, out, in string) []string {
 		// The dedupe keys by pattern, with SET, GET and DEL: a process of
 		// an earlier version, with a key per job, keeps adding during a
 		// rolling upgrade.
-		"(" + keyRule(o.Stream) + " " + keyRule(o.dedupeAll) +
+		"(" + redisglob.KeyRule(o.Stream) + " " + redisglob.KeyRule(o.dedupeAll) +
 			" +evalsha +eval +xadd +zadd +zscore +zrem +hget +hset +hsetnx +hdel +set +get +del)",
 		// Inbound stream: consume, never add. The presence set is in the
 		// same selector because the prune script of earlier versions
 		// declares both keys (a command must match one selector with all
 		// its keys): their processes keep pruning during a rolling upgrade.
-		"(" + keyRule(i.Stream) + " " + keyRule(i.Presence) + " +xreadgroup +xack +xautoclaim +xpending +xgroup|create +xinfo|groups +xinfo|consumers" +
+		"(" + redisglob.KeyRule(i.Stream) + " " + redisglob.KeyRule(i.Presence) + " +xreadgroup +xack +xautoclaim +xpending +xgroup|create +xinfo|groups +xinfo|consumers" +
 			" +xgroup|delconsumer +xrange +xtrim +xlen +exists +evalsha +eval" +
 			" +zadd +zrem +zrange +zrangebyscore +zremrangebyscore +pttl +pexpire)",
 		// Inbound dedupe marks: deleted with trimmed entries (trim.lua,
@@ -65,30 +65,11 @@ func ACLRules(prefix, out, in string) []string {
 		// are checked one by one against the selectors above).
 		// (DEL and the pattern: the trim of a process of an earlier
 		// version, as above.)
-		"(" + keyRule(i.dedupeAll) + " +zrange +zrem +hdel +del)",
-		"(" + keyRule(i.Stream) + " " + keyRule(i.dedupeAll) + " +evalsha +eval)",
+		"(" + redisglob.KeyRule(i.dedupeAll) + " +zrange +zrem +hdel +del)",
+		"(" + redisglob.KeyRule(i.Stream) + " " + redisglob.KeyRule(i.dedupeAll) + " +evalsha +eval)",
 		// Inbound dead letters: added, capped (DeadLetterMax) and counted
 		// (the gauges); reading, replaying and dropping them is the
 		// operator's (an admin user).
-		"(" + keyRule(i.Dead) + " +xadd +xtrim +xlen)",
+		"(" + redisglob.KeyRule(i.Dead) + " +xadd +xtrim +xlen)",
 	}
-}
-
-// keyRule is the "~pattern" rule matching key name k, with the glob
-// characters of k escaped except a final "*".
-func keyRule(k string) string {
-	star := strings.HasSuffix(k, "*")
-	k = strings.TrimSuffix(k, "*")
-	var b strings.Builder
-	b.WriteString("~")
-	for _, r := range k {
-		if strings.ContainsRune(`*?[]\`, r) {
-			b.WriteByte('\\')
-		}
-		b.WriteRune(r)
-	}
-	if star {
-		b.WriteByte('*')
-	}
-	return b.String()
 }

@@ -3,22 +3,17 @@ package redisq
 import (
 	"cmp"
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
-	neturl "net/url"
-	"os"
-	"runtime"
-	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
-	"github.com/redis/go-redis/v9/maintnotifications"
+
+	"github.com/outboxchat/outboxchat/internal/nodeinfo"
+	"github.com/outboxchat/outboxchat/internal/redisclient"
 )
 
 // Timeouts of the client returned by NewClient.
@@ -90,96 +85,26 @@ func NewClient(url string) (redis.UniversalClient, error) {
 // theirs. A pool_size in url counts if it is larger. poolSize ≤ 0: as
 // NewClient.
 func NewClientPool(url string, poolSize int) (redis.UniversalClient, error) {
-	grow := func(size *int) {
-		if poolSize > 0 {
-			*size = max(cmp.Or(*size, 10*runtime.GOMAXPROCS(0)), poolSize)
-		}
-	}
-	if strings.HasPrefix(url, SentinelScheme+"://") {
-		fo, err := ParseSentinelURL(url)
-		if err != nil {
-			return nil, err
-		}
-		failFast(&fo.MaxRetries, &fo.DialerRetries, &fo.DialTimeout, &fo.ReadTimeout, &fo.WriteTimeout,
-			&fo.PoolTimeout, &fo.ContextTimeoutEnabled, &fo.DisableIdentity)
-		grow(&fo.PoolSize)
-		return redis.NewFailoverClient(fo), nil
-	}
-	if strings.HasPrefix(url, ClusterScheme+"://") || strings.HasPrefix(url, ClusterTLSScheme+"://") {
-		return newClusterClient(url, grow)
-	}
-	url, caFile, err := cutQueryParam(url, TLSCAFileParam)
+	c, err := redisclient.New(url, redisclient.Settings{
+		DialTimeout: ClientDialTimeout, ReadTimeout: ClientReadTimeout,
+		WriteTimeout: ClientWriteTimeout, PoolTimeout: ClientPoolTimeout, PoolSize: poolSize,
+		MaxRedirects: ClusterMaxRedirects, MinRetryBackoff: ClusterMinRetryBackoff, MaxRetryBackoff: ClusterMaxRetryBackoff,
+		ClusterDown: func(reply error) error { return &ClusterDownError{Err: reply} },
+	})
 	if err != nil {
-		return nil, fmt.Errorf("redisq: parsing redis url: %w", err)
+		return nil, fmt.Errorf("redisq: %w", err)
 	}
-	opt, err := redis.ParseURL(url)
-	if err != nil {
-		return nil, fmt.Errorf("redisq: parsing redis url: %w", err)
-	}
-	if err := setCAFile(opt.TLSConfig, caFile); err != nil {
-		return nil, err
-	}
-	failFast(&opt.MaxRetries, &opt.DialerRetries, &opt.DialTimeout, &opt.ReadTimeout, &opt.WriteTimeout,
-		&opt.PoolTimeout, &opt.ContextTimeoutEnabled, &opt.DisableIdentity)
-	grow(&opt.PoolSize)
-	opt.MaintNotificationsConfig = &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
-	return redis.NewClient(opt), nil
+	return c, nil
 }
 
-// setCAFile makes cfg (a rediss:// client's TLS config, nil without TLS)
-// trust only the CA certificates in caFile; "" leaves cfg alone.
-func setCAFile(cfg *tls.Config, caFile string) error {
-	if caFile == "" {
-		return nil
-	}
-	if cfg == nil {
-		return fmt.Errorf("redisq: %s needs a rediss:// url", TLSCAFileParam)
-	}
-	pem, err := os.ReadFile(caFile)
-	if err != nil {
-		return fmt.Errorf("redisq: %s: %w", TLSCAFileParam, err)
-	}
-	roots := x509.NewCertPool()
-	if !roots.AppendCertsFromPEM(pem) {
-		return fmt.Errorf("redisq: %s %s: no PEM certificate in it", TLSCAFileParam, caFile)
-	}
-	cfg.RootCAs = roots
-	return nil
-}
+// TLSCAFileParam, "tls_ca_file", is NewClient's URL parameter naming a
+// file of CA certificates (PEM) that a rediss:// server's certificate must
+// chain to.
+const TLSCAFileParam = redisclient.TLSCAFileParam
 
-// failFast sets NewClient's fail-fast settings on the fields of either
-// option type (redis.Options, redis.FailoverOptions), which share the
-// fields but no type: no retries, one dial attempt, the Client* timeouts,
-// context deadlines honoured, no CLIENT SETINFO.
-func failFast(maxRetries, dialerRetries *int, dial, read, write, pool *time.Duration, ctxTimeout, noIdentity *bool) {
-	*maxRetries, *dialerRetries = -1, 1
-	*dial, *read, *write, *pool = ClientDialTimeout, ClientReadTimeout, ClientWriteTimeout, ClientPoolTimeout
-	*ctxTimeout, *noIdentity = true, true
-}
-
-// TLSCAFileParam is NewClient's URL parameter naming a file of CA
-// certificates (PEM) that a rediss:// server's certificate must chain to.
-const TLSCAFileParam = "tls_ca_file"
-
-// cutQueryParam returns rawURL without its query parameter name, and the
-// parameter's value ("" when absent).
-func cutQueryParam(rawURL, name string) (string, string, error) {
-	u, err := neturl.Parse(rawURL)
-	if err != nil {
-		return "", "", err
-	}
-	q := u.Query()
-	if !q.Has(name) {
-		return rawURL, "", nil
-	}
-	v := q.Get(name)
-	q.Del(name)
-	u.RawQuery = q.Encode()
-	return u.String(), v, nil
-}
-
-// SentinelScheme is the URL scheme of a Sentinel-managed primary.
-const SentinelScheme = "redis+sentinel"
+// SentinelScheme, "redis+sentinel", is the URL scheme of a Sentinel-managed
+// primary.
+const SentinelScheme = redisclient.SentinelScheme
 
 // ParseSentinelURL parses
 //
@@ -193,40 +118,9 @@ const SentinelScheme = "redis+sentinel"
 // malformed url, no sentinel, no master name, a db that is not a
 // non-negative integer.
 func ParseSentinelURL(url string) (*redis.FailoverOptions, error) {
-	rest, ok := strings.CutPrefix(url, SentinelScheme+"://")
-	if !ok {
-		return nil, fmt.Errorf("redisq: sentinel url %q: want %s://host:port[,host:port…]/master[/db]", url, SentinelScheme)
-	}
-	fo := &redis.FailoverOptions{}
-	if at := strings.LastIndex(rest, "@"); at >= 0 {
-		user, pass, _ := strings.Cut(rest[:at], ":")
-		fo.Username, fo.Password = user, pass
-		rest = rest[at+1:]
-	}
-	hosts, path, _ := strings.Cut(rest, "/")
-	for _, h := range strings.Split(hosts, ",") {
-		if h == "" {
-			continue
-		}
-		if !strings.Contains(h, ":") {
-			h += ":26379"
-		}
-		fo.SentinelAddrs = append(fo.SentinelAddrs, h)
-	}
-	if len(fo.SentinelAddrs) == 0 {
-		return nil, fmt.Errorf("redisq: sentinel url %q: no sentinel address", url)
-	}
-	master, db, _ := strings.Cut(path, "/")
-	if master == "" {
-		return nil, fmt.Errorf("redisq: sentinel url %q: no master name (…/mymaster/0)", url)
-	}
-	fo.MasterName = master
-	if db != "" {
-		n, err := strconv.Atoi(db)
-		if err != nil || n < 0 {
-			return nil, fmt.Errorf("redisq: sentinel url %q: db %q is not a non-negative integer", url, db)
-		}
-		fo.DB = n
+	fo, err := redisclient.Sentinel(url)
+	if err != nil {
+		return nil, fmt.Errorf("redisq: %w", err)
 	}
 	return fo, nil
 }
@@ -260,28 +154,6 @@ func (e *DurabilityError) Error() string {
 
 // Is reports whether target is ErrNotDurable.
 func (e *DurabilityError) Is(target error) bool { return target == ErrNotDurable }
-
-// durabilityFromInfo reads appendonly and maxmemory-policy from INFO.
-func durabilityFromInfo(ctx context.Context, rdb redis.UniversalClient) (map[string]string, error) {
-	info, err := rdb.Info(ctx, "persistence", "memory").Result()
-	if err != nil {
-		return nil, err
-	}
-	settings := map[string]string{}
-	for _, line := range strings.Split(info, "\n") {
-		k, v, _ := strings.Cut(strings.TrimSpace(line), ":")
-		switch k {
-		case "aof_enabled":
-			settings["appendonly"] = map[string]string{"1": "yes", "0": "no"}[v]
-		case "maxmemory_policy":
-			settings["maxmemory-policy"] = v
-		}
-	}
-	if settings["appendonly"] == "" || settings["maxmemory-policy"] == "" {
-		return nil, errors.New("INFO lacks aof_enabled or maxmemory_policy")
-	}
-	return settings, nil
-}
 
 // CheckDurability reads the server's appendonly and maxmemory-policy
 // settings (CONFIG GET) and tells whether queued jobs survive a restart and
@@ -331,15 +203,15 @@ func CheckDurability(ctx context.Context, rdb redis.UniversalClient, logger *slo
 
 // checkDurability is CheckDurability on one server.
 func checkDurability(ctx context.Context, rdb redis.UniversalClient, logger *slog.Logger) error {
-	settings, err := durabilitySettings(ctx, rdb)
+	d, known, err := nodeinfo.ReadDurability(ctx, rdb)
 	if err != nil {
-		return err
+		return fmt.Errorf("redisq: %w", err)
 	}
-	if settings == nil {
+	if !known {
 		logger.WarnContext(ctx, "could not check redis durability settings: CONFIG GET and INFO refused")
 		return nil
 	}
-	derr := &DurabilityError{AppendOnly: settings["appendonly"], MaxMemoryPolicy: settings["maxmemory-policy"]}
+	derr := &DurabilityError{AppendOnly: d.AppendOnly, MaxMemoryPolicy: d.MaxMemoryPolicy}
 	if derr.AppendOnly == "yes" && derr.MaxMemoryPolicy == "noeviction" {
 		return nil
 	}
@@ -347,28 +219,6 @@ func checkDurability(ctx context.Context, rdb redis.UniversalClient, logger *slo
 		"appendonly", derr.AppendOnly, "maxmemory_policy", derr.MaxMemoryPolicy,
 		"want", "appendonly yes, maxmemory-policy noeviction")
 	return derr
-}
-
-// durabilitySettings reads appendonly and maxmemory-policy from one node:
-// CONFIG GET, or INFO when CONFIG is refused; nil settings and no error
-// when both are refused; a connection error wrapped.
-func durabilitySettings(ctx context.Context, rdb redis.UniversalClient) (map[string]string, error) {
-	settings := map[string]string{}
-	for _, name := range []string{"appendonly", "maxmemory-policy"} {
-		vals, err := rdb.ConfigGet(ctx, name).Result()
-		if err != nil {
-			var rerr redis.Error
-			if errors.As(err, &rerr) {
-				if settings, err = durabilityFromInfo(ctx, rdb); err != nil {
-					return nil, nil
-				}
-				return settings, nil
-			}
-			return nil, fmt.Errorf("redisq: checking durability: config get %s: %w", name, err)
-		}
-		settings[name] = vals[name]
-	}
-	return settings, nil
 }
 
 // NodeDurability is one Redis node's durability settings (ReadDurability).
@@ -410,45 +260,15 @@ func (n NodeDurability) Problem() string {
 // failover, when the next call reads it). It logs nothing and never fails as a whole: a node
 // that cannot be read has Err set. Safe for concurrent use.
 func ReadDurability(ctx context.Context, rdb redis.UniversalClient) []NodeDurability {
-	read := func(ctx context.Context, c *redis.Client) NodeDurability {
-		n := NodeDurability{Addr: c.Options().Addr}
-		if n.Addr == "FailoverClient" {
-			if ci, err := c.ClientInfo(ctx).Result(); err == nil && ci.LAddr != "" {
-				n.Addr = ci.LAddr
-			}
+	nodes := nodeinfo.EachDurability(ctx, rdb)
+	out := make([]NodeDurability, len(nodes))
+	for i, n := range nodes {
+		if n.Err != nil {
+			n.Err = fmt.Errorf("redisq: %w", n.Err)
 		}
-		settings, err := durabilitySettings(ctx, c)
-		n.Err = err
-		if settings != nil {
-			n.AppendOnly, n.MaxMemoryPolicy = settings["appendonly"], settings["maxmemory-policy"]
-		}
-		return n
+		out[i] = NodeDurability(n)
 	}
-	switch c := rdb.(type) {
-	case *redis.Client:
-		return []NodeDurability{read(ctx, c)}
-	case *redis.ClusterClient:
-		var mu sync.Mutex
-		var out []NodeDurability
-		err := c.ForEachShard(ctx, func(ctx context.Context, n *redis.Client) error {
-			d := read(ctx, n)
-			mu.Lock()
-			out = append(out, d)
-			mu.Unlock()
-			return nil
-		})
-		if err != nil && len(out) == 0 {
-			return []NodeDurability{{Addr: "cluster", Err: err}}
-		}
-		slices.SortFunc(out, func(a, b NodeDurability) int { return strings.Compare(a.Addr, b.Addr) })
-		return out
-	}
-	settings, err := durabilitySettings(ctx, rdb)
-	n := NodeDurability{Addr: "redis", Err: err}
-	if settings != nil {
-		n.AppendOnly, n.MaxMemoryPolicy = settings["appendonly"], settings["maxmemory-policy"]
-	}
-	return []NodeDurability{n}
+	return out
 }
 
 // ReplicasInSync returns, per master rdb adds to, how many of its replicas
@@ -459,35 +279,9 @@ func ReadDurability(ctx context.Context, rdb redis.UniversalClient) []NodeDurabi
 // that cannot be read is left out and its error joined into err. It needs
 // INFO (the ACL rules of ACLRules allow it). Safe for concurrent use.
 func ReplicasInSync(ctx context.Context, rdb redis.UniversalClient) (map[string]int, error) {
-	out := map[string]int{}
-	var mu sync.Mutex
-	var errs []error
-	read := func(ctx context.Context, c redis.Cmdable, addr string) {
-		info, err := c.Info(ctx, "replication").Result()
-		mu.Lock()
-		defer mu.Unlock()
-		if err != nil {
-			errs = append(errs, fmt.Errorf("redisq: replicas of %s: %w", addr, err))
-			return
-		}
-		n := 0
-		for _, line := range strings.Split(info, "\n") {
-			if strings.HasPrefix(line, "slave") && strings.Contains(line, ":ip=") && strings.Contains(line, ",state=online,") {
-				n++
-			}
-		}
-		out[addr] = n
+	out, err := nodeinfo.ReplicasInSync(ctx, rdb)
+	if err != nil {
+		return out, fmt.Errorf("redisq: %w", err)
 	}
-	if c, ok := rdb.(*redis.ClusterClient); ok {
-		err := c.ForEachMaster(ctx, func(ctx context.Context, n *redis.Client) error {
-			read(ctx, n, n.Options().Addr)
-			return nil
-		})
-		if err != nil {
-			errs = append(errs, err)
-		}
-	} else {
-		read(ctx, rdb, "redis")
-	}
-	return out, errors.Join(errs...)
+	return out, nil
 }

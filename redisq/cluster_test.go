@@ -127,6 +127,15 @@ func newClusterConsumer(t *testing.T, rdb redis.UniversalClient, prefix, name st
 	return c
 }
 
+// clusterQueue returns a NewClient client of cl, the test's key prefix
+// and a publisher of the queue "chat" under it.
+func clusterQueue(t *testing.T, cl *redisproc.Cluster) (*redis.ClusterClient, string, *redisq.Publisher) {
+	t.Helper()
+	rdb, _ := clusterClient(t, cl)
+	prefix := testenv.Prefix(t)
+	return rdb, prefix, newClusterPublisher(t, rdb, prefix)
+}
+
 func newClusterPublisher(t *testing.T, rdb redis.UniversalClient, prefix string) *redisq.Publisher {
 	t.Helper()
 	p, err := redisq.NewPublisher(rdb, &redisq.PublisherConfig{Queue: "chat", Prefix: prefix})
@@ -159,9 +168,7 @@ func TestClusterQueue(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	cl := testenv.RedisCluster(t, 3)
-	rdb, _ := clusterClient(t, cl)
-	prefix := testenv.Prefix(t)
-	pub := newClusterPublisher(t, rdb, prefix)
+	rdb, prefix, pub := clusterQueue(t, cl)
 	cons := newClusterConsumer(t, rdb, prefix, "w1")
 	k := pub.Keys()
 
@@ -349,9 +356,7 @@ func TestClusterScriptsDuringSlotMigration(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	cl := testenv.RedisCluster(t, 3)
-	rdb, _ := clusterClient(t, cl)
-	prefix := testenv.Prefix(t)
-	pub := newClusterPublisher(t, rdb, prefix)
+	rdb, prefix, pub := clusterQueue(t, cl)
 	k := pub.Keys()
 	w1 := newClusterConsumer(t, rdb, prefix, "w1")
 	pub0 := func(f func(p *redisq.Publisher) error) func(redis.UniversalClient) error {
@@ -493,9 +498,7 @@ func TestClusterDownFailsFast(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = cl.Close() })
-	rdb, _ := clusterClient(t, cl)
-	prefix := testenv.Prefix(t)
-	pub := newClusterPublisher(t, rdb, prefix)
+	rdb, prefix, pub := clusterQueue(t, cl)
 	cons := newClusterConsumer(t, rdb, prefix, "w1")
 	if _, err := pub.Add(ctx, jobs(2, 0)...); err != nil {
 		t.Fatal(err)
@@ -563,12 +566,12 @@ func TestClusterDownFailsFast(t *testing.T) {
 	})
 }
 
-// evalAdd runs scripts/add.lua by EVAL (not through a Publisher) on q's
+// evalAdd runs add.lua by EVAL (not through a Publisher) on q's
 // keys, with stream in place of q's stream when not "", for one job id
 // with token ("" = add) and a TTL of a minute, and returns its reply.
 func evalAdd(t *testing.T, q *queue, stream, token, id string) ([]any, error) {
 	t.Helper()
-	src, err := os.ReadFile("scripts/add.lua")
+	src, err := os.ReadFile("../internal/queuescript/add.lua")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -712,9 +715,7 @@ func TestClusterClientFollowsFailover(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = cl.Close() })
-	rdb, _ := clusterClient(t, cl)
-	prefix := testenv.Prefix(t)
-	pub := newClusterPublisher(t, rdb, prefix)
+	rdb, prefix, pub := clusterQueue(t, cl)
 	if _, err := pub.Add(ctx, jobs(2, 0)...); err != nil {
 		t.Fatal(err)
 	}

@@ -29,6 +29,7 @@ func TestConformance(t *testing.T) {
 	t.Cleanup(func() { _ = rdb.Close() })
 	var n atomic.Int64
 	const lock = time.Second
+	stop, start := brokertest.StopStart(srv, nil)
 	brokertest.Run(t, brokertest.Broker{
 		NewQueue: func(t *testing.T) brokertest.Queue {
 			queue := "conf" + strconv.FormatInt(n.Add(1), 10)
@@ -51,30 +52,13 @@ func TestConformance(t *testing.T) {
 					}
 					return redisq.InboxSource(c)
 				},
-				DeadLetters: func(t *testing.T) []brokertest.DeadLetter {
-					l, err := dls.List(context.Background(), "", 100)
-					if err != nil {
-						t.Fatal(err)
-					}
-					out := make([]brokertest.DeadLetter, len(l))
-					for i, d := range l {
-						out[i] = brokertest.DeadLetter{ID: d.ID, Reason: d.Reason}
-					}
-					return out
-				},
+				DeadLetters: brokertest.DeadLettersOf(func(ctx context.Context) ([]redisq.DeadLetter, error) {
+					return dls.List(ctx, "", 100)
+				}, func(d redisq.DeadLetter) brokertest.DeadLetter {
+					return brokertest.DeadLetter{ID: d.ID, Reason: d.Reason}
+				}),
 			}
 		},
-		Stop: func(t *testing.T) {
-			if err := srv.Stop(context.Background()); err != nil {
-				t.Fatal(err)
-			}
-		},
-		Start: func(t *testing.T) {
-			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			defer cancel()
-			if err := srv.Start(ctx); err != nil {
-				t.Fatal(err)
-			}
-		},
+		Stop: stop, Start: start,
 	})
 }

@@ -3,7 +3,6 @@ package redisq
 import (
 	"cmp"
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -11,6 +10,11 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/outboxchat/outboxchat/internal/deadletter"
+	"github.com/outboxchat/outboxchat/internal/queuescript"
+	"github.com/outboxchat/outboxchat/internal/streamentry"
+	"github.com/outboxchat/outboxchat/internal/streamgroup"
 )
 
 // Consumer defaults.
@@ -33,14 +37,10 @@ const (
 // marks), so a call stays short even after a long pause.
 const trimBatch = 10000
 
-// maxClaimRounds bounds the XAUTOCLAIM calls one Fetch makes while scanning
-// a long pending list for stalled entries (each call scans up to 10×max).
-const maxClaimRounds = 4
-
 // ErrMalformedEntry is wrapped by Delivery.Err for a stream entry that lacks
 // the id, name or payload field, or whose headers field does not decode
 // (written by something other than Add).
-var ErrMalformedEntry = errors.New("redisq: malformed stream entry")
+var ErrMalformedEntry = streamentry.ErrMalformed
 
 // ConsumerConfig configures a Consumer. Queue, Group and Consumer are
 // required; zero durations take their defaults.
@@ -110,21 +110,12 @@ type Consumer struct {
 	logger *slog.Logger
 	on     func(Event)
 
+	// read hands out the entries of the group (Fetch).
+	read *streamgroup.Reader
+	// dead is the queue's dead-letter stream (DeadLetter).
+	dead deadletter.Stream
+
 	mu sync.Mutex // guards the fields below
-	// groupReady is set once XGROUP CREATE succeeded or found the group.
-	groupReady bool
-	// drained is set once this consumer's own pending list has been read
-	// through (from cursor) without finding anything.
-	drained bool
-	// cursor is the last own-pending id returned while draining.
-	cursor string
-	// outstanding holds the stream ids handed out by Fetch and not yet
-	// acknowledged or dead-lettered by this Consumer.
-	outstanding map[string]struct{}
-	// claimCursor is where the next XAUTOCLAIM scan continues ("0-0": start).
-	claimCursor string
-	// lastClaim is when the last complete XAUTOCLAIM scan ended.
-	lastClaim time.Time
 	// lastTrim is when the trim script last ran; acked is set by Ack and
 	// cleared by a trim.
 	lastTrim time.Time
@@ -191,24 +182,28 @@ func NewConsumer(rdb redis.UniversalClient, cfg *ConsumerConfig) (*Consumer, err
 	if err := cfg.validate(); err != nil {
 		return nil, fmt.Errorf("redisq: new consumer: %w", err)
 	}
-	return &Consumer{
-		rdb:         rdb,
-		keys:        NewKeys(cfg.Prefix, cfg.Queue),
-		queue:       cfg.Queue,
-		group:       cfg.Group,
-		name:        cfg.Consumer,
-		block:       cfg.Block,
-		lock:        cfg.LockDuration,
-		claimI:      cfg.ClaimInterval,
-		trimI:       cfg.TrimInterval,
-		dlMax:       cfg.DeadLetterMax,
-		logger:      cfg.Logger.With("component", "redisq", "queue", cfg.Queue, "group", cfg.Group, "consumer", cfg.Consumer),
-		on:          cfg.OnEvent,
-		cursor:      "0",
-		outstanding: map[string]struct{}{},
-		claimCursor: "0-0",
-		lastTrim:    time.Now(),
-	}, nil
+	c := &Consumer{
+		rdb:      rdb,
+		keys:     NewKeys(cfg.Prefix, cfg.Queue),
+		queue:    cfg.Queue,
+		group:    cfg.Group,
+		name:     cfg.Consumer,
+		block:    cfg.Block,
+		lock:     cfg.LockDuration,
+		claimI:   cfg.ClaimInterval,
+		trimI:    cfg.TrimInterval,
+		dlMax:    cfg.DeadLetterMax,
+		logger:   cfg.Logger.With("component", "redisq", "queue", cfg.Queue, "group", cfg.Group, "consumer", cfg.Consumer),
+		on:       cfg.OnEvent,
+		lastTrim: time.Now(),
+	}
+	c.dead = deadletter.Stream{RDB: rdb, Stream: c.keys.Stream, Dead: c.keys.Dead, Dedupe: c.keys.Dedupe, TryAgain: tryAgainBudget}
+	c.read = streamgroup.New(rdb, streamgroup.Config{
+		Stream: c.keys.Stream, Group: c.group, Consumer: c.name,
+		Block: c.block, LockDuration: c.lock, ClaimInterval: c.claimI, Logger: c.logger,
+		OnReclaimed: c.reclaimed, OnDeleted: c.deletedPending, OnGroupLost: c.groupLost,
+	})
+	return c, nil
 }
 
 // Keys returns the queue's key names.
@@ -245,226 +240,47 @@ func (c *Consumer) Fetch(ctx context.Context, max int) ([]Delivery, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("redisq: fetching: %w", err)
 	}
-	ds, err := c.fetch(ctx, max)
-	if err == nil && len(ds) == 0 {
+	es, err := c.read.Read(ctx, max)
+	if err != nil {
+		return nil, fmt.Errorf("redisq: fetching: %w", err)
+	}
+	if len(es) == 0 {
 		// Idle: trim what the last Acks left, so a drained queue gives its
 		// memory back without waiting for the next Ack.
 		c.trimIfDue(ctx)
+		return nil, nil
 	}
-	if redis.HasErrorPrefix(err, "NOGROUP") {
-		c.noteNoGroup(ctx, err)
-		ds, err = c.fetch(ctx, max)
+	ds := make([]Delivery, len(es))
+	for i, e := range es {
+		ds[i] = decodeEntry(e.ID, e.Values)
+		ds[i].Deliveries = e.Deliveries
 	}
-	if err != nil {
-		// Entries may have been delivered to us without reaching the
-		// caller: look at the pending list again next time.
-		c.mu.Lock()
-		c.drained = false
-		c.cursor = "0"
-		c.mu.Unlock()
-		return nil, fmt.Errorf("redisq: fetching: %w", err)
-	}
-	c.mu.Lock()
-	for _, d := range ds {
-		c.outstanding[d.StreamID] = struct{}{}
-	}
-	c.mu.Unlock()
 	return ds, nil
 }
 
-func (c *Consumer) fetch(ctx context.Context, max int) ([]Delivery, error) {
-	if err := c.ensureGroup(ctx); err != nil {
-		return nil, err
+// reclaimed logs and tells of n stalled entries a Fetch took over.
+func (c *Consumer) reclaimed(ctx context.Context, n int) {
+	c.logger.InfoContext(ctx, "reclaimed stalled entries", "count", n, "lock_duration", c.lock)
+	if c.on != nil {
+		c.on(Event{Kind: EventReclaimed, Queue: c.queue, N: int64(n)})
 	}
-	ds, err := c.fetchOwnPending(ctx, max)
-	if err != nil || len(ds) > 0 {
-		return ds, err
-	}
-	ds, err = c.fetchStalled(ctx, max)
-	if err != nil || len(ds) > 0 {
-		return ds, err
-	}
-	return c.fetchNew(ctx, max)
 }
 
-func (c *Consumer) ensureGroup(ctx context.Context) error {
-	c.mu.Lock()
-	ready := c.groupReady
-	c.mu.Unlock()
-	if ready {
-		return nil
+// deletedPending counts, logs and tells of the pending entries a Fetch
+// found deleted from the stream and acknowledged away. Such an entry was
+// lost inside Redis (XDEL, a trim, a failover to a replica that lacked
+// it). Its job id (the message id) went with the entry, so it cannot be
+// named here; the sender's re-drive names it when it publishes the job
+// again.
+func (c *Consumer) deletedPending(ctx context.Context, ids []string) {
+	c.deleted.Add(int64(len(ids)))
+	for _, id := range ids {
+		c.logger.WarnContext(ctx, "pending entry was deleted from the stream: its job is lost in Redis until the sender re-drives it",
+			"stream_id", id)
 	}
-	err := c.rdb.XGroupCreateMkStream(ctx, c.keys.Stream, c.group, "0").Err()
-	if err != nil && !redis.HasErrorPrefix(err, "BUSYGROUP") {
-		return fmt.Errorf("creating consumer group: %w", err)
+	if c.on != nil {
+		c.on(Event{Kind: EventDeletedPending, Queue: c.queue, N: int64(len(ids)), StreamIDs: ids})
 	}
-	c.mu.Lock()
-	c.groupReady = true
-	// A new group (or a first Fetch) starts with a fresh look at the
-	// pending list.
-	c.drained = false
-	c.cursor = "0"
-	c.mu.Unlock()
-	return nil
-}
-
-// fetchOwnPending reads this consumer's pending list from the cursor.
-func (c *Consumer) fetchOwnPending(ctx context.Context, max int) ([]Delivery, error) {
-	c.mu.Lock()
-	if len(c.outstanding) > 0 {
-		// Deliveries handed out and not settled: read the list again
-		// from the start, so they are retried before anything new.
-		clear(c.outstanding)
-		c.drained = false
-		c.cursor = "0"
-	}
-	drained, cursor := c.drained, c.cursor
-	c.mu.Unlock()
-	for !drained {
-		msgs, err := c.readGroup(ctx, cursor, max, -1)
-		if err != nil {
-			return nil, err
-		}
-		if len(msgs) == 0 {
-			c.mu.Lock()
-			c.drained = true
-			c.mu.Unlock()
-			return nil, nil
-		}
-		cursor = msgs[len(msgs)-1].ID
-		c.mu.Lock()
-		c.cursor = cursor
-		c.mu.Unlock()
-		live, err := c.dropDeleted(ctx, msgs, nil)
-		if err != nil {
-			return nil, err
-		}
-		if len(live) > 0 {
-			return c.deliveries(ctx, live, true), nil
-		}
-	}
-	return nil, nil
-}
-
-// fetchStalled takes over entries idle for longer than LockDuration.
-func (c *Consumer) fetchStalled(ctx context.Context, max int) ([]Delivery, error) {
-	c.mu.Lock()
-	// An unfinished scan continues at once; a new one waits ClaimInterval.
-	due := c.claimCursor != "0-0" || time.Since(c.lastClaim) >= c.claimI
-	start := c.claimCursor
-	c.mu.Unlock()
-	if !due {
-		return nil, nil
-	}
-	for round := 0; round < maxClaimRounds; round++ {
-		msgs, next, deleted, err := c.rdb.XAutoClaimWithDeleted(ctx, &redis.XAutoClaimArgs{
-			Stream:   c.keys.Stream,
-			Group:    c.group,
-			Consumer: c.name,
-			MinIdle:  c.lock,
-			Start:    start,
-			Count:    int64(max),
-		}).Result()
-		if err != nil {
-			return nil, fmt.Errorf("reclaiming stalled entries: %w", err)
-		}
-		c.mu.Lock()
-		c.claimCursor = next
-		if next == "0-0" {
-			c.lastClaim = time.Now()
-		}
-		c.mu.Unlock()
-		live, err := c.dropDeleted(ctx, msgs, deleted)
-		if err != nil {
-			return nil, err
-		}
-		if len(live) > 0 {
-			c.logger.InfoContext(ctx, "reclaimed stalled entries", "count", len(live), "lock_duration", c.lock)
-			if c.on != nil {
-				c.on(Event{Kind: EventReclaimed, Queue: c.queue, N: int64(len(live))})
-			}
-			return c.deliveries(ctx, live, true), nil
-		}
-		if next == "0-0" {
-			break
-		}
-		start = next
-	}
-	return nil, nil
-}
-
-// fetchNew waits up to Block for entries never delivered to the group.
-func (c *Consumer) fetchNew(ctx context.Context, max int) ([]Delivery, error) {
-	block := c.block
-	if deadline, ok := ctx.Deadline(); ok {
-		// Leave room for the reply, so a short ctx deadline ends the
-		// block cleanly instead of timing out the connection.
-		left := time.Until(deadline) - 50*time.Millisecond
-		if left < time.Millisecond {
-			return nil, nil
-		}
-		block = min(block, left)
-	}
-	msgs, err := c.readGroup(ctx, ">", max, block)
-	if err != nil {
-		return nil, err
-	}
-	return c.deliveries(ctx, msgs, false), nil
-}
-
-// readGroup runs XREADGROUP from id; block < 0 omits BLOCK. A timed-out
-// block yields no messages and no error.
-func (c *Consumer) readGroup(ctx context.Context, id string, max int, block time.Duration) ([]redis.XMessage, error) {
-	streams, err := c.rdb.XReadGroup(ctx, &redis.XReadGroupArgs{
-		Group:    c.group,
-		Consumer: c.name,
-		Streams:  []string{c.keys.Stream, id},
-		Count:    int64(max),
-		Block:    block,
-	}).Result()
-	if errors.Is(err, redis.Nil) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("reading group from %s: %w", id, err)
-	}
-	if len(streams) == 0 {
-		return nil, nil
-	}
-	return streams[0].Messages, nil
-}
-
-// dropDeleted acknowledges entries that are pending but no longer in the
-// stream (nil fields, or listed by XAUTOCLAIM as deleted: Redis 7's third
-// reply element) and returns the others. Such an entry was lost inside
-// Redis (XDEL, a trim, a failover to a replica that lacked it): each is
-// logged with its stream id and counted (DeletedPending). Its job id (the
-// message id) went with the entry, so it cannot be named here; the
-// sender's re-drive names it when it publishes the job again.
-func (c *Consumer) dropDeleted(ctx context.Context, msgs []redis.XMessage, deleted []string) ([]redis.XMessage, error) {
-	live := msgs[:0:0]
-	gone := append([]string(nil), deleted...)
-	for _, m := range msgs {
-		if m.Values == nil {
-			gone = append(gone, m.ID)
-			continue
-		}
-		live = append(live, m)
-	}
-	if len(gone) > 0 {
-		if err := c.rdb.XAck(ctx, c.keys.Stream, c.group, gone...).Err(); err != nil {
-			return nil, fmt.Errorf("acknowledging deleted entries: %w", err)
-		}
-		c.deleted.Add(int64(len(gone)))
-		for _, id := range gone {
-			c.logger.WarnContext(ctx, "pending entry was deleted from the stream: its job is lost in Redis until the sender re-drives it",
-				"stream_id", id)
-		}
-		if c.on != nil {
-			c.on(Event{Kind: EventDeletedPending, Queue: c.queue, N: int64(len(gone)), StreamIDs: gone})
-		}
-	}
-	return live, nil
 }
 
 // DeletedPending returns how many pending entries this Consumer found
@@ -472,110 +288,26 @@ func (c *Consumer) dropDeleted(ctx context.Context, msgs []redis.XMessage, delet
 // concurrent use.
 func (c *Consumer) DeletedPending() int64 { return c.deleted.Load() }
 
-// noteNoGroup makes the next Fetch create the group again (at "0", never
-// "$": entries already in the stream are delivered) when err is Redis's
-// NOGROUP (the stream or its group vanished: FLUSHALL, a restart without
-// the AOF, a failover to a replica that lacked them).
-func (c *Consumer) noteNoGroup(ctx context.Context, err error) {
-	if !redis.HasErrorPrefix(err, "NOGROUP") {
-		return
-	}
-	c.mu.Lock()
-	c.groupReady = false
-	c.mu.Unlock()
+// groupLost logs and tells that the group vanished (NOGROUP); the next
+// Fetch creates it again from 0.
+func (c *Consumer) groupLost(ctx context.Context, err error) {
 	c.logger.WarnContext(ctx, "consumer group vanished; the next fetch creates it again from 0", "err", err)
 	if c.on != nil {
 		c.on(Event{Kind: EventGroupLost, Queue: c.queue, Err: err})
 	}
 }
 
-// deliveries converts msgs. For redelivered entries it looks up the
-// delivery counts (XPENDING); if that fails they are left at 1.
-func (c *Consumer) deliveries(ctx context.Context, msgs []redis.XMessage, redelivered bool) []Delivery {
-	if len(msgs) == 0 {
-		return nil
-	}
-	ds := make([]Delivery, len(msgs))
-	for i, m := range msgs {
-		ds[i] = decodeEntry(m.ID, m.Values)
-	}
-	if !redelivered {
-		return ds
-	}
-	pending, err := c.rdb.XPendingExt(ctx, &redis.XPendingExtArgs{
-		Stream:   c.keys.Stream,
-		Group:    c.group,
-		Consumer: c.name,
-		Start:    msgs[0].ID,
-		End:      msgs[len(msgs)-1].ID,
-		Count:    int64(len(msgs)) + 1000,
-	}).Result()
-	if err != nil {
-		c.logger.DebugContext(ctx, "could not read delivery counts", "err", err)
-		return ds
-	}
-	counts := make(map[string]int64, len(pending))
-	for _, p := range pending {
-		counts[p.ID] = p.RetryCount
-	}
-	for i := range ds {
-		if n, ok := counts[ds[i].StreamID]; ok {
-			ds[i].Deliveries = n
-		}
-	}
-	return ds
-}
-
 // decodeEntry turns one stream entry's fields into a Delivery. It never
 // fails: a missing or non-string field leaves that part empty and sets Err.
 func decodeEntry(streamID string, values map[string]any) Delivery {
-	d := Delivery{StreamID: streamID, Deliveries: 1}
-	var missing []string
-	field := func(name string) (string, bool) {
-		v, ok := values[name]
-		if !ok {
-			missing = append(missing, name)
-			return "", false
-		}
-		s, ok := v.(string)
-		if !ok {
-			missing = append(missing, name)
-			return "", false
-		}
-		return s, true
-	}
-	d.ID, _ = field("id")
-	d.Name, _ = field("name")
-	if p, ok := field("payload"); ok {
-		d.Payload = []byte(p)
-	}
-	if s, ok := values["sig"].(string); ok {
-		d.Sig = s // optional: absent on unsigned entries
-	}
-	var badHeaders error
-	if v, ok := values[headersField]; ok { // optional: absent without headers
-		if s, ok := v.(string); ok {
-			d.Headers, badHeaders = decodeHeaders(s)
-		} else {
-			badHeaders = fmt.Errorf("%w: not a string", errBadHeaders)
-		}
-	}
-	if d.ID == "" && len(missing) == 0 {
-		missing = append(missing, "id")
-	}
-	switch {
-	case len(missing) > 0:
-		d.Err = fmt.Errorf("%w %s: missing or empty fields %v", ErrMalformedEntry, streamID, missing)
-	case badHeaders != nil:
-		d.Err = fmt.Errorf("%w %s: %w", ErrMalformedEntry, streamID, badHeaders)
-	}
-	return d
+	f, err := streamentry.Decode(streamID, values)
+	return Delivery{Job: Job(f), StreamID: streamID, Deliveries: 1, Err: err}
 }
 
 // Ack acknowledges streamIDs for the group (XACK): they will not be
 // delivered again. Unknown or already acknowledged ids are ignored; no ids is
 // a no-op. At most every TrimInterval it then trims entries every group has
-// acknowledged (scripts/trim.lua); a failed trim is logged, not returned,
+// acknowledged (trim.lua); a failed trim is logged, not returned,
 // and retried by a later Ack. Errors: Redis errors, wrapped; after an error
 // the entries may or may not be acknowledged (an unacknowledged one is
 // delivered again). Safe for concurrent use.
@@ -584,10 +316,10 @@ func (c *Consumer) Ack(ctx context.Context, streamIDs ...string) error {
 		return nil
 	}
 	if err := c.rdb.XAck(ctx, c.keys.Stream, c.group, streamIDs...).Err(); err != nil {
-		c.noteNoGroup(ctx, err)
+		c.read.NoteNoGroup(ctx, err)
 		return fmt.Errorf("redisq: acknowledging %d entries: %w", len(streamIDs), err)
 	}
-	c.settled(streamIDs...)
+	c.read.Settled(streamIDs...)
 	c.mu.Lock()
 	c.acked = true
 	c.mu.Unlock()
@@ -636,14 +368,14 @@ func (c *Consumer) trimIfDue(ctx context.Context) {
 
 // Trim deletes the entries every consumer group of the stream has
 // acknowledged, with their dedupe marks, and the marks that expired
-// (scripts/trim.lua, one call), at most 10,000 of each per call, and
+// (trim.lua, one call), at most 10,000 of each per call, and
 // returns how many entries it deleted. Ack and an idle Fetch call it at most every TrimInterval; call it directly to force
 // a trim. During a cluster slot migration of the queue it retries TRYAGAIN
 // (TryAgainBudget, within ctx). Safe for concurrent use.
 func (c *Consumer) Trim(ctx context.Context) (int64, error) {
 	var n int64
 	err := retryTryAgain(ctx, func() (err error) {
-		n, err = trimScript.Run(ctx, c.rdb, []string{c.keys.Stream, c.keys.Dedupe, c.keys.DedupeTokens}, trimBatch).Int64()
+		n, err = queuescript.Trim.Run(ctx, c.rdb, []string{c.keys.Stream, c.keys.Dedupe, c.keys.DedupeTokens}, trimBatch).Int64()
 		return err
 	})
 	if err != nil {
@@ -653,14 +385,6 @@ func (c *Consumer) Trim(ctx context.Context) (int64, error) {
 		c.on(Event{Kind: EventTrimmed, Queue: c.queue, N: n})
 	}
 	return n, nil
-}
-
-func (c *Consumer) settled(ids ...string) {
-	c.mu.Lock()
-	for _, id := range ids {
-		delete(c.outstanding, id)
-	}
-	c.mu.Unlock()
 }
 
 // DeadLetter moves d out of the way: in one MULTI/EXEC it XADDs d to the
@@ -700,38 +424,23 @@ func (c *Consumer) DeadLetterPending(ctx context.Context, d Delivery, reason str
 	if d.StreamID == "" {
 		return false, fmt.Errorf("redisq: dead-lettering: empty stream id")
 	}
-	pend, err := c.rdb.XPendingExt(ctx, &redis.XPendingExtArgs{
-		Stream: c.keys.Stream, Group: c.group, Start: d.StreamID, End: d.StreamID, Count: 1}).Result()
+	moved, trimmed, err := c.dead.Move(ctx, c.group, d.StreamID, streamentry.Fields(d.Job), reason, c.dlMax)
 	if err != nil {
-		c.noteNoGroup(ctx, err)
+		c.read.NoteNoGroup(ctx, err)
 		return false, fmt.Errorf("redisq: dead-lettering %s: %w", d.StreamID, err)
 	}
-	if len(pend) == 0 {
-		c.settled(d.StreamID)
+	c.read.Settled(d.StreamID)
+	if !moved {
 		c.logger.InfoContext(ctx, "entry to dead-letter already settled by another consumer; left alone",
 			"stream_id", d.StreamID, "message_id", d.ID)
 		return false, nil
 	}
-	var trim *redis.IntCmd
-	// A MULTI whose keys are split between two nodes during a slot
-	// migration gets TRYAGAIN and runs none of its commands.
-	err = retryTryAgain(ctx, func() error {
-		_, err := c.rdb.TxPipelined(ctx, c.deadLetterTx(ctx, d, reason, &trim))
-		return err
-	})
-	if err != nil {
-		c.noteNoGroup(ctx, err)
-		return false, fmt.Errorf("redisq: dead-lettering %s: %w", d.StreamID, err)
-	}
-	c.settled(d.StreamID)
 	c.logger.WarnContext(ctx, "dead-lettered entry", "stream_id", d.StreamID, "message_id", d.ID, "reason", reason)
-	if trim != nil {
-		if n := trim.Val(); n > 0 {
-			if c.on != nil {
-				c.on(Event{Kind: EventDeadLetterTrimmed, Queue: c.queue, N: n})
-			}
-			c.logger.WarnContext(ctx, "dead-letter stream full: oldest entries dropped", "dropped", n, "max", c.dlMax)
+	if trimmed > 0 {
+		if c.on != nil {
+			c.on(Event{Kind: EventDeadLetterTrimmed, Queue: c.queue, N: trimmed})
 		}
+		c.logger.WarnContext(ctx, "dead-letter stream full: oldest entries dropped", "dropped", trimmed, "max", c.dlMax)
 	}
 	return true, nil
 }
@@ -770,27 +479,4 @@ func (c *Consumer) Stats(ctx context.Context) (Stats, error) {
 		return Stats{}, fmt.Errorf("redisq: reading stats: %w", err)
 	}
 	return s, nil
-}
-
-// deadLetterTx queues DeadLetter's commands for d on a MULTI pipeline; the
-// dead-letter trim's command goes to *trim (nil when DeadLetterMax is 0).
-func (c *Consumer) deadLetterTx(ctx context.Context, d Delivery, reason string, trim **redis.IntCmd) func(redis.Pipeliner) error {
-	return func(pipe redis.Pipeliner) error {
-		vals := []any{"id", d.ID, "name", d.Name, "payload", d.Payload}
-		if d.Sig != "" {
-			vals = append(vals, "sig", d.Sig)
-		}
-		if h := encodeHeaders(d.Headers); h != "" {
-			vals = append(vals, headersField, h)
-		}
-		pipe.XAdd(ctx, &redis.XAddArgs{
-			Stream: c.keys.Dead,
-			Values: append(vals, "reason", reason, "stream_id", d.StreamID),
-		})
-		pipe.XAck(ctx, c.keys.Stream, c.group, d.StreamID)
-		if c.dlMax > 0 {
-			*trim = pipe.XTrimMaxLen(ctx, c.keys.Dead, c.dlMax)
-		}
-		return nil
-	}
 }

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/outboxchat/outboxchat/internal/deadletter"
 )
 
 // DeadLetter is one entry of a queue's dead-letter stream (written by
@@ -33,8 +35,7 @@ type DeadLetter struct {
 // entry, each atomic in a script), so each is safe to repeat and safe for
 // concurrent use. Build it with NewDeadLetters.
 type DeadLetters struct {
-	rdb    redis.UniversalClient
-	keys   Keys
+	s      deadletter.Stream
 	queue  string
 	ttlMS  int64
 	logger *slog.Logger
@@ -62,13 +63,14 @@ func NewDeadLetters(rdb redis.UniversalClient, prefix, queue string, dedupeTTL t
 	if logger == nil {
 		logger = slog.Default()
 	}
-	return &DeadLetters{rdb: rdb, keys: NewKeys(prefix, queue), queue: queue, ttlMS: dedupeTTL.Milliseconds(),
-		logger: logger.With("component", "redisq", "queue", queue)}, nil
+	k := NewKeys(prefix, queue)
+	return &DeadLetters{s: deadletter.Stream{RDB: rdb, Stream: k.Stream, Dead: k.Dead, Dedupe: k.Dedupe, TryAgain: tryAgainBudget},
+		queue: queue, ttlMS: dedupeTTL.Milliseconds(), logger: logger.With("component", "redisq", "queue", queue)}, nil
 }
 
 // Len returns the number of dead-letter entries (XLEN; 0 when none).
 func (d *DeadLetters) Len(ctx context.Context) (int64, error) {
-	n, err := d.rdb.XLen(ctx, d.keys.Dead).Result()
+	n, err := d.s.Len(ctx)
 	if err != nil {
 		return 0, fmt.Errorf("redisq: dead letters of %s: %w", d.queue, err)
 	}
@@ -82,34 +84,27 @@ func (d *DeadLetters) List(ctx context.Context, after string, count int) ([]Dead
 	if count <= 0 {
 		count = 100
 	}
-	start := "-"
-	if after != "" {
-		start = "(" + after
-	}
-	msgs, err := d.rdb.XRangeN(ctx, d.keys.Dead, start, "+", int64(count)).Result()
+	es, err := d.s.List(ctx, after, count)
 	if err != nil {
 		return nil, fmt.Errorf("redisq: listing dead letters of %s: %w", d.queue, err)
 	}
-	out := make([]DeadLetter, len(msgs))
-	for i, m := range msgs {
-		out[i] = deadLetter(m)
+	out := make([]DeadLetter, len(es))
+	for i, e := range es {
+		out[i] = deadLetter(e)
 	}
 	return out, nil
 }
 
 // Get returns the entry deadID; ok false when there is none.
 func (d *DeadLetters) Get(ctx context.Context, deadID string) (dl DeadLetter, ok bool, err error) {
-	msgs, err := d.rdb.XRange(ctx, d.keys.Dead, deadID, deadID).Result()
+	e, ok, err := d.s.Get(ctx, deadID)
 	if err != nil {
 		return DeadLetter{}, false, fmt.Errorf("redisq: reading dead letter %s of %s: %w", deadID, d.queue, err)
 	}
-	if len(msgs) == 0 {
-		return DeadLetter{}, false, nil
-	}
-	return deadLetter(msgs[0]), true, nil
+	return deadLetter(e), ok, nil
 }
 
-// Replay puts each entry back on the queue stream (scripts/replay.lua: XADD
+// Replay puts each entry back on the queue stream (replay.lua: XADD
 // with its id, name, payload, signature and headers, its dedupe mark set, the
 // dead-letter entry deleted, atomically) and returns, per deadID in order,
 // the new stream entry id, or "" when the entry was not there (replayed or
@@ -121,7 +116,7 @@ func (d *DeadLetters) Get(ctx context.Context, deadID string) (dl DeadLetter, ok
 func (d *DeadLetters) Replay(ctx context.Context, deadIDs ...string) ([]string, error) {
 	out := make([]string, 0, len(deadIDs))
 	for _, id := range deadIDs {
-		nid, err := d.replay(ctx, id)
+		nid, err := d.s.Replay(ctx, id, d.ttlMS)
 		if errors.Is(err, redis.Nil) {
 			d.logger.InfoContext(ctx, "dead letter not replayed: no such entry (replayed or dropped already)", "dead_id", id)
 			out = append(out, "")
@@ -136,26 +131,13 @@ func (d *DeadLetters) Replay(ctx context.Context, deadIDs ...string) ([]string, 
 	return out, nil
 }
 
-// replay runs replay.lua for the dead-letter entry id: its new stream
-// entry id, or redis.Nil when the entry is not there.
-func (d *DeadLetters) replay(ctx context.Context, id string) (string, error) {
-	var nid string
-	err := retryTryAgain(ctx, func() (err error) {
-		// A missing entry is a nil reply: redis.Nil.
-		nid, err = replayScript.Run(ctx, d.rdb, []string{d.keys.Dead, d.keys.Stream, d.keys.Dedupe},
-			id, d.ttlMS).Text()
-		return err
-	})
-	return nid, err
-}
-
 // Drop deletes the entries (XDEL) and returns how many existed; ids that do
 // not exist are skipped (a repeated Drop deletes nothing).
 func (d *DeadLetters) Drop(ctx context.Context, deadIDs ...string) (int64, error) {
 	if len(deadIDs) == 0 {
 		return 0, nil
 	}
-	n, err := d.rdb.XDel(ctx, d.keys.Dead, deadIDs...).Result()
+	n, err := d.s.Drop(ctx, deadIDs...)
 	if err != nil {
 		return 0, fmt.Errorf("redisq: dropping dead letters of %s: %w", d.queue, err)
 	}
@@ -163,14 +145,7 @@ func (d *DeadLetters) Drop(ctx context.Context, deadIDs ...string) (int64, error
 	return n, nil
 }
 
-func deadLetter(m redis.XMessage) DeadLetter {
-	str := func(k string) string { s, _ := m.Values[k].(string); return s }
-	dl := DeadLetter{DeadID: m.ID, Reason: str("reason"), StreamID: str("stream_id"),
-		Job: Job{ID: str("id"), Name: str("name"), Payload: []byte(str("payload")), Sig: str("sig")}}
-	dl.Headers, _ = decodeHeaders(str(headersField))
-	var ms, seq int64
-	if _, err := fmt.Sscanf(m.ID, "%d-%d", &ms, &seq); err == nil {
-		dl.At = time.UnixMilli(ms)
-	}
-	return dl
+// deadLetter is e as a DeadLetter.
+func deadLetter(e deadletter.Entry) DeadLetter {
+	return DeadLetter{DeadID: e.DeadID, Job: Job(e.Fields), Reason: e.Reason, StreamID: e.StreamID, At: e.At}
 }

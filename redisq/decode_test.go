@@ -3,14 +3,11 @@ package redisq
 import (
 	"errors"
 	"fmt"
-	"maps"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
-
-	"github.com/outboxchat/outboxchat/outbox"
 )
 
 func TestDecodeEntry(t *testing.T) {
@@ -190,36 +187,6 @@ func TestParseSentinelURL(t *testing.T) {
 	if _, err := NewClient("redis+sentinel://h1:1/"); err == nil {
 		t.Error("NewClient accepted a sentinel url without a master name")
 	}
-}
-
-// FuzzDecodeHeaders: the headers field is outside input. Whatever it
-// holds, decoding never panics; a field that decodes is within the limits
-// and encodes back to an equal map.
-func FuzzDecodeHeaders(f *testing.F) {
-	f.Add(`{"traceparent":"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}`)
-	f.Add(`{"a":"b","c":""}`)
-	f.Add(`{"a":1}`)
-	f.Add(`{"":"x"}`)
-	f.Add(`{"k":"\u0000"}`)
-	f.Add(`null`)
-	f.Add(`{}`)
-	f.Add(``)
-	f.Fuzz(func(t *testing.T, s string) {
-		h, err := decodeHeaders(s)
-		if err != nil {
-			if !errors.Is(err, errBadHeaders) {
-				t.Fatalf("error %v does not wrap errBadHeaders", err)
-			}
-			return
-		}
-		if err := outbox.CheckHeaders(h); err != nil {
-			t.Fatalf("decoded %q beyond the limits: %v", s, err)
-		}
-		back, err := decodeHeaders(encodeHeaders(h))
-		if err != nil || !maps.Equal(back, h) {
-			t.Fatalf("round trip of %v: %v, %v", h, back, err)
-		}
-	})
 }
 
 func TestDecodeHeadersEntry(t *testing.T) {

@@ -6,7 +6,7 @@
 // A Publisher adds Jobs to a queue's stream; a Consumer reads them as one
 // named member of a consumer group. Every group gets every job; the members
 // of a group share them. Key names come from NewKeys; the Lua scripts (in
-// the module's redisq/scripts directory) each start with a header stating
+// the module's internal/queuescript directory) each start with a header stating
 // KEYS, ARGV and return values.
 //
 // OutboxPublisher makes a Publisher the outbox.Publisher of an
@@ -15,7 +15,7 @@
 //
 // # Invariants
 //
-//   - Idempotent add. Add runs scripts/add.lua, one atomic call per
+//   - Idempotent add. Add runs add.lua, one atomic call per
 //     batch, which per job sets the job's dedupe mark (a member of the
 //     queue's Keys.Dedupe sorted set, scored with its expiry, a Unix time
 //     in ms) for DedupeTTL unless a live one is there, then XADDs. A job whose ID is still in the queue (not yet acknowledged by

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/outboxchat/outboxchat/internal/queuescript"
 )
 
 // DeleteIdleConsumers deletes the consumers of group on queue (under
@@ -18,7 +20,7 @@ import (
 // unique names calls it now and then, keeping the names its live
 // processes use.
 //
-// The check and the delete run in one script (scripts/delete_idle.lua),
+// The check and the delete run in one script (delete_idle.lua),
 // so no entry is delivered to a consumer between the two and none is
 // lost: XGROUP DELCONSUMER would drop a consumer's pending entries with
 // it. Entries a dead consumer left pending are taken over by the live
@@ -45,7 +47,7 @@ func DeleteIdleConsumers(ctx context.Context, rdb redis.UniversalClient, prefix,
 	stream := NewKeys(prefix, queue).Stream
 	var names []string
 	err := retryTryAgain(ctx, func() (err error) {
-		names, err = deleteIdleScript.Run(ctx, rdb, []string{stream}, args...).StringSlice()
+		names, err = queuescript.DeleteIdle.Run(ctx, rdb, []string{stream}, args...).StringSlice()
 		return err
 	})
 	if err != nil && !errors.Is(err, redis.Nil) {

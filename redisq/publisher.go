@@ -7,12 +7,14 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/outboxchat/outboxchat/internal/queuescript"
+	"github.com/outboxchat/outboxchat/internal/replicawait"
+	"github.com/outboxchat/outboxchat/internal/streamentry"
 	"github.com/outboxchat/outboxchat/outbox"
 )
 
@@ -42,7 +44,7 @@ const DefaultReplicaAckTimeout = 500 * time.Millisecond
 // failover may lose them, so the call counts as failed. Retrying an Add is
 // safe (adds are idempotent); retrying a Readd adds the jobs again, which
 // the receiver drops as duplicates.
-var ErrNotReplicated = errors.New("redisq: add not acknowledged by enough replicas")
+var ErrNotReplicated = replicawait.ErrNotReplicated
 
 // ErrInvalidJob is returned (wrapped) by Publisher.Add for a job that cannot
 // be added at all (an empty ID). Nothing of that call is sent.
@@ -245,18 +247,8 @@ func checkAckClient(rdb redis.UniversalClient, cfg *PublisherConfig) error {
 	if cfg.ReplicaAcks == 0 {
 		return nil
 	}
-	var read time.Duration
-	switch c := rdb.(type) {
-	case *redis.Client:
-		read = c.Options().ReadTimeout
-	case *redis.ClusterClient:
-		read = c.Options().ReadTimeout
-	default:
-		return fmt.Errorf("ReplicaAcks needs a *redis.Client or *redis.ClusterClient, not %T: %w", rdb, ErrInvalidConfig)
-	}
-	if read > 0 && cfg.ReplicaAckTimeout > read/2 {
-		// The read deadline covers the script's run and the round trip too.
-		return fmt.Errorf("ReplicaAckTimeout %v above half the client's read timeout %v: %w", cfg.ReplicaAckTimeout, read, ErrInvalidConfig)
+	if err := replicawait.CheckClient(rdb, cfg.ReplicaAckTimeout); err != nil {
+		return fmt.Errorf("ReplicaAcks, ReplicaAckTimeout %v: %w: %w", cfg.ReplicaAckTimeout, err, ErrInvalidConfig)
 	}
 	return nil
 }
@@ -264,7 +256,7 @@ func checkAckClient(rdb redis.UniversalClient, cfg *PublisherConfig) error {
 // Keys returns the queue's key names.
 func (p *Publisher) Keys() Keys { return p.keys }
 
-// Add adds jobs to the stream in slice order through scripts/add.lua, one
+// Add adds jobs to the stream in slice order through add.lua, one
 // atomic script call per maxScriptJobs jobs (per job: unless its dedupe
 // mark is live, mark it for DedupeTTL in the queue's Keys.Dedupe sorted
 // set, then XADD with fields id, name, payload, and sig and headers when
@@ -305,7 +297,7 @@ func (p *Publisher) Add(ctx context.Context, jobs ...Job) (added int, err error)
 }
 
 // Readd adds jobs to the stream again whatever their dedupe marks say,
-// through scripts/add.lua in its re-add mode (per job: its dedupe mark set
+// through add.lua in its re-add mode (per job: its dedupe mark set
 // for DedupeTTL and its re-add token to the call's, overwriting, then
 // XADD), one atomic script call per maxScriptJobs jobs. It is the re-drive's add: a job whose dedupe mark
 // survived while its stream entry was lost (FLUSHALL and a re-add, XDEL, a
@@ -355,178 +347,43 @@ func (p *Publisher) run(ctx context.Context, jobs []Job, token string) (added in
 // gets TRYAGAIN (retryTryAgain's bounds).
 func (p *Publisher) runOnce(ctx context.Context, jobs []Job, from, to int, token string) (int, error) {
 	keys := []string{p.keys.Stream, p.keys.Dedupe, p.keys.DedupeTokens}
-	args := make([]any, 2, 2+5*(to-from))
-	args[0], args[1] = p.ttlMS, token
+	batch := make([]streamentry.Fields, 0, to-from)
 	for _, j := range jobs[from:to] {
 		if j.Sig == "" && p.sign != nil {
 			j.Sig = p.sign(j)
 		}
-		args = append(args, j.ID, j.Name, j.Payload, j.Sig, encodeHeaders(j.Headers))
+		batch = append(batch, streamentry.Fields(j))
 	}
+	args := queuescript.AddArgs(p.ttlMS, token, batch)
 	var reply []any
 	err := retryTryAgain(ctx, func() (err error) {
 		if p.acks > 0 {
-			reply, err = p.runAcked(ctx, keys, args)
+			// WAIT counts the replicas that have the connection's last
+			// write: the script, then a rewrite of the re-add tokens'
+			// placeholder (a call of duplicates alone writes nothing
+			// else), on the master of the queue's slot.
+			reply, err = replicawait.Run(ctx, p.rdb, replicawait.Call{
+				Script: queuescript.Add, Keys: keys, Args: args, Touch: p.keys.DedupeTokens,
+				Replicas: p.acks, Timeout: p.ackTimeout,
+			}, func(reply error) error { return &ClusterDownError{Err: reply} })
 			return err
 		}
-		reply, err = addScript.Run(ctx, p.rdb, keys, args...).Slice()
+		reply, err = queuescript.Add.Run(ctx, p.rdb, keys, args...).Slice()
 		return err
 	})
 	if err != nil {
 		return 0, fmt.Errorf("redisq: adding jobs: %w", err)
 	}
-	added, failed, msg, ok := scriptReply(reply)
+	added, failed, msg, ok := queuescript.AddReply(reply)
 	if !ok {
 		return 0, fmt.Errorf("redisq: adding jobs: unexpected script reply %v", reply)
 	}
 	if failed > 0 {
 		i := from + failed - 1
-		return 0, &JobError{Index: i, ID: jobs[i].ID, Err: replyError(msg)}
+		return 0, &JobError{Index: i, ID: jobs[i].ID, Err: queuescript.JobReply(msg)}
 	}
 	return added, nil
 }
-
-// runAcked runs add.lua with keys and args and then WAIT for p.acks
-// replicas, on one connection to the master of the queue's slot (WAIT
-// counts the replicas that have this connection's last write), and returns
-// the script's reply. Between the two it rewrites the re-add tokens'
-// placeholder, a write that always reaches the replicas: a call whose jobs
-// were all duplicates writes nothing else, and its WAIT would otherwise
-// vouch only for the connection's earlier writes, not for the first add of
-// those jobs, which may be the one a failover loses. NOSCRIPT is answered
-// by sending the script itself. On a cluster an ASK (the keys are on the
-// node importing the slot) is followed once; a MOVED (the slot moved) has
-// the client reload the slots' owners; either, if it is what the call
-// ends with, is returned for retryTryAgain to retry. CLUSTERDOWN becomes a
-// *ClusterDownError.
-func (p *Publisher) runAcked(ctx context.Context, keys []string, args []any) ([]any, error) {
-	cluster, isCluster := p.rdb.(*redis.ClusterClient)
-	if !isCluster {
-		reply, n, err := p.addAndWait(ctx, p.rdb.(*redis.Client), keys, args, false) // checkAckClient
-		return p.acked(reply, n, err)
-	}
-	c, err := cluster.MasterForKey(ctx, p.keys.Stream)
-	if err != nil {
-		return nil, err
-	}
-	reply, n, err := p.addAndWait(ctx, c, keys, args, false)
-	if redis.HasErrorPrefix(err, "ASK ") {
-		// The queue's keys are on the node importing the slot: follow
-		// the redirection once, as a cluster client does.
-		if f := strings.Fields(err.Error()); len(f) == 3 {
-			if to := masterAt(ctx, cluster, f[2]); to != nil {
-				reply, n, err = p.addAndWait(ctx, to, keys, args, true)
-			}
-		}
-	}
-	switch {
-	case redis.HasErrorPrefix(err, "MOVED "):
-		cluster.ReloadState(ctx)
-	case redis.HasErrorPrefix(err, "CLUSTERDOWN"):
-		return nil, &ClusterDownError{Err: err}
-	}
-	return p.acked(reply, n, err)
-}
-
-// acked is runAcked's result for addAndWait's: err, else ErrNotReplicated
-// when fewer than p.acks replicas acknowledged, else reply.
-func (p *Publisher) acked(reply []any, n int, err error) ([]any, error) {
-	switch {
-	case err != nil:
-		return nil, err
-	case n < p.acks:
-		return nil, fmt.Errorf("%d of %d replicas acknowledged within %v: %w", n, p.acks, p.ackTimeout, ErrNotReplicated)
-	}
-	return reply, nil
-}
-
-// masterAt is the client of cluster's master at addr ("host:port"), nil
-// when the cluster (its slots reloaded first) has none there.
-func masterAt(ctx context.Context, cluster *redis.ClusterClient, addr string) *redis.Client {
-	var mu sync.Mutex
-	var found *redis.Client
-	_ = cluster.ForEachMaster(ctx, func(_ context.Context, c *redis.Client) error {
-		if c.Options().Addr == addr {
-			mu.Lock()
-			found = c
-			mu.Unlock()
-		}
-		return nil
-	})
-	return found
-}
-
-// ackMargin is kept between a wait for replicas and the call's ctx
-// deadline, so that the wait's own reply, not the deadline, ends it.
-const ackMargin = 50 * time.Millisecond
-
-// addAndWait sends add.lua (by EVALSHA; by EVAL after a NOSCRIPT), the
-// re-add tokens' placeholder rewritten (HSET) and WAIT in one pipeline on
-// c, each command after ASKING when asking (a cluster's ASK redirection),
-// and returns the script's reply and how many replicas acknowledged. err
-// is the script's error, else the HSET's, else the WAIT's (wrapping
-// ErrNotReplicated too: the jobs are added, but not known to be
-// replicated). The wait lasts p.ackTimeout, or less so that it ends
-// ackMargin before ctx's deadline.
-func (p *Publisher) addAndWait(ctx context.Context, c *redis.Client, keys []string, args []any, asking bool) ([]any, int, error) {
-	timeout := p.ackTimeout
-	if d, ok := ctx.Deadline(); ok {
-		// WAIT 0 would wait for ever: at least 1 ms.
-		timeout = max(min(timeout, time.Until(d)-ackMargin), time.Millisecond)
-	}
-	var reply []any
-	var set *redis.IntCmd
-	var wait *redis.Cmd
-	for _, load := range []bool{false, true} {
-		pipe := c.Pipeline()
-		if asking {
-			pipe.Do(ctx, "asking")
-		}
-		var run *redis.Cmd
-		if load {
-			run = addScript.Eval(ctx, pipe, keys, args...)
-		} else {
-			run = addScript.EvalSha(ctx, pipe, keys, args...)
-		}
-		if asking {
-			pipe.Do(ctx, "asking")
-		}
-		set = pipe.HSet(ctx, p.keys.DedupeTokens, "", "")
-		wait = pipe.Do(ctx, "wait", p.acks, timeout.Milliseconds())
-		_, _ = pipe.Exec(ctx)
-		var err error
-		if reply, err = run.Slice(); err == nil {
-			break
-		} else if load || !redis.HasErrorPrefix(err, "NOSCRIPT") {
-			return nil, 0, err
-		}
-	}
-	if err := set.Err(); err != nil {
-		return nil, 0, fmt.Errorf("rewriting the re-add tokens' placeholder before the wait for replicas: %w", err)
-	}
-	n, err := wait.Int()
-	if err != nil {
-		return nil, 0, fmt.Errorf("waiting for %d replicas: %w: %w", p.acks, ErrNotReplicated, err)
-	}
-	return reply, n, nil
-}
-
-// scriptReply decodes add.lua's reply {added, failed, err}.
-func scriptReply(reply []any) (added, failed int, msg string, ok bool) {
-	if len(reply) != 3 {
-		return 0, 0, "", false
-	}
-	a, ok1 := reply[0].(int64)
-	f, ok2 := reply[1].(int64)
-	m, ok3 := reply[2].(string)
-	return int(a), int(f), m, ok1 && ok2 && ok3
-}
-
-// replyError is the error reply a script got for one job's command (the
-// script returns it as text, not as its own error, to say which job).
-type replyError string
-
-func (e replyError) Error() string { return string(e) }
 
 // JobError is the error of Add and Readd that names the job it arose at:
 // Index in the jobs given, ID, and Err (ErrInvalidJob for an empty ID or
@@ -565,17 +422,9 @@ func JobFault(err error) (*JobError, bool) {
 	if errors.Is(je.Err, ErrInvalidJob) {
 		return je, true
 	}
-	var se replyError
-	if errors.As(je.Err, &se) && strings.HasPrefix(string(se), "ERR ") && !isACLRefusal(string(se)) {
+	var se queuescript.JobReply
+	if errors.As(je.Err, &se) && se.JobFault() {
 		return je, true
 	}
 	return nil, false
-}
-
-// isACLRefusal reports whether an "ERR" reply a script got is the ACL's
-// refusal of a command or key (a configuration error of the user, the same
-// for every job), not a fault of the job's arguments.
-func isACLRefusal(reply string) bool {
-	return strings.HasPrefix(reply, "ERR The user executing the script can't") ||
-		strings.HasPrefix(reply, "ERR ACL failure")
 }

@@ -72,17 +72,12 @@ type route struct {
 	routes    []string
 }
 
-// defaultBinary is nats-server on PATH, else /usr/sbin/nats-server.
-func defaultBinary() (string, error) { return spawn.Binary("nats-server", "/usr/sbin/nats-server") }
+// program is nats-server on PATH, else /usr/sbin/nats-server.
+var program = spawn.Program{Owner: "natsproc", Name: "nats-server", Fallback: "/usr/sbin/nats-server"}
 
 // Available reports why Start with default Options cannot run on this
 // machine: nil when a nats-server executable is found. It starts nothing.
-func Available() error {
-	if _, err := defaultBinary(); err != nil {
-		return fmt.Errorf("natsproc: %w", err)
-	}
-	return nil
-}
+func Available() error { return program.Available() }
 
 // Start runs nats-server -js on 127.0.0.1 and waits until it answers a
 // client connection with its INFO line (under the server name it was given,
@@ -113,16 +108,8 @@ func Start(ctx context.Context, opts *Options) (*Server, error) {
 // newServer is a Server named name with opts's settings and dir (made
 // here), not started.
 func newServer(opts *Options, name string) (*Server, error) {
-	s := &Server{log: opts.Logger, binary: opts.Binary, startTimeout: opts.StartTimeout, name: name}
-	if s.log == nil {
-		s.log = slog.New(slog.DiscardHandler)
-	}
-	if s.startTimeout <= 0 {
-		s.startTimeout = defaultStartTimeout
-	}
-	if s.binary == "" {
-		s.binary, _ = defaultBinary() // a missing one fails to start
-	}
+	set := program.WithDefaults(spawn.Settings{Logger: opts.Logger, StartTimeout: opts.StartTimeout, Binary: opts.Binary}, defaultStartTimeout)
+	s := &Server{log: set.Logger, binary: set.Binary, startTimeout: set.StartTimeout, name: name}
 	s.life = spawn.Server{Name: "natsproc", Log: s.log, Launch: s.launch, StopSignal: syscall.SIGTERM}
 	var err error
 	if s.dir, s.life.Dir, err = spawn.Dir("natsproc", opts.Dir, s.log); err != nil {

@@ -82,17 +82,15 @@ type Server struct {
 	life spawn.Server // the pooler; SIGINT (immediate shutdown) stops it
 }
 
-func defaultBinary() (string, error) { return spawn.Binary("pgbouncer", "/usr/sbin/pgbouncer") }
+// program is pgbouncer on PATH, else /usr/sbin/pgbouncer
+// (scripts/install-deps.sh --test installs Debian's package).
+var program = spawn.Program{Owner: "pgbouncerproc", Name: "pgbouncer", Fallback: "/usr/sbin/pgbouncer",
+	Hint: "run scripts/install-deps.sh --test"}
 
 // Available reports why Start cannot run on this machine: nil when a
 // pgbouncer executable is found on PATH or at /usr/sbin/pgbouncer
 // (scripts/install-deps.sh --test installs Debian's package). It starts nothing.
-func Available() error {
-	if _, err := defaultBinary(); err != nil {
-		return fmt.Errorf("pgbouncerproc: %w (run scripts/install-deps.sh --test)", err)
-	}
-	return nil
-}
+func Available() error { return program.Available() }
 
 // Start writes a config (listen 127.0.0.1 on a free port, pool_mode
 // opts.Mode, every database forwarded to opts.Upstream, trust auth for
@@ -124,10 +122,8 @@ func Start(ctx context.Context, opts *Options) (*Server, error) {
 	if poolSize <= 0 {
 		poolSize = DefaultPoolSize
 	}
-	s := &Server{mode: mode, log: opts.Logger}
-	if s.log == nil {
-		s.log = slog.New(slog.DiscardHandler)
-	}
+	set := program.WithDefaults(spawn.Settings{Logger: opts.Logger, Binary: opts.Binary}, defaultStartTimeout)
+	s := &Server{mode: mode, log: set.Logger}
 	s.life = spawn.Server{Name: "pgbouncerproc", Log: s.log, StopSignal: syscall.SIGINT}
 	if s.dir, s.life.Dir, err = spawn.Dir("pgbouncerproc", "", s.log); err != nil {
 		return nil, err
@@ -179,11 +175,7 @@ log_disconnections = 0
 		if err := os.WriteFile(conf, []byte(ini), 0o644); err != nil {
 			return fmt.Errorf("pgbouncerproc: write config: %w", err)
 		}
-		binary := opts.Binary
-		if binary == "" {
-			binary, _ = defaultBinary() // a missing one fails to start
-		}
-		cmd := exec.Command(binary, conf)
+		cmd := exec.Command(set.Binary, conf)
 		cmd.Dir = s.dir
 		cmd.Env = []string{"PATH=" + os.Getenv("PATH")}
 		if cred != nil {

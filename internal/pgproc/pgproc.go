@@ -120,18 +120,14 @@ func Start(ctx context.Context, opts *Options) (*Server, error) {
 	if opts == nil {
 		opts = &Options{}
 	}
+	// The binaries are found by findBinDir: the zero Program.
+	set := spawn.Program{}.WithDefaults(spawn.Settings{Logger: opts.Logger, StartTimeout: opts.StartTimeout}, defaultStartTimeout)
 	s := &Server{
 		fsync:        opts.Fsync,
 		settings:     slices.Clone(opts.Settings),
-		log:          opts.Logger,
-		startTimeout: opts.StartTimeout,
+		log:          set.Logger,
+		startTimeout: set.StartTimeout,
 		env:          slices.Clone(opts.Env),
-	}
-	if s.log == nil {
-		s.log = slog.New(slog.DiscardHandler)
-	}
-	if s.startTimeout <= 0 {
-		s.startTimeout = defaultStartTimeout
 	}
 	var err error
 	if s.binDir, err = findBinDir(opts.BinDir); err != nil {

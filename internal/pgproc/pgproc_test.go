@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxchat/outboxchat/internal/spawn/spawntest"
 )
 
 func connect(t *testing.T, ctx context.Context, url string) *pgx.Conn {
@@ -22,15 +24,7 @@ func connect(t *testing.T, ctx context.Context, url string) *pgx.Conn {
 }
 
 // start starts a server with opts, closed at the end of the test.
-func start(t *testing.T, opts *Options) *Server {
-	t.Helper()
-	s, err := Start(t.Context(), opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = s.Close() })
-	return s
-}
+func start(t *testing.T, opts *Options) *Server { return spawntest.Start(t, Start, opts) }
 
 func TestLifecycle(t *testing.T) {
 	t.Parallel()
@@ -107,19 +101,7 @@ func TestLifecycle(t *testing.T) {
 	}
 	c.Close(ctx)
 
-	dir := s.Dir()
-	if err := s.Close(); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Close(); err != nil { // idempotent
-		t.Fatal(err)
-	}
-	if _, err := os.Stat(dir); !os.IsNotExist(err) {
-		t.Fatalf("dir %s not removed: %v", dir, err)
-	}
-	if err := s.Restart(ctx); err == nil {
-		t.Fatal("Restart after Close succeeded")
-	}
+	spawntest.CheckClose(t, s)
 }
 
 func TestCallerDirKeptAndReused(t *testing.T) {

@@ -120,18 +120,13 @@ type Server struct {
 	life spawn.Server // the process; SIGTERM stops it
 }
 
-// defaultBinary is redis-server on PATH, else /usr/bin/redis-server.
-func defaultBinary() (string, error) { return spawn.Binary("redis-server", "/usr/bin/redis-server") }
+// program is redis-server on PATH, else /usr/bin/redis-server.
+var program = spawn.Program{Owner: "redisproc", Name: "redis-server", Fallback: "/usr/bin/redis-server"}
 
 // Available reports why Start with default Options cannot run on this
 // machine: nil when a redis-server executable is found on PATH or at
 // /usr/bin/redis-server. It starts nothing and is safe for concurrent use.
-func Available() error {
-	if _, err := defaultBinary(); err != nil {
-		return fmt.Errorf("redisproc: %w", err)
-	}
-	return nil
-}
+func Available() error { return program.Available() }
 
 // Start runs redis-server on 127.0.0.1 with appendonly yes, appendfsync
 // everysec, no RDB snapshots and maxmemory-policy noeviction, and waits until
@@ -142,7 +137,8 @@ func Start(ctx context.Context, opts *Options) (*Server, error) {
 	if opts == nil {
 		opts = &Options{}
 	}
-	s := &Server{log: opts.Logger, binary: opts.Binary, startTimeout: opts.StartTimeout, replicaOf: opts.ReplicaOf, sentinel: opts.Sentinel, aclFile: opts.ACLFile}
+	set := program.WithDefaults(spawn.Settings{Logger: opts.Logger, StartTimeout: opts.StartTimeout, Binary: opts.Binary}, defaultStartTimeout)
+	s := &Server{log: set.Logger, binary: set.Binary, startTimeout: set.StartTimeout, replicaOf: opts.ReplicaOf, sentinel: opts.Sentinel, aclFile: opts.ACLFile}
 	if opts.TLSCertFile != "" && opts.TLSKeyFile != "" && opts.Sentinel == nil {
 		s.tlsCert, s.tlsKey = opts.TLSCertFile, opts.TLSKeyFile
 	}
@@ -161,15 +157,6 @@ func Start(ctx context.Context, opts *Options) (*Server, error) {
 			c.FailoverTimeout = 5 * time.Second
 		}
 		s.sentinel = &c
-	}
-	if s.log == nil {
-		s.log = slog.New(slog.DiscardHandler)
-	}
-	if s.startTimeout <= 0 {
-		s.startTimeout = defaultStartTimeout
-	}
-	if s.binary == "" {
-		s.binary, _ = defaultBinary() // a missing one fails to start
 	}
 	s.life = spawn.Server{Name: "redisproc", Log: s.log, Launch: s.launch, StopSignal: syscall.SIGTERM}
 	var err error

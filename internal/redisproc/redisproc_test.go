@@ -2,11 +2,12 @@ package redisproc
 
 import (
 	"net"
-	"os"
 	"strconv"
 	"testing"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/outboxchat/outboxchat/internal/spawn/spawntest"
 )
 
 func client(t *testing.T, s *Server) *redis.Client {
@@ -21,15 +22,7 @@ func client(t *testing.T, s *Server) *redis.Client {
 }
 
 // start starts a server with opts, closed at the end of the test.
-func start(t *testing.T, opts *Options) *Server {
-	t.Helper()
-	s, err := Start(t.Context(), opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = s.Close() })
-	return s
-}
+func start(t *testing.T, opts *Options) *Server { return spawntest.Start(t, Start, opts) }
 
 func TestLifecycle(t *testing.T) {
 	t.Parallel()
@@ -90,19 +83,7 @@ func TestLifecycle(t *testing.T) {
 		}
 	}
 
-	dir := s.Dir()
-	if err := s.Close(); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Close(); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := os.Stat(dir); !os.IsNotExist(err) {
-		t.Fatalf("dir %s not removed: %v", dir, err)
-	}
-	if err := s.Restart(ctx); err == nil {
-		t.Fatal("Restart after Close succeeded")
-	}
+	spawntest.CheckClose(t, s)
 }
 
 func TestPortInUse(t *testing.T) {

@@ -1,7 +1,8 @@
 // Package spawn starts the child processes of the tests and the lab
 // (postgres, redis-server, pgbouncer, outboxchat) so that they die with the
 // Go process that started them, and holds what the private servers share:
-// the lifecycle of a server's process (Server: start, stop, kill, restart,
+// the executable and common options of a server (Program, Settings), the
+// lifecycle of a server's process (Server: start, stop, kill, restart,
 // close), its readiness wait, and the port and directory helpers.
 package spawn
 
