@@ -63,6 +63,22 @@ func triggers(t testing.TB, g prometheus.Gatherer) map[outbox.WakeTrigger]float6
 	return out
 }
 
+// countedAtLeast waits until the relay's published-by-trigger counters
+// add up to at least want rows and returns them.
+func countedAtLeast(t testing.TB, g prometheus.Gatherer, want float64) map[outbox.WakeTrigger]float64 {
+	t.Helper()
+	var got map[outbox.WakeTrigger]float64
+	testenv.WaitFor(t, 20*time.Second, fmt.Sprintf("the relay counting %v rows", want), func() bool {
+		got = triggers(t, g)
+		var sum float64
+		for _, v := range got {
+			sum += v
+		}
+		return sum >= want
+	})
+	return got
+}
+
 // steadySender sends to chatID through base, one send after another, until
 // stopped: each send is retried with its Idempotency-Key until it gets 201,
 // so that a send that failed while Postgres was away, or whose commit went
@@ -201,23 +217,16 @@ func listenComesBack(t *testing.T, h *harness, chatID int64, cut func(t *testing
 	total := 3 + steady.finish(t)
 	w.WaitSeqs(t, chat.Consumers, total, 60*time.Second)
 
-	before := triggers(t, relay)
+	// A row is shown at the workers before the relay's pass that published
+	// it has committed and counted it: wait until every row so far is
+	// counted, and below until the n new ones are.
+	before := countedAtLeast(t, relay, float64(total))
 	const n = 10
 	for i := 1; i <= n; i++ {
 		chattest.Send(t, cons.base, chatID, fmt.Sprint("after ", i))
 		w.WaitSeqs(t, chat.Consumers, total+i, 20*time.Second)
 	}
-	// A row can be shown at the workers before the relay's pass that
-	// published it has committed and counted it: wait for the count.
-	var got map[outbox.WakeTrigger]float64
-	testenv.WaitFor(t, 20*time.Second, "the relay counting the last rows", func() bool {
-		got = triggers(t, relay)
-		var d float64
-		for tr, v := range got {
-			d += v - before[tr]
-		}
-		return d >= n
-	})
+	got := countedAtLeast(t, relay, float64(total+n))
 	if d := got[outbox.TriggerNotify] - before[outbox.TriggerNotify]; d != n {
 		t.Errorf("rows published by a NOTIFY after the reconnect = %v, want %d (before %v, after %v)", d, n, before, got)
 	}

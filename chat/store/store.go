@@ -120,12 +120,16 @@ func newQueries(service string) queries {
 			FROM unnest($1::bigint[]) AS c`,
 		// findKeys: the messages already stored under the given (chat,
 		// idempotency key) pairs: one lookup of index messages_client_id
-		// per pair (LATERAL, so the plan cannot turn into a hash join over
-		// the whole table).
+		// per pair. OFFSET 0 keeps the LATERAL subquery a subquery: pulled
+		// up into a plain join, the generic plan pgx caches while the
+		// table is new (never analyzed) hash-joins a sequential scan of
+		// every message, a cost that grows with the table (measured in lab
+		// bench: 2.5 ms and the whole table's pages per batch at 10,000
+		// messages, against 0.1 ms and 2 pages per key).
 		findKeys: `SELECT u.c, u.k, m.id::text, m.seq, m.body, m.created_at, coalesce(m.author, '')
 			FROM unnest($1::bigint[], $2::text[]) AS u(c, k)
 			CROSS JOIN LATERAL (SELECT id, seq, body, created_at, author FROM ` + s + `.messages
-				WHERE chat_id = u.c AND client_id = u.k) AS m`,
+				WHERE chat_id = u.c AND client_id = u.k OFFSET 0) AS m`,
 		// insertMessages: the batch's new messages, numbered in Go; '' is no
 		// key.
 		insertMessages: `INSERT INTO ` + s + `.messages (id, chat_id, seq, body, client_id, author, created_at)
