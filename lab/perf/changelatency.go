@@ -82,93 +82,127 @@ func (a apiCaller) call(ctx context.Context, method, u, body string) (int, []byt
 	return resp.StatusCode, b, err
 }
 
-// changeRun runs one run of VariantEdit or VariantRead on chat chatID of e:
-// it sets up what the changes need (a message to edit; Messages messages
-// to mark read, shown at the reader's client first, not timed), then makes
-// Messages changes one per Interval, each keyed by what its frame carries
-// (the edit's version, the read mark's upto_seq), and waits up to Settle
-// for every frame.
-func changeRun(ctx context.Context, e *env.Env, variant string, chatID int64, opts LatencyOptions) (*LatencyRun, error) {
-	// The frame to time: edits are shown at the workers' client, read marks
-	// (made on workers) at the consumers'.
-	watchAt, frameType := e.WorkersURL, "edit"
-	if variant == VariantRead {
-		watchAt, frameType = e.ConsumersURL, "read"
-	}
-	var mu sync.Mutex
-	arrived := map[int64]time.Time{} // version or upto_seq → first frame
-	var delivered int64              // the consumers' receipt at the watcher (read)
-	dups := 0
-	w, err := probe.NewWatcher(watchAt, chatID, &probe.WatcherConfig{Token: e.Token,
-		OnOther: func(typ string, frame []byte, at time.Time) {
-			var f struct {
-				From    string `json:"from"`
-				Version int64  `json:"version"`
-				UptoSeq int64  `json:"upto_seq"`
-			}
-			if json.Unmarshal(frame, &f) != nil {
-				return
-			}
-			if typ == "receipt" && f.From == chat.Consumers {
-				mu.Lock()
-				delivered = max(delivered, f.UptoSeq)
-				mu.Unlock()
-			}
-			if typ != frameType {
-				return
-			}
-			key := f.Version
-			if variant == VariantRead {
-				// From is whose messages were read: the consumers'.
-				if f.From != chat.Consumers {
-					return
-				}
-				key = f.UptoSeq
-			}
-			mu.Lock()
-			if _, ok := arrived[key]; ok {
-				dups++
-			} else {
-				arrived[key] = at
-			}
-			mu.Unlock()
-		}})
-	if err != nil {
-		return nil, err
-	}
-	if err := w.Start(ctx); err != nil {
-		return nil, err
-	}
-	defer w.Stop(context.Background())
-	if err := probe.Connect(ctx, w); err != nil {
-		return nil, fmt.Errorf("watcher could not connect to %s: %w", watchAt, err)
-	}
-	waitFor := func(what string, cond func() bool) error {
-		wctx, cancel := context.WithTimeout(ctx, opts.Settle)
-		defer cancel()
-		if err := env.WaitFor(wctx, 5*time.Millisecond, func() bool { mu.Lock(); defer mu.Unlock(); return cond() }); err != nil {
-			return fmt.Errorf("%s not shown within %v", what, opts.Settle)
-		}
-		return nil
-	}
+// changeFrames is what a change run's watcher has seen: the first arrival
+// of each change frame by its key (an edit's version, a read mark's
+// upto_seq), how many frames repeated a key, and the newest receipt of the
+// consumers' messages. Its methods are safe for concurrent use.
+type changeFrames struct {
+	mu        sync.Mutex
+	arrived   map[int64]time.Time
+	dups      int
+	delivered int64
+}
 
-	snd, err := probe.NewConnSender(e.ConsumersURL, e.Token, 5*time.Second)
-	if err != nil {
-		return nil, err
+// onFrame records frame, of type typ and read at at, if it is a frame of
+// frameType that variant times (or a receipt of the consumers' messages).
+func (f *changeFrames) onFrame(variant, frameType, typ string, frame []byte, at time.Time) {
+	var fr struct {
+		From    string `json:"from"`
+		Version int64  `json:"version"`
+		UptoSeq int64  `json:"upto_seq"`
 	}
-	defer snd.Close()
-	api := apiCaller{client: &http.Client{Timeout: 5 * time.Second}, token: e.Token}
-	defer api.client.CloseIdleConnections()
-	// What each change call is: its URL, body and the key of its frame.
-	type change struct {
-		u, body string
-		key     int64
+	if json.Unmarshal(frame, &fr) != nil {
+		return
 	}
-	changes := make([]change, 0, opts.Messages)
-	method := http.MethodPatch
-	// before runs ahead of a change's timed call, after behind it
-	// (untimed both); nil: nothing.
-	var before, after func(change) error
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if typ == "receipt" && fr.From == chat.Consumers {
+		f.delivered = max(f.delivered, fr.UptoSeq)
+	}
+	if typ != frameType {
+		return
+	}
+	key := fr.Version
+	if variant == VariantRead {
+		// From is whose messages were read: the consumers'.
+		if fr.From != chat.Consumers {
+			return
+		}
+		key = fr.UptoSeq
+	}
+	if _, ok := f.arrived[key]; ok {
+		f.dups++
+	} else {
+		f.arrived[key] = at
+	}
+}
+
+// shown reports whether the frame of key has arrived.
+func (f *changeFrames) shown(key int64) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	_, ok := f.arrived[key]
+	return ok
+}
+
+// deliveredUpTo reports whether the consumers' messages up to seq are
+// received at the watcher.
+func (f *changeFrames) deliveredUpTo(seq int64) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.delivered >= seq
+}
+
+// madeChange is a change call that succeeded: its frame's key and the
+// call's start.
+type madeChange struct {
+	key int64
+	at  time.Time
+}
+
+// result turns the frames seen for done into a run's figures (samples
+// sorted, percentiles, lost changes, repeated frames).
+func (f *changeFrames) result(done []madeChange, sendErrors int) *LatencyRun {
+	r := &LatencyRun{Sent: len(done), SendErrors: sendErrors}
+	f.mu.Lock()
+	for _, d := range done {
+		// A change is shown by its own frame or by the first newer one: the
+		// gateway may push only the newest of several edits (or read marks)
+		// that arrive together, and the page then shows that.
+		var at time.Time
+		for k, t := range f.arrived {
+			if k >= d.key && (at.IsZero() || t.Before(at)) {
+				at = t
+			}
+		}
+		if at.IsZero() {
+			r.Lost++
+			continue
+		}
+		r.Samples = append(r.Samples, at.Sub(d.at))
+	}
+	r.DuplicatesShown = f.dups
+	f.mu.Unlock()
+	slices.Sort(r.Samples)
+	r.P50, r.P95, r.P99 = probe.Percentile(r.Samples, 0.50), probe.Percentile(r.Samples, 0.95), probe.Percentile(r.Samples, 0.99)
+	if n := len(r.Samples); n > 0 {
+		r.Max = r.Samples[n-1]
+	}
+	return r
+}
+
+// change is one change call of a run: its URL, body and the key of its
+// frame.
+type change struct {
+	u, body string
+	key     int64
+}
+
+// changePlan is a run's change calls, made with method; before runs ahead
+// of a change's timed call, after behind it (untimed both); nil: nothing.
+type changePlan struct {
+	method        string
+	changes       []change
+	before, after func(change) error
+}
+
+// planChanges sets up what variant's changes need on chat chatID (a
+// message to edit; messages to mark read, shown at the reader's client
+// first) with an untimed warm-up change, and returns the opts.Messages
+// timed changes. waitFor waits up to Settle for cond.
+func planChanges(ctx context.Context, e *env.Env, variant string, chatID int64, opts LatencyOptions,
+	snd *probe.ConnSender, api apiCaller, frames *changeFrames, waitFor func(what string, cond func() bool) error) (*changePlan, error) {
+	p := &changePlan{method: http.MethodPatch, changes: make([]change, 0, opts.Messages)}
 	switch variant {
 	case VariantEdit:
 		id, err := snd.Send(ctx, chatID, "to be edited")
@@ -177,14 +211,14 @@ func changeRun(ctx context.Context, e *env.Env, variant string, chatID int64, op
 		}
 		u := fmt.Sprintf("%s/api/chats/%d/messages/%s", e.ConsumersURL, chatID, id)
 		// A warm-up edit (version 2), not timed.
-		if err := expect(api.call(ctx, method, u, `{"body":"warm-up"}`)); err != nil {
+		if err := expect(api.call(ctx, p.method, u, `{"body":"warm-up"}`)); err != nil {
 			return nil, fmt.Errorf("warm-up edit: %w", err)
 		}
-		if err := waitFor("the warm-up edit", func() bool { _, ok := arrived[2]; return ok }); err != nil {
+		if err := waitFor("the warm-up edit", func() bool { return frames.shown(2) }); err != nil {
 			return nil, err
 		}
 		for i := 1; i <= opts.Messages; i++ {
-			changes = append(changes, change{u, fmt.Sprintf(`{"body":"edit %d"}`, i), int64(i + 2)})
+			p.changes = append(p.changes, change{u, fmt.Sprintf(`{"body":"edit %d"}`, i), int64(i + 2)})
 		}
 	case VariantRead:
 		// A read mark moves up to the reader's newest received message
@@ -199,99 +233,114 @@ func changeRun(ctx context.Context, e *env.Env, variant string, chatID int64, op
 				return nil, fmt.Errorf("send the messages to read: %w", err)
 			}
 		}
-		if err := waitFor("the receipt of the first message", func() bool { return delivered >= 1 }); err != nil {
+		if err := waitFor("the receipt of the first message", func() bool { return frames.deliveredUpTo(1) }); err != nil {
 			return nil, err
 		}
-		method = http.MethodPost
+		p.method = http.MethodPost
 		u := fmt.Sprintf("%s/api/chats/%d/read", e.WorkersURL, chatID)
-		if err := expect(api.call(ctx, method, u, `{"upto_seq":1}`)); err != nil {
+		if err := expect(api.call(ctx, p.method, u, `{"upto_seq":1}`)); err != nil {
 			return nil, fmt.Errorf("warm-up read mark: %w", err)
 		}
-		if err := waitFor("the warm-up read mark", func() bool { _, ok := arrived[1]; return ok }); err != nil {
+		if err := waitFor("the warm-up read mark", func() bool { return frames.shown(1) }); err != nil {
 			return nil, err
 		}
 		for i := 1; i <= opts.Messages; i++ {
 			seq := int64(i + 1)
-			changes = append(changes, change{u, fmt.Sprintf(`{"upto_seq":%d}`, seq), seq})
+			p.changes = append(p.changes, change{u, fmt.Sprintf(`{"upto_seq":%d}`, seq), seq})
 		}
-		before = func(c change) error {
-			return waitFor(fmt.Sprintf("the receipt of message %d", c.key), func() bool { return delivered >= c.key })
+		p.before = func(c change) error {
+			return waitFor(fmt.Sprintf("the receipt of message %d", c.key), func() bool { return frames.deliveredUpTo(c.key) })
 		}
-		after = func(c change) error {
+		p.after = func(c change) error {
 			_, err := snd.Send(ctx, chatID, fmt.Sprintf("to be read %d", c.key+1))
 			return err
 		}
 	}
+	return p, nil
+}
 
-	type made struct {
-		key int64
-		at  time.Time
+// changeRun runs one run of VariantEdit or VariantRead on chat chatID of e:
+// it sets up what the changes need (planChanges), then makes Messages
+// changes one per Interval, each keyed by what its frame carries (the
+// edit's version, the read mark's upto_seq), and waits up to Settle for
+// every frame.
+func changeRun(ctx context.Context, e *env.Env, variant string, chatID int64, opts LatencyOptions) (*LatencyRun, error) {
+	// The frame to time: edits are shown at the workers' client, read marks
+	// (made on workers) at the consumers'.
+	watchAt, frameType := e.WorkersURL, "edit"
+	if variant == VariantRead {
+		watchAt, frameType = e.ConsumersURL, "read"
 	}
-	var done []made
-	r := &LatencyRun{}
+	frames := &changeFrames{arrived: map[int64]time.Time{}}
+	w, err := probe.NewWatcher(watchAt, chatID, &probe.WatcherConfig{Token: e.Token,
+		OnOther: func(typ string, frame []byte, at time.Time) {
+			frames.onFrame(variant, frameType, typ, frame, at)
+		}})
+	if err != nil {
+		return nil, err
+	}
+	if err := w.Start(ctx); err != nil {
+		return nil, err
+	}
+	defer w.Stop(context.Background())
+	if err := probe.Connect(ctx, w); err != nil {
+		return nil, fmt.Errorf("watcher could not connect to %s: %w", watchAt, err)
+	}
+	waitFor := func(what string, cond func() bool) error {
+		wctx, cancel := context.WithTimeout(ctx, opts.Settle)
+		defer cancel()
+		if err := env.WaitFor(wctx, 5*time.Millisecond, cond); err != nil {
+			return fmt.Errorf("%s not shown within %v", what, opts.Settle)
+		}
+		return nil
+	}
+
+	snd, err := probe.NewConnSender(e.ConsumersURL, e.Token, 5*time.Second)
+	if err != nil {
+		return nil, err
+	}
+	defer snd.Close()
+	api := apiCaller{client: &http.Client{Timeout: 5 * time.Second}, token: e.Token}
+	defer api.client.CloseIdleConnections()
+	plan, err := planChanges(ctx, e, variant, chatID, opts, snd, api, frames, waitFor)
+	if err != nil {
+		return nil, err
+	}
+
+	var done []madeChange
+	sendErrors := 0
 	next := time.Now()
-	for _, c := range changes {
+	for _, c := range plan.changes {
 		if err := env.SleepUntil(ctx, next); err != nil {
 			return nil, err
 		}
-		if before != nil {
-			if err := before(c); err != nil {
+		if plan.before != nil {
+			if err := plan.before(c); err != nil {
 				return nil, err
 			}
 		}
 		t0 := time.Now()
 		next = t0.Add(opts.Interval)
-		err := expect(api.call(ctx, method, c.u, c.body))
+		err := expect(api.call(ctx, plan.method, c.u, c.body))
 		if err == nil {
-			done = append(done, made{c.key, t0})
+			done = append(done, madeChange{c.key, t0})
 		} else if ctx.Err() != nil {
 			return nil, ctx.Err()
 		} else {
-			r.SendErrors++
+			sendErrors++
 		}
-		if after != nil {
-			if err := after(c); err != nil {
+		if plan.after != nil {
+			if err := plan.after(c); err != nil {
 				return nil, fmt.Errorf("send the next message to read: %w", err)
 			}
 		}
 	}
-	r.Sent = len(done)
-	_ = waitFor("every change", func() bool {
-		// Keys grow with each change: the last one's frame shows them all.
-		if len(done) == 0 {
-			return true
-		}
-		_, ok := arrived[done[len(done)-1].key]
-		return ok
-	})
+	// Keys grow with each change: the last one's frame shows them all.
+	_ = waitFor("every change", func() bool { return len(done) == 0 || frames.shown(done[len(done)-1].key) })
 	if ctx.Err() != nil {
 		return nil, ctx.Err()
 	}
-	mu.Lock()
-	for _, d := range done {
-		// A change is shown by its own frame or by the first newer one: the
-		// gateway may push only the newest of several edits (or read marks)
-		// that arrive together, and the page then shows that.
-		var at time.Time
-		for k, t := range arrived {
-			if k >= d.key && (at.IsZero() || t.Before(at)) {
-				at = t
-			}
-		}
-		if at.IsZero() {
-			r.Lost++
-			continue
-		}
-		r.Samples = append(r.Samples, at.Sub(d.at))
-	}
-	r.DuplicatesShown = dups
-	mu.Unlock()
-	slices.Sort(r.Samples)
-	r.P50, r.P95, r.P99 = probe.Percentile(r.Samples, 0.50), probe.Percentile(r.Samples, 0.95), probe.Percentile(r.Samples, 0.99)
-	if n := len(r.Samples); n > 0 {
-		r.Max = r.Samples[n-1]
-	}
-	return r, nil
+	return frames.result(done, sendErrors), nil
 }
 
 // expect turns a change call's answer into an error unless it is 200.
