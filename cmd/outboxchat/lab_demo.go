@@ -9,7 +9,7 @@ import (
 
 	"github.com/outboxchat/outboxchat/lab/chaos"
 	"github.com/outboxchat/outboxchat/lab/env"
-	"github.com/outboxchat/outboxchat/lab/perf"
+	"github.com/outboxchat/outboxchat/lab/latency"
 )
 
 // runLabDemo runs `lab demo`: chaos v1, chaos v2, then the latency table
@@ -63,11 +63,11 @@ func runLabDemo(ctx context.Context, args []string, stdout, stderr io.Writer) er
 // of the default messages and interval. Losing a message is unexpected.
 func demoLatency(ctx context.Context, stdout, stderr io.Writer) error {
 	fmt.Fprintln(stdout, "== latency ==")
-	rep, err := perf.Latency(ctx, perf.LatencyOptions{Runs: 1, Progress: stderr})
+	rep, err := latency.Measure(ctx, latency.Options{Runs: 1, Progress: stderr})
 	if err != nil {
 		return err
 	}
-	if err := writeLatency(rep, false, perf.DefaultPlotPath, stdout, stderr); err != nil {
+	if err := writeLatency(rep, false, latency.DefaultPlotPath, stdout, stderr); err != nil {
 		return err
 	}
 	var errs []error

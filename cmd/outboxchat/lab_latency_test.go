@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/outboxchat/outboxchat/lab/env"
-	"github.com/outboxchat/outboxchat/lab/perf"
+	"github.com/outboxchat/outboxchat/lab/latency"
 )
 
 func TestLatencyCmdRejects(t *testing.T) {
@@ -44,9 +44,9 @@ func TestLatencyCmd(t *testing.T) {
 	}
 	t.Logf("stdout:\n%s\nstderr:\n%s", out.String(), errb.String())
 	sc := bufio.NewScanner(&out)
-	var sums []perf.LatencySummary
+	var sums []latency.Summary
 	for sc.Scan() {
-		var s perf.LatencySummary
+		var s latency.Summary
 		if err := json.Unmarshal(sc.Bytes(), &s); err != nil {
 			t.Fatalf("line %q: %v", sc.Text(), err)
 		}
@@ -90,7 +90,7 @@ func TestLatencyPollOnlyWaitsForThePoll(t *testing.T) {
 	if err != nil {
 		t.Fatalf("lab latency: %v\nstderr:\n%s", err, errb.String())
 	}
-	var s perf.LatencySummary
+	var s latency.Summary
 	if err := json.Unmarshal(bytes.TrimSpace(out.Bytes()), &s); err != nil {
 		t.Fatalf("output %q: %v", out.String(), err)
 	}
@@ -116,15 +116,15 @@ func TestLatencyEditAndRead(t *testing.T) {
 	if err != nil {
 		t.Fatalf("lab latency: %v\nstderr:\n%s", err, errb.String())
 	}
-	var got []perf.LatencySummary
+	var got []latency.Summary
 	for line := range strings.Lines(strings.TrimSpace(out.String())) {
-		var s perf.LatencySummary
+		var s latency.Summary
 		if err := json.Unmarshal([]byte(line), &s); err != nil {
 			t.Fatalf("line %q: %v", line, err)
 		}
 		got = append(got, s)
 	}
-	if len(got) != 2 || got[0].Variant != perf.VariantEdit || got[1].Variant != perf.VariantRead {
+	if len(got) != 2 || got[0].Variant != latency.VariantEdit || got[1].Variant != latency.VariantRead {
 		t.Fatalf("summaries = %+v; want edit then read", got)
 	}
 	for _, s := range got {

@@ -1,4 +1,4 @@
-package perf
+package latency
 
 import (
 	"bytes"
@@ -152,8 +152,8 @@ type madeChange struct {
 
 // result turns the frames seen for done into a run's figures (samples
 // sorted, percentiles, lost changes, repeated frames).
-func (f *changeFrames) result(done []madeChange, sendErrors int) *LatencyRun {
-	r := &LatencyRun{Sent: len(done), SendErrors: sendErrors}
+func (f *changeFrames) result(done []madeChange, sendErrors int) *Run {
+	r := &Run{Sent: len(done), SendErrors: sendErrors}
 	f.mu.Lock()
 	for _, d := range done {
 		// A change is shown by its own frame or by the first newer one: the
@@ -200,7 +200,7 @@ type changePlan struct {
 // message to edit; messages to mark read, shown at the reader's client
 // first) with an untimed warm-up change, and returns the opts.Messages
 // timed changes. waitFor waits up to Settle for cond.
-func planChanges(ctx context.Context, e *env.Env, variant string, chatID int64, opts LatencyOptions,
+func planChanges(ctx context.Context, e *env.Env, variant string, chatID int64, opts Options,
 	snd *probe.ConnSender, api apiCaller, frames *changeFrames, waitFor func(what string, cond func() bool) error) (*changePlan, error) {
 	p := &changePlan{method: http.MethodPatch, changes: make([]change, 0, opts.Messages)}
 	switch variant {
@@ -264,7 +264,7 @@ func planChanges(ctx context.Context, e *env.Env, variant string, chatID int64, 
 // changes one per Interval, each keyed by what its frame carries (the
 // edit's version, the read mark's upto_seq), and waits up to Settle for
 // every frame.
-func changeRun(ctx context.Context, e *env.Env, variant string, chatID int64, opts LatencyOptions) (*LatencyRun, error) {
+func changeRun(ctx context.Context, e *env.Env, variant string, chatID int64, opts Options) (*Run, error) {
 	// The frame to time: edits are shown at the workers' client, read marks
 	// (made on workers) at the consumers'.
 	watchAt, frameType := e.WorkersURL, "edit"
