@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outboxchat/outboxchat/cmd/outboxchat/internal/labcmd"
 	"github.com/outboxchat/outboxchat/lab/env"
 	"github.com/outboxchat/outboxchat/lab/latency"
 )
@@ -20,7 +21,7 @@ func TestLatencyCmdRejects(t *testing.T) {
 		{"--runs", "0"}, {"--messages", "-1"}, {"--variants", "v3"}, {"--variants", ","}, {"extra"}, {"--instances", "0"},
 	} {
 		var out, errb bytes.Buffer
-		if err := runLabLatency(context.Background(), args, &out, &errb); err == nil {
+		if err := labcmd.Latency(context.Background(), args, &out, &errb); err == nil {
 			t.Errorf("lab latency %q: want an error", args)
 		}
 	}
@@ -37,7 +38,7 @@ func TestLatencyCmd(t *testing.T) {
 	defer cancel()
 	plotPath := filepath.Join(t.TempDir(), "cdf.png")
 	var out, errb bytes.Buffer
-	err := runLabLatency(ctx, []string{"--variants", "v2", "--messages", "20", "--interval", "50ms", "--runs", "1",
+	err := labcmd.Latency(ctx, []string{"--variants", "v2", "--messages", "20", "--interval", "50ms", "--runs", "1",
 		"--instances", "2", "--json", "--plot", plotPath}, &out, &errb)
 	if err != nil {
 		t.Fatalf("lab latency: %v\nstderr:\n%s", err, errb.String())
@@ -85,7 +86,7 @@ func TestLatencyPollOnlyWaitsForThePoll(t *testing.T) {
 	var out, errb bytes.Buffer
 	// --plot none: the default plot path is relative to the package
 	// directory, and a test must not write into the source tree.
-	err := runLabLatency(ctx, []string{"--variants", "v2-poll", "--messages", "20", "--interval", "50ms", "--runs", "1",
+	err := labcmd.Latency(ctx, []string{"--variants", "v2-poll", "--messages", "20", "--interval", "50ms", "--runs", "1",
 		"--json", "--plot", "none"}, &out, &errb)
 	if err != nil {
 		t.Fatalf("lab latency: %v\nstderr:\n%s", err, errb.String())
@@ -111,7 +112,7 @@ func TestLatencyEditAndRead(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()
 	var out, errb bytes.Buffer
-	err := runLabLatency(ctx, []string{"--variants", "edit,read", "--messages", "10", "--interval", "20ms", "--runs", "1",
+	err := labcmd.Latency(ctx, []string{"--variants", "edit,read", "--messages", "10", "--interval", "20ms", "--runs", "1",
 		"--json", "--plot", "none"}, &out, &errb)
 	if err != nil {
 		t.Fatalf("lab latency: %v\nstderr:\n%s", err, errb.String())
@@ -134,7 +135,7 @@ func TestLatencyEditAndRead(t *testing.T) {
 	}
 	out.Reset()
 	errb.Reset()
-	if err := runLabLatency(ctx, []string{"--variants", "read", "--messages", "3", "--runs", "1", "--plot", "none"}, &out, &errb); err != nil {
+	if err := labcmd.Latency(ctx, []string{"--variants", "read", "--messages", "3", "--runs", "1", "--plot", "none"}, &out, &errb); err != nil {
 		t.Fatalf("lab latency (table): %v\nstderr:\n%s", err, errb.String())
 	}
 	for _, want := range []string{"read: v2, a read mark → its read frame", "read call (a workers reader)", "lost: none"} {

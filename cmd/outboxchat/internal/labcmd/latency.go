@@ -1,4 +1,4 @@
-package main
+package labcmd
 
 import (
 	"context"
@@ -8,12 +8,13 @@ import (
 	"io"
 	"strings"
 
+	"github.com/outboxchat/outboxchat/cmd/outboxchat/internal/cliflag"
 	"github.com/outboxchat/outboxchat/lab/env"
 	"github.com/outboxchat/outboxchat/lab/latency"
 )
 
-// runLabLatency runs `lab latency`.
-func runLabLatency(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+// Latency runs `lab latency`.
+func Latency(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("lab latency", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	variants := fs.String("variants", strings.Join(latency.DefaultVariants, ","), "comma-separated variants: v1, v2, v2-intx, v2-poll; edit and read time an edit and a read mark on v2")
@@ -33,7 +34,7 @@ func runLabLatency(ctx context.Context, args []string, stdout, stderr io.Writer)
 	if *messages <= 0 || *runs <= 0 || *interval <= 0 || *instances <= 0 {
 		return errors.New("lab latency: --messages, --runs, --interval and --instances must be positive")
 	}
-	vs := splitList(*variants)
+	vs := cliflag.List(*variants)
 	if len(vs) == 0 {
 		return errors.New("lab latency: --variants is empty")
 	}

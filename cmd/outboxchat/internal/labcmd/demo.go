@@ -1,4 +1,4 @@
-package main
+package labcmd
 
 import (
 	"context"
@@ -12,11 +12,11 @@ import (
 	"github.com/outboxchat/outboxchat/lab/latency"
 )
 
-// runLabDemo runs `lab demo`: chaos v1, chaos v2, then the latency table
+// Demo runs `lab demo`: chaos v1, chaos v2, then the latency table
 // (one run). It returns an error unless v1 lost exactly msgs 7 and 8, v2
 // lost none, skipped exactly one duplicate and left nothing unsent, and
 // the latency runs lost nothing.
-func runLabDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+func Demo(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("lab demo", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	broker := brokerFlag(fs)
