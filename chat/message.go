@@ -12,6 +12,7 @@ import (
 	"unicode/utf16"
 	"unicode/utf8"
 
+	"github.com/outboxchat/outboxchat/chat/internal/jsonenc"
 	"github.com/outboxchat/outboxchat/chat/internal/jsonscan"
 )
 
@@ -99,7 +100,7 @@ func optTime(t *time.Time) *string {
 	return &s
 }
 
-const timeLayout = "2006-01-02T15:04:05.000000Z07:00"
+const timeLayout = jsonenc.TimeLayout
 
 func formatTime(t time.Time) string { return t.UTC().Format(timeLayout) }
 

@@ -9,6 +9,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/outboxchat/outboxchat/chat/internal/jsonenc"
 	"github.com/outboxchat/outboxchat/chat/internal/jsonscan"
 )
 
@@ -308,15 +309,15 @@ func checkClientFrame(f *ClientFrame, seen *frameSeen, maxBodyBytes int) error {
 // seq and time). It never fails.
 func AppendAckFrame(dst []byte, clientID string, m Message) []byte {
 	dst = append(dst, `{"type":"ack","client_id":`...)
-	dst = appendJSONString(dst, clientID)
+	dst = jsonenc.AppendString(dst, clientID)
 	dst = append(dst, `,"id":`...)
-	dst = appendJSONString(dst, m.ID)
+	dst = jsonenc.AppendString(dst, m.ID)
 	dst = append(dst, `,"chat_id":`...)
 	dst = strconv.AppendInt(dst, m.ChatID, 10)
 	dst = append(dst, `,"seq":`...)
 	dst = strconv.AppendInt(dst, m.Seq, 10)
 	dst = append(dst, `,"sent_at":`...)
-	dst = appendJSONTime(dst, m.SentAt)
+	dst = jsonenc.AppendTime(dst, m.SentAt)
 	return append(dst, '}')
 }
 
@@ -324,7 +325,7 @@ func AppendAckFrame(dst []byte, clientID string, m Message) []byte {
 // {"type":"ack","client_id":…,"message":<Message at its new version>}.
 func AppendChangeAckFrame(dst []byte, clientID string, m Message) []byte {
 	dst = append(dst, `{"type":"ack","client_id":`...)
-	dst = appendJSONString(dst, clientID)
+	dst = jsonenc.AppendString(dst, clientID)
 	dst = append(dst, `,"message":`...)
 	dst = m.AppendJSON(dst)
 	return append(dst, '}')
@@ -334,13 +335,13 @@ func AppendChangeAckFrame(dst []byte, clientID string, m Message) []byte {
 // {"type":"ack","client_id":…,"chat_id":N,"upto_seq":N,"read_at":"…","unread":N}.
 func AppendReadAckFrame(dst []byte, clientID string, r ReadResult) []byte {
 	dst = append(dst, `{"type":"ack","client_id":`...)
-	dst = appendJSONString(dst, clientID)
+	dst = jsonenc.AppendString(dst, clientID)
 	dst = append(dst, `,"chat_id":`...)
 	dst = strconv.AppendInt(dst, r.ChatID, 10)
 	dst = append(dst, `,"upto_seq":`...)
 	dst = strconv.AppendInt(dst, r.UptoSeq, 10)
 	dst = append(dst, `,"read_at":`...)
-	dst = appendJSONTime(dst, r.ReadAt)
+	dst = jsonenc.AppendTime(dst, r.ReadAt)
 	dst = append(dst, `,"unread":`...)
 	dst = strconv.AppendInt(dst, r.Unread, 10)
 	return append(dst, '}')
@@ -352,11 +353,11 @@ func AppendReadAckFrame(dst []byte, clientID string, r ReadResult) []byte {
 // error is not about one field.
 func AppendErrorFrame(dst []byte, clientID, msg, field string) []byte {
 	dst = append(dst, `{"type":"error","client_id":`...)
-	dst = appendJSONString(dst, clientID)
+	dst = jsonenc.AppendString(dst, clientID)
 	dst = append(dst, `,"error":`...)
-	dst = appendJSONString(dst, msg)
+	dst = jsonenc.AppendString(dst, msg)
 	dst = append(dst, `,"field":`...)
-	dst = appendJSONString(dst, field)
+	dst = jsonenc.AppendString(dst, field)
 	return append(dst, '}')
 }
 

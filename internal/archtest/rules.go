@@ -157,6 +157,8 @@ var Places = []Place{
 	{"chat/internal/...", chattest},
 	// A JSON scanner of the standard library alone, for chat and chat/store.
 	{"chat/internal/jsonscan", library},
+	// JSON appending of the standard library alone, for chat's encoders.
+	{"chat/internal/jsonenc", library},
 
 	{"lab/...", lab},
 	{"lab/labtest/...", labtest},
