@@ -462,29 +462,12 @@ var eventKeys = [...]string{"id", "chat_id", "seq", "body", "sent_at", "from", "
 // or refuses the event. Repeated keys: the last wins, as in json.Unmarshal.
 // The cases below and eventKeys must name eventFields' tags.
 func scanEvent(data []byte, f *eventFields) bool {
-	s := jsonscan.Scanner{P: data}
-	s.Space()
-	if !s.Byte('{') {
-		return false
-	}
-	s.Space()
-	if s.Byte('}') {
-		s.Space()
-		return s.I == len(data)
-	}
-	for {
-		from, to, plain, _ := s.Str()
-		if !plain {
-			return false
-		}
-		s.Space()
-		if !s.Byte(':') {
-			return false
-		}
-		s.Space()
+	o := objectScan{S: jsonscan.Scanner{P: data}}
+	s := &o.S
+	for o.next() {
 		var str *string
 		ok := true
-		switch key := string(data[from:to]); key {
+		switch key := string(o.key); key {
 		case "id":
 			str = &f.ID
 		case "chat_id":
@@ -511,22 +494,13 @@ func scanEvent(data []byte, f *eventFields) bool {
 			ok = s.Value(0)
 		}
 		if str != nil {
-			*str, ok = scanEventText(&s)
+			*str, ok = scanEventText(s)
 		}
 		if !ok {
 			return false
 		}
-		s.Space()
-		if s.Byte('}') {
-			break
-		}
-		if !s.Byte(',') {
-			return false
-		}
-		s.Space()
 	}
-	s.Space()
-	return s.I == len(data)
+	return o.done()
 }
 
 // scanEventText consumes a string whose bytes are valid UTF-8 and whose

@@ -101,27 +101,13 @@ func (s *frameSeen) field(key string) *bool {
 // int64. It returns false for anything else, which the slow path decodes
 // or refuses with its precise error.
 func scanClientFrame(data []byte, f *ClientFrame, seen *frameSeen) bool {
-	s := jsonscan.Scanner{P: data}
-	s.Space()
-	if !s.Byte('{') {
-		return false
-	}
-	s.Space()
-	if s.Byte('}') {
-		s.Space()
-		return s.I == len(data)
-	}
-	for {
-		from, to, plain, valid := s.Str()
-		if !plain || !valid {
+	o := objectScan{S: jsonscan.Scanner{P: data}}
+	s := &o.S
+	for o.next() {
+		if !o.keyValid {
 			return false
 		}
-		key := data[from:to]
-		s.Space()
-		if !s.Byte(':') {
-			return false
-		}
-		s.Space()
+		key := o.key
 		var flag *bool
 		switch string(key) {
 		case "chat_id", "upto_seq":
@@ -157,17 +143,8 @@ func scanClientFrame(data []byte, f *ClientFrame, seen *frameSeen) bool {
 			return false // given twice: the slow path names it
 		}
 		*flag = true
-		s.Space()
-		if s.Byte('}') {
-			break
-		}
-		if !s.Byte(',') {
-			return false
-		}
-		s.Space()
 	}
-	s.Space()
-	return s.I == len(data)
+	return o.done()
 }
 
 // frameTypeName returns the type's constant for a known type (no
