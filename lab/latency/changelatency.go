@@ -5,9 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
-	"slices"
 	"sync"
 	"time"
 
@@ -53,33 +51,6 @@ func envVariant(v string) string {
 		return env.VariantV2
 	}
 	return v
-}
-
-// apiCaller makes the change calls of a change run through one kept-alive
-// connection per service.
-type apiCaller struct {
-	client *http.Client
-	token  string
-}
-
-// call sends method to u with a JSON body and returns the status and the
-// answer (the error is the request's).
-func (a apiCaller) call(ctx context.Context, method, u, body string) (int, []byte, error) {
-	req, err := http.NewRequestWithContext(ctx, method, u, bytes.NewReader([]byte(body)))
-	if err != nil {
-		return 0, nil, err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	if a.token != "" {
-		req.Header.Set("Authorization", "Bearer "+a.token)
-	}
-	resp, err := a.client.Do(req)
-	if err != nil {
-		return 0, nil, err
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-	return resp.StatusCode, b, err
 }
 
 // changeFrames is what a change run's watcher has seen: the first arrival
@@ -173,19 +144,16 @@ func (f *changeFrames) result(done []madeChange, sendErrors int) *Run {
 	}
 	r.DuplicatesShown = f.dups
 	f.mu.Unlock()
-	slices.Sort(r.Samples)
-	r.P50, r.P95, r.P99 = probe.Percentile(r.Samples, 0.50), probe.Percentile(r.Samples, 0.95), probe.Percentile(r.Samples, 0.99)
-	if n := len(r.Samples); n > 0 {
-		r.Max = r.Samples[n-1]
-	}
+	r.summarize()
 	return r
 }
 
 // change is one change call of a run: its URL, body and the key of its
 // frame.
 type change struct {
-	u, body string
-	key     int64
+	u    string
+	body []byte
+	key  int64
 }
 
 // changePlan is a run's change calls, made with method; before runs ahead
@@ -201,7 +169,7 @@ type changePlan struct {
 // first) with an untimed warm-up change, and returns the opts.Messages
 // timed changes. waitFor waits up to Settle for cond.
 func planChanges(ctx context.Context, e *env.Env, variant string, chatID int64, opts Options,
-	snd *probe.ConnSender, api apiCaller, frames *changeFrames, waitFor func(what string, cond func() bool) error) (*changePlan, error) {
+	snd *probe.ConnSender, api *probe.Sender, frames *changeFrames, waitFor func(what string, cond func() bool) error) (*changePlan, error) {
 	p := &changePlan{method: http.MethodPatch, changes: make([]change, 0, opts.Messages)}
 	switch variant {
 	case VariantEdit:
@@ -211,14 +179,14 @@ func planChanges(ctx context.Context, e *env.Env, variant string, chatID int64, 
 		}
 		u := fmt.Sprintf("%s/api/chats/%d/messages/%s", e.ConsumersURL, chatID, id)
 		// A warm-up edit (version 2), not timed.
-		if err := expect(api.call(ctx, p.method, u, `{"body":"warm-up"}`)); err != nil {
+		if err := expect(api.Do(ctx, p.method, u, []byte(`{"body":"warm-up"}`), "")); err != nil {
 			return nil, fmt.Errorf("warm-up edit: %w", err)
 		}
 		if err := waitFor("the warm-up edit", func() bool { return frames.shown(2) }); err != nil {
 			return nil, err
 		}
 		for i := 1; i <= opts.Messages; i++ {
-			p.changes = append(p.changes, change{u, fmt.Sprintf(`{"body":"edit %d"}`, i), int64(i + 2)})
+			p.changes = append(p.changes, change{u, fmt.Appendf(nil, `{"body":"edit %d"}`, i), int64(i + 2)})
 		}
 	case VariantRead:
 		// A read mark moves up to the reader's newest received message
@@ -238,7 +206,7 @@ func planChanges(ctx context.Context, e *env.Env, variant string, chatID int64, 
 		}
 		p.method = http.MethodPost
 		u := fmt.Sprintf("%s/api/chats/%d/read", e.WorkersURL, chatID)
-		if err := expect(api.call(ctx, p.method, u, `{"upto_seq":1}`)); err != nil {
+		if err := expect(api.Do(ctx, p.method, u, []byte(`{"upto_seq":1}`), "")); err != nil {
 			return nil, fmt.Errorf("warm-up read mark: %w", err)
 		}
 		if err := waitFor("the warm-up read mark", func() bool { return frames.shown(1) }); err != nil {
@@ -246,7 +214,7 @@ func planChanges(ctx context.Context, e *env.Env, variant string, chatID int64, 
 		}
 		for i := 1; i <= opts.Messages; i++ {
 			seq := int64(i + 1)
-			p.changes = append(p.changes, change{u, fmt.Sprintf(`{"upto_seq":%d}`, seq), seq})
+			p.changes = append(p.changes, change{u, fmt.Appendf(nil, `{"upto_seq":%d}`, seq), seq})
 		}
 		p.before = func(c change) error {
 			return waitFor(fmt.Sprintf("the receipt of message %d", c.key), func() bool { return frames.deliveredUpTo(c.key) })
@@ -272,20 +240,14 @@ func changeRun(ctx context.Context, e *env.Env, variant string, chatID int64, op
 		watchAt, frameType = e.ConsumersURL, "read"
 	}
 	frames := &changeFrames{arrived: map[int64]time.Time{}}
-	w, err := probe.NewWatcher(watchAt, chatID, &probe.WatcherConfig{Token: e.Token,
+	w, err := watch(ctx, watchAt, chatID, &probe.WatcherConfig{Token: e.Token,
 		OnOther: func(typ string, frame []byte, at time.Time) {
 			frames.onFrame(variant, frameType, typ, frame, at)
 		}})
 	if err != nil {
 		return nil, err
 	}
-	if err := w.Start(ctx); err != nil {
-		return nil, err
-	}
 	defer w.Stop(context.Background())
-	if err := probe.Connect(ctx, w); err != nil {
-		return nil, fmt.Errorf("watcher could not connect to %s: %w", watchAt, err)
-	}
 	waitFor := func(what string, cond func() bool) error {
 		wctx, cancel := context.WithTimeout(ctx, opts.Settle)
 		defer cancel()
@@ -300,8 +262,9 @@ func changeRun(ctx context.Context, e *env.Env, variant string, chatID int64, op
 		return nil, err
 	}
 	defer snd.Close()
-	api := apiCaller{client: &http.Client{Timeout: 5 * time.Second}, token: e.Token}
-	defer api.client.CloseIdleConnections()
+	// The change calls go through one kept-alive connection per service.
+	api := probe.NewSender(e.Token)
+	defer api.CloseIdle()
 	plan, err := planChanges(ctx, e, variant, chatID, opts, snd, api, frames, waitFor)
 	if err != nil {
 		return nil, err
@@ -321,7 +284,7 @@ func changeRun(ctx context.Context, e *env.Env, variant string, chatID int64, op
 		}
 		t0 := time.Now()
 		next = t0.Add(opts.Interval)
-		err := expect(api.call(ctx, plan.method, c.u, c.body))
+		err := expect(api.Do(ctx, plan.method, c.u, c.body, ""))
 		if err == nil {
 			done = append(done, madeChange{c.key, t0})
 		} else if ctx.Err() != nil {

@@ -293,7 +293,7 @@ func latencyRun(ctx context.Context, e *env.Env, chatID int64, opts Options) (*R
 	if n := len(e.WorkersAPIs); n > 0 {
 		watchAt = e.WorkersAPIs[n-1].URL()
 	}
-	w, err := probe.NewWatcher(watchAt, chatID, &probe.WatcherConfig{Token: e.Token, OnFrame: func(s probe.Shown) {
+	w, err := watch(ctx, watchAt, chatID, &probe.WatcherConfig{Token: e.Token, OnFrame: func(s probe.Shown) {
 		if s.Message.From != chat.Consumers || s.Duplicate {
 			return
 		}
@@ -304,13 +304,7 @@ func latencyRun(ctx context.Context, e *env.Env, chatID int64, opts Options) (*R
 	if err != nil {
 		return nil, err
 	}
-	if err := w.Start(ctx); err != nil {
-		return nil, err
-	}
 	defer w.Stop(context.Background())
-	if err := probe.Connect(ctx, w); err != nil {
-		return nil, fmt.Errorf("watcher could not connect to %s: %w", watchAt, err)
-	}
 	shown := func(id string) bool {
 		mu.Lock()
 		defer mu.Unlock()
@@ -391,12 +385,34 @@ func latencyRun(ctx context.Context, e *env.Env, chatID int64, opts Options) (*R
 	mu.Unlock()
 	r.Stages = st.P50()
 	r.DuplicatesShown = w.Duplicates()
+	r.summarize()
+	return r, nil
+}
+
+// summarize sorts r.Samples and sets P50, P95, P99 and Max from them.
+func (r *Run) summarize() {
 	slices.Sort(r.Samples)
 	r.P50, r.P95, r.P99 = probe.Percentile(r.Samples, 0.50), probe.Percentile(r.Samples, 0.95), probe.Percentile(r.Samples, 0.99)
 	if n := len(r.Samples); n > 0 {
 		r.Max = r.Samples[n-1]
 	}
-	return r, nil
+}
+
+// watch starts a watcher of chat chatID at url with cfg and waits (up to
+// probe.ConnectTimeout) for its first connection; the caller stops it.
+func watch(ctx context.Context, url string, chatID int64, cfg *probe.WatcherConfig) (*probe.Watcher, error) {
+	w, err := probe.NewWatcher(url, chatID, cfg)
+	if err != nil {
+		return nil, err
+	}
+	if err := w.Start(ctx); err != nil {
+		return nil, err
+	}
+	if err := probe.Connect(ctx, w); err != nil {
+		_ = w.Stop(context.Background())
+		return nil, fmt.Errorf("watcher could not connect to %s: %w", url, err)
+	}
+	return w, nil
 }
 
 // WriteTable prints the write-up's table: p50, p95 and p99 as min to max
