@@ -191,7 +191,13 @@ func DecodeSendRequest(data []byte, maxBodyBytes int) (SendRequest, error) {
 			return req, err
 		}
 	}
-	req.Body = *body
+	return validSendRequest(*body, clientID, maxBodyBytes)
+}
+
+// validSendRequest returns the request of a decoded body and client_id
+// (nil: none), or the *FieldError of ValidateBody or ValidateClientID.
+func validSendRequest(body string, clientID *string, maxBodyBytes int) (SendRequest, error) {
+	req := SendRequest{Body: body}
 	if err := ValidateBody(req.Body, maxBodyBytes); err != nil {
 		return req, err
 	}

@@ -72,17 +72,7 @@ func refDecodeSendRequest(data []byte, maxBodyBytes int) (SendRequest, error) {
 		}
 		return req, &FieldError{Field: field, Msg: "contains an unpaired UTF-16 surrogate escape"}
 	}
-	req.Body = *body
-	if err := ValidateBody(req.Body, maxBodyBytes); err != nil {
-		return req, err
-	}
-	if clientID != nil {
-		if err := ValidateClientID("client_id", *clientID); err != nil {
-			return req, err
-		}
-		req.ClientID = *clientID
-	}
-	return req, nil
+	return validSendRequest(*body, clientID, maxBodyBytes)
 }
 
 // checkSendRequest fails t unless DecodeSendRequest answers data as
