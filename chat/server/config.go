@@ -226,7 +226,7 @@ type RelayConfig struct {
 	LeaseTTL time.Duration
 	// HistoryRetention, above 0, makes the relay role delete the service's
 	// history older than it every minute (messages, inbox rows, receipts,
-	// gap fills, duplicates; store.Prune says what is always kept). Default
+	// gap fills, duplicates; prune.Run says what is always kept). Default
 	// 0: keep everything.
 	HistoryRetention time.Duration
 }

@@ -18,7 +18,7 @@ import (
 
 	"github.com/outboxchat/outboxchat/chat"
 	"github.com/outboxchat/outboxchat/chat/internal/chattest"
-	"github.com/outboxchat/outboxchat/chat/store"
+	"github.com/outboxchat/outboxchat/chat/store/prune"
 	"github.com/outboxchat/outboxchat/internal/testenv"
 	"github.com/outboxchat/outboxchat/redisq"
 )
@@ -347,7 +347,7 @@ func TestAttackPruneAndDeletesWhileSending(t *testing.T) {
 	for range 2 {
 		for _, s := range []string{chat.Consumers, chat.Workers} {
 			loop(func() error {
-				_, err := store.Prune(ctx, h.Admin, store.PruneConfig{Service: s, OlderThan: time.Nanosecond, Batch: 2})
+				_, err := prune.Run(ctx, h.Admin, prune.Config{Service: s, OlderThan: time.Nanosecond, Batch: 2})
 				return err
 			})
 		}
@@ -552,18 +552,18 @@ func TestPruneKeepsWhatSeqAndReceiptsNeed(t *testing.T) {
 			(gen_random_uuid(), now() - interval '3 days'), (gen_random_uuid(), now())`); err != nil {
 		t.Fatal(err)
 	}
-	prune := func(svc string) store.PruneCounts {
+	pruneAll := func(svc string) prune.Counts {
 		t.Helper()
-		n, err := store.Prune(ctx, h.Admin, store.PruneConfig{Service: svc, OlderThan: 24 * time.Hour, Batch: 2})
+		n, err := prune.Run(ctx, h.Admin, prune.Config{Service: svc, OlderThan: 24 * time.Hour, Batch: 2})
 		if err != nil {
 			t.Fatal(err)
 		}
 		return n
 	}
-	got := fmt.Sprint(prune(chat.Consumers), prune(chat.Workers))
+	got := fmt.Sprint(pruneAll(chat.Consumers), pruneAll(chat.Workers))
 	want := fmt.Sprint(
-		store.PruneCounts{"messages": 4, "receipts": 1, "inbox": 0, "inbox_gap_fills": 0, "inbox_duplicates": 0, "seq_floors": 1},
-		store.PruneCounts{"messages": 0, "receipts": 0, "inbox": 3, "inbox_gap_fills": 2, "inbox_duplicates": 1, "seq_floors": 0})
+		prune.Counts{"messages": 4, "receipts": 1, "inbox": 0, "inbox_gap_fills": 0, "inbox_duplicates": 0, "seq_floors": 1},
+		prune.Counts{"messages": 0, "receipts": 0, "inbox": 3, "inbox_gap_fills": 2, "inbox_duplicates": 1, "seq_floors": 0})
 	if got != want {
 		t.Fatalf("pruned %s, want %s", got, want)
 	}

@@ -23,6 +23,7 @@ import (
 	"github.com/outboxchat/outboxchat/chat/receive"
 	"github.com/outboxchat/outboxchat/chat/status"
 	"github.com/outboxchat/outboxchat/chat/store"
+	"github.com/outboxchat/outboxchat/chat/store/prune"
 	"github.com/outboxchat/outboxchat/inbox"
 	"github.com/outboxchat/outboxchat/outbox"
 	"github.com/outboxchat/outboxchat/redisq"
@@ -467,7 +468,7 @@ func (m *metrics) pruned() func(table string, n int64) {
 		Name: "outboxchat_history_pruned_rows_total",
 		Help: "History rows deleted by --history-retention, by table.",
 	}, []string{"table"})
-	for _, t := range store.PruneTables {
+	for _, t := range prune.Tables {
 		c.WithLabelValues(t)
 	}
 	m.reg.MustRegister(c)

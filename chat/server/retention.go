@@ -5,42 +5,42 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/outboxchat/outboxchat/chat/store"
+	"github.com/outboxchat/outboxchat/chat/store/prune"
 	"github.com/outboxchat/outboxchat/internal/service"
 )
 
 // retentionEvery is how often the retention service prunes, or every
 // retention period when that is shorter (a history kept for seconds is
 // pruned every few seconds). Each pass deletes in bounded batches
-// (store.DefaultPruneBatch) until nothing older than the retention is
+// (prune.DefaultBatch) until nothing older than the retention is
 // left, so a pass after the first takes about one interval's worth of
 // history.
 const retentionEvery = time.Minute
 
 // retention deletes the service's history older than its retention
-// (store.Prune: messages, inbox rows, receipts, gap fills, duplicates, and
+// (prune.Run: messages, inbox rows, receipts, gap fills, duplicates, and
 // never what a chat's seq, watermark and receipts need), every
 // retentionEvery, the first pass right at start. A service (Start/Stop)
 // with a runOnce a test can call. Several processes may run it on one
 // database: their DELETEs only take turns.
 type retention struct {
-	db   store.DB
-	cfg  store.PruneConfig // its Deleted counts the rows by table
+	db   prune.DB
+	cfg  prune.Config // its Deleted counts the rows by table
 	log  *slog.Logger
 	life service.Lifecycle
 }
 
 // newRetention prunes service's history older than olderThan (> 0) on db;
 // deleted, when set, counts the rows by table (the metric).
-func newRetention(db store.DB, svc string, olderThan time.Duration, deleted func(string, int64), log *slog.Logger) *retention {
+func newRetention(db prune.DB, svc string, olderThan time.Duration, deleted func(string, int64), log *slog.Logger) *retention {
 	return &retention{db: db, log: log.With("component", "chat.retention"),
-		cfg:  store.PruneConfig{Service: svc, OlderThan: olderThan, Deleted: deleted},
+		cfg:  prune.Config{Service: svc, OlderThan: olderThan, Deleted: deleted},
 		life: service.Lifecycle{Name: "chat: history retention"}}
 }
 
 // runOnce prunes once and returns what it deleted.
-func (r *retention) runOnce(ctx context.Context) (store.PruneCounts, error) {
-	n, err := store.Prune(ctx, r.db, r.cfg)
+func (r *retention) runOnce(ctx context.Context) (prune.Counts, error) {
+	n, err := prune.Run(ctx, r.db, r.cfg)
 	if n.Total() > 0 {
 		r.log.Info("history pruned", "older_than", r.cfg.OlderThan, "rows", n.Total(),
 			"messages", n["messages"], "receipts", n["receipts"], "inbox", n["inbox"])

@@ -5,7 +5,7 @@
 //
 // Invariant: a chat's messages of one service carry seq 1, 2, 3 … without
 // gaps, in commit order, and a seq is never handed out twice, whatever
-// deletes rows (retention, Prune, an operator's DELETE). A send takes the
+// deletes rows (retention, prune.Run, an operator's DELETE). A send takes the
 // chat's transaction advisory lock (schema.ChatLockSQL), reads the chat's
 // last seq (backward index steps: its newest row, and the newest seq floor
 // that a DELETE, or a receipt above its rows, recorded) and inserts at the
@@ -16,8 +16,8 @@
 // Nothing is stored for rejected input, and a send that fails stores
 // nothing.
 //
-// Prune deletes history older than a cutoff and keeps what a chat's seq,
-// watermark and receipts need (prune.go).
+// Package chat/store/prune deletes history older than a cutoff and keeps
+// what a chat's seq, watermark and receipts need.
 //
 // DualWriter is the write-up's naive v1 (commit, then add to Redis from
 // memory), kept for the lab to show what the outbox fixes.

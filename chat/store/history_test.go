@@ -2,17 +2,17 @@ package store
 
 import (
 	"context"
-	"testing"
-
-	"github.com/jackc/pgx/v5"
-
 	"fmt"
 	"strings"
 	"sync"
+	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxchat/outboxchat/chat"
 	"github.com/outboxchat/outboxchat/chat/internal/chattest"
+	"github.com/outboxchat/outboxchat/chat/store/prune"
 	"github.com/outboxchat/outboxchat/outbox"
 )
 
@@ -179,7 +179,7 @@ func TestAttackSeqUniqueUnderConcurrentDeletes(t *testing.T) {
 				return
 			}
 			if i%len(sts) == len(sts)-1 {
-				if _, err := Prune(ctx, e.h.Admin, PruneConfig{Service: "consumers", OlderThan: time.Nanosecond, Batch: 2}); err != nil {
+				if _, err := prune.Run(ctx, e.h.Admin, prune.Config{Service: "consumers", OlderThan: time.Nanosecond, Batch: 2}); err != nil {
 					t.Errorf("prune: %v", err)
 					return
 				}

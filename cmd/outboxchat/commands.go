@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"io"
+
+	"github.com/outboxchat/outboxchat/cmd/outboxchat/internal/labcmd"
 )
 
 // command is one `outboxchat` command: its name ("serve"; a lab command is
@@ -14,7 +16,8 @@ type command struct {
 }
 
 // commands is every command of the binary, each in a file of its own named
-// after it (lab_up.go runs "lab up"). There is no other registration.
+// after it (internal/labcmd/up.go runs "lab up"). There is no other
+// registration.
 var commands = []command{
 	{"serve", runServe},
 	{"migrate", runMigrate},
@@ -25,13 +28,13 @@ var commands = []command{
 	{"deadletters", runDeadletters},
 	{"outbox", runOutbox},
 	{"prune", runPrune},
-	{"lab up", runLabUp},
-	{"lab chaos", runLabChaos},
-	{"lab scenario", runLabScenario},
-	{"lab latency", runLabLatency},
-	{"lab bench", runLabBench},
-	{"lab demo", runLabDemo},
-	{"lab torture", runLabTorture},
+	{"lab up", labcmd.Up},
+	{"lab chaos", labcmd.Chaos},
+	{"lab scenario", labcmd.Scenario},
+	{"lab latency", labcmd.Latency},
+	{"lab bench", labcmd.Bench},
+	{"lab demo", labcmd.Demo},
+	{"lab torture", labcmd.Torture},
 }
 
 // lookup returns the command named name, nil if none.
@@ -57,19 +60,4 @@ commands:
   deadletters  list | show | replay | drop the dead letters
   outbox       parked | retry: the outbox rows parked after failed publishes
   prune        --service S --older-than D: delete history older than D once, print the counts
-`
-
-const labUsage = `usage: outboxchat lab <command> [flags]
-
-commands:
-  up      start private Postgres and Redis and both services; print their URLs; Ctrl-C stops all:
-          [--consumers-addr PORT] [--workers-addr PORT] [--keep-logs] [--variant v2] [--tls] [--durable] [--instances N]
-  chaos   the write-up's fault experiment: --variant v1|v2 [--json]; or --scenario NAME; --list
-  scenario NAME [--json] [--redrive-after D]: a named fault scenario (redis-flush, stream-entry-deleted, …); --list
-  latency the write-up's latency table: [--variants v1,v2,v2-intx,v2-poll] [--messages 100] [--interval 100ms]
-          [--runs 3] [--instances 1] [--durable] [--json] [--plot lab-output/latency-cdf.png]; plus the floors (commit, PING, NOTIFY)
-  bench   sustained load: [--senders 16] [--chats 100] [--messages 20000] [--variant v2] [--hold-snapshot] [--pgbouncer] [--durable] [--history-retention D] [--profile-dir DIR] [--counts] [--partitions N] [--redis-latency D] [--json]
-  demo    chaos v1, then chaos v2, then the latency table (1 run); fails unless results are as expected
-  torture random fault schedules checked by an independent checker: [--schedules 10] [--seed 1]
-          [--schedule K] [--duration 20s] [--drain-bound 60s] [--drop I,J] [--shrink] [--dir DIR] [-v] [--json]
 `

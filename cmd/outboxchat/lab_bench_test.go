@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outboxchat/outboxchat/cmd/outboxchat/internal/labcmd"
 	"github.com/outboxchat/outboxchat/lab/env"
 	"github.com/outboxchat/outboxchat/lab/perf"
 )
@@ -15,7 +16,7 @@ import (
 func TestBenchCmdRejects(t *testing.T) {
 	for _, args := range [][]string{{"--senders", "0"}, {"--chats", "-2"}, {"--variant", "v9"}, {"x"}} {
 		var out, errb bytes.Buffer
-		if err := runLabBench(context.Background(), args, &out, &errb); err == nil {
+		if err := labcmd.Bench(context.Background(), args, &out, &errb); err == nil {
 			t.Errorf("lab bench %q: want an error", args)
 		}
 	}
@@ -28,7 +29,7 @@ func TestBenchCmd(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	var out, errb bytes.Buffer
-	err := runLabBench(ctx, []string{"--senders", "4", "--chats", "10", "--messages", "500", "--json", "--durable"}, &out, &errb)
+	err := labcmd.Bench(ctx, []string{"--senders", "4", "--chats", "10", "--messages", "500", "--json", "--durable"}, &out, &errb)
 	if err != nil {
 		t.Fatalf("lab bench: %v\nstderr:\n%s", err, errb.String())
 	}
@@ -88,7 +89,7 @@ func TestBenchCmdCounts(t *testing.T) {
 	defer cancel()
 	const n = 300
 	var out, errb bytes.Buffer
-	err := runLabBench(ctx, []string{"--senders", "4", "--chats", "10", "--messages", "300", "--counts", "--json"}, &out, &errb)
+	err := labcmd.Bench(ctx, []string{"--senders", "4", "--chats", "10", "--messages", "300", "--counts", "--json"}, &out, &errb)
 	if err != nil {
 		t.Fatalf("lab bench: %v\nstderr:\n%s", err, errb.String())
 	}

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -11,8 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outboxchat/outboxchat/cmd/outboxchat/internal/labcmd"
 	"github.com/outboxchat/outboxchat/lab/env"
-	"github.com/outboxchat/outboxchat/lab/perf"
+	"github.com/outboxchat/outboxchat/lab/latency"
 )
 
 func TestLatencyCmdRejects(t *testing.T) {
@@ -20,7 +20,7 @@ func TestLatencyCmdRejects(t *testing.T) {
 		{"--runs", "0"}, {"--messages", "-1"}, {"--variants", "v3"}, {"--variants", ","}, {"extra"}, {"--instances", "0"},
 	} {
 		var out, errb bytes.Buffer
-		if err := runLabLatency(context.Background(), args, &out, &errb); err == nil {
+		if err := labcmd.Latency(context.Background(), args, &out, &errb); err == nil {
 			t.Errorf("lab latency %q: want an error", args)
 		}
 	}
@@ -36,22 +36,9 @@ func TestLatencyCmd(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	plotPath := filepath.Join(t.TempDir(), "cdf.png")
-	var out, errb bytes.Buffer
-	err := runLabLatency(ctx, []string{"--variants", "v2", "--messages", "20", "--interval", "50ms", "--runs", "1",
-		"--instances", "2", "--json", "--plot", plotPath}, &out, &errb)
-	if err != nil {
-		t.Fatalf("lab latency: %v\nstderr:\n%s", err, errb.String())
-	}
-	t.Logf("stdout:\n%s\nstderr:\n%s", out.String(), errb.String())
-	sc := bufio.NewScanner(&out)
-	var sums []perf.LatencySummary
-	for sc.Scan() {
-		var s perf.LatencySummary
-		if err := json.Unmarshal(sc.Bytes(), &s); err != nil {
-			t.Fatalf("line %q: %v", sc.Text(), err)
-		}
-		sums = append(sums, s)
-	}
+	sums, stderr := latencyJSON(ctx, t, "--variants", "v2", "--messages", "20", "--interval", "50ms", "--runs", "1",
+		"--instances", "2", "--plot", plotPath)
+	t.Logf("summaries: %+v\nstderr:\n%s", sums, stderr)
 	if len(sums) != 1 {
 		t.Fatalf("want one JSON line, got %d", len(sums))
 	}
@@ -63,7 +50,7 @@ func TestLatencyCmd(t *testing.T) {
 		t.Errorf("percentiles not ordered and positive: %+v", s)
 	}
 	for _, want := range []string{"starting 4 service processes", "INSERT+COMMIT round trip", "v2 p50 / floors sum", "plot: " + plotPath, "servers: fast: postgres fsync=off"} {
-		if !strings.Contains(errb.String(), want) {
+		if !strings.Contains(stderr, want) {
 			t.Errorf("stderr lacks %q", want)
 		}
 	}
@@ -82,18 +69,13 @@ func TestLatencyPollOnlyWaitsForThePoll(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	var out, errb bytes.Buffer
 	// --plot none: the default plot path is relative to the package
 	// directory, and a test must not write into the source tree.
-	err := runLabLatency(ctx, []string{"--variants", "v2-poll", "--messages", "20", "--interval", "50ms", "--runs", "1",
-		"--json", "--plot", "none"}, &out, &errb)
-	if err != nil {
-		t.Fatalf("lab latency: %v\nstderr:\n%s", err, errb.String())
+	sums, _ := latencyJSON(ctx, t, "--variants", "v2-poll", "--messages", "20", "--interval", "50ms", "--runs", "1", "--plot", "none")
+	if len(sums) != 1 {
+		t.Fatalf("want one JSON line, got %d", len(sums))
 	}
-	var s perf.LatencySummary
-	if err := json.Unmarshal(bytes.TrimSpace(out.Bytes()), &s); err != nil {
-		t.Fatalf("output %q: %v", out.String(), err)
-	}
+	s := sums[0]
 	if s.Variant != env.VariantV2Poll || s.N != 20 {
 		t.Fatalf("summary = %+v; want v2-poll, n 20", s)
 	}
@@ -110,21 +92,8 @@ func TestLatencyEditAndRead(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()
-	var out, errb bytes.Buffer
-	err := runLabLatency(ctx, []string{"--variants", "edit,read", "--messages", "10", "--interval", "20ms", "--runs", "1",
-		"--json", "--plot", "none"}, &out, &errb)
-	if err != nil {
-		t.Fatalf("lab latency: %v\nstderr:\n%s", err, errb.String())
-	}
-	var got []perf.LatencySummary
-	for line := range strings.Lines(strings.TrimSpace(out.String())) {
-		var s perf.LatencySummary
-		if err := json.Unmarshal([]byte(line), &s); err != nil {
-			t.Fatalf("line %q: %v", line, err)
-		}
-		got = append(got, s)
-	}
-	if len(got) != 2 || got[0].Variant != perf.VariantEdit || got[1].Variant != perf.VariantRead {
+	got, _ := latencyJSON(ctx, t, "--variants", "edit,read", "--messages", "10", "--interval", "20ms", "--runs", "1", "--plot", "none")
+	if len(got) != 2 || got[0].Variant != latency.VariantEdit || got[1].Variant != latency.VariantRead {
 		t.Fatalf("summaries = %+v; want edit then read", got)
 	}
 	for _, s := range got {
@@ -132,9 +101,8 @@ func TestLatencyEditAndRead(t *testing.T) {
 			t.Errorf("%s summary = %+v; want 1 run, n 10 (every change shown), a positive p50", s.Variant, s)
 		}
 	}
-	out.Reset()
-	errb.Reset()
-	if err := runLabLatency(ctx, []string{"--variants", "read", "--messages", "3", "--runs", "1", "--plot", "none"}, &out, &errb); err != nil {
+	var out, errb bytes.Buffer
+	if err := labcmd.Latency(ctx, []string{"--variants", "read", "--messages", "3", "--runs", "1", "--plot", "none"}, &out, &errb); err != nil {
 		t.Fatalf("lab latency (table): %v\nstderr:\n%s", err, errb.String())
 	}
 	for _, want := range []string{"read: v2, a read mark → its read frame", "read call (a workers reader)", "lost: none"} {
@@ -142,4 +110,24 @@ func TestLatencyEditAndRead(t *testing.T) {
 			t.Errorf("table lacks %q:\n%s", want, out.String())
 		}
 	}
+}
+
+// latencyJSON runs `lab latency --json` with args and returns its
+// summaries (one JSON line per variant) and its stderr; a failed run or a
+// line that is not a summary fails t.
+func latencyJSON(ctx context.Context, t *testing.T, args ...string) ([]latency.Summary, string) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	if err := labcmd.Latency(ctx, append(args, "--json"), &out, &errb); err != nil {
+		t.Fatalf("lab latency: %v\nstderr:\n%s", err, errb.String())
+	}
+	var sums []latency.Summary
+	for line := range strings.Lines(strings.TrimSpace(out.String())) {
+		var s latency.Summary
+		if err := json.Unmarshal([]byte(line), &s); err != nil {
+			t.Fatalf("line %q: %v", line, err)
+		}
+		sums = append(sums, s)
+	}
+	return sums, errb.String()
 }

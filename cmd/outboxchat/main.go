@@ -9,9 +9,10 @@
 //	outboxchat deadletters list|show|replay|drop [--service S] [--redis-url URL] [--json] [ID ...]
 //	outboxchat outbox parked|retry --service S [--database-url URL] [--json]
 //
-// Every command is a file of its own (serve.go, lab_chaos.go, …), listed
-// in one table (commands.go) that run dispatches from; the lab packages
-// take plain option structs. See the README for the contracts.
+// Every command is a file of its own (serve.go, internal/labcmd/chaos.go,
+// …), listed in one table (commands.go) that run dispatches from; the lab
+// commands, in internal/labcmd, give the lab packages plain option structs.
+// See the README for the contracts.
 package main
 
 import (
@@ -26,6 +27,7 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/outboxchat/outboxchat/cmd/outboxchat/internal/labcmd"
 	"github.com/outboxchat/outboxchat/internal/pgproc"
 )
 
@@ -50,7 +52,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		// Every private Postgres of a lab run starts from one template
 		// cluster made by the first; remove it when the command ends.
 		defer func() { _ = pgproc.RemoveTemplate() }()
-		return dispatch(ctx, group{prefix: "lab ", usage: labUsage, help: flag.ErrHelp}, args[1:], stdout, stderr)
+		return dispatch(ctx, group{prefix: "lab ", usage: labcmd.Usage, help: flag.ErrHelp}, args[1:], stdout, stderr)
 	}
 	return dispatch(ctx, group{usage: usage}, args, stdout, stderr)
 }

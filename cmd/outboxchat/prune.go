@@ -9,11 +9,11 @@ import (
 	"time"
 
 	"github.com/outboxchat/outboxchat/chat"
-	"github.com/outboxchat/outboxchat/chat/store"
+	"github.com/outboxchat/outboxchat/chat/store/prune"
 )
 
 // runPrune runs `outboxchat prune`: one pass of what `serve
-// --history-retention` does every minute (store.Prune), printing the rows
+// --history-retention` does every minute (prune.Run), printing the rows
 // deleted by table.
 func runPrune(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("prune", flag.ContinueOnError)
@@ -21,7 +21,7 @@ func runPrune(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	f := newOpsFlags(fs, true, false)
 	svc := fs.String("service", "", "consumers or workers (required)")
 	older := fs.Duration("older-than", 0, "delete history older than this, e.g. 720h (required, above 0)")
-	batch := fs.Int("batch", store.DefaultPruneBatch, "at most this many rows per DELETE")
+	batch := fs.Int("batch", prune.DefaultBatch, "at most this many rows per DELETE")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -37,7 +37,7 @@ func runPrune(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	defer pool.Close()
 	start := time.Now()
-	n, err := store.Prune(ctx, pool, store.PruneConfig{Service: *svc, OlderThan: *older, Batch: *batch})
+	n, err := prune.Run(ctx, pool, prune.Config{Service: *svc, OlderThan: *older, Batch: *batch})
 	if err != nil {
 		return err
 	}
@@ -46,7 +46,7 @@ func runPrune(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			"total": n.Total(), "seconds": time.Since(start).Seconds()})
 	}
 	fmt.Fprintf(stdout, "prune %s older than %v: %d rows deleted in %.1fs\n", *svc, *older, n.Total(), time.Since(start).Seconds())
-	for _, t := range store.PruneTables {
+	for _, t := range prune.Tables {
 		fmt.Fprintf(stdout, "  %-17s %d\n", t, n[t])
 	}
 	return nil

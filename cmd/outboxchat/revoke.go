@@ -12,6 +12,7 @@ import (
 
 	"github.com/outboxchat/outboxchat/chat"
 	"github.com/outboxchat/outboxchat/chat/auth"
+	"github.com/outboxchat/outboxchat/cmd/outboxchat/internal/cliflag"
 )
 
 // revokeSQL records one revocation; revoking the same user or token again
@@ -46,7 +47,7 @@ func runRevoke(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if *tokenID != "" {
 		kind, value = auth.RevokeToken, *tokenID
 	}
-	svcs := splitList(*services)
+	svcs := cliflag.List(*services)
 	for _, s := range svcs {
 		if err := chat.CheckService(s); err != nil {
 			return fmt.Errorf("revoke: --service: %w", err)

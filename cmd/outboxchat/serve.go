@@ -23,6 +23,7 @@ import (
 	"github.com/outboxchat/outboxchat/chat/server"
 	"github.com/outboxchat/outboxchat/chat/store"
 	"github.com/outboxchat/outboxchat/chat/telemetry"
+	"github.com/outboxchat/outboxchat/cmd/outboxchat/internal/cliflag"
 	"github.com/outboxchat/outboxchat/lab/fault"
 	"github.com/outboxchat/outboxchat/outbox"
 	"github.com/outboxchat/outboxchat/redisq"
@@ -194,7 +195,7 @@ func (g *guardFlagSet) config() (httpapi.GuardConfig, error) {
 		return httpapi.GuardConfig{}, fmt.Errorf("--trusted-proxies: %w", err)
 	}
 	return httpapi.GuardConfig{
-		AllowedHosts: splitList(*g.hosts), AllowedOrigins: splitList(*g.origins),
+		AllowedHosts: cliflag.List(*g.hosts), AllowedOrigins: cliflag.List(*g.origins),
 		ReadHeaderTimeout: *g.readHeader, BodyReadTimeout: *g.bodyRead, IdleTimeout: *g.idle,
 		PingInterval: *g.ping, PongTimeout: *g.pong,
 		UserRate: *g.userRate, UserBurst: *g.userBurst, IPRate: *g.ipRate, IPBurst: *g.ipBurst,
@@ -218,17 +219,6 @@ func authFlags(fs *flag.FlagSet) *authFlagSet {
 		tlsKey:     fs.String("tls-key", "", "PEM private key file of --tls-cert"),
 		eventKeys:  fs.String("event-key-file", os.Getenv("OUTBOXCHAT_EVENT_KEY_FILE"), "HMAC keys signing and checking stream entries, lines \"<consumers-to-workers|workers-to-consumers> <hex key>\" (default $OUTBOXCHAT_EVENT_KEY_FILE; none: entries unsigned)"),
 	}
-}
-
-// splitList splits a comma-separated flag value, dropping empty items.
-func splitList(s string) []string {
-	var out []string
-	for _, f := range strings.Split(s, ",") {
-		if f = strings.TrimSpace(f); f != "" {
-			out = append(out, f)
-		}
-	}
-	return out
 }
 
 func (a *authFlagSet) config() auth.Config {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/outboxchat/outboxchat/chat/auth"
+	"github.com/outboxchat/outboxchat/cmd/outboxchat/internal/cliflag"
 )
 
 // runToken runs `outboxchat token`: prints an HS256 token signed with the
@@ -37,7 +38,7 @@ func runToken(_ context.Context, args []string, stdout, stderr io.Writer) error 
 	if err != nil {
 		return fmt.Errorf("token: %w", err)
 	}
-	t, err := auth.MintToken(secret, *user, splitList(*services), scope, *ttl)
+	t, err := auth.MintToken(secret, *user, cliflag.List(*services), scope, *ttl)
 	if err != nil {
 		return fmt.Errorf("token: %w", err)
 	}

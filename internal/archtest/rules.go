@@ -105,7 +105,7 @@ var Layers = map[string]Layer{
 	// Leases need the database only; its tests make the tables with schema.
 	lease:   {May: []string{library, vocab}, TestMay: []string{testenv, chattest, schema}},
 	auth:    {May: []string{library, vocab}, TestMay: []string{testenv, chattest}},
-	store:   {May: []string{library, vocab, schema, auth}, TestMay: []string{testenv, chattest}},
+	store:   {May: []string{library, vocab, schema, auth}, TestMay: []string{testenv, chattest, store}}, // its tests prune (chat/store/prune) between sends
 	receive: {May: []string{library, vocab, schema, auth, store}, TestMay: []string{testenv, chattest}},
 	gateway: {May: []string{library, vocab, schema, auth}, TestMay: []string{testenv, chattest}},
 	status:  {May: []string{library, natsq, vocab, schema, auth, presence}, TestMay: []string{testenv, chattest}},
@@ -157,6 +157,8 @@ var Places = []Place{
 	{"chat/internal/...", chattest},
 	// A JSON scanner of the standard library alone, for chat and chat/store.
 	{"chat/internal/jsonscan", library},
+	// JSON appending of the standard library alone, for chat's encoders.
+	{"chat/internal/jsonenc", library},
 
 	{"lab/...", lab},
 	{"lab/labtest/...", labtest},

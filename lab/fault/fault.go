@@ -48,7 +48,7 @@ const (
 var NetKinds = []string{NetLatency, NetTimeout, NetReset, NetBandwidth, NetBlackHole}
 
 // PruneOlderThan is what PruneHistory deletes: history older than this
-// (store.Prune's OlderThan). Short, so that a schedule's own messages go.
+// (prune.Run's OlderThan). Short, so that a schedule's own messages go.
 const PruneOlderThan = 500 * time.Millisecond
 
 // Servers a fault can take down (Fault.Server).

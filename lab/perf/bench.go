@@ -171,10 +171,10 @@ type BenchResult struct {
 	// acknowledged by the workers' group (lag + pending).
 	MaxUnsent, MaxPending int64 `json:"-"`
 	// Stages are the p50s of the three legs (see LatencyRun.Stages).
-	Stages Stages `json:"-"`
+	Stages probe.Stages `json:"-"`
 	// TailStages are the legs' medians over the messages at or above the
 	// p99: where the tail's time goes.
-	TailStages Stages `json:"-"`
+	TailStages probe.Stages `json:"-"`
 	// SlowSeconds are the (up to 5) one-second windows, by send start,
 	// with the highest p99, worst first: a tail that recurs at a period
 	// shows here.
@@ -929,7 +929,7 @@ func startWatchers(ctx context.Context, e *env.Env, chats int, got *arrivals) ([
 func (res *BenchResult) figures(recs []sendRec, got *arrivals, start, sendEnd time.Time) {
 	var lat, sendLat []time.Duration
 	var lastShown time.Time
-	var st stageSamples
+	var st probe.StageSamples
 	type sample struct {
 		d  time.Duration
 		t0 time.Time
@@ -948,7 +948,7 @@ func (res *BenchResult) figures(recs []sendRec, got *arrivals, start, sendEnd ti
 			continue
 		}
 		at := sh.At
-		st.add(r.t0, sh)
+		st.Add(r.t0, sh)
 		lat = append(lat, at.Sub(r.t0))
 		all = append(all, sample{at.Sub(r.t0), r.t0, sh})
 		if at.After(lastShown) {
@@ -961,18 +961,18 @@ func (res *BenchResult) figures(recs []sendRec, got *arrivals, start, sendEnd ti
 	slices.Sort(sendLat)
 	res.P50Ms, res.P95Ms, res.P99Ms = probe.RoundMs(probe.Percentile(lat, .5)), probe.RoundMs(probe.Percentile(lat, .95)), probe.RoundMs(probe.Percentile(lat, .99))
 	res.SendP50Ms = probe.RoundMs(probe.Percentile(sendLat, .5))
-	res.Stages = st.p50()
+	res.Stages = st.P50()
 	p99 := probe.Percentile(lat, .99)
-	var tail stageSamples
+	var tail probe.StageSamples
 	secs := map[int][]time.Duration{}
 	for _, x := range all {
 		if x.d >= p99 {
-			tail.add(x.t0, x.sh)
+			tail.Add(x.t0, x.sh)
 		}
 		k := int(x.t0.Sub(start) / time.Second)
 		secs[k] = append(secs[k], x.d)
 	}
-	res.TailStages = tail.p50()
+	res.TailStages = tail.P50()
 	for k, ds := range secs {
 		slices.Sort(ds)
 		res.SlowSeconds = append(res.SlowSeconds, SlowSecond{AtS: k, P99Ms: probe.RoundMs(probe.Percentile(ds, .99)), N: len(ds)})

@@ -29,36 +29,32 @@ func NewSender(token string) *Sender {
 // Send posts body to chat chatID on baseURL. It returns the stored message
 // on 201, else an error naming the status and the API's error text.
 func (s *Sender) Send(ctx context.Context, baseURL string, chatID int64, body string) (chat.Message, error) {
-	var m chat.Message
 	b, _ := json.Marshal(chat.SendRequest{Body: body})
 	code, data, err := s.post(ctx, baseURL, chatID, "", b)
 	if err != nil {
-		return m, err
+		return chat.Message{}, err
 	}
-	if code != http.StatusCreated {
-		var e struct {
-			Error string `json:"error"`
-		}
-		_ = json.Unmarshal(data, &e)
-		return m, fmt.Errorf("%d %s", code, e.Error)
-	}
-	if err := json.Unmarshal(data, &m); err != nil {
-		return m, fmt.Errorf("decode reply: %w", err)
-	}
-	return m, nil
+	return decodeMessage(code, http.StatusCreated, data)
 }
 
 // post posts body, a JSON send request, to chat chatID on baseURL with
-// Idempotency-Key key ("" = none) and returns the status and the answer
-// (its first MiB). The error is the request's: the send's outcome is then
-// unknown.
+// Idempotency-Key key ("" = none): see Do.
 func (s *Sender) post(ctx context.Context, baseURL string, chatID int64, key string, body []byte) (int, []byte, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost,
-		baseURL+"/api/chats/"+strconv.FormatInt(chatID, 10)+"/messages", bytes.NewReader(body))
+	return s.Do(ctx, http.MethodPost, baseURL+"/api/chats/"+strconv.FormatInt(chatID, 10)+"/messages", body, key)
+}
+
+// Do sends method to URL u with body (a JSON document; nil: none, and no
+// Content-Type), Idempotency-Key key ("" = none) and the Sender's bearer
+// token, and returns the status and the answer (its first MiB). The error
+// is the request's: the call's outcome is then unknown.
+func (s *Sender) Do(ctx context.Context, method, u string, body []byte, key string) (int, []byte, error) {
+	req, err := http.NewRequestWithContext(ctx, method, u, bytes.NewReader(body))
 	if err != nil {
 		return 0, nil, err
 	}
-	req.Header.Set("Content-Type", "application/json")
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
 	if key != "" {
 		req.Header.Set("Idempotency-Key", key)
 	}
@@ -74,45 +70,42 @@ func (s *Sender) post(ctx context.Context, baseURL string, chatID int64, key str
 	return resp.StatusCode, data, nil
 }
 
+// CloseIdle closes the Sender's idle kept-alive connections (their
+// goroutines end); the Sender stays usable.
+func (s *Sender) CloseIdle() { s.client.CloseIdleConnections() }
+
+// decodeMessage returns the message of an answer with status code, or an
+// error naming the status and the API's error text unless code is want.
+func decodeMessage(code, want int, data []byte) (chat.Message, error) {
+	var m chat.Message
+	if code != want {
+		var e struct {
+			Error string `json:"error"`
+		}
+		_ = json.Unmarshal(data, &e)
+		return m, fmt.Errorf("%d %s", code, e.Error)
+	}
+	if err := json.Unmarshal(data, &m); err != nil {
+		return m, fmt.Errorf("decode reply: %w", err)
+	}
+	return m, nil
+}
+
 // Change edits (deleted false: body is the new text) or deletes (deleted
 // true) message messageID of chat chatID on baseURL, the message's own
 // service. It returns the message at its new version on 200, else an error
 // naming the status and the API's error text (a request error leaves the
 // outcome unknown).
 func (s *Sender) Change(ctx context.Context, baseURL string, chatID int64, messageID, body string, deleted bool) (chat.Message, error) {
-	var m chat.Message
 	method, payload := http.MethodPatch, []byte(nil)
 	if deleted {
 		method = http.MethodDelete
 	} else {
 		payload, _ = json.Marshal(map[string]string{"body": body})
 	}
-	req, err := http.NewRequestWithContext(ctx, method,
-		baseURL+"/api/chats/"+strconv.FormatInt(chatID, 10)+"/messages/"+messageID, bytes.NewReader(payload))
+	code, data, err := s.Do(ctx, method, baseURL+"/api/chats/"+strconv.FormatInt(chatID, 10)+"/messages/"+messageID, payload, "")
 	if err != nil {
-		return m, err
+		return chat.Message{}, err
 	}
-	if payload != nil {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	if s.token != "" {
-		req.Header.Set("Authorization", "Bearer "+s.token)
-	}
-	resp, err := s.client.Do(req)
-	if err != nil {
-		return m, err
-	}
-	defer resp.Body.Close()
-	data, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-	if resp.StatusCode != http.StatusOK {
-		var e struct {
-			Error string `json:"error"`
-		}
-		_ = json.Unmarshal(data, &e)
-		return m, fmt.Errorf("%d %s", resp.StatusCode, e.Error)
-	}
-	if err := json.Unmarshal(data, &m); err != nil {
-		return m, fmt.Errorf("decode reply: %w", err)
-	}
-	return m, nil
+	return decodeMessage(code, http.StatusOK, data)
 }

@@ -12,7 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxchat/outboxchat/chat"
-	"github.com/outboxchat/outboxchat/chat/store"
+	"github.com/outboxchat/outboxchat/chat/store/prune"
 	"github.com/outboxchat/outboxchat/lab/probe"
 )
 
@@ -174,7 +174,7 @@ type querier interface {
 // separate read and the prune (an inbox transaction that began before the
 // prune's cutoff and committed after the read) would be deleted unseen
 // and counted lost. It returns the rows deleted.
-func (t *run) keepAndPrune(ctx context.Context, cfg store.PruneConfig) (int64, error) {
+func (t *run) keepAndPrune(ctx context.Context, cfg prune.Config) (int64, error) {
 	tx, err := t.e.Admin().BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
 	if err != nil {
 		return 0, err
@@ -185,7 +185,7 @@ func (t *run) keepAndPrune(ctx context.Context, cfg store.PruneConfig) (int64, e
 		return 0, err
 	}
 	t.keep(in, st)
-	n, err := store.Prune(ctx, tx, cfg)
+	n, err := prune.Run(ctx, tx, cfg)
 	if err != nil {
 		return 0, err
 	}

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/outboxchat/outboxchat/chat"
-	"github.com/outboxchat/outboxchat/chat/store"
+	"github.com/outboxchat/outboxchat/chat/store/prune"
 	"github.com/outboxchat/outboxchat/lab/env"
 	"github.com/outboxchat/outboxchat/lab/fault"
 	"github.com/outboxchat/outboxchat/lab/process"
@@ -149,7 +149,7 @@ func (t *run) heal(ctx context.Context) error {
 }
 
 // pruneHistory deletes f.Target's history older than fault.PruneOlderThan
-// (store.Prune, what retention and `outboxchat prune` run) every
+// (prune.Run, what retention and `outboxchat prune` run) every
 // pruneEvery until f.For has passed, under load and the other faults.
 // Before each prune the checker keeps what it is about to delete
 // (t.keep): the rows are gone from the tables, not from what was
@@ -160,7 +160,7 @@ func (t *run) pruneHistory(ctx context.Context, f fault.Fault) {
 	var total int64
 	for ctx.Err() == nil && time.Now().Before(end) {
 		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		n, err := t.keepAndPrune(pctx, store.PruneConfig{Service: f.Target, OlderThan: fault.PruneOlderThan})
+		n, err := t.keepAndPrune(pctx, prune.Config{Service: f.Target, OlderThan: fault.PruneOlderThan})
 		if err != nil {
 			// Postgres down, or a concurrent change to a row the prune
 			// would delete (its snapshot): the next round prunes.

@@ -29,19 +29,7 @@ const tortureTestSeed = 23
 // random fault sequence, then the drain and the checker. Budget: about
 // 15 s a schedule (75 s on an idle 2-core machine).
 func TestTortureShort(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts private servers and service processes")
-	}
-	t.Parallel()
-	var progress strings.Builder
-	res, err := Run(context.Background(), Options{Schedules: 5, Seed: tortureTestSeed, Duration: 6 * time.Second, Progress: &progress})
-	t.Log("\n" + progress.String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if res.Schedules != 5 || res.Failed != 0 || res.Lost != 0 || res.DuplicatesShown != 0 || res.OrderViolations != 0 {
-		t.Fatalf("want 5 schedules, none failed: %+v", res)
-	}
+	res, _ := runPassing(t, Options{Schedules: 5, Seed: tortureTestSeed, Duration: 6 * time.Second})
 	if res.Sent < 100 {
 		t.Errorf("only %d sends answered 201: the load did not run", res.Sent)
 	}
@@ -75,20 +63,7 @@ const tortureNATSSeed = 345
 // injected entries (and only they) dead-lettered. Budget: about 10 s a
 // schedule.
 func TestTortureOnNATS(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts private servers and service processes")
-	}
-	t.Parallel()
-	var progress, log strings.Builder
-	res, err := Run(context.Background(), Options{Schedules: 2, Seed: tortureNATSSeed, Duration: 8 * time.Second,
-		Progress: &progress, Log: &log, Broker: "nats"})
-	t.Log("\n" + progress.String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if res.Schedules != 2 || res.Failed != 0 || res.Lost != 0 || res.DuplicatesShown != 0 || res.OrderViolations != 0 {
-		t.Fatalf("want 2 schedules, none failed: %+v\nlog:\n%s", res, log.String())
-	}
+	res, _ := runPassing(t, Options{Schedules: 2, Seed: tortureNATSSeed, Duration: 8 * time.Second, Broker: "nats"})
 	for _, k := range []fault.Kind{fault.NATSKill, fault.NATSStop} {
 		if res.Faults[string(k)] == 0 {
 			t.Errorf("no %s drawn: %v", k, res.Faults)
@@ -116,20 +91,7 @@ const tortureClusterSeed = 42
 // masters and 3 replicas with cluster faults drawn among the others: no
 // loss, nothing shown twice, order kept. Budget: about 20 s a schedule.
 func TestTortureRedisCluster(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts private servers and service processes")
-	}
-	t.Parallel()
-	var progress, log strings.Builder
-	res, err := Run(context.Background(), Options{Schedules: 2, Seed: tortureClusterSeed, Duration: 10 * time.Second,
-		Progress: &progress, Log: &log, RedisCluster: true})
-	t.Log("\n" + progress.String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if res.Schedules != 2 || res.Failed != 0 || res.Lost != 0 || res.DuplicatesShown != 0 || res.OrderViolations != 0 {
-		t.Fatalf("want 2 schedules, none failed: %+v\nlog:\n%s", res, log.String())
-	}
+	res, log := runPassing(t, Options{Schedules: 2, Seed: tortureClusterSeed, Duration: 10 * time.Second, RedisCluster: true})
 	for _, k := range []fault.Kind{fault.ClusterFailover, fault.ClusterReshard, fault.ClusterPause} {
 		if res.Faults[string(k)] == 0 {
 			t.Errorf("no %s drawn: %v", k, res.Faults)
@@ -139,16 +101,40 @@ func TestTortureRedisCluster(t *testing.T) {
 	// failover (hold-back, sync, kill, promotion) can hold Redis to the end
 	// of the fault phase and the slot move drawn after it is skipped, and
 	// logged as such. The failover comes first in both schedules.
-	if !strings.Contains(log.String(), "replica promoted") {
-		t.Errorf("fault log lacks %q:\n%s", "replica promoted", log.String())
+	if !strings.Contains(log, "replica promoted") {
+		t.Errorf("fault log lacks %q:\n%s", "replica promoted", log)
 	}
-	if !strings.Contains(log.String(), "slot moved") {
-		if !strings.Contains(log.String(), string(fault.ClusterReshard)) || !strings.Contains(log.String(), "skipped, the fault phase ended") {
-			t.Errorf("fault log has neither a slot moved nor a slot move skipped:\n%s", log.String())
+	if !strings.Contains(log, "slot moved") {
+		if !strings.Contains(log, string(fault.ClusterReshard)) || !strings.Contains(log, "skipped, the fault phase ended") {
+			t.Errorf("fault log has neither a slot moved nor a slot move skipped:\n%s", log)
 		} else {
-			t.Logf("every slot move was skipped (a failover held Redis to the end of the fault phase):\n%s", log.String())
+			t.Logf("every slot move was skipped (a failover held Redis to the end of the fault phase):\n%s", log)
 		}
 	}
+}
+
+// runPassing runs opts (its Progress and Log set here) as a parallel test
+// that starts private servers (skipped with -short), logs the progress,
+// and fails t unless all opts.Schedules schedules passed: none failed,
+// nothing lost, shown twice or out of order. It returns the result and the
+// fault log.
+func runPassing(t *testing.T, opts Options) (*Result, string) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("starts private servers and service processes")
+	}
+	t.Parallel()
+	var progress, log strings.Builder
+	opts.Progress, opts.Log = &progress, &log
+	res, err := Run(context.Background(), opts)
+	t.Log("\n" + progress.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Schedules != opts.Schedules || res.Failed != 0 || res.Lost != 0 || res.DuplicatesShown != 0 || res.OrderViolations != 0 {
+		t.Fatalf("want %d schedules, none failed: %+v\nlog:\n%s", opts.Schedules, res, log.String())
+	}
+	return res, log.String()
 }
 
 // TestDrawScheduleReplays: a (seed, schedule) pair always draws the same

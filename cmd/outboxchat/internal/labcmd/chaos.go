@@ -1,4 +1,4 @@
-package main
+package labcmd
 
 import (
 	"context"
@@ -12,9 +12,9 @@ import (
 	"github.com/outboxchat/outboxchat/lab/scenario"
 )
 
-// runLabChaos runs `lab chaos`: the write-up's experiment, or with
+// Chaos runs `lab chaos`: the write-up's experiment, or with
 // --scenario a named scenario (as `lab scenario NAME`), or --list.
-func runLabChaos(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+func Chaos(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("lab chaos", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	variant := fs.String("variant", env.VariantV2, "v1 (naive dual write) or v2 (transactional outbox)")

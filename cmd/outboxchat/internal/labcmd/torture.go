@@ -1,4 +1,4 @@
-package main
+package labcmd
 
 import (
 	"context"
@@ -13,8 +13,8 @@ import (
 	"github.com/outboxchat/outboxchat/lab/torture"
 )
 
-// runLabTorture runs `lab torture`.
-func runLabTorture(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+// Torture runs `lab torture`.
+func Torture(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("lab torture", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	schedules := fs.Int("schedules", torture.DefaultSchedules, "how many random fault schedules to run")

@@ -1,4 +1,4 @@
-package main
+package labcmd
 
 import (
 	"context"
@@ -12,9 +12,9 @@ import (
 	"github.com/outboxchat/outboxchat/lab/scenario"
 )
 
-// runLabScenario runs `lab scenario NAME [--json] [--redrive-after D]
+// Scenario runs `lab scenario NAME [--json] [--redrive-after D]
 // [--partitions N] [--broker redis|nats]`, or --list.
-func runLabScenario(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+func Scenario(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("lab scenario", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {

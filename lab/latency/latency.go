@@ -1,4 +1,4 @@
-package perf
+package latency
 
 import (
 	"context"
@@ -17,15 +17,15 @@ import (
 
 // Latency defaults (the write-up's experiment).
 const (
-	// DefaultLatencyMessages is how many messages one run sends.
-	DefaultLatencyMessages = 100
-	// DefaultLatencyInterval is the pause between two sends of a run.
-	DefaultLatencyInterval = 100 * time.Millisecond
-	// DefaultLatencyRuns is how many runs each variant gets.
-	DefaultLatencyRuns = 3
-	// DefaultLatencySettle bounds the wait, after a run's last send, for
+	// DefaultMessages is how many messages one run sends.
+	DefaultMessages = 100
+	// DefaultInterval is the pause between two sends of a run.
+	DefaultInterval = 100 * time.Millisecond
+	// DefaultRuns is how many runs each variant gets.
+	DefaultRuns = 3
+	// DefaultSettle bounds the wait, after a run's last send, for
 	// every sent message to be shown; what is not shown by then is lost.
-	DefaultLatencySettle = 10 * time.Second
+	DefaultSettle = 10 * time.Second
 	// DefaultFloorSamples is how many round trips each floor measures.
 	DefaultFloorSamples = 200
 	// PacedFloorSamples is how many round trips each floor measures at the
@@ -33,10 +33,10 @@ const (
 	PacedFloorSamples = 30
 )
 
-// DefaultLatencyVariants are the variants `lab latency` measures by
+// DefaultVariants are the variants `lab latency` measures by
 // default, in table order: the write-up's three plus the write-up's own v2
 // mode (NOTIFY inside the send transaction).
-var DefaultLatencyVariants = []string{env.VariantV1, env.VariantV2, env.VariantV2InTx, env.VariantV2Poll}
+var DefaultVariants = []string{env.VariantV1, env.VariantV2, env.VariantV2InTx, env.VariantV2Poll}
 
 // variantLabel is a variant's name in the table and the plot.
 func variantLabel(v string) string {
@@ -57,18 +57,18 @@ func variantLabel(v string) string {
 	return v
 }
 
-// LatencyOptions configures Latency. A zero field means its default.
-type LatencyOptions struct {
-	// Variants to measure, in order. Default DefaultLatencyVariants.
+// Options configures Measure. A zero field means its default.
+type Options struct {
+	// Variants to measure, in order. Default DefaultVariants.
 	Variants []string
-	// Messages per run. Default DefaultLatencyMessages (100).
+	// Messages per run. Default DefaultMessages (100).
 	Messages int
-	// Interval between two sends. Default DefaultLatencyInterval (100 ms).
+	// Interval between two sends. Default DefaultInterval (100 ms).
 	Interval time.Duration
-	// Runs per variant. Default DefaultLatencyRuns (3).
+	// Runs per variant. Default DefaultRuns (3).
 	Runs int
 	// Settle bounds the wait after a run's last send. Default
-	// DefaultLatencySettle (10 s).
+	// DefaultSettle (10 s).
 	Settle time.Duration
 	// FloorSamples is the number of round trips per floor. Default
 	// DefaultFloorSamples (200); negative skips the floors.
@@ -87,8 +87,8 @@ type LatencyOptions struct {
 	Instances int
 }
 
-// LatencyRun is one run of one variant.
-type LatencyRun struct {
+// Run is one run of one variant.
+type Run struct {
 	// Samples holds one latency per message shown (send call start →
 	// frame at the workers' WebSocket client), sorted ascending.
 	Samples []time.Duration
@@ -107,60 +107,44 @@ type LatencyRun struct {
 	// sent_at → received_at (send commit, wake-up, relay, Redis, worker
 	// picks the job up and begins its inbox tx), received_at → frame at the
 	// client (inbox commit, NOTIFY, gateway read, WebSocket write).
-	Stages Stages
+	Stages probe.Stages
 }
 
-// Stages are the p50 durations of the three legs of a message's way; see
-// LatencyRun.Stages.
-type Stages struct {
-	ToSendTx, SendToInboxTx, InboxTxToShown time.Duration
-}
-
-// stageSamples collects the legs of each message to compute Stages.
-type stageSamples struct{ a, b, c []time.Duration }
-
-func (s *stageSamples) add(t0 time.Time, sh probe.Shown) {
-	if sh.Message.ReceivedAt == nil || sh.Message.SentAt.IsZero() {
-		return
+// orDefault sets *v to d when *v is zero or negative.
+func orDefault[T int | time.Duration](v *T, d T) {
+	if *v <= 0 {
+		*v = d
 	}
-	s.a = append(s.a, sh.Message.SentAt.Sub(t0))
-	s.b = append(s.b, sh.Message.ReceivedAt.Sub(sh.Message.SentAt))
-	s.c = append(s.c, sh.At.Sub(*sh.Message.ReceivedAt))
 }
 
-func (s *stageSamples) p50() Stages {
-	med := func(ds []time.Duration) time.Duration { slices.Sort(ds); return probe.Percentile(ds, 0.5) }
-	return Stages{med(s.a), med(s.b), med(s.c)}
-}
-
-// VariantLatency is every run of one variant.
-type VariantLatency struct {
+// VariantResult is every run of one variant.
+type VariantResult struct {
 	Variant string
-	Runs    []LatencyRun
+	Runs    []Run
 }
 
-// LatencyReport is the result of Latency.
-type LatencyReport struct {
+// Report is the result of Measure.
+type Report struct {
 	// Messages, Interval and Runs are the options the report was made with.
 	Messages int
 	Interval time.Duration
 	Runs     int
 	// Variants holds one entry per variant, in the order asked.
-	Variants []VariantLatency
+	Variants []VariantResult
 	// Floors are measured on the environment of v2 (or of the first
 	// variant when v2 is not measured); nil when skipped.
 	Floors *Floors
-	// Durable echoes LatencyOptions.Durable (fsync=on; false: the fast
+	// Durable echoes Options.Durable (fsync=on; false: the fast
 	// mode, fsync=off).
 	Durable bool
-	// Instances echoes LatencyOptions.Instances (1 or more).
+	// Instances echoes Options.Instances (1 or more).
 	Instances int
 }
 
-// LatencySummary is one variant's line of `lab latency --json` (DESIGN.md):
+// Summary is one variant's line of `lab latency --json` (DESIGN.md):
 // each figure is the median over runs, in milliseconds; N is the number of
 // latency samples (messages shown) over all runs.
-type LatencySummary struct {
+type Summary struct {
 	Variant string  `json:"variant"`
 	Runs    int     `json:"runs"`
 	P50Ms   float64 `json:"p50_ms"`
@@ -171,19 +155,19 @@ type LatencySummary struct {
 }
 
 // Summary returns the variant's JSON summary.
-func (v *VariantLatency) Summary() LatencySummary {
-	s := LatencySummary{Variant: v.Variant, Runs: len(v.Runs)}
-	pick := func(f func(LatencyRun) time.Duration) float64 {
+func (v *VariantResult) Summary() Summary {
+	s := Summary{Variant: v.Variant, Runs: len(v.Runs)}
+	pick := func(f func(Run) time.Duration) float64 {
 		ds := make([]time.Duration, len(v.Runs))
 		for i, r := range v.Runs {
 			ds[i] = f(r)
 		}
 		return probe.RoundMs(probe.Median(ds))
 	}
-	s.P50Ms = pick(func(r LatencyRun) time.Duration { return r.P50 })
-	s.P95Ms = pick(func(r LatencyRun) time.Duration { return r.P95 })
-	s.P99Ms = pick(func(r LatencyRun) time.Duration { return r.P99 })
-	s.MaxMs = pick(func(r LatencyRun) time.Duration { return r.Max })
+	s.P50Ms = pick(func(r Run) time.Duration { return r.P50 })
+	s.P95Ms = pick(func(r Run) time.Duration { return r.P95 })
+	s.P99Ms = pick(func(r Run) time.Duration { return r.P99 })
+	s.MaxMs = pick(func(r Run) time.Duration { return r.Max })
 	for _, r := range v.Runs {
 		s.N += len(r.Samples)
 	}
@@ -191,7 +175,7 @@ func (v *VariantLatency) Summary() LatencySummary {
 }
 
 // Lost returns the messages lost over all runs.
-func (v *VariantLatency) Lost() int {
+func (v *VariantResult) Lost() int {
 	n := 0
 	for _, r := range v.Runs {
 		n += r.Lost
@@ -200,7 +184,7 @@ func (v *VariantLatency) Lost() int {
 }
 
 // Samples returns every run's samples together, sorted.
-func (v *VariantLatency) Samples() []time.Duration {
+func (v *VariantResult) Samples() []time.Duration {
 	var all []time.Duration
 	for _, r := range v.Runs {
 		all = append(all, r.Samples...)
@@ -209,7 +193,7 @@ func (v *VariantLatency) Samples() []time.Duration {
 	return all
 }
 
-// Latency runs the write-up's latency experiment: per variant a fresh
+// Measure runs the write-up's latency experiment: per variant a fresh
 // environment (private servers, both services as processes, every role in
 // each) reused by its runs; per run a new chat, a WebSocket watcher on
 // workers for it, one unmeasured warm-up message, then Messages sends from
@@ -219,19 +203,19 @@ func (v *VariantLatency) Samples() []time.Duration {
 // way on v2's environment (changeRun). The floors are measured on the v2
 // environment after its runs. An error means the experiment could not run;
 // lost messages are reported, not errors.
-func Latency(ctx context.Context, opts LatencyOptions) (*LatencyReport, error) {
+func Measure(ctx context.Context, opts Options) (*Report, error) {
 	if len(opts.Variants) == 0 {
-		opts.Variants = DefaultLatencyVariants
+		opts.Variants = DefaultVariants
 	}
 	for _, v := range opts.Variants {
 		if err := checkLatencyVariant(v); err != nil {
 			return nil, err
 		}
 	}
-	orDefault(&opts.Messages, DefaultLatencyMessages)
-	orDefault(&opts.Interval, DefaultLatencyInterval)
-	orDefault(&opts.Runs, DefaultLatencyRuns)
-	orDefault(&opts.Settle, DefaultLatencySettle)
+	orDefault(&opts.Messages, DefaultMessages)
+	orDefault(&opts.Interval, DefaultInterval)
+	orDefault(&opts.Runs, DefaultRuns)
+	orDefault(&opts.Settle, DefaultSettle)
 	orDefault(&opts.Instances, 1)
 	if opts.FloorSamples == 0 {
 		opts.FloorSamples = DefaultFloorSamples
@@ -244,7 +228,7 @@ func Latency(ctx context.Context, opts LatencyOptions) (*LatencyReport, error) {
 	if !slices.Contains(opts.Variants, env.VariantV2) {
 		floorsOn = opts.Variants[0]
 	}
-	rep := &LatencyReport{Messages: opts.Messages, Interval: opts.Interval, Runs: opts.Runs, Durable: opts.Durable, Instances: opts.Instances}
+	rep := &Report{Messages: opts.Messages, Interval: opts.Interval, Runs: opts.Runs, Durable: opts.Durable, Instances: opts.Instances}
 	for _, v := range opts.Variants {
 		vl, floors, err := latencyVariant(ctx, v, opts, v == floorsOn && opts.FloorSamples > 0, progress)
 		if err != nil {
@@ -259,7 +243,7 @@ func Latency(ctx context.Context, opts LatencyOptions) (*LatencyReport, error) {
 }
 
 // latencyVariant measures one variant on its own environment.
-func latencyVariant(ctx context.Context, variant string, opts LatencyOptions, floors bool, progress io.Writer) (*VariantLatency, *Floors, error) {
+func latencyVariant(ctx context.Context, variant string, opts Options, floors bool, progress io.Writer) (*VariantResult, *Floors, error) {
 	// The services run as `outboxchat serve` runs by default: api, relay and
 	// worker roles in one process each. The relay's wake-up travels the
 	// variant's way: in v2 the API wakes the relay in its process directly
@@ -270,10 +254,10 @@ func latencyVariant(ctx context.Context, variant string, opts LatencyOptions, fl
 		return nil, nil, err
 	}
 	defer e.Close()
-	vl := &VariantLatency{Variant: variant}
+	vl := &VariantResult{Variant: variant}
 	for run := 1; run <= opts.Runs; run++ {
 		fmt.Fprintf(progress, "lab: latency %s run %d/%d: %d messages, one every %v\n", variant, run, opts.Runs, opts.Messages, opts.Interval)
-		var r *LatencyRun
+		var r *Run
 		if isChangeVariant(variant) {
 			r, err = changeRun(ctx, e, variant, int64(run), opts)
 		} else {
@@ -297,7 +281,7 @@ func latencyVariant(ctx context.Context, variant string, opts LatencyOptions, fl
 }
 
 // latencyRun runs one run on chat chatID of e.
-func latencyRun(ctx context.Context, e *env.Env, chatID int64, opts LatencyOptions) (*LatencyRun, error) {
+func latencyRun(ctx context.Context, e *env.Env, chatID int64, opts Options) (*Run, error) {
 	var mu sync.Mutex
 	arrived := map[string]probe.Shown{}
 	// One URL per instance; the watcher on the last workers instance.
@@ -309,7 +293,7 @@ func latencyRun(ctx context.Context, e *env.Env, chatID int64, opts LatencyOptio
 	if n := len(e.WorkersAPIs); n > 0 {
 		watchAt = e.WorkersAPIs[n-1].URL()
 	}
-	w, err := probe.NewWatcher(watchAt, chatID, &probe.WatcherConfig{Token: e.Token, OnFrame: func(s probe.Shown) {
+	w, err := watch(ctx, watchAt, chatID, &probe.WatcherConfig{Token: e.Token, OnFrame: func(s probe.Shown) {
 		if s.Message.From != chat.Consumers || s.Duplicate {
 			return
 		}
@@ -320,13 +304,7 @@ func latencyRun(ctx context.Context, e *env.Env, chatID int64, opts LatencyOptio
 	if err != nil {
 		return nil, err
 	}
-	if err := w.Start(ctx); err != nil {
-		return nil, err
-	}
 	defer w.Stop(context.Background())
-	if err := probe.Connect(ctx, w); err != nil {
-		return nil, fmt.Errorf("watcher could not connect to %s: %w", watchAt, err)
-	}
 	shown := func(id string) bool {
 		mu.Lock()
 		defer mu.Unlock()
@@ -361,7 +339,7 @@ func latencyRun(ctx context.Context, e *env.Env, chatID int64, opts LatencyOptio
 		at time.Time
 	}
 	var sends []sent
-	r := &LatencyRun{}
+	r := &Run{}
 	next := time.Now()
 	for i := 1; i <= opts.Messages; i++ {
 		if err := env.SleepUntil(ctx, next); err != nil {
@@ -393,7 +371,7 @@ func latencyRun(ctx context.Context, e *env.Env, chatID int64, opts LatencyOptio
 	if ctx.Err() != nil {
 		return nil, ctx.Err()
 	}
-	var st stageSamples
+	var st probe.StageSamples
 	mu.Lock()
 	for _, s := range sends {
 		sh, ok := arrived[s.id]
@@ -402,51 +380,73 @@ func latencyRun(ctx context.Context, e *env.Env, chatID int64, opts LatencyOptio
 			continue
 		}
 		r.Samples = append(r.Samples, sh.At.Sub(s.at))
-		st.add(s.at, sh)
+		st.Add(s.at, sh)
 	}
 	mu.Unlock()
-	r.Stages = st.p50()
+	r.Stages = st.P50()
 	r.DuplicatesShown = w.Duplicates()
+	r.summarize()
+	return r, nil
+}
+
+// summarize sorts r.Samples and sets P50, P95, P99 and Max from them.
+func (r *Run) summarize() {
 	slices.Sort(r.Samples)
 	r.P50, r.P95, r.P99 = probe.Percentile(r.Samples, 0.50), probe.Percentile(r.Samples, 0.95), probe.Percentile(r.Samples, 0.99)
 	if n := len(r.Samples); n > 0 {
 		r.Max = r.Samples[n-1]
 	}
-	return r, nil
+}
+
+// watch starts a watcher of chat chatID at url with cfg and waits (up to
+// probe.ConnectTimeout) for its first connection; the caller stops it.
+func watch(ctx context.Context, url string, chatID int64, cfg *probe.WatcherConfig) (*probe.Watcher, error) {
+	w, err := probe.NewWatcher(url, chatID, cfg)
+	if err != nil {
+		return nil, err
+	}
+	if err := w.Start(ctx); err != nil {
+		return nil, err
+	}
+	if err := probe.Connect(ctx, w); err != nil {
+		_ = w.Stop(context.Background())
+		return nil, fmt.Errorf("watcher could not connect to %s: %w", url, err)
+	}
+	return w, nil
 }
 
 // WriteTable prints the write-up's table: p50, p95 and p99 as min to max
 // over runs, the worst latency of all runs, runs; then losses and the
 // floors.
-func (r *LatencyReport) WriteTable(w io.Writer) {
+func (r *Report) WriteTable(w io.Writer) {
 	inst := ""
 	if r.Instances > 1 {
 		inst = fmt.Sprintf("; %d instances per service (sends to each in turn, the client on the last)", r.Instances)
 	}
 	fmt.Fprintf(w, "latency: %d messages per run, one every %v; send call → frame at a workers WebSocket client%s\n",
 		r.Messages, r.Interval, inst)
-	if slices.ContainsFunc(r.Variants, func(v VariantLatency) bool { return isChangeVariant(v.Variant) }) {
+	if slices.ContainsFunc(r.Variants, func(v VariantResult) bool { return isChangeVariant(v.Variant) }) {
 		fmt.Fprintf(w, "edit, read: as many changes, as paced: edit call → edit frame at the workers' client; read call (a workers reader) → read frame at the consumers' client\n")
 	}
 	fmt.Fprintf(w, "servers: %s\n\n", env.ServerMode(r.Durable))
 	rows := [][]string{{"variant", "p50", "p95", "p99", "max", "runs"}}
 	for _, v := range r.Variants {
-		col := func(f func(LatencyRun) time.Duration) []time.Duration {
+		col := func(f func(Run) time.Duration) []time.Duration {
 			out := make([]time.Duration, len(v.Runs))
 			for i, run := range v.Runs {
 				out[i] = f(run)
 			}
 			return out
 		}
-		maxes := col(func(x LatencyRun) time.Duration { return x.Max })
+		maxes := col(func(x Run) time.Duration { return x.Max })
 		worst := "-"
 		if len(maxes) > 0 {
 			worst = probe.FmtMs(slices.Max(maxes)) + " ms"
 		}
 		rows = append(rows, []string{variantLabel(v.Variant),
-			probe.FmtRange(col(func(x LatencyRun) time.Duration { return x.P50 })),
-			probe.FmtRange(col(func(x LatencyRun) time.Duration { return x.P95 })),
-			probe.FmtRange(col(func(x LatencyRun) time.Duration { return x.P99 })),
+			probe.FmtRange(col(func(x Run) time.Duration { return x.P50 })),
+			probe.FmtRange(col(func(x Run) time.Duration { return x.P95 })),
+			probe.FmtRange(col(func(x Run) time.Duration { return x.P99 })),
 			worst, fmt.Sprint(len(v.Runs))})
 	}
 	probe.WriteColumns(w, rows)
@@ -481,7 +481,7 @@ func (r *LatencyReport) WriteTable(w io.Writer) {
 }
 
 // V2P50 returns v2's p50 (median over runs), 0 when v2 was not measured.
-func (r *LatencyReport) V2P50() time.Duration {
+func (r *Report) V2P50() time.Duration {
 	for _, v := range r.Variants {
 		if v.Variant == env.VariantV2 {
 			ds := make([]time.Duration, len(v.Runs))
@@ -494,8 +494,8 @@ func (r *LatencyReport) V2P50() time.Duration {
 	return 0
 }
 
-// WriteJSON prints one LatencySummary per variant, one JSON object per line.
-func (r *LatencyReport) WriteJSON(w io.Writer) error {
+// WriteJSON prints one Summary per variant, one JSON object per line.
+func (r *Report) WriteJSON(w io.Writer) error {
 	enc := json.NewEncoder(w)
 	for _, v := range r.Variants {
 		if err := enc.Encode(v.Summary()); err != nil {

@@ -1,4 +1,7 @@
-package store
+// Package prune deletes a service's chat history older than a cutoff (Run),
+// in bounded DELETEs, keeping what a chat's seq, watermark and receipts
+// need: the retention service and `outboxchat prune` run it.
+package prune
 
 import (
 	"context"
@@ -12,21 +15,21 @@ import (
 	"github.com/outboxchat/outboxchat/chat"
 )
 
-// DefaultPruneBatch is the most rows one DELETE of Prune takes
-// (PruneConfig.Batch): small enough that each statement holds its row
+// DefaultBatch is the most rows one DELETE of Run takes
+// (Config.Batch): small enough that each statement holds its row
 // locks briefly and a send of the same chat waits at most for one batch.
-const DefaultPruneBatch = 1000
+const DefaultBatch = 1000
 
-// PruneTables are the tables Prune deletes from, in the order it does, as
-// PruneCounts keys and metric labels.
-var PruneTables = []string{"messages", "receipts", "inbox", "inbox_gap_fills", "inbox_duplicates", "seq_floors"}
+// Tables are the tables Run deletes from, in the order it does, as
+// Counts keys and metric labels.
+var Tables = []string{"messages", "receipts", "inbox", "inbox_gap_fills", "inbox_duplicates", "seq_floors"}
 
-// PruneCounts is the number of rows Prune deleted, by table (every
-// PruneTables key present).
-type PruneCounts map[string]int64
+// Counts is the number of rows Run deleted, by table (every
+// Tables key present).
+type Counts map[string]int64
 
 // Total is the sum of c's counts.
-func (c PruneCounts) Total() int64 {
+func (c Counts) Total() int64 {
 	var n int64
 	for _, v := range c {
 		n += v
@@ -34,23 +37,23 @@ func (c PruneCounts) Total() int64 {
 	return n
 }
 
-// PruneConfig says what Prune deletes.
-type PruneConfig struct {
+// Config says what Run deletes.
+type Config struct {
 	// Service is chat.Consumers or chat.Workers: the schema pruned.
 	Service string
 	// OlderThan: rows whose time (created_at, delivered_at, received_at,
 	// seen_at) is more than this before the database's now() go. Must be
 	// above 0.
 	OlderThan time.Duration
-	// Batch bounds each DELETE (DefaultPruneBatch when 0).
+	// Batch bounds each DELETE (DefaultBatch when 0).
 	Batch int
 	// Deleted, when set, is called after each DELETE that took rows, with
 	// the table and the count.
 	Deleted func(table string, n int64)
 }
 
-// ErrInvalidPrune is wrapped by Prune's errors for a bad PruneConfig.
-var ErrInvalidPrune = errors.New("invalid prune")
+// ErrInvalid is wrapped by Run's errors for a bad Config.
+var ErrInvalid = errors.New("invalid prune")
 
 // pruneStatements are the bounded DELETEs of schema s, by table. $1 is the
 // cutoff (now() - OlderThan), $2 the batch size. What they keep, and why:
@@ -100,35 +103,35 @@ func pruneStatements(s string) map[string]string {
 	}
 }
 
-// DB is what Prune runs on: a *pgxpool.Pool, *pgx.Conn or pgx.Tx.
+// DB is what Run runs on: a *pgxpool.Pool, *pgx.Conn or pgx.Tx.
 type DB interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
-// Prune deletes cfg.Service's history older than cfg.OlderThan, table by
-// table (PruneTables order), in DELETEs of at most cfg.Batch rows each (each
+// Run deletes cfg.Service's history older than cfg.OlderThan, table by
+// table (Tables order), in DELETEs of at most cfg.Batch rows each (each
 // its own transaction on db), until a DELETE takes fewer than a batch. It
 // keeps what a chat's seq, watermark and receipts need (see
 // pruneStatements): a chat keeps numbering on and receiving after it. It
 // returns the rows deleted by table, also when it stops early on an error
-// or ctx. Errors: a bad cfg (ErrInvalidPrune), a failed statement.
-func Prune(ctx context.Context, db DB, cfg PruneConfig) (PruneCounts, error) {
+// or ctx. Errors: a bad cfg (ErrInvalid), a failed statement.
+func Run(ctx context.Context, db DB, cfg Config) (Counts, error) {
 	if err := chat.CheckService(cfg.Service); err != nil {
 		return nil, err
 	}
 	if cfg.OlderThan <= 0 {
-		return nil, fmt.Errorf("%w: older than %v, want above 0", ErrInvalidPrune, cfg.OlderThan)
+		return nil, fmt.Errorf("%w: older than %v, want above 0", ErrInvalid, cfg.OlderThan)
 	}
 	if cfg.Batch < 0 {
-		return nil, fmt.Errorf("%w: batch %d < 0", ErrInvalidPrune, cfg.Batch)
+		return nil, fmt.Errorf("%w: batch %d < 0", ErrInvalid, cfg.Batch)
 	}
 	batch := cfg.Batch
 	if batch == 0 {
-		batch = DefaultPruneBatch
+		batch = DefaultBatch
 	}
-	counts := PruneCounts{}
-	for _, t := range PruneTables {
+	counts := Counts{}
+	for _, t := range Tables {
 		counts[t] = 0
 	}
 	var cutoff time.Time
@@ -136,7 +139,7 @@ func Prune(ctx context.Context, db DB, cfg PruneConfig) (PruneCounts, error) {
 		return counts, fmt.Errorf("prune: read the cutoff: %w", err)
 	}
 	sts := pruneStatements(pgx.Identifier{cfg.Service}.Sanitize())
-	for _, t := range PruneTables {
+	for _, t := range Tables {
 		for {
 			ct, err := db.Exec(ctx, sts[t], cutoff, batch)
 			if err != nil {

@@ -1,4 +1,4 @@
-package main
+package labcmd
 
 import (
 	"cmp"
@@ -15,8 +15,8 @@ import (
 	"github.com/outboxchat/outboxchat/lab/env"
 )
 
-// runLabUp runs `lab up`: a private environment until ctx ends (Ctrl-C).
-func runLabUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+// Up runs `lab up`: a private environment until ctx ends (Ctrl-C).
+func Up(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("lab up", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	variant := fs.String("variant", env.VariantV2, "v1, v2, v2-poll or v2-intx")

@@ -1,4 +1,4 @@
-package perf
+package latency
 
 import (
 	"errors"
@@ -56,14 +56,14 @@ type plotSeries struct {
 	label string
 }
 
-// WriteLatencyPlot draws the latency CDF of each variant of r (all runs'
+// WritePlot draws the latency CDF of each variant of r (all runs'
 // samples together) on a log-scale x axis in milliseconds, with vertical
 // lines at the floors' sums when measured (back to back, and at the test's
 // pace), as a 10×6 inch PNG at path (its directory is created). When path
 // cannot be written it falls back to the same file name in os.TempDir(). It
 // returns the path written. Not safe for concurrent use with itself on one
 // path.
-func WriteLatencyPlot(path string, r *LatencyReport) (string, error) {
+func WritePlot(path string, r *Report) (string, error) {
 	var series []plotSeries
 	lo, hi, p35 := 1e9, 0.0, 0.0
 	for i, v := range r.Variants {

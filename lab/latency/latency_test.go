@@ -1,4 +1,4 @@
-package perf
+package latency
 
 import (
 	"bytes"
@@ -15,10 +15,10 @@ import (
 	"github.com/outboxchat/outboxchat/lab/probe"
 )
 
-// syntheticReport is a report as Latency would make it, without servers.
-func syntheticReport() *LatencyReport {
-	run := func(base time.Duration, n int) LatencyRun {
-		r := LatencyRun{Sent: n}
+// syntheticReport is a report as Measure would make it, without servers.
+func syntheticReport() *Report {
+	run := func(base time.Duration, n int) Run {
+		r := Run{Sent: n}
 		for i := range n {
 			r.Samples = append(r.Samples, base+time.Duration(i)*base/time.Duration(n))
 		}
@@ -26,11 +26,11 @@ func syntheticReport() *LatencyReport {
 		r.Max = r.Samples[n-1]
 		return r
 	}
-	return &LatencyReport{Messages: 100, Interval: 100 * time.Millisecond, Runs: 2,
-		Variants: []VariantLatency{
-			{Variant: env.VariantV1, Runs: []LatencyRun{run(time.Millisecond, 100), run(2*time.Millisecond, 100)}},
-			{Variant: env.VariantV2, Runs: []LatencyRun{run(2*time.Millisecond, 100), run(3*time.Millisecond, 100)}},
-			{Variant: env.VariantV2Poll, Runs: []LatencyRun{run(20*time.Millisecond, 100), run(30*time.Millisecond, 100)}},
+	return &Report{Messages: 100, Interval: 100 * time.Millisecond, Runs: 2,
+		Variants: []VariantResult{
+			{Variant: env.VariantV1, Runs: []Run{run(time.Millisecond, 100), run(2*time.Millisecond, 100)}},
+			{Variant: env.VariantV2, Runs: []Run{run(2*time.Millisecond, 100), run(3*time.Millisecond, 100)}},
+			{Variant: env.VariantV2Poll, Runs: []Run{run(20*time.Millisecond, 100), run(30*time.Millisecond, 100)}},
 		},
 		Floors: &Floors{Commit: 200 * time.Microsecond, RedisPing: 50 * time.Microsecond, NotifyWake: 250 * time.Microsecond,
 			Samples: 200, Fsync: "off", SynchronousCommit: "on",
@@ -74,7 +74,7 @@ func TestLatencyReportOutput(t *testing.T) {
 
 func TestLatencyPlotFile(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "sub", "cdf.png")
-	got, err := WriteLatencyPlot(path, syntheticReport())
+	got, err := WritePlot(path, syntheticReport())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -85,21 +85,21 @@ func TestLatencyPlotFile(t *testing.T) {
 	if !bytes.HasPrefix(b, []byte("\x89PNG")) || len(b) < 10000 {
 		t.Fatalf("%s: not a plausible PNG (%d bytes)", got, len(b))
 	}
-	if _, err := WriteLatencyPlot(path, &LatencyReport{}); err == nil {
+	if _, err := WritePlot(path, &Report{}); err == nil {
 		t.Error("plot of an empty report: want an error")
 	}
 }
 
-// ExampleLatency measures v2's latency on one short run and prints the
+// ExampleMeasure measures v2's latency on one short run and prints the
 // write-up's table and the floors (it needs postgres and redis-server).
-func ExampleLatency() {
-	rep, err := Latency(context.Background(), LatencyOptions{Variants: []string{env.VariantV2}, Messages: 20, Runs: 1})
+func ExampleMeasure() {
+	rep, err := Measure(context.Background(), Options{Variants: []string{env.VariantV2}, Messages: 20, Runs: 1})
 	if err != nil {
 		fmt.Println(err)
 		return
 	}
 	rep.WriteTable(os.Stdout)
-	if path, err := WriteLatencyPlot(filepath.Join(os.TempDir(), "latency-cdf.png"), rep); err == nil {
+	if path, err := WritePlot(filepath.Join(os.TempDir(), "latency-cdf.png"), rep); err == nil {
 		fmt.Println("plot:", path)
 	}
 }

@@ -1,4 +1,4 @@
-package main
+package labcmd
 
 import (
 	"context"
@@ -9,14 +9,14 @@ import (
 
 	"github.com/outboxchat/outboxchat/lab/chaos"
 	"github.com/outboxchat/outboxchat/lab/env"
-	"github.com/outboxchat/outboxchat/lab/perf"
+	"github.com/outboxchat/outboxchat/lab/latency"
 )
 
-// runLabDemo runs `lab demo`: chaos v1, chaos v2, then the latency table
+// Demo runs `lab demo`: chaos v1, chaos v2, then the latency table
 // (one run). It returns an error unless v1 lost exactly msgs 7 and 8, v2
 // lost none, skipped exactly one duplicate and left nothing unsent, and
 // the latency runs lost nothing.
-func runLabDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+func Demo(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("lab demo", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	broker := brokerFlag(fs)
@@ -63,11 +63,11 @@ func runLabDemo(ctx context.Context, args []string, stdout, stderr io.Writer) er
 // of the default messages and interval. Losing a message is unexpected.
 func demoLatency(ctx context.Context, stdout, stderr io.Writer) error {
 	fmt.Fprintln(stdout, "== latency ==")
-	rep, err := perf.Latency(ctx, perf.LatencyOptions{Runs: 1, Progress: stderr})
+	rep, err := latency.Measure(ctx, latency.Options{Runs: 1, Progress: stderr})
 	if err != nil {
 		return err
 	}
-	if err := writeLatency(rep, false, perf.DefaultPlotPath, stdout, stderr); err != nil {
+	if err := writeLatency(rep, false, latency.DefaultPlotPath, stdout, stderr); err != nil {
 		return err
 	}
 	var errs []error

@@ -1,4 +1,4 @@
-package main
+package labcmd
 
 import (
 	"context"
@@ -12,8 +12,8 @@ import (
 	"github.com/outboxchat/outboxchat/lab/perf"
 )
 
-// runLabBench runs `lab bench`.
-func runLabBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+// Bench runs `lab bench`.
+func Bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("lab bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	senders := fs.Int("senders", perf.DefaultBenchSenders, "concurrent senders (closed loop, keep-alive HTTP)")
