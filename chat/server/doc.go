@@ -10,7 +10,8 @@
 //   - worker: inbox.Consumer reading the peer's queue in consumer group
 //     "<service>" into the inbox (package receive).
 //
-// Every Prometheus metric of a process is defined in metrics.go. Failure
+// Every Prometheus metric of a process is defined in package
+// chat/server/internal/metrics. Failure
 // modes: Redis down — sends still succeed, the outbox fills, the relay
 // retries; a relay crash between publish and commit — the batch is
 // published again and the receiver's inbox drops it; a worker crash before

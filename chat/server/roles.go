@@ -47,7 +47,7 @@ func (p *process) buildGateway() error {
 		return err
 	}
 	p.gw = gw
-	p.m.subscribers(gw.Subscribers)
+	p.m.Subscribers(gw.Subscribers)
 	return nil
 }
 
@@ -64,9 +64,9 @@ func (p *process) buildWorker() error {
 	if err != nil {
 		return err
 	}
-	onQueue := p.m.queueEvents(p.log, c.LockDuration)
-	onInbox := p.m.inboxEvents(p.log)
-	observeE2E := p.m.e2e()
+	onQueue := p.m.QueueEvents(p.log, c.LockDuration)
+	onInbox := p.m.InboxEvents(p.log)
+	observeE2E := p.m.E2E()
 	gw := p.gw
 	// The gateways of this service's other processes hear of the commit
 	// from the waker, after it: the inbox transaction runs no NOTIFY.
@@ -88,7 +88,7 @@ func (p *process) buildWorker() error {
 		if group, err = inbox.NewGroup(p.pool); err != nil {
 			return err
 		}
-		p.m.sharedWork("outboxchat_inbox_shared", "batches", "the inbox's shared transactions (partitions)", func() (int64, int64) {
+		p.m.SharedWork("outboxchat_inbox_shared", "batches", "the inbox's shared transactions (partitions)", func() (int64, int64) {
 			s := group.Stats()
 			return s.Transactions, s.Batches
 		})
@@ -157,7 +157,7 @@ func (p *process) buildWorker() error {
 		}
 		consumers = append(consumers, ic)
 	}
-	p.m.deletedPending(func() (n int64) {
+	p.m.DeletedPending(func() (n int64) {
 		for _, f := range deleted {
 			n += f()
 		}
@@ -203,7 +203,7 @@ func (p *process) signer() func(redisq.Job) string {
 // relays of the partitions this process holds (partitions.go).
 func (p *process) buildRelay() error {
 	c := p.cfg
-	onRelay := p.m.relayEvents(p.log)
+	onRelay := p.m.RelayEvents(p.log)
 	relays := make([]*outbox.Relay, c.Partitions)
 	pubs := make([]receive.Republisher, c.Partitions)
 	// With partitions, the passes of this process's relays share their
@@ -219,7 +219,7 @@ func (p *process) buildRelay() error {
 		if group, err = outbox.NewRelayGroup(p.pool); err != nil {
 			return err
 		}
-		p.m.sharedWork("outboxchat_relay_shared", "passes", "the relays' shared passes (partitions)", func() (int64, int64) {
+		p.m.SharedWork("outboxchat_relay_shared", "passes", "the relays' shared passes (partitions)", func() (int64, int64) {
 			s := group.Stats()
 			return s.Transactions, s.Passes
 		})
@@ -291,10 +291,10 @@ func (p *process) buildRelay() error {
 		}
 	}
 	if keep := c.Relay.HistoryRetention; keep > 0 {
-		p.add(newRetention(p.pool, c.Service, keep, p.m.pruned(), p.log))
+		p.add(newRetention(p.pool, c.Service, keep, p.m.Pruned(), p.log))
 	}
 	if after := c.Relay.RedriveAfter; after > 0 {
-		rcfg := &receive.RedriveConfig{After: after, Logger: p.log, Redriven: p.m.redriven()}
+		rcfg := &receive.RedriveConfig{After: after, Logger: p.log, Redriven: p.m.Redriven()}
 		if c.Partitions > 1 {
 			rcfg.Partitions = pubs
 		}
