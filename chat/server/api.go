@@ -15,6 +15,7 @@ import (
 	"github.com/outboxchat/outboxchat/chat/gateway"
 	"github.com/outboxchat/outboxchat/chat/httpapi"
 	"github.com/outboxchat/outboxchat/chat/live"
+	"github.com/outboxchat/outboxchat/chat/server/internal/tracing"
 	"github.com/outboxchat/outboxchat/chat/store"
 	"github.com/outboxchat/outboxchat/outbox"
 	"github.com/outboxchat/outboxchat/redisq"
@@ -90,7 +91,7 @@ func (p *process) buildAPI() error {
 		Metrics: p.m.Sends(), AfterCommit: afterCommit, AfterEvent: afterEvent,
 	}
 	if p.tracer.Enabled() {
-		scfg.Headers, scfg.OnBatch = p.tracer.Inject, traceSendTx(p.tracer)
+		scfg.Headers, scfg.OnBatch = p.tracer.Inject, tracing.SendTx(p.tracer)
 	}
 	st, err := store.New(p.pool, scfg)
 	if err != nil {
@@ -123,7 +124,7 @@ func (p *process) buildAPI() error {
 		deps.Live = liveRooms{hub}
 	}
 	if p.tracer.Enabled() {
-		deps.Sender = tracedSender{next: deps.Sender}
+		deps.Sender = tracing.Sender(deps.Sender)
 	}
 	api, err := httpapi.New(deps, &httpapi.Config{
 		Service: c.Service, ListenAddr: c.API.HTTPAddr, MaxBodyBytes: c.API.MaxBodyBytes, Verifier: p.verifier,
@@ -166,7 +167,7 @@ func (p *process) buildHTTP(api *httpapi.API) error {
 	hs.ln = ln
 	handler := api.Handler(mux, p.m.Instrument)
 	if p.tracer.Enabled() {
-		handler = p.traceSend(handler)
+		handler = tracing.HTTPSend(p.tracer, handler)
 	}
 	hs.srv = &http.Server{Handler: handler, ReadHeaderTimeout: readHeader, IdleTimeout: idle,
 		MaxHeaderBytes: maxHeaderBytes,

@@ -10,6 +10,7 @@ import (
 	"github.com/outboxchat/outboxchat/chat"
 	"github.com/outboxchat/outboxchat/chat/gateway"
 	"github.com/outboxchat/outboxchat/chat/receive"
+	"github.com/outboxchat/outboxchat/chat/server/internal/tracing"
 	"github.com/outboxchat/outboxchat/inbox"
 	"github.com/outboxchat/outboxchat/internal/service"
 	"github.com/outboxchat/outboxchat/natsq"
@@ -116,9 +117,9 @@ func (p *process) buildWorker() error {
 		if c.Hooks != nil {
 			src, handler = c.Hooks.Source(src), c.Hooks.Handler(handler)
 		}
-		var clock *fetchClock
+		var clock *tracing.FetchClock
 		if p.tracer.Enabled() {
-			clock = &fetchClock{Source: src}
+			clock = tracing.NewFetchClock(src)
 			src = clock
 		}
 		// When the inbox transaction enqueued a receipt in this service's
@@ -131,7 +132,7 @@ func (p *process) buildWorker() error {
 		afterCommit := func(applied []inbox.Applied) {
 			observeE2E(applied)
 			if clock != nil {
-				traceApplied(p.tracer, clock, applied)
+				tracing.Applied(p.tracer, clock, applied)
 			}
 			if gw != nil {
 				gw.OfferApplied(applied)
@@ -244,7 +245,7 @@ func (p *process) buildRelay() error {
 			op = c.Hooks.Publisher(op)
 		}
 		if p.tracer.Enabled() {
-			op = tracedPublisher(op, p.tracer)
+			op = tracing.Publisher(op, p.tracer)
 		}
 		rlog := p.log
 		if c.Partitions > 1 {
@@ -322,5 +323,5 @@ func (p *process) pushTracer() func(chat.Message, time.Time) {
 	if !p.tracer.Enabled() {
 		return nil
 	}
-	return tracePush(p.tracer)
+	return tracing.Push(p.tracer)
 }
