@@ -15,6 +15,7 @@ import (
 	"github.com/outboxchat/outboxchat/chat/gateway"
 	"github.com/outboxchat/outboxchat/chat/httpapi"
 	"github.com/outboxchat/outboxchat/chat/live"
+	"github.com/outboxchat/outboxchat/chat/server/internal/revocations"
 	"github.com/outboxchat/outboxchat/chat/server/internal/tracing"
 	"github.com/outboxchat/outboxchat/chat/store"
 	"github.com/outboxchat/outboxchat/outbox"
@@ -38,7 +39,7 @@ func (p *process) buildAPI() error {
 	if p.verifier != nil {
 		// Before the HTTP server: its first read is done before a request
 		// is served.
-		p.add(newRevocations(p.pool, c.Service, p.verifier.Revocations(), p.log))
+		p.add(revocations.New(p.pool, c.Service, p.verifier.Revocations(), p.log))
 		p.m.Revoked(p.verifier.Revocations().Len)
 	}
 	// One writer per partition's outbox (chat.OutboxTable); a send goes

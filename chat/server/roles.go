@@ -10,6 +10,8 @@ import (
 	"github.com/outboxchat/outboxchat/chat"
 	"github.com/outboxchat/outboxchat/chat/gateway"
 	"github.com/outboxchat/outboxchat/chat/receive"
+	"github.com/outboxchat/outboxchat/chat/server/internal/heartbeat"
+	"github.com/outboxchat/outboxchat/chat/server/internal/retention"
 	"github.com/outboxchat/outboxchat/chat/server/internal/tracing"
 	"github.com/outboxchat/outboxchat/inbox"
 	"github.com/outboxchat/outboxchat/internal/service"
@@ -279,7 +281,7 @@ func (p *process) buildRelay() error {
 		}
 		p.add(lm)
 	}
-	p.add(newHeartbeat(p.pool, c.Service, c.Worker.ConsumerName, pr.lastPass, listening, p.log))
+	p.add(heartbeat.New(p.pool, c.Service, c.Worker.ConsumerName, pr.lastPass, listening, p.log))
 	if c.Relay.OutboxVacuumRows >= 0 {
 		for part := range c.Partitions {
 			vac, err := outbox.NewVacuum(p.pool, &outbox.VacuumConfig{
@@ -292,7 +294,7 @@ func (p *process) buildRelay() error {
 		}
 	}
 	if keep := c.Relay.HistoryRetention; keep > 0 {
-		p.add(newRetention(p.pool, c.Service, keep, p.m.Pruned(), p.log))
+		p.add(retention.New(p.pool, c.Service, keep, p.m.Pruned(), p.log))
 	}
 	if after := c.Relay.RedriveAfter; after > 0 {
 		rcfg := &receive.RedriveConfig{After: after, Logger: p.log, Redriven: p.m.Redriven()}

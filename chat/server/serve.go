@@ -24,6 +24,7 @@ import (
 	"github.com/outboxchat/outboxchat/chat/lease"
 	"github.com/outboxchat/outboxchat/chat/presence"
 	"github.com/outboxchat/outboxchat/chat/schema"
+	"github.com/outboxchat/outboxchat/chat/server/internal/consumername"
 	"github.com/outboxchat/outboxchat/chat/server/internal/metrics"
 	"github.com/outboxchat/outboxchat/chat/store"
 	"github.com/outboxchat/outboxchat/internal/notifier"
@@ -159,7 +160,7 @@ type process struct {
 	listener *notifier.Notifier
 	// presence keeps the consumer name live (the worker role; nil
 	// without it).
-	presence *consumerPresence
+	presence *consumername.Keeper
 	gw       *gateway.Gateway
 	// relayWake wakes this process's relay of a partition (nil without
 	// the relay role or when it polls only); relayWakeChats those of the
@@ -381,8 +382,8 @@ func (p *process) claimConsumerName(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("serve: %w", err)
 	}
-	c.Worker.ConsumerName = consumerName(ctx, pr, c.Service, c.Worker.ConsumerName, p.log)
-	p.presence = newConsumerPresence(pr, c.Worker.ConsumerName, c.LockDuration, p.log)
+	c.Worker.ConsumerName = consumername.Claim(ctx, pr, c.Service, c.Worker.ConsumerName, p.log)
+	p.presence = consumername.NewKeeper(pr, c.Worker.ConsumerName, c.LockDuration, p.log)
 	p.log.Info("consumer name", "consumer", c.Worker.ConsumerName, "instance", pr.Instance())
 	return nil
 }
