@@ -75,19 +75,7 @@ func (g *Gateway) Changed(chatID int64, from, id string) {
 
 // Read tells the room chatID's subscribers that this service's messages up
 // to seq upto were read at at (a chat.ReadFrame); as Receipt.
-func (g *Gateway) Read(chatID, upto int64, at time.Time) {
-	g.mu.Lock()
-	if _, ok := g.rooms[chatID]; ok && g.running {
-		if g.reads == nil {
-			g.reads = map[int64]receiptNote{}
-		}
-		if r, ok := g.reads[chatID]; !ok || r.upto < upto {
-			g.reads[chatID] = receiptNote{chatID: chatID, upto: upto, at: at}
-		}
-	}
-	g.mu.Unlock()
-	g.signal()
-}
+func (g *Gateway) Read(chatID, upto int64, at time.Time) { g.note(&g.reads, chatID, upto, at) }
 
 // pushChanges hands the pending change and read frames to their rooms'
 // subscribers (a full buffer evicts, as for messages). A failed read puts

@@ -433,14 +433,20 @@ func (g *Gateway) OfferApplied(applied []inbox.Applied) {
 // into the highest. A room without subscribers drops it (a new subscriber
 // gets the watermark when its socket opens). Never blocks; safe for
 // concurrent use.
-func (g *Gateway) Receipt(chatID, upto int64, at time.Time) {
+func (g *Gateway) Receipt(chatID, upto int64, at time.Time) { g.note(&g.receipts, chatID, upto, at) }
+
+// note records upto (at at) as the room chatID's pending watermark in
+// *notes (made on first use) when it is above the one pending there, for a
+// room with subscribers of a running gateway, and wakes the pusher: the
+// collapsing of Receipt and Read.
+func (g *Gateway) note(notes *map[int64]receiptNote, chatID, upto int64, at time.Time) {
 	g.mu.Lock()
 	if _, ok := g.rooms[chatID]; ok && g.running {
-		if g.receipts == nil {
-			g.receipts = map[int64]receiptNote{}
+		if *notes == nil {
+			*notes = map[int64]receiptNote{}
 		}
-		if r, ok := g.receipts[chatID]; !ok || r.upto < upto {
-			g.receipts[chatID] = receiptNote{chatID: chatID, upto: upto, at: at}
+		if r, ok := (*notes)[chatID]; !ok || r.upto < upto {
+			(*notes)[chatID] = receiptNote{chatID: chatID, upto: upto, at: at}
 		}
 	}
 	g.mu.Unlock()

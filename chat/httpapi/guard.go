@@ -8,13 +8,13 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
-	"net/url"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
-	"golang.org/x/time/rate"
+	"github.com/outboxchat/outboxchat/chat/httpapi/internal/allowlist"
+	"github.com/outboxchat/outboxchat/chat/httpapi/internal/forwarded"
+	"github.com/outboxchat/outboxchat/chat/httpapi/internal/limit"
 )
 
 // Defaults of GuardConfig. The timeouts follow the usual advice for a Go
@@ -117,20 +117,14 @@ func (c GuardConfig) withDefaults() GuardConfig {
 // limits and the WebSocket cap. Safe for concurrent use.
 type guard struct {
 	cfg        GuardConfig
-	hosts      map[string]bool
-	anyHost    bool
-	anyIP      bool // unspecified listen host: IP literals pass
-	origins    map[string]bool
-	anyOrigin  bool
+	allowed    *allowlist.List
 	maxRequest int64 // declared Content-Length above this gets 413 unread
-	ips, users *keyedLimiter
+	ips, users *limit.Rate
+	sockets    *limit.Cap // by user
 	log        *slog.Logger
 	// refused counts refusals by reason (host, origin, too_large,
 	// body_timeout, rate_ip, rate_user, sockets); nil = not counted.
 	refused func(reason string)
-
-	mu      sync.Mutex
-	sockets map[string]int // user → open WebSockets
 }
 
 // newGuard returns the guard of a server listening on listenAddr whose
@@ -138,50 +132,17 @@ type guard struct {
 // counts its refusals.
 func newGuard(cfg GuardConfig, listenAddr string, maxRequest int64, refused func(string), log *slog.Logger) (*guard, error) {
 	cfg = cfg.withDefaults()
-	g := &guard{cfg: cfg, hosts: map[string]bool{}, origins: map[string]bool{}, maxRequest: maxRequest,
-		log: log, sockets: map[string]int{}, refused: refused}
-	if len(cfg.AllowedHosts) == 0 {
-		host, _, err := net.SplitHostPort(listenAddr)
-		if err != nil {
-			return nil, fmt.Errorf("allowed hosts: listen address %q: %w", listenAddr, err)
-		}
-		if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
-			g.anyIP = true
-		} else {
-			g.hosts[strings.ToLower(host)] = true
-		}
-		for _, h := range []string{"localhost", "127.0.0.1", "::1"} {
-			g.hosts[h] = true
-		}
+	allowed, err := allowlist.New(cfg.AllowedHosts, cfg.AllowedOrigins, listenAddr)
+	if err != nil {
+		return nil, err
 	}
-	for _, h := range cfg.AllowedHosts {
-		h = strings.ToLower(strings.TrimSpace(h))
-		switch {
-		case h == "*":
-			g.anyHost = true
-		case h == "" || strings.Contains(h, "/"):
-			return nil, fmt.Errorf("allowed hosts: %q is not a host name", h)
-		default:
-			g.hosts[strings.Trim(h, "[]")] = true
-		}
-	}
-	for _, o := range cfg.AllowedOrigins {
-		o = strings.ToLower(strings.TrimSpace(o))
-		if o == "*" {
-			g.anyOrigin = true
-			continue
-		}
-		u, err := url.Parse(o)
-		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || (u.Path != "" && u.Path != "/") {
-			return nil, fmt.Errorf("allowed origins: %q is not scheme://host[:port]", o)
-		}
-		g.origins[u.Scheme+"://"+u.Host] = true
-	}
+	g := &guard{cfg: cfg, allowed: allowed, maxRequest: maxRequest, sockets: limit.NewCap(cfg.SocketsPerUser),
+		log: log, refused: refused}
 	if cfg.IPRate > 0 && cfg.IPBurst > 0 {
-		g.ips = newKeyedLimiter(cfg.IPRate, cfg.IPBurst)
+		g.ips = limit.NewRate(cfg.IPRate, cfg.IPBurst)
 	}
 	if cfg.UserRate > 0 && cfg.UserBurst > 0 {
-		g.users = newKeyedLimiter(cfg.UserRate, cfg.UserBurst)
+		g.users = limit.NewRate(cfg.UserRate, cfg.UserBurst)
 	}
 	return g, nil
 }
@@ -192,38 +153,6 @@ func (g *guard) count(reason string) {
 	}
 }
 
-// hostAllowed reports whether the request's Host header names an allowed host.
-func (g *guard) hostAllowed(hostport string) bool {
-	if g.anyHost {
-		return true
-	}
-	host := hostport
-	if h, _, err := net.SplitHostPort(hostport); err == nil {
-		host = h
-	}
-	host = strings.ToLower(strings.Trim(host, "[]"))
-	if g.hosts[host] {
-		return true
-	}
-	return g.anyIP && net.ParseIP(host) != nil
-}
-
-// originAllowed reports whether r's Origin (if any) may use the API.
-func (g *guard) originAllowed(r *http.Request) bool {
-	o := r.Header.Get("Origin")
-	if o == "" || g.anyOrigin {
-		return true
-	}
-	u, err := url.Parse(strings.ToLower(o))
-	if err != nil || u.Host == "" {
-		return false
-	}
-	if len(g.origins) > 0 {
-		return g.origins[u.Scheme+"://"+u.Host]
-	}
-	return strings.EqualFold(u.Host, r.Host) && g.hostAllowed(u.Host)
-}
-
 // wrap applies the connection-level checks to every request, then next:
 // Host allow-list (421); for the API and WebSocket routes the Origin
 // allow-list (403), the per-IP rate limit (429), a declared body over the
@@ -231,7 +160,7 @@ func (g *guard) originAllowed(r *http.Request) bool {
 func (g *guard) wrap(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if len(g.cfg.TrustedProxies) > 0 {
-			if client, ok := g.forwardedClient(r); ok {
+			if client, ok := forwarded.Client(r, g.cfg.TrustedProxies); ok {
 				// A copy: a handler must not change the server's Request.
 				fr := new(http.Request)
 				*fr = *r
@@ -248,7 +177,7 @@ func (g *guard) wrap(next http.Handler) http.Handler {
 			_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(g.cfg.BodyReadTimeout))
 			w = closeOnRefusal{w}
 		}
-		if !g.hostAllowed(r.Host) {
+		if !g.allowed.Host(r.Host) {
 			g.count("host")
 			writeJSON(w, http.StatusMisdirectedRequest, ErrorBody{Error: "host not allowed: this server does not answer for " + strconv.Quote(r.Host), Field: "Host"})
 			return
@@ -257,7 +186,7 @@ func (g *guard) wrap(next http.Handler) http.Handler {
 			next.ServeHTTP(w, r)
 			return
 		}
-		if !g.originAllowed(r) {
+		if !g.allowed.Origin(r) {
 			g.count("origin")
 			writeJSON(w, http.StatusForbidden, ErrorBody{Error: "origin not allowed", Field: "Origin"})
 			return
@@ -306,11 +235,11 @@ func (g *guard) limitUsers(next http.Handler) http.Handler {
 // allow takes one token of key's bucket in l; when there is none it writes
 // 429 with Retry-After (whole seconds, at least 1), counts reason and
 // reports false. A nil l allows everything.
-func (g *guard) allow(w http.ResponseWriter, l *keyedLimiter, key, reason string) bool {
+func (g *guard) allow(w http.ResponseWriter, l *limit.Rate, key, reason string) bool {
 	if l == nil {
 		return true
 	}
-	wait := l.reserve(key)
+	wait := l.Reserve(key)
 	if wait == 0 {
 		return true
 	}
@@ -331,7 +260,7 @@ func (g *guard) userSend(user string) time.Duration {
 	if g.users == nil {
 		return 0
 	}
-	return g.users.reserve(user)
+	return g.users.Reserve(user)
 }
 
 // openSocket counts one more WebSocket of user; when the user is at the cap
@@ -348,101 +277,18 @@ func (g *guard) openSocket(w http.ResponseWriter, user string) (release func(), 
 // takeSocket counts one more WebSocket of user unless the user is at the
 // cap (then counted as refused, ok false). release is idempotent.
 func (g *guard) takeSocket(user string) (release func(), ok bool) {
-	if g.cfg.SocketsPerUser < 0 {
-		return func() {}, true
-	}
-	g.mu.Lock()
-	if g.sockets[user] >= g.cfg.SocketsPerUser {
-		g.mu.Unlock()
+	release, ok = g.sockets.Take(user)
+	if !ok {
 		g.count("sockets")
-		return nil, false
 	}
-	g.sockets[user]++
-	g.mu.Unlock()
-	var once sync.Once
-	return func() {
-		once.Do(func() {
-			g.mu.Lock()
-			if g.sockets[user]--; g.sockets[user] <= 0 {
-				delete(g.sockets, user)
-			}
-			g.mu.Unlock()
-		})
-	}, true
-}
-
-// trusted reports whether a is in a trusted proxy network.
-func (g *guard) trusted(a netip.Addr) bool {
-	for _, p := range g.cfg.TrustedProxies {
-		if p.Contains(a) {
-			return true
-		}
-	}
-	return false
-}
-
-// forwardedClient returns the client r came from by its X-Forwarded-For
-// headers (see GuardConfig.TrustedProxies), and false when the connecting
-// address is not a trusted proxy or the headers name no valid hop.
-func (g *guard) forwardedClient(r *http.Request) (netip.Addr, bool) {
-	peer, err := netip.ParseAddrPort(r.RemoteAddr)
-	if err != nil || !g.trusted(peer.Addr().Unmap()) {
-		return netip.Addr{}, false
-	}
-	hdrs := r.Header.Values("X-Forwarded-For")
-	var client netip.Addr
-	for i := len(hdrs) - 1; i >= 0; i-- {
-		hops := strings.Split(hdrs[i], ",")
-		for j := len(hops) - 1; j >= 0; j-- {
-			hop, ok := parseHop(hops[j])
-			if !ok {
-				return client, client.IsValid()
-			}
-			client = hop
-			if !g.trusted(hop) {
-				return client, true
-			}
-		}
-	}
-	return client, client.IsValid()
-}
-
-// parseHop parses one X-Forwarded-For element: an IP, or an IP with a port
-// ("1.2.3.4:5", "[::1]:5"), as some proxies write it.
-func parseHop(s string) (netip.Addr, bool) {
-	s = strings.TrimSpace(s)
-	if a, err := netip.ParseAddr(s); err == nil {
-		return a.Unmap(), true
-	}
-	if ap, err := netip.ParseAddrPort(s); err == nil {
-		return ap.Addr().Unmap(), true
-	}
-	return netip.Addr{}, false
+	return release, ok
 }
 
 // ParseTrustedProxies parses a comma-separated list of CIDRs and bare IPs
 // ("10.0.0.0/8, 192.168.1.7, fd00::/8"; a bare IP is a /32 or /128) for
 // GuardConfig.TrustedProxies; "" gives nil. Error: an element that is
 // neither, naming it.
-func ParseTrustedProxies(s string) ([]netip.Prefix, error) {
-	var out []netip.Prefix
-	for _, f := range strings.Split(s, ",") {
-		f = strings.TrimSpace(f)
-		if f == "" {
-			continue
-		}
-		if p, err := netip.ParsePrefix(f); err == nil {
-			out = append(out, p.Masked())
-			continue
-		}
-		a, err := netip.ParseAddr(f)
-		if err != nil {
-			return nil, fmt.Errorf("trusted proxies: %q is not a CIDR or an IP address", f)
-		}
-		out = append(out, netip.PrefixFrom(a.Unmap(), a.Unmap().BitLen()))
-	}
-	return out, nil
-}
+func ParseTrustedProxies(s string) ([]netip.Prefix, error) { return forwarded.ParsePrefixes(s) }
 
 // clientIP is the request's client IP: its RemoteAddr, which guard.wrap
 // set from X-Forwarded-For when the connecting address is a trusted proxy
@@ -453,48 +299,4 @@ func clientIP(r *http.Request) string {
 		return r.RemoteAddr
 	}
 	return host
-}
-
-// keyedLimiter is one token bucket per key (golang.org/x/time/rate). Buckets
-// that are full again are dropped when the map grows past sweepAt, so memory
-// stays bounded by the keys active within about burst/rate seconds. Safe for
-// concurrent use.
-type keyedLimiter struct {
-	rate  rate.Limit
-	burst int
-	mu    sync.Mutex
-	m     map[string]*rate.Limiter
-}
-
-// sweepAt is the map size that triggers a sweep of full buckets.
-const sweepAt = 4096
-
-func newKeyedLimiter(perSecond float64, burst int) *keyedLimiter {
-	return &keyedLimiter{rate: rate.Limit(perSecond), burst: burst, m: map[string]*rate.Limiter{}}
-}
-
-// reserve takes a token of key's bucket: 0 when there was one, else the
-// wait until there is (nothing is taken then).
-func (k *keyedLimiter) reserve(key string) time.Duration {
-	now := time.Now()
-	k.mu.Lock()
-	l := k.m[key]
-	if l == nil {
-		if len(k.m) >= sweepAt {
-			for key, l := range k.m {
-				if l.TokensAt(now) >= float64(k.burst) {
-					delete(k.m, key)
-				}
-			}
-		}
-		l = rate.NewLimiter(k.rate, k.burst)
-		k.m[key] = l
-	}
-	k.mu.Unlock()
-	r := l.ReserveN(now, 1)
-	if d := r.DelayFrom(now); d > 0 {
-		r.CancelAt(now)
-		return d
-	}
-	return 0
 }

@@ -18,6 +18,7 @@ import (
 
 	"github.com/outboxchat/outboxchat/chat"
 	"github.com/outboxchat/outboxchat/chat/auth"
+	"github.com/outboxchat/outboxchat/chat/httpapi/internal/openapi"
 	"github.com/outboxchat/outboxchat/chat/web"
 
 	"github.com/coder/websocket"
@@ -248,7 +249,7 @@ func (a *API) Register(mux *http.ServeMux) {
 	mux.HandleFunc("POST /api/chats/{chat_id}/read", a.handleRead)
 	mux.HandleFunc("GET /api/chats", a.handleChats)
 	mux.HandleFunc("GET /ws", a.handleWS)
-	mux.HandleFunc("GET /openapi.json", serveOpenAPI)
+	mux.HandleFunc("GET /openapi.json", openapi.Serve)
 	mux.Handle("GET /{$}", web.Handler(a.service))
 	mux.Handle("GET /favicon.svg", web.Favicon())
 	mux.Handle("GET /favicon.ico", web.Favicon())

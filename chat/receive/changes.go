@@ -49,15 +49,7 @@ func newChangeQueries(service string) changeQueries {
 			note AS (SELECT pg_notify($7, u.chat_id || ':' || u.sender || ':' || u.message_id) FROM upd u)
 			SELECT b.id::text, b.version, u.message_id IS NOT NULL, b.id IN (SELECT id FROM miss), (SELECT count(*) FROM note)
 			FROM b LEFT JOIN upd u ON u.message_id = b.id`,
-		reads: `WITH r AS (SELECT chat_id, max(upto) AS upto, max(at) AS at
-				FROM unnest($1::bigint[], $2::bigint[], $3::timestamptz[]) AS u(chat_id, upto, at) GROUP BY chat_id),
-			ins AS (INSERT INTO ` + s + `.reads (chat_id, upto_seq, read_at)
-				SELECT r.chat_id, r.upto, r.at FROM r
-				WHERE r.upto > COALESCE((SELECT d.upto_seq FROM ` + s + `.reads d
-					WHERE d.chat_id = r.chat_id ORDER BY d.upto_seq DESC LIMIT 1), 0)
-				ORDER BY r.chat_id
-				ON CONFLICT DO NOTHING
-				RETURNING chat_id, upto_seq, read_at),
+		reads: watermarkCTEs(s+".reads", "read_at", "chat_id, upto_seq, read_at") + `,
 			note AS (SELECT pg_notify($4, string_agg(chat_id || ':' || upto_seq || ':' ||
 					(extract(epoch FROM read_at) * 1000000)::bigint, ',')) FROM ins HAVING count(*) > 0)
 			SELECT (SELECT count(*) FROM note)`,

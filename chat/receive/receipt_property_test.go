@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"math/rand"
 	"reflect"
-	"sync"
 	"testing"
 	"time"
 
@@ -597,25 +596,14 @@ func TestReceiptPropertySenderAndRedrive(t *testing.T) {
 			batches[i] = append(batches[i], ds[:k])
 			ds = ds[k:]
 		}
-		var wg sync.WaitGroup
-		errs := make(chan error, 2)
-		for i := range cs {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for _, b := range batches[i] {
-					if err := cs[i].ProcessBatch(ctx, b); err != nil {
-						errs <- err
-						return
-					}
+		chattest.Concurrently(t, len(cs), func(i int) error {
+			for _, b := range batches[i] {
+				if err := cs[i].ProcessBatch(ctx, b); err != nil {
+					return err
 				}
-			}()
-		}
-		wg.Wait()
-		close(errs)
-		for err := range errs {
-			t.Fatal(err)
-		}
+			}
+			return nil
+		})
 		w, err := outbox.NewWriter(nil, &outbox.WriterConfig{Table: "consumers.outbox", Mode: outbox.WakeNone})
 		if err != nil {
 			t.Fatal(err)

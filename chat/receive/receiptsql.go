@@ -97,15 +97,7 @@ func newReceiptQueries(service string, p int) receiptQueries {
 			SELECT '` + chat.EventReceipt + `', g.id::text, jsonb_build_object('id', g.id, 'chats', r.chats,
 				'received_at', now(), 'from', $2::text), $3::text::jsonb
 			FROM r, g`,
-		apply: `WITH r AS (SELECT chat_id, max(upto) AS upto, max(at) AS at
-				FROM unnest($1::bigint[], $2::bigint[], $3::timestamptz[]) AS u(chat_id, upto, at) GROUP BY chat_id),
-			ins AS (INSERT INTO ` + s + `.receipts (chat_id, upto_seq, delivered_at)
-				SELECT r.chat_id, r.upto, r.at FROM r
-				WHERE r.upto > COALESCE((SELECT d.upto_seq FROM ` + s + `.receipts d
-					WHERE d.chat_id = r.chat_id ORDER BY d.upto_seq DESC LIMIT 1), 0)
-				ORDER BY r.chat_id
-				ON CONFLICT DO NOTHING
-				RETURNING chat_id),
+		apply: watermarkCTEs(s+".receipts", "delivered_at", "chat_id") + `,
 			fl AS (INSERT INTO ` + s + `.seq_floors (chat_id, seq)
 				SELECT r.chat_id, r.upto FROM r JOIN ins USING (chat_id)
 				WHERE r.upto > coalesce((SELECT max(m.seq) FROM ` + s + `.messages m WHERE m.chat_id = r.chat_id), 0)
@@ -113,4 +105,23 @@ func newReceiptQueries(service string, p int) receiptQueries {
 				ON CONFLICT DO NOTHING)
 			SELECT r.chat_id, r.upto, r.at FROM r`,
 	}
+}
+
+// watermarkCTEs is the start of a statement that records per-chat
+// watermarks insert-only ($1 chats, $2 seqs, $3 times; table is a
+// sanitized "<schema>.<table>" with chat_id, upto_seq and the time column
+// atCol): r is the batch's highest seq and time per chat, and ins inserts
+// into table one row per chat whose seq is above the table's newest,
+// RETURNING returning. The receipts' apply and the read receipts' reads
+// (changeQueries) continue it with their own CTEs.
+func watermarkCTEs(table, atCol, returning string) string {
+	return `WITH r AS (SELECT chat_id, max(upto) AS upto, max(at) AS at
+				FROM unnest($1::bigint[], $2::bigint[], $3::timestamptz[]) AS u(chat_id, upto, at) GROUP BY chat_id),
+			ins AS (INSERT INTO ` + table + ` (chat_id, upto_seq, ` + atCol + `)
+				SELECT r.chat_id, r.upto, r.at FROM r
+				WHERE r.upto > COALESCE((SELECT d.upto_seq FROM ` + table + ` d
+					WHERE d.chat_id = r.chat_id ORDER BY d.upto_seq DESC LIMIT 1), 0)
+				ORDER BY r.chat_id
+				ON CONFLICT DO NOTHING
+				RETURNING ` + returning + `)`
 }

@@ -51,6 +51,17 @@ func streamMessages(t *testing.T, rdb *redis.Client, pub *redisq.Publisher) []ch
 	return out
 }
 
+// streamSeqs is the seqs of pub's stream's messages (streamMessages), in
+// stream order, as fmt.Sprint prints them: "[2 3]".
+func streamSeqs(t *testing.T, rdb *redis.Client, pub *redisq.Publisher) string {
+	t.Helper()
+	var seqs []int64
+	for _, m := range streamMessages(t, rdb, pub) {
+		seqs = append(seqs, m.Seq)
+	}
+	return fmt.Sprint(seqs)
+}
+
 // One pass publishes exactly the messages that are due: old enough, no
 // receipt, not waiting for the relay, past their backoff; in seq order, past
 // the dedupe key.
@@ -92,11 +103,7 @@ func TestRedriverRunOnceSelectsDueMessages(t *testing.T) {
 	if err != nil || n != 2 {
 		t.Fatalf("RunOnce = %d, %v; want 2 (seqs 2 and 3)", n, err)
 	}
-	var seqs []int64
-	for _, m := range streamMessages(t, rdb, pub) {
-		seqs = append(seqs, m.Seq)
-	}
-	if fmt.Sprint(seqs) != "[2 3]" {
+	if seqs := streamSeqs(t, rdb, pub); seqs != "[2 3]" {
 		t.Fatalf("stream holds seqs %v, want [2 3] in order", seqs)
 	}
 	if counted != 2 {
@@ -176,11 +183,7 @@ func TestRedriveIsNotDelayedByAClockStepBack(t *testing.T) {
 	if n, err := rd.RunOnce(ctx); err != nil || n != 2 {
 		t.Fatalf("RunOnce = %d, %v; want 2 (seqs 1 and 2, written before the step)", n, err)
 	}
-	var seqs []int64
-	for _, m := range streamMessages(t, rdb, pub) {
-		seqs = append(seqs, m.Seq)
-	}
-	if fmt.Sprint(seqs) != "[1 2]" {
+	if seqs := streamSeqs(t, rdb, pub); seqs != "[1 2]" {
 		t.Fatalf("stream holds seqs %v, want [1 2]", seqs)
 	}
 	// Stamped now by the database clock: the ordinary backoff applies.

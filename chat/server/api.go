@@ -15,6 +15,8 @@ import (
 	"github.com/outboxchat/outboxchat/chat/gateway"
 	"github.com/outboxchat/outboxchat/chat/httpapi"
 	"github.com/outboxchat/outboxchat/chat/live"
+	"github.com/outboxchat/outboxchat/chat/server/internal/revocations"
+	"github.com/outboxchat/outboxchat/chat/server/internal/tracing"
 	"github.com/outboxchat/outboxchat/chat/store"
 	"github.com/outboxchat/outboxchat/outbox"
 	"github.com/outboxchat/outboxchat/redisq"
@@ -37,8 +39,8 @@ func (p *process) buildAPI() error {
 	if p.verifier != nil {
 		// Before the HTTP server: its first read is done before a request
 		// is served.
-		p.add(newRevocations(p.pool, c.Service, p.verifier.Revocations(), p.log))
-		p.m.revoked(p.verifier.Revocations().Len)
+		p.add(revocations.New(p.pool, c.Service, p.verifier.Revocations(), p.log))
+		p.m.Revoked(p.verifier.Revocations().Len)
 	}
 	// One writer per partition's outbox (chat.OutboxTable); a send goes
 	// to its chat's.
@@ -87,10 +89,10 @@ func (p *process) buildAPI() error {
 	}
 	scfg := &store.Config{
 		Service: c.Service, Writers: writers, LockTimeout: c.API.SendLockTimeout, ReadTimeout: c.API.ReadTimeout,
-		Metrics: p.m.sends(), AfterCommit: afterCommit, AfterEvent: afterEvent,
+		Metrics: p.m.Sends(), AfterCommit: afterCommit, AfterEvent: afterEvent,
 	}
 	if p.tracer.Enabled() {
-		scfg.Headers, scfg.OnBatch = p.tracer.Inject, traceSendTx(p.tracer)
+		scfg.Headers, scfg.OnBatch = p.tracer.Inject, tracing.SendTx(p.tracer)
 	}
 	st, err := store.New(p.pool, scfg)
 	if err != nil {
@@ -123,11 +125,11 @@ func (p *process) buildAPI() error {
 		deps.Live = liveRooms{hub}
 	}
 	if p.tracer.Enabled() {
-		deps.Sender = tracedSender{next: deps.Sender}
+		deps.Sender = tracing.Sender(deps.Sender)
 	}
 	api, err := httpapi.New(deps, &httpapi.Config{
 		Service: c.Service, ListenAddr: c.API.HTTPAddr, MaxBodyBytes: c.API.MaxBodyBytes, Verifier: p.verifier,
-		Guard: c.API.Guard, Refused: p.m.refused(), Sockets: p.m.sockets(), Logger: p.log,
+		Guard: c.API.Guard, Refused: p.m.Refused(), Sockets: p.m.Sockets(), Logger: p.log,
 	})
 	if err != nil {
 		return fmt.Errorf("serve: %w", err)
@@ -150,7 +152,7 @@ func (p *process) buildHTTP(api *httpapi.API) error {
 	hs := &httpService{api: api, log: p.log, stopping: new(atomic.Bool), delay: c.API.ShutdownDelay, tls: tlsConfig != nil}
 	mux := http.NewServeMux()
 	api.Register(mux)
-	mux.Handle("GET /metrics", p.m.handler())
+	mux.Handle("GET /metrics", p.m.Handler())
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		httpapi.WriteJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
@@ -164,9 +166,9 @@ func (p *process) buildHTTP(api *httpapi.API) error {
 	}
 	readHeader, idle := api.Timeouts()
 	hs.ln = ln
-	handler := api.Handler(mux, p.m.instrument)
+	handler := api.Handler(mux, p.m.Instrument)
 	if p.tracer.Enabled() {
-		handler = p.traceSend(handler)
+		handler = tracing.HTTPSend(p.tracer, handler)
 	}
 	hs.srv = &http.Server{Handler: handler, ReadHeaderTimeout: readHeader, IdleTimeout: idle,
 		MaxHeaderBytes: maxHeaderBytes,
@@ -213,9 +215,9 @@ func (p *process) readyz(stopping *atomic.Bool) http.HandlerFunc {
 			return
 		}
 		body := map[string]any{"status": "ready"}
-		if p.m.durability != nil {
+		if nodes, ok := p.m.Durability(pctx); ok {
 			durable, warnings := true, []string{}
-			for _, n := range p.m.durability.read(pctx) {
+			for _, n := range nodes {
 				if msg := n.Problem(); msg != "" {
 					durable = false
 					warnings = append(warnings, "redis "+n.Addr+" is NOT DURABLE: "+msg)

@@ -5,13 +5,11 @@ import (
 	"fmt"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/chromedp/chromedp"
 
 	"github.com/outboxchat/outboxchat/chat"
 	"github.com/outboxchat/outboxchat/chat/auth"
-	"github.com/outboxchat/outboxchat/chat/internal/chattest"
 )
 
 // bulkBoth stores n old messages of each side in chat chatID (a decimal
@@ -57,42 +55,16 @@ func TestChatPageFeaturesInBrowser(t *testing.T) {
 	const chatID = "9007199254740993" // 2^53 + 1: a float64 would read 2^53
 	bulkBoth(t, h, chatID, 60)
 
-	opts := append(chromedp.DefaultExecAllocatorOptions[:],
-		chromedp.ExecPath(chromium),
-		chromedp.UserDataDir(t.TempDir()),
-		chromedp.NoSandbox,
-		chromedp.DisableGPU,
-		chromedp.Flag("disable-component-update", true),
-		chromedp.Flag("disable-quic", true),
-		// Background windows keep their timers and count as visible.
+	const width, height = 620, 700
+	// Two windows (not tabs), so both count as visible; background windows
+	// keep their timers.
+	aliceTab, bobTab := startBrowser(t, chromium, width, height, true,
 		chromedp.Flag("disable-background-timer-throttling", true),
 		chromedp.Flag("disable-renderer-backgrounding", true),
-		chromedp.Flag("disable-backgrounding-occluded-windows", true),
-		chromedp.WindowSize(620, 700),
-	)
-	allocCtx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
-	t.Cleanup(cancelAlloc)
-	aliceTab, cancelA := chromedp.NewContext(allocCtx, chromedp.WithLogf(t.Logf))
-	t.Cleanup(cancelA)
-	if err := chromedp.Do(aliceTab); err != nil {
-		t.Fatalf("start chromium %s: %v", chromium, err)
-	}
-	// A second window (not a tab), so both count as visible.
-	bobTab, cancelB := chromedp.NewContext(aliceTab, chromedp.WithNewBrowserContext())
-	t.Cleanup(cancelB)
-	if err := chromedp.Do(bobTab); err != nil {
-		t.Fatalf("open a second window: %v", err)
-	}
+		chromedp.Flag("disable-backgrounding-occluded-windows", true))
 	open := func(tab context.Context, base, user string) {
 		t.Helper()
-		tok, err := auth.MintToken(chattest.Secret, user, []string{chat.Consumers, chat.Workers}, auth.ChatScope{All: true}, time.Hour)
-		if err != nil {
-			t.Fatal(err)
-		}
-		run(t, tab, "open "+base,
-			chromedp.EmulateViewport(620, 700),
-			chromedp.Navigate(fmt.Sprintf("%s/?chat_id=%s#token=%s", base, chatID, tok)))
-		waitPage(t, tab, "the page to go live", `document.getElementById("status").className === "live"`)
+		openPage(t, tab, base, user, chatID, auth.ChatScope{All: true}, width, height)
 	}
 	open(aliceTab, cons.base, "alice")
 	open(bobTab, work.base, "bob")

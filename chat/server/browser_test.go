@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -44,45 +45,13 @@ func TestChatPageInBrowser(t *testing.T) {
 	cons := h.start(chat.Consumers, nil)
 	work := h.start(chat.Workers, onWorkersAddr)
 
-	opts := append(chromedp.DefaultExecAllocatorOptions[:],
-		chromedp.ExecPath(chromium),
-		chromedp.UserDataDir(t.TempDir()),
-		// Headless, no-first-run, disable-background-networking and
-		// disable-sync are in the defaults; these are the rest of the
-		// required flags.
-		chromedp.NoSandbox,
-		chromedp.DisableGPU,
-		chromedp.Flag("disable-component-update", true),
-		chromedp.Flag("disable-quic", true),
-		chromedp.WindowSize(560, 680),
-	)
-	allocCtx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
-	t.Cleanup(cancelAlloc)
-	consTab, cancelCons := chromedp.NewContext(allocCtx, chromedp.WithLogf(t.Logf))
-	t.Cleanup(cancelCons)
-	// The first Run starts the browser; its context must have no deadline.
-	if err := chromedp.Do(consTab); err != nil {
-		t.Fatalf("start chromium %s: %v", chromium, err)
-	}
-	workTab, cancelWork := chromedp.NewContext(consTab) // a second tab, same browser
-	t.Cleanup(cancelWork)
-	// Likewise the first Run on a tab opens it for the life of its context.
-	if err := chromedp.Do(workTab); err != nil {
-		t.Fatalf("open a second tab: %v", err)
-	}
-
+	const width, height = 560, 680
+	consTab, workTab := startBrowser(t, chromium, width, height, false)
 	const chatN = 42
 	// Auth is on: each tab is a user whose token is in the URL fragment.
 	open := func(tab context.Context, base, user string) {
 		t.Helper()
-		tok, err := auth.MintToken(chattest.Secret, user, []string{chat.Consumers, chat.Workers}, auth.ChatScope{IDs: []int64{chatN}}, time.Hour)
-		if err != nil {
-			t.Fatal(err)
-		}
-		run(t, tab, "open "+base,
-			chromedp.EmulateViewport(560, 680),
-			chromedp.Navigate(fmt.Sprintf("%s/?chat_id=%d#token=%s", base, chatN, tok)))
-		waitPage(t, tab, "the page to go live", `document.getElementById("status").className === "live"`)
+		openPage(t, tab, base, user, strconv.Itoa(chatN), auth.ChatScope{IDs: []int64{chatN}}, width, height)
 	}
 	open(consTab, cons.base, "alice")
 	open(workTab, "http://"+workersAddr, "bob")
@@ -180,6 +149,61 @@ func TestChatPageInBrowser(t *testing.T) {
 	waitMessages(t, workTab, want...) // nothing was added
 
 	saveScreenshot(t, consTab, workTab)
+}
+
+// startBrowser starts headless Chromium (the binary chromium) in a window
+// of width×height with the flags every test needs plus extra, and returns
+// its first tab and a second one: another tab of the same window, or with
+// newWindow a window of its own (so that both count as visible). Both are
+// open until the test ends.
+func startBrowser(t *testing.T, chromium string, width, height int, newWindow bool, extra ...chromedp.ExecAllocatorOption) (first, second context.Context) {
+	t.Helper()
+	opts := append(chromedp.DefaultExecAllocatorOptions[:],
+		chromedp.ExecPath(chromium),
+		chromedp.UserDataDir(t.TempDir()),
+		// Headless, no-first-run, disable-background-networking and
+		// disable-sync are in the defaults; these are the rest of the
+		// required flags.
+		chromedp.NoSandbox,
+		chromedp.DisableGPU,
+		chromedp.Flag("disable-component-update", true),
+		chromedp.Flag("disable-quic", true),
+		chromedp.WindowSize(width, height),
+	)
+	allocCtx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), append(opts, extra...)...)
+	t.Cleanup(cancelAlloc)
+	first, cancelFirst := chromedp.NewContext(allocCtx, chromedp.WithLogf(t.Logf))
+	t.Cleanup(cancelFirst)
+	// The first Run starts the browser; its context must have no deadline.
+	if err := chromedp.Do(first); err != nil {
+		t.Fatalf("start chromium %s: %v", chromium, err)
+	}
+	var secondOpts []chromedp.ContextOption
+	if newWindow {
+		secondOpts = append(secondOpts, chromedp.WithNewBrowserContext())
+	}
+	second, cancelSecond := chromedp.NewContext(first, secondOpts...)
+	t.Cleanup(cancelSecond)
+	// Likewise the first Run on a tab opens it for the life of its context.
+	if err := chromedp.Do(second); err != nil {
+		t.Fatalf("open a second tab: %v", err)
+	}
+	return first, second
+}
+
+// openPage opens the chat page of base on chatID in tab, as user with a
+// token for scope (auth is on: the token goes in the URL fragment), in a
+// width×height viewport, and waits until the page is live.
+func openPage(t *testing.T, tab context.Context, base, user, chatID string, scope auth.ChatScope, width, height int) {
+	t.Helper()
+	tok, err := auth.MintToken(chattest.Secret, user, []string{chat.Consumers, chat.Workers}, scope, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, tab, "open "+base,
+		chromedp.EmulateViewport(int64(width), int64(height)),
+		chromedp.Navigate(fmt.Sprintf("%s/?chat_id=%s#token=%s", base, chatID, tok)))
+	waitPage(t, tab, "the page to go live", `document.getElementById("status").className === "live"`)
 }
 
 // chromiumPath finds Debian's chromium (or another Chrome) or fails: the

@@ -25,6 +25,29 @@ import (
 // one series per master.
 func TestServeOnRedisCluster(t *testing.T) {
 	t.Parallel()
+	cl, h, urls := clusterUsers(t, 1)
+	_, work := sendThreeEachWay(t, h, urls, 7)
+
+	for _, svc := range []string{chat.Consumers, chat.Workers} {
+		k := redisq.NewKeys(h.Prefix, chat.QueueName(svc))
+		inStreamSlot(t, cl, k, k.Dead, k.Presence, k.Dedupe, k.DedupeTokens)
+	}
+	for _, addr := range cl.Addrs() {
+		series := `outboxchat_redis_durable{node="` + addr + `"}`
+		testenv.WaitFor(t, 10*time.Second, series, func() bool { return scrape(t, work.base, series) == 1 })
+	}
+	if m, err := chattest.Get(work.base + "/metrics"); err != nil || strings.Count(m, "outboxchat_redis_durable{") != 3 {
+		t.Fatalf("durability series: %v\n%s", err, m)
+	}
+}
+
+// clusterUsers starts a private Redis Cluster of three masters and a
+// harness on it, and gives each service its least-privilege ACL user for
+// partitions partitions per direction, set on every node through the
+// cluster client (checked on each node). It returns each service's Redis
+// URL as that user.
+func clusterUsers(t *testing.T, partitions int) (*redisproc.Cluster, *harness, map[string]string) {
+	t.Helper()
 	ctx := context.Background()
 	cl := testenv.RedisCluster(t, 3)
 	h := newHarness(t, cl.URL())
@@ -36,7 +59,7 @@ func TestServeOnRedisCluster(t *testing.T) {
 	urls := map[string]string{}
 	for _, svc := range []string{chat.Consumers, chat.Workers} {
 		user := "u-" + svc
-		args, err := schema.RedisACL(svc, h.Prefix, user, "pw-"+user)
+		args, err := schema.RedisACLPartitions(svc, h.Prefix, user, "pw-"+user, partitions)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -53,27 +76,24 @@ func TestServeOnRedisCluster(t *testing.T) {
 		}
 		urls[svc] = withRedisUser(t, cl.URL(), user)
 	}
-	_, work := sendThreeEachWay(t, h, urls, 7)
+	return cl, h, urls
+}
 
-	for _, svc := range []string{chat.Consumers, chat.Workers} {
-		k := redisq.NewKeys(h.Prefix, chat.QueueName(svc))
-		node, slot, err := cl.NodeFor(ctx, k.Stream)
-		if err != nil {
-			t.Fatal(err)
+// inStreamSlot fails t unless each of keys sits in the slot, and on the
+// master, of k's stream, and returns that master's address.
+func inStreamSlot(t *testing.T, cl *redisproc.Cluster, k redisq.Keys, keys ...string) string {
+	t.Helper()
+	ctx := context.Background()
+	node, slot, err := cl.NodeFor(ctx, k.Stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, key := range keys {
+		if n, s, err := cl.NodeFor(ctx, key); err != nil || n != node || s != slot {
+			t.Fatalf("%s: slot %d on %v, the stream's %d on %s (%v)", key, s, n, slot, node.Addr(), err)
 		}
-		for _, key := range []string{k.Dead, k.Presence, k.Dedupe, k.DedupeTokens} {
-			if n, s, err := cl.NodeFor(ctx, key); err != nil || n != node || s != slot {
-				t.Fatalf("%s: slot %d on %v, the stream's %d on %s (%v)", key, s, n, slot, node.Addr(), err)
-			}
-		}
 	}
-	for _, addr := range cl.Addrs() {
-		series := `outboxchat_redis_durable{node="` + addr + `"}`
-		testenv.WaitFor(t, 10*time.Second, series, func() bool { return scrape(t, work.base, series) == 1 })
-	}
-	if m, err := chattest.Get(work.base + "/metrics"); err != nil || strings.Count(m, "outboxchat_redis_durable{") != 3 {
-		t.Fatalf("durability series: %v\n%s", err, m)
-	}
+	return node.Addr()
 }
 
 // Messages sent while the slot of their queue moves to another master —
@@ -212,15 +232,7 @@ func TestServeThroughClusterFailover(t *testing.T) {
 	}
 	send(3, "after")
 	work = h.start(chat.Workers, fast)
-	w2 := chattest.Watch(t, work.base, 9)
-	w2.WaitSeqs(t, chat.Consumers, 12, 60*time.Second)
-	testenv.WaitFor(t, 30*time.Second, "every message ✓✓", func() bool {
-		return h.Count(t, `SELECT count(*) FROM consumers.messages_with_receipts WHERE chat_id = 9 AND delivered_at IS NULL`) == 0
-	})
-	if n := h.Count(t, `SELECT count(*) FROM workers.inbox WHERE chat_id = 9`); n != 12 {
-		t.Fatalf("workers.inbox has %d rows, want 12", n)
-	}
-	redrivenAtLeast(t, cons.base, 3)
+	redriveHealed(t, h, cons, work, 12, 60*time.Second)
 }
 
 // nodeClient is a plain client of one cluster node, closed when the test

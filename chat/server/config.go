@@ -116,9 +116,9 @@ type Config struct {
 	Logger *slog.Logger
 	// TracerProvider, when set, records the spans of every message's way
 	// (HTTP send, send transaction, relay publish, inbox store, receipt,
-	// gateway push; see tracing.go) and carries the W3C trace context in
-	// the event headers. The caller owns it (shuts it down after Serve
-	// returns). Default nil: tracing off, no span, no header, none of the
+	// gateway push; see chat/server/internal/tracing) and carries the W3C
+	// trace context in the event headers. The caller owns it (shuts it down
+	// after Serve returns). Default nil: tracing off, no span, no header, none of the
 	// wrappers (telemetry.FromEnv returns nil when no OTEL_* variable is
 	// set).
 	TracerProvider trace.TracerProvider

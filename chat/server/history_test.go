@@ -18,6 +18,7 @@ import (
 
 	"github.com/outboxchat/outboxchat/chat"
 	"github.com/outboxchat/outboxchat/chat/internal/chattest"
+	"github.com/outboxchat/outboxchat/chat/server/internal/retention"
 	"github.com/outboxchat/outboxchat/chat/store/prune"
 	"github.com/outboxchat/outboxchat/internal/testenv"
 	"github.com/outboxchat/outboxchat/redisq"
@@ -512,8 +513,8 @@ func TestRetentionPrunesAndChatsKeepFlowing(t *testing.T) {
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	metric := map[string]int64{}
 	for _, svc := range []string{chat.Consumers, chat.Workers} {
-		r := newRetention(h.Admin, svc, 24*time.Hour, func(table string, n int64) { metric[svc+"."+table] += n }, log)
-		n, err := r.runOnce(ctx)
+		r := retention.New(h.Admin, svc, 24*time.Hour, func(table string, n int64) { metric[svc+"."+table] += n }, log)
+		n, err := r.RunOnce(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}

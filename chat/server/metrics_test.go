@@ -3,19 +3,15 @@ package server
 import (
 	"context"
 	"math"
-	"net/http"
-	"net/http/httptest"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/coder/websocket"
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/outboxchat/outboxchat/chat"
 	"github.com/outboxchat/outboxchat/chat/internal/chattest"
-	"github.com/outboxchat/outboxchat/inbox"
 	"github.com/outboxchat/outboxchat/internal/testenv"
 )
 
@@ -118,51 +114,4 @@ func TestEndToEndAndWebSocketMetrics(t *testing.T) {
 	testenv.WaitFor(t, 30*time.Second, "1 WebSocket connection on workers after a close", func() bool {
 		return scrape(t, work.base, "outboxchat_ws_connections") == 1
 	})
-}
-
-// BenchmarkE2EObserve is the per-message cost of outboxchat_e2e_seconds on
-// the worker's after-commit path: one observation per stored message, from
-// times the inbox insert already returned (ns/op is per message).
-func BenchmarkE2EObserve(b *testing.B) {
-	observe := (&metrics{reg: prometheus.NewRegistry()}).e2e()
-	sent := time.Now()
-	recv := sent.Add(3 * time.Millisecond)
-	batch := make([]inbox.Applied, 100)
-	for i := range batch {
-		batch[i].Value = chat.Message{ID: "m", ChatID: 1, Seq: int64(i + 1), SentAt: sent, ReceivedAt: &recv}
-	}
-	b.ReportAllocs()
-	b.ResetTimer()
-	for i := 0; i < b.N; i += len(batch) {
-		observe(batch)
-	}
-}
-
-// BenchmarkWSFrameCount is the per-frame cost of outboxchat_ws_frames_total.
-func BenchmarkWSFrameCount(b *testing.B) {
-	m := (&metrics{reg: prometheus.NewRegistry()}).sockets()
-	b.ReportAllocs()
-	for b.Loop() {
-		m.FrameOut()
-	}
-}
-
-// BenchmarkInstrument is the per-request cost of instrument (the counter and
-// the duration histogram by route) around a handler that answers 201.
-func BenchmarkInstrument(b *testing.B) {
-	mux := http.NewServeMux()
-	mux.HandleFunc("POST /api/chats/{chat_id}/messages", func(w http.ResponseWriter, _ *http.Request) {
-		w.WriteHeader(http.StatusCreated)
-	})
-	h := (&metrics{reg: prometheus.NewRegistry()}).instrument(mux)
-	req := httptest.NewRequest(http.MethodPost, "/api/chats/42/messages", nil)
-	w := httptest.NewRecorder()
-	b.ReportAllocs()
-	for b.Loop() {
-		r := *req
-		h.ServeHTTP(w, &r)
-	}
-	if w.Code != http.StatusCreated {
-		b.Fatalf("status %d", w.Code)
-	}
 }

@@ -108,16 +108,7 @@ func TestRedriveHealsAPurgedNATSStream(t *testing.T) {
 	fast := func(c *Config) { c.LockDuration = time.Second } // re-drive after 2 s
 	cons := h.start(chat.Consumers, onNATS(ns.URL(), "", fast))
 	work := h.start(chat.Workers, onNATS(ns.URL(), "", fast))
-	w := chattest.Watch(t, work.base, 9)
-	chattest.Send(t, cons.base, 9, "before")
-	w.WaitSeqs(t, chat.Consumers, 1, 10*time.Second)
-	work.stop()
-	for i := 1; i <= 3; i++ {
-		chattest.Send(t, cons.base, 9, fmt.Sprintf("lost %d", i))
-	}
-	testenv.WaitFor(t, 10*time.Second, "the relay to publish", func() bool {
-		return h.Count(t, `SELECT count(*) FROM consumers.outbox`) == 0
-	})
+	publishUnread(t, h, cons, work, `SELECT count(*) FROM consumers.outbox`)
 	js, err := jetstream.New(natsConn(t, ns.URL()))
 	if err != nil {
 		t.Fatal(err)
@@ -130,7 +121,7 @@ func TestRedriveHealsAPurgedNATSStream(t *testing.T) {
 		t.Fatal(err)
 	}
 	work = h.start(chat.Workers, onNATS(ns.URL(), "", fast))
-	redriveHealed(t, h, cons, work)
+	redriveHealed(t, h, cons, work, 4, 20*time.Second)
 }
 
 // A broker URL that is not a NATS one is refused before anything starts,

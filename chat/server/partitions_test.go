@@ -15,7 +15,6 @@ import (
 
 	"github.com/outboxchat/outboxchat/chat"
 	"github.com/outboxchat/outboxchat/chat/internal/chattest"
-	"github.com/outboxchat/outboxchat/chat/schema"
 	"github.com/outboxchat/outboxchat/chat/status"
 	"github.com/outboxchat/outboxchat/inbox"
 	"github.com/outboxchat/outboxchat/internal/testenv"
@@ -194,25 +193,14 @@ func TestPartitionedOrderProperty(t *testing.T) {
 	for _, w := range work {
 		rng.Shuffle(len(w), func(i, j int) { w[i], w[j] = w[j], w[i] })
 	}
-	errs := make(chan error, senders)
-	var wg sync.WaitGroup
-	for _, w := range work {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for _, s := range w {
-				if err := post(run[s.svc].base, s.chat, fmt.Sprintf("%s %d", s.svc, s.chat)); err != nil {
-					errs <- err
-					return
-				}
+	chattest.Concurrently(t, senders, func(i int) error {
+		for _, s := range work[i] {
+			if err := post(run[s.svc].base, s.chat, fmt.Sprintf("%s %d", s.svc, s.chat)); err != nil {
+				return err
 			}
-		}()
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Fatal(err)
-	}
+		}
+		return nil
+	})
 	for svc, ws := range watch {
 		for _, w := range ws {
 			// Each socket shows the other side's messages once, in order.
@@ -442,25 +430,10 @@ func TestPartitionsThroughPgBouncer(t *testing.T) {
 func TestPartitionsOnRedisCluster(t *testing.T) {
 	t.Parallel()
 	const parts = 4
-	ctx := context.Background()
-	cl := testenv.RedisCluster(t, 3)
-	h := newHarness(t, cl.URL())
-	admin, err := redisq.NewClient(cl.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer admin.Close()
+	cl, h, urls := clusterUsers(t, parts)
 	run := map[string]*running{}
 	for _, svc := range []string{chat.Consumers, chat.Workers} {
-		user := "u-" + svc
-		args, err := schema.RedisACLPartitions(svc, h.Prefix, user, "pw-"+user, parts)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := schema.ApplyRedisACL(ctx, admin, args); err != nil {
-			t.Fatal(err)
-		}
-		url := withRedisUser(t, cl.URL(), user)
+		url := urls[svc]
 		run[svc] = h.start(svc, func(c *Config) {
 			c.RedisURL, c.Partitions, c.Relay.LeaseTTL = url, parts, time.Second
 		})
@@ -478,16 +451,7 @@ func TestPartitionsOnRedisCluster(t *testing.T) {
 	for _, svc := range []string{chat.Consumers, chat.Workers} {
 		for p := range parts {
 			k := redisq.NewKeys(h.Prefix, chat.PartitionQueue(svc, p))
-			node, slot, err := cl.NodeFor(ctx, k.Stream)
-			if err != nil {
-				t.Fatal(err)
-			}
-			masters[node.Addr()] = true
-			for _, key := range []string{k.Dead, k.Dedupe, k.DedupeTokens} {
-				if n, s, err := cl.NodeFor(ctx, key); err != nil || n != node || s != slot {
-					t.Fatalf("%s: slot %d on %v, the stream's %d on %s (%v)", key, s, n, slot, node.Addr(), err)
-				}
-			}
+			masters[inStreamSlot(t, cl, k, k.Dead, k.Dedupe, k.DedupeTokens)] = true
 		}
 	}
 	if len(masters) < 2 {

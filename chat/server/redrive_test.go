@@ -23,6 +23,22 @@ func TestRedriveHealsALostStream(t *testing.T) {
 	fast := func(c *Config) { c.LockDuration = time.Second } // re-drive after 2 s
 	cons := h.start(chat.Consumers, fast)
 	work := h.start(chat.Workers, fast)
+	publishUnread(t, h, cons, work, `SELECT count(*) FROM consumers.outbox WHERE sent_at IS NULL`)
+	rdb := testenv.Redis(t)
+	keys := redisq.NewKeys(h.Prefix, chat.QueueName(chat.Consumers))
+	if err := rdb.Del(context.Background(), keys.Stream).Err(); err != nil {
+		t.Fatal(err)
+	}
+	work = h.start(chat.Workers, fast)
+	redriveHealed(t, h, cons, work, 4, 20*time.Second)
+}
+
+// publishUnread sends "before" from cons to chat 9 and waits for work's
+// client to show it, stops work, then sends "lost 1" to "lost 3" and waits
+// until unsent (a count of consumers' outbox rows the relay has yet to
+// publish) is 0: the 3 are in a queue nobody reads, for the caller to lose.
+func publishUnread(t *testing.T, h *harness, cons, work *running, unsent string) {
+	t.Helper()
 	w := chattest.Watch(t, work.base, 9)
 	chattest.Send(t, cons.base, 9, "before")
 	w.WaitSeqs(t, chat.Consumers, 1, 10*time.Second)
@@ -30,31 +46,23 @@ func TestRedriveHealsALostStream(t *testing.T) {
 	for i := 1; i <= 3; i++ {
 		chattest.Send(t, cons.base, 9, fmt.Sprintf("lost %d", i))
 	}
-	testenv.WaitFor(t, 10*time.Second, "the relay to publish", func() bool {
-		return h.Count(t, `SELECT count(*) FROM consumers.outbox WHERE sent_at IS NULL`) == 0
-	})
-	rdb := testenv.Redis(t)
-	keys := redisq.NewKeys(h.Prefix, chat.QueueName(chat.Consumers))
-	if err := rdb.Del(context.Background(), keys.Stream).Err(); err != nil {
-		t.Fatal(err)
-	}
-	work = h.start(chat.Workers, fast)
-	redriveHealed(t, h, cons, work)
+	testenv.WaitFor(t, 10*time.Second, "the relay to publish", func() bool { return h.Count(t, unsent) == 0 })
 }
 
-// redriveHealed waits until workers' client of chat 9 shows consumers'
-// seqs 1–4 and each of them has its receipt, and fails t unless the inbox
-// holds each once and consumers counts at least 3 re-driven: the end of a
-// scenario whose last 3 messages were lost from the queue.
-func redriveHealed(t *testing.T, h *harness, cons, work *running) {
+// redriveHealed waits, each wait at most within, until workers' client of
+// chat 9 shows consumers' seqs 1 to n and each of them has its receipt,
+// and fails t unless the inbox holds each once and consumers counts at
+// least 3 re-driven: the end of a scenario whose last 3 messages were lost
+// from the queue.
+func redriveHealed(t *testing.T, h *harness, cons, work *running, n int, within time.Duration) {
 	t.Helper()
 	w := chattest.Watch(t, work.base, 9)
-	w.WaitSeqs(t, chat.Consumers, 4, 20*time.Second)
-	testenv.WaitFor(t, 10*time.Second, "every message delivered", func() bool {
+	w.WaitSeqs(t, chat.Consumers, n, within)
+	testenv.WaitFor(t, within, "every message delivered", func() bool {
 		return h.Count(t, `SELECT count(*) FROM consumers.messages_with_receipts WHERE chat_id = 9 AND delivered_at IS NULL`) == 0
 	})
-	if n := h.Count(t, `SELECT count(*) FROM workers.inbox WHERE chat_id = 9`); n != 4 {
-		t.Fatalf("workers.inbox has %d rows, want 4", n)
+	if got := h.Count(t, `SELECT count(*) FROM workers.inbox WHERE chat_id = 9`); got != n {
+		t.Fatalf("workers.inbox has %d rows, want %d", got, n)
 	}
 	redrivenAtLeast(t, cons.base, 3)
 }

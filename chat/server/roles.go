@@ -10,6 +10,9 @@ import (
 	"github.com/outboxchat/outboxchat/chat"
 	"github.com/outboxchat/outboxchat/chat/gateway"
 	"github.com/outboxchat/outboxchat/chat/receive"
+	"github.com/outboxchat/outboxchat/chat/server/internal/heartbeat"
+	"github.com/outboxchat/outboxchat/chat/server/internal/retention"
+	"github.com/outboxchat/outboxchat/chat/server/internal/tracing"
 	"github.com/outboxchat/outboxchat/inbox"
 	"github.com/outboxchat/outboxchat/internal/service"
 	"github.com/outboxchat/outboxchat/natsq"
@@ -47,7 +50,7 @@ func (p *process) buildGateway() error {
 		return err
 	}
 	p.gw = gw
-	p.m.subscribers(gw.Subscribers)
+	p.m.Subscribers(gw.Subscribers)
 	return nil
 }
 
@@ -64,9 +67,9 @@ func (p *process) buildWorker() error {
 	if err != nil {
 		return err
 	}
-	onQueue := p.m.queueEvents(p.log, c.LockDuration)
-	onInbox := p.m.inboxEvents(p.log)
-	observeE2E := p.m.e2e()
+	onQueue := p.m.QueueEvents(p.log, c.LockDuration)
+	onInbox := p.m.InboxEvents(p.log)
+	observeE2E := p.m.E2E()
 	gw := p.gw
 	// The gateways of this service's other processes hear of the commit
 	// from the waker, after it: the inbox transaction runs no NOTIFY.
@@ -88,7 +91,7 @@ func (p *process) buildWorker() error {
 		if group, err = inbox.NewGroup(p.pool); err != nil {
 			return err
 		}
-		p.m.sharedWork("outboxchat_inbox_shared", "batches", "the inbox's shared transactions (partitions)", func() (int64, int64) {
+		p.m.SharedWork("outboxchat_inbox_shared", "batches", "the inbox's shared transactions (partitions)", func() (int64, int64) {
 			s := group.Stats()
 			return s.Transactions, s.Batches
 		})
@@ -116,9 +119,9 @@ func (p *process) buildWorker() error {
 		if c.Hooks != nil {
 			src, handler = c.Hooks.Source(src), c.Hooks.Handler(handler)
 		}
-		var clock *fetchClock
+		var clock *tracing.FetchClock
 		if p.tracer.Enabled() {
-			clock = &fetchClock{Source: src}
+			clock = tracing.NewFetchClock(src)
 			src = clock
 		}
 		// When the inbox transaction enqueued a receipt in this service's
@@ -131,7 +134,7 @@ func (p *process) buildWorker() error {
 		afterCommit := func(applied []inbox.Applied) {
 			observeE2E(applied)
 			if clock != nil {
-				traceApplied(p.tracer, clock, applied)
+				tracing.Applied(p.tracer, clock, applied)
 			}
 			if gw != nil {
 				gw.OfferApplied(applied)
@@ -157,7 +160,7 @@ func (p *process) buildWorker() error {
 		}
 		consumers = append(consumers, ic)
 	}
-	p.m.deletedPending(func() (n int64) {
+	p.m.DeletedPending(func() (n int64) {
 		for _, f := range deleted {
 			n += f()
 		}
@@ -203,7 +206,7 @@ func (p *process) signer() func(redisq.Job) string {
 // relays of the partitions this process holds (partitions.go).
 func (p *process) buildRelay() error {
 	c := p.cfg
-	onRelay := p.m.relayEvents(p.log)
+	onRelay := p.m.RelayEvents(p.log)
 	relays := make([]*outbox.Relay, c.Partitions)
 	pubs := make([]receive.Republisher, c.Partitions)
 	// With partitions, the passes of this process's relays share their
@@ -219,7 +222,7 @@ func (p *process) buildRelay() error {
 		if group, err = outbox.NewRelayGroup(p.pool); err != nil {
 			return err
 		}
-		p.m.sharedWork("outboxchat_relay_shared", "passes", "the relays' shared passes (partitions)", func() (int64, int64) {
+		p.m.SharedWork("outboxchat_relay_shared", "passes", "the relays' shared passes (partitions)", func() (int64, int64) {
 			s := group.Stats()
 			return s.Transactions, s.Passes
 		})
@@ -244,7 +247,7 @@ func (p *process) buildRelay() error {
 			op = c.Hooks.Publisher(op)
 		}
 		if p.tracer.Enabled() {
-			op = tracedPublisher(op, p.tracer)
+			op = tracing.Publisher(op, p.tracer)
 		}
 		rlog := p.log
 		if c.Partitions > 1 {
@@ -278,7 +281,7 @@ func (p *process) buildRelay() error {
 		}
 		p.add(lm)
 	}
-	p.add(newHeartbeat(p.pool, c.Service, c.Worker.ConsumerName, pr.lastPass, listening, p.log))
+	p.add(heartbeat.New(p.pool, c.Service, c.Worker.ConsumerName, pr.lastPass, listening, p.log))
 	if c.Relay.OutboxVacuumRows >= 0 {
 		for part := range c.Partitions {
 			vac, err := outbox.NewVacuum(p.pool, &outbox.VacuumConfig{
@@ -291,10 +294,10 @@ func (p *process) buildRelay() error {
 		}
 	}
 	if keep := c.Relay.HistoryRetention; keep > 0 {
-		p.add(newRetention(p.pool, c.Service, keep, p.m.pruned(), p.log))
+		p.add(retention.New(p.pool, c.Service, keep, p.m.Pruned(), p.log))
 	}
 	if after := c.Relay.RedriveAfter; after > 0 {
-		rcfg := &receive.RedriveConfig{After: after, Logger: p.log, Redriven: p.m.redriven()}
+		rcfg := &receive.RedriveConfig{After: after, Logger: p.log, Redriven: p.m.Redriven()}
 		if c.Partitions > 1 {
 			rcfg.Partitions = pubs
 		}
@@ -322,5 +325,5 @@ func (p *process) pushTracer() func(chat.Message, time.Time) {
 	if !p.tracer.Enabled() {
 		return nil
 	}
-	return tracePush(p.tracer)
+	return tracing.Push(p.tracer)
 }

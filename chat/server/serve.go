@@ -24,6 +24,8 @@ import (
 	"github.com/outboxchat/outboxchat/chat/lease"
 	"github.com/outboxchat/outboxchat/chat/presence"
 	"github.com/outboxchat/outboxchat/chat/schema"
+	"github.com/outboxchat/outboxchat/chat/server/internal/consumername"
+	"github.com/outboxchat/outboxchat/chat/server/internal/metrics"
 	"github.com/outboxchat/outboxchat/chat/store"
 	"github.com/outboxchat/outboxchat/internal/notifier"
 	"github.com/outboxchat/outboxchat/internal/service"
@@ -90,7 +92,8 @@ func Serve(ctx context.Context, cfg Config) error {
 	if err := p.claimConsumerName(ctx); err != nil {
 		return err
 	}
-	p.m = newMetrics(p.reg, c, pool, p.rdb)
+	p.m = metrics.New(p.reg, metrics.Parts{Service: c.Service, RedisPrefix: c.RedisPrefix, Listens: c.listens(),
+		Relay: c.has(RoleRelay), Worker: c.has(RoleWorker)}, pool, p.rdb)
 	if err := p.build(); err != nil {
 		return err
 	}
@@ -140,7 +143,7 @@ type process struct {
 	// (Config.BrokerURL; nil otherwise).
 	nc   *nats.Conn
 	reg  *prometheus.Registry
-	m    *metrics
+	m    *metrics.Set
 	keys *auth.EventKeys
 	// fence keeps seqs from going backwards across a failover (store.Fence).
 	fence *store.Fence
@@ -157,7 +160,7 @@ type process struct {
 	listener *notifier.Notifier
 	// presence keeps the consumer name live (the worker role; nil
 	// without it).
-	presence *consumerPresence
+	presence *consumername.Keeper
 	gw       *gateway.Gateway
 	// relayWake wakes this process's relay of a partition (nil without
 	// the relay role or when it polls only); relayWakeChats those of the
@@ -185,7 +188,7 @@ func (p *process) build() error {
 	if p.presence != nil {
 		// Before the worker, so the name stays live until it has acked.
 		p.add(p.presence)
-		p.m.consumerNameShared(p.presence.Shared)
+		p.m.ConsumerNameShared(p.presence.Shared)
 	}
 	if c.listens() {
 		if err := p.buildListener(); err != nil {
@@ -379,8 +382,8 @@ func (p *process) claimConsumerName(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("serve: %w", err)
 	}
-	c.Worker.ConsumerName = consumerName(ctx, pr, c.Service, c.Worker.ConsumerName, p.log)
-	p.presence = newConsumerPresence(pr, c.Worker.ConsumerName, c.LockDuration, p.log)
+	c.Worker.ConsumerName = consumername.Claim(ctx, pr, c.Service, c.Worker.ConsumerName, p.log)
+	p.presence = consumername.NewKeeper(pr, c.Worker.ConsumerName, c.LockDuration, p.log)
 	p.log.Info("consumer name", "consumer", c.Worker.ConsumerName, "instance", pr.Instance())
 	return nil
 }
@@ -398,7 +401,7 @@ func (p *process) buildListener() error {
 		Own:          func(pid uint32) bool { _, own := p.own.Load(pid); return own },
 		SelfCheckFix: "set --listen-database-url (LISTEN_DATABASE_URL) to a direct or session-mode URL of the same database",
 		OnSelfCheck: func(ok bool) {
-			p.m.selfCheck(ok)
+			p.m.SelfCheck(ok)
 			if c.onSelfCheck != nil {
 				c.onSelfCheck(ok)
 			}
@@ -407,7 +410,7 @@ func (p *process) buildListener() error {
 	if err != nil {
 		return err
 	}
-	p.m.listenReconnects(p.listener.Reconnects)
+	p.m.ListenReconnects(p.listener.Reconnects)
 	p.add(p.listener)
 	return nil
 }

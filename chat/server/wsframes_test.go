@@ -80,16 +80,25 @@ func (s *frameSocket) next(t *testing.T, ctx context.Context) chat.AckFrame {
 	return chat.AckFrame{}
 }
 
+// framesAPI is the frame tests' fixture: a consumers API (the api role
+// alone, changed by mutate, which may be nil) on a fresh harness, and a
+// context that ends after timeout or with the test.
+func framesAPI(t *testing.T, timeout time.Duration, mutate func(*Config)) (*harness, *running, context.Context) {
+	t.Helper()
+	h := newHarness(t, "")
+	cons := h.startAPI(chat.Consumers, mutate)
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	t.Cleanup(cancel)
+	return h, cons, ctx
+}
+
 // TestWSSendFrames: send frames pipelined on one socket are all acked,
 // each once, with the chat's seqs 1..n; a repeated client_id answers the
 // first ack and stores nothing more; the same client_id with another body
 // and bad frames get error frames naming the field, and store nothing.
 func TestWSSendFrames(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t, "")
-	cons := h.startAPI(chat.Consumers, nil)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
+	h, cons, ctx := framesAPI(t, 30*time.Second, nil)
 	s := dialFrames(t, ctx, cons.base, 7, chattest.Token())
 	const n = 40
 	for i := range n {
@@ -150,10 +159,7 @@ func TestWSSendFrames(t *testing.T) {
 // is stored exactly once.
 func TestWSSendKilledInFlight(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t, "")
-	cons := h.startAPI(chat.Consumers, nil)
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
+	h, cons, ctx := framesAPI(t, 60*time.Second, nil)
 	const n = 60
 	first := dialFrames(t, ctx, cons.base, 9, chattest.Token())
 	for i := range n {
@@ -206,12 +212,9 @@ func TestWSSendKilledInFlight(t *testing.T) {
 // nothing of them is stored; the socket stays open.
 func TestWSFrameAuthAndRateLimit(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t, "")
-	cons := h.startAPI(chat.Consumers, func(c *Config) {
+	h, cons, ctx := framesAPI(t, 30*time.Second, func(c *Config) {
 		c.API.Guard.UserRate, c.API.Guard.UserBurst = 0.01, 2
 	})
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
 	tok := mint(t, "fay", []string{chat.Consumers, chat.Workers}, auth.ChatScope{IDs: []int64{1}}, time.Hour)
 	s := dialFrames(t, ctx, cons.base, 1, tok) // the upgrade takes the first token of 2
 	s.write(t, ctx, `{"type":"send","client_id":"x-1","body":"elsewhere","chat_id":2}`)
@@ -241,10 +244,7 @@ func TestWSFrameAuthAndRateLimit(t *testing.T) {
 // read buffer).
 func TestWSHugeFrameClosesOnlyItsSocket(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t, "")
-	cons := h.startAPI(chat.Consumers, nil)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
+	h, cons, ctx := framesAPI(t, 30*time.Second, nil)
 	good := dialFrames(t, ctx, cons.base, 8, chattest.Token())
 	bad := dialFrames(t, ctx, cons.base, 8, chattest.Token())
 	huge := `{"type":"send","client_id":"h-1","body":"` + strings.Repeat("a", 7*chat.DefaultMaxBodyBytes) + `"}`

@@ -1,4 +1,4 @@
-package server
+package tracing
 
 import (
 	"context"
@@ -59,16 +59,15 @@ func benchTracedMessage(b *testing.B, sampler sdktrace.Sampler) {
 	}
 	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithSampler(sampler))
 	defer func() { _ = tp.Shutdown(context.Background()) }()
-	p := &process{cfg: &Config{Service: chat.Consumers}, tracer: telemetry.New(tp)}
-	t := p.tracer
-	sender := tracedSender{next: &benchSender{}}
-	sendTx := traceSendTx(t)
+	t := telemetry.New(tp)
+	sender := Sender(&benchSender{})
+	sendTx := SendTx(t)
 	var got chat.Message
 	var hdr map[string]string
 	// The group commit's sends: 16 senders' at a time, as in lab bench.
 	const groupCommit = 16
 	var group []context.Context
-	handler := p.traceSend(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	handler := HTTPSend(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		m, _, err := sender.SendIdempotent(r.Context(), 7, "hello", "", "alice")
 		if err != nil {
 			b.Fatal(err)
@@ -80,10 +79,10 @@ func benchTracedMessage(b *testing.B, sampler sdktrace.Sampler) {
 		}
 		w.WriteHeader(http.StatusCreated)
 	}))
-	publish := tracedPublisher(outbox.PublisherFunc(func(context.Context, []outbox.Message) error { return nil }), t)
-	clock := &fetchClock{}
+	publish := Publisher(outbox.PublisherFunc(func(context.Context, []outbox.Message) error { return nil }), t)
+	clock := &FetchClock{}
 	clock.at.Store(time.Now().UnixNano())
-	push := tracePush(t)
+	push := Push(t)
 	req := httptest.NewRequest(http.MethodPost, "/api/chats/7/messages", nil)
 	rec := httptest.NewRecorder()
 	const batch = 100
@@ -97,7 +96,7 @@ func benchTracedMessage(b *testing.B, sampler sdktrace.Sampler) {
 		for i, m := range sent {
 			applied[i] = inbox.Applied{Delivery: inbox.Delivery{ID: m.ID, Headers: msgs[i].Headers}, Value: m}
 		}
-		traceApplied(t, clock, applied)
+		Applied(t, clock, applied)
 		for i, m := range sent {
 			// As the gateway: a push span only for a traced message.
 			if m.TraceParent = msgs[i].Headers[telemetry.Traceparent]; m.TraceParent != "" {

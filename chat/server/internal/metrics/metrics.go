@@ -1,4 +1,10 @@
-package server
+// Package metrics defines every Prometheus metric of a service process.
+// The library reports typed events (outbox.RelayEvent, inbox.Event,
+// redisq.Event) and hooks (store.SendMetrics, httpapi.SocketMetrics); the
+// methods of Set register the metrics of one part each and return the hook
+// that feeds them, and write the events worth a line as event log lines
+// (chat.LogEvent), which the lab reads.
+package metrics
 
 import (
 	"bufio"
@@ -29,15 +35,11 @@ import (
 	"github.com/outboxchat/outboxchat/redisq"
 )
 
-// Every Prometheus metric of a service process is defined in this file.
-// The library reports typed events (outbox.RelayEvent, inbox.Event,
-// redisq.Event) and hooks (store.SendMetrics, httpapi.SocketMetrics); the
-// methods of metrics register the metrics of one part each and return the
-// hook that feeds them, and write the events worth a line as event log
-// lines (chat.LogEvent), which the lab reads.
-
-// metrics is a process's Prometheus registry and its metrics.
-type metrics struct {
+// Set is a process's Prometheus registry and its metrics. Its methods
+// register the metrics of one part each, once per process (a second call
+// of one method panics: the registry refuses a name twice), and return the
+// hook that feeds them; the hooks are safe for concurrent use.
+type Set struct {
 	reg *prometheus.Registry
 	// selfCheckOK is outboxchat_listen_selfcheck_ok.
 	selfCheckOK prometheus.Gauge
@@ -46,36 +48,61 @@ type metrics struct {
 	durability *durabilityCollector
 }
 
-// newMetrics registers on reg the metrics every process has: the Go
-// runtime's and the process's, the database's cleanup horizon, the LISTEN
-// self-check, and the process's part of the status snapshot (the outbox's
+// Parts says which parts of a process New registers the metrics of.
+type Parts struct {
+	// Service is chat.Consumers or chat.Workers; RedisPrefix the prefix of
+	// its Redis keys (the queue's part of the status snapshot).
+	Service, RedisPrefix string
+	// Listens: the process has the LISTEN connection
+	// (outboxchat_listen_selfcheck_ok).
+	Listens bool
+	// Relay and Worker: the process runs the relay role (the outbox's part
+	// of the status snapshot), the worker role (the queue's part).
+	Relay, Worker bool
+}
+
+// New registers on reg the metrics every process has: the Go runtime's and
+// the process's, the database's cleanup horizon (read from pool at each
+// scrape), the LISTEN self-check, the durability of each Redis node (rdb
+// nil: none) and the process's part of the status snapshot (the outbox's
 // where the relay runs, the queue's where the worker does).
-func newMetrics(reg *prometheus.Registry, c *Config, pool *pgxpool.Pool, rdb redis.UniversalClient) *metrics {
-	m := &metrics{reg: reg, selfCheckOK: prometheus.NewGauge(prometheus.GaugeOpts{
+func New(reg *prometheus.Registry, parts Parts, pool *pgxpool.Pool, rdb redis.UniversalClient) *Set {
+	m := &Set{reg: reg, selfCheckOK: prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "outboxchat_listen_selfcheck_ok",
 		Help: "1 when the latest start-up self-check's NOTIFY reached this process's LISTEN connection; 0 before it passed or when it failed (a transaction-mode pooler: set --listen-database-url).",
 	})}
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		newHorizonCollector(pool))
-	if c.listens() {
+	if parts.Listens {
 		reg.MustRegister(m.selfCheckOK)
 	}
-	if c.has(RoleRelay) || c.has(RoleWorker) {
+	if parts.Relay || parts.Worker {
 		var db outbox.DB
-		if c.has(RoleRelay) {
+		if parts.Relay {
 			db = pool
 		}
 		var qr redis.UniversalClient
-		if c.has(RoleWorker) {
+		if parts.Worker {
 			qr = rdb
 		}
-		reg.MustRegister(newStatusCollector(db, qr, c.RedisPrefix, c.Service))
+		reg.MustRegister(newStatusCollector(db, qr, parts.RedisPrefix, parts.Service))
 	}
 	if rdb != nil {
 		m.durability = newDurabilityCollector(rdb)
 		reg.MustRegister(m.durability)
 	}
 	return m
+}
+
+// Durability returns the durability of each Redis node the process talks
+// to, at most statusCacheTTL old (the snapshot outboxchat_redis_durable
+// exports), and false when the process has no Redis. Safe for concurrent
+// use.
+func (m *Set) Durability(ctx context.Context) ([]redisq.NodeDurability, bool) {
+	if m.durability == nil {
+		return nil, false
+	}
+	return m.durability.read(ctx), true
 }
 
 // durabilityCollector exports, per Redis node the process talks to, whether
@@ -129,20 +156,20 @@ func (c *durabilityCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-// handler serves the registry (GET /metrics).
-func (m *metrics) handler() http.Handler { return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{}) }
+// Handler serves the registry (GET /metrics).
+func (m *Set) Handler() http.Handler { return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{}) }
 
-// listenReconnects exports the LISTEN connection's reconnects
+// ListenReconnects exports the LISTEN connection's reconnects
 // (notifier.Notifier.Reconnects).
-func (m *metrics) listenReconnects(n func() int64) {
+func (m *Set) ListenReconnects(n func() int64) {
 	m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
 		Name: "outboxchat_listen_reconnects_total",
 		Help: "Times the process's LISTEN connection came back after it was lost or failed; each re-LISTENs every channel and runs a catch-up pass.",
 	}, func() float64 { return float64(n()) }))
 }
 
-// selfCheck records a LISTEN self-check's outcome.
-func (m *metrics) selfCheck(ok bool) {
+// SelfCheck records a LISTEN self-check's outcome.
+func (m *Set) SelfCheck(ok bool) {
 	if ok {
 		m.selfCheckOK.Set(1)
 	} else {
@@ -150,12 +177,12 @@ func (m *metrics) selfCheck(ok bool) {
 	}
 }
 
-// sends registers the send path's counters and returns the
+// Sends registers the send path's counters and returns the
 // Store hook that feeds them:
 //
 //	outboxchat_sends_rejected_total{reason="lock_timeout"|"timeout"}
 //	outboxchat_sends_replayed_total
-func (m *metrics) sends() *store.SendMetrics {
+func (m *Set) Sends() *store.SendMetrics {
 	reg := m.reg
 	rejected := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "outboxchat_sends_rejected_total",
@@ -175,7 +202,7 @@ func (m *metrics) sends() *store.SendMetrics {
 	}
 }
 
-// instrument wraps next (a ServeMux) and counts its requests by route
+// Instrument wraps next (a ServeMux) and counts its requests by route
 // pattern (the mux's, e.g. "POST /api/chats/{chat_id}/messages";
 // "unmatched" for none) and status, with a latency histogram per route
 // (WebSocket requests, which last as long as the connection, are counted
@@ -183,7 +210,7 @@ func (m *metrics) sends() *store.SendMetrics {
 //
 //	outboxchat_http_requests_total{route, code}
 //	outboxchat_http_request_duration_seconds{route}   0.5 ms … 8 s buckets
-func (m *metrics) instrument(next http.Handler) http.Handler {
+func (m *Set) Instrument(next http.Handler) http.Handler {
 	reg := m.reg
 	reqs := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "outboxchat_http_requests_total", Help: "HTTP requests by route pattern and status code.",
@@ -325,7 +352,7 @@ func (c *horizonCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.xactStart, prometheus.GaugeValue, secs)
 }
 
-// e2e registers the end-to-end histogram and returns the worker's
+// E2E registers the end-to-end histogram and returns the worker's
 // observer, called with every committed inbox batch (inbox.Config.AfterCommit):
 //
 //	outboxchat_e2e_seconds   1 ms … 32.8 s buckets (×2)
@@ -341,7 +368,7 @@ func (c *horizonCollector) Collect(ch chan<- prometheus.Metric) {
 // query); receipts, duplicates and dead letters are not observed. A
 // message published again by the re-drive is observed from its first
 // send. Safe for concurrent use.
-func (m *metrics) e2e() func([]inbox.Applied) {
+func (m *Set) E2E() func([]inbox.Applied) {
 	reg := m.reg
 	h := prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name:    "outboxchat_e2e_seconds",
@@ -358,7 +385,7 @@ func (m *metrics) e2e() func([]inbox.Applied) {
 	}
 }
 
-// sockets registers the WebSocket metrics and returns the API's hooks that
+// Sockets registers the WebSocket metrics and returns the API's hooks that
 // feed them:
 //
 //	outboxchat_ws_connections                   gauge: WebSockets open now (upgraded, not yet closed)
@@ -367,7 +394,7 @@ func (m *metrics) e2e() func([]inbox.Applied) {
 //	outboxchat_ws_frames_total{direction}       data frames: in (from clients), out (to clients)
 //
 // Labels carry no chat id.
-func (m *metrics) sockets() httpapi.SocketMetrics {
+func (m *Set) Sockets() httpapi.SocketMetrics {
 	conns := prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "outboxchat_ws_connections", Help: "WebSocket connections open now.",
 	})
@@ -388,9 +415,9 @@ func (m *metrics) sockets() httpapi.SocketMetrics {
 	}
 }
 
-// refused registers outboxchat_http_refused_total{reason} and returns the
+// Refused registers outboxchat_http_refused_total{reason} and returns the
 // guard's hook that counts its refusals.
-func (m *metrics) refused() func(reason string) {
+func (m *Set) Refused() func(reason string) {
 	refused := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "outboxchat_http_refused_total", Help: "Requests refused by the connection guard, by reason (host, origin, too_large, body_timeout, rate_ip, rate_user, sockets).",
 	}, []string{"reason"})
@@ -401,27 +428,27 @@ func (m *metrics) refused() func(reason string) {
 	return func(reason string) { refused.WithLabelValues(reason).Inc() }
 }
 
-// subscribers registers outboxchat_ws_subscribers, read from n at each
+// Subscribers registers outboxchat_ws_subscribers, read from n at each
 // scrape (Gateway.Subscribers).
-func (m *metrics) subscribers(n func() int) {
+func (m *Set) Subscribers(n func() int) {
 	m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "outboxchat_ws_subscribers", Help: "Live WebSocket subscribers.",
 	}, func() float64 { return float64(n()) }))
 }
 
-// deletedPending registers outboxchat_queue_deleted_pending_total, read
+// DeletedPending registers outboxchat_queue_deleted_pending_total, read
 // from n at each scrape (redisq.Consumer.DeletedPending).
-func (m *metrics) deletedPending(n func() int64) {
+func (m *Set) DeletedPending(n func() int64) {
 	m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
 		Name: "outboxchat_queue_deleted_pending_total",
 		Help: "Pending stream entries found deleted from the stream (lost in Redis; healed by the sender's re-drive).",
 	}, func() float64 { return float64(n()) }))
 }
 
-// sharedWork registers the counters of a group that shares transactions
+// SharedWork registers the counters of a group that shares transactions
 // across partitions (outbox.RelayGroup, inbox.Group), read from stats at
 // each scrape: name_transactions_total and name_<what>_total.
-func (m *metrics) sharedWork(name, what, help string, stats func() (txs, items int64)) {
+func (m *Set) SharedWork(name, what, help string, stats func() (txs, items int64)) {
 	m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
 		Name: name + "_transactions_total",
 		Help: "Transactions " + help + " ran.",
@@ -432,27 +459,27 @@ func (m *metrics) sharedWork(name, what, help string, stats func() (txs, items i
 	}, func() float64 { _, n := stats(); return float64(n) }))
 }
 
-// consumerNameShared registers outboxchat_consumer_name_shared, read from n
+// ConsumerNameShared registers outboxchat_consumer_name_shared, read from n
 // at each scrape (the presence's Shared).
-func (m *metrics) consumerNameShared(n func() int64) {
+func (m *Set) ConsumerNameShared(n func() int64) {
 	m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "outboxchat_consumer_name_shared",
 		Help: "Other live processes consuming under this process's consumer name (they share one pending list); 0 when the name is this process's alone.",
 	}, func() float64 { return float64(n()) }))
 }
 
-// revoked registers outboxchat_auth_revoked, read from n at each scrape
+// Revoked registers outboxchat_auth_revoked, read from n at each scrape
 // (the verifier's revocation set).
-func (m *metrics) revoked(n func() int) {
+func (m *Set) Revoked(n func() int) {
 	m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "outboxchat_auth_revoked",
 		Help: "Users and token ids revoked (`outboxchat revoke`) that this API process refuses.",
 	}, func() float64 { return float64(n()) }))
 }
 
-// redriven registers outboxchat_redriven_total and returns the Redriver's
+// Redriven registers outboxchat_redriven_total and returns the Redriver's
 // hook that counts what each pass published.
-func (m *metrics) redriven() func(n int) {
+func (m *Set) Redriven() func(n int) {
 	redriven := prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "outboxchat_redriven_total",
 		Help: "Messages published again because no receipt came back within --redrive-after.",
@@ -461,9 +488,9 @@ func (m *metrics) redriven() func(n int) {
 	return func(n int) { redriven.Add(float64(n)) }
 }
 
-// pruned registers outboxchat_history_pruned_rows_total{table} and returns
+// Pruned registers outboxchat_history_pruned_rows_total{table} and returns
 // the retention service's hook counting the rows it deleted.
-func (m *metrics) pruned() func(table string, n int64) {
+func (m *Set) Pruned() func(table string, n int64) {
 	c := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "outboxchat_history_pruned_rows_total",
 		Help: "History rows deleted by --history-retention, by table.",
@@ -549,11 +576,11 @@ func (c *statusCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-// relayEvents registers the relay's metrics and returns its
+// RelayEvents registers the relay's metrics and returns its
 // outbox.RelayConfig.OnEvent, which counts and times what it published,
 // counts failed passes (logged as events) and parked rows, and tracks its
 // LISTEN connection.
-func (m *metrics) relayEvents(log *slog.Logger) func(outbox.RelayEvent) {
+func (m *Set) RelayEvents(log *slog.Logger) func(outbox.RelayEvent) {
 	reg := m.reg
 	published := prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "outboxchat_relay_published_total", Help: "Outbox rows published (and deleted from the outbox).",
@@ -606,9 +633,9 @@ func (m *metrics) relayEvents(log *slog.Logger) func(outbox.RelayEvent) {
 	}
 }
 
-// inboxEvents exports the inbox consumer's events as Prometheus metrics and
+// InboxEvents exports the inbox consumer's events as Prometheus metrics and
 // logs duplicates and dead letters as events.
-func (m *metrics) inboxEvents(log *slog.Logger) func(inbox.Event) {
+func (m *Set) InboxEvents(log *slog.Logger) func(inbox.Event) {
 	reg := m.reg
 	applied := prometheus.NewCounter(prometheus.CounterOpts{Name: "outboxchat_inbox_applied_total", Help: "Inbox deliveries by outcome."})
 	dups := prometheus.NewCounter(prometheus.CounterOpts{Name: "outboxchat_inbox_duplicates_total", Help: "Inbox deliveries by outcome."})
@@ -638,12 +665,12 @@ func (m *metrics) inboxEvents(log *slog.Logger) func(inbox.Event) {
 	}
 }
 
-// queueEvents exports the queue consumer's reclaims and trims as Prometheus
+// QueueEvents exports the queue consumer's reclaims and trims as Prometheus
 // counters (outboxchat_queue_reclaimed_total, outboxchat_queue_trimmed_total,
 // outboxchat_deadletter_trimmed_total)
 // and logs the reclaims, the pending entries found deleted from the stream
 // (one line per entry) and a lost consumer group as events.
-func (m *metrics) queueEvents(log *slog.Logger, lock time.Duration) func(redisq.Event) {
+func (m *Set) QueueEvents(log *slog.Logger, lock time.Duration) func(redisq.Event) {
 	reg := m.reg
 	reclaimed := prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "outboxchat_queue_reclaimed_total", Help: "Stalled jobs taken over from another consumer after the lock duration.",

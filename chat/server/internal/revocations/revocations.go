@@ -1,4 +1,7 @@
-package server
+// Package revocations keeps the API's set of revoked users and tokens
+// (auth.Revocations) up to date from the database, where `outboxchat
+// revoke` writes them.
+package revocations
 
 import (
 	"context"
@@ -13,28 +16,31 @@ import (
 	"github.com/outboxchat/outboxchat/internal/service"
 )
 
-// revocationPoll is how often the api role reads new rows of its
+// poll is how often the api role reads new rows of its
 // revoked_tokens table: a revocation takes effect on every API process
 // within about this long (and open sockets of a revoked token are closed
 // then), for one indexed query per second per process, none per request.
-const revocationPoll = time.Second
+const poll = time.Second
 
-// revocations keeps the verifier's revocation set (auth.Revocations) up to
+// Reader keeps the verifier's revocation set (auth.Revocations) up to
 // date from <service>.revoked_tokens (`outboxchat revoke` writes it): the
-// first read in Start, before the API serves, then every revocationPoll
-// the rows whose version is above the last seen. A service (Start/Stop)
-// with a runOnce a test can call.
-type revocations struct {
+// first read in Start, before the API serves, then every second the rows
+// whose version is above the last seen. A service (Start/Stop,
+// internal/service) with a RunOnce a test can call; RunOnce must not run
+// concurrently with itself or the started service.
+type Reader struct {
 	pool    *pgxpool.Pool
 	set     *auth.Revocations
 	sql     string
 	log     *slog.Logger
 	life    service.Lifecycle
-	version int64 // the highest version read; the runOnce caller's only
+	version int64 // the highest version read; the RunOnce caller's only
 }
 
-func newRevocations(pool *pgxpool.Pool, svc string, set *auth.Revocations, log *slog.Logger) *revocations {
-	return &revocations{pool: pool, set: set, log: log.With("component", "chat.revocations"),
+// New returns the Reader of service svc's revoked_tokens table on pool
+// into set.
+func New(pool *pgxpool.Pool, svc string, set *auth.Revocations, log *slog.Logger) *Reader {
+	return &Reader{pool: pool, set: set, log: log.With("component", "chat.revocations"),
 		life: service.Lifecycle{Name: "chat: token revocations"},
 		// The version index keeps this an index range scan of the new rows
 		// (none, nearly always).
@@ -42,8 +48,9 @@ func newRevocations(pool *pgxpool.Pool, svc string, set *auth.Revocations, log *
 			" WHERE version > $1 ORDER BY version"}
 }
 
-// runOnce adds the rows written since the last read and returns how many.
-func (r *revocations) runOnce(ctx context.Context) (int, error) {
+// RunOnce adds the rows written since the last read to the set and
+// returns how many. Error: the read failed (wrapped; nothing added).
+func (r *Reader) RunOnce(ctx context.Context) (int, error) {
 	rows, err := r.pool.Query(ctx, r.sql, r.version)
 	if err != nil {
 		return 0, fmt.Errorf("chat: reading revocations: %w", err)
@@ -66,20 +73,23 @@ func (r *revocations) runOnce(ctx context.Context) (int, error) {
 	return len(rs), nil
 }
 
-func (r *revocations) Start(ctx context.Context) error {
+// Start reads once (bounded by 5 s; a failure is logged) before it
+// returns, then every second until Stop.
+func (r *Reader) Start(ctx context.Context) error {
 	return r.life.Start(ctx, func(run *service.Run) {
 		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		if _, err := r.runOnce(rctx); err != nil {
+		if _, err := r.RunOnce(rctx); err != nil {
 			r.log.Warn("reading revocations failed; retried every second", "err", err)
 		}
 		cancel()
-		run.Every(revocationPoll, func(ctx context.Context) time.Duration {
-			if _, err := r.runOnce(ctx); err != nil && ctx.Err() == nil {
-				r.log.Warn("reading revocations failed; retried", "err", err, "every", revocationPoll)
+		run.Every(poll, func(ctx context.Context) time.Duration {
+			if _, err := r.RunOnce(ctx); err != nil && ctx.Err() == nil {
+				r.log.Warn("reading revocations failed; retried", "err", err, "every", poll)
 			}
-			return revocationPoll
+			return poll
 		})
 	})
 }
 
-func (r *revocations) Stop(ctx context.Context) error { return r.life.Stop(ctx) }
+// Stop stops the reads.
+func (r *Reader) Stop(ctx context.Context) error { return r.life.Stop(ctx) }

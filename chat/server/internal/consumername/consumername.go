@@ -1,4 +1,9 @@
-package server
+// Package consumername settles the worker role's consumer name and keeps
+// it live: Claim picks a name no live process of the group holds, and a
+// Keeper refreshes the process's entry in the presence set of the stream
+// it reads (package chat/presence), warns while another live process
+// shares the name, and deletes the group's consumers that are gone.
+package consumername
 
 import (
 	"context"
@@ -22,15 +27,16 @@ const (
 	pruneIdleMin = 10 * time.Minute
 )
 
-// consumerPresence keeps this process's consumer name live in the
-// presence set of the stream it reads (package presence): refreshed every
-// ttl/3, left on a graceful stop (so the next process may claim the name at once). Each
-// refresh learns which other live processes use the same name: a change
-// is logged (a warning while any does) and Shared counts them
-// (outboxchat_consumer_name_shared). It also deletes, every pruneEvery,
-// the group's consumers that are gone with nothing pending. A service (Start/Stop) with a runOnce a test can call; it
-// starts before the worker and stops after it.
-type consumerPresence struct {
+// Keeper keeps this process's consumer name live in the presence set of
+// the stream it reads (package presence): refreshed every ttl/3, left on a
+// graceful stop (so the next process may claim the name at once). Each
+// refresh learns which other live processes use the same name: a change is
+// logged (a warning while any does) and Shared counts them
+// (outboxchat_consumer_name_shared). It also deletes, every minute, the
+// group's consumers that are gone with nothing pending. A service
+// (Start/Stop, internal/service); it starts before the worker and stops
+// after it.
+type Keeper struct {
 	p         *presence.Process
 	name      string
 	pruneIdle time.Duration // least idle time of a pruned consumer
@@ -38,7 +44,7 @@ type consumerPresence struct {
 	life      service.Lifecycle
 
 	shared atomic.Int64 // other live processes under name, at the last refresh
-	// The runOnce goroutine's only: when the last prune ran; each other
+	// The refreshing goroutine's only: when the last prune ran; each other
 	// holder of the name with the expiry it had when first seen; the
 	// holders reported as sharing.
 	lastPrune time.Time
@@ -46,14 +52,15 @@ type consumerPresence struct {
 	others    []string
 }
 
-// consumerName returns the consumer name of a process of service with
-// explicit name (may be ""), claiming one through pr when it is "":
+// Claim returns the consumer name of a process of service with explicit
+// name (may be ""), claiming one through pr when it is "" (bounded by
+// 2 s):
 // "<service>-<hostname>-<n>" with the lowest n no live process of the
 // group holds. With Redis unreachable at start the name is
 // "<service>-<hostname>-p<pid>" (unique on the host; pending entries a
 // process leaves under it are taken over by the others after the lock
 // duration, and the prune deletes it later).
-func consumerName(ctx context.Context, pr *presence.Process, service, explicit string, log *slog.Logger) string {
+func Claim(ctx context.Context, pr *presence.Process, service, explicit string, log *slog.Logger) string {
 	if explicit != "" {
 		return explicit
 	}
@@ -69,22 +76,25 @@ func consumerName(ctx context.Context, pr *presence.Process, service, explicit s
 	return name
 }
 
-func newConsumerPresence(pr *presence.Process, name string, lock time.Duration, log *slog.Logger) *consumerPresence {
-	return &consumerPresence{p: pr, name: name, pruneIdle: max(pruneIdleMin, 10*lock),
+// NewKeeper returns the Keeper of name in pr; lock is the queue's lock
+// duration (a consumer idle for 10 × lock, at least 10 min, with nothing
+// pending and no live process, is pruned).
+func NewKeeper(pr *presence.Process, name string, lock time.Duration, log *slog.Logger) *Keeper {
+	return &Keeper{p: pr, name: name, pruneIdle: max(pruneIdleMin, 10*lock),
 		log:  log.With("component", "chat.presence", "consumer", name, "instance", pr.Instance()),
 		life: service.Lifecycle{Name: "chat: consumer presence"}}
 }
 
 // Shared returns how many other live processes used this process's
 // consumer name at the last refresh. Safe for concurrent use.
-func (s *consumerPresence) Shared() int64 { return s.shared.Load() }
+func (s *Keeper) Shared() int64 { return s.shared.Load() }
 
 // runOnce refreshes the presence, reports a change in who else shares the
 // name, and prunes when due. Another holder counts as sharing once it has
 // refreshed since this process first saw it: the entry of a predecessor
 // that died (kill -9, then a restart under the same --consumer-name) stays
 // until its ttl without ever being refreshed, and is no clash.
-func (s *consumerPresence) runOnce(ctx context.Context) error {
+func (s *Keeper) runOnce(ctx context.Context) error {
 	holders, err := s.p.Beat(ctx, s.name)
 	if err != nil {
 		return err
@@ -126,7 +136,9 @@ func (s *consumerPresence) runOnce(ctx context.Context) error {
 	return nil
 }
 
-func (s *consumerPresence) Start(ctx context.Context) error {
+// Start refreshes the presence at once and then every ttl/3 until Stop; a
+// failed refresh is logged and retried.
+func (s *Keeper) Start(ctx context.Context) error {
 	return s.life.Start(ctx, func(run *service.Run) {
 		run.Every(0, func(ctx context.Context) time.Duration {
 			if err := s.runOnce(ctx); err != nil && ctx.Err() == nil {
@@ -139,7 +151,7 @@ func (s *consumerPresence) Start(ctx context.Context) error {
 
 // Stop stops the refreshes and leaves the presence set (best effort: a
 // process that cannot reach Redis is gone from it after the ttl).
-func (s *consumerPresence) Stop(ctx context.Context) error {
+func (s *Keeper) Stop(ctx context.Context) error {
 	err := s.life.Stop(ctx)
 	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 	defer cancel()

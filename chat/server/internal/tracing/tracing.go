@@ -1,4 +1,9 @@
-package server
+// Package tracing wires the spans of a message's way around the parts of
+// a service process, so that the parts themselves know nothing of tracing
+// (chat/telemetry's package doc). The server installs these wrappers only
+// when the process's Tracer is enabled (Config.TracerProvider): off, none
+// of them exists.
+package tracing
 
 import (
 	"context"
@@ -18,11 +23,6 @@ import (
 	"github.com/outboxchat/outboxchat/outbox"
 )
 
-// The spans of a message's way, each wired around a part here so that the
-// parts themselves know nothing of tracing (telemetry's package doc). They
-// are installed only when the process's Tracer is enabled
-// (Config.TracerProvider): off, none of these wrappers exists.
-//
 // A message's own trace holds the spans that are the message's alone; the
 // batch operations it rides in (a group commit, a relay pass, an inbox
 // batch) are one span each, linked to every message they carry, as
@@ -39,11 +39,12 @@ import (
 //	(a relay pass, on each side: the message's and its receipt's), inbox
 //	store (an inbox batch)
 
-// traceSend wraps the API's handler: a POST of a message gets a server
-// span, and the response a traceparent header naming it (set before the
-// handler writes). A traceparent on the request makes the span its child.
-func (p *process) traceSend(next http.Handler) http.Handler {
-	t := p.tracer
+// HTTPSend wraps the API's handler: a POST of a message
+// (/api/chats/{chat_id}/messages) gets a server span of t, and the
+// response a traceparent header naming it (set before the handler writes).
+// A traceparent on the request makes the span its child. Other requests
+// pass untouched.
+func HTTPSend(t *telemetry.Tracer, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodPost || !isSendPath(r.URL.Path) {
 			next.ServeHTTP(w, r)
@@ -101,9 +102,13 @@ func (w *statusWriter) WriteHeader(code int) {
 // upgrade does not pass here, but flushes might).
 func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
-// tracedSender names the message a send stored on the send's span (the
-// HTTP send's): its id, chat and seq. The send transaction has a span of
-// its own per group commit (traceSendTx).
+// Sender wraps next so that each send names the message it stored on the
+// send's span (the HTTP send's, from its ctx): its id, chat and seq. The
+// send transaction has a span of its own per group commit (SendTx). Safe
+// for concurrent use when next is.
+func Sender(next httpapi.Sender) httpapi.Sender { return tracedSender{next: next} }
+
+// tracedSender is Sender's wrapper.
 type tracedSender struct {
 	next httpapi.Sender
 }
@@ -126,10 +131,11 @@ func (s tracedSender) SendIdempotent(ctx context.Context, chatID int64, body, ke
 	return m, replayed, nil
 }
 
-// traceSendTx is the store's OnBatch: one send transaction span per group
-// commit, linked to the span of each send it carried (a batch operation,
-// as the relay's publish: tracedPublisher).
-func traceSendTx(t *telemetry.Tracer) func([]context.Context, time.Time, error) {
+// SendTx is the store's OnBatch (store.Config.OnBatch): one send
+// transaction span per group commit, from began to now, linked to the span
+// of each sampled send it carried (a batch operation, as the relay's
+// publish: Publisher), with err as its error.
+func SendTx(t *telemetry.Tracer) func([]context.Context, time.Time, error) {
 	return func(ctxs []context.Context, began time.Time, err error) {
 		links := make([]trace.Link, 0, len(ctxs))
 		for _, ctx := range ctxs {
@@ -144,14 +150,14 @@ func traceSendTx(t *telemetry.Tracer) func([]context.Context, time.Time, error) 
 
 var _ httpapi.Sender = tracedSender{}
 
-// tracedPublisher records one relay publish span per published batch that
+// Publisher wraps the relay's publisher: it records one relay publish span per published batch that
 // holds a traced message (more than maxLinks of them: one span per
 // maxLinks), linked to each traced message's context, as OpenTelemetry's
 // messaging conventions model a batch send: every message of a batch shares
 // the publish's start and end, so a span of its own per message would only
 // repeat them. The messages go on with their headers untouched: the
 // receiver's spans continue the context of the send.
-func tracedPublisher(next outbox.Publisher, t *telemetry.Tracer) outbox.Publisher {
+func Publisher(next outbox.Publisher, t *telemetry.Tracer) outbox.Publisher {
 	return outbox.PublisherFunc(func(ctx context.Context, msgs []outbox.Message) error {
 		var links []trace.Link
 		for _, m := range msgs {
@@ -193,16 +199,21 @@ func batchSpans(t *telemetry.Tracer, ctx context.Context, name string, kind trac
 	}
 }
 
-// fetchClock wraps the worker's Source to note when its latest Fetch
-// returned: the start of the inbox store spans of that batch (the inbox
-// consumer fetches, applies, commits and calls AfterCommit on one
-// goroutine, so the batch committed is the one fetched last).
-type fetchClock struct {
+// FetchClock wraps the worker's Source to note when its latest Fetch
+// returned: the start of the inbox store spans of that batch (Applied; the
+// inbox consumer fetches, applies, commits and calls AfterCommit on one
+// goroutine, so the batch committed is the one fetched last). Safe for
+// concurrent use when the Source is.
+type FetchClock struct {
 	inbox.Source
 	at atomic.Int64 // unix ns
 }
 
-func (f *fetchClock) Fetch(ctx context.Context, max int) ([]inbox.Delivery, error) {
+// NewFetchClock wraps src.
+func NewFetchClock(src inbox.Source) *FetchClock { return &FetchClock{Source: src} }
+
+// Fetch is the Source's Fetch, noting the time when it returned deliveries.
+func (f *FetchClock) Fetch(ctx context.Context, max int) ([]inbox.Delivery, error) {
 	ds, err := f.Source.Fetch(ctx, max)
 	if len(ds) > 0 {
 		f.at.Store(time.Now().UnixNano())
@@ -210,12 +221,12 @@ func (f *fetchClock) Fetch(ctx context.Context, max int) ([]inbox.Delivery, erro
 	return ds, err
 }
 
-// traceApplied records the spans of a committed inbox batch, from its
+// Applied records the spans of a committed inbox batch, from its
 // fetch to now: one inbox store span linked to each traced message of the
-// batch (a batch operation, as the relay's publish: tracedPublisher), and a
+// batch (a batch operation, as the relay's publish: Publisher), and a
 // receipt span, child of the receipt's trace context, for each traced
 // receipt (receipts are few: one per batch of the peer's inbox).
-func traceApplied(t *telemetry.Tracer, clock *fetchClock, applied []inbox.Applied) {
+func Applied(t *telemetry.Tracer, clock *FetchClock, applied []inbox.Applied) {
 	began := time.Unix(0, clock.at.Load())
 	var links []trace.Link
 	for _, a := range applied {
@@ -241,11 +252,11 @@ func traceApplied(t *telemetry.Tracer, clock *fetchClock, applied []inbox.Applie
 		attribute.Int("messaging.batch.message_count", len(applied)))
 }
 
-// tracePush is the gateway's OnPush: a gateway push span, child of the
+// Push is the gateway's OnPush: a gateway push span, child of the
 // message's trace context, from the push's start to its frame being
 // queued. The gateway calls it only for a message that carries a trace
 // context (gateway.Config.OnPush).
-func tracePush(t *telemetry.Tracer) func(chat.Message, time.Time) {
+func Push(t *telemetry.Tracer) func(chat.Message, time.Time) {
 	return func(m chat.Message, began time.Time) {
 		ctx := t.ExtractTraceparent(context.Background(), m.TraceParent)
 		// The message's chat and seq are on its send's span, the parent.

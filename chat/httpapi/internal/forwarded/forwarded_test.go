@@ -1,4 +1,4 @@
-package httpapi
+package forwarded
 
 import (
 	"net/http"
@@ -6,12 +6,11 @@ import (
 )
 
 // The client IP of a request by its peer and X-Forwarded-For headers.
-func TestForwardedClient(t *testing.T) {
-	tp, err := ParseTrustedProxies("10.0.0.0/8, 192.168.1.7,fd00::/8")
+func TestClient(t *testing.T) {
+	tp, err := ParsePrefixes("10.0.0.0/8, 192.168.1.7,fd00::/8")
 	if err != nil {
 		t.Fatal(err)
 	}
-	g := &guard{cfg: GuardConfig{TrustedProxies: tp}}
 	for _, tc := range []struct {
 		name, peer string
 		xff        []string
@@ -34,7 +33,7 @@ func TestForwardedClient(t *testing.T) {
 		for _, v := range tc.xff {
 			r.Header.Add("X-Forwarded-For", v)
 		}
-		got, ok := g.forwardedClient(r)
+		got, ok := Client(r, tp)
 		if tc.want == "" {
 			if ok {
 				t.Errorf("%s: client %v, want the peer kept", tc.name, got)
@@ -46,8 +45,8 @@ func TestForwardedClient(t *testing.T) {
 		}
 	}
 	for _, bad := range []string{"10.0.0.0/33", "host.example", "1.2.3"} {
-		if _, err := ParseTrustedProxies(bad); err == nil {
-			t.Errorf("ParseTrustedProxies(%q) succeeded", bad)
+		if _, err := ParsePrefixes(bad); err == nil {
+			t.Errorf("ParsePrefixes(%q) succeeded", bad)
 		}
 	}
 }
