@@ -394,9 +394,15 @@ func TestDatabaseDownIs503(t *testing.T) {
 	if _, err := h.Admin.Exec(t.Context(), `REVOKE CONNECT ON DATABASE `+currentDB(t, h)+` FROM PUBLIC, consumers`); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := h.Admin.Exec(t.Context(), `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = 'consumers' AND datname = current_database()`); err != nil {
-		t.Fatal(err)
-	}
+	// A connection the service began before the REVOKE may still finish
+	// logging in: terminate until none is left.
+	testenv.WaitFor(t, 10*time.Second, "no consumers backend left", func() bool {
+		var left int
+		if err := h.Admin.QueryRow(t.Context(), `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE usename = 'consumers' AND datname = current_database()`).Scan(&left); err != nil {
+			t.Fatal(err)
+		}
+		return left == 0
+	})
 	code, raw := chattest.Post(t, cons.base, "1", `{"body":"x"}`)
 	if code != http.StatusServiceUnavailable || !strings.Contains(string(raw), `"error"`) {
 		t.Fatalf("send with the database gone: %d %s, want 503 with a JSON error", code, raw)
