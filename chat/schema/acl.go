@@ -11,6 +11,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/outboxchat/outboxchat/internal/redisglob"
 	"github.com/outboxchat/outboxchat/redisq"
 )
 
@@ -55,10 +56,10 @@ func RedisACLPartitions(service, prefix, user, password string, partitions int) 
 	}
 	// The seq fence's high-water marks (chat/store.Fence): its script
 	// reads and raises them, the fence scans them after a failover.
-	args = append(args, "(~"+globEscape(SeqHighWaterKey(prefix, service))+" +eval +evalsha +hget +hset +hscan)")
+	args = append(args, "(~"+redisglob.Escape(SeqHighWaterKey(prefix, service))+" +eval +evalsha +hget +hset +hscan)")
 	// The live channel of typing and presence (package chat/live): publish
 	// and subscribe on it alone.
-	return append(args, "&"+globEscape(prefix+"live"), "+publish", "+subscribe", "+unsubscribe"), nil
+	return append(args, "&"+redisglob.Escape(prefix+"live"), "+publish", "+subscribe", "+unsubscribe"), nil
 }
 
 // SeqHighWaterKey is the Redis hash of service's seq high-water marks
@@ -66,18 +67,6 @@ func RedisACLPartitions(service, prefix, user, password string, partitions int) 
 // chat the service's relay has published (chat/store.Fence).
 func SeqHighWaterKey(prefix, service string) string {
 	return prefix + "seq-hwm:" + service
-}
-
-// globEscape escapes the glob characters of s for an ACL pattern.
-func globEscape(s string) string {
-	var b strings.Builder
-	for _, r := range s {
-		if strings.ContainsRune(`*?[]\`, r) {
-			b.WriteByte('\\')
-		}
-		b.WriteRune(r)
-	}
-	return b.String()
 }
 
 // RedisACLLine formats RedisACL's arguments as one redis-cli line (rules

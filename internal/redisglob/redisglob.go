@@ -9,18 +9,21 @@ import "strings"
 // glob characters escaped, except a final "*", which stays a wildcard (k
 // "p:q:{a}:dedupe*" matches every key starting "p:q:{a}:dedupe").
 func KeyRule(k string) string {
-	star := strings.HasSuffix(k, "*")
-	k = strings.TrimSuffix(k, "*")
+	if rest, star := strings.CutSuffix(k, "*"); star {
+		return "~" + Escape(rest) + "*"
+	}
+	return "~" + Escape(k)
+}
+
+// Escape returns s with its glob characters * ? [ ] and \ escaped with \,
+// a pattern that matches s alone (a key rule's or a channel rule's).
+func Escape(s string) string {
 	var b strings.Builder
-	b.WriteString("~")
-	for _, r := range k {
+	for _, r := range s {
 		if strings.ContainsRune(`*?[]\`, r) {
 			b.WriteByte('\\')
 		}
 		b.WriteRune(r)
-	}
-	if star {
-		b.WriteByte('*')
 	}
 	return b.String()
 }
