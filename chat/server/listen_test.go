@@ -350,18 +350,25 @@ func wakeEveryKind(t *testing.T, deploy deployment, chats []int64, want outbox.W
 		}
 	}
 	for _, r := range []struct {
-		name          string
-		before, after map[outbox.WakeTrigger]float64
-	}{{"consumers", consBefore, triggers(t, consRelay)}, {"workers", workBefore, triggers(t, workRelay)}} {
-		d := map[outbox.WakeTrigger]float64{}
-		for k, v := range r.after {
-			d[k] = v - r.before[k]
-		}
+		name   string
+		before map[outbox.WakeTrigger]float64
+		relay  prometheus.Gatherer
+	}{{"consumers", consBefore, consRelay}, {"workers", workBefore, workRelay}} {
 		// Each service's outbox got, per chat: a message, a receipt, a read
 		// mark, and the consumers' an edit and a delete.
 		rows := float64(3 * len(chats))
 		if r.name == "consumers" {
 			rows += float64(2 * len(chats))
+		}
+		// A row can reach the other side before its relay pass has counted
+		// it, so wait for the counters before reading them.
+		var before float64
+		for _, v := range r.before {
+			before += v
+		}
+		d := map[outbox.WakeTrigger]float64{}
+		for k, v := range countedAtLeast(t, r.relay, before+rows) {
+			d[k] = v - r.before[k]
 		}
 		if d[outbox.TriggerPoll] != 0 || d[outbox.TriggerRetry] != 0 || d[want] != rows {
 			t.Errorf("%s relay: rows published by trigger %v, want all %v of them by %s", r.name, d, rows, want)
