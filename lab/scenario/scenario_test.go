@@ -14,9 +14,15 @@ import (
 
 // TestScenarios runs every named scenario; each must keep the invariants
 // (nothing lost, nothing shown twice, order kept, nothing left unsent).
+// The scenarios run in parallel (go test's -parallel, GOMAXPROCS by
+// default), as do the package's other tests: each starts servers of its
+// own, and most of a scenario's time is spent waiting for a lease, a
+// re-drive or a restart, not on the CPU.
 func TestScenarios(t *testing.T) {
+	t.Parallel()
 	for _, name := range Names() {
 		t.Run(name, func(t *testing.T) {
+			t.Parallel()
 			m := runChecked(t, name, Options{})
 			if name == "cluster-reshard" && (m.MoveMs == 0 || m.MaxGapBeforeMs == 0 || m.MaxGapDuringMs == 0) {
 				t.Errorf("measures %+v: want the move's length and the gaps before and during it", m)
@@ -31,8 +37,12 @@ func TestScenarios(t *testing.T) {
 // partition's stream, and the frozen relay must be caught holding that
 // partition's row and its partitions taken over once their leases run out.
 func TestScenariosPartitioned(t *testing.T) {
+	t.Parallel()
 	for _, name := range []string{"stream-entry-deleted", "relay-freeze"} {
-		t.Run(name, func(t *testing.T) { runChecked(t, name, Options{Partitions: 4}) })
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			runChecked(t, name, Options{Partitions: 4})
+		})
 	}
 }
 
@@ -41,8 +51,12 @@ func TestScenariosPartitioned(t *testing.T) {
 // and its commit (the re-send is dropped by Nats-Msg-Id) and a worker
 // killed before its inbox commit (the event comes back after AckWait).
 func TestScenariosOnNATS(t *testing.T) {
+	t.Parallel()
 	for _, name := range []string{"relay-crash", "worker-crash-before-commit"} {
-		t.Run(name, func(t *testing.T) { runChecked(t, name, Options{Broker: "nats"}) })
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			runChecked(t, name, Options{Broker: "nats"})
+		})
 	}
 }
 
@@ -50,6 +64,7 @@ func TestScenariosOnNATS(t *testing.T) {
 // refuses another broker and names those that take either; an unknown
 // broker is named. Nothing starts.
 func TestScenarioBrokerErrors(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct{ name, broker, want string }{
 		{"redis-flush", "nats", "relay-crash, relay-freeze, postgres-restart, worker-crash-before-commit"},
 		{"nats-leader-kill", "redis", "runs on nats only"},
@@ -107,8 +122,10 @@ var scenarioLogWants = map[string][]string{
 // be busy. cluster-failover loses the same way; it is left out to keep
 // the package's run short.)
 func TestRedisLossWithoutRedriveLoses(t *testing.T) {
+	t.Parallel()
 	for _, name := range []string{"redis-flush", "stream-entry-deleted", "redis-failover"} {
 		t.Run(name, func(t *testing.T) {
+			t.Parallel()
 			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 			defer cancel()
 			var log bytes.Buffer
