@@ -48,21 +48,8 @@ func (benchSender) SendIdempotent(context.Context, int64, string, string, string
 // frame, the client's reading included.
 func BenchmarkWSPush(b *testing.B) {
 	room := benchRoom{c: make(chan []byte, 1)}
-	a, err := New(Deps{Sender: benchSender{}, Reader: benchReader{}, Rooms: room},
+	c := benchSocket(b, Deps{Sender: benchSender{}, Reader: benchReader{}, Rooms: room},
 		&Config{Service: chat.Workers, ListenAddr: "127.0.0.1:0", Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		b.Fatal(err)
-	}
-	mux := http.NewServeMux()
-	a.Register(mux)
-	srv := httptest.NewServer(a.Handler(mux, nil))
-	defer srv.Close()
-	defer a.CloseSockets(context.Background())
-	c, _, err := websocket.Dial(context.Background(), "ws"+strings.TrimPrefix(srv.URL, "http")+"/ws?chat_id=1", nil)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer c.CloseNow()
 	frame := bytes.Repeat([]byte("x"), 300)
 	b.ReportAllocs()
 	cpu0 := cpuTime(b)
@@ -84,4 +71,24 @@ func cpuTime(b *testing.B) time.Duration {
 		b.Fatal(err)
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// benchSocket serves an API of deps and cfg on a loopback server and
+// returns a client's WebSocket on chat 1 of it; the cleanup closes both.
+func benchSocket(b *testing.B, deps Deps, cfg *Config) *websocket.Conn {
+	a, err := New(deps, cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	mux := http.NewServeMux()
+	a.Register(mux)
+	srv := httptest.NewServer(a.Handler(mux, nil))
+	b.Cleanup(srv.Close)
+	b.Cleanup(func() { a.CloseSockets(context.Background()) })
+	c, _, err := websocket.Dial(context.Background(), "ws"+strings.TrimPrefix(srv.URL, "http")+"/ws?chat_id=1", nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { c.CloseNow() })
+	return c
 }

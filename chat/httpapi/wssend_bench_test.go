@@ -4,8 +4,6 @@ import (
 	"context"
 	"io"
 	"log/slog"
-	"net/http"
-	"net/http/httptest"
 	"strconv"
 	"strings"
 	"testing"
@@ -33,24 +31,11 @@ func BenchmarkWSSend(b *testing.B) {
 
 func benchWSSend(b *testing.B, window int) {
 	deps := benchDeps{}
-	a, err := New(Deps{Sender: deps, Reader: deps, Rooms: deps}, &Config{
+	c := benchSocket(b, Deps{Sender: deps, Reader: deps, Rooms: deps}, &Config{
 		Service: chat.Consumers, ListenAddr: "127.0.0.1:0", Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 		Guard: GuardConfig{UserRate: -1, IPRate: -1},
 	})
-	if err != nil {
-		b.Fatal(err)
-	}
-	mux := http.NewServeMux()
-	a.Register(mux)
-	srv := httptest.NewServer(a.Handler(mux, nil))
-	defer srv.Close()
-	defer a.CloseSockets(context.Background())
 	ctx := context.Background()
-	c, _, err := websocket.Dial(ctx, "ws"+strings.TrimPrefix(srv.URL, "http")+"/ws?chat_id=1", nil)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer c.CloseNow()
 	frames := make([][]byte, window)
 	for i := range frames {
 		frames[i] = []byte(`{"type":"send","client_id":"c-17-` + strconv.Itoa(1000+i) + `","body":"a message of some forty bytes, <b>bold</b>"}`)
