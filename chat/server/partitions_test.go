@@ -19,6 +19,8 @@ import (
 	"github.com/outboxchat/outboxchat/inbox"
 	"github.com/outboxchat/outboxchat/internal/testenv"
 	"github.com/outboxchat/outboxchat/redisq"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // laneLog records, per inbox source (one per partition stream of a worker
@@ -260,18 +262,16 @@ func leaseOwners(t *testing.T, h *harness, service string) map[string]int {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer rows.Close()
-	out := map[string]int{}
-	for rows.Next() {
-		var o string
-		var n int
-		if err := rows.Scan(&o, &n); err != nil {
-			t.Fatal(err)
-		}
-		out[o] = n
-	}
-	if err := rows.Err(); err != nil {
+	leases, err := pgx.CollectRows(rows, pgx.RowToStructByPos[struct {
+		Owner string
+		N     int
+	}])
+	if err != nil {
 		t.Fatal(err)
+	}
+	out := map[string]int{}
+	for _, l := range leases {
+		out[l.Owner] = l.N
 	}
 	return out
 }

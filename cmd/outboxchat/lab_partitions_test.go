@@ -9,6 +9,8 @@ import (
 	"github.com/outboxchat/outboxchat/chat"
 	"github.com/outboxchat/outboxchat/lab/env"
 	"github.com/outboxchat/outboxchat/lab/probe"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // TestPartitionRelayKilled: consumers with 4 partitions and two separate
@@ -32,15 +34,16 @@ func TestPartitionRelayKilled(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer rows.Close()
+		leases, err := pgx.CollectRows(rows, pgx.RowToStructByPos[struct {
+			Owner string
+			N     int
+		}])
+		if err != nil {
+			t.Fatal(err)
+		}
 		out := map[string]int{}
-		for rows.Next() {
-			var o string
-			var n int
-			if err := rows.Scan(&o, &n); err != nil {
-				t.Fatal(err)
-			}
-			out[o] = n
+		for _, l := range leases {
+			out[l.Owner] = l.N
 		}
 		return out
 	}
