@@ -85,34 +85,43 @@ type Delivery struct {
 
 // Fetch returns up to max deliveries: at once what is there, else it waits
 // up to FetchWait for a first event and takes what came with it. An empty
-// result with a nil error means nothing came. ctx is checked before the
-// wait; the wait itself is bounded by FetchWait.
+// result with a nil error means nothing came. The wait ends early when ctx
+// ends (an inbox.Consumer's Stop), with an error wrapping ctx.Err(); an
+// event the server handed to that cancelled wait is delivered again after
+// the lock duration (at-least-once).
 func (c *Consumer) Fetch(ctx context.Context, max int) ([]Delivery, error) {
 	if max <= 0 {
 		return nil, nil
 	}
-	out, err := c.take(max, 0)
+	out, err := c.take(ctx, max, 0)
 	if len(out) > 0 || err != nil {
 		return out, err
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	if out, err = c.take(1, c.cfg.FetchWait); len(out) == 0 || err != nil || max == 1 {
+	if out, err = c.take(ctx, 1, c.cfg.FetchWait); len(out) == 0 || err != nil || max == 1 {
 		return out, err
 	}
-	more, err := c.take(max-1, 0)
+	more, err := c.take(ctx, max-1, 0)
 	return append(out, more...), err
 }
 
-// take runs one pull request: no wait when wait is 0.
-func (c *Consumer) take(n int, wait time.Duration) ([]Delivery, error) {
+// take runs one pull request: no wait when wait is 0, else a wait of at
+// most wait that ends with ctx.
+func (c *Consumer) take(ctx context.Context, n int, wait time.Duration) ([]Delivery, error) {
 	var b jetstream.MessageBatch
 	var err error
 	if wait == 0 {
 		b, err = c.cons.FetchNoWait(n)
 	} else {
-		b, err = c.cons.Fetch(n, jetstream.FetchMaxWait(wait))
+		// FetchContext asks the server to expire the pull a little before
+		// the deadline (jetstream's own margin), and stops waiting when ctx
+		// is cancelled; FetchMaxWait would hold a stopping consumer for
+		// the whole wait.
+		wctx, cancel := context.WithTimeout(ctx, wait)
+		defer cancel()
+		b, err = c.cons.Fetch(n, jetstream.FetchContext(wctx))
 	}
 	if err != nil {
 		return nil, fmt.Errorf("natsq: fetch: %w", err)
@@ -133,6 +142,9 @@ func (c *Consumer) take(n int, wait time.Duration) ([]Delivery, error) {
 		out = append(out, d)
 	}
 	if err := b.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) && !errors.Is(err, jetstream.ErrNoMessages) {
+		if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
+			return out, nil // the wait ran out: nothing came
+		}
 		return out, fmt.Errorf("natsq: fetch: %w", err)
 	}
 	return out, nil

@@ -221,3 +221,34 @@ func TestReplayAndDropDeadLetters(t *testing.T) {
 		t.Fatalf("DeadLetterAt a replayed seq: %v, %v; want none", ok, err)
 	}
 }
+
+// A Fetch waiting on an empty queue returns when its ctx is cancelled (an
+// inbox consumer's Stop), not at the end of FetchWait; one whose FetchWait
+// runs out returns nothing and no error.
+func TestFetchWaitEndsWithCtx(t *testing.T) {
+	_, nc := startNATS(t)
+	q := newQueue(t, nc, natsq.Config{Queue: "idle"})
+	const wait = 30 * time.Second
+	c := newConsumer(t, q, natsq.ConsumerConfig{Group: "g", FetchWait: wait})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.Fetch(ctx, 10)
+		done <- err
+	}()
+	// Cancelled once the Fetch is likely past its first look and waiting;
+	// cancelled before, it returns ctx's error all the same.
+	time.AfterFunc(200*time.Millisecond, cancel)
+	select {
+	case err := <-done:
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("Fetch after cancel: %v, want context.Canceled", err)
+		}
+	case <-time.After(wait / 2):
+		t.Fatal("Fetch still waiting after its ctx was cancelled")
+	}
+	short := newConsumer(t, q, natsq.ConsumerConfig{Group: "short", FetchWait: 200 * time.Millisecond})
+	if ds, err := short.Fetch(context.Background(), 10); err != nil || len(ds) != 0 {
+		t.Fatalf("Fetch whose wait ran out: %+v, %v; want nothing and no error", ds, err)
+	}
+}
