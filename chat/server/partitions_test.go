@@ -19,8 +19,6 @@ import (
 	"github.com/outboxchat/outboxchat/inbox"
 	"github.com/outboxchat/outboxchat/internal/testenv"
 	"github.com/outboxchat/outboxchat/redisq"
-
-	"github.com/jackc/pgx/v5"
 )
 
 // laneLog records, per inbox source (one per partition stream of a worker
@@ -257,21 +255,11 @@ func TestPartitionedOrderProperty(t *testing.T) {
 // consumer name before the owner's random suffix), how many it holds.
 func leaseOwners(t *testing.T, h *harness, service string) map[string]int {
 	t.Helper()
-	rows, err := h.Admin.Query(context.Background(), `SELECT split_part(owner, '#', 1), count(*)
-		FROM `+service+`.partition_leases WHERE owner IS NOT NULL AND expires_at > now() GROUP BY 1`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	leases, err := pgx.CollectRows(rows, pgx.RowToStructByPos[struct {
-		Owner string
-		N     int
-	}])
-	if err != nil {
-		t.Fatal(err)
-	}
 	out := map[string]int{}
-	for _, l := range leases {
-		out[l.Owner] = l.N
+	if err := h.Admin.QueryRow(context.Background(), `SELECT coalesce(jsonb_object_agg(o, n), '{}') FROM (
+		SELECT split_part(owner, '#', 1) AS o, count(*) AS n FROM `+service+`.partition_leases
+		WHERE owner IS NOT NULL AND expires_at > now() GROUP BY 1) l`).Scan(&out); err != nil {
+		t.Fatal(err)
 	}
 	return out
 }

@@ -9,8 +9,6 @@ import (
 	"github.com/outboxchat/outboxchat/chat"
 	"github.com/outboxchat/outboxchat/lab/env"
 	"github.com/outboxchat/outboxchat/lab/probe"
-
-	"github.com/jackc/pgx/v5"
 )
 
 // TestPartitionRelayKilled: consumers with 4 partitions and two separate
@@ -29,21 +27,11 @@ func TestPartitionRelayKilled(t *testing.T) {
 	}
 	defer e.Close()
 	owners := func() map[string]int {
-		rows, err := e.Admin().Query(ctx, `SELECT owner, count(*) FROM consumers.partition_leases
-			WHERE owner IS NOT NULL AND expires_at > now() GROUP BY owner`)
-		if err != nil {
-			t.Fatal(err)
-		}
-		leases, err := pgx.CollectRows(rows, pgx.RowToStructByPos[struct {
-			Owner string
-			N     int
-		}])
-		if err != nil {
-			t.Fatal(err)
-		}
 		out := map[string]int{}
-		for _, l := range leases {
-			out[l.Owner] = l.N
+		if err := e.Admin().QueryRow(ctx, `SELECT coalesce(jsonb_object_agg(owner, n), '{}') FROM (
+			SELECT owner, count(*) AS n FROM consumers.partition_leases
+			WHERE owner IS NOT NULL AND expires_at > now() GROUP BY owner) l`).Scan(&out); err != nil {
+			t.Fatal(err)
 		}
 		return out
 	}
