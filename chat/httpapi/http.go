@@ -513,6 +513,7 @@ func (a *API) handleWS(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		return // acceptWS wrote the HTTP error.
 	}
+	defer c.CloseNow() // ends the reader below, whose reads no context cancels
 	c.SetReadLimit(int64(a.maxBody)*6 + 1024)
 	a.ws.opened()
 	defer a.ws.closed()
@@ -580,9 +581,14 @@ func (a *API) handleWS(w http.ResponseWriter, r *http.Request) {
 		// One buffer for the socket's frames: handle decodes a frame
 		// (copying what it keeps) before the next is read, and
 		// websocket.Conn.Read would allocate each frame anew.
+		// The reads take a context that is never done: a done-able one
+		// costs each read an AfterFunc registration (allocations and a lock
+		// on the parent), and the socket is closed when the handler returns
+		// (CloseNow above), which ends a read as a cancel would.
 		var buf bytes.Buffer
+		rctx := context.WithoutCancel(ctx)
 		for {
-			typ, rd, err := c.Reader(ctx)
+			typ, rd, err := c.Reader(rctx)
 			if err == nil {
 				buf.Reset()
 				_, err = buf.ReadFrom(rd)
