@@ -9,7 +9,9 @@ import (
 
 // command is one `outboxchat` command: its name ("serve"; a lab command is
 // "lab NAME") and what runs it with the arguments after the name. run
-// returns flag.ErrHelp for -h and an error for bad flags and failures.
+// parses its flags with cliflag.Parse: it returns flag.ErrHelp for -h, a
+// *cliflag.ParseError for bad flags (already printed with the usage), and
+// an error for other failures.
 type command struct {
 	name string
 	run  func(ctx context.Context, args []string, stdout, stderr io.Writer) error

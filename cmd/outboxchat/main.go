@@ -27,6 +27,7 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/outboxchat/outboxchat/cmd/outboxchat/internal/cliflag"
 	"github.com/outboxchat/outboxchat/cmd/outboxchat/internal/labcmd"
 	"github.com/outboxchat/outboxchat/internal/pgproc"
 )
@@ -37,6 +38,9 @@ func main() {
 	stop()
 	if errors.Is(err, flag.ErrHelp) {
 		return // -h: the usage was printed; asking for it is not a failure
+	}
+	if pe := (*cliflag.ParseError)(nil); errors.As(err, &pe) {
+		os.Exit(2) // the FlagSet printed the error with the usage
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "outboxchat:", err)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/outboxchat/outboxchat/chat"
 	"github.com/outboxchat/outboxchat/chat/schema"
+	"github.com/outboxchat/outboxchat/cmd/outboxchat/internal/cliflag"
 	"github.com/outboxchat/outboxchat/redisq"
 )
 
@@ -24,7 +25,7 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	service := fs.String("service", "", "consumers or workers (required)")
 	dbURL := fs.String("database-url", os.Getenv("DATABASE_URL"), "Postgres URL; a superuser URL also creates the role and schema (default $DATABASE_URL)")
 	acl := redisACLFlags(fs)
-	if err := fs.Parse(args); err != nil {
+	if err := cliflag.Parse(fs, args); err != nil {
 		return err
 	}
 	if acl.wanted() {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/outboxchat/outboxchat/chat"
 	"github.com/outboxchat/outboxchat/chat/status"
+	"github.com/outboxchat/outboxchat/cmd/outboxchat/internal/cliflag"
 	"github.com/outboxchat/outboxchat/redisq"
 )
 
@@ -130,7 +131,7 @@ func orList(words []string) string {
 func parseInterleaved(fs *flag.FlagSet, args []string) ([]string, error) {
 	var pos []string
 	for {
-		if err := fs.Parse(args); err != nil {
+		if err := cliflag.Parse(fs, args); err != nil {
 			return nil, err
 		}
 		if fs.NArg() == 0 {

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/outboxchat/outboxchat/chat"
+	"github.com/outboxchat/outboxchat/cmd/outboxchat/internal/cliflag"
 	"github.com/outboxchat/outboxchat/outbox"
 )
 
@@ -37,7 +38,7 @@ func runOutbox(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	all := fs.Bool("all", false, "retry: every parked row")
 	partition := fs.Int("partition", 0, "the partition whose outbox table to use (serve --partitions; 0 without partitions)")
 	logFormat := fs.String("log-format", "text", "log format (stderr): text or json")
-	if err := fs.Parse(args[1:]); err != nil {
+	if err := cliflag.Parse(fs, args[1:]); err != nil {
 		return err
 	}
 	if chat.Peer(*svc) == "" {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/outboxchat/outboxchat/chat"
 	"github.com/outboxchat/outboxchat/chat/store/prune"
+	"github.com/outboxchat/outboxchat/cmd/outboxchat/internal/cliflag"
 )
 
 // runPrune runs `outboxchat prune`: one pass of what `serve
@@ -22,7 +23,7 @@ func runPrune(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	svc := fs.String("service", "", "consumers or workers (required)")
 	older := fs.Duration("older-than", 0, "delete history older than this, e.g. 720h (required, above 0)")
 	batch := fs.Int("batch", prune.DefaultBatch, "at most this many rows per DELETE")
-	if err := fs.Parse(args); err != nil {
+	if err := cliflag.Parse(fs, args); err != nil {
 		return err
 	}
 	if chat.Peer(*svc) == "" {

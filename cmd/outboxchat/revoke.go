@@ -36,7 +36,7 @@ func runRevoke(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	tokenID := fs.String("token-id", "", "revoke the token with this id (jti)")
 	services := fs.String("service", chat.Consumers+","+chat.Workers, "the services whose API refuses it")
 	reason := fs.String("reason", "", "why (stored with the revocation)")
-	if err := fs.Parse(args); err != nil {
+	if err := cliflag.Parse(fs, args); err != nil {
 		return err
 	}
 	if (*user == "") == (*tokenID == "") {

@@ -66,7 +66,7 @@ func runServe(ctx context.Context, args []string, _, stderr io.Writer) error {
 	debugAddr := fs.String("debug-addr", "", "serve Go's pprof profiles (/debug/pprof/) on this address, e.g. 127.0.0.1:6060 (default off)")
 	guard := guardFlags(fs)
 	auth := authFlags(fs)
-	if err := fs.Parse(args); err != nil {
+	if err := cliflag.Parse(fs, args); err != nil {
 		return err
 	}
 	r, err := server.ParseRoles(*roles)

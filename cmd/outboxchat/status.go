@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/outboxchat/outboxchat/chat/status"
+	"github.com/outboxchat/outboxchat/cmd/outboxchat/internal/cliflag"
 	"github.com/outboxchat/outboxchat/natsq"
 )
 
@@ -29,7 +30,7 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	backlog := fs.Duration("max-backlog-age", status.DefaultMaxBacklogAge, "a problem when the oldest unsent outbox row is older than this")
 	xact := fs.Duration("max-transaction-age", status.DefaultMaxTransactionAge, "a problem when a transaction or snapshot the database can see is older than this (it holds back cleanup)")
 	brokerURL := fs.String("broker-url", os.Getenv("BROKER_URL"), "the queue on NATS JetStream, as given to serve: its figures are read there (default $BROKER_URL, else \"\": Redis Streams on --redis-url)")
-	if err := fs.Parse(args); err != nil {
+	if err := cliflag.Parse(fs, args); err != nil {
 		return err
 	}
 	pool, err := f.pool(ctx, "status")

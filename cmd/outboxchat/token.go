@@ -23,7 +23,7 @@ func runToken(_ context.Context, args []string, stdout, stderr io.Writer) error 
 	user := fs.String("user", "", "the user, the token's sub (required)")
 	chats := fs.String("chats", "", "chat ids the user may use, comma-separated, or * for all (required)")
 	ttl := fs.Duration("ttl", time.Hour, "how long the token is valid")
-	if err := fs.Parse(args); err != nil {
+	if err := cliflag.Parse(fs, args); err != nil {
 		return err
 	}
 	if *secretFile == "" || *services == "" || *user == "" || *chats == "" {

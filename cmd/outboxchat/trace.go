@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/outboxchat/outboxchat/chat/trace"
+	"github.com/outboxchat/outboxchat/cmd/outboxchat/internal/cliflag"
 )
 
 // runTrace prints one message's way across both services: `outboxchat
@@ -25,7 +26,7 @@ func runTrace(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	chatID := fs.Int64("chat", 0, "the message's chat id (with --seq, instead of --message-id)")
 	seq := fs.Int64("seq", 0, "the message's seq in its chat (with --chat)")
 	service := fs.String("service", "", "with --chat and --seq: the sending service (consumers or workers), when both have that seq")
-	if err := fs.Parse(args); err != nil {
+	if err := cliflag.Parse(fs, args); err != nil {
 		return err
 	}
 	byID, bySeq := *id != "", *chatID != 0 || *seq != 0

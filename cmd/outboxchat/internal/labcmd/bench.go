@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 
+	"github.com/outboxchat/outboxchat/cmd/outboxchat/internal/cliflag"
 	"github.com/outboxchat/outboxchat/lab/env"
 	"github.com/outboxchat/outboxchat/lab/perf"
 )
@@ -34,7 +35,7 @@ func Bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	counts := fs.Bool("counts", false, "count the services' Postgres statements (pg_stat_statements, preloaded) and all Redis commands (INFO commandstats) during the run, and print them per message")
 	transport := fs.String("transport", perf.TransportHTTP, "how the senders send: http (a POST per message on a kept-alive connection) or ws (a WebSocket per sender, a send frame per message, waiting for its ack)")
 	broker := brokerFlag(fs)
-	if err := fs.Parse(args); err != nil {
+	if err := cliflag.Parse(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {

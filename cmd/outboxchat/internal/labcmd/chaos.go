@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 
+	"github.com/outboxchat/outboxchat/cmd/outboxchat/internal/cliflag"
 	"github.com/outboxchat/outboxchat/lab/chaos"
 	"github.com/outboxchat/outboxchat/lab/env"
 	"github.com/outboxchat/outboxchat/lab/scenario"
@@ -22,7 +23,7 @@ func Chaos(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	name := fs.String("scenario", "", "run a named scenario instead (see --list)")
 	list := fs.Bool("list", false, "list the named scenarios")
 	broker := brokerFlag(fs)
-	if err := fs.Parse(args); err != nil {
+	if err := cliflag.Parse(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 
+	"github.com/outboxchat/outboxchat/cmd/outboxchat/internal/cliflag"
 	"github.com/outboxchat/outboxchat/lab/chaos"
 	"github.com/outboxchat/outboxchat/lab/env"
 	"github.com/outboxchat/outboxchat/lab/latency"
@@ -20,7 +21,7 @@ func Demo(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("lab demo", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	broker := brokerFlag(fs)
-	if err := fs.Parse(args); err != nil {
+	if err := cliflag.Parse(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {

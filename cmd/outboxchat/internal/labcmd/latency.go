@@ -25,7 +25,7 @@ func Latency(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	plotPath := fs.String("plot", latency.DefaultPlotPath, `PNG of the latency CDF per variant ("none" = no plot)`)
 	durable := fs.Bool("durable", false, "servers as production runs them: Postgres fsync=on and synchronous_commit=on, Redis appendonly yes with appendfsync everysec (default: the fast mode, Postgres fsync=off)")
 	instances := fs.Int("instances", 1, "API+worker processes per service: sends go to the consumers instances in turn, the watcher is on the last workers instance")
-	if err := fs.Parse(args); err != nil {
+	if err := cliflag.Parse(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {

@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/outboxchat/outboxchat/chat"
+	"github.com/outboxchat/outboxchat/cmd/outboxchat/internal/cliflag"
 	"github.com/outboxchat/outboxchat/lab/scenario"
 )
 
@@ -31,7 +32,7 @@ func Scenario(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
 		name, args = args[0], args[1:]
 	}
-	if err := fs.Parse(args); err != nil {
+	if err := cliflag.Parse(fs, args); err != nil {
 		return err
 	}
 	if *list {

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/outboxchat/outboxchat/cmd/outboxchat/internal/cliflag"
 	"github.com/outboxchat/outboxchat/lab/probe"
 	"github.com/outboxchat/outboxchat/lab/torture"
 )
@@ -30,7 +31,7 @@ func Torture(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	partitions := fs.Int("partitions", 1, "every service process's --partitions; the checker reads every partition's stream and outbox (not drawn: a schedule is the same whatever it is)")
 	broker := brokerFlag(fs)
 	cluster := fs.Bool("redis-cluster", false, "run every schedule on a Redis Cluster of 3 masters and 3 replicas and draw cluster faults too: a master killed with its replica held back and the replica promoted, a queue's slot moved key by key under load, a node paused")
-	if err := fs.Parse(args); err != nil {
+	if err := cliflag.Parse(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {

@@ -12,6 +12,7 @@ import (
 	"strconv"
 
 	"github.com/outboxchat/outboxchat/chat"
+	"github.com/outboxchat/outboxchat/cmd/outboxchat/internal/cliflag"
 	"github.com/outboxchat/outboxchat/lab/env"
 )
 
@@ -29,7 +30,7 @@ func Up(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	durable := fs.Bool("durable", false, "servers as production runs them: Postgres fsync=on and synchronous_commit=on, Redis appendonly yes with appendfsync everysec (default: the fast mode, Postgres fsync=off)")
 	partitions := fs.Int("partitions", 1, "partitions per direction of both services (serve --partitions): an outbox table, relay, stream and consumer each")
 	broker := brokerFlag(fs)
-	if err := fs.Parse(args); err != nil {
+	if err := cliflag.Parse(fs, args); err != nil {
 		return err
 	}
 	if err := chat.CheckPartitions(*partitions); err != nil {
