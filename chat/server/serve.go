@@ -93,7 +93,7 @@ func Serve(ctx context.Context, cfg Config) error {
 		return err
 	}
 	p.m = metrics.New(p.reg, metrics.Parts{Service: c.Service, RedisPrefix: c.RedisPrefix, Listens: c.listens(),
-		Relay: c.has(RoleRelay), Worker: c.has(RoleWorker)}, pool, p.rdb)
+		Relay: c.has(RoleRelay), Worker: c.has(RoleWorker), NATS: p.nc}, pool, p.rdb)
 	if err := p.build(); err != nil {
 		return err
 	}

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -59,6 +60,11 @@ type Parts struct {
 	// Relay and Worker: the process runs the relay role (the outbox's part
 	// of the status snapshot), the worker role (the queue's part).
 	Relay, Worker bool
+	// NATS, when set, is the connection of a queue on NATS JetStream (serve
+	// --broker-url): the queue's part of the snapshot is read there
+	// (status.NATSQueueStatus), not from Redis's streams, which such a
+	// queue leaves empty. nil: the queue is Redis Streams.
+	NATS *nats.Conn
 }
 
 // New registers on reg the metrics every process has: the Go runtime's and
@@ -85,7 +91,11 @@ func New(reg *prometheus.Registry, parts Parts, pool *pgxpool.Pool, rdb redis.Un
 		if parts.Worker {
 			qr = rdb
 		}
-		reg.MustRegister(newStatusCollector(db, qr, parts.RedisPrefix, parts.Service))
+		sc := newStatusCollector(db, qr, parts.RedisPrefix, parts.Service)
+		if parts.Worker {
+			sc.nc = parts.NATS
+		}
+		reg.MustRegister(sc)
 	}
 	if rdb != nil {
 		m.durability = newDurabilityCollector(rdb)
@@ -517,10 +527,13 @@ const statusCacheTTL = 5 * time.Second
 //	outboxchat_queue_lag                     (worker role) entries not yet delivered to the group
 //	outboxchat_deadletter_entries            (worker role) length of the dead-letter stream
 //
-// A part that cannot be read is left out of that scrape.
+// The queue's three come from Redis's streams, or from JetStream's stream,
+// durable consumer and dead-letter stream when the queue is on NATS. A
+// part that cannot be read is left out of that scrape.
 type statusCollector struct {
 	db                 outbox.DB // nil without the relay role
 	rdb                redis.UniversalClient
+	nc                 *nats.Conn // the queue on NATS: read there, presence from rdb
 	prefix, service    string
 	unsent, oldest     *prometheus.Desc
 	parked, lost       *prometheus.Desc
@@ -529,7 +542,7 @@ type statusCollector struct {
 	mu            sync.Mutex
 	at            time.Time
 	s             status.ServiceStatus
-	dbOK, redisOK bool
+	dbOK, queueOK bool
 }
 
 func newStatusCollector(db outbox.DB, rdb redis.UniversalClient, prefix, service string) *statusCollector {
@@ -558,7 +571,11 @@ func (c *statusCollector) Collect(ch chan<- prometheus.Metric) {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		s := status.ServiceStatus{Service: c.service}
 		c.dbOK = c.db != nil && status.OutboxStatus(ctx, c.db, c.service, &s) == nil
-		c.redisOK = c.rdb != nil && status.QueueStatus(ctx, c.rdb, c.prefix, c.service, &s) == nil
+		if c.nc != nil {
+			c.queueOK = status.NATSQueueStatus(ctx, c.nc, c.rdb, c.prefix, c.service, &s) == nil
+		} else {
+			c.queueOK = c.rdb != nil && status.QueueStatus(ctx, c.rdb, c.prefix, c.service, &s) == nil
+		}
 		cancel()
 		c.s, c.at = s, time.Now()
 	}
@@ -569,7 +586,7 @@ func (c *statusCollector) Collect(ch chan<- prometheus.Metric) {
 		g(c.parked, float64(c.s.Parked))
 		g(c.lost, float64(c.s.LostSeqs))
 	}
-	if c.redisOK {
+	if c.queueOK {
 		g(c.pending, float64(c.s.StreamPending))
 		g(c.lag, float64(c.s.StreamLag))
 		g(c.dead, float64(c.s.DeadLetters))
