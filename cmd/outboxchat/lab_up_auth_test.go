@@ -19,11 +19,14 @@ func TestUpPrintsTokenAndAuthIsOn(t *testing.T) {
 		t.Fatalf("no token line: %q", lines)
 	}
 	// Each page's token is of a user of its own (env.PageUsers), good on
-	// both services, so the two pages show who wrote what.
+	// both services, so the two pages show who wrote what; the token line
+	// is the consumers page's, so that what the README's curl sends with
+	// it shows as that page's user.
 	for _, k := range []string{"consumers", "workers"} {
 		page, ok := strings.CutPrefix(lines[k+" page"], lines[k]+"/?chat_id=1#token=")
-		if !ok || page == tok {
-			t.Fatalf("%s page: %q, want %s/?chat_id=1#token=<its user's token>", k, lines[k+" page"], lines[k])
+		if !ok || (page == tok) != (k == "consumers") {
+			t.Fatalf("%s page: %q (token line %q), want %s/?chat_id=1#token=<its user's token>, the consumers page's the token line's",
+				k, lines[k+" page"], tok, lines[k])
 		}
 		for _, base := range []string{lines["consumers"], lines["workers"]} {
 			m, err := probe.NewSender(page).Send(t.Context(), base, 1, "from the "+k+" page")
@@ -36,7 +39,7 @@ func TestUpPrintsTokenAndAuthIsOn(t *testing.T) {
 	if _, err := probe.NewSender("").Send(ctx, lines["consumers"], 1, "hi"); err == nil || !strings.HasPrefix(err.Error(), "401 ") {
 		t.Errorf("without the token: %v, want 401", err)
 	}
-	if _, err := probe.NewSender(tok).Send(ctx, lines["consumers"], 1, "hi"); err != nil {
-		t.Errorf("with the token: %v, want 201", err)
+	if m, err := probe.NewSender(tok).Send(ctx, lines["consumers"], 1, "hi"); err != nil || m.Author != env.PageUsers["consumers"] {
+		t.Errorf("with the token: author %q, %v; want 201 by %q", m.Author, err, env.PageUsers["consumers"])
 	}
 }

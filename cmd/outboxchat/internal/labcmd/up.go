@@ -80,13 +80,20 @@ func Up(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if e.Broker == env.BrokerNATS {
 		fmt.Fprintf(stdout, "nats: %s\n", e.NATSURL())
 	}
-	// A development token for every chat on both services; the pages take
-	// it from the URL fragment, which browsers never send to a server.
-	fmt.Fprintf(stdout, "token: %s\n", e.Token)
 	// Each page as a user of its own (env.PageUsers), so that it shows
-	// who wrote what.
-	fmt.Fprintf(stdout, "consumers page: %s/?chat_id=1#token=%s\n", e.ConsumersURL, cmp.Or(e.PageTokens[chat.Consumers], e.Token))
-	fmt.Fprintf(stdout, "workers page: %s/?chat_id=1#token=%s\n", e.WorkersURL, cmp.Or(e.PageTokens[chat.Workers], e.Token))
+	// who wrote what; the pages take their token from the URL fragment,
+	// which browsers never send to a server. The token line is the
+	// consumers page's, a development token for every chat on both
+	// services: what a curl send with it stores shows as that user's, as
+	// if typed on the consumers page, not as a third user's.
+	consTok, workTok := cmp.Or(e.PageTokens[chat.Consumers], e.Token), cmp.Or(e.PageTokens[chat.Workers], e.Token)
+	fmt.Fprintf(stdout, "token: %s\n", consTok)
+	fmt.Fprintf(stdout, "consumers page: %s/?chat_id=1#token=%s\n", e.ConsumersURL, consTok)
+	fmt.Fprintf(stdout, "workers page: %s/?chat_id=1#token=%s\n", e.WorkersURL, workTok)
+	if e.PageTokens != nil {
+		fmt.Fprintf(stderr, "lab: the token: line is %s's, the consumers page's user (the workers page is %s's); it is good for every chat on both services\n",
+			env.PageUsers[chat.Consumers], env.PageUsers[chat.Workers])
+	}
 	if e.CAFile != "" {
 		fmt.Fprintf(stdout, "ca: %s\n", e.CAFile)
 		fmt.Fprintf(stderr, "lab: TLS with a private CA: trust %s to connect (curl --cacert %s …; a browser: import it as an authority, or accept the warning); it lives as long as the lab\n", e.CAFile, e.CAFile)
