@@ -20,7 +20,8 @@ import (
 )
 
 // lab up on fixed ports: the URLs it prints are those ports, the services
-// answer there, and --keep-logs leaves the logs behind.
+// answer there, and --keep-logs leaves the logs behind but not the lab's
+// secrets.
 func TestUpFixedAddrsKeepLogs(t *testing.T) {
 	t.Parallel()
 	ports := [2]int{fixedPort(t), fixedPort(t)}
@@ -58,6 +59,11 @@ func TestUpFixedAddrsKeepLogs(t *testing.T) {
 	defer os.RemoveAll(dir)
 	if fi, err := os.Stat(filepath.Join(dir, "consumers.log")); err != nil || fi.Size() == 0 {
 		t.Fatalf("consumers.log after the lab stopped: %v", err)
+	}
+	for _, f := range []string{"jwt.secret", "event.keys"} {
+		if _, err := os.Stat(filepath.Join(dir, f)); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s in the kept dir after the lab stopped: %v, want it removed", f, err)
+		}
 	}
 }
 

@@ -73,7 +73,9 @@ type Options struct {
 	// fault spec KIND:SEQ passed as --fault to that process's first start.
 	Faults map[string]string
 	// Dir holds the process logs. "" (default) makes a temp dir that Close
-	// removes; a given Dir is kept.
+	// removes; a given Dir is kept, less the private files the lab wrote
+	// there (the token secret, the event keys, the TLS server key): Close
+	// removes those, as nothing needs them once the services are gone.
 	Dir string
 	// ConsumersAddr and WorkersAddr fix the services' HTTP addresses
 	// ("127.0.0.1:PORT"). "" (default) picks free ports.
@@ -246,8 +248,11 @@ type Env struct {
 	// redisURLs are the services' own Redis URLs (least-privilege users).
 	redisURLs map[string]string
 	// dbURLs are the services' own database URLs, when routed.
-	dbURLs  map[string]string
-	ownDir  bool
+	dbURLs map[string]string
+	ownDir bool
+	// secrets are the private files the lab wrote into Dir, which Close
+	// removes when it keeps Dir.
+	secrets []string
 	closeMu sync.Mutex
 	closed  bool
 }
@@ -354,6 +359,7 @@ func Start(ctx context.Context, opts Options) (_ *Env, err error) {
 		if certFile, keyFile, err = ca.Issue(e.Dir, "server", "127.0.0.1", "localhost", "::1"); err != nil {
 			return nil, fmt.Errorf("lab: %w", err)
 		}
+		e.secrets = append(e.secrets, keyFile)
 		pgOpts.TLSCertFile, pgOpts.TLSKeyFile = certFile, keyFile
 		rdOpts.TLSCertFile, rdOpts.TLSKeyFile = certFile, keyFile
 	}
@@ -444,6 +450,7 @@ func Start(ctx context.Context, opts Options) (_ *Env, err error) {
 	}
 	authArgs := []string{"--insecure-no-auth"}
 	if !opts.Insecure {
+		e.secrets = append(e.secrets, filepath.Join(e.Dir, jwtSecretFile), filepath.Join(e.Dir, eventKeysFile))
 		if authArgs, e.Token, e.PageTokens, err = labSecrets(e.Dir); err != nil {
 			return nil, err
 		}
@@ -505,6 +512,12 @@ const labTokenTTL = 30 * 24 * time.Hour
 // PageUsers are the users of the pages `lab up` prints, by service.
 var PageUsers = map[string]string{chat.Consumers: "alice", chat.Workers: "bob"}
 
+// The files of labSecrets in the lab's dir.
+const (
+	jwtSecretFile = "jwt.secret"
+	eventKeysFile = "event.keys"
+)
+
 // labSecrets writes fresh random secrets to dir (mode 0600): the HS256
 // secret of bearer tokens (jwt.secret) and one event key per direction
 // (event.keys). It returns the serve flags that use them, a token of user
@@ -529,7 +542,7 @@ func labSecrets(dir string) (args []string, token string, pages map[string]strin
 		}
 		keys += chat.QueueName(s) + " " + k + "\n"
 	}
-	secretPath, keysPath := filepath.Join(dir, "jwt.secret"), filepath.Join(dir, "event.keys")
+	secretPath, keysPath := filepath.Join(dir, jwtSecretFile), filepath.Join(dir, eventKeysFile)
 	if err := errors.Join(os.WriteFile(secretPath, []byte(secret), 0o600), os.WriteFile(keysPath, []byte(keys), 0o600)); err != nil {
 		return nil, "", nil, fmt.Errorf("lab: secrets: %w", err)
 	}
@@ -672,8 +685,8 @@ func (e *Env) Admin() *pgxpool.Pool { return e.admin }
 func (e *Env) RedisClient() redis.UniversalClient { return e.rdb }
 
 // Close kills every process, closes the connections, stops and removes the
-// private servers and the temp dir. It is idempotent and returns the first
-// error.
+// private servers and the temp dir; of a given Options.Dir it removes the
+// lab's private files only. It is idempotent and returns the first error.
 func (e *Env) Close() error {
 	e.closeMu.Lock()
 	defer e.closeMu.Unlock()
@@ -720,6 +733,12 @@ func (e *Env) Close() error {
 	}
 	if e.ownDir {
 		errs = append(errs, os.RemoveAll(e.Dir))
+	} else {
+		for _, f := range e.secrets {
+			if err := os.Remove(f); err != nil && !errors.Is(err, os.ErrNotExist) {
+				errs = append(errs, err)
+			}
+		}
 	}
 	return errors.Join(errs...)
 }

@@ -23,7 +23,7 @@ func Up(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	variant := fs.String("variant", env.VariantV2, "v1, v2, v2-poll or v2-intx")
 	consAddr := fs.String("consumers-addr", "", "consumers' HTTP address: PORT, :PORT or 127.0.0.1:PORT (default: a free port, new each run)")
 	workAddr := fs.String("workers-addr", "", "workers' HTTP address: PORT, :PORT or 127.0.0.1:PORT (default: a free port, new each run)")
-	keepLogs := fs.Bool("keep-logs", false, "keep the services' logs (a temp dir, printed) after the lab stops; by default they are removed")
+	keepLogs := fs.Bool("keep-logs", false, "keep the services' logs (a temp dir, printed) after the lab stops, less the lab's secrets (token secret, event keys, TLS key), which are removed; by default the whole dir is removed")
 	useTLS := fs.Bool("tls", false, "everything over TLS with a private CA made for this run (printed as \"ca: PATH\"): HTTPS and WSS to the services, sslmode=verify-full to Postgres, rediss:// to Redis")
 	instances := fs.Int("instances", 1, "API+worker processes per service, each on its own port and printed as its own consumers: and workers: line (behind one load balancer they are one service)")
 	cluster := fs.Bool("redis-cluster", false, "Redis as a private Redis Cluster of 3 masters and 3 replicas (the services get its redis+cluster:// URL; \"redis:\" then prints a node's URL, \"redis cluster:\" the cluster's)")
