@@ -94,6 +94,7 @@ func TestConfigValidation(t *testing.T) {
 		{"negative batch", &outbox.RelayConfig{Table: "ob.outbox", Publisher: pub, BatchSize: -1}, false},
 		{"negative poll", &outbox.RelayConfig{Table: "ob.outbox", Publisher: pub, PollInterval: -time.Second}, false},
 		{"negative lock timeout", &outbox.RelayConfig{Table: "ob.outbox", Publisher: pub, LockTimeout: -1}, false},
+		{"negative linger", &outbox.RelayConfig{Table: "ob.outbox", Publisher: pub, Linger: -time.Millisecond}, false},
 		{"sub-ms timeouts", &outbox.RelayConfig{Table: "ob.outbox", Publisher: pub, LockTimeout: time.Microsecond}, true},
 	}
 	for _, tt := range relays {

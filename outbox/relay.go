@@ -184,6 +184,19 @@ type RelayConfig struct {
 	// it has had no wake-up for this long. Default 0 means
 	// DefaultPollInterval (1 s).
 	PollInterval time.Duration
+	// Linger is how long, under load, a woken pass waits after the start
+	// of the previous one: when that drain published more than one row
+	// (commits come faster than passes), the next woken drain begins only
+	// Linger after it began, so each pass's fixed cost (claim, Publish,
+	// delete, commit: two Postgres round trips and a broker call) is paid
+	// for the rows committed meanwhile, as a producer's linger batches
+	// sends. A wake-up after a drain of one row or none, or more than
+	// Linger after the previous drain began, passes at once: an idle or
+	// lightly loaded relay adds no delay, a busy one at most Linger.
+	// Polls and retries never wait. Default 0: never wait (every wake-up
+	// passes as soon as the previous drain ends). docs/PERFORMANCE.md
+	// ("A relay that lingers under load") has the measured effect.
+	Linger time.Duration
 	// DisableListen turns LISTEN off: the relay only polls (and reacts to
 	// Relay.Wake). Default false.
 	DisableListen bool
@@ -258,6 +271,7 @@ type Relay struct {
 	pub       Publisher
 	channel   string
 	poll      time.Duration
+	linger    time.Duration
 	listen    bool
 	ignore    func(uint32) bool
 	notifier  *notifier.Notifier // shared (owned false) or the relay's own
@@ -317,8 +331,8 @@ func (c *RelayConfig) validate() (outboxsql.Table, error) {
 	if c.BatchSize < 0 {
 		return outboxsql.Table{}, fmt.Errorf("negative BatchSize: %w", ErrInvalidConfig)
 	}
-	return t, checkNotNegative("PollInterval PublishTimeout LockTimeout StatementTimeout IdleInTxTimeout RetryBackoff RetryBackoffMax",
-		c.PollInterval, c.PublishTimeout, c.LockTimeout, c.StatementTimeout, c.IdleInTxTimeout, c.RetryBackoff, c.RetryBackoffMax)
+	return t, checkNotNegative("PollInterval PublishTimeout LockTimeout StatementTimeout IdleInTxTimeout RetryBackoff RetryBackoffMax Linger",
+		c.PollInterval, c.PublishTimeout, c.LockTimeout, c.StatementTimeout, c.IdleInTxTimeout, c.RetryBackoff, c.RetryBackoffMax, c.Linger)
 }
 
 // NewRelay validates cfg (after WithDefaults) and returns a stopped Relay.
@@ -344,6 +358,7 @@ func NewRelay(pool *pgxpool.Pool, cfg *RelayConfig) (*Relay, error) {
 		pub:      cfg.Publisher,
 		channel:  cfg.Channel,
 		poll:     cfg.PollInterval,
+		linger:   cfg.Linger,
 		listen:   !cfg.DisableListen,
 		ignore:   cfg.IgnoreNotification,
 		pubTO:    cfg.PublishTimeout,
@@ -587,7 +602,7 @@ func (r *Relay) Stopped() <-chan struct{} { return r.life.Stopped() }
 // ctx is cancelled. The passes of a drain carry the trigger of its start.
 func (r *Relay) loop(ctx context.Context, stopping <-chan struct{}) {
 	var trigger WakeTrigger
-	cfg := passloop.Config{Poll: r.poll, ErrMin: errBackoffMin, ErrMax: errBackoffMax, Log: r.log}
+	cfg := passloop.Config{Poll: r.poll, ErrMin: errBackoffMin, ErrMax: errBackoffMax, Log: r.log, Linger: r.linger}
 	passloop.Run(ctx, stopping, r.wake.C(), cfg, func(c passloop.Cause) {
 		switch c {
 		case passloop.Woken:
@@ -599,7 +614,7 @@ func (r *Relay) loop(ctx context.Context, stopping <-chan struct{}) {
 		}
 	}, func(ctx context.Context) (passloop.Outcome, error) {
 		p, err := r.runOnce(ctx, trigger)
-		return passloop.Outcome{More: p.n >= r.tbl.BatchSize || p.more, Wait: p.wait}, err
+		return passloop.Outcome{More: p.n >= r.tbl.BatchSize || p.more, Wait: p.wait, Rows: p.n}, err
 	})
 }
 

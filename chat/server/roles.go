@@ -256,7 +256,7 @@ func (p *process) buildRelay() error {
 		var err error
 		relays[part], err = outbox.NewRelay(p.pool, &outbox.RelayConfig{
 			Table: chat.OutboxTable(c.Service, part), Channel: chat.PartitionOutboxChannel(c.Service, part), Publisher: op,
-			PollInterval: c.Relay.PollInterval, DisableListen: c.Relay.PollOnly, Logger: rlog,
+			PollInterval: c.Relay.PollInterval, Linger: c.Relay.linger(), DisableListen: c.Relay.PollOnly, Logger: rlog,
 			OnEvent: onRelay, Notifier: p.listener, MaxAttempts: c.Relay.MaxAttempts,
 			// This process's sends wake the relay directly; their NOTIFYs (for
 			// other processes) would only cause a second pass here.

@@ -47,6 +47,7 @@ func runServe(ctx context.Context, args []string, _, stderr io.Writer) error {
 	wake := fs.String("wake", "after-commit", "relay wake-up: after-commit (fast), in-tx (NOTIFY in the send transaction) or none (poll only); after_commit and in_tx are accepted too")
 	pollOnly := fs.Bool("poll-only", false, "relay: no LISTEN, poll every --poll-interval")
 	poll := fs.Duration("poll-interval", outbox.DefaultPollInterval, "relay poll fallback interval")
+	linger := fs.Duration("relay-linger", server.DefaultRelayLinger, "relay: under load (the previous pass published more than one row), a woken pass begins no sooner than this after the previous one began, so it carries the rows committed meanwhile; an idle relay never waits (0 = off)")
 	partitions := fs.Int("partitions", envInt("OUTBOXCHAT_PARTITIONS", chat.DefaultPartitions), "partitions per direction, the same on both services: each has its own outbox table, relay, stream and consumer; a chat's events all take partition chat_id mod N (default $OUTBOXCHAT_PARTITIONS, else 1: one lane, the layout without partitions); change it only on a drained deployment (docs/DEPLOYING.md)")
 	leaseTTL := fs.Duration("lease-ttl", lease.DefaultTTL, "with --partitions above 1: how long a relay process's partition lease lasts unless renewed (renewed every third of it; a killed process's partitions are taken over within about 4/3 of it)")
 	lock := fs.Duration("lock-duration", redisq.DefaultLockDuration, "how long a job may stay unacknowledged before it is handed out again")
@@ -72,6 +73,9 @@ func runServe(ctx context.Context, args []string, _, stderr io.Writer) error {
 	r, err := server.ParseRoles(*roles)
 	if err != nil {
 		return err
+	}
+	if *linger < 0 {
+		return fmt.Errorf("--relay-linger %v: want 0 (off) or more", *linger)
 	}
 	wm, err := outbox.ParseWakeMode(*wake)
 	if err != nil {
@@ -129,7 +133,7 @@ func runServe(ctx context.Context, args []string, _, stderr io.Writer) error {
 			Guard: guardCfg, ShutdownDelay: *shutdownDelay,
 		},
 		Relay: server.RelayConfig{
-			PollOnly: *pollOnly, PollInterval: *poll, RedriveAfter: redriveAfter(*redrive),
+			PollOnly: *pollOnly, PollInterval: *poll, Linger: relayLinger(*linger), RedriveAfter: redriveAfter(*redrive),
 			MaxAttempts: *maxAttempts, OutboxVacuumRows: *vacuumRows, HistoryRetention: *retention,
 			LeaseTTL: *leaseTTL,
 		},
@@ -223,4 +227,13 @@ func authFlags(fs *flag.FlagSet) *authFlagSet {
 
 func (a *authFlagSet) config() auth.Config {
 	return auth.Config{SecretFile: *a.secretFile, KeysFile: *a.keysFile, Insecure: *a.insecure}
+}
+
+// relayLinger maps --relay-linger to server.RelayConfig.Linger, whose 0 is
+// the default: the flag's 0 (off) is a negative Linger.
+func relayLinger(d time.Duration) time.Duration {
+	if d == 0 {
+		return -1
+	}
+	return d
 }
