@@ -37,7 +37,7 @@ type Outcome struct {
 	Rows int
 }
 
-// Config configures Run; every field is required.
+// Config configures Run; every field but Linger is required.
 type Config struct {
 	// Poll is the poll interval (> 0).
 	Poll time.Duration
