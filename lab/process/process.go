@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/url"
 	"os"
 	"os/exec"
 	"strconv"
@@ -278,7 +279,7 @@ func (p *Proc) Start(ctx context.Context) error {
 	}
 	cmd.Stdout, cmd.Stderr = pw, pw
 	if p.logf != nil {
-		fmt.Fprintf(p.logf, "# lab: %s start %s\n", time.Now().Format(time.RFC3339Nano), strings.Join(args, " "))
+		fmt.Fprintf(p.logf, "# lab: %s start %s\n", time.Now().Format(time.RFC3339Nano), strings.Join(redactArgs(args), " "))
 	}
 	err = spawn.Start(cmd)
 	pw.Close()
@@ -693,4 +694,20 @@ func TreeCPU(pid int) float64 {
 		}
 	}
 	return total
+}
+
+// redactArgs returns args with the password of every URL argument
+// (--database-url, --redis-url, …) replaced by "xxxxx" (url.URL.Redacted),
+// so that a log the lab keeps (--keep-logs) holds no service's password.
+func redactArgs(args []string) []string {
+	out := make([]string, len(args))
+	for i, a := range args {
+		out[i] = a
+		if u, err := url.Parse(a); err == nil && u.Scheme != "" && u.User != nil {
+			if _, ok := u.User.Password(); ok {
+				out[i] = u.Redacted()
+			}
+		}
+	}
+	return out
 }

@@ -1,6 +1,7 @@
 package process
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/outboxchat/outboxchat/chat"
@@ -46,5 +47,25 @@ func TestLogLineEvent(t *testing.T) {
 	other := LogLine{Msg: "duplicate skipped", Attrs: map[string]any{chat.EventKey: string(inbox.EventDuplicate)}}
 	if got := other.Event(); got != "" {
 		t.Fatalf("Event() of a plain log line = %q, want none", got)
+	}
+}
+
+// The start line a process's log gets names its URLs without their
+// passwords, and leaves every other argument as it is.
+func TestRedactArgs(t *testing.T) {
+	t.Parallel()
+	in := []string{"--service", "consumers", "--database-url", "postgres://consumers:s3cret@127.0.0.1:5432/chat?sslmode=disable",
+		"--redis-url", "redis://consumers:f00d@127.0.0.1:6379/0", "--broker-url", "nats://127.0.0.1:4222"}
+	got := strings.Join(redactArgs(in), " ")
+	for _, secret := range []string{"s3cret", "f00d"} {
+		if strings.Contains(got, secret) {
+			t.Fatalf("start line %q holds a password", got)
+		}
+	}
+	for _, keep := range []string{"--service consumers", "postgres://consumers:xxxxx@127.0.0.1:5432/chat?sslmode=disable",
+		"redis://consumers:xxxxx@127.0.0.1:6379/0", "nats://127.0.0.1:4222"} {
+		if !strings.Contains(got, keep) {
+			t.Fatalf("start line %q lacks %q", got, keep)
+		}
 	}
 }
