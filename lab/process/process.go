@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net/url"
 	"os"
 	"os/exec"
 	"strconv"
@@ -18,6 +17,7 @@ import (
 	"time"
 
 	"github.com/outboxchat/outboxchat/chat"
+	"github.com/outboxchat/outboxchat/internal/redisclient"
 	"github.com/outboxchat/outboxchat/internal/spawn"
 )
 
@@ -697,17 +697,12 @@ func TreeCPU(pid int) float64 {
 }
 
 // redactArgs returns args with the password of every URL argument
-// (--database-url, --redis-url, …) replaced by "xxxxx" (url.URL.Redacted),
-// so that a log the lab keeps (--keep-logs) holds no service's password.
+// (--database-url, --redis-url, …) as "xxxxx" (redisclient.Redact), so
+// that a log the lab keeps (--keep-logs) holds no service's password.
 func redactArgs(args []string) []string {
 	out := make([]string, len(args))
 	for i, a := range args {
-		out[i] = a
-		if u, err := url.Parse(a); err == nil && u.Scheme != "" && u.User != nil {
-			if _, ok := u.User.Password(); ok {
-				out[i] = u.Redacted()
-			}
-		}
+		out[i] = redisclient.Redact(a)
 	}
 	return out
 }

@@ -88,14 +88,11 @@ func New(reg *prometheus.Registry, parts Parts, pool *pgxpool.Pool, rdb redis.Un
 			db = pool
 		}
 		var qr redis.UniversalClient
+		var nc *nats.Conn
 		if parts.Worker {
-			qr = rdb
+			qr, nc = rdb, parts.NATS
 		}
-		sc := newStatusCollector(db, qr, parts.RedisPrefix, parts.Service)
-		if parts.Worker {
-			sc.nc = parts.NATS
-		}
-		reg.MustRegister(sc)
+		reg.MustRegister(newStatusCollector(db, qr, nc, parts.RedisPrefix, parts.Service))
 	}
 	if rdb != nil {
 		m.durability = newDurabilityCollector(rdb)
@@ -545,9 +542,9 @@ type statusCollector struct {
 	dbOK, queueOK bool
 }
 
-func newStatusCollector(db outbox.DB, rdb redis.UniversalClient, prefix, service string) *statusCollector {
+func newStatusCollector(db outbox.DB, rdb redis.UniversalClient, nc *nats.Conn, prefix, service string) *statusCollector {
 	d := func(name, help string) *prometheus.Desc { return prometheus.NewDesc(name, help, nil, nil) }
-	return &statusCollector{db: db, rdb: rdb, prefix: prefix, service: service,
+	return &statusCollector{db: db, rdb: rdb, nc: nc, prefix: prefix, service: service,
 		unsent:  d("outboxchat_outbox_unsent", "Outbox rows not yet published (messages and receipts), parked rows excluded."),
 		oldest:  d("outboxchat_outbox_oldest_unsent_seconds", "Age of the oldest unsent outbox row by the database clock (0 if none)."),
 		parked:  d("outboxchat_outbox_parked", "Parked outbox rows (publish failed --relay-max-attempts times); they wait for `outboxchat outbox retry`."),
