@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"strconv"
 	"text/tabwriter"
 	"time"
@@ -15,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/outboxchat/outboxchat/chat"
+	"github.com/outboxchat/outboxchat/cmd/outboxchat/internal/cliflag"
 	"github.com/outboxchat/outboxchat/natsq"
 	"github.com/outboxchat/outboxchat/redisq"
 )
@@ -214,7 +214,7 @@ func runDeadletters(ctx context.Context, args []string, stdout, stderr io.Writer
 	all := fs.Bool("all", false, "replay, drop: every entry")
 	partition := fs.Int("partition", 0, "the partition whose stream's dead letters to use (serve --partitions; 0 without partitions)")
 	logFormat := fs.String("log-format", "text", "log format (stderr): text or json")
-	brokerURL := fs.String("broker-url", os.Getenv("BROKER_URL"), "the queue on NATS JetStream, as given to serve (default $BROKER_URL, else \"\": Redis Streams on --redis-url)")
+	brokerURL := cliflag.EnvString(fs, "broker-url", "BROKER_URL", "the queue on NATS JetStream, as given to serve (default $BROKER_URL, else \"\": Redis Streams on --redis-url)")
 	ids, err := parseInterleaved(fs, args[1:])
 	if err != nil {
 		return err

@@ -23,7 +23,7 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fs := flag.NewFlagSet("migrate", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	service := fs.String("service", "", "consumers or workers (required)")
-	dbURL := fs.String("database-url", os.Getenv("DATABASE_URL"), "Postgres URL; a superuser URL also creates the role and schema (default $DATABASE_URL)")
+	dbURL := cliflag.EnvString(fs, "database-url", "DATABASE_URL", "Postgres URL; a superuser URL also creates the role and schema (default $DATABASE_URL)")
 	acl := redisACLFlags(fs)
 	if err := cliflag.Parse(fs, args); err != nil {
 		return err
@@ -76,7 +76,7 @@ func redisACLFlags(fs *flag.FlagSet) *redisACLFlagSet {
 		adminURL:     fs.String("redis-admin-url", "", "Redis URL of an administrator: apply the ACL SETUSER line (and ACL SAVE) instead of printing it"),
 		user:         fs.String("redis-user", "", "the service's Redis user name (default the service name)"),
 		prefix:       fs.String("redis-prefix", chat.DefaultRedisPrefix, "the services' --redis-prefix (the user's keys)"),
-		partitions:   fs.Int("partitions", envInt("OUTBOXCHAT_PARTITIONS", chat.DefaultPartitions), "the services' --partitions: the ACL covers every partition's streams (default $OUTBOXCHAT_PARTITIONS, else 1)"),
+		partitions:   cliflag.EnvInt(fs, "partitions", "OUTBOXCHAT_PARTITIONS", chat.DefaultPartitions, "the services' --partitions: the ACL covers every partition's streams (default $OUTBOXCHAT_PARTITIONS, else 1)"),
 	}
 }
 

@@ -6,7 +6,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"os"
 	"slices"
 	"strings"
 
@@ -28,10 +27,10 @@ type opsFlags struct {
 func newOpsFlags(fs *flag.FlagSet, db, rds bool) opsFlags {
 	var f opsFlags
 	if db {
-		f.dbURL = fs.String("database-url", os.Getenv("DATABASE_URL"), "Postgres URL (default $DATABASE_URL): a role that can read the service schemas, e.g. the database owner")
+		f.dbURL = cliflag.EnvString(fs, "database-url", "DATABASE_URL", "Postgres URL (default $DATABASE_URL): a role that can read the service schemas, e.g. the database owner")
 	}
 	if rds {
-		f.redisURL = fs.String("redis-url", os.Getenv("REDIS_URL"), "Redis URL (default $REDIS_URL)")
+		f.redisURL = cliflag.EnvString(fs, "redis-url", "REDIS_URL", "Redis URL (default $REDIS_URL)")
 		f.prefix = fs.String("redis-prefix", chat.DefaultRedisPrefix, "prefix of every Redis key (as given to serve)")
 	}
 	f.asJSON = fs.Bool("json", false, "print JSON instead of text")

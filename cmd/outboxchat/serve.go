@@ -8,9 +8,6 @@ import (
 	"net"
 	"net/http"
 	"net/http/pprof"
-	"os"
-	"strconv"
-	"strings"
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
@@ -35,10 +32,10 @@ func runServe(ctx context.Context, args []string, _, stderr io.Writer) error {
 	fs.SetOutput(stderr)
 	service := fs.String("service", "", "consumers or workers (required)")
 	roles := fs.String("role", "", "roles to run: any of api,relay,worker (default all)")
-	dbURL := fs.String("database-url", os.Getenv("DATABASE_URL"), fmt.Sprintf("Postgres URL of the service's role (default $DATABASE_URL); pgxpool parameters in it are honoured: pool_max_conns=N sets the pool size (default %d: group committer 1 + slow lanes up to 4 + history and gateway reads for the api role, 1 per relay pass, 1 per inbox batch; LISTEN connections are extra)", schema.DefaultPoolMaxConns))
-	listenURL := fs.String("listen-database-url", os.Getenv("LISTEN_DATABASE_URL"), "Postgres URL of the process's one LISTEN connection (relay and gateway wake-ups), direct or through a session-mode pooler, for when --database-url goes through a transaction-mode pooler such as PgBouncer (default $LISTEN_DATABASE_URL, else --database-url)")
-	redisURL := fs.String("redis-url", os.Getenv("REDIS_URL"), "Redis URL (default $REDIS_URL)")
-	brokerURL := fs.String("broker-url", os.Getenv("BROKER_URL"), "the queue between the services on NATS JetStream: nats://host:4222 (a comma-separated list for a cluster); Redis (--redis-url) stays for the seq fence, presence, typing and token revocation (default $BROKER_URL, else \"\": Redis Streams on --redis-url)")
+	dbURL := cliflag.EnvString(fs, "database-url", "DATABASE_URL", fmt.Sprintf("Postgres URL of the service's role (default $DATABASE_URL); pgxpool parameters in it are honoured: pool_max_conns=N sets the pool size (%d when absent: group committer 1 + slow lanes up to 4 + history and gateway reads for the api role, 1 per relay pass, 1 per inbox batch; LISTEN connections are extra)", schema.DefaultPoolMaxConns))
+	listenURL := cliflag.EnvString(fs, "listen-database-url", "LISTEN_DATABASE_URL", "Postgres URL of the process's one LISTEN connection (relay and gateway wake-ups), direct or through a session-mode pooler, for when --database-url goes through a transaction-mode pooler such as PgBouncer (default $LISTEN_DATABASE_URL, else --database-url)")
+	redisURL := cliflag.EnvString(fs, "redis-url", "REDIS_URL", "Redis URL (default $REDIS_URL)")
+	brokerURL := cliflag.EnvString(fs, "broker-url", "BROKER_URL", "the queue between the services on NATS JetStream: nats://host:4222 (a comma-separated list for a cluster); Redis (--redis-url) stays for the seq fence, presence, typing and token revocation (default $BROKER_URL, else \"\": Redis Streams on --redis-url)")
 	brokerReplicas := fs.Int("broker-replicas", 1, "with --broker-url: replicas of each JetStream stream (3 on a three-node cluster)")
 	sendLock := fs.Duration("send-lock-timeout", store.DefaultSendLockTimeout, "how long a send waits for its chat's lock (held by another session) before it answers 503, storing nothing")
 	readTimeout := fs.Duration("read-timeout", store.DefaultReadTimeout, "bound on each history read (then 503)")
@@ -48,16 +45,17 @@ func runServe(ctx context.Context, args []string, _, stderr io.Writer) error {
 	pollOnly := fs.Bool("poll-only", false, "relay: no LISTEN, poll every --poll-interval")
 	poll := fs.Duration("poll-interval", outbox.DefaultPollInterval, "relay poll fallback interval")
 	linger := fs.Duration("relay-linger", server.DefaultRelayLinger, "relay: under load (the previous pass published more than one row), a woken pass begins no sooner than this after the previous one began, so it carries the rows committed meanwhile; an idle relay never waits (0 = off)")
-	partitions := fs.Int("partitions", envInt("OUTBOXCHAT_PARTITIONS", chat.DefaultPartitions), "partitions per direction, the same on both services: each has its own outbox table, relay, stream and consumer; a chat's events all take partition chat_id mod N (default $OUTBOXCHAT_PARTITIONS, else 1: one lane, the layout without partitions); change it only on a drained deployment (docs/DEPLOYING.md)")
+	partitions := cliflag.EnvInt(fs, "partitions", "OUTBOXCHAT_PARTITIONS", chat.DefaultPartitions, "partitions per direction, the same on both services: each has its own outbox table, relay, stream and consumer; a chat's events all take partition chat_id mod N (default $OUTBOXCHAT_PARTITIONS, else 1: one lane, the layout without partitions); change it only on a drained deployment (docs/DEPLOYING.md)")
 	leaseTTL := fs.Duration("lease-ttl", lease.DefaultTTL, "with --partitions above 1: how long a relay process's partition lease lasts unless renewed (renewed every third of it; a killed process's partitions are taken over within about 4/3 of it)")
 	lock := fs.Duration("lock-duration", redisq.DefaultLockDuration, "how long a job may stay unacknowledged before it is handed out again")
 	redrive := fs.Duration("redrive-after", -1, "publish a sent message again when no receipt came back within this long (default 2 × --lock-duration; 0 = off)")
+	cliflag.HideDefault(fs, "redrive-after") // -1 stands for "unset": the usage says the default
 	gap := fs.Duration("gap-timeout", 0, "how long the WebSocket gateway holds received messages behind a missing seq (0 = 2 × --lock-duration; negative = no hold)")
 	consumer := fs.String("consumer-name", "", "this worker's name in the consumer group; two live processes must not share one (default: a unique <service>-<hostname>-<n>, claimed at start)")
 	maxBody := fs.Int("max-body-bytes", chat.DefaultMaxBodyBytes, "message body limit in bytes")
 	prefix := fs.String("redis-prefix", chat.DefaultRedisPrefix, "prefix of every Redis key")
 	replicaAcks := fs.Int("redis-replica-acks", 0, "relay (and api with --mode v1): mark outbox rows sent only once this many replicas of the queue's Redis master have their entries (WAIT after each add of up to 500 jobs, at most 500ms; rows wait in the outbox while fewer replicas are in sync), so that a Redis failover cannot lose them: set it to the replicas each master has (Sentinel, Cluster); needs the ACL of migrate --redis-admin-url from this version (default 0: the master's answer alone)")
-	faultSpec := fs.String("fault", os.Getenv("OUTBOXCHAT_FAULT"), "fault injection for the lab, KIND:SEQ (default $OUTBOXCHAT_FAULT; off)")
+	faultSpec := cliflag.EnvString(fs, "fault", "OUTBOXCHAT_FAULT", "fault injection for the lab, KIND:SEQ (default $OUTBOXCHAT_FAULT; off)")
 	maxAttempts := fs.Int("relay-max-attempts", outbox.DefaultMaxAttempts, "relay: park an outbox row after this many failed publishes of its own (broker outages never count; negative = never park)")
 	deadMax := fs.Int64("dead-letter-max", redisq.DefaultDeadLetterMax, "worker: keep at most this many dead letters (the oldest are dropped, counted in outboxchat_deadletter_trimmed_total; negative = no cap)")
 	retention := fs.Duration("history-retention", 0, "relay: delete history (messages, inbox, receipts, gap fills, duplicates) older than this, every minute, keeping what seq and receipts need (0 = keep everything)")
@@ -141,16 +139,6 @@ func runServe(ctx context.Context, args []string, _, stderr io.Writer) error {
 	})
 }
 
-// envInt is the integer in environment variable name, or def when it is
-// unset or not an integer (the flag's own parsing then reports nothing:
-// serve checks the value's range).
-func envInt(name string, def int) int {
-	if n, err := strconv.Atoi(strings.TrimSpace(os.Getenv(name))); err == nil {
-		return n
-	}
-	return def
-}
-
 // redriveAfter maps --redrive-after, whose 0 means off (as an operator
 // reads it), to server.RelayConfig.RedriveAfter, whose zero value is the
 // default: the flag's -1 (unset) becomes 0, its 0 becomes -1 (off).
@@ -216,12 +204,12 @@ type authFlagSet struct {
 
 func authFlags(fs *flag.FlagSet) *authFlagSet {
 	return &authFlagSet{
-		secretFile: fs.String("jwt-secret-file", os.Getenv("OUTBOXCHAT_JWT_SECRET_FILE"), "file holding the HS256 secret of bearer tokens, ≥ 32 bytes (default $OUTBOXCHAT_JWT_SECRET_FILE)"),
+		secretFile: cliflag.EnvString(fs, "jwt-secret-file", "OUTBOXCHAT_JWT_SECRET_FILE", "file holding the HS256 secret of bearer tokens, ≥ 32 bytes (default $OUTBOXCHAT_JWT_SECRET_FILE)"),
 		keysFile:   fs.String("jwt-keys-file", "", "JWKS file of RS256/EdDSA public keys of bearer tokens"),
 		insecure:   fs.Bool("insecure-no-auth", false, "serve the API without authentication (anyone reaching it reads and writes every chat)"),
 		tlsCert:    fs.String("tls-cert", "", "PEM certificate (chain) file: serve HTTPS and WSS (with --tls-key)"),
 		tlsKey:     fs.String("tls-key", "", "PEM private key file of --tls-cert"),
-		eventKeys:  fs.String("event-key-file", os.Getenv("OUTBOXCHAT_EVENT_KEY_FILE"), "HMAC keys signing and checking stream entries, lines \"<consumers-to-workers|workers-to-consumers> <hex key>\" (default $OUTBOXCHAT_EVENT_KEY_FILE; none: entries unsigned)"),
+		eventKeys:  cliflag.EnvString(fs, "event-key-file", "OUTBOXCHAT_EVENT_KEY_FILE", "HMAC keys signing and checking stream entries, lines \"<consumers-to-workers|workers-to-consumers> <hex key>\" (default $OUTBOXCHAT_EVENT_KEY_FILE; none: entries unsigned)"),
 	}
 }
 

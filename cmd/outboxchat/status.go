@@ -6,7 +6,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"os"
 	"text/tabwriter"
 	"time"
 
@@ -29,7 +28,7 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	f := newOpsFlags(fs, true, true)
 	backlog := fs.Duration("max-backlog-age", status.DefaultMaxBacklogAge, "a problem when the oldest unsent outbox row is older than this")
 	xact := fs.Duration("max-transaction-age", status.DefaultMaxTransactionAge, "a problem when a transaction or snapshot the database can see is older than this (it holds back cleanup)")
-	brokerURL := fs.String("broker-url", os.Getenv("BROKER_URL"), "the queue on NATS JetStream, as given to serve: its figures are read there (default $BROKER_URL, else \"\": Redis Streams on --redis-url)")
+	brokerURL := cliflag.EnvString(fs, "broker-url", "BROKER_URL", "the queue on NATS JetStream, as given to serve: its figures are read there (default $BROKER_URL, else \"\": Redis Streams on --redis-url)")
 	if err := cliflag.Parse(fs, args); err != nil {
 		return err
 	}

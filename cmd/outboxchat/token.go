@@ -6,7 +6,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"os"
 	"time"
 
 	"github.com/outboxchat/outboxchat/chat/auth"
@@ -18,7 +17,7 @@ import (
 func runToken(_ context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("token", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	secretFile := fs.String("jwt-secret-file", os.Getenv("OUTBOXCHAT_JWT_SECRET_FILE"), "file holding the HS256 secret (default $OUTBOXCHAT_JWT_SECRET_FILE)")
+	secretFile := cliflag.EnvString(fs, "jwt-secret-file", "OUTBOXCHAT_JWT_SECRET_FILE", "file holding the HS256 secret (default $OUTBOXCHAT_JWT_SECRET_FILE)")
 	services := fs.String("service", "", "service(s) the token is for: consumers, workers or consumers,workers (required)")
 	user := fs.String("user", "", "the user, the token's sub (required)")
 	chats := fs.String("chats", "", "chat ids the user may use, comma-separated, or * for all (required)")

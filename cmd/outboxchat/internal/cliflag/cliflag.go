@@ -5,6 +5,9 @@ package cliflag
 import (
 	"errors"
 	"flag"
+	"os"
+	"reflect"
+	"strconv"
 	"strings"
 )
 
@@ -27,6 +30,54 @@ func Parse(fs *flag.FlagSet, args []string) error {
 		return err
 	}
 	return &ParseError{Err: err}
+}
+
+// EnvString defines a string flag on fs whose default is environment
+// variable env's value ("" when unset). usage must say so, e.g. "Redis URL
+// (default $REDIS_URL)": the usage prints no other default (HideDefault),
+// so -h shows neither the variable's value twice nor a password in it.
+func EnvString(fs *flag.FlagSet, name, env, usage string) *string {
+	p := fs.String(name, os.Getenv(env), usage)
+	HideDefault(fs, name)
+	return p
+}
+
+// EnvInt defines an int flag on fs whose default is environment variable
+// env's value, or def when it is unset or not an integer (the flag then
+// reports nothing: the command checks the value's range). usage must say
+// so, e.g. "(default $OUTBOXCHAT_PARTITIONS, else 1)": the usage prints no
+// other default (HideDefault).
+func EnvInt(fs *flag.FlagSet, name, env string, def int, usage string) *int {
+	if n, err := strconv.Atoi(strings.TrimSpace(os.Getenv(env))); err == nil {
+		def = n
+	}
+	p := fs.Int(name, def, usage)
+	HideDefault(fs, name)
+	return p
+}
+
+// HideDefault keeps fs's usage from printing "(default …)" after flag
+// name's usage text, for a flag whose text states its default in words:
+// one taken from an environment variable, or a sentinel value that stands
+// for a default worked out later (serve's --redrive-after -1: "2 ×
+// --lock-duration"). flag.PrintDefaults leaves the default out when a
+// flag's DefValue is its type's zero value; HideDefault sets DefValue so.
+// The flag's value is unchanged. It panics if fs has no flag name.
+func HideDefault(fs *flag.FlagSet, name string) {
+	f := fs.Lookup(name)
+	if f == nil {
+		panic("cliflag: HideDefault: no flag -" + name)
+	}
+	// The zero value of the flag's type, made as flag.PrintDefaults makes
+	// it to compare DefValue with.
+	t := reflect.TypeOf(f.Value)
+	var z reflect.Value
+	if t.Kind() == reflect.Pointer {
+		z = reflect.New(t.Elem())
+	} else {
+		z = reflect.Zero(t)
+	}
+	f.DefValue = z.Interface().(flag.Value).String()
 }
 
 // List splits a comma-separated flag value ("a, b,,c") into its items with
