@@ -2,7 +2,10 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"io"
+	"strings"
+	"text/tabwriter"
 
 	"github.com/outboxchat/outboxchat/cmd/outboxchat/internal/labcmd"
 )
@@ -49,17 +52,29 @@ func lookup(name string) *command {
 	return nil
 }
 
-const usage = `usage: outboxchat <command> [flags]
+// usage is the text of `outboxchat -h`: the commands, one aligned line each.
+var usage = commandList("usage: outboxchat <command> [flags]\n\ncommands:\n", [][2]string{
+	{"serve", "run a service (consumers or workers)"},
+	{"migrate", "create the service's role and schema, apply migrations"},
+	{"token", "mint a development JWT (HS256) for a user, services and chats"},
+	{"revoke", "--user U | --token-id JTI: refuse a user's tokens issued until now, or one token"},
+	{"lab", "up | demo | chaos | scenario | torture | latency | bench: private servers, fault experiments, measurements"},
+	{"status", "both services on one screen; exits 1 when something needs a person"},
+	{"trace", "--message-id ID | --chat N --seq S: one message's way across both services"},
+	{"deadletters", "list | show | replay | drop the dead letters"},
+	{"outbox", "parked | retry: the outbox rows parked after failed publishes"},
+	{"prune", "--service S --older-than D: delete history older than D once, print the counts"},
+})
 
-commands:
-  serve    run a service (consumers or workers)
-  migrate  create the service's role and schema, apply migrations
-  token    mint a development JWT (HS256) for a user, services and chats
-  revoke   --user U | --token-id JTI: refuse a user's tokens issued until now, or one token
-  lab      up | demo | chaos | scenario | torture | latency | bench: private servers, fault experiments, measurements
-  status       both services on one screen; exits 1 when something needs a person
-  trace        --message-id ID | --chat N --seq S: one message's way across both services
-  deadletters  list | show | replay | drop the dead letters
-  outbox       parked | retry: the outbox rows parked after failed publishes
-  prune        --service S --older-than D: delete history older than D once, print the counts
-`
+// commandList returns header followed by one line per row, "  NAME  WHAT",
+// the WHATs aligned in one column.
+func commandList(header string, rows [][2]string) string {
+	var b strings.Builder
+	b.WriteString(header)
+	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
+	for _, r := range rows {
+		fmt.Fprintf(tw, "  %s\t%s\n", r[0], r[1])
+	}
+	tw.Flush()
+	return b.String()
+}
