@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -127,10 +128,29 @@ type ServiceStatus struct {
 	// Drained is true when nothing is on its way in either lane of the
 	// service: no unsent outbox row, and no pending or undelivered entry
 	// in the group on any stream it reads. Change --partitions only when
-	// both services are drained (docs/DEPLOYING.md).
+	// both services are drained (docs/DEPLOYING.md). It is false, too,
+	// when status could not read all of the service's figures (Errors is
+	// not empty: without --redis-url, say), for then it cannot tell;
+	// NotRead says what it did not read.
 	Drained bool `json:"drained"`
-	// Errors lists what could not be read ("database: …", "redis: …").
+	// Errors lists what could not be read ("database: …", "redis: …",
+	// "nats: …").
 	Errors []string `json:"errors,omitempty"`
+}
+
+// NotRead returns what status could not read of the service, each once,
+// in the order of Errors: "database", "redis" or "nats" (the part of each
+// error before its first colon). It is nil when every figure was read:
+// only then does a false Drained mean that something is on its way.
+func (s *ServiceStatus) NotRead() []string {
+	var out []string
+	for _, e := range s.Errors {
+		src, _, _ := strings.Cut(e, ":")
+		if !slices.Contains(out, src) {
+			out = append(out, src)
+		}
+	}
+	return out
 }
 
 // PartitionStatus is one partition of a service: the outbox table it

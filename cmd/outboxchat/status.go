@@ -6,6 +6,8 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -17,11 +19,13 @@ import (
 	"github.com/outboxchat/outboxchat/natsq"
 )
 
-// errNeedsPerson is status's error when something needs a person (exit 1).
-var errNeedsPerson = errors.New("status: something needs a person (see problems)")
+// errNeedsPerson is status's error when something needs a person (exit 1),
+// wrapped with where the report lists it.
+var errNeedsPerson = errors.New("status: something needs a person")
 
 // runStatus prints both services on one screen and returns errNeedsPerson
-// when Status.Problems is not empty.
+// when Status.Problems is not empty, pointing at the report's list: the
+// text's NEEDS A PERSON, the JSON's "problems".
 func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("status", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -68,7 +72,10 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		writeStatus(stdout, st)
 	}
 	if !st.Healthy {
-		return errNeedsPerson
+		if *f.asJSON {
+			return fmt.Errorf(`%w: see "problems" in the report`, errNeedsPerson)
+		}
+		return fmt.Errorf("%w: see NEEDS A PERSON in the report", errNeedsPerson)
 	}
 	return nil
 }
@@ -81,6 +88,22 @@ func secs(v float64) string {
 		return fmt.Sprintf("%.0fs", v)
 	}
 	return (time.Duration(v) * time.Second).String()
+}
+
+// drained is s's "drained:" value: true, false, or, when status could not
+// read some of its figures, "unknown (Redis not read)" and the like.
+func drained(s *status.ServiceStatus) string {
+	notRead := s.NotRead()
+	if s.Drained || len(notRead) == 0 {
+		return strconv.FormatBool(s.Drained)
+	}
+	names := map[string]string{"database": "database", "redis": "Redis", "nats": "NATS"}
+	for i, n := range notRead {
+		if names[n] != "" {
+			notRead[i] = names[n]
+		}
+	}
+	return "unknown (" + strings.Join(notRead, " and ") + " not read)"
 }
 
 func writeStatus(w io.Writer, st *status.Status) {
@@ -112,7 +135,7 @@ func writeStatus(w io.Writer, st *status.Status) {
 					s.Service, p.Partition, p.Unsent, secs(p.OldestUnsentSeconds), p.Stream, p.StreamPending, p.StreamLag, owner)
 			}
 		}
-		fmt.Fprintf(w, "%s drained: %v\n", s.Service, s.Drained)
+		fmt.Fprintf(w, "%s drained: %s\n", s.Service, drained(&s))
 	}
 	for _, s := range st.Services {
 		for _, r := range s.Relays {

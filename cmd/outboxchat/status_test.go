@@ -160,3 +160,40 @@ func TestStatusSummaryRowNamesThePartitions(t *testing.T) {
 		t.Fatalf("no line for consumers' partition 2:\n%s", out)
 	}
 }
+
+// Without --redis-url, status cannot tell whether a service is drained:
+// its text says so ("drained: unknown (Redis not read)", not false), and
+// its error points at the list the report has: the text's NEEDS A PERSON,
+// the JSON's "problems" (where drained is false and errors says why).
+func TestStatusWithoutRedisSaysDrainedUnknown(t *testing.T) {
+	dbURL, _ := migratedDatabase(t)
+	t.Setenv("REDIS_URL", "")
+	t.Setenv("BROKER_URL", "")
+
+	text, err := runCmd(t, "status", "--database-url", dbURL)
+	if !errors.Is(err, errNeedsPerson) || !strings.Contains(err.Error(), "NEEDS A PERSON") {
+		t.Fatalf("status = %v; want errNeedsPerson naming NEEDS A PERSON:\n%s", err, text)
+	}
+	for _, want := range []string{"consumers drained: unknown (Redis not read)\n", "workers drained: unknown (Redis not read)\n", "NEEDS A PERSON ("} {
+		if !strings.Contains(text, want) {
+			t.Errorf("status: no %q in\n%s", want, text)
+		}
+	}
+	if strings.Contains(text, "drained: false") {
+		t.Errorf("status says drained: false without reading Redis:\n%s", text)
+	}
+
+	out, err := runCmd(t, "status", "--json", "--database-url", dbURL)
+	if !errors.Is(err, errNeedsPerson) || !strings.Contains(err.Error(), `"problems"`) {
+		t.Fatalf("status --json = %v; want errNeedsPerson naming \"problems\"", err)
+	}
+	var st status.Status
+	if err := json.Unmarshal([]byte(out), &st); err != nil {
+		t.Fatalf("status --json: %v: %s", err, out)
+	}
+	for _, s := range st.Services {
+		if s.Drained || !slices.Equal(s.NotRead(), []string{"redis"}) {
+			t.Errorf("status --json: %s: drained %v, not read %q; want false, [redis]", s.Service, s.Drained, s.NotRead())
+		}
+	}
+}
