@@ -13,8 +13,8 @@ import (
 // command is one `outboxchat` command: its name ("serve"; a lab command is
 // "lab NAME") and what runs it with the arguments after the name. run
 // parses its flags with cliflag.Parse: it returns flag.ErrHelp for -h, a
-// *cliflag.ParseError for bad flags (already printed with the usage), and
-// an error for other failures.
+// *cliflag.ParseError for bad flags (already printed, with a hint to run
+// the command with -h), and an error for other failures.
 type command struct {
 	name string
 	run  func(ctx context.Context, args []string, stdout, stderr io.Writer) error

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 
@@ -12,9 +13,11 @@ import (
 )
 
 // Every command of the binary, run with a flag it does not define, prints
-// the flag package's error once, with its usage, and exits 2; a bad value
-// of a defined flag too. The binary runs as a process of its own, so what
-// main prints after run returns is checked with the rest.
+// the flag package's error once and a one-line hint to run it with -h (not
+// the whole usage, which buries the error), and exits 2; a bad value of a
+// defined flag too. -h and --help still print the whole usage and exit 0.
+// The binary runs as a process of its own, so what main prints after run
+// returns is checked with the rest.
 func TestBadFlagIsReportedOnce(t *testing.T) {
 	t.Parallel()
 	// The commands whose flags come after an action.
@@ -23,35 +26,58 @@ func TestBadFlagIsReportedOnce(t *testing.T) {
 		args []string
 		want string
 	}
-	var runs []badRun
+	var runs, helps []badRun
 	for _, c := range commands {
 		args := strings.Fields(c.name)
 		if a, ok := actions[c.name]; ok {
 			args = append(args, a)
 		}
-		runs = append(runs, badRun{append(args, "--bogus"), "flag provided but not defined: -bogus"})
+		hint := "run 'outboxchat " + strings.Join(args, " ") + " -h' for the flags"
+		runs = append(runs, badRun{append(slices.Clip(args), "--bogus"), "flag provided but not defined: -bogus\n" + hint + "\n"})
+		helps = append(helps, badRun{append(slices.Clip(args), "-h"), ""}, badRun{append(slices.Clip(args), "--help"), ""})
 	}
-	runs = append(runs, badRun{[]string{"lab", "latency", "--messages", "many"}, `invalid value "many" for flag -messages`})
+	runs = append(runs, badRun{[]string{"lab", "latency", "--messages", "many"},
+		`invalid value "many" for flag -messages: parse error` + "\nrun 'outboxchat lab latency -h' for the flags\n"})
+	outboxchat := func(t *testing.T, args []string) (stdout, stderr string, exit int) {
+		var out, errOut bytes.Buffer
+		cmd := exec.CommandContext(t.Context(), process.Binary, args...)
+		cmd.Stdout, cmd.Stderr = &out, &errOut
+		err := cmd.Run()
+		var ee *exec.ExitError
+		switch {
+		case errors.As(err, &ee):
+			exit = ee.ExitCode()
+		case err != nil:
+			t.Fatalf("outboxchat %s: %v", strings.Join(args, " "), err)
+		}
+		return out.String(), errOut.String(), exit
+	}
 	for _, r := range runs {
 		name := strings.Join(r.args, " ")
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			var stdout, stderr bytes.Buffer
-			cmd := exec.CommandContext(t.Context(), process.Binary, r.args...)
-			cmd.Stdout, cmd.Stderr = &stdout, &stderr
-			err := cmd.Run()
-			var exit *exec.ExitError
-			if !errors.As(err, &exit) || exit.ExitCode() != 2 {
-				t.Errorf("outboxchat %s: %v, want exit status 2", name, err)
+			stdout, stderr, exit := outboxchat(t, r.args)
+			if exit != 2 {
+				t.Errorf("outboxchat %s: exit status %d, want 2", name, exit)
 			}
-			if n := strings.Count(stderr.String(), r.want); n != 1 {
-				t.Errorf("outboxchat %s: %q %d times in stderr, want once:\n%s", name, r.want, n, stderr.String())
+			if stderr != r.want {
+				t.Errorf("outboxchat %s: stderr\n%s\nwant just\n%s", name, stderr, r.want)
 			}
-			if !strings.Contains(stderr.String(), "Usage of ") && !strings.Contains(stderr.String(), "usage: ") {
-				t.Errorf("outboxchat %s: no usage in stderr:\n%s", name, stderr.String())
+			if stdout != "" {
+				t.Errorf("outboxchat %s: stdout %q, want nothing", name, stdout)
 			}
-			if stdout.Len() != 0 {
-				t.Errorf("outboxchat %s: stdout %q, want nothing", name, stdout.String())
+		})
+	}
+	for _, r := range helps {
+		name := strings.Join(r.args, " ")
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			_, stderr, exit := outboxchat(t, r.args)
+			if exit != 0 {
+				t.Errorf("outboxchat %s: exit status %d, want 0", name, exit)
+			}
+			if !strings.Contains(stderr, "Usage of ") && !strings.Contains(stderr, "usage: ") || !strings.Contains(stderr, "\n  -") {
+				t.Errorf("outboxchat %s: no usage with the flags in stderr:\n%s", name, stderr)
 			}
 		})
 	}

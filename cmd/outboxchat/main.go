@@ -40,7 +40,7 @@ func main() {
 		return // -h: the usage was printed; asking for it is not a failure
 	}
 	if pe := (*cliflag.ParseError)(nil); errors.As(err, &pe) {
-		os.Exit(2) // the FlagSet printed the error with the usage
+		os.Exit(2) // cliflag.Parse printed the error, with a hint to run -h
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "outboxchat:", err)

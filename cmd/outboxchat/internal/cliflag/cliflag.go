@@ -5,15 +5,17 @@ package cliflag
 import (
 	"errors"
 	"flag"
+	"fmt"
 	"os"
 	"reflect"
 	"strconv"
 	"strings"
 )
 
-// ParseError is a flag error that Parse has already reported, with the
-// usage, on its FlagSet's output. main exits 2 on one (the flag package's
-// status for bad usage) without printing it again.
+// ParseError is a flag error that Parse has already reported on its
+// FlagSet's output, with a hint to run the command with -h. main exits 2
+// on one (the flag package's status for bad usage) without printing it
+// again.
 type ParseError struct {
 	Err error // the flag package's error, e.g. "flag provided but not defined: -x"
 }
@@ -21,14 +23,33 @@ type ParseError struct {
 func (e *ParseError) Error() string { return e.Err.Error() }
 func (e *ParseError) Unwrap() error { return e.Err }
 
-// Parse parses args with fs, a flag.ContinueOnError FlagSet. -h returns
-// flag.ErrHelp as fs.Parse does; any other error, which fs has printed
-// with its usage, comes back as a *ParseError.
+// Parse parses args with fs, a flag.ContinueOnError FlagSet named for its
+// command ("serve", "lab up"). -h prints fs's usage (fs.Usage, or the flag
+// package's) and returns flag.ErrHelp, as fs.Parse does. Any other error
+// comes back as a *ParseError, which fs has printed, followed by one line
+// (not the usage, which buries the error): "run 'outboxchat serve -h' for
+// the flags".
 func Parse(fs *flag.FlagSet, args []string) error {
+	usage := fs.Usage
+	if usage == nil {
+		usage = func() { // the flag package's own
+			fmt.Fprintf(fs.Output(), "Usage of %s:\n", fs.Name())
+			fs.PrintDefaults()
+		}
+	}
+	// The flag package calls Usage for -h and after printing an error
+	// alike; which to print is decided here, once Parse has returned.
+	fs.Usage = func() {}
 	err := fs.Parse(args)
-	if err == nil || errors.Is(err, flag.ErrHelp) {
+	fs.Usage = usage
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, flag.ErrHelp):
+		usage()
 		return err
 	}
+	fmt.Fprintf(fs.Output(), "run 'outboxchat %s -h' for the flags\n", fs.Name())
 	return &ParseError{Err: err}
 }
 
