@@ -5,7 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
+
+	"github.com/outboxchat/outboxchat/internal/natsname"
 )
 
 // Service names. Each is also the name of the service's Postgres schema and
@@ -110,11 +111,4 @@ const (
 // of a partition's queue and the ':' of DefaultRedisPrefix) as '_'. The
 // chat's stream of partition p's queue from service from is
 // NATSName(prefix) + NATSName(PartitionQueue(from, p)).
-func NATSName(s string) string {
-	return strings.Map(func(r rune) rune {
-		if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_' {
-			return r
-		}
-		return '_'
-	}, s)
-}
+func NATSName(s string) string { return natsname.Safe(s) }

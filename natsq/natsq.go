@@ -49,6 +49,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/outboxchat/outboxchat/internal/natsname"
 )
 
 // Defaults of Config.
@@ -192,17 +194,9 @@ func orNoLimit(n int64) int64 {
 	return n
 }
 
-func validName(s string) bool {
-	if s == "" {
-		return false
-	}
-	for _, r := range s {
-		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_') {
-			return false
-		}
-	}
-	return true
-}
+// validName reports whether s may name a stream, a consumer or a prefix
+// (natsname's class).
+func validName(s string) bool { return natsname.Valid(s) }
 
 // Open returns the Queue of cfg's existing streams, as New made them,
 // without creating or changing anything: for tools (listing and replaying
