@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/outboxchat/outboxchat/inbox"
+	"github.com/outboxchat/outboxchat/internal/natsname"
 	"github.com/outboxchat/outboxchat/outbox"
 )
 
@@ -52,7 +53,7 @@ type Consumer struct {
 // it, asking again as New does. Errors wrap ErrInvalidConfig, or are the
 // server's, or ctx's.
 func (q *Queue) NewConsumer(ctx context.Context, cfg ConsumerConfig) (*Consumer, error) {
-	if !validName(cfg.Group) {
+	if !natsname.Valid(cfg.Group) {
 		return nil, fmt.Errorf("natsq: group %q: letters, digits, - and _: %w", cfg.Group, ErrInvalidConfig)
 	}
 	if cfg.LockDuration <= 0 {

@@ -194,10 +194,6 @@ func orNoLimit(n int64) int64 {
 	return n
 }
 
-// validName reports whether s may name a stream, a consumer or a prefix
-// (natsname's class).
-func validName(s string) bool { return natsname.Valid(s) }
-
 // Open returns the Queue of cfg's existing streams, as New made them,
 // without creating or changing anything: for tools (listing and replaying
 // dead letters) that must not alter a stream the services configured.
@@ -222,7 +218,7 @@ func Open(ctx context.Context, nc *nats.Conn, cfg Config) (*Queue, error) {
 // streams not looked up yet (New and Open do). Errors wrap
 // ErrInvalidConfig, or are jetstream.New's.
 func newQueue(nc *nats.Conn, cfg Config) (*Queue, error) {
-	if nc == nil || !validName(cfg.Queue) || (cfg.Prefix != "" && !validName(cfg.Prefix)) {
+	if nc == nil || !natsname.Valid(cfg.Queue) || (cfg.Prefix != "" && !natsname.Valid(cfg.Prefix)) {
 		return nil, fmt.Errorf("natsq: need a connection and a queue name of letters, digits, - and _ (queue %q, prefix %q): %w", cfg.Queue, cfg.Prefix, ErrInvalidConfig)
 	}
 	js, err := jetstream.New(nc)
