@@ -7,6 +7,7 @@ import (
 	"maps"
 	"slices"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -46,7 +47,9 @@ import (
 // the transaction-local timeouts, the try-lock of every chat of the batch,
 // the chats' max(seq) and the lookup of the batch's idempotency keys; then
 // the messages INSERT, the outbox INSERT (outbox.Writer.QueueEnqueue, plus
-// the NOTIFY in WakeInTx mode) and COMMIT.
+// the NOTIFY in WakeInTx mode) and COMMIT. When the committer already knows
+// every chat's last seq (its seq hints, below), the batch is numbered from
+// them and sent in one round trip, checked under the locks.
 //
 // Isolation between chats. The committer never waits for a chat's lock: a
 // chat whose lock another session holds (try-lock false) is left out of
@@ -366,6 +369,12 @@ func (s *Store) slowLane(ctx context.Context, chatID int64, sc *slowChat) {
 // Per chat, the new messages take consecutive seqs in reqs' order. After the
 // commit it calls writer.Committed and afterCommit once (new messages only).
 // On error nothing is stored.
+//
+// With wait false and every chat of the batch in the seq hints, it first
+// tries the batch in one round trip, numbered from the hints and checked
+// under the locks (commitHinted); when that check or an idempotency key
+// already stored rolls it back, it rolls back and runs the two round trips
+// on the same connection.
 func (s *Store) commitBatch(ctx context.Context, reqs []*sendReq, wait bool, lockTimeout time.Duration) (res []*sendResult, skipped []*sendReq, err error) {
 	if s.onBatch != nil {
 		began := time.Now()
@@ -395,15 +404,92 @@ func (s *Store) commitBatch(ctx context.Context, reqs []*sendReq, wait bool, loc
 	// below): that rolls the batch back.
 	defer conn.Release()
 
-	st, err := s.lockAndRead(ctx, conn, chats, keyChats, keys, wait, lockTimeout)
-	if err != nil {
-		return nil, nil, classifySendError(err)
+	var hinted map[int64]int64
+	if !wait {
+		hinted = s.hints.lookup(chats)
+	}
+	if hinted != nil {
+		res, err := s.commitHinted(ctx, conn, reqs, chats, maps.Clone(hinted))
+		if err == nil {
+			return res, nil, nil
+		}
+		if !errors.Is(err, errHintedRolledBack) {
+			s.hints.forget(chats)
+			return nil, nil, err
+		}
+		// A simple-protocol ROLLBACK of its own: pgx prepares a batch's new
+		// statements in a round trip before the batch, which an aborted
+		// transaction would refuse.
+		if _, err := conn.Conn().PgConn().Exec(ctx, "ROLLBACK").ReadAll(); err != nil {
+			return nil, nil, classifySendError(fmt.Errorf("roll back the hinted batch: %w", err))
+		}
 	}
 
-	// Number the new messages; answer replays and conflicts.
+	st, err := s.lockAndRead(ctx, conn, chats, keyChats, keys, wait, lockTimeout)
+	if err != nil {
+		s.hints.forget(chats)
+		return nil, nil, classifySendError(err)
+	}
+	stale := staleHints(hinted, st.last)
+	res, skipped, fresh, err := s.number(reqs, st)
+	if err != nil {
+		return nil, nil, err
+	}
+	ms, err := s.insertAndCommit(ctx, conn, reqs, res, fresh, nil)
+	if err != nil {
+		s.hints.forget(chats)
+		return nil, nil, err
+	}
+	s.hints.learn(st, stale)
+	s.finish(reqs, res, st, ms)
+	return res, skipped, nil
+}
+
+// errHintedRolledBack is commitHinted's error when Postgres refused the
+// batch before its COMMIT (a seq hint was stale, a chat's lock was taken,
+// or an idempotency key or seq was already stored): the transaction is
+// aborted, nothing of it is stored, and the connection is still usable
+// once it is rolled back.
+var errHintedRolledBack = errors.New("chat: hinted batch rolled back")
+
+// commitHinted commits reqs (every chat of which is free to lock and
+// numbered from last, the seq hints) in one round trip: BEGIN, the
+// timeouts, the try-locks, the messages INSERT checked under the locks
+// (queries.insertMessagesChecked), the outbox INSERT and COMMIT. It returns
+// the results of every req, or an error wrapping errHintedRolledBack when
+// the check failed or a unique index refused a row (then nothing is stored
+// and the caller runs the two round trips), or another error, as
+// insertAndCommit does.
+func (s *Store) commitHinted(ctx context.Context, conn *pgxpool.Conn, reqs []*sendReq, chats []int64, last map[int64]int64) ([]*sendResult, error) {
+	st := &batchState{locked: make(map[int64]bool, len(chats)), last: last, stored: map[chatKey]chat.Message{}, now: sendClock()}
+	expect := make([]int64, len(chats))
+	for i, c := range chats {
+		st.locked[c] = true
+		expect[i] = last[c]
+	}
+	res, _, fresh, err := s.number(reqs, st)
+	if err != nil {
+		return nil, err
+	}
+	ms, err := s.insertAndCommit(ctx, conn, reqs, res, fresh, &hintCheck{lockTimeout: s.lockTimeout, chats: chats, last: expect})
+	if err != nil {
+		return nil, err
+	}
+	s.hints.learn(st, nil)
+	s.hints.hits.Add(1)
+	s.finish(reqs, res, st, ms)
+	return res, nil
+}
+
+// number numbers the new messages of reqs from st (each chat's from its
+// last seq on, in reqs' order), answers replays and conflicts with the
+// messages st found stored under their keys, and returns the results (nil
+// for the reqs of chats not locked, returned in skipped, and for later
+// sends of a key the batch stores, resolved by finish), and the indexes of
+// the new messages.
+func (s *Store) number(reqs []*sendReq, st *batchState) (res []*sendResult, skipped []*sendReq, fresh []int, err error) {
 	res = make([]*sendResult, len(reqs))
-	leader := map[chatKey]int{} // key → index of the batch's first send with it
-	var fresh []int             // indexes of the new messages
+	st.leader = map[chatKey]int{}
 	for i, r := range reqs {
 		if !st.locked[r.chatID] {
 			skipped = append(skipped, r)
@@ -415,29 +501,29 @@ func (s *Store) commitBatch(ctx context.Context, reqs []*sendReq, wait bool, loc
 				res[i] = replayOrConflict(m, r.body)
 				continue
 			}
-			if _, ok := leader[ck]; ok {
+			if _, ok := st.leader[ck]; ok {
 				continue // resolved after the commit, from its leader
 			}
-			leader[ck] = i
+			st.leader[ck] = i
 		}
 		id, err := uuid.NewV7()
 		if err != nil {
-			return nil, nil, fmt.Errorf("message id: %w", err)
+			return nil, nil, nil, fmt.Errorf("message id: %w", err)
 		}
 		st.last[r.chatID]++
 		res[i] = &sendResult{m: chat.Message{ID: id.String(), ChatID: r.chatID, Seq: st.last[r.chatID], Body: r.body, SentAt: st.now, From: s.service, Author: r.author}}
 		fresh = append(fresh, i)
 	}
+	return res, skipped, fresh, nil
+}
 
-	ms, err := s.insertAndCommit(ctx, conn, reqs, res, fresh)
-	if err != nil {
-		return nil, nil, err
-	}
-	// Later sends of a key the batch stored: replays of (or conflicts with)
-	// the first.
+// finish completes a committed batch: later sends of a key the batch
+// stored become replays of (or conflicts with) the first, and the relays
+// and afterCommit learn of the new messages ms.
+func (s *Store) finish(reqs []*sendReq, res []*sendResult, st *batchState, ms []chat.Message) {
 	for i, r := range reqs {
 		if res[i] == nil && st.locked[r.chatID] {
-			res[i] = replayOrConflict(res[leader[chatKey{r.chatID, r.key}]].m, r.body)
+			res[i] = replayOrConflict(res[st.leader[chatKey{r.chatID, r.key}]].m, r.body)
 		}
 	}
 	if len(ms) > 0 {
@@ -446,8 +532,11 @@ func (s *Store) commitBatch(ctx context.Context, reqs []*sendReq, wait bool, loc
 			s.afterCommit(ms)
 		}
 	}
-	return res, skipped, nil
 }
+
+// sendClock is a send batch's sent_at: the service's clock when the batch
+// is numbered, to the microsecond Postgres keeps, in UTC.
+func sendClock() time.Time { return time.Now().UTC().Truncate(time.Microsecond) }
 
 // chatKey is an idempotency key within its chat.
 type chatKey struct {
@@ -455,14 +544,17 @@ type chatKey struct {
 	key  string
 }
 
-// batchState is what the first round trip of a batch learns: the chats
-// whose locks it holds, their last seqs, the messages already stored under
-// the batch's idempotency keys, and the transaction's start time.
+// batchState is what numbering a batch starts from: the chats whose
+// locks it holds, their last seqs (advanced by number to the batch's
+// last), the messages already stored under the batch's idempotency keys,
+// and the batch's sent_at; number adds, per key, the index of the batch's
+// first send with it.
 type batchState struct {
 	locked map[int64]bool
 	last   map[int64]int64
 	stored map[chatKey]chat.Message
 	now    time.Time
+	leader map[chatKey]int
 }
 
 // lockAndRead is a batch's first round trip: BEGIN, timeouts, the chats'
@@ -482,7 +574,7 @@ func (s *Store) lockAndRead(ctx context.Context, conn *pgxpool.Conn, chats, keyC
 	if len(keys) > 0 {
 		b.Queue(s.q.findKeys, keyChats, keys)
 	}
-	st := &batchState{locked: make(map[int64]bool, len(chats)), last: make(map[int64]int64, len(chats)), stored: map[chatKey]chat.Message{}}
+	st := &batchState{locked: make(map[int64]bool, len(chats)), last: make(map[int64]int64, len(chats)), stored: map[chatKey]chat.Message{}, now: sendClock()}
 	br := conn.SendBatch(ctx, b)
 	err := func() error {
 		if _, err := br.Exec(); err != nil {
@@ -509,7 +601,7 @@ func (s *Store) lockAndRead(ctx context.Context, conn *pgxpool.Conn, chats, keyC
 		rows, _ := br.Query()
 		for rows.Next() {
 			var c, seq int64
-			if err := rows.Scan(&c, &seq, &st.now); err != nil {
+			if err := rows.Scan(&c, &seq); err != nil {
 				rows.Close()
 				return fmt.Errorf("read last seqs: %w", err)
 			}
@@ -562,9 +654,20 @@ func (s *Store) reportBatch(reqs, skipped []*sendReq, began time.Time, err error
 
 // insertAndCommit is a batch's second round trip: the new messages
 // (res[i] for i in fresh), their outbox events, COMMIT. It returns the
-// messages committed; on error nothing is stored.
-func (s *Store) insertAndCommit(ctx context.Context, conn *pgxpool.Conn, reqs []*sendReq, res []*sendResult, fresh []int) ([]chat.Message, error) {
+// messages committed; on error nothing is stored. With check set it is the
+// batch's only round trip: BEGIN, the timeouts and the try-locks come
+// first, and the messages INSERT fails unless check holds
+// (queries.insertMessagesChecked); a failure Postgres reports before the
+// COMMIT then wraps errHintedRolledBack.
+func (s *Store) insertAndCommit(ctx context.Context, conn *pgxpool.Conn, reqs []*sendReq, res []*sendResult, fresh []int, check *hintCheck) ([]chat.Message, error) {
 	b := &pgx.Batch{}
+	lead := 0 // statements before the messages INSERT
+	if check != nil {
+		b.Queue("BEGIN")
+		b.Queue(setSendTimeoutsSQL, pgMillis(check.lockTimeout), pgMillis(sendStatementTimeout))
+		b.Queue(s.q.tryLockChatsCounted, check.chats)
+		lead = 3
+	}
 	var ms []chat.Message
 	if len(fresh) > 0 {
 		ms = make([]chat.Message, len(fresh))
@@ -590,7 +693,12 @@ func (s *Store) insertAndCommit(ctx context.Context, conn *pgxpool.Conn, reqs []
 				events[j].Headers = s.headers(reqs[i].ctx)
 			}
 		}
-		b.Queue(s.q.insertMessages, ids, chatIDs, seqs, bodies, cids, authors)
+		at := res[fresh[0]].m.SentAt
+		if check != nil {
+			b.Queue(s.q.insertMessagesChecked, ids, chatIDs, seqs, bodies, cids, authors, at, check.chats, check.last)
+		} else {
+			b.Queue(s.q.insertMessages, ids, chatIDs, seqs, bodies, cids, authors, at)
+		}
 		if err := s.queueEvents(b, ms, events); err != nil {
 			return nil, err
 		}
@@ -599,11 +707,13 @@ func (s *Store) insertAndCommit(ctx context.Context, conn *pgxpool.Conn, reqs []
 	br := conn.SendBatch(ctx, b)
 	var tag pgconn.CommandTag
 	var err error
+	failedAt := -1
 	for i := range b.Len() {
 		if tag, err = br.Exec(); err != nil {
+			failedAt = i
 			break
 		}
-		if i == 0 && len(fresh) > 0 && tag.RowsAffected() != int64(len(fresh)) {
+		if i == lead && len(fresh) > 0 && tag.RowsAffected() != int64(len(fresh)) {
 			err = fmt.Errorf("%d of %d messages inserted", tag.RowsAffected(), len(fresh))
 			break
 		}
@@ -615,6 +725,10 @@ func (s *Store) insertAndCommit(ctx context.Context, conn *pgxpool.Conn, reqs []
 		err = fmt.Errorf("transaction ended in %q", tag.String())
 	}
 	if err != nil {
+		var pgErr *pgconn.PgError
+		if check != nil && failedAt >= lead && failedAt < b.Len()-1 && errors.As(err, &pgErr) && hintRefused(pgErr) {
+			return nil, fmt.Errorf("%w: %w", errHintedRolledBack, err)
+		}
 		return nil, classifySendError(fmt.Errorf("insert and commit: %w", err))
 	}
 	return ms, nil
@@ -683,4 +797,111 @@ func (s *Store) committed(ms []chat.Message) {
 	for _, p := range chat.PartitionsOf(ms, len(s.writers)) {
 		s.writers[p].Committed()
 	}
+}
+
+// hintCheck is what a one-round-trip batch checks under its chats' locks:
+// the try-locks took every chat, and chats[i]'s last seq is last[i].
+type hintCheck struct {
+	lockTimeout time.Duration
+	chats       []int64
+	last        []int64
+}
+
+// hintRefused reports whether err, from the messages INSERT of a hinted
+// batch, says the batch may run again numbered from the database: the
+// check failed (the INSERT's seq came out NULL: not_null_violation 23502)
+// or a unique index refused a row (23505: an idempotency key already
+// stored, or a seq taken). Postgres then aborted the transaction, and the
+// COMMIT queued behind it was not run.
+func hintRefused(err *pgconn.PgError) bool {
+	return err.Code == "23505" || err.Code == "23502" && err.ColumnName == "seq"
+}
+
+// Seq hints. A batch whose chats all have a hint is numbered from the
+// hints and committed in one round trip instead of two: its messages
+// INSERT checks under the chats' locks that every lock was free and that
+// each chat's last seq (as queries.lastSeqs reads it) is its hint, and
+// fails otherwise, which rolls the whole transaction back; the batch then
+// runs its two round trips on the same connection (the first begins with
+// the ROLLBACK). So a hint never decides a seq: the check under the lock
+// does, as the read does in the two round trips. A hint goes stale when
+// something else writes the chat (another instance of the service, a slow
+// lane, the v1 dual writer, a floor a receipt records); a chat found stale
+// is numbered by reading for the next hintCooldown batches, so that a chat
+// two instances write in turn does not pay a refused round trip per batch.
+// sent_at comes from the service's clock (sendClock) in both paths, since
+// the one-round-trip batch cannot read the database's before its INSERT.
+
+// hintCooldown is how many hinted batches a chat found stale sits out.
+const hintCooldown = 64
+
+// maxSeqHints bounds the chats the hints hold; past it they are dropped
+// and learnt again.
+const maxSeqHints = 1 << 16
+
+// seqHints is a Store's seq hints. Safe for concurrent use: the committer
+// and the slow lanes share it.
+type seqHints struct {
+	mu      sync.Mutex
+	last    map[int64]int64
+	cool    map[int64]uint64 // chat → the batch count up to which it sits out
+	batches uint64           // lookups: the committer's batches
+	hits    atomic.Int64     // batches committed in one round trip (tests)
+}
+
+// lookup returns the hints of chats, or nil unless every chat has one and
+// none sits out.
+func (h *seqHints) lookup(chats []int64) map[int64]int64 {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.batches++
+	out := make(map[int64]int64, len(chats))
+	for _, c := range chats {
+		last, ok := h.last[c]
+		if !ok || h.cool[c] > h.batches {
+			return nil
+		}
+		out[c] = last
+	}
+	return out
+}
+
+// learn records the last seqs of st's locked chats after its batch
+// committed; the chats in stale sit out the next hintCooldown batches.
+func (h *seqHints) learn(st *batchState, stale []int64) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.last == nil || len(h.last) >= maxSeqHints {
+		h.last, h.cool = map[int64]int64{}, map[int64]uint64{}
+	}
+	for c, ok := range st.locked {
+		if ok {
+			h.last[c] = st.last[c]
+		}
+	}
+	for _, c := range stale {
+		h.cool[c] = h.batches + hintCooldown
+	}
+}
+
+// forget drops the hints of chats (their batch failed: its outcome may be
+// unknown).
+func (h *seqHints) forget(chats []int64) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, c := range chats {
+		delete(h.last, c)
+	}
+}
+
+// staleHints returns the chats whose hint (in hinted) differs from the
+// last seq read under the lock (in read).
+func staleHints(hinted, read map[int64]int64) []int64 {
+	var stale []int64
+	for c, last := range hinted {
+		if got, ok := read[c]; ok && got != last {
+			stale = append(stale, c)
+		}
+	}
+	return stale
 }

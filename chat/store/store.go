@@ -48,6 +48,9 @@ type Store struct {
 	onBatch                  func(ctxs []context.Context, began time.Time, err error)
 	lockTimeout, readTimeout time.Duration
 	metrics                  *SendMetrics
+	// hints are the chats' seq hints (batch.go): what lets a batch commit
+	// in one round trip.
+	hints seqHints
 
 	// Group commit (batch.go). life runs the committers and the slow
 	// lanes; mu guards queue, slow and run; cond (on mu) wakes the
@@ -85,7 +88,7 @@ func slowLanesFor(maxConns int32) int {
 
 // queries holds the service's schema-qualified SQL.
 type queries struct {
-	lockChat, tryLockChats, lastSeqs, findKeys, insertMessages, insertOne, history, historyInbox, watermark string
+	lockChat, tryLockChats, tryLockChatsCounted, lastSeqs, findKeys, insertMessages, insertMessagesChecked, insertOne, history, historyInbox, watermark string
 }
 
 // lastSeqSQL is the SQL expression for chat c's last seq in schema s (an
@@ -104,8 +107,14 @@ func newQueries(service string) queries {
 		// what makes seq gap-free and equal to commit order per chat.
 		lockChat:     `SELECT pg_advisory_xact_lock(` + schema.ChatLockSQL(service, "$1::bigint") + `)`,
 		tryLockChats: `SELECT c FROM unnest($1::bigint[]) AS c WHERE pg_try_advisory_xact_lock(` + schema.ChatLockSQL(service, "c") + `)`,
-		// lastSeqs: each chat's last seq (0 for none) and the transaction's
-		// start time (created_at and SentAt of the batch). Run after the
+		// tryLockChatsCounted is tryLockChats for a one-round-trip batch
+		// (batch.go's seq hints): it returns nothing, and leaves the number
+		// of chats it could not lock in the transaction-local setting
+		// outboxchat.chats_not_locked, for insertMessagesChecked to read.
+		tryLockChatsCounted: `SELECT set_config('outboxchat.chats_not_locked',
+			(count(*) FILTER (WHERE NOT pg_try_advisory_xact_lock(` + schema.ChatLockSQL(service, "c") + `)))::text, true)
+			FROM unnest($1::bigint[]) AS c`,
+		// lastSeqs: each chat's last seq (0 for none). Run after the
 		// locks, as a statement of its own: its snapshot then sees the
 		// previous lock holder's commit. The last seq is the greater of
 		// the chat's max(seq) and its newest seq floor (what a DELETE of its
@@ -116,7 +125,7 @@ func newQueries(service string) queries {
 		// lab bench, that third step per chat and batch cost 5 % of the
 		// throughput, and a receipt records a floor in the rare case it
 		// teaches anything (receive's apply).
-		lastSeqs: `SELECT c, ` + lastSeqSQL(s, "c") + `, now()
+		lastSeqs: `SELECT c, ` + lastSeqSQL(s, "c") + `
 			FROM unnest($1::bigint[]) AS c`,
 		// findKeys: the messages already stored under the given (chat,
 		// idempotency key) pairs: one lookup of index messages_client_id
@@ -131,10 +140,25 @@ func newQueries(service string) queries {
 			CROSS JOIN LATERAL (SELECT id, seq, body, created_at, author FROM ` + s + `.messages
 				WHERE chat_id = u.c AND client_id = u.k OFFSET 0) AS m`,
 		// insertMessages: the batch's new messages, numbered in Go; '' is no
-		// key.
+		// key; $7 is the batch's sent_at.
 		insertMessages: `INSERT INTO ` + s + `.messages (id, chat_id, seq, body, client_id, author, created_at)
-			SELECT u.id::uuid, u.c, u.seq, u.body, nullif(u.k, ''), nullif(u.a, ''), now()
+			SELECT u.id::uuid, u.c, u.seq, u.body, nullif(u.k, ''), nullif(u.a, ''), $7::timestamptz
 			FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::text[], $5::text[], $6::text[]) AS u(id, c, seq, body, k, a)`,
+		// insertMessagesChecked is insertMessages numbered from seq hints,
+		// after tryLockChatsCounted in the same transaction: unless every
+		// lock was taken and each chat $8[i]'s last seq (lastSeqs'
+		// expression, read by this statement's snapshot, taken after the
+		// locks) is $9[i], every row's seq is NULL and the INSERT fails
+		// with not_null_violation, which aborts the transaction before
+		// its outbox INSERT and COMMIT run. The check is evaluated once
+		// (an uncorrelated subquery) from the data, so the planner cannot
+		// fold it into an error at plan time.
+		insertMessagesChecked: `INSERT INTO ` + s + `.messages (id, chat_id, seq, body, client_id, author, created_at)
+			SELECT u.id::uuid, u.c, CASE WHEN g.ok THEN u.seq END, u.body, nullif(u.k, ''), nullif(u.a, ''), $7::timestamptz
+			FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::text[], $5::text[], $6::text[]) AS u(id, c, seq, body, k, a),
+				(SELECT current_setting('outboxchat.chats_not_locked') = '0' AND NOT EXISTS (
+					SELECT FROM unnest($8::bigint[], $9::bigint[]) AS e(c, last)
+					WHERE ` + lastSeqSQL(s, "e.c") + ` <> e.last) AS ok) AS g`,
 		// insertOne: the v1 dual writer's send, after lockChat in the same
 		// transaction: the next seq of chat $1, as lastSeqs numbers it.
 		insertOne: `INSERT INTO ` + s + `.messages (chat_id, seq, body, author)
