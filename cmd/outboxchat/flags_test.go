@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"flag"
+	"os"
 	"os/exec"
 	"slices"
 	"strings"
@@ -38,10 +39,25 @@ func TestBadFlagIsReportedOnce(t *testing.T) {
 	}
 	runs = append(runs, badRun{[]string{"lab", "latency", "--messages", "many"},
 		`invalid value "many" for flag -messages: parse error` + "\nrun 'outboxchat lab latency -h' for the flags\n"})
+	// A command line that parses but will not do: a required flag
+	// missing, a value the command refuses.
+	runs = append(runs,
+		badRun{[]string{"token", "--user", "alice"},
+			"token: --jwt-secret-file, --service and --chats are required\nrun 'outboxchat token -h' for the flags\n"},
+		badRun{[]string{"token", "--jwt-secret-file", "/nonexistent", "--service", "consumers", "--user", "alice", "--chats", "one"},
+			`token: chats: "one" is not a chat id` + "\nrun 'outboxchat token -h' for the flags\n"},
+		badRun{[]string{"revoke", "--database-url", "postgres://127.0.0.1:1/x"},
+			"revoke: give exactly one of --user and --token-id\nrun 'outboxchat revoke -h' for the flags\n"},
+		badRun{[]string{"revoke", "--database-url", "postgres://127.0.0.1:1/x", "--user", "alice", "--service", "nobody"},
+			`revoke: --service: chat: unknown service (want consumers or workers): "nobody"` + "\nrun 'outboxchat revoke -h' for the flags\n"})
 	outboxchat := func(t *testing.T, args []string) (stdout, stderr string, exit int) {
 		var out, errOut bytes.Buffer
 		cmd := exec.CommandContext(t.Context(), process.Binary, args...)
 		cmd.Stdout, cmd.Stderr = &out, &errOut
+		// No flag's default from this machine's environment.
+		cmd.Env = slices.DeleteFunc(os.Environ(), func(kv string) bool {
+			return strings.HasPrefix(kv, "OUTBOXCHAT_") || strings.HasPrefix(kv, "DATABASE_URL=") || strings.HasPrefix(kv, "REDIS_URL=")
+		})
 		err := cmd.Run()
 		var ee *exec.ExitError
 		switch {

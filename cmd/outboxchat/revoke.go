@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -40,8 +39,7 @@ func runRevoke(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return err
 	}
 	if (*user == "") == (*tokenID == "") {
-		fs.Usage()
-		return errors.New("revoke: give exactly one of --user and --token-id")
+		return cliflag.Usagef(fs, "revoke: give exactly one of --user and --token-id")
 	}
 	kind, value := auth.RevokeUser, *user
 	if *tokenID != "" {
@@ -50,7 +48,7 @@ func runRevoke(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	svcs := cliflag.List(*services)
 	for _, s := range svcs {
 		if err := chat.CheckService(s); err != nil {
-			return fmt.Errorf("revoke: --service: %w", err)
+			return cliflag.Usagef(fs, "revoke: --service: %w", err)
 		}
 	}
 	pool, err := f.pool(ctx, "revoke")

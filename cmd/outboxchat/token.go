@@ -2,12 +2,13 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"strings"
 	"time"
 
+	"github.com/outboxchat/outboxchat/chat"
 	"github.com/outboxchat/outboxchat/chat/auth"
 	"github.com/outboxchat/outboxchat/cmd/outboxchat/internal/cliflag"
 )
@@ -25,15 +26,33 @@ func runToken(_ context.Context, args []string, stdout, stderr io.Writer) error 
 	if err := cliflag.Parse(fs, args); err != nil {
 		return err
 	}
-	if *secretFile == "" || *services == "" || *user == "" || *chats == "" {
-		fs.Usage()
-		return errors.New("token: --jwt-secret-file, --service, --user and --chats are required")
+	var missing []string
+	for _, r := range []struct {
+		name, value string
+	}{{"--jwt-secret-file", *secretFile}, {"--service", *services}, {"--user", *user}, {"--chats", *chats}} {
+		if r.value == "" {
+			missing = append(missing, r.name)
+		}
 	}
-	secret, err := auth.ReadSecretFile(*secretFile)
-	if err != nil {
-		return fmt.Errorf("token: %w", err)
+	switch {
+	case len(missing) == 1:
+		return cliflag.Usagef(fs, "token: %s is required", missing[0])
+	case len(missing) > 1:
+		return cliflag.Usagef(fs, "token: %s are required", andList(missing))
+	}
+	for _, s := range cliflag.List(*services) {
+		if err := chat.CheckService(s); err != nil {
+			return cliflag.Usagef(fs, "token: --service: %w", err)
+		}
 	}
 	scope, err := auth.ParseChatScope(*chats)
+	if err != nil {
+		return cliflag.Usagef(fs, "token: %w", err)
+	}
+	if *ttl <= 0 {
+		return cliflag.Usagef(fs, "token: --ttl %v: want a duration above 0, e.g. 1h", *ttl)
+	}
+	secret, err := auth.ReadSecretFile(*secretFile)
 	if err != nil {
 		return fmt.Errorf("token: %w", err)
 	}
@@ -43,4 +62,12 @@ func runToken(_ context.Context, args []string, stdout, stderr io.Writer) error 
 	}
 	fmt.Fprintln(stdout, t)
 	return nil
+}
+
+// andList joins words as "a, b and c".
+func andList(words []string) string {
+	if len(words) < 2 {
+		return strings.Join(words, "")
+	}
+	return strings.Join(words[:len(words)-1], ", ") + " and " + words[len(words)-1]
 }

@@ -49,8 +49,25 @@ func Parse(fs *flag.FlagSet, args []string) error {
 		usage()
 		return err
 	}
-	fmt.Fprintf(fs.Output(), "run 'outboxchat %s -h' for the flags\n", fs.Name())
+	printHint(fs)
 	return &ParseError{Err: err}
+}
+
+// Usagef reports a command line that parsed but will not do (a required
+// flag missing, a value the command refuses) as Parse reports a flag
+// error: it prints the message formatted from format and args, then the
+// same hint line, to fs's output, and returns it as a *ParseError (exit 2,
+// printed already).
+func Usagef(fs *flag.FlagSet, format string, args ...any) error {
+	err := fmt.Errorf(format, args...)
+	fmt.Fprintln(fs.Output(), err)
+	printHint(fs)
+	return &ParseError{Err: err}
+}
+
+// printHint prints the line that follows a flag error on fs's output.
+func printHint(fs *flag.FlagSet) {
+	fmt.Fprintf(fs.Output(), "run 'outboxchat %s -h' for the flags\n", fs.Name())
 }
 
 // EnvString defines a string flag on fs whose default is environment
