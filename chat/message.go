@@ -32,7 +32,8 @@ const DefaultMaxBodyBytes = 4096
 //   - ChatID: positive 64-bit chat id.
 //   - Seq: the sender's per-chat sequence number: 1, 2, 3 … with no gaps.
 //   - Body: the text, valid UTF-8 without NUL, 1..max bytes.
-//   - SentAt: the sender's commit-time clock (RFC 3339, microseconds, UTC).
+//   - SentAt: the sending service's clock when its committer numbered the
+//     message's send batch (RFC 3339, microseconds, UTC).
 //   - From: the sending service (Consumers or Workers).
 //   - Author: who wrote it, the sender's authenticated user (the token's
 //     sub claim); omitted when the sender runs without auth.
