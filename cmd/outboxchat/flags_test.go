@@ -84,6 +84,12 @@ func TestBadFlagIsReportedOnce(t *testing.T) {
 			}
 		})
 	}
+	// The commands with actions print their usage, which lists the
+	// actions, for -h in place of an action.
+	for c := range actions {
+		helps = append(helps, badRun{[]string{c, "-h"}, "usage: outboxchat " + c + " <action>"},
+			badRun{[]string{c, "--help"}, "usage: outboxchat " + c + " <action>"})
+	}
 	for _, r := range helps {
 		name := strings.Join(r.args, " ")
 		t.Run(name, func(t *testing.T) {
@@ -91,6 +97,12 @@ func TestBadFlagIsReportedOnce(t *testing.T) {
 			_, stderr, exit := outboxchat(t, r.args)
 			if exit != 0 {
 				t.Errorf("outboxchat %s: exit status %d, want 0", name, exit)
+			}
+			if r.want != "" {
+				if !strings.HasPrefix(stderr, r.want) {
+					t.Errorf("outboxchat %s: stderr\n%s\nwant it to begin %q", name, stderr, r.want)
+				}
+				return
 			}
 			if !strings.Contains(stderr, "Usage of ") && !strings.Contains(stderr, "usage: ") || !strings.Contains(stderr, "\n  -") {
 				t.Errorf("outboxchat %s: no usage with the flags in stderr:\n%s", name, stderr)

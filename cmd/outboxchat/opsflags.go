@@ -100,9 +100,15 @@ func printJSON(w io.Writer, v any) error {
 
 // parseAction reads the action of `outboxchat <cmd> <action> [flags]`
 // (args[0], one of actions) and returns it with a FlagSet named
-// "<cmd> <action>" that reports to stderr. A missing or unknown action
-// prints usage and is an error.
+// "<cmd> <action>" that reports to stderr. -h or --help instead of an
+// action prints usage and returns flag.ErrHelp, as a command's -h does; a
+// missing or unknown action prints usage and is an error.
 func parseAction(cmd, usage string, actions, args []string, stderr io.Writer) (string, *flag.FlagSet, error) {
+	if len(args) > 0 && (args[0] == "-h" || args[0] == "-help" || args[0] == "--help") {
+		fmt.Fprint(stderr, usage)
+		fmt.Fprintf(stderr, "run 'outboxchat %s <action> -h' for an action's flags\n", cmd)
+		return "", nil, flag.ErrHelp
+	}
 	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
 		fmt.Fprint(stderr, usage)
 		return "", nil, fmt.Errorf("%s: want an action: %s", cmd, orList(actions))
