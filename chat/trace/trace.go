@@ -60,6 +60,7 @@ const (
 	StateUndelivered = "undelivered" // in the stream, not read by the receiver's group yet
 	StateTrimmed     = "trimmed"     // no longer in the stream (acknowledged and trimmed, or lost); at null when no entry id is known
 	StateNotFound    = "not_found"   // the outbox row is gone, nothing received it, and no entry or dead letter names one
+	StateNotRead     = "not_read"    // Redis was not read (no --redis-url, or an error in Errors): the entry's state is unknown
 	// StageReceived.
 	StateHeld  = "held"  // stored behind a missing seq: not shown until the gap fills or times out
 	StateShown = "shown" // pushed to the room's sockets
@@ -228,23 +229,36 @@ func ByID(ctx context.Context, db DB, rdb redis.UniversalClient, id string, opt 
 	if received != "" {
 		entries[received] = nil
 	}
+	streamRead := false
 	if rdb == nil {
 		tr.Errors = append(tr.Errors, "redis: no --redis-url: stream entries and dead letters not read")
 	} else if err := tr.stream(ctx, rdb, opt, stored.Add(-streamSkew), entries); err != nil {
 		tr.Errors = append(tr.Errors, "redis: "+err.Error())
+	} else {
+		streamRead = true
+	}
+	// An entry the inbox names and the stream read did not find is
+	// trimmed; with the stream not read, whether it is is not known.
+	unseen := StateTrimmed
+	if !streamRead {
+		unseen = StateNotRead
 	}
 	for sid, st := range entries {
 		if st == nil {
-			st = &Stage{Stage: StagePublished, At: streamTime(sid), Service: tr.Service, StreamID: sid, State: StateTrimmed}
+			st = &Stage{Stage: StagePublished, At: streamTime(sid), Service: tr.Service, StreamID: sid, State: unseen}
 		}
 		tr.add(*st)
 	}
-	if !inOutbox && len(entries) == 0 && rdb != nil {
+	if !inOutbox && len(entries) == 0 {
 		// Published (the row is gone), but no entry is left to say when:
 		// trimmed after the receiver stored it (a row stored before
-		// migration 011 does not name its entry), or lost before.
+		// migration 011 does not name its entry), or lost before; or
+		// Redis, which would say, was not read.
 		st := Stage{Stage: StagePublished, Service: tr.Service, State: StateNotFound}
-		if received != "" || tr.has(StageReceived) {
+		switch {
+		case !streamRead:
+			st.State = StateNotRead
+		case received != "" || tr.has(StageReceived):
 			st.State = StateTrimmed
 		}
 		tr.add(st)

@@ -122,6 +122,26 @@ func TestStagesInFlight(t *testing.T) {
 	if tr, err := trace.ByID(ctx, h.Admin, nil, unread, trace.Options{}); err != nil || len(tr.Errors) != 1 {
 		t.Errorf("without redis: %+v, %v", tr, err)
 	}
+	// Without Redis a published stage is not read, not trimmed (or not
+	// found): one the receiver's inbox names, with its entry's time, and
+	// one of a row gone from the outbox that nothing names.
+	const sid = "1700000000000-0"
+	exec(`INSERT INTO workers.inbox (message_id, chat_id, seq, body, sender, sent_at, stream_id) VALUES ($1, 4, 1, 'b', 'consumers', now(), $2)`, unacked, sid)
+	for _, c := range []struct{ id, streamID string }{{unacked, sid}, {lost, ""}} {
+		tr, err := trace.ByID(ctx, h.Admin, nil, c.id, trace.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var published []trace.Stage
+		for _, s := range tr.Stages {
+			if s.Stage == trace.StagePublished {
+				published = append(published, s)
+			}
+		}
+		if len(published) != 1 || published[0].State != trace.StateNotRead || published[0].StreamID != c.streamID || (published[0].At != nil) != (c.streamID != "") {
+			t.Errorf("without redis, published stages of %s: %+v, want one not read, stream_id %q", c.id, published, c.streamID)
+		}
+	}
 }
 
 // With partitions a trace reads the chat's partition: its outbox table

@@ -75,7 +75,11 @@ func writeTrace(w io.Writer, tr *trace.Trace) {
 		if s.At != nil {
 			at = s.At.UTC().Format("2006-01-02T15:04:05.000000Z")
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", at, s.Stage, s.Service, s.State, details(s))
+		state := s.State
+		if state == trace.StateNotRead {
+			state = "unknown (Redis not read)" // as status says of drained
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", at, s.Stage, s.Service, state, details(s))
 	}
 	_ = tw.Flush()
 	for _, e := range tr.Errors {

@@ -181,3 +181,24 @@ func TestTraceCommand(t *testing.T) {
 		t.Fatal("--chat without --seq accepted")
 	}
 }
+
+// Without Redis the text says a published stage's state was not read; it
+// does not print trimmed, which it cannot know.
+func TestTraceTextWithoutRedis(t *testing.T) {
+	at := time.Date(2026, 12, 7, 10, 0, 0, 0, time.UTC)
+	tr := &trace.Trace{MessageID: "m", Service: chat.Consumers, Receiver: chat.Workers, ChatID: 1, Seq: 1,
+		Stages: []trace.Stage{{Stage: trace.StageStored, At: &at, Service: chat.Consumers},
+			{Stage: trace.StagePublished, At: &at, Service: chat.Consumers, StreamID: "1-0", State: trace.StateNotRead}},
+		Errors: []string{"redis: no --redis-url: stream entries and dead letters not read"}}
+	var b strings.Builder
+	writeTrace(&b, tr)
+	var published string
+	for _, line := range strings.Split(b.String(), "\n") {
+		if strings.Contains(line, " published ") {
+			published = line
+		}
+	}
+	if !strings.Contains(published, "unknown (Redis not read)") || strings.Contains(published, trace.StateNotRead) {
+		t.Errorf("published line %q, want its state unknown (Redis not read):\n%s", published, b.String())
+	}
+}
