@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -106,6 +107,21 @@ func drained(s *status.ServiceStatus) string {
 	return "unknown (" + strings.Join(notRead, " and ") + " not read)"
 }
 
+// queueRead reports whether status read s's queue figures (stream length,
+// pending, lag, dead letters): from Redis, or NATS with --broker-url.
+func queueRead(s *status.ServiceStatus) bool {
+	notRead := s.NotRead()
+	return !slices.Contains(notRead, "redis") && !slices.Contains(notRead, "nats")
+}
+
+// figure is n, or "-" when it was not read (ok false): not read is not 0.
+func figure(n int64, ok bool) string {
+	if !ok {
+		return "-"
+	}
+	return strconv.FormatInt(n, 10)
+}
+
 func writeStatus(w io.Writer, st *status.Status) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "service\tunsent\toldest unsent\tparked\tlast relay pass\tstream read\tlength\tpending\tlag\tdead letters")
@@ -120,8 +136,9 @@ func writeStatus(w io.Writer, st *status.Status) {
 		if n := len(s.Partitions); n > 1 {
 			stream = fmt.Sprintf("%s (+%d partitions)", stream, n-1)
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%s\t%s\t%d\t%d\t%d\t%d\n", s.Service, s.Unsent, secs(s.OldestUnsentSeconds), s.Parked,
-			pass, stream, s.StreamLength, s.StreamPending, s.StreamLag, s.DeadLetters)
+		q := queueRead(&s)
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\n", s.Service, s.Unsent, secs(s.OldestUnsentSeconds), s.Parked,
+			pass, stream, figure(s.StreamLength, q), figure(s.StreamPending, q), figure(s.StreamLag, q), figure(s.DeadLetters, q))
 	}
 	tw.Flush()
 	for _, s := range st.Services {
@@ -131,8 +148,9 @@ func writeStatus(w io.Writer, st *status.Status) {
 				if owner == "" {
 					owner = "NO LIVE LEASE"
 				}
-				fmt.Fprintf(w, "%s partition %d: unsent %d (oldest %s), stream %s pending %d lag %d, relay %s\n",
-					s.Service, p.Partition, p.Unsent, secs(p.OldestUnsentSeconds), p.Stream, p.StreamPending, p.StreamLag, owner)
+				q := queueRead(&s)
+				fmt.Fprintf(w, "%s partition %d: unsent %d (oldest %s), stream %s pending %s lag %s, relay %s\n",
+					s.Service, p.Partition, p.Unsent, secs(p.OldestUnsentSeconds), p.Stream, figure(p.StreamPending, q), figure(p.StreamLag, q), owner)
 			}
 		}
 		fmt.Fprintf(w, "%s drained: %s\n", s.Service, drained(&s))

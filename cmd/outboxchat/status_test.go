@@ -161,6 +161,43 @@ func TestStatusSummaryRowNamesThePartitions(t *testing.T) {
 	}
 }
 
+// Without the queue's figures (no --redis-url, Redis or NATS down) the
+// text shows them as "-", not 0: a stream nobody read is not empty. The
+// database's figures are shown as read.
+func TestStatusTextShowsUnreadQueueFiguresAsUnknown(t *testing.T) {
+	t.Parallel()
+	parts := []status.PartitionStatus{{Partition: 0, Stream: "oc:w:stream"}, {Partition: 1, Stream: "oc:w:p1:stream"}}
+	st := &status.Status{Services: []status.ServiceStatus{
+		{Service: chat.Consumers, Unsent: 3, Parked: 2, Stream: "oc:w:stream", Partitions: parts, Errors: []string{"redis: no --redis-url"}},
+		{Service: chat.Workers, Unsent: 1, Stream: "oc:c:stream", Errors: []string{"nats: connection refused"}},
+	}}
+	var b strings.Builder
+	writeStatus(&b, st)
+	out := b.String()
+	rows := map[string][]string{} // service → its summary row's columns
+	for _, line := range strings.Split(out, "\n") {
+		if f := strings.Fields(line); len(f) >= 10 && f[1] != "partition" {
+			rows[f[0]] = f
+		}
+	}
+	for svc, unsent := range map[string]string{chat.Consumers: "3", chat.Workers: "1"} {
+		f := rows[svc]
+		if f == nil {
+			t.Fatalf("no summary row for %s:\n%s", svc, out)
+		}
+		// Its last four figures are the queue's.
+		if tail := f[len(f)-4:]; !slices.Equal(tail, []string{"-", "-", "-", "-"}) {
+			t.Errorf("%s summary row ends %q, want - - - - (not read):\n%s", svc, tail, out)
+		}
+		if f[1] != unsent {
+			t.Errorf("%s summary row: unsent %q, want %s (the database was read):\n%s", svc, f[1], unsent, out)
+		}
+	}
+	if !strings.Contains(out, "consumers partition 1: unsent 0 (oldest 0.0s), stream oc:w:p1:stream pending - lag -, relay") {
+		t.Errorf("consumers' partition line shows figures not read:\n%s", out)
+	}
+}
+
 // Without --redis-url, status cannot tell whether a service is drained:
 // its text says so ("drained: unknown (Redis not read)", not false), and
 // its error points at the list the report has: the text's NEEDS A PERSON,
