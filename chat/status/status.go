@@ -493,7 +493,7 @@ func ReadStatus(ctx context.Context, db outbox.DB, rdb redis.UniversalClient, nc
 				s.Errors = append(s.Errors, "nats: "+err.Error())
 			}
 		case rdb == nil:
-			s.Errors = append(s.Errors, "redis: no --redis-url")
+			s.Errors = append(s.Errors, "redis: no --redis-url (or REDIS_URL)")
 		default:
 			if err := QueueStatus(ctx, rdb, prefix, svc, &s); err != nil {
 				s.Errors = append(s.Errors, "redis: "+err.Error())

@@ -231,7 +231,7 @@ func ByID(ctx context.Context, db DB, rdb redis.UniversalClient, id string, opt 
 	}
 	streamRead := false
 	if rdb == nil {
-		tr.Errors = append(tr.Errors, "redis: no --redis-url: stream entries and dead letters not read")
+		tr.Errors = append(tr.Errors, "redis: no --redis-url (or REDIS_URL): stream entries and dead letters not read")
 	} else if err := tr.stream(ctx, rdb, opt, stored.Add(-streamSkew), entries); err != nil {
 		tr.Errors = append(tr.Errors, "redis: "+err.Error())
 	} else {

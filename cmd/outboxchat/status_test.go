@@ -211,7 +211,9 @@ func TestStatusWithoutRedisSaysDrainedUnknown(t *testing.T) {
 	if !errors.Is(err, errNeedsPerson) || !strings.Contains(err.Error(), "NEEDS A PERSON") {
 		t.Fatalf("status = %v; want errNeedsPerson naming NEEDS A PERSON:\n%s", err, text)
 	}
-	for _, want := range []string{"consumers drained: unknown (Redis not read)\n", "workers drained: unknown (Redis not read)\n", "NEEDS A PERSON ("} {
+	for _, want := range []string{"consumers drained: unknown (Redis not read)\n", "workers drained: unknown (Redis not read)\n", "NEEDS A PERSON (",
+		// Where the URL may come from: the flag or the environment.
+		"  - consumers: cannot read: redis: no --redis-url (or REDIS_URL)\n"} {
 		if !strings.Contains(text, want) {
 			t.Errorf("status: no %q in\n%s", want, text)
 		}
