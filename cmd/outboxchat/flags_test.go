@@ -37,8 +37,16 @@ func TestBadFlagIsReportedOnce(t *testing.T) {
 		runs = append(runs, badRun{append(slices.Clip(args), "--bogus"), "flag provided but not defined: -bogus\n" + hint + "\n"})
 		helps = append(helps, badRun{append(slices.Clip(args), "-h"), ""}, badRun{append(slices.Clip(args), "--help"), ""})
 	}
-	runs = append(runs, badRun{[]string{"lab", "latency", "--messages", "many"},
-		`invalid value "many" for flag -messages: parse error` + "\nrun 'outboxchat lab latency -h' for the flags\n"})
+	// A value its flag's type cannot parse: the error says what it wants.
+	runs = append(runs,
+		badRun{[]string{"lab", "latency", "--messages", "many"},
+			`invalid value "many" for flag -messages: want an integer such as 100` + "\nrun 'outboxchat lab latency -h' for the flags\n"},
+		badRun{[]string{"token", "--ttl", "soon"},
+			`invalid value "soon" for flag -ttl: want a duration such as 1h0m0s (a number and a unit: ms, s, m, h)` + "\nrun 'outboxchat token -h' for the flags\n"},
+		badRun{[]string{"prune", "--older-than", "30"},
+			`invalid value "30" for flag -older-than: want a duration such as 5s (a number and a unit: ms, s, m, h)` + "\nrun 'outboxchat prune -h' for the flags\n"},
+		badRun{[]string{"status", "--json=maybe"},
+			`invalid boolean value "maybe" for -json: want true or false` + "\nrun 'outboxchat status -h' for the flags\n"})
 	// A command line that parses but will not do: a required flag
 	// missing, a value the command refuses.
 	runs = append(runs,

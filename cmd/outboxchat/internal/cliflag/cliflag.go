@@ -6,10 +6,13 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"reflect"
+	"regexp"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // ParseError is a flag error that Parse has already reported on its
@@ -39,8 +42,12 @@ func Parse(fs *flag.FlagSet, args []string) error {
 	}
 	// The flag package calls Usage for -h and after printing an error
 	// alike; which to print is decided here, once Parse has returned.
+	// Its error is printed here too, once it names what the flag wants.
 	fs.Usage = func() {}
+	out := fs.Output()
+	fs.SetOutput(io.Discard)
 	err := fs.Parse(args)
+	fs.SetOutput(out)
 	fs.Usage = usage
 	switch {
 	case err == nil:
@@ -49,8 +56,58 @@ func Parse(fs *flag.FlagSet, args []string) error {
 		usage()
 		return err
 	}
+	err = wantFormat(fs, err)
+	fmt.Fprintln(out, err)
 	printHint(fs)
 	return &ParseError{Err: err}
+}
+
+// badValue matches the flag package's error for a value its flag's type
+// cannot parse: "invalid value "x" for flag -n: parse error", and
+// "invalid boolean value "x" for -b: parse error".
+var badValue = regexp.MustCompile(`(?s)^(invalid (?:boolean )?value ".*" for (?:flag )?-([^\s:]+)): parse error$`)
+
+// wantFormat returns err, the flag package's, with "parse error" replaced
+// by what the flag wants ("want a duration such as 5s") when err is about
+// a value of a flag of the flag package's own number, duration or bool
+// types; otherwise err unchanged.
+func wantFormat(fs *flag.FlagSet, err error) error {
+	m := badValue.FindStringSubmatch(err.Error())
+	if m == nil {
+		return err
+	}
+	f := fs.Lookup(m[2])
+	if f == nil {
+		return err
+	}
+	g, ok := f.Value.(flag.Getter)
+	if !ok {
+		return err
+	}
+	// The flag's default is the example, unless it is its type's zero
+	// (or hidden as one: HideDefault).
+	example := func(zero, other string) string {
+		if f.DefValue != zero && f.DefValue != "" {
+			return f.DefValue
+		}
+		return other
+	}
+	var want string
+	switch g.Get().(type) {
+	case time.Duration:
+		want = "want a duration such as " + example("0s", "5s") + " (a number and a unit: ms, s, m, h)"
+	case int, int64:
+		want = "want an integer such as " + example("0", "10")
+	case uint, uint64:
+		want = "want a whole number, 0 or more, such as " + example("0", "10")
+	case float64:
+		want = "want a number such as " + example("0", "0.5")
+	case bool:
+		want = "want true or false"
+	default:
+		return err
+	}
+	return fmt.Errorf("%s: %s", m[1], want)
 }
 
 // Usagef reports a command line that parsed but will not do (a required
