@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/outboxchat/outboxchat/chat"
 	"github.com/outboxchat/outboxchat/chat/internal/chattest"
 	"github.com/outboxchat/outboxchat/outbox"
@@ -26,24 +25,7 @@ func TestSeqInvariantsConcurrentOneChat(t *testing.T) {
 	t.Parallel()
 	e := newBatchEnv(t, outbox.WakeAfterCommit)
 	ctx := context.Background()
-	pool2, err := pgxpool.New(ctx, e.h.RoleURL(chat.Consumers))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool2.Close)
-	w2, err := outbox.NewWriter(pool2, &outbox.WriterConfig{Table: "consumers.outbox", Mode: outbox.WakeNone})
-	if err != nil {
-		t.Fatal(err)
-	}
-	s2, err := New(pool2, &Config{Service: chat.Consumers, Writer: w2})
-	if err != nil {
-		t.Fatal(err)
-	}
-	s2.lockTimeout = time.Minute
-	if err := s2.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = s2.Stop(context.Background()) })
+	s2 := e.secondStore(t)
 
 	const senders, each = 12, 60
 	var (
