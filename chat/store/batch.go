@@ -471,7 +471,7 @@ func (s *Store) commitHinted(ctx context.Context, conn *pgxpool.Conn, reqs []*se
 	if err != nil {
 		return nil, err
 	}
-	ms, err := s.insertAndCommit(ctx, conn, reqs, res, fresh, &hintCheck{lockTimeout: s.lockTimeout, chats: chats, last: expect})
+	ms, err := s.insertAndCommit(ctx, conn, reqs, res, fresh, &hintCheck{chats: chats, last: expect})
 	if err != nil {
 		return nil, err
 	}
@@ -664,7 +664,7 @@ func (s *Store) insertAndCommit(ctx context.Context, conn *pgxpool.Conn, reqs []
 	lead := 0 // statements before the messages INSERT
 	if check != nil {
 		b.Queue("BEGIN")
-		b.Queue(setSendTimeoutsSQL, pgMillis(check.lockTimeout), pgMillis(sendStatementTimeout))
+		b.Queue(setSendTimeoutsSQL, pgMillis(s.lockTimeout), pgMillis(sendStatementTimeout))
 		b.Queue(s.q.tryLockChatsCounted, check.chats)
 		lead = 3
 	}
@@ -802,9 +802,8 @@ func (s *Store) committed(ms []chat.Message) {
 // hintCheck is what a one-round-trip batch checks under its chats' locks:
 // the try-locks took every chat, and chats[i]'s last seq is last[i].
 type hintCheck struct {
-	lockTimeout time.Duration
-	chats       []int64
-	last        []int64
+	chats []int64
+	last  []int64
 }
 
 // hintRefused reports whether err, from the messages INSERT of a hinted
