@@ -57,7 +57,7 @@ func (d *DualWriter) Send(ctx context.Context, chatID int64, body, author string
 		if _, err := tx.Exec(ctx, d.store.q.lockChat, chatID); err != nil {
 			return fmt.Errorf("lock chat: %w", err)
 		}
-		return tx.QueryRow(ctx, d.store.q.insertOne, chatID, body, m.Author).Scan(&m.ID, &m.Seq, &m.SentAt)
+		return tx.QueryRow(ctx, d.store.q.insertOne, chatID, body, m.Author, sendClock()).Scan(&m.ID, &m.Seq, &m.SentAt)
 	})
 	if err != nil {
 		return chat.Message{}, fmt.Errorf("send: %w", err)

@@ -71,17 +71,21 @@ func TestSeqNeverGoesBackwardsAfterDeletes(t *testing.T) {
 	// Every chat at once, then the dual writer's path.
 	exec(`DELETE FROM consumers.messages`)
 	var m chat.Message
+	at := sendClock().Add(-time.Hour) // not Postgres's now(): created_at is the sender's clock
 	err := pgx.BeginFunc(ctx, e.store.pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, e.store.q.lockChat, int64(1)); err != nil {
 			return err
 		}
-		return tx.QueryRow(ctx, e.store.q.insertOne, int64(1), "b", "").Scan(&m.ID, &m.Seq, &m.SentAt)
+		return tx.QueryRow(ctx, e.store.q.insertOne, int64(1), "b", "", at).Scan(&m.ID, &m.Seq, &m.SentAt)
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if m.Seq != 5 {
 		t.Fatalf("chat 1, dual writer, after deleting every message: seq %d, want 5", m.Seq)
+	}
+	if !m.SentAt.Equal(at) {
+		t.Fatalf("chat 1, dual writer: created_at %v, want the sender's %v", m.SentAt, at)
 	}
 	for c := int64(2); c <= 3; c++ {
 		if got := send(c); got != 5 {
@@ -109,7 +113,7 @@ func TestLastSeqsUsesIndexesWhenPlannedOnEmptyTables(t *testing.T) {
 	e := newBatchEnv(t, outbox.WakeAfterCommit)
 	scans := e.h.IndexedScans(t, []string{"messages", "seq_floors"},
 		chattest.Statement{Name: "last_seqs", SQL: e.store.q.lastSeqs, Args: `'{1,2}'`},
-		chattest.Statement{Name: "insert_one", SQL: e.store.q.insertOne, Args: `1, 'b', ''`})
+		chattest.Statement{Name: "insert_one", SQL: e.store.q.insertOne, Args: `1, 'b', '', now()`})
 	for name, n := range scans {
 		if n != 2 {
 			t.Errorf("%s: %d scans of messages and seq_floors, want 2", name, n)

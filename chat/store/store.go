@@ -160,9 +160,10 @@ func newQueries(service string) queries {
 					SELECT FROM unnest($8::bigint[], $9::bigint[]) AS e(c, last)
 					WHERE ` + lastSeqSQL(s, "e.c") + ` <> e.last) AS ok) AS g`,
 		// insertOne: the v1 dual writer's send, after lockChat in the same
-		// transaction: the next seq of chat $1, as lastSeqs numbers it.
-		insertOne: `INSERT INTO ` + s + `.messages (chat_id, seq, body, author)
-			SELECT $1, ` + lastSeqSQL(s, "$1::bigint") + ` + 1, $2, nullif($3, '')
+		// transaction: the next seq of chat $1, as lastSeqs numbers it,
+		// created at $4 (sendClock, as the group commit's sends are).
+		insertOne: `INSERT INTO ` + s + `.messages (chat_id, seq, body, author, created_at)
+			SELECT $1, ` + lastSeqSQL(s, "$1::bigint") + ` + 1, $2, nullif($3, ''), $4::timestamptz
 			RETURNING id::text, seq, created_at`,
 		// history: a page of the service's own messages, each with the
 		// delivered_at of the first receipt at or above its seq (one probe
