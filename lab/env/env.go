@@ -814,10 +814,13 @@ func (e *Env) newProcs(opts Options, serveArgs []string) error {
 	fixedAddr := map[string]string{chat.Consumers: opts.ConsumersAddr, chat.Workers: opts.WorkersAddr}
 	newProc := func(service, name, roles string, api bool, consumer string) (*process.Proc, error) {
 		args := []string{"--service", service, "--role", roles,
-			"--database-url", e.serveDatabaseURL(service), "--redis-url", e.ServiceRedisURL(service),
 			"--lock-duration", opts.LockDuration.String(), "--consumer-name", consumer}
+		// The URLs carry the service roles' passwords: they go in the
+		// environment serve reads them from (readable by the lab's user
+		// only), not on the command line, which every user's ps shows.
+		urls := []string{"DATABASE_URL=" + e.serveDatabaseURL(service), "REDIS_URL=" + e.ServiceRedisURL(service)}
 		if e.PgBouncer != nil {
-			args = append(args, "--listen-database-url", e.ServiceDatabaseURL(service))
+			urls = append(urls, "LISTEN_DATABASE_URL="+e.ServiceDatabaseURL(service))
 		}
 		if opts.Partitions > 1 {
 			args = append(args, "--partitions", strconv.Itoa(opts.Partitions))
@@ -838,7 +841,7 @@ func (e *Env) newProcs(opts Options, serveArgs []string) error {
 			e.DebugAddrs[name] = a
 			args = append(args, "--debug-addr", a)
 		}
-		cfg := &process.Config{Args: args, API: api, LogPath: filepath.Join(e.Dir, name+".log"), TLS: opts.TLS}
+		cfg := &process.Config{Args: args, Env: urls, API: api, LogPath: filepath.Join(e.Dir, name+".log"), TLS: opts.TLS}
 		if api && consumer == service+"-1" {
 			cfg.Addr = fixedAddr[service]
 		}

@@ -1,10 +1,15 @@
 package probe
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"net/url"
+	"os"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -173,6 +178,7 @@ func TestSIGTERMMidLoad(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer e.Close()
+	checkPasswordsOffCommandLine(t, e)
 
 	const chats = 6
 	var watchers []*Watcher // per chat: one on workers (shows consumers' messages), one on consumers
@@ -353,4 +359,38 @@ func TestSIGTERMMidLoad(t *testing.T) {
 		t.Errorf("workers group still has pending entries: %+v", p)
 	}
 	t.Logf("answered %d (%d created), 5xx %d, transport errors retried %d", len(load.ok), load.created, len(load.fiveXX), load.retries)
+}
+
+// checkPasswordsOffCommandLine fails t if a service process's command line
+// (/proc/PID/cmdline, which any user's ps reads) holds its Redis URL's
+// password, or if its environment (the owner's only) lacks the URL serve
+// reads instead.
+func checkPasswordsOffCommandLine(t *testing.T, e *env.Env) {
+	t.Helper()
+	for _, p := range []*process.Proc{e.Consumers, e.Workers} {
+		service := p.Name()
+		u, err := url.Parse(e.ServiceRedisURL(service))
+		if err != nil {
+			t.Fatal(err)
+		}
+		pw, ok := u.User.Password()
+		if !ok || pw == "" {
+			t.Fatalf("%s: Redis URL without a password; the check needs one", service)
+		}
+		cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", p.PID()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if bytes.Contains(cmdline, []byte(pw)) {
+			shown := bytes.ReplaceAll(bytes.ReplaceAll(cmdline, []byte(pw), []byte("xxxxx")), []byte{0}, []byte{' '})
+			t.Errorf("%s: the command line shows the Redis password (xxxxx here): %s", service, shown)
+		}
+		environ, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", p.PID()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Contains(strings.Split(string(environ), "\x00"), "REDIS_URL="+e.ServiceRedisURL(service)) {
+			t.Errorf("%s: no REDIS_URL with the service's URL in the environment", service)
+		}
+	}
 }
