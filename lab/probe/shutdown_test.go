@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -391,6 +392,17 @@ func checkPasswordsOffCommandLine(t *testing.T, e *env.Env) {
 		}
 		if !slices.Contains(strings.Split(string(environ), "\x00"), "REDIS_URL="+e.ServiceRedisURL(service)) {
 			t.Errorf("%s: no REDIS_URL with the service's URL in the environment", service)
+		}
+		// The log's start line shows how the process was started, the
+		// environment's URLs too, without the password.
+		log, err := os.ReadFile(filepath.Join(e.Dir, service+".log"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		start, _, _ := bytes.Cut(log, []byte("\n"))
+		redacted := "REDIS_URL=" + strings.Replace(e.ServiceRedisURL(service), ":"+pw+"@", ":xxxxx@", 1)
+		if bytes.Contains(start, []byte(pw)) || !bytes.Contains(start, []byte(redacted)) {
+			t.Errorf("%s: log start line %q: want %s in it and no password", service, bytes.ReplaceAll(start, []byte(pw), []byte("<password>")), redacted)
 		}
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -279,7 +280,7 @@ func (p *Proc) Start(ctx context.Context) error {
 	}
 	cmd.Stdout, cmd.Stderr = pw, pw
 	if p.logf != nil {
-		fmt.Fprintf(p.logf, "# lab: %s start %s\n", time.Now().Format(time.RFC3339Nano), strings.Join(redactArgs(args), " "))
+		fmt.Fprintf(p.logf, "# lab: %s start %s\n", time.Now().Format(time.RFC3339Nano), strings.Join(redactArgs(append(slices.Clone(p.cfg.Env), args...)), " "))
 	}
 	err = spawn.Start(cmd)
 	pw.Close()
@@ -697,11 +698,16 @@ func TreeCPU(pid int) float64 {
 }
 
 // redactArgs returns args with the password of every URL argument
-// (--database-url, --redis-url, …) as "xxxxx" (redisclient.Redact), so
-// that a log the lab keeps (--keep-logs) holds no service's password.
+// (--database-url's, or an environment entry's such as REDIS_URL=URL) as
+// "xxxxx" (redisclient.Redact), so that a log the lab keeps (--keep-logs)
+// holds no service's password.
 func redactArgs(args []string) []string {
 	out := make([]string, len(args))
 	for i, a := range args {
+		if k, v, ok := strings.Cut(a, "="); ok && !strings.HasPrefix(a, "-") && !strings.Contains(k, "://") {
+			out[i] = k + "=" + redisclient.Redact(v)
+			continue
+		}
 		out[i] = redisclient.Redact(a)
 	}
 	return out

@@ -54,16 +54,18 @@ func TestLogLineEvent(t *testing.T) {
 // passwords, and leaves every other argument as it is.
 func TestRedactArgs(t *testing.T) {
 	t.Parallel()
-	in := []string{"--service", "consumers", "--database-url", "postgres://consumers:s3cret@127.0.0.1:5432/chat?sslmode=disable",
-		"--redis-url", "redis://consumers:f00d@127.0.0.1:6379/0", "--broker-url", "nats://127.0.0.1:4222"}
+	in := []string{"REDIS_URL=redis://workers:beef@127.0.0.1:6379/0", "OUTBOXCHAT_X=a=b", "serve",
+		"--service", "consumers", "--database-url", "postgres://consumers:s3cret@127.0.0.1:5432/chat?sslmode=disable",
+		"--redis-url", "redis://consumers:f00d@127.0.0.1:6379/0", "--broker-url", "nats://127.0.0.1:4222", "--fault=x"}
 	got := strings.Join(redactArgs(in), " ")
-	for _, secret := range []string{"s3cret", "f00d"} {
+	for _, secret := range []string{"s3cret", "f00d", "beef"} {
 		if strings.Contains(got, secret) {
 			t.Fatalf("start line %q holds a password", got)
 		}
 	}
 	for _, keep := range []string{"--service consumers", "postgres://consumers:xxxxx@127.0.0.1:5432/chat?sslmode=disable",
-		"redis://consumers:xxxxx@127.0.0.1:6379/0", "nats://127.0.0.1:4222"} {
+		"redis://consumers:xxxxx@127.0.0.1:6379/0", "nats://127.0.0.1:4222",
+		"REDIS_URL=redis://workers:xxxxx@127.0.0.1:6379/0 OUTBOXCHAT_X=a=b serve", "--fault=x"} {
 		if !strings.Contains(got, keep) {
 			t.Fatalf("start line %q lacks %q", got, keep)
 		}
