@@ -58,6 +58,20 @@ func TestBadFlagIsReportedOnce(t *testing.T) {
 			"revoke: give exactly one of --user and --token-id\nrun 'outboxchat revoke -h' for the flags\n"},
 		badRun{[]string{"revoke", "--database-url", "postgres://127.0.0.1:1/x", "--user", "alice", "--service", "nobody"},
 			`revoke: --service: chat: unknown service (want consumers or workers): "nobody"` + "\nrun 'outboxchat revoke -h' for the flags\n"})
+	// The commands of one service name a missing or unknown --service
+	// before they connect anywhere (the URLs here refuse connections);
+	// serve checks --http's shape then too.
+	noDB := "postgres://127.0.0.1:1/x"
+	for _, c := range []struct{ name, extra string }{{"serve", ""}, {"migrate", ""}, {"prune", "--older-than 1h"}, {"outbox parked", ""}} {
+		args := append(strings.Fields(c.name+" "+c.extra), "--database-url", noDB)
+		hint := "\nrun 'outboxchat " + c.name + " -h' for the flags\n"
+		runs = append(runs,
+			badRun{args, c.name + ": --service is required: consumers or workers" + hint},
+			badRun{append(slices.Clip(args), "--service", "nobody"), c.name + `: --service "nobody": want consumers or workers` + hint})
+	}
+	runs = append(runs,
+		badRun{[]string{"serve", "--service", "consumers", "--database-url", noDB, "--redis-url", "redis://127.0.0.1:1/0", "--http", "8080"},
+			`serve: --http "8080": want host:port, such as 127.0.0.1:8080` + "\nrun 'outboxchat serve -h' for the flags\n"})
 	outboxchat := func(t *testing.T, args []string) (stdout, stderr string, exit int) {
 		var out, errOut bytes.Buffer
 		cmd := exec.CommandContext(t.Context(), process.Binary, args...)
@@ -154,5 +168,34 @@ func TestHelpShowsOneDefaultPerFlag(t *testing.T) {
 				t.Errorf("outboxchat %s -h: %d defaults in\n  -%s", name, n, entry)
 			}
 		}
+	}
+}
+
+// A database that refuses connections is named as such, under the
+// command's own name: not as a failed probe for a pooler, nor as serve's.
+func TestUnreachableDatabaseIsNamed(t *testing.T) {
+	t.Parallel()
+	for c, more := range map[string][]string{"migrate": nil, "serve": {"--redis-url", "redis://127.0.0.1:1/0", "--insecure-no-auth"}} {
+		t.Run(c, func(t *testing.T) {
+			t.Parallel()
+			var errOut bytes.Buffer
+			args := append([]string{c, "--service", "consumers", "--database-url", "postgres://consumers@127.0.0.1:1/x?sslmode=disable"}, more...)
+			cmd := exec.CommandContext(t.Context(), process.Binary, args...)
+			cmd.Stderr = &errOut
+			cmd.Env = slices.DeleteFunc(os.Environ(), func(kv string) bool { return strings.HasPrefix(kv, "OUTBOXCHAT_") })
+			err := cmd.Run()
+			var ee *exec.ExitError
+			if !errors.As(err, &ee) || ee.ExitCode() != 1 {
+				t.Fatalf("outboxchat %s: %v, want exit status 1", c, err)
+			}
+			last := strings.TrimSpace(errOut.String())
+			if i := strings.LastIndex(last, "\noutboxchat: "); i >= 0 {
+				last = last[i+1:] // serve logs before it fails
+			}
+			want := "outboxchat: " + c + ": connect to postgres: "
+			if !strings.HasPrefix(last, want) || strings.Contains(last, "pooler") || (c != "serve" && strings.Contains(last, "serve")) {
+				t.Errorf("outboxchat %s: error\n%s\nwant it to begin %q, naming no pooler probe", c, last, want)
+			}
+		})
 	}
 }

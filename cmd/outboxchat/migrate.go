@@ -28,6 +28,9 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if err := cliflag.Parse(fs, args); err != nil {
 		return err
 	}
+	if err := checkServiceFlag(fs, "migrate", *service); err != nil {
+		return err
+	}
 	if acl.wanted() {
 		if err := acl.run(ctx, *service, stdout); err != nil {
 			return err

@@ -146,3 +146,16 @@ func parseInterleaved(fs *flag.FlagSet, args []string) ([]string, error) {
 		args = fs.Args()[1:]
 	}
 }
+
+// checkServiceFlag reports a --service flag that is missing or names no
+// service as a flag error of cmd (cliflag.Usagef: the error, the -h hint,
+// exit 2): serve, migrate, prune and outbox need exactly one service.
+func checkServiceFlag(fs *flag.FlagSet, cmd, service string) error {
+	switch {
+	case service == "":
+		return cliflag.Usagef(fs, "%s: --service is required: consumers or workers", cmd)
+	case chat.Peer(service) == "":
+		return cliflag.Usagef(fs, "%s: --service %q: want consumers or workers", cmd, service)
+	}
+	return nil
+}

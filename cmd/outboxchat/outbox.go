@@ -41,8 +41,8 @@ func runOutbox(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err := cliflag.Parse(fs, args[1:]); err != nil {
 		return err
 	}
-	if chat.Peer(*svc) == "" {
-		return fmt.Errorf("outbox %s: --service %q: want consumers or workers", action, *svc)
+	if err := checkServiceFlag(fs, "outbox "+action, *svc); err != nil {
+		return err
 	}
 	if *partition < 0 || *partition >= chat.MaxPartitions {
 		return fmt.Errorf("outbox %s: --partition %d out of range", action, *partition)

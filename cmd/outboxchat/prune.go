@@ -8,7 +8,6 @@ import (
 	"io"
 	"time"
 
-	"github.com/outboxchat/outboxchat/chat"
 	"github.com/outboxchat/outboxchat/chat/store/prune"
 	"github.com/outboxchat/outboxchat/cmd/outboxchat/internal/cliflag"
 )
@@ -26,8 +25,8 @@ func runPrune(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err := cliflag.Parse(fs, args); err != nil {
 		return err
 	}
-	if chat.Peer(*svc) == "" {
-		return fmt.Errorf("prune: --service %q: want consumers or workers", *svc)
+	if err := checkServiceFlag(fs, "prune", *svc); err != nil {
+		return err
 	}
 	if *older <= 0 {
 		return errors.New("prune: --older-than: want a duration above 0, e.g. 720h")

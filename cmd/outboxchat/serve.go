@@ -68,6 +68,16 @@ func runServe(ctx context.Context, args []string, _, stderr io.Writer) error {
 	if err := cliflag.Parse(fs, args); err != nil {
 		return err
 	}
+	if err := checkServiceFlag(fs, "serve", *service); err != nil {
+		return err
+	}
+	if *httpAddr != "" {
+		// Checked before anything connects: a bare port, as lab up's
+		// --consumers-addr takes, is a mistake here.
+		if _, _, err := net.SplitHostPort(*httpAddr); err != nil {
+			return cliflag.Usagef(fs, "serve: --http %q: want host:port, such as 127.0.0.1:8080", *httpAddr)
+		}
+	}
 	r, err := server.ParseRoles(*roles)
 	if err != nil {
 		return err
