@@ -82,6 +82,9 @@ const poolerProbeTimeout = 5 * time.Second
 // the probe and fail later: the README names the URL option either way.
 // With pool_max_conns=1 there is no probe; a probe that cannot finish
 // (the pooler has one server connection) logs a warning and returns nil.
+// A pool that cannot connect gives "connect to postgres: " and pgx's
+// *pgconn.ConnectError; any other failed probe "probe for a connection
+// pooler: " and its error.
 //
 // Serve calls it at start; `outboxchat migrate` too. log (nil: slog.Default)
 // receives the warning. Safe for concurrent use; it holds two of pool's
@@ -106,8 +109,10 @@ func CheckPooler(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger) erro
 		log.Warn("could not tell whether the database URL goes through a transaction-mode pooler (probe timed out); "+
 			"if it does, add default_query_exec_mode=exec to it", "err", err)
 		return nil
+	case errors.As(err, new(*pgconn.ConnectError)):
+		return fmt.Errorf("connect to postgres: %w", err)
 	default:
-		return fmt.Errorf("serve: probe for a connection pooler: %w", err)
+		return fmt.Errorf("probe for a connection pooler: %w", err)
 	}
 }
 

@@ -292,7 +292,7 @@ func (p *process) connectPostgres(ctx context.Context) (*pgxpool.Pool, error) {
 	p.log.Info("database pool", "max_conns", pcfg.MaxConns, "min_conns", pcfg.MinConns)
 	if err := schema.CheckPooler(ctx, pool, p.log); err != nil {
 		pool.Close()
-		return nil, err
+		return nil, fmt.Errorf("serve: %w", err)
 	}
 	if n, err := schema.Migrate(ctx, pool, c.Service); err != nil {
 		pool.Close()
