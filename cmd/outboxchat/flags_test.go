@@ -199,3 +199,22 @@ func TestUnreachableDatabaseIsNamed(t *testing.T) {
 		})
 	}
 }
+
+// go-redis's own lines ("redis: <date> pool.go:NNN: … failed to dial")
+// stay out of an operator command's output: status reports the Redis it
+// could not read itself.
+func TestRedisClientLinesStayOut(t *testing.T) {
+	t.Parallel()
+	var out bytes.Buffer
+	cmd := exec.CommandContext(t.Context(), process.Binary, "status",
+		"--database-url", "postgres://127.0.0.1:1/x?sslmode=disable", "--redis-url", "redis://127.0.0.1:1/0")
+	cmd.Stdout, cmd.Stderr = &out, &out
+	cmd.Env = slices.DeleteFunc(os.Environ(), func(kv string) bool { return strings.HasPrefix(kv, "OUTBOXCHAT_") })
+	_ = cmd.Run() // exit 1: something needs a person
+	if !strings.Contains(out.String(), "NEEDS A PERSON") {
+		t.Fatalf("status with nothing reachable:\n%s\nwant its NEEDS A PERSON report", out.String())
+	}
+	if strings.Contains(out.String(), "pool.go:") {
+		t.Errorf("status output holds go-redis's own lines:\n%s", out.String())
+	}
+}

@@ -27,6 +27,8 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/outboxchat/outboxchat/cmd/outboxchat/internal/cliflag"
 	"github.com/outboxchat/outboxchat/cmd/outboxchat/internal/labcmd"
 	"github.com/outboxchat/outboxchat/internal/pgproc"
@@ -58,6 +60,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		defer func() { _ = pgproc.RemoveTemplate() }()
 		return dispatch(ctx, group{prefix: "lab ", usage: labcmd.Usage, help: flag.ErrHelp}, args[1:], stdout, stderr)
 	}
+	redis.SetLogger(redisLogger{}) // serve sets its own
 	return dispatch(ctx, group{usage: usage}, args, stdout, stderr)
 }
 

@@ -5,11 +5,13 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/pprof"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/outboxchat/outboxchat/chat"
@@ -107,6 +109,7 @@ func runServe(ctx context.Context, args []string, _, stderr io.Writer) error {
 		return err
 	}
 	log := newLogger(stderr, *logFormat)
+	redis.SetLogger(redisLogger{log: log.With("component", "redis"), level: slog.LevelWarn})
 	var hooks server.Hooks // nil unless --fault: an interface holding a nil *Crash is not nil
 	if f, err := fault.ParseCrash(*faultSpec, log.With("service", *service)); err != nil {
 		return err
