@@ -217,4 +217,7 @@ func TestRedisClientLinesStayOut(t *testing.T) {
 	if strings.Contains(out.String(), "pool.go:") {
 		t.Errorf("status output holds go-redis's own lines:\n%s", out.String())
 	}
+	if !strings.Contains(out.String(), "redis 127.0.0.1:1: durability unknown (redisq: ") {
+		t.Errorf("status output:\n%s\nwant the unread durability's reason in parentheses", out.String())
+	}
 }

@@ -175,7 +175,7 @@ func writeStatus(w io.Writer, st *status.Status) {
 	for _, n := range st.Redis {
 		switch {
 		case n.Durable == nil:
-			fmt.Fprintf(w, "redis %s: durability unknown %s\n", n.Addr, n.Error)
+			fmt.Fprintf(w, "redis %s: durability unknown (%s)\n", n.Addr, n.Error)
 		default:
 			d := map[bool]string{true: "durable", false: "NOT DURABLE"}[*n.Durable]
 			fmt.Fprintf(w, "redis %s: appendonly %s, maxmemory-policy %s: %s\n", n.Addr, n.AppendOnly, n.MaxMemoryPolicy, d)
