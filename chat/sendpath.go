@@ -16,6 +16,14 @@ var ErrChatBusy = errors.New("chat busy: its lock was not free within the lock t
 // sure.
 var ErrSendTimeout = errors.New("send timed out")
 
+// ErrSendOutcomeUnknown is returned (wrapped) by a send whose transaction's
+// connection failed after its COMMIT was sent, when the store could not
+// then read whether the transaction committed (the database unreachable,
+// the chat's lock not free within the lock timeout). The message may be
+// stored: retry with the same idempotency key, which stores it at most
+// once. A send without a key cannot be told apart from a new one.
+var ErrSendOutcomeUnknown = errors.New("send outcome unknown: the message may be stored")
+
 // ErrIdempotencyConflict is returned (wrapped) by a send when the send's key
 // was already used in the chat for a message with another body.
 var ErrIdempotencyConflict = errors.New("idempotency key already used for another message in this chat")

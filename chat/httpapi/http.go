@@ -396,6 +396,8 @@ func sendError(err error, keyField string) (int, ErrorBody) {
 		return http.StatusBadRequest, ErrorBody{Error: "the database refused the message", Field: "body"}
 	case errors.Is(err, chat.ErrChatBusy):
 		return http.StatusServiceUnavailable, ErrorBody{Error: "chat busy, nothing was stored; retry later with the same idempotency key"}
+	case errors.Is(err, chat.ErrSendOutcomeUnknown):
+		return http.StatusServiceUnavailable, ErrorBody{Error: "the database connection failed as the message was committed: it may be stored; retry with the same idempotency key to know"}
 	}
 	return http.StatusServiceUnavailable, ErrorBody{Error: "could not store the message; retry with the same idempotency key"}
 }

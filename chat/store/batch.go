@@ -708,6 +708,7 @@ func (s *Store) insertAndCommit(ctx context.Context, conn *pgxpool.Conn, reqs []
 	var tag pgconn.CommandTag
 	var err error
 	failedAt := -1
+	committed := false // COMMIT's own answer came back: whatever follows, the batch is stored
 	for i := range b.Len() {
 		if tag, err = br.Exec(); err != nil {
 			failedAt = i
@@ -717,8 +718,11 @@ func (s *Store) insertAndCommit(ctx context.Context, conn *pgxpool.Conn, reqs []
 			err = fmt.Errorf("%d of %d messages inserted", tag.RowsAffected(), len(fresh))
 			break
 		}
+		committed = i == b.Len()-1 && tag.String() == "COMMIT"
 	}
-	if cerr := br.Close(); err == nil && cerr != nil {
+	// Close reads the ReadyForQuery after COMMIT's answer; a connection
+	// lost there (a terminated backend, a cut) loses nothing of the batch.
+	if cerr := br.Close(); err == nil && cerr != nil && !committed {
 		err = cerr
 	}
 	if err == nil && tag.String() != "COMMIT" {
@@ -729,9 +733,67 @@ func (s *Store) insertAndCommit(ctx context.Context, conn *pgxpool.Conn, reqs []
 		if check != nil && failedAt >= lead && failedAt < b.Len()-1 && errors.As(err, &pgErr) && hintRefused(pgErr) {
 			return nil, fmt.Errorf("%w: %w", errHintedRolledBack, err)
 		}
-		return nil, classifySendError(fmt.Errorf("insert and commit: %w", err))
+		err = classifySendError(fmt.Errorf("insert and commit: %w", err))
+		if len(ms) == 0 || !outcomeUnknown(err) {
+			return nil, err
+		}
+		stored, oerr := s.outcomeOf(ctx, ms[0])
+		switch {
+		case oerr != nil:
+			return nil, fmt.Errorf("%w: %w (and reading the outcome: %w)", chat.ErrSendOutcomeUnknown, err, oerr)
+		case !stored && check != nil:
+			// A one-round-trip batch takes its locks in its pipeline: one
+			// its server has yet to read (a backend stalled, the client's
+			// deadline passed) could still take them and commit after
+			// this read. Only a stored message decides it.
+			return nil, fmt.Errorf("%w: %w (not stored when read)", chat.ErrSendOutcomeUnknown, err)
+		case !stored:
+			return nil, err // it held the lock from its first round trip: rolled back
+		}
+		// Stored: the sends are answered as such, as if the answer had come.
 	}
 	return ms, nil
+}
+
+// outcomeUnknown reports whether a send batch that failed with err, its
+// COMMIT sent, may have committed all the same: unless Postgres refused a
+// statement (an ERROR: the transaction is aborted, and the COMMIT queued
+// behind it rolls back) or pgx sent nothing (SafeToRetry), the answer was
+// lost on the way: a connection cut, a FATAL (a terminated backend), a
+// deadline while reading.
+func outcomeUnknown(err error) bool {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Severity == "ERROR" {
+		return false
+	}
+	return !pgconn.SafeToRetry(err)
+}
+
+// outcomeTimeout bounds outcomeOf.
+const outcomeTimeout = 5 * time.Second
+
+// outcomeOf tells whether the batch that m (one of its new messages) was
+// sent in is stored, after that batch's connection failed with its outcome
+// unknown: on another connection, under m's chat's lock. A two-round-trip
+// batch held that lock from its first round trip, so its transaction has
+// ended when the lock is granted, and a read in the next statement sees its
+// commit if there was one. A one-round-trip batch may not have tried the
+// lock yet: then "not stored" is not final (insertAndCommit says unknown). It waits at most the lock timeout for the lock,
+// and outcomeTimeout in all, on a context that ctx's end does not cancel
+// (the batch's deadline may be what failed it).
+func (s *Store) outcomeOf(ctx context.Context, m chat.Message) (stored bool, err error) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), outcomeTimeout)
+	defer cancel()
+	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, setSendTimeoutsSQL, pgMillis(s.lockTimeout), pgMillis(sendStatementTimeout)); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, s.q.lockChat, m.ChatID); err != nil {
+			return err
+		}
+		return tx.QueryRow(ctx, s.q.messageStored, m.ID).Scan(&stored)
+	})
+	return stored, err
 }
 
 // replayOrConflict answers a send whose key already stored m: m itself

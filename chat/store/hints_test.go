@@ -16,8 +16,14 @@ import (
 // own pool, writer and committer: a second instance of the service.
 func (e *batchEnv) secondStore(t *testing.T) *Store {
 	t.Helper()
+	return storeOn(t, e.h.RoleURL(chat.Consumers))
+}
+
+// storeOn starts a Store of consumers whose pool connects to url.
+func storeOn(t *testing.T, url string) *Store {
+	t.Helper()
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, e.h.RoleURL(chat.Consumers))
+	pool, err := pgxpool.New(ctx, url)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -88,7 +88,7 @@ func slowLanesFor(maxConns int32) int {
 
 // queries holds the service's schema-qualified SQL.
 type queries struct {
-	lockChat, tryLockChats, tryLockChatsCounted, lastSeqs, findKeys, insertMessages, insertMessagesChecked, insertOne, history, historyInbox, watermark string
+	lockChat, tryLockChats, tryLockChatsCounted, lastSeqs, findKeys, insertMessages, insertMessagesChecked, insertOne, messageStored, history, historyInbox, watermark string
 }
 
 // lastSeqSQL is the SQL expression for chat c's last seq in schema s (an
@@ -106,6 +106,10 @@ func newQueries(service string) queries {
 		// free and returns them, without waiting. See batch.go: the lock is
 		// what makes seq gap-free and equal to commit order per chat.
 		lockChat:     `SELECT pg_advisory_xact_lock(` + schema.ChatLockSQL(service, "$1::bigint") + `)`,
+		// messageStored: whether message $1 is stored (the primary key),
+		// read under its chat's lock by a send whose COMMIT's answer was
+		// lost (batch.go, outcomeOf).
+		messageStored: `SELECT EXISTS (SELECT 1 FROM ` + s + `.messages WHERE id = $1::uuid)`,
 		tryLockChats: `SELECT c FROM unnest($1::bigint[]) AS c WHERE pg_try_advisory_xact_lock(` + schema.ChatLockSQL(service, "c") + `)`,
 		// tryLockChatsCounted is tryLockChats for a one-round-trip batch
 		// (batch.go's seq hints): it returns nothing, and leaves the number
@@ -293,7 +297,12 @@ func (s *Store) Send(ctx context.Context, chatID int64, body, author string) (ch
 // transaction has taken it, it is committed (or fails) regardless of ctx,
 // within sendBatchTimeout (10 s), and it waits for the outcome. When the
 // Store is not started (or is stopping), the send commits alone in the
-// caller's goroutine under ctx. Timeouts wrap chat.ErrSendTimeout.
+// caller's goroutine under ctx. Timeouts wrap chat.ErrSendTimeout. A
+// transaction whose connection fails once its COMMIT is sent is answered by
+// what Postgres did, read on another connection under the chat's lock: a
+// success if it committed; an error wrapping chat.ErrSendOutcomeUnknown
+// (the message may be stored: retry with the same key) when that cannot be
+// read, or a one-round-trip batch (batch.go's seq hints) is not found.
 //
 // A chatID ≤ 0, a body that is not valid UTF-8 or holds a NUL, or an invalid
 // key, which the database would refuse, is rejected up front with a
