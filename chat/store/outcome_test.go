@@ -138,11 +138,11 @@ func (p *cutProxy) serve(client net.Conn) {
 func TestSendAnswerFollowsTheCommit(t *testing.T) {
 	t.Parallel()
 	for _, c := range []struct {
-		name         string
-		mode         int
-		stored       bool // the cut send's message is in the table
-		hintedErr    error
-		twoTripsErr  error
+		name        string
+		mode        int
+		stored      bool // the cut send's message is in the table
+		hintedErr   error
+		twoTripsErr error
 	}{
 		{"cut after COMMIT's answer", cutAfterCommit, true, nil, nil},
 		{"COMMIT's answer lost", cutCommitAnswer, true, nil, nil},

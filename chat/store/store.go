@@ -105,12 +105,12 @@ func newQueries(service string) queries {
 		// lock; tryLockChats takes the locks of those of chats $1 that are
 		// free and returns them, without waiting. See batch.go: the lock is
 		// what makes seq gap-free and equal to commit order per chat.
-		lockChat:     `SELECT pg_advisory_xact_lock(` + schema.ChatLockSQL(service, "$1::bigint") + `)`,
+		lockChat: `SELECT pg_advisory_xact_lock(` + schema.ChatLockSQL(service, "$1::bigint") + `)`,
 		// messageStored: whether message $1 is stored (the primary key),
 		// read under its chat's lock by a send whose COMMIT's answer was
 		// lost (batch.go, outcomeOf).
 		messageStored: `SELECT EXISTS (SELECT 1 FROM ` + s + `.messages WHERE id = $1::uuid)`,
-		tryLockChats: `SELECT c FROM unnest($1::bigint[]) AS c WHERE pg_try_advisory_xact_lock(` + schema.ChatLockSQL(service, "c") + `)`,
+		tryLockChats:  `SELECT c FROM unnest($1::bigint[]) AS c WHERE pg_try_advisory_xact_lock(` + schema.ChatLockSQL(service, "c") + `)`,
 		// tryLockChatsCounted is tryLockChats for a one-round-trip batch
 		// (batch.go's seq hints): it returns nothing, and leaves the number
 		// of chats it could not lock in the transaction-local setting
