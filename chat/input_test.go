@@ -212,3 +212,44 @@ func TestEventKeysFollowEventFields(t *testing.T) {
 		}
 	}
 }
+
+// A client frame with an unpaired UTF-16 surrogate escape is refused, as
+// the HTTP send refuses it, naming the field: encoding/json would turn it
+// into U+FFFD, changing the body, or making client_ids that differ only
+// there one idempotency key. A surrogate pair is a character like any.
+func TestClientFrameRefusesUnpairedSurrogates(t *testing.T) {
+	t.Parallel()
+	for frame, field := range map[string]string{
+		`{"type":"send","client_id":"s1","body":"lone \ud800 surrogate"}`:                                      "body",
+		`{"type":"send","client_id":"x\ud800","body":"one"}`:                                                   "client_id",
+		`{"type":"send","client_id":"x\udc00","body":"one"}`:                                                   "client_id",
+		`{"type":"edit","client_id":"e1","message_id":"0b5c6f5e-5d2e-4b8a-9f53-1d2e3f4a5b6c","body":"\udbff"}`: "body",
+	} {
+		_, err := DecodeClientFrame([]byte(frame), 0)
+		var fe *FieldError
+		if !errors.As(err, &fe) || fe.Field != field || !strings.Contains(fe.Msg, "surrogate") {
+			t.Errorf("%s: %v, want a surrogate error naming %q", frame, err, field)
+		}
+	}
+	f, err := DecodeClientFrame([]byte(`{"type":"send","client_id":"p\ud83d\ude00","body":"pair \ud83d\ude00"}`), 0)
+	if err != nil || f.Body != "pair 😀" || f.ClientID != "p😀" {
+		t.Errorf("a surrogate pair: %+v, %v; want the character", f, err)
+	}
+}
+
+// An idempotency key holds no control character of any range: C0, DEL or
+// C1 (U+0080–U+009F), which a header or a log would show as nothing.
+func TestClientIDRefusesControlCharacters(t *testing.T) {
+	t.Parallel()
+	for _, key := range []string{"a\x01", "a\x7f", "\u0085x", "x\u009f"} {
+		var fe *FieldError
+		if err := ValidateClientID("client_id", key); !errors.As(err, &fe) || fe.Field != "client_id" {
+			t.Errorf("key %q: %v, want a client_id error", key, err)
+		}
+	}
+	for _, key := range []string{"k1", "ключ-😀", "a b", "\u00a0x"} {
+		if err := ValidateClientID("client_id", key); err != nil {
+			t.Errorf("key %q: %v, want it accepted", key, err)
+		}
+	}
+}

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
 	"unicode/utf16"
 	"unicode/utf8"
 
@@ -577,7 +578,7 @@ func ValidateClientID(field, key string) error {
 		return &FieldError{Field: field, Msg: fmt.Sprintf("is %d bytes, over the limit of %d", len(key), MaxClientIDBytes)}
 	case !utf8.ValidString(key):
 		return &FieldError{Field: field, Msg: "is not valid UTF-8"}
-	case strings.IndexFunc(key, func(r rune) bool { return r < 0x20 || r == 0x7f }) >= 0:
+	case strings.IndexFunc(key, unicode.IsControl) >= 0: // C0, DEL and C1
 		return &FieldError{Field: field, Msg: "must not contain control characters"}
 	}
 	return nil
