@@ -43,6 +43,11 @@ type ClientFrame struct {
 	MessageID string
 	ChatID    int64
 	UptoSeq   int64
+	// Untyped is set, with the "type is required" error, for an object
+	// of known keys without "type": the older protocol's send frame
+	// ({"body": "…"[, "client_id": "…"]}), which its callers may still
+	// take as such.
+	Untyped bool
 }
 
 // frameFields are the keys a client frame may hold.
@@ -250,6 +255,7 @@ func checkClientFrame(f *ClientFrame, seen *frameSeen, maxBodyBytes int) error {
 		need, take = frameSeen{typ: true}, frameSeen{chatID: true, clientID: true}
 	case "":
 		if !seen.typ {
+			f.Untyped = true
 			return &FieldError{Field: "type", Msg: "is required (send, edit, delete, read or typing)"}
 		}
 		fallthrough

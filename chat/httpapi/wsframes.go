@@ -108,6 +108,10 @@ func (s *wsSession) handle(typ websocket.MessageType, data []byte) {
 		return
 	}
 	f, err := chat.DecodeClientFrame(data, s.a.maxBody)
+	if f.Untyped { // "type" was a value, not a key
+		s.legacySend(data)
+		return
+	}
 	if err != nil {
 		var fe *chat.FieldError
 		errors.As(err, &fe)

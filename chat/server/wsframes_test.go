@@ -277,3 +277,23 @@ func TestWSHugeFrameClosesOnlyItsSocket(t *testing.T) {
 		t.Fatalf("the short frame after a long one stored %d row(s) with its body, want 1", got)
 	}
 }
+
+// TestWSOlderSendFrameMayHoldTheWordType: a send frame of the older
+// protocol ({"body": …[, "client_id": …]}, no "type" key) whose text holds
+// "type" as a value is still a send, not a typed frame without its type.
+func TestWSOlderSendFrameMayHoldTheWordType(t *testing.T) {
+	t.Parallel()
+	h, cons, ctx := framesAPI(t, 30*time.Second, nil)
+	s := dialFrames(t, ctx, cons.base, 8, chattest.Token())
+	s.write(t, ctx, `{"body":"type"}`)
+	s.write(t, ctx, `{"body":"hello","client_id":"type"}`)
+	// The older frames are stored before the socket reads the next frame:
+	// its ack says they are done.
+	s.send(t, ctx, "after", "typed")
+	if f := s.next(t, ctx); f.Type != "ack" || f.ClientID != "after" {
+		t.Fatalf("answer %+v, want the typed send's ack (no error for the older frames)", f)
+	}
+	if got := h.Count(t, `SELECT count(*) FROM consumers.messages WHERE chat_id = 8 AND (body = 'type' OR client_id = 'type')`); got != 2 {
+		t.Fatalf("%d of the 2 older frames stored", got)
+	}
+}
