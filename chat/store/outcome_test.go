@@ -154,19 +154,25 @@ func TestSendAnswerFollowsTheCommit(t *testing.T) {
 			proxy := newCutProxy(t, hostOf(t, e.h.RoleURL(chat.Consumers)), c.mode)
 			s := storeOn(t, proxy.via(t, e.h.RoleURL(chat.Consumers)))
 			other := e.secondStore(t)
-			ctx := context.Background()
+			// cutSend sends body to chatN through s with the proxy armed
+			// (body is the marker cutBeforeSend looks for) and checks the
+			// answer against what is stored.
+			cutSend := func(chatN int64, body string, wantErr error) error {
+				proxy.marker = []byte(body)
+				cuts := proxy.cuts.Load()
+				proxy.armed.Store(true)
+				m, err := s.Send(context.Background(), chatN, body, "")
+				if proxy.cuts.Load() != cuts+1 {
+					t.Fatalf("chat %d: the proxy cut %d connections, want 1", chatN, proxy.cuts.Load()-cuts)
+				}
+				checkCutSend(t, e, chatN, body, m, err, c.stored, wantErr)
+				return err
+			}
 
 			// Chat 1: a hint, then the cut one-round-trip batch.
 			sendSeq(t, s, 1, "first")
 			hits := s.hints.hits.Load()
-			proxy.marker = []byte("hinted")
-			proxy.armed.Store(true)
-			m, err := s.Send(ctx, 1, "hinted", "")
-			if proxy.cuts.Load() != 1 {
-				t.Fatalf("the proxy cut %d connections, want 1", proxy.cuts.Load())
-			}
-			checkCutSend(t, e, 1, "hinted", m, err, c.stored, c.hintedErr)
-			if err == nil && s.hints.hits.Load() != hits+1 {
+			if err := cutSend(1, "hinted", c.hintedErr); err == nil && s.hints.hits.Load() != hits+1 {
 				t.Errorf("the cut send was not a one-round-trip batch (hinted batches %d → %d)", hits, s.hints.hits.Load())
 			}
 
@@ -176,13 +182,7 @@ func TestSendAnswerFollowsTheCommit(t *testing.T) {
 			sendSeq(t, s, 2, "first")
 			sendSeq(t, other, 2, "other")
 			sendSeq(t, s, 2, "stale hint found")
-			proxy.marker = []byte("two round trips")
-			proxy.armed.Store(true)
-			m2, err2 := s.Send(ctx, 2, "two round trips", "")
-			if proxy.cuts.Load() != 2 {
-				t.Fatalf("the proxy cut %d connections, want 2", proxy.cuts.Load())
-			}
-			checkCutSend(t, e, 2, "two round trips", m2, err2, c.stored, c.twoTripsErr)
+			cutSend(2, "two round trips", c.twoTripsErr)
 
 			// The Store goes on; every chat's seqs stay gap-free, each
 			// message with its outbox event.
