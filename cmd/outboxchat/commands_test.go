@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"strings"
 	"testing"
+
+	"github.com/outboxchat/outboxchat/cmd/outboxchat/internal/labcmd"
 )
 
 // `outboxchat -h` lists every command, one line each, with what it does
@@ -34,6 +36,40 @@ func TestUsageIsOneAlignedTable(t *testing.T) {
 	for _, c := range commands {
 		if name := strings.Fields(c.name)[0]; !listed[name] {
 			t.Errorf("outboxchat -h does not list %s:\n%s", name, table)
+		}
+	}
+}
+
+// `outboxchat lab -h` names every flag of each lab command on that
+// command's lines, so that the overview does not drift from the flags.
+func TestLabUsageNamesEveryFlag(t *testing.T) {
+	blocks := map[string]string{} // command → its lines of the usage
+	name := ""
+	for _, line := range strings.Split(labcmd.Usage, "\n") {
+		switch {
+		case strings.HasPrefix(line, "  ") && !strings.HasPrefix(line, "   "):
+			name, _, _ = strings.Cut(strings.TrimSpace(line), " ")
+			blocks[name] += line + "\n"
+		case strings.HasPrefix(line, "          ") && name != "":
+			blocks[name] += line + "\n"
+		}
+	}
+	for _, c := range commands {
+		cmd, ok := strings.CutPrefix(c.name, "lab ")
+		if !ok {
+			continue
+		}
+		var stdout, stderr bytes.Buffer
+		_ = run(t.Context(), []string{"lab", cmd, "-h"}, &stdout, &stderr)
+		for _, line := range strings.Split(stderr.String(), "\n") {
+			rest, ok := strings.CutPrefix(line, "  -")
+			if !ok {
+				continue
+			}
+			flagName := strings.Fields(rest)[0]
+			if !strings.Contains(blocks[cmd], "--"+flagName) && !strings.Contains(blocks[cmd], "-"+flagName+"]") {
+				t.Errorf("outboxchat lab -h: %s's lines do not name --%s:\n%s", cmd, flagName, blocks[cmd])
+			}
 		}
 	}
 }
