@@ -339,14 +339,29 @@ func decodeSendRequestSlow(data []byte) (body, clientID *string, err error) {
 	}
 	// encoding/json turns an unpaired surrogate escape ("\ud800") into
 	// U+FFFD; refuse rather than silently change the text.
-	if hasUnpairedSurrogate(data) {
-		field := "body"
-		if clientID != nil && strings.ContainsRune(*clientID, utf8.RuneError) {
-			field = "client_id"
-		}
-		return nil, nil, &FieldError{Field: field, Msg: "contains an unpaired UTF-16 surrogate escape"}
+	var key string
+	if clientID != nil {
+		key = *clientID
+	}
+	if err := surrogateError(data, key); err != nil {
+		return nil, nil, err
 	}
 	return body, clientID, nil
+}
+
+// surrogateError returns a *FieldError when data (a decoded JSON object)
+// holds an unpaired surrogate escape, which encoding/json turned into
+// U+FFFD: naming client_id when clientID, as decoded, holds U+FFFD, else
+// body. Nil otherwise.
+func surrogateError(data []byte, clientID string) error {
+	if !hasUnpairedSurrogate(data) {
+		return nil
+	}
+	field := "body"
+	if strings.ContainsRune(clientID, utf8.RuneError) {
+		field = "client_id"
+	}
+	return &FieldError{Field: field, Msg: "contains an unpaired UTF-16 surrogate escape"}
 }
 
 // hasUnpairedSurrogate reports whether JSON text data has a \uD800–\uDBFF

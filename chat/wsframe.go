@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"strconv"
-	"strings"
 	"time"
 	"unicode/utf8"
 
@@ -77,12 +76,8 @@ func DecodeClientFrame(data []byte, maxBodyBytes int) (f ClientFrame, err error)
 		// As DecodeSendRequest: encoding/json turns an unpaired surrogate
 		// escape into U+FFFD, which would change the text, and make
 		// client_ids that differ there one idempotency key.
-		if hasUnpairedSurrogate(data) {
-			field := "body"
-			if strings.ContainsRune(f.ClientID, utf8.RuneError) {
-				field = "client_id"
-			}
-			return f, &FieldError{Field: field, Msg: "contains an unpaired UTF-16 surrogate escape"}
+		if err := surrogateError(data, f.ClientID); err != nil {
+			return f, err
 		}
 	}
 	return f, checkClientFrame(&f, &seen, maxBodyBytes)

@@ -778,9 +778,10 @@ const outcomeTimeout = 5 * time.Second
 // batch held that lock from its first round trip, so its transaction has
 // ended when the lock is granted, and a read in the next statement sees its
 // commit if there was one. A one-round-trip batch may not have tried the
-// lock yet: then "not stored" is not final (insertAndCommit says unknown). It waits at most the lock timeout for the lock,
-// and outcomeTimeout in all, on a context that ctx's end does not cancel
-// (the batch's deadline may be what failed it).
+// lock yet: then "not stored" is not final (insertAndCommit says unknown).
+// It waits at most the lock timeout for the lock, and outcomeTimeout in
+// all, on a context that ctx's end does not cancel (the batch's deadline
+// may be what failed it).
 func (s *Store) outcomeOf(ctx context.Context, m chat.Message) (stored bool, err error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), outcomeTimeout)
 	defer cancel()

@@ -704,10 +704,6 @@ func TreeCPU(pid int) float64 {
 func redactArgs(args []string) []string {
 	out := make([]string, len(args))
 	for i, a := range args {
-		if k, v, ok := strings.Cut(a, "="); ok && !strings.HasPrefix(a, "-") && !strings.Contains(k, "://") {
-			out[i] = k + "=" + redisclient.Redact(v)
-			continue
-		}
 		out[i] = redisclient.Redact(a)
 	}
 	return out
