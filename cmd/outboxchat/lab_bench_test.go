@@ -65,6 +65,11 @@ func TestBenchCmd(t *testing.T) {
 			t.Errorf("rss_mb[%s] = %v", p, r.RSSMB[p])
 		}
 	}
+	for _, p := range []string{env.ProcConsumers, env.ProcWorkers, "postgres", "redis", "lab"} {
+		if r.CPUS[p] <= 0 {
+			t.Errorf("cpu_s[%s] = %v; want each process's CPU read", p, r.CPUS[p])
+		}
+	}
 	if r.RedisUsedMBBefore <= 0 || r.RedisUsedMBAfter <= 0 {
 		t.Errorf("redis used memory %v → %v", r.RedisUsedMBBefore, r.RedisUsedMBAfter)
 	}

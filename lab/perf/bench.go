@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -143,8 +144,9 @@ type BenchResult struct {
 	RedisUsedMBBefore float64 `json:"redis_used_mb_before"`
 	RedisUsedMBAfter  float64 `json:"redis_used_mb_after"`
 	// CPUS maps each process (the services, "postgres" with all its
-	// backends, "redis") to the CPU seconds it used from the first send to
-	// the end of the drain.
+	// backends, "redis", and "lab": this process, whose senders and
+	// watchers share the machine with the rest) to the CPU seconds it used
+	// from the first send to the end of the drain.
 	CPUS map[string]float64 `json:"cpu_s"`
 
 	// Sent is the number of sends answered 201; SendErrors the others.
@@ -319,7 +321,7 @@ func Bench(ctx context.Context, opts BenchOptions) (*BenchResult, error) {
 			return nil, err
 		}
 	}
-	cpu0, err := e.CPU(ctx)
+	cpu0, err := benchCPU(ctx, e)
 	if err != nil {
 		return nil, err
 	}
@@ -696,7 +698,7 @@ func startProfile(ctx context.Context, e *env.Env, opts BenchOptions, progress i
 // usage fills CPUS (each process's CPU seconds since cpu0, e.CPU's
 // reading at the first send) and RSSMB (each service process's peak).
 func (r *BenchResult) usage(ctx context.Context, e *env.Env, cpu0 map[string]float64) error {
-	cpu1, err := e.CPU(ctx)
+	cpu1, err := benchCPU(ctx, e)
 	if err != nil {
 		return err
 	}
@@ -709,6 +711,20 @@ func (r *BenchResult) usage(ctx context.Context, e *env.Env, cpu0 map[string]flo
 		}
 	}
 	return nil
+}
+
+// benchCPU is e.CPU's reading with the lab process's own CPU seconds
+// (user + system, getrusage RUSAGE_SELF) as "lab".
+func benchCPU(ctx context.Context, e *env.Env) (map[string]float64, error) {
+	m, err := e.CPU(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var ru syscall.Rusage
+	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) == nil {
+		m["lab"] = time.Duration(ru.Utime.Nano() + ru.Stime.Nano()).Seconds()
+	}
+	return m, nil
 }
 
 // backlog returns the number of unsent consumers' outbox rows (every
