@@ -89,7 +89,7 @@ func (p *process) buildAPI() error {
 	}
 	scfg := &store.Config{
 		Service: c.Service, Writers: writers, LockTimeout: c.API.SendLockTimeout, ReadTimeout: c.API.ReadTimeout,
-		Metrics: p.m.Sends(), AfterCommit: afterCommit, AfterEvent: afterEvent,
+		Metrics: p.m.Sends(), Logger: p.log, AfterCommit: afterCommit, AfterEvent: afterEvent,
 	}
 	if p.tracer.Enabled() {
 		scfg.Headers, scfg.OnBatch = p.tracer.Inject, tracing.SendTx(p.tracer)

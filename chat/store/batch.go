@@ -738,21 +738,38 @@ func (s *Store) insertAndCommit(ctx context.Context, conn *pgxpool.Conn, reqs []
 			return nil, err
 		}
 		stored, oerr := s.outcomeOf(ctx, ms[0])
+		outcome := "not_stored" // it held the lock from its first round trip: rolled back
 		switch {
 		case oerr != nil:
-			return nil, fmt.Errorf("%w: %w (and reading the outcome: %w)", chat.ErrSendOutcomeUnknown, err, oerr)
+			err = fmt.Errorf("%w: %w (and reading the outcome: %w)", chat.ErrSendOutcomeUnknown, err, oerr)
+			outcome = "unknown"
 		case !stored && check != nil:
 			// A one-round-trip batch takes its locks in its pipeline: one
 			// its server has yet to read (a backend stalled, the client's
 			// deadline passed) could still take them and commit after
 			// this read. Only a stored message decides it.
-			return nil, fmt.Errorf("%w: %w (not stored when read)", chat.ErrSendOutcomeUnknown, err)
-		case !stored:
-			return nil, err // it held the lock from its first round trip: rolled back
+			err = fmt.Errorf("%w: %w (not stored when read)", chat.ErrSendOutcomeUnknown, err)
+			outcome = "unknown"
+		case stored:
+			outcome = "stored"
+		}
+		s.commitAnswerLost(outcome, len(ms), err)
+		if outcome != "stored" {
+			return nil, err
 		}
 		// Stored: the sends are answered as such, as if the answer had come.
 	}
 	return ms, nil
+}
+
+// commitAnswerLost reports a send transaction of n new messages whose
+// COMMIT answer was lost (err) and the outcome read after it.
+func (s *Store) commitAnswerLost(outcome string, n int, err error) {
+	s.log.Warn("send transaction: COMMIT's answer lost; outcome read on another connection",
+		"outcome", outcome, "messages", n, "err", err)
+	if m := s.metrics; m != nil && m.CommitAnswerLost != nil {
+		m.CommitAnswerLost(outcome)
+	}
 }
 
 // outcomeUnknown reports whether a send batch that failed with err, its

@@ -6,8 +6,11 @@ import (
 	"encoding/binary"
 	"errors"
 	"io"
+	"log/slog"
 	"net"
 	"net/url"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -143,16 +146,23 @@ func TestSendAnswerFollowsTheCommit(t *testing.T) {
 		stored      bool // the cut send's message is in the table
 		hintedErr   error
 		twoTripsErr error
+		reported    []string // the outcomes reported (SendMetrics.CommitAnswerLost, the log)
 	}{
-		{"cut after COMMIT's answer", cutAfterCommit, true, nil, nil},
-		{"COMMIT's answer lost", cutCommitAnswer, true, nil, nil},
-		{"batch never reaches the server", cutBeforeSend, false, chat.ErrSendOutcomeUnknown, nil},
+		{"cut after COMMIT's answer", cutAfterCommit, true, nil, nil, nil},
+		{"COMMIT's answer lost", cutCommitAnswer, true, nil, nil, []string{"stored", "stored"}},
+		{"batch never reaches the server", cutBeforeSend, false, chat.ErrSendOutcomeUnknown, nil, []string{"unknown", "not_stored"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
 			e := newBatchEnv(t, 0)
 			proxy := newCutProxy(t, hostOf(t, e.h.RoleURL(chat.Consumers)), c.mode)
 			s := storeOn(t, proxy.via(t, e.h.RoleURL(chat.Consumers)))
+			// Set before the first Send, whose enqueue (under s.mu) orders
+			// these writes before the committer's reads.
+			var reported []string
+			var logged bytes.Buffer
+			s.metrics = &SendMetrics{CommitAnswerLost: func(o string) { reported = append(reported, o) }}
+			s.log = slog.New(slog.NewTextHandler(&logged, nil))
 			other := e.secondStore(t)
 			// cutSend sends body to chatN through s with the proxy armed
 			// (body is the marker cutBeforeSend looks for) and checks the
@@ -189,6 +199,12 @@ func TestSendAnswerFollowsTheCommit(t *testing.T) {
 			sendSeq(t, s, 1, "after")
 			sendSeq(t, s, 2, "after")
 			e.checkConsistent(t)
+			if !slices.Equal(reported, c.reported) {
+				t.Errorf("lost COMMIT answers reported %q, want %q", reported, c.reported)
+			}
+			if n := strings.Count(logged.String(), "COMMIT's answer lost"); n != len(c.reported) {
+				t.Errorf("%d warnings logged, want %d:\n%s", n, len(c.reported), logged.String())
+			}
 		})
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 	"sync"
@@ -48,6 +49,7 @@ type Store struct {
 	onBatch                  func(ctxs []context.Context, began time.Time, err error)
 	lockTimeout, readTimeout time.Duration
 	metrics                  *SendMetrics
+	log                      *slog.Logger
 	// hints are the chats' seq hints (batch.go): what lets a batch commit
 	// in one round trip.
 	hints seqHints
@@ -74,6 +76,13 @@ type SendMetrics struct {
 	// Replayed is called once per send answered with the message an earlier
 	// send with the same idempotency key stored.
 	Replayed func()
+	// CommitAnswerLost is called once per send transaction whose COMMIT
+	// was sent but whose answer was lost (a connection cut, a terminated
+	// backend, a deadline), after the Store read the outcome on another
+	// connection: outcome is "stored" (its sends are answered as stored),
+	// "not_stored" (answered with the error) or "unknown"
+	// (chat.ErrSendOutcomeUnknown).
+	CommitAnswerLost func(outcome string)
 }
 
 // DefaultReadTimeout bounds one History call (Config.ReadTimeout).
@@ -207,9 +216,12 @@ type Config struct {
 	// ReadTimeout bounds each History read; past it the error wraps
 	// chat.ErrReadTimeout. Default DefaultReadTimeout (5 s).
 	ReadTimeout time.Duration
-	// Metrics, when set, counts sends rejected by a timeout and idempotent
-	// replays.
+	// Metrics, when set, counts sends rejected by a timeout, idempotent
+	// replays and send transactions whose COMMIT answer was lost.
 	Metrics *SendMetrics
+	// Logger receives a warning per send transaction whose COMMIT answer
+	// was lost, with the outcome read after it. Default slog.Default().
+	Logger *slog.Logger
 	// AfterCommit, when set, is called after every committed transaction
 	// with its messages, in seq order per chat (the in-process gateway's
 	// Offer and the relay's wake-up). It must not block.
@@ -252,7 +264,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Store, error) {
 	}
 	s := &Store{pool: pool, service: cfg.Service, writer: writers[0], writers: writers, q: newQueries(cfg.Service), fq: newFeatureQueries(cfg.Service),
 		lockTimeout: cmp.Or(cfg.LockTimeout, DefaultSendLockTimeout), readTimeout: cmp.Or(cfg.ReadTimeout, DefaultReadTimeout),
-		metrics: cfg.Metrics, afterCommit: cfg.AfterCommit, afterEvent: cfg.AfterEvent, headers: cfg.Headers, onBatch: cfg.OnBatch,
+		metrics: cfg.Metrics, log: cmp.Or(cfg.Logger, slog.Default()), afterCommit: cfg.AfterCommit, afterEvent: cfg.AfterEvent, headers: cfg.Headers, onBatch: cfg.OnBatch,
 		slowSem: make(chan struct{}, slowLanesFor(pool.Config().MaxConns))}
 	s.life.Name = "chat: store"
 	s.cond = sync.NewCond(&s.mu)

@@ -189,6 +189,7 @@ func (m *Set) SelfCheck(ok bool) {
 //
 //	outboxchat_sends_rejected_total{reason="lock_timeout"|"timeout"}
 //	outboxchat_sends_replayed_total
+//	outboxchat_send_commit_answers_lost_total{outcome="stored"|"not_stored"|"unknown"}
 func (m *Set) Sends() *store.SendMetrics {
 	reg := m.reg
 	rejected := prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -199,13 +200,21 @@ func (m *Set) Sends() *store.SendMetrics {
 		Name: "outboxchat_sends_replayed_total",
 		Help: "Sends answered with the message an earlier send with the same idempotency key stored (nothing stored).",
 	})
+	lost := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "outboxchat_send_commit_answers_lost_total",
+		Help: "Send transactions whose COMMIT answer was lost (connection cut, terminated backend), by the outcome read after it: stored (answered as stored), not_stored (answered with the error), unknown (answered 503: retry with the same idempotency key).",
+	}, []string{"outcome"})
 	for _, r := range []string{"lock_timeout", "timeout"} {
 		rejected.WithLabelValues(r) // export zeros
 	}
-	reg.MustRegister(rejected, replayed)
+	for _, o := range []string{"stored", "not_stored", "unknown"} {
+		lost.WithLabelValues(o)
+	}
+	reg.MustRegister(rejected, replayed, lost)
 	return &store.SendMetrics{
-		Rejected: func(reason string) { rejected.WithLabelValues(reason).Inc() },
-		Replayed: replayed.Inc,
+		Rejected:         func(reason string) { rejected.WithLabelValues(reason).Inc() },
+		Replayed:         replayed.Inc,
+		CommitAnswerLost: func(outcome string) { lost.WithLabelValues(outcome).Inc() },
 	}
 }
 
