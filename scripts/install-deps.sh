@@ -46,7 +46,7 @@ if [ "$want_browser" = 1 ] && ! have_chromium; then pkgs+=(chromium); fi
 [ ${#pkgs[@]} -eq 0 ] && exit 0
 
 if ! command -v apt-get >/dev/null 2>&1; then
-  echo "outboxchat needs: ${pkgs[*]} (Debian names: postgresql = PostgreSQL 15+ server binaries, redis-server = Redis 7+, prometheus for its promtool, libfaketime). Install them with your package manager and run again." >&2
+  echo "outboxchat needs: ${pkgs[*]} (Debian names: postgresql = PostgreSQL 15+ server binaries, redis-server = Redis 7+, prometheus for its promtool, libfaketime, pgbouncer, nats-server, chromium). Install them with your package manager and run again." >&2
   exit 1
 fi
 sudo=""

@@ -70,6 +70,10 @@ func TestBadFlagIsReportedOnce(t *testing.T) {
 			badRun{append(slices.Clip(args), "--service", "nobody"), c.name + `: --service "nobody": want consumers or workers` + hint})
 	}
 	runs = append(runs,
+		badRun{[]string{"lab", "torture", "--schedules", "0"},
+			"lab torture: --schedules 0: want 1 or more\nrun 'outboxchat lab torture -h' for the flags\n"},
+		badRun{[]string{"lab", "bench", "--variant", "v3"},
+			`lab bench: --variant "v3": want v1, v2, v2-poll or v2-intx` + "\nrun 'outboxchat lab bench -h' for the flags\n"},
 		badRun{[]string{"serve", "--service", "consumers", "--database-url", noDB, "--redis-url", "redis://127.0.0.1:1/0", "--http", "8080"},
 			`serve: --http "8080": want host:port, such as 127.0.0.1:8080` + "\nrun 'outboxchat serve -h' for the flags\n"})
 	outboxchat := func(t *testing.T, args []string) (stdout, stderr string, exit int) {

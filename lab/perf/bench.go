@@ -149,14 +149,16 @@ type BenchResult struct {
 	// from the first send to the end of the drain.
 	CPUS map[string]float64 `json:"cpu_s"`
 
-	// Sent is the number of sends answered 201; SendErrors the others.
+	// Sent is the number of sends answered 201 (acked over ws);
+	// SendErrors the others.
 	Sent       int `json:"-"`
 	SendErrors int `json:"-"`
 	// FirstSendError is the first send error seen ("" when none).
 	FirstSendError string `json:"-"`
 	// SendRate is 201s per second from the first send to the last reply.
 	SendRate float64 `json:"-"`
-	// SendP50Ms is the p50 of the HTTP send call alone.
+	// SendP50Ms is the p50 of the send call alone (the HTTP request, or
+	// the send frame to its ack).
 	SendP50Ms float64 `json:"-"`
 	// Wall is the measured window (first send → drained), for CPU shares.
 	Wall time.Duration `json:"-"`
@@ -191,7 +193,8 @@ type BenchResult struct {
 	// is dropped when under 2 s), in msg/s.
 	WindowsMsgsPerS []float64 `json:"windows_msgs_per_s"`
 	// Tables is pg_stat_user_tables of the services' tables at the end of
-	// the run (after the drain, before the held snapshot is released).
+	// the run (after the drain, before the held snapshot is released); its
+	// counts may miss up to the run's last 10 s (tableStats).
 	Tables []TableStat `json:"tables"`
 	// OutboxBytesBefore and OutboxBytesAfter are pg_total_relation_size
 	// (heap, indexes, TOAST) of each service's outbox tables, every
@@ -549,8 +552,11 @@ func holdSnapshot(ctx context.Context, e *env.Env) (release func(), err error) {
 }
 
 // tableStats reads pg_stat_user_tables for the services' schemas, largest
-// n_dead_tup first; nil if it cannot be read. The statistics are flushed by
-// backends at most once a second, so the figures may lag the run by that.
+// n_dead_tup first; nil if it cannot be read. A backend publishes its
+// counts at most once a second, and one gone idle within a second of its
+// last report waits 10 s (PostgreSQL 15's PGSTAT_MIN_INTERVAL and
+// PGSTAT_IDLE_INTERVAL, src/backend/utils/activity/pgstat.c): read at the
+// end of a short run, the counts miss up to the last 10 s of it.
 func tableStats(ctx context.Context, e *env.Env) []TableStat {
 	rows, err := e.Admin().Query(ctx, `SELECT schemaname || '.' || relname, n_dead_tup, n_live_tup,
 		n_tup_ins, n_tup_upd, n_tup_hot_upd, n_tup_del, autovacuum_count, pg_total_relation_size(relid)
@@ -797,9 +803,9 @@ func samplePGWaits(ctx context.Context, e *env.Env, into map[string]int) int {
 
 // WriteText prints the result for people.
 func (r *BenchResult) WriteText(w io.Writer) {
-	how := "HTTP POST"
+	how, answered, call := "HTTP POST", "201", "HTTP send call"
 	if r.Transport == TransportWS {
-		how = "WebSocket send frame"
+		how, answered, call = "WebSocket send frame", "acked", "send frame to its ack"
 	}
 	queue := "Redis Streams"
 	if r.Broker == env.BrokerNATS {
@@ -807,14 +813,14 @@ func (r *BenchResult) WriteText(w io.Writer) {
 	}
 	fmt.Fprintf(w, "bench: %d senders, %d chats, %d messages (v2: %s to consumers → %s → WebSocket frame at workers)\nservers: %s\n\n",
 		r.Senders, r.Chats, r.Messages, how, queue, env.ServerMode(r.Durable))
-	fmt.Fprintf(w, "sent (201): %d   send errors: %d   lost: %d   shown twice: %d\n", r.Sent, r.SendErrors, r.Lost, r.DuplicatesShown)
+	fmt.Fprintf(w, "sent (%s): %d   send errors: %d   lost: %d   shown twice: %d\n", answered, r.Sent, r.SendErrors, r.Lost, r.DuplicatesShown)
 	if r.FirstSendError != "" {
 		fmt.Fprintf(w, "first send error: %s\n", r.FirstSendError)
 	}
 	fmt.Fprintf(w, "throughput: %.0f msg/s shown (%.1f s from the first send to the last shown); sends alone %.0f/s\n",
 		r.ThroughputMsgsPerS, r.DurationS, r.SendRate)
-	fmt.Fprintf(w, "latency send → shown: p50 %.1f ms  p95 %.1f ms  p99 %.1f ms   (HTTP send call alone: p50 %.1f ms)\n",
-		r.P50Ms, r.P95Ms, r.P99Ms, r.SendP50Ms)
+	fmt.Fprintf(w, "latency send → shown: p50 %.1f ms  p95 %.1f ms  p99 %.1f ms   (%s alone: p50 %.1f ms)\n",
+		r.P50Ms, r.P95Ms, r.P99Ms, call, r.SendP50Ms)
 	fmt.Fprintf(w, "largest backlog seen: %d unsent outbox rows, %d queue entries not yet acknowledged\n", r.MaxUnsent, r.MaxPending)
 	fmt.Fprintf(w, "p50 per leg: call → send tx %s ms, send tx → inbox tx %s ms, inbox tx → shown %s ms\n",
 		probe.FmtMs(r.Stages.ToSendTx), probe.FmtMs(r.Stages.SendToInboxTx), probe.FmtMs(r.Stages.InboxTxToShown))
@@ -863,7 +869,7 @@ func (r *BenchResult) WriteText(w io.Writer) {
 				strconv.FormatInt(t.Ins, 10), strconv.FormatInt(t.Upd, 10), strconv.FormatInt(t.HotUpd, 10),
 				strconv.FormatInt(t.Del, 10), strconv.FormatInt(t.Autovac, 10), fmt.Sprintf("%.1f", float64(t.SizeBytes)/(1<<20))})
 		}
-		fmt.Fprintln(w)
+		fmt.Fprintln(w, "\npg_stat_user_tables at the end (Postgres publishes a backend's counts up to 10 s late: they may miss the run's last seconds)")
 		probe.WriteColumns(w, trows)
 	}
 	fmt.Fprintf(w, "\nredis used_memory: %.2f MB before, %.2f MB after (stream entries left %d, keys %d)\n",

@@ -3,7 +3,6 @@ package labcmd
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -42,16 +41,16 @@ func Bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("lab bench: unexpected arguments %q", fs.Args())
 	}
 	if *senders <= 0 || *chats <= 0 || *messages <= 0 || *timeout <= 0 {
-		return errors.New("lab bench: --senders, --chats, --messages and --timeout must be positive")
+		return cliflag.Usagef(fs, "lab bench: --senders, --chats, --messages and --timeout must be positive")
 	}
-	if err := env.CheckVariant(*variant); err != nil {
-		return err
+	if env.CheckVariant(*variant) != nil {
+		return cliflag.Usagef(fs, "lab bench: --variant %q: want v1, v2, v2-poll or v2-intx", *variant)
 	}
 	if *transport != perf.TransportHTTP && *transport != perf.TransportWS {
-		return fmt.Errorf("lab bench: --transport %q: want http or ws", *transport)
+		return cliflag.Usagef(fs, "lab bench: --transport %q: want http or ws", *transport)
 	}
 	if *partitions < 1 || *partitions > 256 {
-		return fmt.Errorf("lab bench: --partitions %d: want 1 to 256", *partitions)
+		return cliflag.Usagef(fs, "lab bench: --partitions %d: want 1 to 256", *partitions)
 	}
 	res, err := perf.Bench(ctx, perf.BenchOptions{Senders: *senders, Chats: *chats, Messages: *messages,
 		Variant: *variant, SendTimeout: *timeout, Progress: stderr, HoldSnapshot: *hold, Insecure: *insecure, PgBouncer: *pgbouncer, Durable: *durable, Retention: *retention,

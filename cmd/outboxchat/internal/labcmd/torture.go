@@ -37,6 +37,9 @@ func Torture(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if fs.NArg() > 0 {
 		return fmt.Errorf("lab torture: unexpected arguments %q", fs.Args())
 	}
+	if *schedules < 1 {
+		return cliflag.Usagef(fs, "lab torture: --schedules %d: want 1 or more", *schedules)
+	}
 	opts := torture.Options{Schedules: *schedules, Seed: *seed, Only: *only, Duration: *dur, DrainBound: *drain,
 		Shrink: *shrink, Progress: stderr, Dir: *dir, RedisCluster: *cluster, Partitions: *partitions, Broker: *broker}
 	if *verbose {

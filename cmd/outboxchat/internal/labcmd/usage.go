@@ -8,7 +8,7 @@ commands:
   up      start private Postgres and Redis and both services; print their URLs; Ctrl-C stops all:
           [--consumers-addr PORT] [--workers-addr PORT] [--keep-logs] [--variant v2] [--tls] [--durable] [--instances N]
           [--partitions N] [--redis-cluster] [--broker redis|nats]
-  chaos   the write-up's fault experiment: --variant v1|v2 [--broker redis|nats] [--json]; or --scenario NAME; --list
+  chaos   the write-up's fault experiment: [--variant v1|v2 (default v2)] [--broker redis|nats] [--json]; or --scenario NAME; --list
   scenario NAME [--json] [--redrive-after D] [--broker redis|nats] [--partitions N]: a named fault scenario
           (redis-flush, stream-entry-deleted, …); --list
   latency the write-up's latency table: [--variants v1,v2,v2-intx,v2-poll] [--messages 100] [--interval 100ms]
