@@ -70,6 +70,12 @@ func TestBadFlagIsReportedOnce(t *testing.T) {
 			badRun{append(slices.Clip(args), "--service", "nobody"), c.name + `: --service "nobody": want consumers or workers` + hint})
 	}
 	runs = append(runs,
+		badRun{[]string{"trace", "--database-url", noDB, "--message-id", "nope"},
+			`trace: --message-id "nope": want a message's id, a UUID such as 0190f1a2-7c3e-7abc-8def-0123456789ab` + "\nrun 'outboxchat trace -h' for the flags\n"},
+		badRun{[]string{"lab", "up", "--partitions", "0"},
+			"lab up: --partitions 0: want 1 to 256\nrun 'outboxchat lab up -h' for the flags\n"},
+		badRun{[]string{"lab", "up", "--tls", "--redis-cluster"},
+			"lab up: --redis-cluster with --tls is not supported\nrun 'outboxchat lab up -h' for the flags\n"},
 		badRun{[]string{"lab", "torture", "--schedules", "0"},
 			"lab torture: --schedules 0: want 1 or more\nrun 'outboxchat lab torture -h' for the flags\n"},
 		badRun{[]string{"lab", "bench", "--variant", "v3"},

@@ -12,6 +12,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/outboxchat/outboxchat/chat"
 	"github.com/outboxchat/outboxchat/chat/trace"
 	"github.com/outboxchat/outboxchat/cmd/outboxchat/internal/cliflag"
 )
@@ -33,6 +34,11 @@ func runTrace(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if byID == bySeq || (bySeq && (*chatID <= 0 || *seq <= 0)) {
 		fmt.Fprintln(stderr, "usage: outboxchat trace --message-id ID | --chat N --seq S [--service S] [--json] [--database-url URL] [--redis-url URL]")
 		return errors.New("trace: give --message-id, or --chat and --seq (both positive)")
+	}
+	if byID {
+		if _, err := chat.ParseMessageID(*id); err != nil {
+			return cliflag.Usagef(fs, "trace: --message-id %q: want a message's id, a UUID such as 0190f1a2-7c3e-7abc-8def-0123456789ab", *id)
+		}
 	}
 	pool, err := f.pool(ctx, "trace")
 	if err != nil {

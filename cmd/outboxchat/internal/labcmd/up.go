@@ -33,11 +33,14 @@ func Up(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err := cliflag.Parse(fs, args); err != nil {
 		return err
 	}
-	if err := chat.CheckPartitions(*partitions); err != nil {
-		return fmt.Errorf("lab up: --partitions: %w", err)
+	if chat.CheckPartitions(*partitions) != nil {
+		return cliflag.Usagef(fs, "lab up: --partitions %d: want 1 to %d", *partitions, chat.MaxPartitions)
 	}
 	if *instances < 1 {
-		return fmt.Errorf("lab up: --instances %d: want 1 or more", *instances)
+		return cliflag.Usagef(fs, "lab up: --instances %d: want 1 or more", *instances)
+	}
+	if *cluster && *useTLS {
+		return cliflag.Usagef(fs, "lab up: --redis-cluster with --tls is not supported")
 	}
 	opts := env.Options{Variant: *variant, Progress: stderr, TLS: *useTLS, Durable: *durable, APIs: *instances, Partitions: *partitions, RedisCluster: *cluster, Broker: *broker}
 	var err error
