@@ -789,6 +789,9 @@ func outcomeUnknown(err error) bool {
 // outcomeTimeout bounds outcomeOf.
 const outcomeTimeout = 5 * time.Second
 
+// outcomeReads is how many times outcomeOf tries to read.
+const outcomeReads = 2
+
 // outcomeOf tells whether the batch that m (one of its new messages) was
 // sent in is stored, after that batch's connection failed with its outcome
 // unknown: on another connection, under m's chat's lock. A two-round-trip
@@ -796,21 +799,39 @@ const outcomeTimeout = 5 * time.Second
 // ended when the lock is granted, and a read in the next statement sees its
 // commit if there was one. A one-round-trip batch may not have tried the
 // lock yet: then "not stored" is not final (insertAndCommit says unknown).
-// It waits at most the lock timeout for the lock, and outcomeTimeout in
-// all, on a context that ctx's end does not cancel (the batch's deadline
-// may be what failed it).
+// A read whose connection fails before it has read is made again once,
+// on a new connection; one that Postgres refuses (the lock timeout) is not. Each waits at most the lock timeout
+// for the lock, and outcomeTimeout in all, on a context that ctx's end
+// does not cancel (the batch's deadline may be what failed it).
 func (s *Store) outcomeOf(ctx context.Context, m chat.Message) (stored bool, err error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), outcomeTimeout)
 	defer cancel()
-	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, setSendTimeoutsSQL, pgMillis(s.lockTimeout), pgMillis(sendStatementTimeout)); err != nil {
-			return err
+	for range outcomeReads {
+		stored, err = s.readOutcome(ctx, m)
+		var pgErr *pgconn.PgError
+		if err == nil || ctx.Err() != nil || errors.As(err, &pgErr) {
+			break // read, out of time, or refused by Postgres (the lock timeout): not a lost connection
 		}
-		if _, err := tx.Exec(ctx, s.q.lockChat, m.ChatID); err != nil {
-			return err
-		}
-		return tx.QueryRow(ctx, s.q.messageStored, m.ID).Scan(&stored)
-	})
+	}
+	return stored, err
+}
+
+// readOutcome is one outcomeOf read. Its answer stands once the read has
+// returned, whatever ends its transaction (which writes nothing, and is
+// rolled back): the lock was held when it read.
+func (s *Store) readOutcome(ctx context.Context, m chat.Message) (stored bool, err error) {
+	tx, err := s.pool.Begin(ctx)
+	if err != nil {
+		return false, err
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if _, err := tx.Exec(ctx, setSendTimeoutsSQL, pgMillis(s.lockTimeout), pgMillis(sendStatementTimeout)); err != nil {
+		return false, err
+	}
+	if _, err := tx.Exec(ctx, s.q.lockChat, m.ChatID); err != nil {
+		return false, err
+	}
+	err = tx.QueryRow(ctx, s.q.messageStored, m.ID).Scan(&stored)
 	return stored, err
 }
 

@@ -23,6 +23,7 @@ const (
 	cutAfterCommit  = iota // after forwarding COMMIT's answer, before its ReadyForQuery
 	cutCommitAnswer        // instead of forwarding COMMIT's answer (the commit happened)
 	cutBeforeSend          // the client's write holding marker is not forwarded (the server never gets it)
+	cutAnswers             // instead of forwarding each answer that tags names, in turn (not armed: tags is the trigger)
 )
 
 // cutProxy forwards connections to a Postgres server (sslmode=disable, so
@@ -35,6 +36,31 @@ type cutProxy struct {
 	marker []byte // cutBeforeSend's; set before armed
 	armed  atomic.Bool
 	cuts   atomic.Int64
+
+	mu   sync.Mutex
+	tags [][]string // cutAnswers': the command tags to cut at, in turn, each one of its alternatives
+}
+
+// cutAt makes a cutAnswers proxy cut the connection at the next answer
+// (CommandComplete) whose tag is one of tags ("COMMIT", "SELECT 1"), instead
+// of forwarding it; calls queue up, in order.
+func (p *cutProxy) cutAt(tags ...string) {
+	p.mu.Lock()
+	p.tags = append(p.tags, tags)
+	p.mu.Unlock()
+}
+
+// cutTag reports whether the answer tagged tag is the next one to cut, and
+// takes it off the queue if so.
+func (p *cutProxy) cutTag(tag string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.tags) == 0 || !slices.Contains(p.tags[0], tag) {
+		return false
+	}
+	p.tags = p.tags[1:]
+	p.cuts.Add(1)
+	return true
 }
 
 func newCutProxy(t *testing.T, target string, mode int) *cutProxy {
@@ -117,6 +143,9 @@ func (p *cutProxy) serve(client net.Conn) {
 		}
 		commit := hdr[0] == 'C' && bytes.Equal(body, []byte("COMMIT\x00"))
 		if commit && p.mode == cutCommitAnswer && p.cut() {
+			return
+		}
+		if hdr[0] == 'C' && p.mode == cutAnswers && p.cutTag(string(bytes.TrimSuffix(body, []byte{0}))) {
 			return
 		}
 		if _, err := client.Write(append(hdr[:5:5], body...)); err != nil {
@@ -205,6 +234,45 @@ func TestSendAnswerFollowsTheCommit(t *testing.T) {
 			if n := strings.Count(logged.String(), "COMMIT's answer lost"); n != len(c.reported) {
 				t.Errorf("%d warnings logged, want %d:\n%s", n, len(c.reported), logged.String())
 			}
+		})
+	}
+}
+
+// The outcome read decides once it has read, whatever becomes of its own
+// transaction afterwards, and a read whose connection fails before it has
+// read is made again: a send whose COMMIT answer is lost is answered as
+// stored when the read finds it, even when the read's connection is cut
+// too, at the end of its transaction or at its first statement.
+func TestOutcomeReadSurvivesItsOwnCut(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name string
+		read []string // where the outcome read's connection is cut
+	}{
+		{"the read's transaction end", []string{"COMMIT", "ROLLBACK"}},
+		{"the read's first statement", []string{"SELECT 1", "SET", "BEGIN"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			e := newBatchEnv(t, 0)
+			proxy := newCutProxy(t, hostOf(t, e.h.RoleURL(chat.Consumers)), cutAnswers)
+			s := storeOn(t, proxy.via(t, e.h.RoleURL(chat.Consumers)))
+			var reported []string
+			s.metrics = &SendMetrics{CommitAnswerLost: func(o string) { reported = append(reported, o) }}
+			s.log = slog.New(slog.NewTextHandler(io.Discard, nil))
+			sendSeq(t, s, 1, "first") // a hint: the next batch commits in one round trip
+			proxy.cutAt("COMMIT")     // the send's
+			proxy.cutAt(c.read...)
+			m, err := s.Send(context.Background(), 1, "cut twice", "")
+			if n := proxy.cuts.Load(); n != 2 {
+				t.Fatalf("the proxy cut %d connections, want 2", n)
+			}
+			checkCutSend(t, e, 1, "cut twice", m, err, true, nil)
+			if !slices.Equal(reported, []string{"stored"}) {
+				t.Errorf("lost COMMIT answers reported %q, want [stored]", reported)
+			}
+			sendSeq(t, s, 1, "after")
+			e.checkConsistent(t)
 		})
 	}
 }

@@ -211,7 +211,10 @@ type Config struct {
 	Writers []*outbox.Writer
 	// LockTimeout bounds a send's wait for its chat's lock (another session
 	// holds it); past it the send fails with chat.ErrChatBusy and stores
-	// nothing. Default DefaultSendLockTimeout (2 s).
+	// nothing. It is Postgres's lock_timeout, which bounds each lock wait
+	// apart: a transaction that waits for the chat's lock and then for
+	// another (an outbox table an operator locked) may wait up to twice
+	// it. Default DefaultSendLockTimeout (2 s).
 	LockTimeout time.Duration
 	// ReadTimeout bounds each History read; past it the error wraps
 	// chat.ErrReadTimeout. Default DefaultReadTimeout (5 s).
