@@ -800,9 +800,10 @@ const outcomeReads = 2
 // commit if there was one. A one-round-trip batch may not have tried the
 // lock yet: then "not stored" is not final (insertAndCommit says unknown).
 // A read whose connection fails before it has read is made again once,
-// on a new connection; one that Postgres refuses (the lock timeout) is not. Each waits at most the lock timeout
-// for the lock, and outcomeTimeout in all, on a context that ctx's end
-// does not cancel (the batch's deadline may be what failed it).
+// on a new connection; one that Postgres refuses (the lock timeout) is
+// not. Each read waits at most the lock timeout for the lock, and all of
+// them outcomeTimeout, on a context that ctx's end does not cancel (the
+// batch's deadline may be what failed it).
 func (s *Store) outcomeOf(ctx context.Context, m chat.Message) (stored bool, err error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), outcomeTimeout)
 	defer cancel()

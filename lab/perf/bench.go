@@ -701,7 +701,7 @@ func startProfile(ctx context.Context, e *env.Env, opts BenchOptions, progress i
 	return done
 }
 
-// usage fills CPUS (each process's CPU seconds since cpu0, e.CPU's
+// usage fills CPUS (each process's CPU seconds since cpu0, benchCPU's
 // reading at the first send) and RSSMB (each service process's peak).
 func (r *BenchResult) usage(ctx context.Context, e *env.Env, cpu0 map[string]float64) error {
 	cpu1, err := benchCPU(ctx, e)
