@@ -817,22 +817,35 @@ func (s *Store) outcomeOf(ctx context.Context, m chat.Message) (stored bool, err
 	return stored, err
 }
 
-// readOutcome is one outcomeOf read. Its answer stands once the read has
-// returned, whatever ends its transaction (which writes nothing, and is
-// rolled back): the lock was held when it read.
+// readOutcome is one outcomeOf read, in one round trip as lockAndRead's:
+// BEGIN, the timeouts, the chat's lock, then (a new statement, so a
+// snapshot taken after the lock was granted) the message's row. Its answer
+// stands once the read has returned, whatever ends its transaction (which
+// writes nothing, and is rolled back): the lock was held when it read.
 func (s *Store) readOutcome(ctx context.Context, m chat.Message) (stored bool, err error) {
-	tx, err := s.pool.Begin(ctx)
+	conn, err := s.pool.Acquire(ctx)
 	if err != nil {
 		return false, err
 	}
-	defer func() { _ = tx.Rollback(ctx) }()
-	if _, err := tx.Exec(ctx, setSendTimeoutsSQL, pgMillis(s.lockTimeout), pgMillis(sendStatementTimeout)); err != nil {
-		return false, err
+	// A connection left in a transaction (the ROLLBACK failed) is
+	// destroyed on release, not reused.
+	defer conn.Release()
+	b := &pgx.Batch{}
+	b.Queue("BEGIN")
+	b.Queue(setSendTimeoutsSQL, pgMillis(s.lockTimeout), pgMillis(sendStatementTimeout))
+	b.Queue(s.q.lockChat, m.ChatID)
+	b.Queue(s.q.messageStored, m.ID)
+	br := conn.SendBatch(ctx, b)
+	for range b.Len() - 1 {
+		if _, err = br.Exec(); err != nil {
+			break
+		}
 	}
-	if _, err := tx.Exec(ctx, s.q.lockChat, m.ChatID); err != nil {
-		return false, err
+	if err == nil {
+		err = br.QueryRow().Scan(&stored)
 	}
-	err = tx.QueryRow(ctx, s.q.messageStored, m.ID).Scan(&stored)
+	_ = br.Close() // after the read, a lost connection changes nothing
+	_, _ = conn.Exec(ctx, "ROLLBACK")
 	return stored, err
 }
 

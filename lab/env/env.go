@@ -257,6 +257,9 @@ type Env struct {
 	closed  bool
 }
 
+// VariantNames lists the variants, as an error naming a wrong one says.
+const VariantNames = VariantV1 + ", " + VariantV2 + ", " + VariantV2Poll + " or " + VariantV2InTx
+
 // CheckVariant returns an error naming v unless it is one of the variants.
 func CheckVariant(v string) error {
 	_, err := variantArgs(v)
@@ -277,7 +280,7 @@ func variantArgs(v string) ([]string, error) {
 	case VariantV2InTx:
 		return []string{"--mode", "v2", "--wake", "in-tx"}, nil
 	}
-	return nil, fmt.Errorf("lab: unknown variant %q (want v1, v2, v2-poll or v2-intx)", v)
+	return nil, fmt.Errorf("lab: unknown variant %q (want %s)", v, VariantNames)
 }
 
 // UnlimitedArgs turn the services' per-IP and per-user rate limits and the

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 
+	"github.com/outboxchat/outboxchat/chat"
 	"github.com/outboxchat/outboxchat/cmd/outboxchat/internal/cliflag"
 	"github.com/outboxchat/outboxchat/lab/env"
 	"github.com/outboxchat/outboxchat/lab/perf"
@@ -44,13 +45,13 @@ func Bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return cliflag.Usagef(fs, "lab bench: --senders, --chats, --messages and --timeout must be positive")
 	}
 	if env.CheckVariant(*variant) != nil {
-		return cliflag.Usagef(fs, "lab bench: --variant %q: want v1, v2, v2-poll or v2-intx", *variant)
+		return cliflag.Usagef(fs, "lab bench: --variant %q: want %s", *variant, env.VariantNames)
 	}
 	if *transport != perf.TransportHTTP && *transport != perf.TransportWS {
 		return cliflag.Usagef(fs, "lab bench: --transport %q: want http or ws", *transport)
 	}
-	if *partitions < 1 || *partitions > 256 {
-		return cliflag.Usagef(fs, "lab bench: --partitions %d: want 1 to 256", *partitions)
+	if chat.CheckPartitions(*partitions) != nil {
+		return cliflag.Usagef(fs, "lab bench: --partitions %d: want 1 to %d", *partitions, chat.MaxPartitions)
 	}
 	res, err := perf.Bench(ctx, perf.BenchOptions{Senders: *senders, Chats: *chats, Messages: *messages,
 		Variant: *variant, SendTimeout: *timeout, Progress: stderr, HoldSnapshot: *hold, Insecure: *insecure, PgBouncer: *pgbouncer, Durable: *durable, Retention: *retention,
